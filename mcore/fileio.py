@@ -1,0 +1,80 @@
+"""Atomic writes and strict JSON reading shared by every artifact writer/reader."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import UserError
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: bool = False) -> Path:
+    """Write through `write(fileobj)` into a temp file beside `path`, then rename.
+
+    Nothing is left at `path` (or beside it) if `write` raises.
+    """
+    path = Path(path)
+    if path.exists() and path.is_dir():
+        raise UserError(f"{path}: is a directory; give a file path for the output")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.exists():
+        raise UserError(f"{path}: folder {parent} does not exist; create it first")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    return atomic_write(path, lambda f: (json.dump(data, f, indent=2, sort_keys=False), f.write("\n")))
+
+
+def canonical_json(data: Any) -> str:
+    """The canonical form that hashes are taken over."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def read_json(path: str | os.PathLike, what: str) -> Any:
+    """Read a JSON file or raise a one-line UserError naming the file and the problem."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: {what} not found; check the path")
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, expected a {what} file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read {what}: {e}") from None
+
+    def no_constants(name: str):
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    try:
+        return json.loads(text, parse_constant=no_constants)
+    except ValueError as e:
+        raise UserError(f"{path}: malformed JSON in {what}: {e}") from None
+
+
+def check_fields(obj: Any, where: str, required: set[str], optional: set[str] = frozenset()) -> None:
+    """Missing or unknown fields fail with a message naming them."""
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    missing = sorted(required - obj.keys())
+    if missing:
+        raise UserError(f"{where}: missing field(s) {', '.join(missing)}")
+    unknown = sorted(obj.keys() - required - set(optional))
+    if unknown:
+        raise UserError(f"{where}: unknown field(s) {', '.join(unknown)}; remove them")

@@ -1,0 +1,48 @@
+"""Progress reporting and cancellation shared by the CLI and the TUI."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .errors import Cancelled
+
+ProgressFn = Callable[[str, float], None]  # (step description, fraction 0..1)
+
+
+@dataclass
+class CancelToken:
+    _event: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def check(self) -> None:
+        if self._event.is_set():
+            raise Cancelled("cancelled")
+
+
+@dataclass
+class Progress:
+    """What long work receives: report(step, fraction) and check() for cancellation."""
+
+    callback: Optional[ProgressFn] = None
+    token: Optional[CancelToken] = None
+
+    def report(self, step: str, fraction: float) -> None:
+        if self.token is not None:
+            self.token.check()
+        if self.callback is not None:
+            self.callback(step, max(0.0, min(1.0, fraction)))
+
+    def check(self) -> None:
+        if self.token is not None:
+            self.token.check()
+
+
+NO_PROGRESS = Progress()
