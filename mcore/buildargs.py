@@ -1,0 +1,82 @@
+"""Build arguments: the tutorial's BUILD_ARGS, shared by graph inspect, build and the TUI."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Optional
+
+from .errors import UserError
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+LAYOUTS = ("split",)
+WEIGHTS = ("checkpoint", "random")
+
+
+@dataclass(frozen=True)
+class BuildArgs:
+    model: str
+    model_revision: Optional[str] = None
+    precision: str = "fp32"
+    max_cache_length: Optional[int] = None  # decoder families; None = family default
+    decoder_engine_layout: Optional[str] = None  # decoder families; None = "split"
+    max_seq_length: Optional[int] = None  # encoder families; None = family default (256)
+    weights: str = "checkpoint"
+    seed: int = 0
+
+    def validate(self) -> "BuildArgs":
+        if not self.model:
+            raise UserError("no model given; name a demo (demo:qwen3-tiny), a checkpoint folder or a hub ID")
+        if self.precision not in PRECISIONS:
+            raise UserError(f"--precision {self.precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
+        if self.decoder_engine_layout is not None and self.decoder_engine_layout not in LAYOUTS:
+            raise UserError(
+                f"--decoder-engine-layout {self.decoder_engine_layout!r} is not supported; use one of {', '.join(LAYOUTS)}"
+            )
+        for name in ("max_cache_length", "max_seq_length"):
+            v = getattr(self, name)
+            if v is not None and not (1 <= v <= 1 << 20):
+                raise UserError(f"--{name.replace('_', '-')} {v} is out of range; use 1..{1 << 20}")
+        if self.weights not in WEIGHTS:
+            raise UserError(f"--weights {self.weights!r} is not supported; use one of {', '.join(WEIGHTS)}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BuildArgs":
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise UserError(f"build args: unknown field(s) {', '.join(unknown)}")
+        return cls(**d).validate()
+
+    def with_(self, **kw: Any) -> "BuildArgs":
+        return replace(self, **kw)
+
+
+def add_build_args(p: argparse.ArgumentParser, model_required: bool = True) -> None:
+    """The BUILD_ARGS flags, identical for `graph inspect` and `build`."""
+    if model_required:
+        p.add_argument("model", help="demo:NAME, a local checkpoint folder, or a Hugging Face hub ID")
+    p.add_argument("--model-revision", default=None, help="pinned revision (recorded; hub IDs resolve it)")
+    p.add_argument("--precision", default="fp32", help="fp32 | fp16 | bf16 (default fp32)")
+    p.add_argument("--max-cache-length", type=int, default=None, help="decoder KV cache capacity in tokens")
+    p.add_argument("--decoder-engine-layout", default=None, help="decoder engine layout (split)")
+    p.add_argument("--max-seq-length", type=int, default=None, help="encoder padded sequence length (default 256)")
+    p.add_argument("--weights", default="checkpoint", help="checkpoint | random (seeded random weights from the config)")
+    p.add_argument("--seed", type=int, default=0, help="seed for --weights random")
+
+
+def build_args_from_namespace(ns: argparse.Namespace) -> BuildArgs:
+    return BuildArgs(
+        model=ns.model,
+        model_revision=ns.model_revision,
+        precision=ns.precision,
+        max_cache_length=ns.max_cache_length,
+        decoder_engine_layout=ns.decoder_engine_layout,
+        max_seq_length=ns.max_seq_length,
+        weights=ns.weights,
+        seed=ns.seed,
+    ).validate()

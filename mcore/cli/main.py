@@ -1,0 +1,63 @@
+"""Entry point: `mcore VERB ...`. User errors print one line and exit 2; no tracebacks."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Optional, Sequence
+
+from ..errors import Cancelled, UserError
+
+# Verb groups, each a module in mcore.cli with register(subparsers).
+GROUPS = ("graph_cmds", "build_cmds", "kernel_cmds", "verify_cmds")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2)."""
+
+    def error(self, message: str):  # noqa: D401
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="mcore", description="Bring your own kernel into a model's inference graph (TVM-FFI).")
+    from .. import __version__
+    p.add_argument("--version", action="version", version=f"mcore {__version__}")
+    sub = p.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
+    sub.required = True
+    for name in GROUPS:
+        try:
+            mod = importlib.import_module(f"{__package__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"{__package__}.{name}":
+                continue  # verb group not present in this build
+            raise
+        mod.register(sub)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except UserError as e:
+        print(f"mcore: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except Cancelled:
+        print("mcore: cancelled", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("mcore: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `mcore graph list ... | head`: the reader went away; that is not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""What a model family provides: graph builders per engine role, weight loading, recipes.
+
+A family owns torch modules whose forward *is* the engine-role graph. Capture exports
+them on the meta device (no weights needed); engines run the captured graph with the
+real tensors of the same modules, so capture and execution can never disagree.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from ..buildargs import BuildArgs
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: where its files are and what its config says."""
+
+    spec: str  # what the user typed: demo:qwen3-tiny, a folder, a hub ID
+    family: str  # qwen3 | distilbert | bert
+    config: dict  # config.json
+    path: Optional[Path]  # folder holding config.json, *.safetensors, tokenizer.json
+    revision: Optional[str]  # pinned revision (recorded in metadata)
+
+
+@dataclass(frozen=True)
+class RecipeSpec:
+    """A family-owned shortcut for a known manual selection.
+
+    `instances` maps each explicit instance name to the module path whose graph nodes
+    form the region (nodes whose module_path equals it or lies below it).
+    """
+
+    id: str  # versioned, e.g. qwen.decode_logits_copy@1
+    engine_role: str
+    description: str
+    instances: tuple[tuple[str, str], ...]  # (instance name, module path)
+    workspace_bytes: int = 0
+    extra_args: tuple[dict, ...] = ()
+    output_shape_input: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class RoleIO:
+    """Names of a role's graph inputs and outputs, in call order."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+class Family(ABC):
+    name: str
+    kind: str  # "decoder" or "encoder"
+    roles: tuple[str, ...]
+
+    @abstractmethod
+    def graph_args(self, config: dict, args: BuildArgs) -> dict[str, Any]:
+        """The resolved graph-producing arguments (defaults filled in), or UserError
+        when an argument does not apply to this family or is out of range."""
+
+    @abstractmethod
+    def build_core(self, config: dict, gargs: dict[str, Any], device: torch.device | str) -> nn.Module:
+        """The model with parameters of the requested precision on `device` (meta for
+        capture; values unset). Non-persistent buffers (RoPE tables, zero bias) are
+        computed here on `device` (meta included)."""
+
+    @abstractmethod
+    def role_module(self, core: nn.Module, role: str) -> nn.Module:
+        """A module whose forward(*inputs) is the role's graph; holds `core` as a child so
+        parameter FQNs are stable."""
+
+    @abstractmethod
+    def role_io(self, config: dict, gargs: dict[str, Any], role: str) -> RoleIO:
+        ...
+
+    @abstractmethod
+    def example_inputs(
+        self, config: dict, gargs: dict[str, Any], role: str, device: torch.device | str
+    ) -> tuple[tuple[torch.Tensor, ...], Any]:
+        """Example inputs for torch.export and its dynamic_shapes spec."""
+
+    @abstractmethod
+    def load_checkpoint(self, core: nn.Module, source: ModelSource) -> None:
+        """Fill `core` from the checkpoint's safetensors (sharded too), cast to the core's
+        precision. Missing or unexpected tensors are a UserError naming them."""
+
+    @abstractmethod
+    def random_init(self, core: nn.Module, seed: int) -> None:
+        """Deterministic seeded random weights (for benchmarking configs with no checkpoint)."""
+
+    @abstractmethod
+    def recipes(self, config: dict, gargs: dict[str, Any]) -> list[RecipeSpec]:
+        ...

@@ -1,0 +1,1 @@
+"""Graph capture (torch.export) and the snapshot contract (DESIGN.md §1)."""

@@ -1,0 +1,78 @@
+"""Capture an engine role's graph with torch.export on the meta device (no weights needed)."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from .. import __version__
+from ..buildargs import BuildArgs
+from ..errors import UserError
+from ..families import family_for_config
+from ..families.base import Family, ModelSource, RoleIO
+from ..families.source import resolve_model
+from ..progress import NO_PROGRESS, Progress
+from .snapshot import snapshot_from_exported
+
+
+def tool_versions() -> dict[str, str]:
+    """Versions that change the captured graph (recorded in, and fingerprinted with, the snapshot)."""
+    return {"mcore": __version__, "torch": torch.__version__.split("+")[0]}
+
+
+@dataclass
+class Captured:
+    source: ModelSource
+    family: Family
+    gargs: dict[str, Any]
+    role: str
+    io: RoleIO
+    exported: torch.export.ExportedProgram
+    snapshot: dict[str, Any]
+
+
+def check_role(family: Family, role: str) -> None:
+    if role not in family.roles:
+        raise UserError(
+            f"engine role {role!r} does not exist for family {family.name}; use one of: {', '.join(family.roles)}"
+        )
+
+
+def graph_metadata(source: ModelSource, family: Family, gargs: dict[str, Any], role: str) -> dict[str, Any]:
+    return {
+        "family": family.name,
+        "model": source.spec,
+        "revision": source.revision,
+        "engine_role": role,
+        "build_args": gargs,
+        "tool_versions": tool_versions(),
+    }
+
+
+def resolve(args: BuildArgs) -> tuple[ModelSource, Family, dict[str, Any]]:
+    source = resolve_model(args.model, args.model_revision)
+    family = family_for_config(source.config)
+    gargs = family.graph_args(source.config, args)
+    return source, family, gargs
+
+
+def capture(args: BuildArgs, role: str, progress: Progress = NO_PROGRESS,
+            resolved: Optional[tuple[ModelSource, Family, dict[str, Any]]] = None) -> Captured:
+    """Export the role's module on the meta device and turn it into a snapshot."""
+    source, family, gargs = resolved or resolve(args)
+    check_role(family, role)
+    progress.report(f"building {family.name} {role} graph module", 0.05)
+    core = family.build_core(source.config, gargs, "meta")
+    module = family.role_module(core, role)
+    example, dynamic = family.example_inputs(source.config, gargs, role, "meta")
+    io = family.role_io(source.config, gargs, role)
+    progress.report(f"exporting {role} with torch.export", 0.2)
+    with torch.no_grad():
+        ep = torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
+    progress.report("writing snapshot", 0.8)
+    snap = snapshot_from_exported(ep, graph_metadata(source, family, gargs, role), list(io.inputs), list(io.outputs))
+    progress.report("captured", 1.0)
+    return Captured(source, family, gargs, role, io, ep, snap)
