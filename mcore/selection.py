@@ -57,10 +57,12 @@ def normalize_extra_arg(arg: Any, index: int) -> dict[str, Any]:
     kind = arg["type"]
     if kind not in EXTRA_ARG_TYPES:
         raise RegionError("extra_args", None, f"{where}: type {kind!r} is not allowed; use one of {', '.join(EXTRA_ARG_TYPES)}")
+    try:
+        check_fields(arg, where, {"type"} if kind == "none" else {"type", "value"})
+    except UserError as e:
+        raise RegionError("extra_args", None, str(e)) from None
     if kind == "none":
-        check_fields(arg, where, {"type"})
         return {"type": "none"}
-    check_fields(arg, where, {"type", "value"})
     v = arg["value"]
     if kind == "int":
         if isinstance(v, bool) or not isinstance(v, int) or not -(2**31) <= v < 2**31:

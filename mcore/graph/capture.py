@@ -15,6 +15,7 @@ from ..families import family_for_config
 from ..families.base import Family, ModelSource, RoleIO
 from ..families.source import resolve_model
 from ..progress import NO_PROGRESS, Progress
+from ..recipes import annotate_recipes
 from .snapshot import snapshot_from_exported
 
 
@@ -74,5 +75,6 @@ def capture(args: BuildArgs, role: str, progress: Progress = NO_PROGRESS,
         ep = torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
     progress.report("writing snapshot", 0.8)
     snap = snapshot_from_exported(ep, graph_metadata(source, family, gargs, role), list(io.inputs), list(io.outputs))
+    annotate_recipes(snap, [r for r in family.recipes(source.config, gargs) if r.engine_role == role])
     progress.report("captured", 1.0)
     return Captured(source, family, gargs, role, io, ep, snap)

@@ -243,7 +243,8 @@ def load_snapshot(path: str | Path) -> dict[str, Any]:
     """Read and check a snapshot file; errors name the file and the field."""
     snap = read_json(path, "graph snapshot")
     where = str(path)
-    check_fields(snap, where, {"schema_version", "kind", "metadata", "nodes", "tensors", "inputs", "outputs", "fingerprint"})
+    check_fields(snap, where, {"schema_version", "kind", "metadata", "nodes", "tensors", "inputs", "outputs", "fingerprint"},
+                 {"recipes"})
     if snap["kind"] != KIND:
         raise UserError(f"{where}: kind is {snap['kind']!r}, not a graph snapshot ({KIND}); pass the file written by `mcore graph inspect --snapshot`")
     if snap["schema_version"] != SCHEMA_VERSION:

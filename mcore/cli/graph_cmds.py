@@ -1,0 +1,150 @@
+"""`mcore graph inspect|list|tree|recipes|select|show`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..buildargs import add_build_args, build_args_from_namespace
+from ..errors import UserError
+from ..fileio import write_json
+from ..graph.display import abi_lines, list_lines, tensor_desc, tree_lines
+from ..graph.snapshot import SnapshotIndex, load_snapshot
+from ..progress import Progress
+from ..recipes import recipe_rows, select_recipe
+from ..selection import select_region
+
+
+def stderr_progress() -> Progress:
+    return Progress(lambda step, frac: print(f"[{frac * 100:3.0f}%] {step}", file=sys.stderr, flush=True))
+
+
+def cmd_inspect(ns: argparse.Namespace) -> int:
+    from ..graph.capture import capture
+
+    args = build_args_from_namespace(ns)
+    cap = capture(args, ns.engine_role, stderr_progress())
+    write_json(ns.snapshot, cap.snapshot)
+    snap = cap.snapshot
+    print(f"engine_role={ns.engine_role} nodes={len(snap['nodes'])} tensors={len(snap['tensors'])} "
+          f"recipes={len(snap.get('recipes', []))} fingerprint={snap['fingerprint']}")
+    print(f"snapshot written to {ns.snapshot}")
+    return 0
+
+
+def cmd_list(ns: argparse.Namespace) -> int:
+    snap = load_snapshot(ns.snapshot)
+    for line in list_lines(snap, ns.match):
+        print(line)
+    return 0
+
+
+def cmd_tree(ns: argparse.Namespace) -> int:
+    for line in tree_lines(load_snapshot(ns.snapshot)):
+        print(line)
+    return 0
+
+
+def cmd_recipes(ns: argparse.Namespace) -> int:
+    rows = recipe_rows(load_snapshot(ns.snapshot))
+    w1 = max([len("RECIPE")] + [len(r["id"]) for r in rows]) + 2
+    w2 = max([len("INSTANCE")] + [len(r["instance"]) for r in rows]) + 2
+    print(f"{'RECIPE':<{w1}}{'INSTANCE':<{w2}}NODES")
+    for r in rows:
+        print(f"{r['id']:<{w1}}{r['instance']:<{w2}}{','.join(r['node_ids'])}")
+    return 0
+
+
+def parse_extra_arg(text: str) -> object:
+    def no_constants(name: str):
+        raise ValueError(f"non-standard constant {name}")
+    try:
+        return json.loads(text, parse_constant=no_constants)
+    except ValueError as e:
+        raise UserError(f"--extra-arg {text!r} is not strict JSON ({e}); e.g. '{{\"type\":\"int\",\"value\":32}}'") from None
+
+
+def cmd_select(ns: argparse.Namespace) -> int:
+    snap = load_snapshot(ns.snapshot)
+    if ns.recipe:
+        if ns.nodes:
+            raise UserError("give either --nodes or --recipe, not both")
+        receipt = select_recipe(snap, ns.recipe[0], ns.recipe[1], ns.binding_id)
+    else:
+        if not ns.nodes:
+            raise UserError("no nodes selected; pass --nodes node:N [node:M ...] (or --recipe ID INSTANCE)")
+        if not ns.binding_id:
+            raise UserError("--binding-id is required for a manual selection (e.g. my.kernel@1)")
+        extras = [parse_extra_arg(t) for t in ns.extra_arg]
+        receipt = select_region(snap, ns.nodes, ns.binding_id, ns.workspace_bytes, extras, ns.output_shape_like_input)
+    write_json(ns.output, receipt)
+    for line in abi_lines(receipt):
+        print(line)
+    print(f"receipt written to {ns.output}")
+    return 0
+
+
+def cmd_show(ns: argparse.Namespace) -> int:
+    snap = load_snapshot(ns.snapshot)
+    ix = SnapshotIndex(snap)
+    for ident in ns.ids:
+        if ident in ix.nodes:
+            n = ix.nodes[ident]
+            print(f"{n['id']}  {n['op']}  {n.get('category', '')}")
+            print(f"  name: {n['name']}\n  module: {n['module_path'] or '(root)'}")
+            for label, tids in (("in ", n["inputs"]), ("out", n["outputs"])):
+                for t in tids:
+                    tensor = ix.tensors[t]
+                    other = tensor["producer"] if label == "in " else ",".join(tensor["consumers"]) or "(graph output)"
+                    print(f"  {label} {t:<12} {tensor_desc(tensor):<32} {'from' if label == 'in ' else 'to'} {other or '(graph input)'}")
+        elif ident in ix.tensors:
+            t = ix.tensors[ident]
+            print(f"{t['id']}  {tensor_desc(t)}  name={ix.tensor_label(ident)}")
+            print(f"  producer: {t['producer'] or '(graph input)'}\n  consumers: {','.join(t['consumers']) or '(none)'}")
+        else:
+            raise UserError(f"{ident} is neither a node nor a tensor of {ns.snapshot}; IDs look like node:12 or tensor:34")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from .main import Parser
+
+    g = sub.add_parser("graph", help="capture, browse and select regions of an engine-role graph")
+    gs = g.add_subparsers(dest="graph_verb", metavar="VERB", parser_class=Parser)
+    gs.required = True
+
+    p = gs.add_parser("inspect", help="capture a role's graph (no weights) and write its snapshot")
+    p.add_argument("--engine-role", required=True, help="prefill | decode (qwen3), encoder (distilbert, bert)")
+    p.add_argument("--snapshot", required=True, help="where to write the graph snapshot JSON")
+    add_build_args(p)
+    p.set_defaults(func=cmd_inspect)
+
+    p = gs.add_parser("list", help="list nodes (ID, op, layer, tensors); --match filters the display only")
+    p.add_argument("snapshot")
+    p.add_argument("--match", default=None, metavar="GLOB", help="filter by node ID, op, layer, name or module path")
+    p.set_defaults(func=cmd_list)
+
+    p = gs.add_parser("tree", help="the module tree with node counts")
+    p.add_argument("snapshot")
+    p.set_defaults(func=cmd_tree)
+
+    p = gs.add_parser("recipes", help="recipe instances published by the family for this graph")
+    p.add_argument("snapshot")
+    p.set_defaults(func=cmd_recipes)
+
+    p = gs.add_parser("select", help="validate a region and write its selection receipt")
+    p.add_argument("snapshot")
+    p.add_argument("--nodes", nargs="+", default=[], metavar="NODE")
+    p.add_argument("--recipe", nargs=2, metavar=("RECIPE", "INSTANCE"), default=None)
+    p.add_argument("--binding-id", default=None)
+    p.add_argument("--workspace-bytes", type=int, default=0)
+    p.add_argument("--extra-arg", action="append", default=[], metavar="JSON")
+    p.add_argument("--output-shape-like-input", type=int, default=None, metavar="INPUT_INDEX")
+    p.add_argument("-o", "--output", required=True, help="receipt path (JSON)")
+    p.set_defaults(func=cmd_select)
+
+    p = gs.add_parser("show", help="details of nodes or tensors: dtypes, shapes, producer, consumers")
+    p.add_argument("snapshot")
+    p.add_argument("ids", nargs="+", metavar="ID")
+    p.set_defaults(func=cmd_show)

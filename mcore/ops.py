@@ -1,0 +1,105 @@
+"""Custom ops that appear as single nodes in captured graphs.
+
+`mcore::decode_attention(q, k_cache, v_cache, kv_lengths) -> context`
+
+- q: the already scaled query [1, H, s, D] (model dtype; the builder applied head_dim**-0.5
+  and rounded to the model dtype), so the softmax scale here is 1.0.
+- k_cache, v_cache: the fixed-capacity caches [1, KV, C, D] after this step's update
+  (H is a multiple of KV: grouped-query attention).
+- kv_lengths: INT32 [1], the number of valid cache positions including the s new tokens.
+
+Query i (0..s-1) sits at absolute position kv_len - s + i and attends the keys at positions
+0..kv_len - s + i (causal). The softmax is computed in fp32; the context [1, H, s, D] has q's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["decode_attention", "decode_attention_reference"]
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor) -> None:
+    if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
+        raise ValueError("decode_attention: q, k_cache and v_cache must be rank 4 [B, heads, tokens, head_dim]")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"decode_attention: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
+    if q.shape[0] != k_cache.shape[0] or q.shape[3] != k_cache.shape[3]:
+        raise ValueError(f"decode_attention: q {tuple(q.shape)} does not fit the cache {tuple(k_cache.shape)}")
+    if q.shape[1] % k_cache.shape[1] != 0:
+        raise ValueError(f"decode_attention: {q.shape[1]} query heads are not a multiple of {k_cache.shape[1]} KV heads")
+    if kv_lengths.dtype != torch.int32 or kv_lengths.numel() != 1:
+        raise ValueError("decode_attention: kv_lengths must be an INT32 tensor with one element")
+
+
+def _cpu_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor) -> torch.Tensor:
+    # The CPU path may sync: read the active length and touch only that part of the cache.
+    b, h, s, d = q.shape
+    kvh, cap = k_cache.shape[1], k_cache.shape[2]
+    kv_len = int(kv_lengths.reshape(-1)[0].item())
+    if not (s <= kv_len <= cap):
+        raise ValueError(f"decode_attention: kv_lengths {kv_len} must lie in [{s}, {cap}] for {s} new tokens")
+    g = h // kvh
+    qf = q.float().reshape(b, kvh, g * s, d)  # heads h = kvh * g; rows (g, s)
+    k = k_cache[:, :, :kv_len].float()
+    v = v_cache[:, :, :kv_len].float()
+    scores = torch.matmul(qf, k.transpose(-1, -2)).reshape(b, kvh, g, s, kv_len)
+    qpos = torch.arange(s, device=q.device) + (kv_len - s)
+    kpos = torch.arange(kv_len, device=q.device)
+    allowed = kpos[None, :] <= qpos[:, None]  # [s, kv_len]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).reshape(b, kvh, g * s, kv_len)
+    out = torch.matmul(probs, v).reshape(b, h, s, d)
+    return out.to(q.dtype)
+
+
+def _device_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor) -> torch.Tensor:
+    # No host sync: attend over the full capacity with a mask built on the device from kv_lengths.
+    s = q.shape[2]
+    cap = k_cache.shape[2]
+    kv_len = kv_lengths.reshape(1).to(torch.int64)
+    qpos = torch.arange(s, device=q.device, dtype=torch.int64) + (kv_len - s)  # [s]
+    kpos = torch.arange(cap, device=q.device, dtype=torch.int64)  # [C]
+    allowed = (kpos[None, :] <= qpos[:, None]).reshape(1, 1, s, cap)
+    # SDPA's fused kernels accumulate the softmax in fp32 for half types; fp32 stays fp32.
+    out = F.scaled_dot_product_attention(
+        q, k_cache, v_cache, attn_mask=allowed, scale=1.0, enable_gqa=q.shape[1] != k_cache.shape[1]
+    )
+    return out.to(q.dtype)
+
+
+@torch.library.custom_op("mcore::decode_attention", mutates_args=())
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor
+) -> torch.Tensor:
+    _check(q, k_cache, v_cache, kv_lengths)
+    if q.device.type == "cpu":
+        return _cpu_impl(q, k_cache, v_cache, kv_lengths)
+    return _device_impl(q, k_cache, v_cache, kv_lengths)
+
+
+@decode_attention.register_fake
+def _decode_attention_fake(q, k_cache, v_cache, kv_lengths):
+    return torch.empty_like(q)
+
+
+def decode_attention_reference(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor
+) -> torch.Tensor:
+    """A float64 brute-force reference (loops over heads and queries); for tests."""
+    b, h, s, d = q.shape
+    kvh = k_cache.shape[1]
+    g = h // kvh
+    kv_len = int(kv_lengths.reshape(-1)[0].item())
+    out = torch.zeros(b, h, s, d, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            kh = hi // g
+            for i in range(s):
+                p = kv_len - s + i
+                k = k_cache[bi, kh, : p + 1].double()
+                v = v_cache[bi, kh, : p + 1].double()
+                w = torch.softmax(k @ q[bi, hi, i].double(), dim=0)
+                out[bi, hi, i] = w @ v
+    return out
