@@ -1,0 +1,133 @@
+"""`build`: capture every role, resolve the selection (recipe or --graph-patch receipt), and write
+a self-contained bundle (plus the receipt beside it). One implementation for the CLI and the TUI."""
+
+from __future__ import annotations
+
+import io
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from .buildargs import BuildArgs
+from .bundle import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION, write_bundle
+from .errors import UserError
+from .fileio import read_json, write_json
+from .graph.capture import Captured, capture, resolve, tool_versions
+from .patch import check_receipt_against, slot_record
+from .progress import NO_PROGRESS, Progress
+from .recipes import select_recipe
+from .selection import check_receipt
+
+
+@dataclass
+class BuildResult:
+    bundle_path: Path
+    receipt_path: Optional[Path]
+    receipt: Optional[dict[str, Any]]
+    manifest: dict[str, Any]
+
+
+def receipt_path_for(bundle_path: Path) -> Path:
+    """qwen3-slot-ready.bundle -> qwen3-slot-ready.selection.json (as the tutorial names it)."""
+    name = bundle_path.name
+    stem = name[: -len(".bundle")] if name.endswith(".bundle") else bundle_path.stem
+    return bundle_path.with_name(f"{stem}.selection.json")
+
+
+def _weights_member(core: torch.nn.Module) -> tuple[bytes, dict[str, str]]:
+    """Serialize the core's state; tied tensors are stored once and recorded as aliases."""
+    from safetensors.torch import save
+
+    seen: dict[tuple, str] = {}
+    kept: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    for name, t in core.state_dict().items():
+        key = (t.data_ptr(), tuple(t.shape), t.dtype, t.device)
+        if key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        kept[name] = t.detach().contiguous().cpu()
+    return save(dict(sorted(kept.items()))), aliases
+
+
+def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str, str]] = None,
+                 graph_patch: Optional[str | Path] = None, device: Optional[str] = None,
+                 progress: Progress = NO_PROGRESS) -> BuildResult:
+    if recipe and graph_patch:
+        raise UserError("give either --recipe or --graph-patch, not both")
+    output = Path(output)
+    if not output.parent.exists():
+        raise UserError(f"{output}: folder {output.parent} does not exist; create it first")
+    source, family, gargs = resolve(args)
+    receipt_file: Optional[dict[str, Any]] = None
+    if graph_patch:  # read and check the file before the (slower) captures
+        receipt_file = check_receipt(read_json(graph_patch, "selection receipt"), str(graph_patch))
+        if receipt_file["engine_role"] not in family.roles:
+            raise UserError(f"{graph_patch}: engine role {receipt_file['engine_role']!r} does not exist for family "
+                            f"{family.name} (roles: {', '.join(family.roles)}); select on a snapshot of this model")
+    caps: dict[str, Captured] = {}
+    for i, role in enumerate(family.roles):
+        sub = Progress(lambda s, f, i=i: progress.report(f"[{role}] {s}", 0.05 + 0.5 * (i + f) / len(family.roles)),
+                       progress.token)
+        caps[role] = capture(args, role, sub, resolved=(source, family, gargs))
+    receipt: Optional[dict[str, Any]] = None
+    if recipe:
+        rid, inst = recipe
+        role = _recipe_role(caps, rid)
+        receipt = select_recipe(caps[role].snapshot, rid, inst)
+    elif receipt_file is not None:
+        receipt = check_receipt_against(receipt_file, caps[receipt_file["engine_role"]].snapshot, str(graph_patch))
+    progress.report("loading weights", 0.6)
+    members: dict[str, Any] = {"config.json": json.dumps(source.config, indent=2, sort_keys=True).encode()}
+    from .families.source import load_tokenizer, special_tokens
+
+    members["tokenizer.json"] = load_tokenizer(source).to_str().encode("utf-8")
+    if args.weights == "random":
+        weights = {"kind": "random", "seed": args.seed}
+    else:
+        core = family.build_core(source.config, gargs, "cpu")
+        family.load_checkpoint(core, source)
+        blob, aliases = _weights_member(core)
+        members["weights.safetensors"] = blob
+        weights = {"kind": "checkpoint", "member": "weights.safetensors", "aliases": aliases}
+    progress.check()
+    manifest = {
+        "schema_version": BUNDLE_SCHEMA_VERSION,
+        "kind": BUNDLE_KIND,
+        "engine": "torch",
+        "family": family.name,
+        "family_kind": family.kind,
+        "model": {"spec": source.spec, "revision": source.revision},
+        "build_args": args.to_dict(),
+        "graph_args": gargs,
+        "device": device,
+        "roles": {r: {"fingerprint": c.snapshot["fingerprint"], "inputs": list(c.io.inputs),
+                      "outputs": list(c.io.outputs)} for r, c in caps.items()},
+        "kernel_slots": [slot_record(receipt)] if receipt else [],
+        "weights": weights,
+        "special_tokens": special_tokens(source),
+        "tool_versions": tool_versions(),
+        "built_on": {"python": platform.python_version(), "machine": platform.machine()},
+    }
+    progress.report("writing bundle", 0.8)
+    path = write_bundle(output, manifest, members, progress=progress)
+    receipt_path = None
+    if recipe and receipt:
+        receipt_path = receipt_path_for(output)
+        write_json(receipt_path, receipt)
+    progress.report("bundle written", 1.0)
+    return BuildResult(path, receipt_path, receipt, manifest)
+
+
+def _recipe_role(caps: dict[str, Captured], recipe_id: str) -> str:
+    for role, cap in caps.items():
+        if any(r["id"] == recipe_id for r in cap.snapshot.get("recipes", [])):
+            return role
+    known = sorted({r["id"] for c in caps.values() for r in c.snapshot.get("recipes", [])})
+    raise UserError(f"recipe {recipe_id!r} is not published for this model (recipes: {', '.join(known) or 'none'}); "
+                    "list them with `mcore graph recipes SNAPSHOT`")

@@ -1,0 +1,174 @@
+"""`mcore build`, `mcore run`, `mcore embed`, `mcore inspect`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from ..buildargs import add_build_args, build_args_from_namespace
+from ..errors import UserError
+from ..fileio import atomic_write
+from ..graph.display import abi_lines
+from .graph_cmds import stderr_progress
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cmd_build(ns: argparse.Namespace) -> int:
+    from ..build import build_bundle
+
+    args = build_args_from_namespace(ns)
+    res = build_bundle(args, ns.output, recipe=tuple(ns.recipe) if ns.recipe else None, graph_patch=ns.graph_patch,
+                       device=ns.device, progress=stderr_progress())
+    m = res.manifest
+    print(f"bundle written to {res.bundle_path}")
+    for role, r in m["roles"].items():
+        print(f"role {role}: fingerprint={r['fingerprint']}")
+    if res.receipt:
+        for line in abi_lines(res.receipt):
+            print(line)
+    if res.receipt_path:
+        print(f"selection receipt written to {res.receipt_path}")
+    if not m["kernel_slots"]:
+        print("kernel slots: none (native bundle)")
+    return 0
+
+
+def _pipeline(ns: argparse.Namespace, kind: str):
+    from ..pipeline import DecoderPipeline, EncoderPipeline
+    from ..bundle import open_bundle
+
+    bundle = open_bundle(ns.bundle)
+    cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
+    return cls(ns.bundle, kernel_bindings=ns.kernel_bindings, device=ns.device, engine=ns.engine,
+               progress=stderr_progress(), bundle=bundle)
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from ..pipeline import percentile
+
+    if ns.benchmark is not None and ns.benchmark < 1:
+        raise UserError("--benchmark N needs N >= 1")
+    if ns.warmup < 0:
+        raise UserError("--warmup must be >= 0")
+    pipe = _pipeline(ns, "decoder")
+    prompts = ns.prompt
+    kw = dict(greedy=ns.greedy, stop_at_eos=not ns.ignore_eos, temperature=ns.temperature, top_k=ns.top_k,
+              seed=ns.seed)
+    if ns.benchmark:
+        for _ in range(ns.warmup):
+            pipe.generate(prompts[0], ns.max_new_tokens, timed=True, **kw)
+        runs = [pipe.generate(prompts[0], ns.max_new_tokens, timed=True, **kw) for _ in range(ns.benchmark)]
+        gen = [len(r.tokens) for r in runs]
+        total_t = sum(r.total_s for r in runs)
+        steps = [s * 1e3 for r in runs for s in r.step_s]
+        ttft = [r.ttft_s * 1e3 for r in runs]
+        print(f"generated_tokens_mean={statistics.mean(gen):.2f} runs={len(runs)} "
+              f"tokens_per_sec={sum(gen) / total_t:.2f} ttft_ms_p50={percentile(ttft, 0.5):.3f} "
+              f"decode_ms_p50={percentile(steps, 0.5):.3f} decode_ms_p90={percentile(steps, 0.9):.3f} "
+              f"decode_ms_p99={percentile(steps, 0.99):.3f} device={pipe.device}", flush=True)
+        return 0
+    results = [pipe.generate(p, ns.max_new_tokens, **kw) for p in prompts]
+    if ns.output:
+        def write(f):
+            for r in results:
+                f.write(json.dumps({"prompt": r.prompt, "tokens": r.tokens, "text": r.text}) + "\n")
+        atomic_write(ns.output, write)
+        log(f"wrote {len(results)} record(s) to {ns.output}")
+    for r in results:
+        print(r.text if ns.output is None else f"generated {len(r.tokens)} tokens", flush=True)
+    return 0
+
+
+def cmd_embed(ns: argparse.Namespace) -> int:
+    from ..pipeline import percentile, sync
+
+    pipe = _pipeline(ns, "encoder")
+    if ns.benchmark:
+        for _ in range(ns.warmup):
+            pipe.hidden_states(ns.prompt)
+        sync(pipe.device)
+        lat = []
+        for _ in range(ns.benchmark):
+            t = time.perf_counter()
+            pipe.hidden_states(ns.prompt)
+            sync(pipe.device)
+            lat.append(time.perf_counter() - t)
+        log(f"embeddings_per_sec={len(lat) / sum(lat):.2f} runs={len(lat)} latency_ms_p50={percentile(lat, 0.5) * 1e3:.3f} "
+            f"latency_ms_p90={percentile(lat, 0.9) * 1e3:.3f} device={pipe.device}")
+    emb = pipe.embed(ns.prompt, ns.pooling)
+    log(f"embedding values={len(emb)} pooling={ns.pooling}")
+    sys.stdout.write(json.dumps({"embedding": emb}) + "\n")
+    return 0
+
+
+def cmd_inspect(ns: argparse.Namespace) -> int:
+    from ..bundle import open_bundle
+
+    b = open_bundle(ns.bundle)
+    m = b.manifest
+    if ns.json:
+        print(json.dumps(m, indent=2))
+        return 0
+    print(f"bundle {ns.bundle}: integrity OK")
+    print(f"engine={m['engine']} family={m['family']} model={m['model']['spec']} revision={m['model']['revision']}")
+    print("build_args: " + " ".join(f"{k}={v}" for k, v in m["build_args"].items() if v is not None))
+    print(f"weights: {m['weights']['kind']}" + (f" (seed {m['weights']['seed']})" if m["weights"]["kind"] == "random" else ""))
+    for role, r in m["roles"].items():
+        print(f"role {role}: fingerprint={r['fingerprint']} inputs={len(r['inputs'])} outputs={','.join(r['outputs'])}")
+    if not m["kernel_slots"]:
+        print("kernel_slots: none (native bundle)")
+    for s in m["kernel_slots"]:
+        print(f"kernel_slot {s['binding_id']} role={s['engine_role']} abi_sha256={s['abi_sha256']}"
+              + (f" recipe={s['recipe']['id']}:{s['recipe']['instance']}" if s.get("recipe") else ""))
+        for line in abi_lines(s)[4:]:
+            print("  " + line)
+    print("members: " + ", ".join(b.names()))
+    return 0
+
+
+def _runtime_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle")
+    p.add_argument("--kernel-bindings", default=None, help="bindings manifest binding every kernel slot")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the bundle's, else auto)")
+    p.add_argument("--engine", default="torch", help="engine (torch)")
+    p.add_argument("--warmup", type=int, default=0)
+    p.add_argument("--benchmark", type=int, default=None, metavar="N")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("build", help="build a native or slot-ready bundle")
+    add_build_args(p)
+    p.add_argument("--recipe", nargs=2, metavar=("RECIPE", "INSTANCE"), default=None)
+    p.add_argument("--graph-patch", default=None, metavar="SELECTION_JSON")
+    p.add_argument("--device", default=None, help="default device recorded for the bundle (cpu | cuda)")
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("run", help="generate with a decoder bundle")
+    _runtime_flags(p)
+    p.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for several)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--greedy", action="store_true", help="greedy decoding (else sampling)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    p.add_argument("--output", default=None, help="write JSONL records {prompt, tokens, text}")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("embed", help="embed a prompt with an encoder bundle (JSON on stdout)")
+    _runtime_flags(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--pooling", default="none", choices=["none", "mean", "cls"])
+    p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("inspect", help="show what a bundle holds (checks integrity)")
+    p.add_argument("bundle")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)

@@ -1,0 +1,50 @@
+"""Model families: registry by name and by config.json's model_type.
+
+Importing this package registers the custom op mcore::decode_attention.
+"""
+
+from __future__ import annotations
+
+from .. import ops as _ops  # noqa: F401  (registers mcore::decode_attention)
+from ..errors import UserError
+from .base import DTYPES, Family, ModelSource, RecipeSpec, RoleIO
+from .bert import BertFamily
+from .distilbert import DistilBertFamily
+from .qwen3 import Qwen3Family
+
+_FAMILIES: dict[str, Family] = {f.name: f for f in (Qwen3Family(), DistilBertFamily(), BertFamily())}
+# config.json model_type -> family name
+_MODEL_TYPES = {"qwen3": "qwen3", "distilbert": "distilbert", "bert": "bert"}
+
+
+def family_names() -> list[str]:
+    return list(_FAMILIES)
+
+
+def get_family(name: str) -> Family:
+    try:
+        return _FAMILIES[name]
+    except KeyError:
+        raise UserError(f"unknown model family {name!r}; supported: {', '.join(_FAMILIES)}") from None
+
+
+def family_for_config(config: dict) -> Family:
+    mt = config.get("model_type") if isinstance(config, dict) else None
+    if mt not in _MODEL_TYPES:
+        shown = "missing" if mt is None else repr(mt)
+        raise UserError(
+            f"config.json: model_type {shown} is not supported; supported model types: {', '.join(_MODEL_TYPES)}"
+        )
+    return _FAMILIES[_MODEL_TYPES[mt]]
+
+
+__all__ = [
+    "DTYPES",
+    "Family",
+    "ModelSource",
+    "RecipeSpec",
+    "RoleIO",
+    "family_names",
+    "get_family",
+    "family_for_config",
+]

@@ -1,0 +1,471 @@
+"""Demo models, materialized offline and deterministically on first use.
+
+`demo:qwen3-tiny`, `demo:distilbert-tiny`, `demo:bert-tiny` become real Hugging Face style
+checkpoint folders (config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
+generation_config.json for the decoder) under
+
+    $MCORE_CACHE_DIR/demo/<name>      (MCORE_CACHE_DIR defaults to ~/.cache/mcore)
+
+The bytes are the same on every machine: the weights come from integer draws of a seeded CPU
+torch.Generator mapped to float32 with exact arithmetic (no transcendental functions, whose
+vectorized implementations differ between CPUs); the tokenizer is a byte-level BPE whose merges
+are learned by a small pure-Python trainer on a fixed embedded text. A folder is written to a
+temporary sibling and renamed into place, so readers never see a half-written model; a marker
+file records the generator version and the files' SHA-256, and is checked on every use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..errors import UserError
+
+GENERATOR_VERSION = 1
+MARKER = ".mcore-demo.json"
+
+DEMO_TEXT = """\
+Bring your own kernel into the graph. A kernel author picks a model, browses the graph that the
+engine will run, circles a region, and gets a receipt with an exact call contract. The kernel
+reads its inputs in order, writes its output, and never waits for the host. The engine binds the
+library when a pipeline loads, and the new kernel is promoted only when it is correct and fast.
+
+Attention compares each query with every key that came before it. The keys and values live in a
+cache of fixed capacity; the active length says how much of the cache holds real tokens. Grouped
+query attention shares one key head among several query heads, which makes the cache smaller and
+the decode step cheaper. A decode step reads the whole active cache once for every new token.
+
+The quick brown fox jumps over the lazy dog. The lazy dog sleeps in the warm sun, and the fox
+runs into the green forest. Small models are useful for tests: they load in a moment, they fit in
+any memory, and their numbers can be checked against a reference implementation line by line.
+
+Once upon a time there was a little program that wanted to run faster. It measured itself, found
+the slow part, and replaced it with a better kernel. Then it measured again, because a change
+that is not measured is only a hope. The program was correct before, and it stayed correct after.
+
+One, two, three, four, five, six, seven, eight, nine, ten. Red, orange, yellow, green, blue,
+indigo, violet. Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. The numbers
+0 1 2 3 4 5 6 7 8 9 and the symbols + - * / = ( ) [ ] { } < > are part of the alphabet too.
+def add(a, b):
+    return a + b
+for i in range(10):
+    print(add(i, i * 2))
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer: byte-level BPE with a deterministic pure-Python trainer
+# ---------------------------------------------------------------------------------------------
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """The byte-level alphabet (GPT-2 convention): each byte maps to one printable character."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def train_bpe(text: str, num_merges: int) -> list[tuple[str, str]]:
+    """Byte-level BPE merges learned on `text`: the most frequent pair wins, ties broken by the
+    pair's characters, stopping early when no pair occurs twice. Deterministic."""
+    from tokenizers import pre_tokenizers
+
+    pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    counts = Counter(piece for piece, _ in pre.pre_tokenize_str(text))
+    words = {tuple(w): c for w, c in sorted(counts.items())}
+    merges: list[tuple[str, str]] = []
+    for _ in range(num_merges):
+        pairs: Counter = Counter()
+        for w, c in words.items():
+            for a, b in zip(w, w[1:]):
+                pairs[(a, b)] += c
+        if not pairs:
+            break
+        best = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))
+        if best[1] < 2:
+            break
+        (a, b) = best[0]
+        merges.append((a, b))
+        merged: dict[tuple[str, ...], int] = {}
+        for w, c in words.items():
+            out: list[str] = []
+            i = 0
+            while i < len(w):
+                if i + 1 < len(w) and w[i] == a and w[i + 1] == b:
+                    out.append(a + b)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            t = tuple(out)
+            merged[t] = merged.get(t, 0) + c
+        words = merged
+    return merges
+
+
+def build_tokenizer(specials_first: list[str], specials_last: list[str], vocab_size: int, encoder: bool):
+    """A byte-level BPE tokenizers.Tokenizer with exactly `vocab_size` entries (fewer only if the
+    text runs out of repeated pairs): specials_first, 256 bytes, merges, specials_last."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    alphabet = [bytes_to_unicode()[b] for b in range(256)]
+    n_merges = vocab_size - len(specials_first) - 256 - len(specials_last)
+    merges = train_bpe(DEMO_TEXT, n_merges)
+    vocab: dict[str, int] = {}
+    for tok in specials_first + alphabet:
+        vocab[tok] = len(vocab)
+    for a, b in merges:
+        if a + b not in vocab:
+            vocab[a + b] = len(vocab)
+    for tok in specials_last:
+        vocab[tok] = len(vocab)
+    model = models.BPE(vocab=vocab, merges=merges, unk_token="[UNK]" if encoder else None)
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials_first + specials_last])
+    if encoder:
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+        )
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights: exact, portable pseudo-random values
+# ---------------------------------------------------------------------------------------------
+
+
+class _Draw:
+    """Uniform float32 values from a seeded CPU torch.Generator, computed with exact arithmetic."""
+
+    def __init__(self, seed: int) -> None:
+        self.g = torch.Generator(device="cpu")
+        self.g.manual_seed(seed)
+
+    def uniform(self, shape: tuple[int, ...], scale: float) -> torch.Tensor:
+        k = torch.randint(0, 1 << 24, shape, generator=self.g, dtype=torch.int64)
+        u = (k.to(torch.float32) + 0.5) * (2.0 / (1 << 24)) - 1.0  # exact: (-1, 1)
+        return u * torch.tensor(scale, dtype=torch.float32)
+
+    def around_one(self, shape: tuple[int, ...], scale: float) -> torch.Tensor:
+        return self.uniform(shape, scale) + 1.0
+
+
+def _weights(spec: list[tuple[str, tuple[int, ...], str, float]], seed: int) -> dict[str, torch.Tensor]:
+    """spec: (name, shape, kind in {'w', 'one'}, scale); drawn in sorted-name order."""
+    d = _Draw(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name, shape, kind, scale in sorted(spec, key=lambda s: s[0]):
+        out[name] = d.around_one(shape, scale) if kind == "one" else d.uniform(shape, scale)
+    return out
+
+
+# Uniform(-a, a) has std a/sqrt(3): a = 0.035 is std ~0.02.
+STD = 0.035
+
+
+def _qwen3_tiny() -> dict:
+    tok = build_tokenizer([], ["<|endoftext|>"], 512, encoder=False)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    eos = tok.token_to_id("<|endoftext|>")
+    L, H, KV, D, HID, FF = 2, 4, 2, 16, 64, 128
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": vocab,
+        "hidden_size": HID,
+        "intermediate_size": FF,
+        "num_hidden_layers": L,
+        "num_attention_heads": H,
+        "num_key_value_heads": KV,
+        "head_dim": D,
+        "hidden_act": "silu",
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": L,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "pad_token_id": None,
+        "dtype": "float32",
+    }
+    spec = [("model.embed_tokens.weight", (vocab, HID), "w", 1.0), ("lm_head.weight", (vocab, HID), "w", 0.3)]
+    spec.append(("model.norm.weight", (HID,), "one", 0.1))
+    for i in range(L):
+        p = f"model.layers.{i}."
+        spec += [
+            (p + "input_layernorm.weight", (HID,), "one", 0.1),
+            (p + "post_attention_layernorm.weight", (HID,), "one", 0.1),
+            (p + "self_attn.q_proj.weight", (H * D, HID), "w", 0.25),
+            (p + "self_attn.k_proj.weight", (KV * D, HID), "w", 0.25),
+            (p + "self_attn.v_proj.weight", (KV * D, HID), "w", 0.25),
+            (p + "self_attn.o_proj.weight", (HID, H * D), "w", 0.25),
+            (p + "self_attn.q_norm.weight", (D,), "one", 0.1),
+            (p + "self_attn.k_norm.weight", (D,), "one", 0.1),
+            (p + "mlp.gate_proj.weight", (FF, HID), "w", 0.25),
+            (p + "mlp.up_proj.weight", (FF, HID), "w", 0.25),
+            (p + "mlp.down_proj.weight", (HID, FF), "w", 0.2),
+        ]
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 512,
+        "clean_up_tokenization_spaces": False,
+    }
+    gen = {"bos_token_id": eos, "eos_token_id": [eos], "do_sample": False}
+    return {"config": config, "weights": _weights(spec, seed=1001), "tokenizer": tok, "tokenizer_config": tok_cfg,
+            "generation_config": gen}
+
+
+_ENC_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _encoder_tokenizer_config() -> dict:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "pad_token": "[PAD]",
+        "unk_token": "[UNK]",
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "mask_token": "[MASK]",
+        "model_max_length": 512,
+        "clean_up_tokenization_spaces": False,
+    }
+
+
+def _encoder_layer_spec(p: str, names: dict[str, str], HID: int, FF: int) -> list:
+    spec = []
+    for key in ("q", "k", "v", "o"):
+        spec += [(p + names[key] + ".weight", (HID, HID), "w", 0.2), (p + names[key] + ".bias", (HID,), "w", 0.05)]
+    spec += [
+        (p + names["ln1"] + ".weight", (HID,), "one", 0.1),
+        (p + names["ln1"] + ".bias", (HID,), "w", 0.05),
+        (p + names["ff1"] + ".weight", (FF, HID), "w", 0.2),
+        (p + names["ff1"] + ".bias", (FF,), "w", 0.05),
+        (p + names["ff2"] + ".weight", (HID, FF), "w", 0.15),
+        (p + names["ff2"] + ".bias", (HID,), "w", 0.05),
+        (p + names["ln2"] + ".weight", (HID,), "one", 0.1),
+        (p + names["ln2"] + ".bias", (HID,), "w", 0.05),
+    ]
+    return spec
+
+
+def _distilbert_tiny() -> dict:
+    tok = build_tokenizer(_ENC_SPECIALS, [], 512, encoder=True)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    L, H, HID, FF, POS = 2, 4, 64, 128, 512
+    config = {
+        "architectures": ["DistilBertModel"],
+        "model_type": "distilbert",
+        "vocab_size": vocab,
+        "dim": HID,
+        "n_layers": L,
+        "n_heads": H,
+        "hidden_dim": FF,
+        "activation": "gelu",
+        "max_position_embeddings": POS,
+        "sinusoidal_pos_embds": False,
+        "dropout": 0.1,
+        "attention_dropout": 0.1,
+        "initializer_range": 0.02,
+        "qa_dropout": 0.1,
+        "seq_classif_dropout": 0.2,
+        "pad_token_id": 0,
+        "tie_word_embeddings": True,
+        "dtype": "float32",
+    }
+    spec = [
+        ("embeddings.word_embeddings.weight", (vocab, HID), "w", 1.0),
+        ("embeddings.position_embeddings.weight", (POS, HID), "w", 0.3),
+        ("embeddings.LayerNorm.weight", (HID,), "one", 0.1),
+        ("embeddings.LayerNorm.bias", (HID,), "w", 0.05),
+    ]
+    names = {"q": "attention.q_lin", "k": "attention.k_lin", "v": "attention.v_lin", "o": "attention.out_lin",
+             "ln1": "sa_layer_norm", "ff1": "ffn.lin1", "ff2": "ffn.lin2", "ln2": "output_layer_norm"}
+    for i in range(L):
+        spec += _encoder_layer_spec(f"transformer.layer.{i}.", names, HID, FF)
+    return {"config": config, "weights": _weights(spec, seed=2002), "tokenizer": tok,
+            "tokenizer_config": _encoder_tokenizer_config()}
+
+
+def _bert_tiny() -> dict:
+    tok = build_tokenizer(_ENC_SPECIALS, [], 512, encoder=True)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    L, H, HID, FF, POS = 2, 4, 64, 128, 512
+    config = {
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "vocab_size": vocab,
+        "hidden_size": HID,
+        "num_hidden_layers": L,
+        "num_attention_heads": H,
+        "intermediate_size": FF,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "max_position_embeddings": POS,
+        "type_vocab_size": 2,
+        "initializer_range": 0.02,
+        "layer_norm_eps": 1e-12,
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        "use_cache": True,
+        "classifier_dropout": None,
+        "dtype": "float32",
+    }
+    spec = [
+        ("embeddings.word_embeddings.weight", (vocab, HID), "w", 1.0),
+        ("embeddings.position_embeddings.weight", (POS, HID), "w", 0.3),
+        ("embeddings.token_type_embeddings.weight", (2, HID), "w", 0.3),
+        ("embeddings.LayerNorm.weight", (HID,), "one", 0.1),
+        ("embeddings.LayerNorm.bias", (HID,), "w", 0.05),
+        ("pooler.dense.weight", (HID, HID), "w", 0.2),
+        ("pooler.dense.bias", (HID,), "w", 0.05),
+    ]
+    names = {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
+             "o": "attention.output.dense", "ln1": "attention.output.LayerNorm", "ff1": "intermediate.dense",
+             "ff2": "output.dense", "ln2": "output.LayerNorm"}
+    for i in range(L):
+        spec += _encoder_layer_spec(f"encoder.layer.{i}.", names, HID, FF)
+    return {"config": config, "weights": _weights(spec, seed=3003), "tokenizer": tok,
+            "tokenizer_config": _encoder_tokenizer_config()}
+
+
+DEMOS: dict[str, Callable[[], dict]] = {
+    "qwen3-tiny": _qwen3_tiny,
+    "distilbert-tiny": _distilbert_tiny,
+    "bert-tiny": _bert_tiny,
+}
+
+
+def demo_names() -> list[str]:
+    return list(DEMOS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Materialization
+# ---------------------------------------------------------------------------------------------
+
+
+def cache_root() -> Path:
+    """$MCORE_CACHE_DIR or ~/.cache/mcore."""
+    env = os.environ.get("MCORE_CACHE_DIR")
+    return Path(env).expanduser() if env else Path("~/.cache/mcore").expanduser()
+
+
+def _json_bytes(data: dict) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_demo(name: str, folder: str | Path) -> Path:
+    """Write demo `name`'s files into the existing empty `folder` (no atomicity; see materialize)."""
+    from safetensors.torch import save
+
+    if name not in DEMOS:
+        raise UserError(f"unknown demo model {name!r}; available: {', '.join('demo:' + n for n in DEMOS)}")
+    folder = Path(folder)
+    parts = DEMOS[name]()
+    files: dict[str, bytes] = {
+        "config.json": _json_bytes(parts["config"]),
+        "tokenizer.json": parts["tokenizer"].to_str(pretty=True).encode("utf-8") + b"\n",
+        "tokenizer_config.json": _json_bytes(parts["tokenizer_config"]),
+        "model.safetensors": save(
+            {k: parts["weights"][k].contiguous() for k in sorted(parts["weights"])}, metadata={"format": "pt"}
+        ),
+    }
+    if "generation_config" in parts:
+        files["generation_config.json"] = _json_bytes(parts["generation_config"])
+    for fname in sorted(files):
+        (folder / fname).write_bytes(files[fname])
+    marker = {
+        "name": name,
+        "generator_version": GENERATOR_VERSION,
+        "files": {f: hashlib.sha256(b).hexdigest() for f, b in sorted(files.items())},
+    }
+    (folder / MARKER).write_bytes(_json_bytes(marker))
+    return folder
+
+
+def _valid(folder: Path, name: str) -> bool:
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+        if marker.get("name") != name or marker.get("generator_version") != GENERATOR_VERSION:
+            return False
+        files = marker["files"]
+        return bool(files) and all(_sha256(folder / f) == h for f, h in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def materialize(name: str, root: Optional[str | Path] = None) -> Path:
+    """The folder of demo `name`, generated on first use (or when found stale or damaged)."""
+    if name not in DEMOS:
+        raise UserError(f"unknown demo model {name!r}; available: {', '.join('demo:' + n for n in DEMOS)}")
+    base = (Path(root).expanduser() if root is not None else cache_root()) / "demo"
+    final = base / name
+    if final.is_dir() and _valid(final, name):
+        return final
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=base))
+        os.chmod(tmp, 0o755)
+    except OSError as e:
+        raise UserError(f"{base}: cannot create the demo cache folder ({e}); set MCORE_CACHE_DIR to a writable folder") from None
+    try:
+        write_demo(name, tmp)
+        if final.exists():
+            # Stale or damaged: move it aside first (another process may be doing the same).
+            trash = Path(tempfile.mkdtemp(prefix=f".{name}.old-", dir=base))
+            try:
+                os.replace(final, trash / name)
+            except OSError:
+                pass
+            shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            # Another process renamed its copy in first; use it if it is complete.
+            if not _valid(final, name):
+                raise
+    except OSError as e:
+        raise UserError(f"{final}: cannot write the demo model ({e}); set MCORE_CACHE_DIR to a writable folder") from None
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -1,0 +1,262 @@
+"""Pipelines: load a bundle, bind kernel slots (only here), run generation or embeddings.
+
+Binding happens only while a pipeline is constructed; a running pipeline is never
+rebound. Two pipelines from one bundle may hold different compatible bindings.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from .buildargs import BuildArgs
+from .bundle import open_bundle
+from .bindings import bind_slots
+from .engines import get_engine
+from .errors import UserError
+from .families import get_family
+from .families.base import ModelSource
+from .graph.capture import capture
+from .graph.snapshot import TORCH_DTYPES
+from .patch import SlotCall
+from .progress import NO_PROGRESS, Progress
+
+
+def resolve_device(name: Optional[str]) -> torch.device:
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: no CUDA GPU is available here; use --device cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def load_weights_state(blob: bytes, aliases: dict[str, str]) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    state = load(blob)
+    for dup, kept in aliases.items():
+        state[dup] = state[kept]
+    return state
+
+
+class Pipeline:
+    """A constructed engine over one bundle with its kernel slots bound."""
+
+    def __init__(self, bundle_path: str, kernel_bindings: Optional[str] = None, device: Optional[str] = None,
+                 engine: str = "torch", progress: Progress = NO_PROGRESS,
+                 announce: Optional[Callable[[str], None]] = None, bundle: Any = None):
+        progress.report("checking bundle integrity", 0.0)
+        self.bundle = bundle if bundle is not None else open_bundle(bundle_path)
+        m = self.bundle.manifest
+        self.manifest = m
+        self.device = resolve_device(device or m.get("device"))
+        progress.report("binding kernel slots", 0.05)
+        bind_kw = {"announce": announce} if announce else {}
+        self.kernels = bind_slots(kernel_bindings, m["kernel_slots"], **bind_kw)
+        self.family = get_family(m["family"])
+        self.config = json.loads(self.bundle.read("config.json"))
+        self.gargs = m["graph_args"]
+        args = BuildArgs.from_dict(m["build_args"])
+        source = ModelSource(spec=m["model"]["spec"], family=m["family"], config=self.config, path=None,
+                             revision=m["model"]["revision"])
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_str(self.bundle.read("tokenizer.json").decode("utf-8"))
+        self.special = m.get("special_tokens", {})
+        progress.report("loading weights", 0.15)
+        dtype_core = self.family.build_core(self.config, self.gargs, self.device)
+        w = m["weights"]
+        if w["kind"] == "random":
+            self.family.random_init(dtype_core, w["seed"])
+        else:
+            dtype_core.load_state_dict(load_weights_state(self.bundle.read(w["member"]), w.get("aliases", {})), strict=True)
+        self.core = dtype_core.eval()
+        engine_ = get_engine(engine)
+        self.runners: dict[str, Any] = {}
+        self.snapshots: dict[str, dict] = {}
+        self.slot_calls: list[SlotCall] = []
+        roles = list(m["roles"])
+        for i, role in enumerate(roles):
+            progress.report(f"capturing {role} graph", 0.3 + 0.6 * i / len(roles))
+            cap = capture(args, role, resolved=(source, self.family, self.gargs))
+            expected = m["roles"][role]["fingerprint"]
+            if cap.snapshot["fingerprint"] != expected:
+                raise UserError(f"{bundle_path}: the {role} graph this mcore captures ({cap.snapshot['fingerprint'][:12]}…) "
+                                f"differs from the bundle's ({expected[:12]}…); rebuild the bundle with this mcore")
+            module = self.family.role_module(self.core, role)
+            state = dict(module.named_parameters(remove_duplicate=False))
+            state.update(dict(module.named_buffers(remove_duplicate=False)))
+            slots = []
+            for slot in m["kernel_slots"]:
+                if slot["engine_role"] == role:
+                    call = SlotCall(slot)
+                    call.bind(self.kernels[slot["binding_id"]].function, self.device)
+                    self.slot_calls.append(call)
+                    slots.append((slot, call))
+            self.runners[role] = engine_.compile_role(cap, state, slots, self.device)
+            self.snapshots[role] = cap.snapshot
+        self.kind = self.family.kind
+        progress.report("pipeline ready", 1.0)
+
+    # ------------------------------------------------------------ shared
+    def state_inputs(self, role: str) -> list[tuple[str, dict]]:
+        snap = self.snapshots[role]
+        tensors = {t["id"]: t for t in snap["tensors"]}
+        return [(tensors[t]["name"], tensors[t]) for t in snap["inputs"]]
+
+    def encode(self, prompt: str) -> list[int]:
+        ids = self.tokenizer.encode(prompt).ids
+        if not ids:
+            raise UserError("the prompt encodes to no tokens; give a non-empty --prompt")
+        return ids
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+@dataclass
+class GenerationResult:
+    prompt: str
+    prompt_tokens: list[int]
+    tokens: list[int]
+    text: str
+    ttft_s: float = 0.0
+    step_s: list[float] = field(default_factory=list)
+    total_s: float = 0.0
+
+
+class DecoderPipeline(Pipeline):
+    """Prefill then decode over a fixed-capacity KV cache owned by the pipeline."""
+
+    def __init__(self, *a: Any, **kw: Any):
+        super().__init__(*a, **kw)
+        if self.kind != "decoder":
+            raise UserError(f"{self.bundle.path}: a {self.manifest['family']} bundle is an encoder; use `mcore embed`")
+        self.caches: dict[str, torch.Tensor] = {}
+        for name, t in self.state_inputs("decode"):
+            if name in ("input_ids", "cache_length"):
+                continue
+            if -1 in t["shape"]:
+                raise RuntimeError(f"state input {name} has a dynamic shape")
+            self.caches[name] = torch.zeros(t["shape"], dtype=TORCH_DTYPES[t["dtype"]], device=self.device)
+        self.cache_names = [n for n, _ in self.state_inputs("decode") if n in self.caches]
+        self.capacity = int(self.gargs["max_cache_length"])
+        self.cache_length = torch.zeros(1, dtype=torch.int32, device=self.device)
+        eos = self.special.get("eos_token_id")
+        self.eos_ids = set(eos if isinstance(eos, list) else ([eos] if eos is not None else []))
+
+    def generate(self, prompt: str, max_new_tokens: int, greedy: bool = True, stop_at_eos: bool = True,
+                 temperature: float = 1.0, top_k: int = 0, seed: int = 0, timed: bool = False) -> GenerationResult:
+        if max_new_tokens < 1:
+            raise UserError(f"--max-new-tokens {max_new_tokens} must be at least 1")
+        ids = self.encode(prompt)
+        need = len(ids) + max_new_tokens - 1
+        if need > self.capacity:
+            raise UserError(f"prompt ({len(ids)} tokens) + --max-new-tokens {max_new_tokens} need {need} cache slots "
+                            f"but the KV cache holds {self.capacity}; ask for fewer tokens or rebuild with a larger "
+                            "--max-cache-length")
+        gen = None if greedy else torch.Generator(device=self.device).manual_seed(seed)
+        caches = [self.caches[n] for n in self.cache_names]
+        t0 = time.perf_counter()
+        inp = torch.tensor([ids], dtype=torch.int32, device=self.device)
+        (logits,) = self.runners["prefill"](inp, *caches)
+        tok = self._pick(logits, greedy, temperature, top_k, gen)
+        out = [tok]
+        if timed:
+            sync(self.device)
+        t_first = time.perf_counter()
+        steps: list[float] = []
+        pos = len(ids)
+        step_ids = torch.empty(1, 1, dtype=torch.int32, device=self.device)
+        while len(out) < max_new_tokens and not (stop_at_eos and tok in self.eos_ids):
+            ts = time.perf_counter()
+            step_ids.fill_(tok)
+            self.cache_length.fill_(pos)
+            (logits,) = self.runners["decode"](step_ids, self.cache_length, *caches)
+            tok = self._pick(logits, greedy, temperature, top_k, gen)
+            out.append(tok)
+            pos += 1
+            steps.append(time.perf_counter() - ts)
+        t_end = time.perf_counter()
+        return GenerationResult(prompt, ids, out, self.decode_text(out), t_first - t0, steps, t_end - t0)
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, greedy: bool, temperature: float, top_k: int, gen) -> int:
+        row = logits.reshape(-1).float()
+        if greedy:
+            return int(torch.argmax(row).item())
+        row = row / max(temperature, 1e-6)
+        if top_k > 0:
+            v, i = torch.topk(row, min(top_k, row.numel()))
+            choice = torch.multinomial(torch.softmax(v, -1), 1, generator=gen)
+            return int(i[choice].item())
+        return int(torch.multinomial(torch.softmax(row, -1), 1, generator=gen).item())
+
+
+class EncoderPipeline(Pipeline):
+    def __init__(self, *a: Any, **kw: Any):
+        super().__init__(*a, **kw)
+        if self.kind != "encoder":
+            raise UserError(f"{self.bundle.path}: a {self.manifest['family']} bundle is a decoder; use `mcore run`")
+        self.seq = int(self.gargs["max_seq_length"])
+        self.pad_id = int(self.special.get("pad_token_id") or 0)
+
+    def inputs(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+        ids = self.encode(prompt)
+        if len(ids) > self.seq:
+            raise UserError(f"the prompt is {len(ids)} tokens but this bundle's --max-seq-length is {self.seq}; "
+                            "shorten it or rebuild with a larger --max-seq-length")
+        n = len(ids)
+        padded = ids + [self.pad_id] * (self.seq - n)
+        mask = [1] * n + [0] * (self.seq - n)
+        return (torch.tensor(padded, dtype=torch.int32, device=self.device),
+                torch.tensor(mask, dtype=torch.int32, device=self.device), n)
+
+    def hidden_states(self, prompt: str) -> tuple[torch.Tensor, int]:
+        ids, mask, n = self.inputs(prompt)
+        (hidden,) = self.runners["encoder"](ids, mask)
+        return hidden, n
+
+    def embed(self, prompt: str, pooling: str = "none") -> list[float]:
+        hidden, n = self.hidden_states(prompt)
+        h = hidden.float()
+        if pooling == "none":
+            v = h.reshape(-1)
+        elif pooling == "mean":
+            v = h[:n].mean(0)
+        elif pooling == "cls":
+            v = h[0]
+        else:
+            raise UserError(f"--pooling {pooling!r} is not supported; use none, mean or cls")
+        return v.cpu().tolist()
+
+
+def open_pipeline(bundle_path: str, **kw: Any) -> Pipeline:
+    """Construct the right pipeline kind for a bundle."""
+    bundle = open_bundle(bundle_path)
+    kind = bundle.manifest.get("family_kind")
+    return (EncoderPipeline if kind == "encoder" else DecoderPipeline)(bundle_path, bundle=bundle, **kw)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
