@@ -1,0 +1,216 @@
+"""Kernel bindings manifest (DESIGN.md §5) and load-time binding of bundle slots (§7).
+
+Manifest::
+
+    {"schema_version": 1,
+     "bindings": [{"id": BINDING_ID, "abi_sha256": HEX64, "library": "./kernel.so", "function": "run"}]}
+
+Missing or unknown fields fail; `library` is relative to the manifest and may not leave its
+folder (neither by `..` nor through a symlink); every slot is bound exactly once; an ABI hash
+mismatch fails. There is deliberately no DSO hash: any DSO implementing the slot's ABI may be
+bound when a pipeline is constructed.
+
+The manifest is read once, inside `bind_slots`; the returned `BoundKernel`s hold the loaded
+functions, so later edits of the manifest file do not affect them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .errors import UserError
+from .fileio import check_fields, read_json
+from .selection import check_binding_id
+
+BINDINGS_SCHEMA_VERSION = 1
+_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+_announced: set[str] = set()
+_announce_lock = threading.Lock()
+
+
+def print_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One manifest entry, validated. `library_path` is the resolved absolute DSO path."""
+
+    id: str
+    abi_sha256: str
+    library: str
+    function: str
+    manifest_dir: Path
+    library_path: Path = field(default=None, compare=False)  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class BoundKernel:
+    """A slot's loaded kernel. `function` is the TVM-FFI callable (ABI order: inputs, workspace,
+    outputs, extra args)."""
+
+    binding_id: str
+    abi_sha256: str
+    library: Path
+    function_name: str
+    function: Callable[..., Any] = field(repr=False, compare=False)
+    module: Any = field(default=None, repr=False, compare=False)  # keeps the DSO loaded
+
+    def __call__(self, *args: Any) -> Any:
+        return self.function(*args)
+
+
+# ---------------------------------------------------------------- manifest
+
+def _resolve_library(library: str, manifest_dir: Path, where: str) -> Path:
+    if os.path.isabs(library) or library.startswith("~"):
+        raise UserError(f"{where}: library {library!r} is an absolute path; give a path relative to the "
+                        f"manifest's folder (e.g. ./kernel.so) and copy the DSO there")
+    norm = os.path.normpath(library)
+    if norm == ".." or norm.startswith(".." + os.sep):
+        raise UserError(f"{where}: library {library!r} leaves the manifest's folder; copy the DSO into "
+                        f"{manifest_dir} and name it relative to it")
+    resolved = (manifest_dir / norm).resolve()
+    try:
+        resolved.relative_to(manifest_dir)
+    except ValueError:
+        raise UserError(f"{where}: library {library!r} resolves to {resolved} (through a symlink), outside the "
+                        f"manifest's folder {manifest_dir}; copy the DSO into that folder") from None
+    return resolved
+
+
+def load_bindings_manifest(path: str | os.PathLike) -> list[Binding]:
+    """Read and validate a kernel bindings manifest (does not load any DSO)."""
+    path = Path(path)
+    data = read_json(path, "kernel bindings manifest")
+    where = str(path)
+    check_fields(data, where, {"schema_version", "bindings"})
+    sv = data["schema_version"]
+    if isinstance(sv, bool) or sv != BINDINGS_SCHEMA_VERSION:
+        raise UserError(f"{where}: schema_version {sv!r} is not supported; use {BINDINGS_SCHEMA_VERSION}")
+    entries = data["bindings"]
+    if not isinstance(entries, list):
+        raise UserError(f"{where}: field bindings must be a list of binding entries")
+    manifest_dir = path.parent.resolve()
+    out: list[Binding] = []
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        ew = f"{where}: bindings[{i}]"
+        check_fields(entry, ew, {"id", "abi_sha256", "library", "function"})
+        try:
+            bid = check_binding_id(entry["id"])
+        except UserError as e:
+            raise UserError(f"{ew}: field id: {e}") from None
+        if bid in seen:
+            raise UserError(f"{ew}: binding {bid!r} is listed twice (also bindings[{seen[bid]}]); "
+                            f"bind every slot exactly once")
+        seen[bid] = i
+        abi = entry["abi_sha256"]
+        if not isinstance(abi, str) or not _HEX64_RE.match(abi):
+            raise UserError(f"{ew}: field abi_sha256 must be 64 lowercase hex digits; copy abi_sha256 "
+                            f"from the selection receipt")
+        lib = entry["library"]
+        if not isinstance(lib, str) or not lib.strip():
+            raise UserError(f"{ew}: field library must be a non-empty relative path such as ./kernel.so")
+        fn = entry["function"]
+        if not isinstance(fn, str) or not _IDENT_RE.match(fn):
+            raise UserError(f"{ew}: field function {fn!r} must be a non-empty identifier such as run")
+        resolved = _resolve_library(lib, manifest_dir, f"{ew} (binding {bid})")
+        out.append(Binding(bid, abi, lib, fn, manifest_dir, resolved))
+    return out
+
+
+# ---------------------------------------------------------------- binding
+
+def _announce_once(library: Path, binding_id: str, announce: Callable[[str], None]) -> None:
+    key = str(library)
+    with _announce_lock:
+        if key in _announced:
+            return
+        _announced.add(key)
+    announce(f"loading native code from {library} ({binding_id}): load only DSOs you trust")
+
+
+def _load_function(library: Path, function: str, binding_id: str) -> tuple[Any, Any]:
+    import tvm_ffi
+
+    try:
+        module = tvm_ffi.load_module(str(library))
+    except Exception as e:  # noqa: BLE001 - tvm_ffi raises RuntimeError with the dlopen message
+        detail = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise UserError(f"{library}: cannot load DSO for binding {binding_id} ({detail}); "
+                        f"give a TVM-FFI shared library built for this machine") from None
+    try:
+        present = module.implements_function(function)
+    except Exception:  # noqa: BLE001
+        present = True  # fall back to the lookup below
+    func = None
+    if present:
+        try:
+            func = module.get_function(function)
+        except (AttributeError, RuntimeError):
+            func = None
+    if func is None:
+        raise UserError(f"{library}: function {function!r} not found in the DSO for binding {binding_id}; "
+                        f"export it with TVM_FFI_DLL_EXPORT_TYPED_FUNC or fix field function in the manifest")
+    return module, func
+
+
+def bind_slots(manifest_path: Optional[str | os.PathLike], slots: list[dict],
+               announce: Callable[[str], None] = print_to_stderr) -> dict[str, BoundKernel]:
+    """Bind every slot of a bundle exactly once; return {binding_id: BoundKernel}.
+
+    `slots` are the bundle's `kernel_slots` (each with at least binding_id, abi_sha256,
+    engine_role). Everything is checked before any DSO is loaded; then each named library is
+    announced once per process through `announce` and loaded. Fails closed naming the slot.
+    """
+    by_id: dict[str, dict] = {}
+    for i, slot in enumerate(slots):
+        if not isinstance(slot, dict) or not {"binding_id", "abi_sha256", "engine_role"} <= slot.keys():
+            raise UserError(f"bundle kernel_slots[{i}] is malformed (needs binding_id, abi_sha256, engine_role); "
+                            f"rebuild the bundle with `mcore build`")
+        if slot["binding_id"] in by_id:
+            raise UserError(f"bundle has two slots with binding ID {slot['binding_id']!r}; rebuild the bundle")
+        by_id[slot["binding_id"]] = slot
+
+    if manifest_path is None:
+        if by_id:
+            sid, slot = next(iter(by_id.items()))
+            raise UserError(f"slot {sid} (engine role {slot['engine_role']}) is not bound; pass --kernel-bindings "
+                            f"with an entry for it (id {sid}, abi_sha256 {slot['abi_sha256']})")
+        return {}
+
+    bindings = load_bindings_manifest(manifest_path)
+    entries = {b.id: b for b in bindings}
+    for b in bindings:
+        if b.id not in by_id:
+            known = ", ".join(sorted(by_id)) or "none"
+            raise UserError(f"{manifest_path}: unknown binding {b.id}: the bundle has no slot with that ID "
+                            f"(its slots: {known}); remove the entry or use the matching bundle")
+    for sid, slot in by_id.items():
+        b = entries.get(sid)
+        if b is None:
+            raise UserError(f"slot {sid} (engine role {slot['engine_role']}) is not bound; pass --kernel-bindings "
+                            f"with an entry for it (id {sid}, abi_sha256 {slot['abi_sha256']})")
+        if b.abi_sha256 != slot["abi_sha256"]:
+            raise UserError(f"slot {sid}: ABI hash mismatch: manifest has {b.abi_sha256} but the bundle slot "
+                            f"expects {slot['abi_sha256']}; use the abi_sha256 from the selection receipt")
+        if not b.library_path.is_file():
+            raise UserError(f"{b.library_path}: DSO for slot {sid} not found; copy the kernel library there "
+                            f"or fix field library in {manifest_path}")
+
+    bound: dict[str, BoundKernel] = {}
+    for sid in by_id:
+        b = entries[sid]
+        _announce_once(b.library_path, sid, announce)
+        module, func = _load_function(b.library_path, b.function, sid)
+        bound[sid] = BoundKernel(sid, b.abi_sha256, b.library_path, b.function, func, module)
+    return bound
