@@ -56,6 +56,8 @@ def _cpu_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_
 
 def _device_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor) -> torch.Tensor:
     # No host sync: attend over the full capacity with a mask built on the device from kv_lengths.
+    # Cost follows the capacity, not the active length. Masked cache entries get zero weight, so
+    # they must hold finite values (caches are allocated zeroed and only ever hold written keys).
     s = q.shape[2]
     cap = k_cache.shape[2]
     kv_len = kv_lengths.reshape(1).to(torch.int64)
