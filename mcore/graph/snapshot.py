@@ -217,6 +217,16 @@ def snapshot_from_exported(ep: torch.export.ExportedProgram, metadata: dict[str,
     for tid in output_ids:
         tensors[tid]["is_network_output"] = True
 
+    # Shape arithmetic carries no module stack: it belongs where its first reader is.
+    by_id = {n["id"]: n for n in nodes}
+    for n in reversed(nodes):
+        if not n["module_path"]:
+            for t in n["outputs"]:
+                readers = [by_id[c]["module_path"] for c in tensors[t]["consumers"] if by_id[c]["module_path"]]
+                if readers:
+                    n["module_path"] = readers[0]
+                    break
+
     snap = {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,

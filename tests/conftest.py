@@ -1,0 +1,62 @@
+"""Shared fixtures: an isolated demo-model cache and in-process CLI runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Demo models materialize once per test session into a cache (offline, deterministic).
+os.environ.setdefault("MCORE_CACHE_DIR", str(REPO / ".ci-cache" / "mcore"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+class CliResult:
+    def __init__(self, code: int, out: str, err: str):
+        self.code, self.out, self.err = code, out, err
+
+    def __repr__(self) -> str:
+        return f"CliResult(code={self.code}, out={self.out[-400:]!r}, err={self.err[-400:]!r})"
+
+
+@pytest.fixture
+def mcore(capsys):
+    """Run `mcore ARGS...` in-process; returns CliResult. Unexpected exceptions fail the test."""
+    from mcore.cli.main import main
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:  # argparse usage errors
+            code = e.code if isinstance(e.code, int) else 2
+        cap = capsys.readouterr()
+        return CliResult(code, cap.out, cap.err)
+
+    return run
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> CliResult:
+    """Run `python -m mcore` in a fresh process (for tests about the process boundary)."""
+    r = subprocess.run([sys.executable, "-m", "mcore", *map(str, args)], capture_output=True, text=True,
+                       cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    return CliResult(r.returncode, r.stdout, r.stderr)
+
+
+def assert_user_error(res: CliResult, *fragments: str) -> None:
+    """Exit 2, exactly one line on stderr, no traceback, naming what is wrong."""
+    assert res.code == 2, res
+    lines = [l for l in res.err.splitlines() if l.strip() and not l.startswith("[")]
+    assert len(lines) == 1, res.err
+    assert "Traceback" not in res.err
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+
+
+QWEN_ARGS = ["demo:qwen3-tiny", "--precision", "fp32", "--max-cache-length", "256", "--decoder-engine-layout", "split"]
+DISTIL_ARGS = ["demo:distilbert-tiny", "--precision", "fp32"]
