@@ -15,7 +15,7 @@ import torch
 from .buildargs import BuildArgs
 from .bundle import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION, write_bundle
 from .errors import UserError
-from .fileio import read_json, write_json
+from .fileio import check_output_path, read_json, write_json
 from .graph.capture import Captured, capture, resolve, tool_versions
 from .patch import check_receipt_against, slot_record
 from .progress import NO_PROGRESS, Progress
@@ -60,9 +60,7 @@ def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str
                  progress: Progress = NO_PROGRESS) -> BuildResult:
     if recipe and graph_patch:
         raise UserError("give either --recipe or --graph-patch, not both")
-    output = Path(output)
-    if not output.parent.exists():
-        raise UserError(f"{output}: folder {output.parent} does not exist; create it first")
+    output = check_output_path(output)
     source, family, gargs = resolve(args)
     receipt_file: Optional[dict[str, Any]] = None
     if graph_patch:  # read and check the file before the (slower) captures

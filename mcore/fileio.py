@@ -16,12 +16,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: 
 
     Nothing is left at `path` (or beside it) if `write` raises.
     """
-    path = Path(path)
-    if path.exists() and path.is_dir():
-        raise UserError(f"{path}: is a directory; give a file path for the output")
+    path = check_output_path(path)
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.exists():
-        raise UserError(f"{path}: folder {parent} does not exist; create it first")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
     try:
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
@@ -35,6 +31,17 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: 
         except FileNotFoundError:
             pass
         raise
+    return path
+
+
+def check_output_path(path: str | os.PathLike) -> Path:
+    """Fail fast (before long work) when an output cannot be written where asked."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory; give a file path for the output")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"{path}: folder {parent} does not exist; create it first")
     return path
 
 

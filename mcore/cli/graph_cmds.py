@@ -8,7 +8,7 @@ import sys
 
 from ..buildargs import add_build_args, build_args_from_namespace
 from ..errors import UserError
-from ..fileio import write_json
+from ..fileio import check_output_path, write_json
 from ..graph.display import abi_lines, list_lines, tensor_desc, tree_lines
 from ..graph.snapshot import SnapshotIndex, load_snapshot
 from ..progress import Progress
@@ -23,6 +23,7 @@ def stderr_progress() -> Progress:
 def cmd_inspect(ns: argparse.Namespace) -> int:
     from ..graph.capture import capture
 
+    check_output_path(ns.snapshot)
     args = build_args_from_namespace(ns)
     cap = capture(args, ns.engine_role, stderr_progress())
     write_json(ns.snapshot, cap.snapshot)
@@ -66,6 +67,7 @@ def parse_extra_arg(text: str) -> object:
 
 
 def cmd_select(ns: argparse.Namespace) -> int:
+    check_output_path(ns.output)
     snap = load_snapshot(ns.snapshot)
     if ns.recipe:
         if ns.nodes:

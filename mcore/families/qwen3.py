@@ -197,7 +197,8 @@ class Attention(nn.Module):
                 q, k, v, is_causal=True, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads
             )
         else:
-            q = q * self.scale  # scaled and rounded to the model dtype before the region
+            # Scaled, rounded to the model dtype and made linear before the region (the kernel's input).
+            q = (q * self.scale).contiguous()
             ctx = self.decode_attention(q, k_cache, v_cache, kv_lengths)
         ctx = ctx.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
         return self.o_proj(ctx)
