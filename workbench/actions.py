@@ -1,0 +1,512 @@
+"""Workbench actions: every step a person takes, as a function over mcore's public API.
+
+Each action is ``ACTION(ctx: ActionContext, **params) -> dict`` (docs/workbench-actions.md).
+Params and results are plain JSON; paths in params are relative to ``ctx.workdir`` (absolute
+paths are allowed but make a session non-portable) and paths in results are written relative
+to it, so a recorded session replays in any fresh workdir. ``STABLE_KEYS[action]`` names the
+results that replay compares; the rest (paths, timings, measured throughput) are shown only.
+
+Errors: ``mcore.errors.UserError`` propagates with its one line; ``run_action`` turns it into
+recordable text with the workdir stripped out of paths.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from mcore.errors import UserError
+from mcore.progress import Progress
+
+SampleFn = Callable[[str, int, float], None]  # (arm "native"|"external", index, value)
+LogFn = Callable[[str], None]
+
+
+@dataclass
+class ActionContext:
+    """What an action runs with.
+
+    workdir   folder that relative paths in params resolve against (created if missing)
+    progress  mcore Progress (report + cancellation); long actions report through it
+    on_sample optional (arm, index, value) callback: the perf gate streams each measured run
+    log       optional one-line text log (also receives the "loading native code" notice)
+    device    optional device for pipelines ("cpu", "cuda", "cuda:N"); None = the bundle's, else auto
+    """
+
+    workdir: Path
+    progress: Progress = field(default_factory=Progress)
+    on_sample: Optional[SampleFn] = None
+    log: Optional[LogFn] = None
+    device: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        wd = Path(self.workdir).expanduser()
+        if wd.exists() and not wd.is_dir():
+            raise UserError(f"{wd}: workdir is not a folder")
+        wd.mkdir(parents=True, exist_ok=True)
+        self.workdir = wd.resolve()
+
+    # paths ---------------------------------------------------------------
+    def path(self, p: Any, what: str = "path") -> Path:
+        """A param path resolved against the workdir."""
+        if not isinstance(p, str) or not p.strip():
+            raise UserError(f"{what} must be a non-empty path string, got {p!r}")
+        q = Path(p).expanduser()
+        return q if q.is_absolute() else self.workdir / q
+
+    def rel(self, p: Any) -> Optional[str]:
+        """A path as recorded in results: relative to the workdir when inside it."""
+        if p is None:
+            return None
+        q = Path(p)
+        if not q.is_absolute():
+            q = self.workdir / q
+        try:
+            return q.resolve().relative_to(self.workdir).as_posix()
+        except ValueError:
+            return str(q)
+
+    def strip(self, text: str) -> str:
+        """`text` with the workdir removed from the paths in it (recorded text stays portable)."""
+        for root in {str(self.workdir), os.path.realpath(self.workdir)}:
+            text = text.replace(root + os.sep, "").replace(root, ".")
+        return text
+
+    def error_text(self, e: BaseException) -> str:
+        """The one-line text recorded for an error, with the workdir stripped from paths."""
+        return self.strip(str(e) or type(e).__name__)
+
+    def say(self, line: str) -> None:
+        if self.log is not None:
+            self.log(line)
+
+    def announce(self, line: str) -> None:
+        """The once-per-library notice that a DSO (native code) is being loaded."""
+        if self.log is not None:
+            self.log(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def _build_args(d: Any):
+    from mcore.buildargs import BuildArgs
+
+    if not isinstance(d, dict):
+        raise UserError(f"build_args must be an object like {{\"model\": \"demo:qwen3-tiny\"}}, got {type(d).__name__}")
+    try:
+        return BuildArgs.from_dict(d)
+    except TypeError as e:
+        raise UserError(f"build_args: {e}") from None
+
+
+def _int(v: Any, name: str, lo: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise UserError(f"{name} must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def _num(v: Any, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise UserError(f"{name} must be a number, got {v!r}")
+    return float(v)
+
+
+def _str(v: Any, name: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise UserError(f"{name} must be a non-empty string, got {v!r}")
+    return v
+
+
+def _opt_path(ctx: ActionContext, p: Any, what: str) -> Optional[str]:
+    return None if p is None else str(ctx.path(p, what))
+
+
+def _receipt_results(ctx: ActionContext, receipt: dict[str, Any], path: Path) -> dict[str, Any]:
+    from mcore.graph.display import abi_lines
+
+    return {
+        "binding_id": receipt["binding_id"],
+        "abi_sha256": receipt["abi_sha256"],
+        "node_ids": list(receipt["node_ids"]),
+        "input_tensor_ids": list(receipt["input_tensor_ids"]),
+        "output_tensor_ids": list(receipt["output_tensor_ids"]),
+        "receipt": ctx.rel(path),
+        "abi_lines": abi_lines(receipt),
+    }
+
+
+def _pipeline(ctx: ActionContext, kind: str, bundle: str, kernel_bindings: Optional[str]):
+    from mcore.bundle import open_bundle
+    from mcore.pipeline import DecoderPipeline, EncoderPipeline
+
+    bpath = str(ctx.path(bundle, "bundle"))
+    b = open_bundle(bpath)
+    cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
+    return cls(bpath, kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"), device=ctx.device,
+               progress=ctx.progress, announce=ctx.announce, bundle=b)
+
+
+# ---------------------------------------------------------------------------- actions
+
+def capture_graph(ctx: ActionContext, build_args: dict, engine_role: str, snapshot: str) -> dict:
+    """`mcore graph inspect`: capture one engine role's graph and write its snapshot."""
+    from mcore.fileio import write_json
+    from mcore.graph.capture import capture
+
+    args = _build_args(build_args)
+    out = ctx.path(snapshot, "snapshot")
+    cap = capture(args, _str(engine_role, "engine_role"), ctx.progress)
+    write_json(out, cap.snapshot)
+    snap = cap.snapshot
+    ctx.say(f"captured {engine_role}: {len(snap['nodes'])} nodes, fingerprint {snap['fingerprint'][:12]}…")
+    return {"fingerprint": snap["fingerprint"], "nodes": len(snap["nodes"]), "tensors": len(snap["tensors"]),
+            "recipes": len(snap.get("recipes", [])), "snapshot": ctx.rel(out)}
+
+
+def list_recipes(ctx: ActionContext, snapshot: str) -> dict:
+    """`mcore graph recipes`: the recipe instances the family published for this graph."""
+    from mcore.graph.snapshot import load_snapshot
+    from mcore.recipes import recipe_rows
+
+    snap = load_snapshot(ctx.path(snapshot, "snapshot"))
+    rows = [{"id": r["id"], "instance": r["instance"], "node_ids": list(r["node_ids"])} for r in recipe_rows(snap)]
+    return {"recipes": rows, "count": len(rows)}
+
+
+def list_nodes(ctx: ActionContext, snapshot: str, match: Optional[str] = None, last: Optional[int] = None) -> dict:
+    """`mcore graph list [--match GLOB] | tail -n LAST`: display only, never selects anything."""
+    from mcore.graph.display import node_matches, node_row
+    from mcore.graph.snapshot import SnapshotIndex, load_snapshot
+
+    if match is not None:
+        _str(match, "match")
+    snap = load_snapshot(ctx.path(snapshot, "snapshot"))
+    ix = SnapshotIndex(snap)
+    nodes = [n for n in snap["nodes"] if node_matches(n, match)]
+    if last is not None:
+        nodes = nodes[-_int(last, "last", 1):]
+    return {"ids": [n["id"] for n in nodes], "count": len(nodes),
+            "nodes": [{"id": n["id"], "op": n["op"], "category": n.get("category", ""),
+                       "module_path": n["module_path"], "inputs": list(n["inputs"]),
+                       "outputs": list(n["outputs"])} for n in nodes],
+            "lines": [node_row(ix, n) for n in nodes]}
+
+
+def select_recipe(ctx: ActionContext, snapshot: str, recipe_id: str, instance: str, receipt: str,
+                  binding_id: Optional[str] = None) -> dict:
+    """Resolve one recipe instance through select_region() and write its receipt."""
+    from mcore.fileio import write_json
+    from mcore.graph.snapshot import load_snapshot
+    from mcore.recipes import select_recipe as _select
+
+    snap = load_snapshot(ctx.path(snapshot, "snapshot"))
+    out = ctx.path(receipt, "receipt")
+    rec = _select(snap, _str(recipe_id, "recipe_id"), _str(instance, "instance"), binding_id)
+    write_json(out, rec)
+    return _receipt_results(ctx, rec, out)
+
+
+def select_nodes(ctx: ActionContext, snapshot: str, node_ids: list, binding_id: str, receipt: str,
+                 workspace_bytes: int = 0, extra_args: Optional[list] = None,
+                 output_shape_input: Optional[int] = None) -> dict:
+    """`mcore graph select --nodes ...`: validate a hand-picked region and write its receipt."""
+    from mcore.fileio import write_json
+    from mcore.graph.snapshot import load_snapshot
+    from mcore.selection import select_region
+
+    if not isinstance(node_ids, list) or not node_ids or not all(isinstance(n, str) for n in node_ids):
+        raise UserError(f"node_ids must be a non-empty list like [\"node:12\"], got {node_ids!r}")
+    snap = load_snapshot(ctx.path(snapshot, "snapshot"))
+    out = ctx.path(receipt, "receipt")
+    rec = select_region(snap, node_ids, binding_id, workspace_bytes, list(extra_args or []), output_shape_input)
+    write_json(out, rec)
+    return _receipt_results(ctx, rec, out)
+
+
+def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto", overwrite: bool = False) -> dict:
+    """`mcore kernel build`: compile a shipped kernel into a TVM-FFI DSO."""
+    from mcore.kernels import build_kernel as _build
+
+    out = ctx.path(output, "output")
+    k = _build(_str(name, "name"), out, cuda=cuda, progress=ctx.progress, overwrite=bool(overwrite))
+    variant = getattr(k, "variant", None)
+    describe = k.describe() if hasattr(k, "describe") else str(variant)
+    ctx.say(f"built {name}: {describe}")
+    return {"library": ctx.rel(k), "variant": variant, "function": getattr(k, "function", "run"),
+            "description": describe}
+
+
+def kernel_stub(ctx: ActionContext, receipt: str, snapshot: str, output: str) -> dict:
+    """Generate a CuTe DSL exporter stub from a receipt (the kernel author fills in the math)."""
+    from mcore import stubgen
+    from mcore.selection import load_receipt
+
+    rpath, spath, out = ctx.path(receipt, "receipt"), ctx.path(snapshot, "snapshot"), ctx.path(output, "output")
+    rec = load_receipt(rpath)
+    written = stubgen.write_stub(rpath, spath, out)
+    return {"path": ctx.rel(written or out), "binding_id": rec["binding_id"], "abi_sha256": rec["abi_sha256"]}
+
+
+def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str, function: str = "run") -> dict:
+    """Write a kernel bindings manifest binding the receipt's slot to a DSO next to it."""
+    from mcore.bindings import BINDINGS_SCHEMA_VERSION, load_bindings_manifest
+    from mcore.fileio import write_json
+    from mcore.selection import load_receipt
+
+    rec = load_receipt(ctx.path(receipt, "receipt"))
+    mpath = ctx.path(manifest, "manifest")
+    lib = ctx.path(library, "library")
+    try:
+        rel_lib = os.path.relpath(lib, mpath.parent)
+    except ValueError:  # other drive (Windows)
+        rel_lib = str(lib)
+    if rel_lib == ".." or rel_lib.startswith(".." + os.sep) or os.path.isabs(rel_lib):
+        raise UserError(f"library {library} is outside the manifest's folder {ctx.rel(mpath.parent) or '.'}; "
+                        "copy the DSO next to the manifest")
+    rel_lib = "./" + Path(rel_lib).as_posix()
+    data = {"schema_version": BINDINGS_SCHEMA_VERSION,
+            "bindings": [{"id": rec["binding_id"], "abi_sha256": rec["abi_sha256"], "library": rel_lib,
+                          "function": _str(function, "function")}]}
+    write_json(mpath, data)
+    load_bindings_manifest(mpath)  # the same strict check a pipeline applies (loads no DSO)
+    return {"manifest": ctx.rel(mpath), "binding_id": rec["binding_id"], "abi_sha256": rec["abi_sha256"],
+            "library": rel_lib}
+
+
+def build_bundle(ctx: ActionContext, build_args: dict, output: str, recipe: Optional[list] = None,
+                 graph_patch: Optional[str] = None, device: Optional[str] = None) -> dict:
+    """`mcore build`: native (no recipe/patch) or slot-ready (recipe or graph_patch) bundle."""
+    from mcore.build import build_bundle as _build
+    from mcore.graph.display import abi_lines
+
+    args = _build_args(build_args)
+    if recipe is not None and (not isinstance(recipe, (list, tuple)) or len(recipe) != 2
+                               or not all(isinstance(x, str) for x in recipe)):
+        raise UserError(f"recipe must be [RECIPE_ID, INSTANCE], got {recipe!r}")
+    out = ctx.path(output, "output")
+    res = _build(args, out, recipe=tuple(recipe) if recipe else None,
+                 graph_patch=_opt_path(ctx, graph_patch, "graph_patch"), device=device, progress=ctx.progress)
+    m = res.manifest
+    receipt_path = res.receipt_path or (ctx.path(graph_patch) if graph_patch else None)
+    ctx.say(f"bundle written: {ctx.rel(res.bundle_path)} ({len(m['kernel_slots'])} kernel slot(s))")
+    return {
+        "bundle": ctx.rel(res.bundle_path),
+        "fingerprints": {role: r["fingerprint"] for role, r in m["roles"].items()},
+        "kernel_slots": [{"binding_id": s["binding_id"], "abi_sha256": s["abi_sha256"]} for s in m["kernel_slots"]],
+        "receipt": ctx.rel(receipt_path),
+        "abi_lines": abi_lines(res.receipt) if res.receipt else [],
+    }
+
+
+def generate(ctx: ActionContext, bundle: str, prompt: str, max_new_tokens: int, output: Optional[str] = None,
+             kernel_bindings: Optional[str] = None) -> dict:
+    """`mcore run --greedy [--output FILE]`: greedy generation; writes JSONL {prompt, tokens, text}."""
+    from mcore.fileio import atomic_write
+
+    _str(prompt, "prompt")
+    n = _int(max_new_tokens, "max_new_tokens", 1)
+    out = ctx.path(output, "output") if output is not None else None
+    pipe = _pipeline(ctx, "decoder", bundle, kernel_bindings)
+    t0 = time.perf_counter()
+    r = pipe.generate(prompt, n, greedy=True)
+    seconds = time.perf_counter() - t0
+    if out is not None:
+        line = json.dumps({"prompt": r.prompt, "tokens": r.tokens, "text": r.text}) + "\n"
+        atomic_write(out, lambda f: f.write(line))
+    return {"tokens": list(r.tokens), "text": r.text, "output": ctx.rel(out), "seconds": round(seconds, 4)}
+
+
+def embed(ctx: ActionContext, bundle: str, prompt: str, output: Optional[str] = None,
+          kernel_bindings: Optional[str] = None) -> dict:
+    """`mcore embed`: the full embedding; writes {"embedding": [...]} like the CLI's stdout."""
+    from mcore.fileio import atomic_write
+
+    _str(prompt, "prompt")
+    out = ctx.path(output, "output") if output is not None else None
+    pipe = _pipeline(ctx, "encoder", bundle, kernel_bindings)
+    values = pipe.embed(prompt)
+    if out is not None:
+        text = json.dumps({"embedding": values}) + "\n"
+        atomic_write(out, lambda f: f.write(text))
+    return {"values": len(values), "output": ctx.rel(out)}
+
+
+def _gate_results(ctx: ActionContext, r: Any) -> dict:
+    return {"passed": bool(r.passed), "line": ctx.strip(r.line), "info": [ctx.strip(x) for x in r.info]}
+
+
+def gate_tokens(ctx: ActionContext, native: str, external: str) -> dict:
+    """Exact token equality of two `run --output` JSONL files (the tutorial's diff)."""
+    from mcore.verify import compare_tokens
+
+    r = compare_tokens(ctx.path(native, "native"), ctx.path(external, "external"))
+    ctx.say(r.line)
+    return _gate_results(ctx, r)
+
+
+def gate_embeddings(ctx: ActionContext, native: str, external: str, max_abs: float = 0.02,
+                    min_cosine: float = 0.999) -> dict:
+    """max |a-b| and cosine similarity of two embeddings against the tutorial's thresholds."""
+    from mcore.verify import compare_embeddings
+
+    r = compare_embeddings(ctx.path(native, "native"), ctx.path(external, "external"),
+                           max_abs=_num(max_abs, "max_abs"), min_cosine=_num(min_cosine, "min_cosine"))
+    for line in r.info + [r.line]:
+        ctx.say(line)
+    d = r.details
+    return {**_gate_results(ctx, r), "values": d.get("values"), "max_abs": d.get("max_abs"),
+            "cosine": d.get("cosine")}
+
+
+def _mcore_cmd(kind: str, bundle: Path, kernel_bindings: Optional[str], prompt: str,
+               max_new_tokens: Optional[int], bench_warmup: int, bench_runs: int) -> str:
+    """The fresh-process benchmark command for one arm (`mcore run|embed ... --benchmark N`)."""
+    prefix = ""
+    try:
+        from importlib import metadata
+
+        metadata.version("byok-workbench")
+    except Exception:  # noqa: BLE001 - not installed: run mcore from this checkout
+        root = str(Path(__file__).resolve().parent.parent)
+        prefix = f"PYTHONPATH={shlex.quote(root)}${{PYTHONPATH:+:$PYTHONPATH}} "
+    cmd = [sys.executable, "-m", "mcore", "run" if kind == "decoder" else "embed", str(bundle), "--prompt", prompt]
+    if kind == "decoder":
+        cmd += ["--max-new-tokens", str(max_new_tokens), "--greedy"]
+    if kernel_bindings is not None:
+        cmd += ["--kernel-bindings", kernel_bindings]
+    cmd += ["--warmup", str(bench_warmup), "--benchmark", str(bench_runs)]
+    return prefix + " ".join(shlex.quote(c) for c in cmd)
+
+
+def gate_perf(ctx: ActionContext, native_bundle: str, external_bundle: str, kernel_bindings: Optional[str],
+              prompt: str, max_new_tokens: Optional[int] = None, pairs: int = 6, min_ratio: float = 0.98,
+              warmup: int = 1, bench_warmup: int = 1, bench_runs: int = 3) -> dict:
+    """The no-regression gate: `warmup` runs of each arm, then `pairs` alternating fresh-process
+    native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`).
+    The verdict is measured, so replay shows it but never compares it."""
+    from mcore.bundle import open_bundle
+    from mcore.verify import perf_gate
+
+    nb, eb = ctx.path(native_bundle, "native_bundle"), ctx.path(external_bundle, "external_bundle")
+    kind = open_bundle(nb).manifest.get("family_kind", "decoder")
+    if kind == "decoder":
+        _int(max_new_tokens, "max_new_tokens", 1)
+    _str(prompt, "prompt")
+    bw, br = _int(bench_warmup, "bench_warmup", 0), _int(bench_runs, "bench_runs", 1)
+    native_cmd = _mcore_cmd(kind, nb, None, prompt, max_new_tokens, bw, br)
+    external_cmd = _mcore_cmd(kind, eb, _opt_path(ctx, kernel_bindings, "kernel_bindings"), prompt,
+                              max_new_tokens, bw, br)
+    r = perf_gate(native_cmd, external_cmd, pairs=_int(pairs, "pairs", 1), min_ratio=_num(min_ratio, "min_ratio"),
+                  warmup=_int(warmup, "warmup", 0), on_sample=ctx.on_sample, progress=ctx.progress,
+                  on_line=lambda line: ctx.say(ctx.strip(line)))
+    ctx.say(r.line)
+    d = r.details
+    return {**_gate_results(ctx, r), "ratio": d.get("median_ratio"), "native": d.get("native_median"),
+            "external": d.get("external_median"), "unit": d.get("unit"),
+            "samples": {"native": list(d.get("native", [])), "external": list(d.get("external", []))}}
+
+
+def _jsonable(v: Any) -> Any:
+    try:
+        return json.loads(json.dumps(v, allow_nan=False, default=str))
+    except ValueError:
+        return str(v)
+
+
+# ---------------------------------------------------------------------------- registry
+
+ACTIONS: dict[str, Callable[..., dict]] = {
+    "capture_graph": capture_graph,
+    "list_recipes": list_recipes,
+    "list_nodes": list_nodes,
+    "select_recipe": select_recipe,
+    "select_nodes": select_nodes,
+    "build_kernel": build_kernel,
+    "kernel_stub": kernel_stub,
+    "write_bindings": write_bindings,
+    "build_bundle": build_bundle,
+    "generate": generate,
+    "embed": embed,
+    "gate_tokens": gate_tokens,
+    "gate_embeddings": gate_embeddings,
+    "gate_perf": gate_perf,
+}
+
+_SELECTION_KEYS = ("binding_id", "abi_sha256", "node_ids", "input_tensor_ids", "output_tensor_ids")
+
+STABLE_KEYS: dict[str, tuple[str, ...]] = {
+    "capture_graph": ("fingerprint", "nodes", "tensors", "recipes"),
+    "list_recipes": ("recipes",),
+    "list_nodes": ("ids",),
+    "select_recipe": _SELECTION_KEYS,
+    "select_nodes": _SELECTION_KEYS,
+    "build_kernel": (),
+    "kernel_stub": ("binding_id", "abi_sha256"),
+    "write_bindings": ("binding_id", "abi_sha256"),
+    "build_bundle": ("fingerprints", "kernel_slots"),
+    "generate": ("tokens", "text"),
+    "embed": ("values",),
+    "gate_tokens": ("passed",),
+    "gate_embeddings": ("passed", "values"),
+    "gate_perf": (),  # measurements: shown, never compared
+}
+
+ACTION_TITLES: dict[str, str] = {
+    "capture_graph": "Capture graph",
+    "list_recipes": "List recipes",
+    "list_nodes": "List nodes",
+    "select_recipe": "Select recipe instance",
+    "select_nodes": "Select nodes",
+    "build_kernel": "Build kernel DSO",
+    "kernel_stub": "Generate CuTe DSL stub",
+    "write_bindings": "Write bindings manifest",
+    "build_bundle": "Build bundle",
+    "generate": "Generate tokens",
+    "embed": "Embed prompt",
+    "gate_tokens": "Token gate",
+    "gate_embeddings": "Embedding gate",
+    "gate_perf": "Performance gate",
+}
+
+
+def action_params(action: str) -> tuple[list[str], list[str]]:
+    """(required, optional) param names of an action."""
+    sig = inspect.signature(ACTIONS[action])
+    req, opt = [], []
+    for i, (name, p) in enumerate(sig.parameters.items()):
+        if i == 0:
+            continue  # ctx
+        (req if p.default is inspect.Parameter.empty else opt).append(name)
+    return req, opt
+
+
+def check_params(action: str, params: Any, where: str) -> None:
+    """Missing or unknown params fail with one line naming them."""
+    from mcore.fileio import check_fields
+
+    req, opt = action_params(action)
+    check_fields(params, where, set(req), set(opt))
+
+
+def run_action(ctx: ActionContext, action: str, params: dict[str, Any]) -> tuple[Optional[dict], Optional[str]]:
+    """Run one action: (results, None) on success, (None, error text) on a UserError.
+
+    Cancellation (mcore.errors.Cancelled) and programming errors propagate.
+    """
+    if action not in ACTIONS:
+        raise UserError(f"unknown action {action!r}; known actions: {', '.join(ACTIONS)}")
+    check_params(action, params, f"{action}: params")
+    try:
+        results = ACTIONS[action](ctx, **params)
+    except UserError as e:
+        return None, ctx.error_text(e)
+    return _jsonable(results), None

@@ -1,0 +1,141 @@
+"""`workbench`: the TUI, its guided tutorials, and session replay (headless for CI).
+
+    workbench                                   open the workbench TUI
+    workbench tutorial [NAME]                   guided tutorial (default qwen-recipe)
+    workbench tutorial --list                   names and titles of the shipped tutorials
+    workbench replay FILE                       replay a session in the TUI
+    workbench replay FILE --headless [--workdir DIR]
+                                                replay without a screen; prints a table of every step
+                                                exit 0 all matched, 1 any difference, 2 bad input
+
+User errors print one line and exit 2; no tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+from mcore.errors import Cancelled, UserError
+
+PROG = "workbench"
+DEFAULT_TUTORIAL = "qwen-recipe"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2)."""
+
+    def error(self, message: str):  # noqa: D401
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = Parser(prog=PROG, description="Bring your own kernel into a model's graph: the guided TUI, "
+                                      "saved sessions and replay.")
+    p.add_argument("--version", action="version", version=f"workbench {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+
+    t = sub.add_parser("tutorial", help="open a guided tutorial in the TUI (default qwen-recipe)")
+    t.add_argument("name", nargs="?", default=None, help="tutorial name (see --list)")
+    t.add_argument("--list", action="store_true", help="print the tutorial names and titles")
+    t.set_defaults(func=cmd_tutorial)
+
+    r = sub.add_parser("replay", help="re-run a saved session and compare its recorded results")
+    r.add_argument("file", help="session JSON file")
+    r.add_argument("--headless", action="store_true", help="no screen: print a table, exit 0 match / 1 differ")
+    r.add_argument("--workdir", default=None,
+                   help="new or empty folder for the replayed artifacts (default: a temporary folder, removed after)")
+    r.set_defaults(func=cmd_replay)
+    return p
+
+
+def _run_app(**kw) -> int:
+    try:
+        from .app import run_app
+    except ImportError as e:
+        raise UserError(f"the workbench TUI is not available in this build ({e}); "
+                        "use `workbench replay FILE --headless`") from None
+    rc = run_app(**kw)
+    return int(rc or 0)
+
+
+def cmd_tutorial(ns: argparse.Namespace) -> int:
+    from .session import find_tutorial, list_tutorials
+
+    if ns.list:
+        if ns.name:
+            raise UserError("give either a tutorial name or --list, not both")
+        rows = list_tutorials()
+        w = max([len("NAME")] + [len(n) for n, _, _ in rows]) + 2
+        print(f"{'NAME':<{w}}TITLE")
+        for name, title, _ in rows:
+            print(f"{name:<{w}}{title}")
+        return 0
+    name = ns.name or DEFAULT_TUTORIAL
+    find_tutorial(name)  # one-line error for an unknown name before any screen opens
+    return _run_app(tutorial=name)
+
+
+def cmd_replay(ns: argparse.Namespace) -> int:
+    from .session import Session
+
+    session = Session.load(ns.file)  # bad input: one line, exit 2, before anything runs
+    if not ns.headless:
+        if ns.workdir:
+            raise UserError("--workdir applies to --headless replay; the TUI asks for its own workdir")
+        return _run_app(replay=str(ns.file))
+    return headless_replay(session, ns.workdir)
+
+
+def headless_replay(session, workdir: Optional[str]) -> int:
+    from .replay import replay
+
+    temp = None
+    if workdir is None:
+        temp = tempfile.mkdtemp(prefix="workbench-replay-")
+        wd = Path(temp)
+    else:
+        wd = Path(workdir)
+    n = len(session.steps)
+
+    def on_step(i, step, outcome) -> None:
+        if outcome is None:
+            print(f"[{i}/{n}] {step.action} ...", file=sys.stderr, flush=True)
+
+    try:
+        report = replay(session, wd, on_step=on_step, log=lambda line: print(f"    {line}", file=sys.stderr, flush=True))
+    finally:
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+    width = shutil.get_terminal_size((120, 24)).columns
+    print(report.render_table(width=max(80, width)))
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = make_parser()
+    ns = parser.parse_args(argv)
+    try:
+        if ns.command is None:
+            return _run_app()
+        return int(ns.func(ns) or 0)
+    except UserError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except Cancelled:
+        print(f"{PROG}: cancelled", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Headless replay: re-execute a session's steps through ACTIONS in a fresh workdir and
+compare the stable results (STABLE_KEYS); every difference is reported with its step and field.
+
+A recorded error must recur as the same error (its text is compared). Measured results
+(the perf gate) are shown, never compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from mcore.errors import Cancelled, UserError
+from mcore.progress import NO_PROGRESS, Progress
+
+from .actions import ACTIONS, STABLE_KEYS, ActionContext
+from .session import Session, Step
+
+
+@dataclass
+class Difference:
+    field: str
+    expected: Any
+    actual: Any
+
+
+@dataclass
+class StepOutcome:
+    index: int                      # 1-based step number
+    action: str
+    title: str
+    recorded_status: str            # "ok" | "error"
+    status: str                     # what happened now: "ok" | "error"
+    differences: list[Difference] = field(default_factory=list)
+    compared: tuple[str, ...] = ()  # the stable fields compared
+    results: Optional[dict[str, Any]] = None
+    error: Optional[str] = None
+    seconds: float = 0.0
+
+    @property
+    def matched(self) -> bool:
+        return not self.differences
+
+    @property
+    def verdict(self) -> str:
+        return "OK" if self.matched else "DIFF"
+
+
+@dataclass
+class ReplayReport:
+    title: str
+    session_path: Optional[Path]
+    workdir: Path
+    outcomes: list[StepOutcome] = field(default_factory=list)
+    total_steps: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return len(self.outcomes) == self.total_steps and all(o.matched for o in self.outcomes)
+
+    @property
+    def differences(self) -> list[tuple[int, str, Difference]]:
+        return [(o.index, o.action, d) for o in self.outcomes for d in o.differences]
+
+    def rows(self) -> list[tuple[str, str, str, str, str, str]]:
+        """(#, action, status, field, expected, actual): a row per differing field, else one OK row."""
+        out = []
+        for o in self.outcomes:
+            if o.matched:
+                if o.status == "error":
+                    fieldname, actual = "error", o.error or ""
+                elif o.compared:
+                    fieldname, actual = ",".join(o.compared), ""
+                else:
+                    fieldname, actual = "(measured)", (o.results or {}).get("line", "")
+                out.append((str(o.index), o.action, "OK", fieldname, "", actual))
+            for d in o.differences:
+                out.append((str(o.index), o.action, "DIFF", d.field, show(d.expected), show(d.actual)))
+        return out
+
+    def render_table(self, width: int = 120) -> str:
+        header = ("#", "action", "status", "field", "expected", "actual")
+        rows = self.rows()
+        w = [max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i]) for i in range(4)]
+        w = [min(x, cap) for x, cap in zip(w, (4, 16, 6, 36))]
+        fixed = sum(w) + 2 * 5
+        rest = max(20, width - fixed)
+        ew = rest // 2
+
+        def line(r: tuple[str, ...]) -> str:
+            cells = [clip(r[i], w[i]).ljust(w[i]) for i in range(4)]
+            return "  ".join(cells + [clip(r[4], ew).ljust(ew), clip(r[5], rest - ew)]).rstrip()
+
+        return "\n".join([line(header)] + [line(r) for r in rows])
+
+    def summary(self) -> str:
+        matched = sum(o.matched for o in self.outcomes)
+        ndiff = len(self.differences)
+        done = len(self.outcomes)
+        verdict = "PASS" if self.ok else "FAIL"
+        tail = "" if done == self.total_steps else f", stopped after {done} of {self.total_steps}"
+        return (f"{verdict}: {matched}/{self.total_steps} steps matched, {ndiff} difference(s){tail} "
+                f"(session {self.title!r}, workdir {self.workdir})")
+
+
+def clip(text: str, width: int) -> str:
+    text = text.replace("\n", " ")
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def show(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, str):
+        return v
+    return json.dumps(v, separators=(",", ":"))
+
+
+def compare(name: str, expected: Any, actual: Any) -> list[Difference]:
+    """Differences between two JSON values: dicts by key, lists by first differing index."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        out = []
+        for k in sorted(set(expected) | set(actual), key=str):
+            if k not in actual:
+                out.append(Difference(f"{name}.{k}", expected[k], "(absent)"))
+            elif k not in expected:
+                out.append(Difference(f"{name}.{k}", "(absent)", actual[k]))
+            else:
+                out.extend(compare(f"{name}.{k}", expected[k], actual[k]))
+        return out
+    if isinstance(expected, list) and isinstance(actual, list):
+        for i, (a, b) in enumerate(zip(expected, actual)):
+            if _norm(a) != _norm(b):
+                sub = compare(f"{name}[{i}]", a, b)
+                if len(expected) != len(actual):
+                    sub.append(Difference(f"{name} (length)", len(expected), len(actual)))
+                return sub
+        if len(expected) != len(actual):
+            return [Difference(f"{name} (length)", len(expected), len(actual))]
+        return []
+    if _norm(expected) != _norm(actual) or type(expected) is bool and type(actual) is not bool:
+        return [Difference(name, expected, actual)]
+    return []
+
+
+def _norm(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+def compare_step(step: Step, status: str, results: Optional[dict], error: Optional[str]) -> list[Difference]:
+    if step.status == "error" or status == "error":
+        if step.status != status:
+            exp = "ok" if step.status == "ok" else f"error: {step.error}"
+            act = "ok" if status == "ok" else f"error: {error}"
+            return [Difference("status", exp, act)]
+        return [] if step.error == error else [Difference("error", step.error, error)]
+    out = []
+    for key in STABLE_KEYS[step.action]:
+        exp = step.results.get(key, "(absent)")
+        act = (results or {}).get(key, "(absent)")
+        out.extend(compare(key, exp, act))
+    return out
+
+
+OnStep = Callable[[int, Step, Optional[StepOutcome]], None]
+
+
+def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, os.PathLike],
+           progress: Optional[Progress] = None, on_step: Optional[OnStep] = None, *,
+           log: Optional[Callable[[str], None]] = None,
+           on_sample: Optional[Callable[[str, int, float], None]] = None,
+           device: Optional[str] = None, require_empty: bool = True) -> ReplayReport:
+    """Re-execute every step of a session in `workdir` and compare stable results.
+
+    `on_step(index, step, None)` is called before a step runs and `on_step(index, step, outcome)`
+    after it (index is 1-based). Bad input (unreadable/invalid session, a non-empty workdir when
+    `require_empty`) raises UserError; cancellation through `progress` raises Cancelled.
+    """
+    session = session_path if isinstance(session_path, Session) else Session.load(session_path)
+    wd = Path(workdir).expanduser()
+    if require_empty and wd.exists() and (not wd.is_dir() or any(wd.iterdir())):
+        raise UserError(f"{wd}: replay workdir must be a new or empty folder (recorded steps write fresh files)")
+    prog = progress or NO_PROGRESS
+    n = len(session.steps)
+    report = ReplayReport(session.title, session.path, wd, total_steps=n)
+
+    for i, step in enumerate(session.steps, 1):
+        prog.check()
+        if on_step is not None:
+            on_step(i, step, None)
+        sub = Progress(lambda s, f, i=i: prog.report(f"step {i}/{n} {step.action}: {s}", (i - 1 + f) / n), prog.token)
+        ctx = ActionContext(workdir=wd, progress=sub, on_sample=on_sample, log=log, device=device)
+        report.workdir = ctx.workdir
+        t0 = time.perf_counter()
+        results: Optional[dict] = None
+        error: Optional[str] = None
+        try:
+            results = json.loads(json.dumps(ACTIONS[step.action](ctx, **step.params), default=str))
+            status = "ok"
+        except (Cancelled, KeyboardInterrupt):
+            raise
+        except UserError as e:
+            status, error = "error", ctx.error_text(e)
+        except Exception as e:  # noqa: BLE001 - a bug must show as a difference, not kill the report
+            status, error = "error", ctx.error_text(Exception(f"internal error: {type(e).__name__}: {e}"))
+        outcome = StepOutcome(
+            index=i, action=step.action, title=step.title, recorded_status=step.status, status=status,
+            differences=compare_step(step, status, results, error),
+            compared=STABLE_KEYS[step.action] if status == "ok" else (), results=results, error=error,
+            seconds=time.perf_counter() - t0)
+        report.outcomes.append(outcome)
+        if on_step is not None:
+            on_step(i, step, outcome)
+    prog.report("replay finished", 1.0)
+    return report
