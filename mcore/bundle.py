@@ -283,24 +283,15 @@ class Bundle:
     def read(self, name: str) -> bytes:
         """The member's bytes (verified against its recorded sha256)."""
         e = self._entry(name)
-        buf = bytearray(e.size)
-        view = memoryview(buf)
-        sha = hashlib.sha256()
         try:
             with open(self.path, "rb") as f:
                 f.seek(e.offset)
-                pos = 0
-                while pos < e.size:
-                    n = f.readinto(view[pos:pos + CHUNK])
-                    if not n:
-                        break
-                    sha.update(view[pos:pos + n])
-                    pos += n
+                data = f.read(e.size)  # buffered read(n): one allocation of n bytes, loops over short reads
         except OSError as err:
             raise UserError(f"{self.path}: cannot read bundle: {err}") from None
-        if pos != e.size or sha.hexdigest() != e.sha256:
+        if len(data) != e.size or hashlib.sha256(data).hexdigest() != e.sha256:
             raise _damaged(self.path, f"member {name} changed after the bundle was opened")
-        return bytes(buf)
+        return data
 
     def __repr__(self) -> str:
         return f"Bundle({str(self.path)!r}, members={self.names()!r})"
