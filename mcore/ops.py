@@ -10,6 +10,13 @@
 
 Query i (0..s-1) sits at absolute position kv_len - s + i and attends the keys at positions
 0..kv_len - s + i (causal). The softmax is computed in fp32; the context [1, H, s, D] has q's dtype.
+
+`mcore::prefill_attention(q, k, v, scale) -> context`
+
+Causal self-attention over the s new tokens only (the prefill role): q [1, H, s, D], k and v
+[1, KV, s, D], GQA, the given softmax scale. It is an op (not inline SDPA) so that torch.export
+treats it as one opaque node: exporting inline GQA attention with a dynamic token count adds
+stride guards on torch 2.11 that fail for short sequences.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["decode_attention", "decode_attention_reference"]
+__all__ = ["decode_attention", "prefill_attention", "decode_attention_reference"]
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor) -> None:
@@ -84,6 +91,21 @@ def decode_attention(
 @decode_attention.register_fake
 def _decode_attention_fake(q, k_cache, v_cache, kv_lengths):
     return torch.empty_like(q)
+
+
+@torch.library.custom_op("mcore::prefill_attention", mutates_args=())
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[2] != k.shape[2] or q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"prefill_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit [1,H,s,D]/[1,KV,s,D]"
+        )
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out.contiguous()  # a fresh tensor (never an alias of an input), laid out as the fake says
+
+
+@prefill_attention.register_fake
+def _prefill_attention_fake(q, k, v, scale):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 def decode_attention_reference(

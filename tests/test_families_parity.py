@@ -299,6 +299,8 @@ def test_qwen3_exports_on_meta(qwen3_dirs, role, precision):
     zb = [t for t, p in calls if p == "decoder.logits_zero_bias"]
     assert zb == [torch.ops.aten._to_copy.default, torch.ops.aten.add.Tensor]
     attn = [(t, p) for t, p in calls if p.endswith(".self_attn.decode_attention")]
+    prefill_ops = [t for t, p in calls if t == torch.ops.mcore.prefill_attention.default]
+    assert len(prefill_ops) == (core.dims.num_layers if role == "prefill" else 0)
     if role == "decode":
         assert attn == [
             (torch.ops.mcore.decode_attention.default, f"decoder.layers.{i}.self_attn.decode_attention")
@@ -340,3 +342,101 @@ def test_encoder_exports_on_meta(encoder_dirs, family):
         assert b.target == torch.ops.aten.linear.default
     out_node = [n for n in ep.graph.nodes if n.op == "output"][0].args[0][0]
     assert list(out_node.meta["val"].shape) == [32, 64] and out_node.meta["val"].dtype == torch.float16
+
+
+# ------------------------------------------------------------------------ CUDA (device machine)
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("h,kv,s,cap,kv_len", [(4, 2, 1, 64, 1), (8, 2, 3, 64, 40), (32, 8, 1, 4096, 3000), (4, 4, 7, 32, 32)])
+def test_decode_attention_cuda_matches_reference_without_host_sync(dtype, h, kv, s, cap, kv_len):
+    g = torch.Generator().manual_seed(kv_len)
+    d = 64
+    q = torch.randn(1, h, s, d, generator=g)
+    k = torch.randn(1, kv, cap, d, generator=g)
+    v = torch.randn(1, kv, cap, d, generator=g)
+    k[:, :, kv_len:] = 100.0  # stale but finite beyond the active length
+    lengths = torch.tensor([kv_len], dtype=torch.int32)
+    ref = ops.decode_attention_reference(q.to(dtype), k.to(dtype), v.to(dtype), lengths)
+    qc, kc, vc, lc = (t.to(dtype).cuda() if t.is_floating_point() else t.cuda() for t in (q, k, v, lengths))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = torch.ops.mcore.decode_attention(qc, kc, vc, lc)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.dtype == dtype and out.shape == qc.shape and out.is_cuda
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double().cpu(), ref, atol=tol, rtol=0)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_qwen3_roles_on_cuda_match_cpu(qwen3_dirs, precision):
+    folder = qwen3_dirs["plain"]
+    results = {}
+    for device in ("cpu", "cuda"):
+        source = resolve_model(str(folder))
+        fam = get_family("qwen3")
+        gargs = fam.graph_args(source.config, BuildArgs(model="x", precision=precision, max_cache_length=32))
+        core = fam.build_core(source.config, gargs, device)
+        fam.load_checkpoint(core, source)
+        caches = [torch.zeros(fam.cache_shape(source.config, gargs), dtype=core.dtype, device=device) for _ in range(4)]
+        prefill, decode = fam.role_module(core, "prefill"), fam.role_module(core, "decode")
+        outs = []
+        with torch.no_grad():
+            outs.append(prefill(torch.tensor([[3, 1, 4, 1, 5]], dtype=torch.int32, device=device), *caches))
+            cl = torch.tensor([5], dtype=torch.int32, device=device)
+            outs.append(decode(torch.tensor([[9]], dtype=torch.int32, device=device), cl, *caches))
+            cl.fill_(6)
+            outs.append(decode(torch.tensor([[2, 6, 5]], dtype=torch.int32, device=device), cl, *caches))
+        results[device] = [o.cpu() for o in outs]
+    tol = 1e-4 if precision == "fp32" else 5e-2
+    for a, b in zip(results["cpu"], results["cuda"]):
+        torch.testing.assert_close(b, a, atol=tol, rtol=0)
+
+
+@pytest.mark.gpu
+@cuda
+def test_random_init_qwen3_8b_sized_on_cuda():
+    import time
+
+    config = {
+        "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "rope_scaling": None,
+        "tie_word_embeddings": False, "attention_bias": False, "hidden_act": "silu",
+    }
+    fam = get_family("qwen3")
+    gargs = fam.graph_args(config, BuildArgs(model="x", precision="bf16", max_cache_length=40960))
+    t0 = time.perf_counter()
+    core = fam.build_core(config, gargs, "cuda")
+    fam.random_init(core, 0)
+    torch.cuda.synchronize()
+    took = time.perf_counter() - t0
+    n = sum(p.numel() for p in core.parameters())
+    assert 8.0e9 < n < 8.3e9
+    assert core.rope_cos.shape == (40960, 128) and core.rope_cos.dtype == torch.float32
+    w = core.layers[35].mlp.down_proj.weight
+    assert w.dtype == torch.bfloat16 and 0.015 < w.float().std().item() < 0.025
+    print(f"qwen3-8b-sized core built and random-initialized on cuda in {took:.1f}s ({n / 1e9:.2f}B params)")
+    del core
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("h,kv,s", [(4, 2, 1), (4, 2, 7), (6, 3, 5), (4, 4, 3)])
+def test_prefill_attention_matches_float64_reference(h, kv, s):
+    g = torch.Generator().manual_seed(h + kv + s)
+    q = torch.randn(1, h, s, 16, generator=g)
+    k = torch.randn(1, kv, s, 16, generator=g)
+    v = torch.randn(1, kv, s, 16, generator=g)
+    out = torch.ops.mcore.prefill_attention(q, k, v, 0.25)
+    # prefill == decode into an empty cache: kv_len = s, queries at positions 0..s-1
+    ref = ops.decode_attention_reference(q * 0.25, k, v, torch.tensor([s], dtype=torch.int32))
+    assert out.shape == q.shape and out.is_contiguous()
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)

@@ -193,9 +193,7 @@ class Attention(nn.Module):
         k_cache = k_cache.index_copy_(2, positions, k)
         v_cache = v_cache.index_copy_(2, positions, v)
         if kv_lengths is None:
-            ctx = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads
-            )
+            ctx = torch.ops.mcore.prefill_attention(q, k, v, self.scale)  # causal over the new tokens
         else:
             # Scaled, rounded to the model dtype and made linear before the region (the kernel's input).
             q = (q * self.scale).contiguous()
