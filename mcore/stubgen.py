@@ -1,0 +1,505 @@
+"""Generate a CuTe DSL exporter stub from a selection receipt and its graph snapshot (`mcore kernel stub`).
+
+The generated file is self-contained Python: it needs only the CuTe DSL (nvidia-cutlass-dsl),
+apache-tvm-ffi, gcc and the CUDA runtime where it runs, never mcore. It carries the ABI as
+constants, checks a selection/snapshot pair against them (each mismatch: one line, exit 2),
+then compiles `run` with `--enable-tvm-ffi` on the TVM-FFI environment stream, exports it
+with `export_to_c`, links it against the CuTe DSL runtime and libcudart, and writes the DSO
+(never over an existing file).
+
+When the region is a single op the generator knows (a copy, a cast between the boundary
+dtypes, add, sub or mul of two same-shape tensors) the kernel body is generated and correct;
+otherwise the body is a scaffold and export stops with a message naming what to implement.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from .errors import UserError
+from .graph.snapshot import load_snapshot
+from .selection import ABI_FORMAT, check_receipt, load_receipt
+
+TEMPLATE_NAME = "templates/cutedsl_exporter.py.tmpl"
+THREADS = 256
+
+CUTE_TYPES = {"FP16": "cutlass.Float16", "BF16": "cutlass.BFloat16", "FP32": "cutlass.Float32",
+              "INT32": "cutlass.Int32"}
+FLOAT_DTYPES = ("FP16", "BF16", "FP32")
+
+# The single ops the generator writes a body for. Bodies follow PyTorch: inputs are first
+# converted to the output dtype (type promotion), FP16/BF16 math runs in FP32 and is rounded
+# once, INT32 math wraps. The snapshot does not record scalar arguments such as add's
+# `alpha`; the generator assumes alpha=1, which is what `a + b` / `a - b` export to.
+BINARY_OPS = {"aten.add.Tensor": ("add", "+"), "aten.sub.Tensor": ("sub", "-"), "aten.mul.Tensor": ("mul", "*")}
+COPY_OPS = ("aten.clone.default", "aten.alias.default", "aten.detach.default", "aten.lift_fresh_copy.default")
+CAST_OPS = ("aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "prims.convert_element_type.default")
+
+
+@dataclass(frozen=True)
+class KnownOp:
+    kind: str      # "copy" | "cast" | "add" | "sub" | "mul"
+    op: str        # the node's op, e.g. "aten.add.Tensor"
+    node_id: str
+    summary: str   # "output0 = input0 + input1"
+
+
+@dataclass(frozen=True)
+class StubResult:
+    path: Path
+    known: Optional[KnownOp]   # None: the body is a scaffold the author must fill in
+    reason: str                # why the body was not generated ("" when it was)
+    binding_id: str
+    abi_sha256: str
+
+
+# ---------------------------------------------------------------- region classification
+
+def classify_region(receipt: dict[str, Any], snapshot: dict[str, Any]) -> tuple[Optional[KnownOp], str]:
+    """(KnownOp, "") when the generator can write the body, else (None, why not)."""
+    nodes = {n["id"]: n for n in snapshot["nodes"]}
+    ids = receipt["node_ids"]
+    if len(ids) != 1:
+        return None, f"the region has {len(ids)} nodes; bodies are generated only for one copy, cast, add, sub or mul node"
+    node = nodes[ids[0]]
+    op = node["op"]
+    ins, outs = receipt["abi"]["inputs"], receipt["abi"]["outputs"]
+    out = outs[0]
+    if node["outputs"] != receipt["output_tensor_ids"]:
+        return None, f"{ids[0]} ({op}) has more than the one boundary output"
+    if node["inputs"] != receipt["input_tensor_ids"]:
+        return None, f"{ids[0]} ({op}) reads tensors other than its boundary inputs"
+    if any(list(t["shape"]) != list(out["shape"]) for t in ins):
+        return None, f"{ids[0]} ({op}) has inputs whose shapes differ from the output's (broadcasting)"
+    if -1 not in out["shape"] and math.prod(out["shape"]) >= 2**31:
+        return None, "the output has 2^31 elements or more (the generated kernel indexes with int32)"
+    if op in BINARY_OPS:
+        if len(ins) != 2:
+            return None, f"{ids[0]} ({op}) has {len(ins)} tensor inputs (a scalar operand or x {BINARY_OPS[op][1]} x)"
+        kind, sym = BINARY_OPS[op]
+        return KnownOp(kind, op, ids[0], f"output0 = input0 {sym} input1"), ""
+    if op in COPY_OPS:
+        if len(ins) != 1 or ins[0]["dtype"] != out["dtype"]:
+            return None, f"{ids[0]} ({op}) is not a one-input copy"
+        return KnownOp("copy", op, ids[0], "output0 = input0"), ""
+    if op in CAST_OPS:
+        if len(ins) != 1:
+            return None, f"{ids[0]} ({op}) has {len(ins)} inputs"
+        if ins[0]["dtype"] == out["dtype"]:
+            return None, f"{ids[0]} ({op}) casts to the same dtype; it is not treated as a known op"
+        return KnownOp("cast", op, ids[0], f"output0 = input0 converted to {out['dtype']}"), ""
+    return None, f"{ids[0]} is {op}, which the generator does not write bodies for (known: copy, cast, add, sub, mul)"
+
+
+# ---------------------------------------------------------------- code generation helpers
+
+def _py(obj: Any) -> str:
+    """A Python literal for JSON-like data (strings double-quoted, None/True/False)."""
+    if obj is None or isinstance(obj, bool):
+        return repr(obj)
+    if isinstance(obj, (int, float)):
+        return repr(obj)
+    if isinstance(obj, str):
+        return json.dumps(obj)
+    if isinstance(obj, (list, tuple)):
+        return "[" + ", ".join(_py(v) for v in obj) + "]"
+    if isinstance(obj, dict):
+        return "{" + ", ".join(f"{_py(k)}: {_py(v)}" for k, v in obj.items()) + "}"
+    raise TypeError(f"cannot write {type(obj).__name__} as a literal")
+
+
+def _doc(text: Any) -> str:
+    """Text that is safe inside a triple-quoted docstring or a comment."""
+    s = str(text).replace("\\", "/").replace('"""', "'''")
+    return re.sub(r"[\x00-\x1f\x7f]", " ", s)
+
+
+def _convert(expr: str, src: str, dst: str) -> str:
+    """CuTe DSL expression converting `expr` from dtype `src` to `dst` as PyTorch does (through FP32)."""
+    if src == dst:
+        return expr
+    if dst == "INT32":
+        return (expr if src == "FP32" else f"{expr}.to(cutlass.Float32)") + ".to(cutlass.Int32)"
+    if src == "FP32":
+        return f"{expr}.to({CUTE_TYPES[dst]})"
+    if dst == "FP32":
+        return f"{expr}.to(cutlass.Float32)"
+    return f"{expr}.to(cutlass.Float32).to({CUTE_TYPES[dst]})"
+
+
+def _tensor_line(e: dict) -> str:
+    return f"{e['param']:<9} {e['dtype']:<5} {str(e['shape']):<16} {e['tensor_id']} ({_doc(e.get('name') or '')})"
+
+
+def _extra_text(i: int, a: dict) -> str:
+    if a["type"] == "int":
+        return f"extra{i}  int32 {a['value']}"
+    if a["type"] == "float":
+        return f"extra{i}  float {a['value']!r}"
+    if a["type"] == "ptr":
+        return f"extra{i}  null pointer (passed as None)"
+    return f"extra{i}  none (passed as None)"
+
+
+class _Ctx:
+    """Everything the generator derives from the receipt and snapshot."""
+
+    def __init__(self, receipt: dict, snapshot: dict):
+        self.receipt = receipt
+        self.snapshot = snapshot
+        abi = receipt["abi"]
+        self.inputs = [{"param": f"input{i}", "tensor_id": e["tensor_id"], "name": e.get("name"), "dtype": e["dtype"],
+                        "shape": list(e["shape"])} for i, e in enumerate(abi["inputs"])]
+        self.outputs = [{"param": f"output{i}", "tensor_id": e["tensor_id"], "name": e.get("name"),
+                         "dtype": e["dtype"], "shape": list(e["shape"])} for i, e in enumerate(abi["outputs"])]
+        self.workspace = receipt["workspace_bytes"]
+        self.extras = list(receipt["extra_args"])
+        self.rule = receipt["output_shape_input"]
+        self.nodes = {n["id"]: n for n in snapshot["nodes"]}
+        self.tensors = {t["id"]: t for t in snapshot["tensors"]}
+        self.known, self.reason = classify_region(receipt, snapshot)
+
+    # ABI-ordered run() parameters
+    def params(self) -> list[str]:
+        ps = [e["param"] for e in self.inputs]
+        if self.workspace:
+            ps.append("workspace")
+        ps += [e["param"] for e in self.outputs]
+        ps += [f"extra{i}" for i in range(len(self.extras))]
+        return ps
+
+    def node_lines(self) -> list[str]:
+        lines = []
+        for nid in self.receipt["node_ids"]:
+            n = self.nodes[nid]
+            lines.append(f"{nid:<10} {_doc(n['op'])}  {', '.join(n['inputs']) or '-'} -> {', '.join(n['outputs']) or '-'}")
+        return lines
+
+    def dynamic(self) -> bool:
+        return any(-1 in e["shape"] for e in self.inputs + self.outputs)
+
+    def todo(self) -> str:
+        ins = ", ".join(f"{e['param']} ({e['dtype']} {e['shape']})" for e in self.inputs)
+        outs = ", ".join(f"{e['param']} ({e['dtype']} {e['shape']})" for e in self.outputs)
+        region = ", ".join(f"{nid} {self.nodes[nid]['op']}" for nid in self.receipt["node_ids"])
+        ws = f"{self.workspace} bytes (uint8 tensor `workspace`)" if self.workspace else "none"
+        extras = "; ".join(_extra_text(i, a) for i, a in enumerate(self.extras)) or "none"
+        return (f"write the body of region_kernel in this file so that it computes {outs} from {ins} as the region "
+                f"does ({_doc(region)}); workspace: {ws}; extra args: {extras}; then set KERNEL_IMPLEMENTED = True")
+
+
+def _docstring(c: _Ctx, selection_name: str, snapshot_name: str, exporter_name: str, note: str) -> str:
+    r = c.receipt
+    meta = c.snapshot.get("metadata", {})
+    lines = [f'"""CuTe DSL exporter for the selection {_doc(r["binding_id"])}.', ""]
+    lines += ["Generated by `mcore kernel stub` from",
+              f"    selection: {_doc(selection_name)}",
+              f"    snapshot:  {_doc(snapshot_name)}",
+              "Edit it freely: it does not import mcore. To start over, run `mcore kernel stub` again."]
+    lines += [_doc(ln) for ln in note.splitlines()] + [""]
+    graph = " ".join(f"{k}={_doc(meta[k])}" for k in ("family", "model", "engine_role") if meta.get(k))
+    lines += [f"Region ({graph or 'graph'}; fingerprint {r['graph_fingerprint'][:16]}...):"]
+    lines += [f"    {ln}" for ln in c.node_lines()]
+    if c.known:
+        lines += [f"Kernel body: generated: {c.known.summary}, elementwise ({c.known.op}).",
+                  "    FP16/BF16 math runs in FP32 and is rounded once; INT32 math wraps; inputs are first",
+                  "    converted to the output dtype, as in PyTorch."]
+        if c.known.kind in ("add", "sub"):
+            lines += [f"    The snapshot does not record {c.known.op}'s alpha; this body assumes alpha=1."]
+    else:
+        lines += ["Kernel body: NOT generated: " + _doc(c.reason) + ".",
+                  "    Write region_kernel below, then set KERNEL_IMPLEMENTED = True; until then export stops."]
+    lines += ["", "Exported TVM-FFI function `run`, arguments in ABI call order:",
+              f"    run({', '.join(c.params())})"]
+    lines += [f"    {_tensor_line(e)}" for e in c.inputs]
+    if c.workspace:
+        lines += [f"    {'workspace':<9} UINT8 [{c.workspace}]  scratch, {c.workspace} bytes, contents undefined on entry"]
+    lines += [f"    {_tensor_line(e)}" for e in c.outputs]
+    lines += [f"    {_extra_text(i, a)}" for i, a in enumerate(c.extras)]
+    if not c.workspace:
+        lines += ["    workspace: none (0 bytes)"]
+    if not c.extras:
+        lines += ["    extra args: none"]
+    if c.rule is None:
+        lines += ["Output shape: fixed by the ABI."]
+    else:
+        lines += [f"Output shape: output0 has the runtime shape of input{c.rule} (the engine allocates it so;",
+                  f"    OUTPUT_SHAPE_INPUT = {c.rule}); fake_arguments() gives both the same dynamic dims."]
+    lines += [
+        "Runtime shapes: a -1 dimension is dynamic. The kernel gets it from the tensor it is passed",
+        "    (cute.size(tensor), tensor.shape) at run time, never from a constant; the TVM-FFI wrapper",
+        "    checks every fixed dimension, dtype, device and contiguity, and that dims sharing one",
+        "    cute.sym_int() in fake_arguments() agree.",
+        "Stream: run() launches on the TVM-FFI environment stream, i.e. the engine's current CUDA stream",
+        "    (make_fake_stream(use_tvm_ffi_env_stream=True)); it is not an argument of run(). The code",
+        "    never synchronizes and never picks the default stream itself.",
+        "Extra args: int and float arrive as runtime scalars; none and null ptr arrive as None.",
+        "",
+        "Use (needs nvidia-cutlass-dsl with its CUDA 13 libs, apache-tvm-ffi, gcc and libcudart):",
+        f"    python {_doc(exporter_name)} --snapshot {_doc(snapshot_name)} --selection {_doc(selection_name)} "
+        "--output KERNEL.so",
+        "    add --check-only to run only the contract check (it needs no CuTe DSL).",
+        "Every mismatch between those files and the constants below is refused with one line and exit 2;",
+        "an existing output is never overwritten. With no GPU visible, CUTE_DSL_ARCH defaults to sm_90a",
+        "(compile and export need no GPU; that DSO runs on sm_90 GPUs such as H100/H200).",
+        "It prints binding_id=..., abi_sha256=... and dso=PATH; bind the DSO with function name `run`.",
+        '"""',
+    ]
+    return "\n".join(lines)
+
+
+def _constants(c: _Ctx) -> str:
+    r = c.receipt
+    out = [
+        f"BINDING_ID = {_py(r['binding_id'])}",
+        f"GRAPH_FINGERPRINT = {_py(r['graph_fingerprint'])}",
+        f"ABI_SHA256 = {_py(r['abi_sha256'])}",
+        f"ABI_FORMAT = {_py(ABI_FORMAT)}",
+        f"NODE_IDS = {_py(list(r['node_ids']))}",
+        "NODE_OPS = {",
+    ]
+    out += [f"    {_py(nid)}: {_py(c.nodes[nid]['op'])}," for nid in r["node_ids"]]
+    out += ["}", "# Boundary tensors in call order; -1 marks a dynamic dimension (read from the tensor at run time).",
+            "INPUTS = ["]
+    out += [f"    {_py(e)}," for e in c.inputs]
+    out += ["]",
+            f"WORKSPACE_BYTES = {c.workspace}  # > 0: a uint8 tensor of this many bytes follows the inputs",
+            "OUTPUTS = ["]
+    out += [f"    {_py(e)}," for e in c.outputs]
+    out += ["]",
+            "# Fixed arguments after the outputs: int -> int32 scalar, float -> float32 scalar, none / null ptr -> None.",
+            f"EXTRA_ARGS = {_py(c.extras)}",
+            f"OUTPUT_SHAPE_INPUT = {_py(c.rule)}  # output 0 has the runtime shape of this input, or None (fixed)",
+            "",
+            f"KERNEL_BODY = {_py(c.known.kind if c.known else None)}  # what the generated body computes; None: you write it",
+            f"KERNEL_IMPLEMENTED = {c.known is not None}",
+            f"TODO = {_py('' if c.known else c.todo())}"]
+    return "\n".join(out)
+
+
+def _fake_arguments(c: _Ctx) -> list[str]:
+    """The body of fake_arguments(): symbols for -1 dims, then one stand-in per run() argument."""
+    tensors = [("input", i, e) for i, e in enumerate(c.inputs)] + [("output", i, e) for i, e in enumerate(c.outputs)]
+    group: dict[str, int] = {}
+    for kind, i, e in tensors:
+        group[e["param"]] = 0 if c.known else len(group)
+    if c.rule is not None and not c.known:
+        group["output0"] = group[f"input{c.rule}"]
+    symbols: dict[tuple[int, int], str] = {}
+    users: dict[str, list[str]] = {}
+    for kind, i, e in tensors:
+        for d, size in enumerate(e["shape"]):
+            if size == -1:
+                key = (group[e["param"]], d)
+                if key not in symbols:
+                    symbols[key] = f"dim{len(symbols)}"
+                users.setdefault(symbols[key], []).append(f"{e['param']}[{d}]")
+
+    def shape(e: dict) -> str:
+        dims = [symbols[(group[e["param"]], d)] if s == -1 else str(s) for d, s in enumerate(e["shape"])]
+        return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+
+    lines = []
+    for name, used in users.items():
+        lines.append(f"{name} = cute.sym_int()  # dynamic: {', '.join(used)}")
+    lines.append("return [")
+    for e in c.inputs:
+        lines.append(f"    tensor({CUTE_TYPES[e['dtype']]}, {shape(e)}),  # {e['param']}  {e['tensor_id']}")
+    if c.workspace:
+        lines.append(f"    tensor(cutlass.Uint8, ({c.workspace},)),  # workspace: WORKSPACE_BYTES bytes")
+    for e in c.outputs:
+        lines.append(f"    tensor({CUTE_TYPES[e['dtype']]}, {shape(e)}),  # {e['param']}  {e['tensor_id']}")
+    for i, a in enumerate(c.extras):
+        if a["type"] == "int":
+            lines.append(f"    cutlass.Int32({a['value']}),  # extra{i}: int32 scalar")
+        elif a["type"] == "float":
+            lines.append(f"    cutlass.Float32({a['value']!r}),  # extra{i}: float32 scalar")
+        else:
+            lines.append(f"    None,  # extra{i}: {'null ptr' if a['type'] == 'ptr' else 'none'}, passed as None")
+    lines.append("    make_fake_stream(use_tvm_ffi_env_stream=True),  # stream: the TVM-FFI env stream, not a run() argument")
+    lines.append("]")
+    return lines
+
+
+def _run_signature(c: _Ctx) -> str:
+    ps = [f"{e['param']}: cute.Tensor" for e in c.inputs]
+    if c.workspace:
+        ps.append("workspace: cute.Tensor")
+    ps += [f"{e['param']}: cute.Tensor" for e in c.outputs]
+    for i, a in enumerate(c.extras):
+        ps.append(f"extra{i}: cutlass.Int32" if a["type"] == "int" else
+                  f"extra{i}: cutlass.Float32" if a["type"] == "float" else f"extra{i}")
+    ps.append("stream: cuda.CUstream")
+    return ", ".join(ps)
+
+
+def _kernel(c: _Ctx) -> str:
+    out_e = c.outputs[0]
+    dyn = c.dynamic()
+    count_note = ("read from output0's runtime shape" if -1 in out_e["shape"]
+                  else f"{math.prod(out_e['shape'])}, fixed by the ABI")
+    L = [f"THREADS = {THREADS}  # threads per block; one thread per output element", "",
+         "if cute is not None:", "",
+         "    def flat(tensor):",
+         '        """A 1-D view of a contiguous tensor: the same memory, cute.size(tensor) elements."""',
+         "        return cute.make_tensor(tensor.iterator, cute.make_layout(cute.size(tensor)))", ""]
+    if c.known:
+        k = c.known
+        kparams = [f"{e['param']}: cute.Tensor" for e in c.inputs] + ["output0: cute.Tensor", "count: cutlass.Int32"]
+        D = out_e["dtype"]
+        if k.kind == "copy":
+            body = ["output0[index] = input0[index]"]
+        elif k.kind == "cast":
+            body = [f"output0[index] = {_convert('input0[index]', c.inputs[0]['dtype'], D)}"]
+        else:
+            C = "FP32" if D in FLOAT_DTYPES else "INT32"
+            sym = BINARY_OPS[k.op][1]
+            body = [f"a = {_convert(_convert('input0[index]', c.inputs[0]['dtype'], D), D, C)}",
+                    f"b = {_convert(_convert('input1[index]', c.inputs[1]['dtype'], D), D, C)}",
+                    f"output0[index] = {_convert(f'(a {sym} b)', C, D)}"]
+        L += ["    @cute.kernel",
+              f"    def region_kernel({', '.join(kparams)}):",
+              f'        """{k.summary}, elementwise over `count` elements ({k.node_id} {_doc(k.op)})."""',
+              "        thread_x, _, _ = cute.arch.thread_idx()",
+              "        block_x, _, _ = cute.arch.block_idx()",
+              "        index = block_x * THREADS + thread_x",
+              "        if index < count:"]
+        L += [f"            {ln}" for ln in body]
+        kargs = [f"flat({e['param']})" for e in c.inputs] + ["flat(output0)", "count"]
+    else:
+        kparams = [f"{e['param']}: cute.Tensor" for e in c.inputs]
+        kargs = [f"flat({e['param']})" for e in c.inputs]
+        if c.workspace:
+            kparams.append("workspace: cute.Tensor")
+            kargs.append("flat(workspace)")
+        kparams += [f"{e['param']}: cute.Tensor" for e in c.outputs]
+        kargs += [f"flat({e['param']})" for e in c.outputs]
+        for i, a in enumerate(c.extras):
+            if a["type"] in ("int", "float"):
+                kparams.append(f"extra{i}: {'cutlass.Int32' if a['type'] == 'int' else 'cutlass.Float32'}")
+                kargs.append(f"extra{i}")
+        kparams.append("count: cutlass.Int32")
+        kargs.append("count")
+        L += ["    @cute.kernel",
+              f"    def region_kernel({', '.join(kparams)}):",
+              '        """TODO: compute the output from the inputs as the region does:']
+        L += [f"            {ln}" for ln in c.node_lines()]
+        L += ["        This scaffold gives each thread one element index of the flattened output0; pass the",
+              "        tensors unflattened from run() (drop flat()) for their row-major shaped views.",
+              '        """',
+              "        thread_x, _, _ = cute.arch.thread_idx()",
+              "        block_x, _, _ = cute.arch.block_idx()",
+              "        index = block_x * THREADS + thread_x",
+              "        if index < count:",
+              "            pass  # TODO: output0[index] = ..."]
+    launch = [f"region_kernel({', '.join(kargs)}).launch(",
+              "    grid=((count + THREADS - 1) // THREADS, 1, 1),",
+              "    block=(THREADS, 1, 1),",
+              "    stream=stream,",
+              ")"]
+    L += ["",
+          "    @cute.jit",
+          f"    def run({_run_signature(c)}):",
+          f'        """The exported function run({", ".join(c.params())}); `stream` is the TVM-FFI env stream."""',
+          f"        count = cute.size(output0)  # element count: {count_note}"]
+    if dyn:
+        L += ["        if count > 0:  # an empty tensor needs no launch"]
+        L += [f"            {ln}" for ln in launch]
+    else:
+        L += [f"        {ln}" for ln in launch]
+    L += ["",
+          "    def fake_arguments():",
+          '        """Compile-time stand-ins for run()\'s arguments, in ABI order (-1 dims are cute.sym_int())."""',
+          "",
+          "        def tensor(dtype, shape):  # contiguous row-major, like the engine's linear tensors",
+          "            return make_fake_compact_tensor(dtype, shape, stride_order=tuple(reversed(range(len(shape)))))",
+          ""]
+    L += [f"        {ln}" for ln in _fake_arguments(c)]
+    return "\n".join(L)
+
+
+def _template() -> str:
+    from .kernels import kernels_dir
+    path = kernels_dir() / TEMPLATE_NAME
+    if not path.is_file():
+        raise UserError(f"stub template {path} is missing; restore it from the repository")
+    return path.read_text(encoding="utf-8")
+
+
+# ---------------------------------------------------------------- public API
+
+def generate_exporter(receipt: dict[str, Any], snapshot: dict[str, Any], *, selection_name: str = "SELECTION",
+                      snapshot_name: str = "SNAPSHOT", exporter_name: str = "THIS_FILE", note: str = "") -> str:
+    """The exporter's Python source for a checked receipt and the snapshot it was made from.
+
+    The names only appear in the generated docstring; `note` adds lines of provenance there.
+    """
+    check_receipt(receipt, selection_name)
+    if receipt["graph_fingerprint"] != snapshot.get("fingerprint"):
+        raise UserError(f"{selection_name} was made from another graph than {snapshot_name} (fingerprints "
+                        f"{receipt['graph_fingerprint'][:12]}... and {str(snapshot.get('fingerprint'))[:12]}...); "
+                        "pass the snapshot the selection was made from")
+    nodes = {n["id"] for n in snapshot["nodes"]}
+    tensors = {t["id"] for t in snapshot["tensors"]}
+    for nid in receipt["node_ids"]:
+        if nid not in nodes:
+            raise UserError(f"{selection_name}: {nid} is not in {snapshot_name}; recreate the selection")
+    for tid in receipt["input_tensor_ids"] + receipt["output_tensor_ids"]:
+        if tid not in tensors:
+            raise UserError(f"{selection_name}: {tid} is not in {snapshot_name}; recreate the selection")
+    c = _Ctx(receipt, snapshot)
+    text = _template()
+    for key, value in (("@@DOCSTRING@@", _docstring(c, selection_name, snapshot_name, exporter_name, note)),
+                       ("@@CONSTANTS@@", _constants(c)),
+                       ("@@KERNEL@@", _kernel(c))):
+        text = text.replace(key, value)
+    compile(text, "<generated exporter>", "exec")  # a generator bug must not reach the user's disk
+    return text
+
+
+def write_exporter(selection: Union[str, os.PathLike], snapshot: Union[str, os.PathLike],
+                   output: Union[str, os.PathLike], overwrite: bool = False) -> StubResult:
+    """Generate the exporter for a receipt file and its snapshot file and write it to `output`.
+
+    The file is written atomically and never replaces an existing one unless `overwrite`.
+    """
+    output = Path(output)
+    if output.exists() and output.is_dir():
+        raise UserError(f"{output}: is a directory; give a file path for the exporter, e.g. {output / 'export_kernel.py'}")
+    parent = output.parent if str(output.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"{output}: folder {parent} does not exist; create it first")
+    if output.exists() and not overwrite:
+        raise UserError(f"{output} already exists; choose a new path or pass --force to replace it")
+    receipt = load_receipt(selection)
+    snap = load_snapshot(snapshot)
+    text = generate_exporter(receipt, snap, selection_name=str(selection), snapshot_name=str(snapshot),
+                             exporter_name=str(output))
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755)
+        if overwrite:
+            os.replace(tmp, output)
+        else:
+            try:
+                os.link(tmp, output)
+            except FileExistsError:
+                raise UserError(f"{output} already exists; choose a new path or pass --force to replace it") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    known, reason = classify_region(receipt, snap)
+    return StubResult(path=output, known=known, reason=reason, binding_id=receipt["binding_id"],
+                      abi_sha256=receipt["abi_sha256"])
+
+
+__all__: Sequence[str] = ("KnownOp", "StubResult", "classify_region", "generate_exporter", "write_exporter")
