@@ -1,0 +1,601 @@
+"""The workbench TUI: a Textual app whose every step runs through workbench.actions.
+
+Screens (F1..F6): Model, Graph, Region, Kernel, Build, Verify. Each step a person takes
+is an action run in a thread worker (never on the UI thread) with progress, cancellation
+and, for the performance gate, live samples; its results are recorded into the session,
+applied to the shared state, and shown. A shipped session opens in guided mode
+(`workbench tutorial NAME`) or replay mode (`workbench replay FILE`): `n` performs the
+current step for real and the side panel shows its results (and, on replay, expected vs
+actual).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from textual import on
+from textual.app import App
+from textual.binding import Binding
+
+from mcore.errors import Cancelled, UserError
+from mcore.progress import CancelToken, Progress
+
+from .screens.base import SCREEN_ORDER, SCREEN_TITLES, WorkbenchScreen
+from .screens.guide import GuideState
+
+# Which screen shows an action's results (guided mode switches there after each step).
+ACTION_SCREEN = {
+    "capture_graph": "graph",
+    "list_nodes": "graph",
+    "list_recipes": "region",
+    "select_recipe": "region",
+    "select_nodes": "region",
+    "build_kernel": "kernel",
+    "kernel_stub": "kernel",
+    "write_bindings": "kernel",
+    "build_bundle": "build",
+    "generate": "verify",
+    "embed": "verify",
+    "gate_tokens": "verify",
+    "gate_embeddings": "verify",
+    "gate_perf": "verify",
+}
+
+# Actions that load native code named by a bindings manifest.
+LOADS_NATIVE = ("generate", "embed", "gate_perf")
+
+
+DEFAULT_TUTORIAL = "qwen-recipe"
+
+
+def tutorial_path(name: str) -> Path:
+    """A shipped tutorial by name (sessions/NAME.json) or a session file's path."""
+    from .session import find_tutorial
+
+    p = Path(name).expanduser()
+    if p.suffix == ".json" and p.is_file():
+        return p
+    return find_tutorial(name or DEFAULT_TUTORIAL)
+
+
+@dataclass
+class WorkbenchState:
+    """What the screens show; changed only on the UI thread (apply_results)."""
+
+    workdir: Path
+    build_args: dict[str, Any] = field(default_factory=lambda: {"model": "demo:qwen3-tiny"})
+    device: Optional[str] = None  # None = auto (the bundle's device, else CUDA when present)
+    engine_role: Optional[str] = None
+    family_kind: Optional[str] = None  # "decoder" / "encoder" once known
+    snapshot: Optional[dict[str, Any]] = None
+    snapshot_path: Optional[str] = None
+    capture_results: Optional[dict[str, Any]] = None
+    marked: list[str] = field(default_factory=list)
+    listing: Optional[dict[str, Any]] = None  # the last list_nodes: {"match", "last", "ids"}
+    receipt: Optional[dict[str, Any]] = None
+    receipt_path: Optional[str] = None
+    library: Optional[str] = None
+    stub_path: Optional[str] = None
+    stub_text: Optional[str] = None
+    export_output: list[str] = field(default_factory=list)
+    manifest: Optional[str] = None
+    bundles: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "slot" -> results
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "external" -> results
+    correctness: Optional[dict[str, Any]] = None
+    perf: Optional[dict[str, Any]] = None
+    trusted: set[str] = field(default_factory=set)
+    samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})
+    log: list[str] = field(default_factory=list)
+
+    def path(self, p: Optional[str]) -> Optional[Path]:
+        if p is None:
+            return None
+        q = Path(p)
+        return q if q.is_absolute() else self.workdir / q
+
+    def show_path(self, p: Optional[str]) -> str:
+        """A path as shown on screen: relative to the workdir when inside it (no tmp paths)."""
+        if not p:
+            return "-"
+        q = Path(p)
+        if q.is_absolute():
+            try:
+                return str(q.resolve().relative_to(self.workdir.resolve()))
+            except ValueError:
+                return str(q)
+        return str(q)
+
+    @property
+    def is_decoder(self) -> bool:
+        if self.family_kind:
+            return self.family_kind == "decoder"
+        if self.snapshot:
+            return self.snapshot["metadata"].get("family") == "qwen3"
+        return "qwen" in str(self.build_args.get("model", "")).lower()
+
+
+@dataclass
+class ActionOutcome:
+    action: str
+    params: dict[str, Any]
+    results: Optional[dict[str, Any]] = None
+    error: Optional[str] = None  # the one-line text shown (and recorded)
+    kind: str = "ok"  # ok | user | cancelled | bug
+
+
+class WorkbenchApp(App):
+    """The byok workbench. `WorkbenchApp(tutorial=..., replay=..., workdir=...)`."""
+
+    CSS_PATH = "workbench.tcss"
+    TITLE = "byok-workbench"
+    ENABLE_COMMAND_PALETTE = False
+
+    BINDINGS = [
+        Binding("f1", "show('model')", "Model", show=False),
+        Binding("f2", "show('graph')", "Graph", show=False),
+        Binding("f3", "show('region')", "Region", show=False),
+        Binding("f4", "show('kernel')", "Kernel", show=False),
+        Binding("f5", "show('build')", "Build", show=False),
+        Binding("f6", "show('verify')", "Verify", show=False),
+        Binding("n", "guide_next", "next step"),
+        Binding("x", "cancel", "cancel"),
+        Binding("g", "toggle_guide", "guide", show=False),
+        Binding("ctrl+s", "save_session", "save"),
+        Binding("ctrl+o", "open_session", "open"),
+        Binding("question_mark", "help", "keys"),
+        Binding("ctrl+q", "quit", "quit"),
+    ]
+
+    def __init__(self, tutorial: Optional[str] = None, replay: Optional[str] = None,
+                 workdir: Optional[str] = None, ansi: Optional[bool] = None, *,
+                 start_screen: Optional[str] = None, state: Optional[WorkbenchState] = None):
+        if ansi is None:
+            ansi = os.environ.get("WORKBENCH_ANSI", "") not in ("", "0")
+        super().__init__(ansi_color=True if ansi else None)
+        if ansi:
+            self.theme = "ansi-dark"
+        self._tutorial_arg = tutorial
+        self._replay_arg = replay
+        self._start_screen = start_screen
+        self._workdir_arg = workdir
+        self.state = state or WorkbenchState(workdir=self._make_workdir(workdir, tutorial or replay))
+        self.guide: Optional[GuideState] = None
+        self.session = None  # workbench.session.Session, created on first use
+        self.busy: Optional[str] = None
+        self.busy_params: Optional[dict[str, Any]] = None
+        self.busy_label: str = ""
+        self.progress_step: str = ""
+        self.progress_fraction: Optional[float] = None
+        self.last_error: Optional[str] = None
+        self._token: Optional[CancelToken] = None
+        self.startup_error: Optional[str] = None
+
+    # ------------------------------------------------------------------ setup
+    @staticmethod
+    def _make_workdir(workdir: Optional[str], fresh_for: Optional[str]) -> Path:
+        if workdir:
+            p = Path(workdir).expanduser().resolve()
+            p.mkdir(parents=True, exist_ok=True)
+            return p
+        if fresh_for:
+            # guided and replayed sessions run in a fresh folder so recorded paths resolve cleanly
+            base = Path.cwd() / "artifacts"
+            try:
+                base.mkdir(parents=True, exist_ok=True)
+                return Path(tempfile.mkdtemp(prefix="workbench-", dir=base)).resolve()
+            except OSError:
+                return Path(tempfile.mkdtemp(prefix="workbench-")).resolve()
+        p = (Path.cwd() / "artifacts" / "workbench").resolve()
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def on_mount(self) -> None:
+        from .screens.build import BuildScreen
+        from .screens.graph import GraphScreen
+        from .screens.kernel import KernelScreen
+        from .screens.model import ModelScreen
+        from .screens.region import RegionScreen
+        from .screens.verify import VerifyScreen
+
+        for name, cls in (("model", ModelScreen), ("graph", GraphScreen), ("region", RegionScreen),
+                          ("kernel", KernelScreen), ("build", BuildScreen), ("verify", VerifyScreen)):
+            self.install_screen(cls(), name=name)
+        try:
+            if self._tutorial_arg is not None:
+                self.load_guided(tutorial_path(self._tutorial_arg), mode="tutorial")
+            elif self._replay_arg is not None:
+                self.load_guided(Path(self._replay_arg), mode="replay")
+        except UserError as e:
+            self.startup_error = str(e)
+        self.push_screen(self._start_screen or "model")
+        if self.startup_error:
+            self.report_error(self.startup_error)
+
+    def load_guided(self, path: Path, mode: str) -> None:
+        from .session import Session
+
+        sess = Session.load(path)
+        self.guide = GuideState(sess, mode=mode, source=path)
+        self.sub_title = f"{'tutorial' if mode == 'tutorial' else 'replay'}: {sess.title}"
+
+    # ------------------------------------------------------------------ navigation
+    @property
+    def current(self) -> Optional[WorkbenchScreen]:
+        s = self.screen
+        return s if isinstance(s, WorkbenchScreen) else None
+
+    def action_show(self, name: str) -> None:
+        if name not in SCREEN_ORDER:
+            return
+        if isinstance(self.screen, WorkbenchScreen) and self.screen.SCREEN_NAME == name:
+            return
+        if not isinstance(self.screen, WorkbenchScreen):
+            return  # a modal is open; it decides
+        self.switch_screen(name)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "guide_next":
+            return self.guide is not None
+        if action == "toggle_guide":
+            return self.guide is not None
+        if action == "cancel":
+            return True if self.busy else None
+        return True
+
+    def action_toggle_guide(self) -> None:
+        if self.guide is not None:
+            self.guide.visible = not self.guide.visible
+            self.refresh_screen()
+
+    def action_help(self) -> None:
+        from .screens.dialogs import HelpModal
+
+        self.push_screen(HelpModal())
+
+    # ------------------------------------------------------------------ sessions
+    def ensure_session(self):
+        if self.session is None:
+            from .session import Session
+
+            title = "workbench session"
+            if self.guide is not None:
+                title = f"{self.guide.session.title} ({self.guide.mode})"
+            self.session = Session.new(title, guided=False, device=self.state.device)
+        return self.session
+
+    def action_save_session(self) -> None:
+        from .screens.dialogs import PathPrompt
+
+        default = self.state.show_path(str(self.session.path)) if self.session and self.session.path else "session.json"
+
+        def done(path: Optional[str]) -> None:
+            if not path:
+                return
+            try:
+                sess = self.ensure_session()
+                out = sess.save(self.state.path(path))
+            except UserError as e:
+                self.report_error(str(e))
+                return
+            self.notify(f"saved {len(sess)} step(s) to {self.state.show_path(str(out))}", title="session")
+
+        self.push_screen(PathPrompt("Save the session (every step taken so far) to:", default,
+                                    "relative paths are inside the work folder"), done)
+
+    def action_open_session(self) -> None:
+        from .screens.dialogs import PathPrompt
+
+        def done(path: Optional[str]) -> None:
+            if not path:
+                return
+            try:
+                p = self.state.path(path)
+                if p is None or not p.exists():
+                    raise UserError(f"{path}: no such session file; give a path to a saved session (.json)")
+                self.load_guided(p, mode="replay")
+            except UserError as e:
+                self.report_error(str(e))
+                return
+            self.notify(f"opened {path}: press n to replay each step", title="session")
+            self.refresh_screen()
+
+        self.push_screen(PathPrompt("Open a session file to replay step by step (n performs the next step):",
+                                    "session.json", "relative paths are inside the work folder"), done)
+
+    # ------------------------------------------------------------------ guided steps
+    def action_guide_next(self) -> None:
+        g = self.guide
+        if g is None:
+            return
+        if self.busy:
+            self.notify("a step is still running; wait for it or press x to cancel", severity="warning")
+            return
+        step = g.current_step
+        if step is None:
+            self.notify("all steps done", title=g.session.title)
+            return
+        index = g.index
+        screen = ACTION_SCREEN.get(step.action)
+        if screen and self.current and self.current.SCREEN_NAME != screen:
+            self.switch_screen(screen)
+
+        def finished(outcome: ActionOutcome) -> None:
+            g.finish(index, outcome.results, outcome.error, outcome.kind)
+            self.refresh_screen()
+            if outcome.kind == "ok":
+                left = len(g.session.steps) - g.index
+                self.notify(f"step {index + 1} done" + (f"; {left} to go (n)" if left else "; all steps done"),
+                            title=step.title)
+
+        self.perform(step.action, dict(step.params), guide=step.guide, on_finish=finished,
+                        label=f"step {index + 1}: {step.title}")
+
+    # ------------------------------------------------------------------ running actions
+    def action_cancel(self) -> None:
+        if self._token is not None and self.busy:
+            self._token.cancel()
+            self.progress_step = "cancelling..."
+            self.refresh_status()
+
+    def perform(self, action: str, params: dict[str, Any], *, guide: Optional[dict[str, str]] = None,
+                   on_done: Optional[Callable[[dict[str, Any]], None]] = None,
+                   on_finish: Optional[Callable[[ActionOutcome], None]] = None,
+                   label: Optional[str] = None, trusted: bool = False) -> bool:
+        """Run one action in a thread worker; record it, apply its results, then call back (UI thread)."""
+        if self.busy:
+            self.notify(f"{self.busy_label} is still running; wait or press x to cancel", severity="warning")
+            return False
+        if action in LOADS_NATIVE and params.get("kernel_bindings") and not trusted:
+            lib = self._library_of(params["kernel_bindings"])
+            if lib not in self.state.trusted:
+                from .screens.dialogs import TrustModal
+
+                def answered(ok: Optional[bool]) -> None:
+                    if ok:
+                        self.state.trusted.add(lib)
+                        self.perform(action, params, guide=guide, on_done=on_done, on_finish=on_finish,
+                                        label=label, trusted=True)
+                    else:
+                        outcome = ActionOutcome(action, params, error="not run: loading the kernel was declined",
+                                                kind="cancelled")
+                        self.notify("not run: you declined to load the kernel", severity="warning")
+                        if on_finish:
+                            on_finish(outcome)
+
+                self.push_screen(TrustModal(lib, self.state.show_path(params["kernel_bindings"])), answered)
+                return False
+        self.busy = action
+        self.busy_params = dict(params)
+        self.busy_label = label or action.replace("_", " ")
+        if action == "gate_perf":
+            self.state.samples = {"native": [], "external": []}
+        self.progress_step = "starting"
+        self.progress_fraction = 0.0
+        self.last_error = None
+        token = CancelToken()
+        self._token = token
+        self.refresh_status()
+        self.refresh_screen()
+        if self.current is not None:
+            self.current.on_action_started(action)
+        self.run_worker(lambda: self._action_thread(action, params, token, guide, on_done, on_finish),
+                        thread=True, group="action", name=action, exit_on_error=False)
+        return True
+
+    def _library_of(self, manifest: str) -> str:
+        """The library a manifest names (as shown), for the trust prompt; the manifest itself if unreadable."""
+        p = self.state.path(manifest)
+        try:
+            data = json.loads(Path(p).read_text(encoding="utf-8"))
+            libs = [b.get("library") for b in data.get("bindings", []) if isinstance(b, dict)]
+            if libs:
+                return ", ".join(self.state.show_path(str((Path(p).parent / lib))) if not Path(lib).is_absolute()
+                                 else lib for lib in libs)
+        except Exception:  # noqa: BLE001 - the action itself reports a bad manifest
+            pass
+        return self.state.show_path(manifest)
+
+    def _call_ui(self, fn: Callable, *args: Any) -> None:
+        try:
+            self.call_from_thread(fn, *args)
+        except Exception:  # noqa: BLE001 - the app is closing
+            pass
+
+    def _action_thread(self, action: str, params: dict[str, Any], token: CancelToken,
+                       guide: Optional[dict[str, str]], on_done, on_finish) -> None:
+        from . import actions
+
+        def progress(step: str, fraction: float) -> None:
+            self._call_ui(self._on_progress, step, fraction)
+
+        def on_sample(arm: str, index: int, value: float) -> None:
+            self._call_ui(self._on_sample, arm, index, value)
+
+        def log(line: str) -> None:
+            self._call_ui(self._on_log, line)
+
+        outcome = ActionOutcome(action, params)
+        try:
+            ctx = actions.ActionContext(workdir=self.state.workdir, progress=Progress(progress, token),
+                                        on_sample=on_sample, log=log, device=self.state.device)
+            results, error = actions.run_action(ctx, action, params)
+            if error is not None:
+                outcome.kind, outcome.error = "user", error
+            else:
+                outcome.results = results
+        except Cancelled:
+            outcome.kind, outcome.error = "cancelled", "cancelled"
+        except UserError as e:
+            outcome.kind, outcome.error = "user", str(e)
+        except Exception as e:  # noqa: BLE001 - shown in the UI, never a traceback screen
+            outcome.kind = "bug"
+            where = self._write_crash_log(action, params)
+            outcome.error = (f"unexpected error in {action}: {type(e).__name__}: {e}".replace("\n", " ")[:300]
+                             + f" (details in {where}; please report it)")
+        self._call_ui(self._action_done, outcome, guide, on_done, on_finish)
+
+    def _write_crash_log(self, action: str, params: dict[str, Any]) -> str:
+        path = self.state.workdir / "workbench-errors.log"
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"--- {action} {json.dumps(params, default=str)}\n{traceback.format_exc()}\n")
+        except OSError:
+            return "the terminal log"
+        return self.state.show_path(str(path))
+
+    def _on_progress(self, step: str, fraction: float) -> None:
+        self.progress_step, self.progress_fraction = step, fraction
+        self.refresh_status()
+        if self.current is not None:
+            self.current.on_action_progress(self.busy or "", step, fraction)
+
+    def _on_sample(self, arm: str, index: int, value: float) -> None:
+        ys = self.state.samples.setdefault(arm, [])
+        while len(ys) < index:
+            ys.append(float(value))  # a missed sample: keep the x axis aligned
+        if index < len(ys):
+            ys[index] = float(value)
+        else:
+            ys.append(float(value))
+        if self.current is not None:
+            self.current.on_action_sample(arm, index, value)
+
+    def _on_log(self, line: str) -> None:
+        self.state.log.append(line)
+        del self.state.log[:-500]
+        if self.current is not None:
+            self.current.on_action_log(line)
+
+    def _action_done(self, outcome: ActionOutcome, guide, on_done, on_finish) -> None:
+        self.busy = None
+        self.busy_params = None
+        self._token = None
+        self.progress_fraction = None
+        if outcome.kind == "ok":
+            self.progress_step = f"{outcome.action.replace('_', ' ')}: done"
+            try:
+                self.ensure_session().record(outcome.action, outcome.params, outcome.results, guide=guide)
+            except UserError as e:  # results not JSON: still shown, reported
+                self.notify(f"step not recorded: {e}", severity="warning")
+            try:
+                self.apply_results(outcome.action, outcome.params, outcome.results or {})
+            except UserError as e:
+                outcome.kind, outcome.error = "user", str(e)
+                self.report_error(str(e))
+            except Exception as e:  # noqa: BLE001
+                outcome.kind, outcome.error = "bug", f"could not show the results of {outcome.action}: {type(e).__name__}: {e}"
+                self.report_error(outcome.error)
+        elif outcome.kind == "cancelled":
+            self.progress_step = f"{outcome.action.replace('_', ' ')}: cancelled"
+            self.notify(f"{outcome.action.replace('_', ' ')} cancelled; nothing was written", severity="warning")
+        else:
+            self.progress_step = f"{outcome.action.replace('_', ' ')}: failed"
+            if outcome.kind == "user":
+                try:
+                    self.ensure_session().record(outcome.action, outcome.params, error=outcome.error, guide=guide)
+                except UserError:
+                    pass
+            self.report_error(outcome.error or "failed")
+        self.refresh_status()
+        if outcome.kind == "ok" and on_done is not None:
+            try:
+                on_done(outcome.results or {})
+            except Exception as e:  # noqa: BLE001
+                self.report_error(f"could not show the results: {type(e).__name__}: {e}")
+        if on_finish is not None:
+            on_finish(outcome)
+        self.refresh_screen()
+        if self.current is not None:
+            self.current.on_action_done(outcome)
+        self.post_message_done(outcome)
+
+    def post_message_done(self, outcome: ActionOutcome) -> None:
+        """Hook for tests: the last finished outcome."""
+        self.last_outcome = outcome
+
+    def report_error(self, text: str) -> None:
+        self.last_error = text
+        self.notify(text, title="error", severity="error", timeout=12)
+        if self.current is not None:
+            self.current.show_error(text)
+
+    def refresh_status(self) -> None:
+        if self.current is not None:
+            self.current.refresh_status()
+
+    def refresh_screen(self) -> None:
+        if self.current is not None:
+            self.current.refresh_view()
+
+    # ------------------------------------------------------------------ results -> state
+    def apply_results(self, action: str, params: dict[str, Any], results: dict[str, Any]) -> None:
+        from mcore.graph.snapshot import load_snapshot
+        from mcore.selection import load_receipt
+
+        st = self.state
+        if action == "capture_graph":
+            snap = load_snapshot(st.path(results["snapshot"]))
+            if st.snapshot is None or st.snapshot["fingerprint"] != snap["fingerprint"]:
+                st.marked = []
+            st.snapshot = snap
+            st.snapshot_path = results["snapshot"]
+            st.capture_results = results
+            st.listing = None
+            st.build_args = dict(params.get("build_args") or st.build_args)
+            st.engine_role = snap["metadata"]["engine_role"]
+            st.family_kind = "decoder" if snap["metadata"].get("family") == "qwen3" else "encoder"
+            if st.receipt is not None and st.receipt["graph_fingerprint"] != snap["fingerprint"]:
+                st.receipt = None
+        elif action == "list_nodes":
+            st.listing = {"match": params.get("match"), "last": params.get("last"), "ids": list(results.get("ids", []))}
+        elif action == "list_recipes":
+            pass  # the Region screen lists the snapshot's recipes
+        elif action in ("select_recipe", "select_nodes"):
+            st.receipt = load_receipt(st.path(results["receipt"]))
+            st.receipt_path = results["receipt"]
+            st.marked = list(st.receipt["node_ids"])
+        elif action == "build_kernel":
+            st.library = results.get("library")
+        elif action == "kernel_stub":
+            st.stub_path = results.get("path")
+            try:
+                st.stub_text = Path(st.path(st.stub_path)).read_text(encoding="utf-8")
+            except OSError:
+                st.stub_text = None
+        elif action == "write_bindings":
+            st.manifest = results.get("manifest") or params.get("manifest")
+            if params.get("library"):
+                st.library = params["library"]
+        elif action == "build_bundle":
+            arm = "slot" if (params.get("recipe") or params.get("graph_patch")) else "native"
+            st.bundles[arm] = dict(results, params=params)
+            if params.get("build_args"):
+                st.build_args = dict(params["build_args"])
+            if arm == "slot" and results.get("receipt"):
+                try:
+                    st.receipt = load_receipt(st.path(results["receipt"]))
+                    st.receipt_path = results["receipt"]
+                except UserError:
+                    pass
+        elif action in ("generate", "embed"):
+            arm = "external" if params.get("kernel_bindings") else "native"
+            st.outputs[arm] = dict(results, params=params, kind=action)
+            st.family_kind = "decoder" if action == "generate" else "encoder"
+        elif action in ("gate_tokens", "gate_embeddings"):
+            st.correctness = dict(results, kind=action)
+        elif action == "gate_perf":
+            st.perf = dict(results)
+
+
+def run_app(tutorial: Optional[str] = None, replay: Optional[str] = None, workdir: Optional[str] = None) -> int:
+    """Entry point used by workbench/cli.py."""
+    app = WorkbenchApp(tutorial=tutorial, replay=replay, workdir=workdir)
+    app.run()
+    return 0 if app.return_code in (None, 0) else int(app.return_code)

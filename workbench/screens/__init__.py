@@ -1,0 +1,1 @@
+"""The workbench screens: Model, Graph, Region, Kernel, Build, Verify, plus guide and dialogs."""

@@ -1,0 +1,317 @@
+"""Graph screen: the module tree beside the node table, `--match` filtering, node details
+(input/output tensors with dtypes, shapes, producer and consumers), following tensor edges
+with a history stack, recipe instances and hand-marked region nodes shown in the table."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+from rich.text import Text
+from textual import on
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widget import Widget
+from textual.widgets import DataTable, Input, OptionList, Static, Tree
+from textual.widgets.option_list import Option
+
+from mcore.graph.display import module_tree, node_matches, tensor_desc
+from mcore.graph.snapshot import SnapshotIndex
+from mcore.recipes import recipe_rows
+
+from .base import WorkbenchScreen
+
+MARK = "●"
+
+
+def recipe_membership(snapshot: dict[str, Any]) -> dict[str, str]:
+    """node id -> the recipe instance it belongs to (first one listed)."""
+    out: dict[str, str] = {}
+    for r in recipe_rows(snapshot):
+        for nid in r["node_ids"]:
+            out.setdefault(nid, r["instance"])
+    return out
+
+
+def in_scope(node: dict[str, Any], scope: str) -> bool:
+    if not scope:
+        return True
+    mp = node["module_path"]
+    return mp == scope or mp.startswith(scope + ".")
+
+
+def node_detail_text(ix: SnapshotIndex, nid: str, recipes: dict[str, str], marked: bool) -> Text:
+    n = ix.nodes[nid]
+    t = Text(no_wrap=False)
+    t.append(f"{nid} ", style="bold")
+    t.append(n["op"], style="bold cyan")
+    if n.get("category"):
+        t.append(f"  {n['category']}", style="dim")
+    t.append(f"\n{n['name']}", style="dim")
+    if n["module_path"]:
+        t.append(f"  [{n['module_path']}]", style="dim")
+    if nid in recipes:
+        t.append(f"\nrecipe instance: {recipes[nid]}", style="magenta")
+    if marked:
+        t.append(f"\n{MARK} marked for the region", style="yellow")
+    return t
+
+
+def edge_options(ix: SnapshotIndex, nid: str) -> list[Option]:
+    """One option per edge: inputs (to their producer) and outputs (to each consumer)."""
+    n = ix.nodes[nid]
+    opts: list[Option] = []
+    for tid in n["inputs"]:
+        t = ix.tensors[tid]
+        prod = t["producer"]
+        where = f"{prod} {ix.nodes[prod]['op']}" if prod else "graph input"
+        label = Text()
+        label.append("in  ", style="green")
+        label.append(f"{tid} {ix.tensor_label(tid)} {tensor_desc(t)} ")
+        label.append(f"← {where}", style="bold")
+        opts.append(Option(label, id=f"go:{prod}:{tid}" if prod else f"none:{tid}:in"))
+    for tid in n["outputs"]:
+        t = ix.tensors[tid]
+        cons = t["consumers"]
+        head = f"{tid} {ix.tensor_label(tid)} {tensor_desc(t)}"
+        if tid in ix.outputs:
+            label = Text()
+            label.append("out ", style="yellow")
+            label.append(f"{head} ")
+            label.append("→ network output", style="bold")
+            opts.append(Option(label, id=f"none:{tid}:out"))
+        for c in cons:
+            label = Text()
+            label.append("out ", style="yellow")
+            label.append(f"{head} ")
+            label.append(f"→ {c} {ix.nodes[c]['op']}", style="bold")
+            opts.append(Option(label, id=f"go:{c}:{tid}"))
+        if not cons and tid not in ix.outputs:
+            opts.append(Option(Text(f"out {head} (unused)", style="dim"), id=f"none:{tid}:unused"))
+    return opts
+
+
+class GraphScreen(WorkbenchScreen):
+    SCREEN_NAME = "graph"
+    BINDINGS = [
+        Binding("slash", "filter", "filter"),
+        Binding("space", "toggle_mark", "mark node"),
+        Binding("backspace", "back", "back"),
+        Binding("t", "toggle_focus", "tree/table"),
+        Binding("e", "edges", "edges", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._fp: Optional[str] = None
+        self.ix: Optional[SnapshotIndex] = None
+        self.recipes: dict[str, str] = {}
+        self.scope = ""
+        self.pattern = ""
+        self.history: list[str] = []
+        self.current: Optional[str] = None
+        self._rows: list[str] = []
+
+    def compose_body(self) -> Iterable[Widget]:
+        yield Static("", id="graph-empty", classes="empty")
+        with Horizontal(id="graph-split"):
+            yield Tree("graph", id="module-tree")
+            with Vertical(id="graph-right"):
+                yield Input(placeholder="/ filter: --match glob (id, op, category, name, module path)",
+                            id="graph-filter", compact=True)
+                table = DataTable(id="nodes", cursor_type="row", zebra_stripes=False)
+                yield table
+                with Vertical(id="node-details"):
+                    yield Static("", id="node-head")
+                    yield OptionList(id="edges", compact=True)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        t = self.query_one("#nodes", DataTable)
+        t.add_column(" ", key="mark", width=1)
+        t.add_column("id", key="id", width=9)
+        t.add_column("op", key="op", width=22)
+        t.add_column("recipe", key="recipe", width=14)
+        t.add_column("module", key="module")
+        self.query_one("#module-tree", Tree).show_root = True
+        self.refresh_view()
+
+    def focus_default(self) -> None:
+        if self.state.snapshot is not None and not isinstance(self.focused, Input):
+            self.query_one("#nodes", DataTable).focus()
+
+    # ------------------------------------------------------------------ state -> widgets
+    def refresh_view(self) -> None:
+        super().refresh_view()
+        if not self.is_mounted:
+            return
+        snap = self.state.snapshot
+        has = snap is not None
+        self.query_one("#graph-split").display = has
+        empty = self.query_one("#graph-empty", Static)
+        empty.display = not has
+        if not has:
+            empty.update(Text("No graph yet. Capture one on the Model screen (F1, then c).", style="dim"))
+            return
+        if snap["fingerprint"] != self._fp:
+            self._fp = snap["fingerprint"]
+            self.ix = SnapshotIndex(snap)
+            self.recipes = recipe_membership(snap)
+            self.history.clear()
+            self.scope = ""
+            self.build_tree()
+            self.fill_table()
+        else:
+            self.update_marks()
+
+    def build_tree(self) -> None:
+        snap = self.state.snapshot
+        tree = self.query_one("#module-tree", Tree)
+        tree.clear()
+        counts = module_tree(snap)
+        meta = snap["metadata"]
+        tree.root.set_label(f"{meta['engine_role']} ({counts.get('', 0)})")
+        tree.root.data = ""
+        nodes = {"": tree.root}
+        for path, count in counts.items():
+            if not path:
+                continue
+            parent_path, _, leaf = path.rpartition(".")
+            parent = nodes.get(parent_path, tree.root)
+            nodes[path] = parent.add(f"{leaf} ({count})", data=path, expand=path.count(".") < 1)
+        tree.root.expand()
+
+    def visible_nodes(self) -> list[dict[str, Any]]:
+        snap = self.state.snapshot
+        return [n for n in snap["nodes"] if in_scope(n, self.scope) and node_matches(n, self.pattern or None)]
+
+    def fill_table(self, keep: Optional[str] = None) -> None:
+        t = self.query_one("#nodes", DataTable)
+        keep = keep or self.current
+        t.clear()
+        marked = set(self.state.marked)
+        self._rows = []
+        for n in self.visible_nodes():
+            nid = n["id"]
+            t.add_row(MARK if nid in marked else "", nid, n["op"], self.recipes.get(nid, ""), n["module_path"], key=nid)
+            self._rows.append(nid)
+        if keep in self._rows:
+            t.move_cursor(row=self._rows.index(keep))
+            self.show_node(keep)
+        elif self._rows:
+            t.move_cursor(row=0)
+            self.show_node(self._rows[0])
+        else:
+            self.current = None
+            self.query_one("#node-head", Static).update(Text(f"no node matches {self.pattern!r}", style="dim"))
+            self.query_one("#edges", OptionList).clear_options()
+
+    def update_marks(self) -> None:
+        t = self.query_one("#nodes", DataTable)
+        marked = set(self.state.marked)
+        for nid in self._rows:
+            want = MARK if nid in marked else ""
+            if t.get_cell(nid, "mark") != want:
+                t.update_cell(nid, "mark", want)
+        if self.current:
+            self.show_node(self.current)
+
+    def show_node(self, nid: str) -> None:
+        if self.ix is None or nid not in self.ix.nodes:
+            return
+        self.current = nid
+        self.query_one("#node-head", Static).update(
+            node_detail_text(self.ix, nid, self.recipes, nid in set(self.state.marked)))
+        ol = self.query_one("#edges", OptionList)
+        ol.clear_options()
+        ol.add_options(edge_options(self.ix, nid))
+        if ol.option_count:
+            ol.highlighted = 0
+
+    # ------------------------------------------------------------------ events
+    @on(DataTable.RowHighlighted, "#nodes")
+    def row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.row_key is not None and event.row_key.value:
+            self.show_node(event.row_key.value)
+
+    @on(DataTable.RowSelected, "#nodes")
+    def row_selected(self, event: DataTable.RowSelected) -> None:
+        self.query_one("#edges", OptionList).focus()
+
+    @on(Tree.NodeSelected, "#module-tree")
+    def tree_selected(self, event: Tree.NodeSelected) -> None:
+        self.scope = event.node.data or ""
+        self.fill_table()
+
+    @on(Input.Changed, "#graph-filter")
+    def filter_changed(self, event: Input.Changed) -> None:
+        self.pattern = event.value.strip()
+        self.fill_table()
+
+    @on(Input.Submitted, "#graph-filter")
+    def filter_submitted(self) -> None:
+        self.query_one("#nodes", DataTable).focus()
+
+    @on(OptionList.OptionSelected, "#edges")
+    def edge_selected(self, event: OptionList.OptionSelected) -> None:
+        oid = event.option.id or ""
+        if not oid.startswith("go:"):
+            self.notify("this edge leads out of the graph (a graph input or output)", severity="information")
+            return
+        parts = oid[len("go:"):].split(":")  # node:N:tensor:M
+        self.follow(f"{parts[0]}:{parts[1]}")
+
+    # ------------------------------------------------------------------ navigation
+    def goto(self, nid: str) -> None:
+        if nid not in self._rows:
+            # the target is filtered out: show the whole graph
+            self.scope, self.pattern = "", ""
+            self.query_one("#graph-filter", Input).value = ""
+            self.fill_table(keep=nid)
+        t = self.query_one("#nodes", DataTable)
+        t.move_cursor(row=self._rows.index(nid))
+        self.show_node(nid)
+
+    def follow(self, nid: str) -> None:
+        if self.current:
+            self.history.append(self.current)
+        self.goto(nid)
+        self.query_one("#edges", OptionList).focus()
+
+    def action_back(self) -> None:
+        if isinstance(self.focused, Input):
+            return
+        if not self.history:
+            self.notify("no earlier node: follow an edge first (enter on an edge)", severity="information")
+            return
+        self.goto(self.history.pop())
+
+    def action_filter(self) -> None:
+        if self.state.snapshot is not None:
+            self.query_one("#graph-filter", Input).focus()
+
+    def action_edges(self) -> None:
+        self.query_one("#edges", OptionList).focus()
+
+    def action_toggle_focus(self) -> None:
+        tree = self.query_one("#module-tree", Tree)
+        if self.focused is tree:
+            self.query_one("#nodes", DataTable).focus()
+        else:
+            tree.focus()
+
+    def action_toggle_mark(self) -> None:
+        if self.state.snapshot is None or not self.current:
+            return
+        toggle_mark(self.state, self.current)
+        self.update_marks()
+        n = len(self.state.marked)
+        self.notify(f"{n} node(s) marked; F3 validates the region", timeout=2)
+
+
+def toggle_mark(state, nid: str) -> None:
+    if nid in state.marked:
+        state.marked.remove(nid)
+    else:
+        state.marked.append(nid)
+        order = {n["id"]: i for i, n in enumerate(state.snapshot["nodes"])}
+        state.marked.sort(key=lambda x: order.get(x, 0))

@@ -1,0 +1,171 @@
+"""Guided mode: the side panel that explains each step of a shipped (or opened) session, and
+the state of stepping through it (tutorial: perform each step; replay: also compare)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+# What the panel shows of a step's results, in order.
+SHOWN = {
+    "capture_graph": ("fingerprint", "nodes", "tensors", "recipes"),
+    "list_recipes": ("count",),
+    "list_nodes": ("count", "ids"),
+    "select_recipe": ("binding_id", "abi_sha256", "node_ids"),
+    "select_nodes": ("binding_id", "abi_sha256", "node_ids"),
+    "build_kernel": ("library", "variant"),
+    "kernel_stub": ("path", "abi_sha256"),
+    "write_bindings": ("manifest", "abi_sha256"),
+    "build_bundle": ("bundle", "fingerprints", "kernel_slots"),
+    "generate": ("tokens", "text"),
+    "embed": ("values",),
+    "gate_tokens": ("passed", "line"),
+    "gate_embeddings": ("passed", "max_abs", "cosine", "line"),
+    "gate_perf": ("passed", "ratio", "line"),
+}
+
+
+def stable_fields(action: str) -> tuple[str, ...]:
+    from ..actions import STABLE_KEYS
+
+    return tuple(STABLE_KEYS.get(action, ()))
+
+
+def short(value: Any, width: int = 60) -> str:
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:16] + "…"
+    if isinstance(value, float):
+        s = f"{value:.6g}"
+    elif isinstance(value, dict):
+        s = ", ".join(f"{k}={short(v, 24)}" for k, v in value.items())
+    elif isinstance(value, list):
+        if value and all(isinstance(v, (int, float)) for v in value):
+            head = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value[:8])
+            s = f"[{head}{', …' if len(value) > 8 else ''}] ({len(value)})"
+        else:
+            s = "[" + ", ".join(short(v, 30) for v in value[:4]) + (", …" if len(value) > 4 else "") + "]"
+    else:
+        s = str(value)
+    s = s.replace("\n", "⏎")
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+@dataclass
+class StepOutcome:
+    results: Optional[dict[str, Any]]
+    error: Optional[str]
+    kind: str  # ok | user | cancelled | bug
+    diffs: list[tuple[str, Any, Any]] = field(default_factory=list)
+
+    @property
+    def matched(self) -> bool:
+        return not self.diffs
+
+
+@dataclass
+class GuideState:
+    session: Any  # workbench.session.Session
+    mode: str = "tutorial"  # tutorial | replay
+    source: Optional[Path] = None
+    index: int = 0
+    visible: bool = True
+    outcomes: dict[int, StepOutcome] = field(default_factory=dict)
+
+    @property
+    def current_step(self):
+        steps = self.session.steps
+        return steps[self.index] if self.index < len(steps) else None
+
+    @property
+    def done(self) -> bool:
+        return self.index >= len(self.session.steps)
+
+    def finish(self, index: int, results: Optional[dict[str, Any]], error: Optional[str], kind: str) -> StepOutcome:
+        """Record what step `index` did now; compare it with the recording (replay.compare_step)."""
+        from ..replay import compare_step
+
+        step = self.session.steps[index]
+        diffs: list[tuple[str, Any, Any]] = []
+        if kind in ("ok", "user"):
+            status = "ok" if kind == "ok" else "error"
+            diffs = [(d.field, d.expected, d.actual) for d in compare_step(step, status, results, error)]
+        out = StepOutcome(results, error, kind, diffs)
+        self.outcomes[index] = out
+        # advance when the step ran (an expected error counts); never on a new failure or a cancel,
+        # so the user can fix the cause and press n again
+        advance = kind == "ok" or (kind == "user" and step.status == "error")
+        if advance and index == self.index:
+            self.index += 1
+        return out
+
+    @property
+    def mismatches(self) -> int:
+        return sum(1 for o in self.outcomes.values() if o.diffs)
+
+
+class GuidePanel(VerticalScroll):
+    """The side panel: current step's title and text, the last step's real results."""
+
+    can_focus = False
+
+    def compose(self):
+        yield Static("", id="guide-text")
+
+    def show_guide(self, g: Optional[GuideState]) -> None:
+        if g is None or not g.visible:
+            self.display = False
+            return
+        self.display = True
+        steps = g.session.steps
+        t = Text()
+        t.append("TUTORIAL" if g.mode == "tutorial" else "REPLAY", style="bold reverse")
+        t.append(f" {g.session.title}\n", style="bold")
+        last = g.index - 1
+        # the most recent outcome (possibly a failed current step)
+        shown = g.index if g.index in g.outcomes else last
+        if shown >= 0 and shown in g.outcomes:
+            o = g.outcomes[shown]
+            st = steps[shown]
+            ok = o.kind == "ok" or (o.kind == "user" and st.status == "error" and not o.diffs)
+            t.append(f"\n{'✓' if ok else '✗'} step {shown + 1}: {st.title}\n", style="green" if ok else "red")
+            if o.kind == "ok":
+                for k in SHOWN.get(st.action, ()):
+                    if k in (o.results or {}):
+                        t.append(f"  {k}: ", style="dim")
+                        t.append(short(o.results[k], 40) + "\n")
+            elif o.error:
+                t.append(f"  {o.error}\n", style="red")
+            if g.mode == "replay":
+                if o.diffs:
+                    for k, exp, act in o.diffs:
+                        t.append(f"  ≠ {k}\n", style="bold red")
+                        t.append(f"    expected {short(exp, 34)}\n")
+                        t.append(f"    actual   {short(act, 34)}\n")
+                elif o.kind in ("ok", "user"):
+                    t.append("  expected = actual\n", style="green")
+        step = g.current_step
+        if step is None:
+            t.append(f"\nAll {len(steps)} steps done.", style="bold")
+            if g.mode == "replay":
+                n = g.mismatches
+                t.append(f"\n{n} step(s) differ." if n else "\nEvery step matched.", style="red" if n else "green")
+            t.append("\n")
+        else:
+            t.append(f"\nstep {g.index + 1} of {len(steps)}: ", style="bold")
+            t.append(f"{step.title}\n", style="bold")
+            text = (step.guide or {}).get("text") or f"Perform {step.action}."
+            t.append(text + "\n")
+            if g.mode == "replay" and step.results:
+                t.append("expected:\n", style="dim")
+                for k in stable_fields(step.action)[:4]:
+                    if k in step.results:
+                        t.append(f"  {k}: {short(step.results[k], 30)}\n", style="dim")
+            t.append("\npress ", style="dim")
+            t.append("n", style="bold reverse")
+            t.append(" to perform this step", style="dim")
+        self.query_one("#guide-text", Static).update(t)

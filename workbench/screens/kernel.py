@@ -1,0 +1,210 @@
+"""Kernel screen: choose a DSO path or build a shipped kernel (build_kernel), generate the CuTe
+DSL exporter stub from the receipt (kernel_stub) and read it, run the exporter in a worker
+with this Python (its output shown; without the CuTe DSL its error line), and write the
+bindings manifest (write_bindings). Native code is loaded only later, after a trust prompt."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from rich.text import Text
+from textual import work
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widget import Widget
+from textual.widgets import Input, Label, RichLog, Static, TextArea
+
+from .base import WorkbenchScreen
+
+KERNEL_OUTPUTS = {"identity-copy": "kernel.so", "residual-add": "residual-add.so"}
+
+
+def _text_area(**kw) -> TextArea:
+    try:
+        return TextArea.code_editor("", language="python", read_only=True, **kw)
+    except Exception:  # noqa: BLE001 - no tree-sitter grammar: plain text, still read-only
+        return TextArea("", read_only=True, show_line_numbers=True, **kw)
+
+
+class KernelScreen(WorkbenchScreen):
+    SCREEN_NAME = "kernel"
+    BINDINGS = [
+        Binding("i", "build('identity-copy')", "identity-copy"),
+        Binding("a", "build('residual-add')", "residual-add"),
+        Binding("l", "use_path", "use DSO", show=False),
+        Binding("s", "stub", "stub"),
+        Binding("e", "export", "export"),
+        Binding("w", "bindings", "bindings"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._shown_stub: Optional[str] = None
+        self._exporting = False
+
+    def compose_body(self) -> Iterable[Widget]:
+        with Horizontal(id="dso-row"):
+            yield Label("DSO", classes="lbl")
+            yield Input(placeholder="path to a TVM-FFI .so (l uses it), or i / a builds a shipped kernel",
+                        id="dso-path", compact=True)
+        yield Static("", id="kernel-status")
+        yield Static("", id="stub-title", classes="section")
+        yield _text_area(id="stub-view")
+        yield RichLog(id="export-log", wrap=True, markup=False, min_width=20, max_lines=500)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.query_one("#export-log", RichLog).display = False
+        self.refresh_view()
+
+    # ------------------------------------------------------------------ state -> widgets
+    def refresh_view(self) -> None:
+        super().refresh_view()
+        if not self.is_mounted:
+            return
+        st = self.state
+        t = Text()
+        rec = st.receipt
+        t.append("receipt  ", style="dim")
+        if rec:
+            t.append(f"{rec['binding_id']}  abi {rec['abi_sha256'][:16]}…  {rec['abi']['call']}\n")
+        else:
+            t.append("none yet: save one on the Region screen (F3)\n", style="yellow")
+        t.append("library  ", style="dim")
+        t.append(f"{st.show_path(st.library) if st.library else '-'}\n")
+        t.append("manifest ", style="dim")
+        if st.manifest:
+            t.append(f"{st.show_path(st.manifest)}")
+        else:
+            t.append("- (w writes it once a receipt and a library are chosen)", style="dim")
+        self.query_one("#kernel-status", Static).update(t)
+        if st.library and not self.query_one("#dso-path", Input).value:
+            self.query_one("#dso-path", Input).value = st.show_path(st.library)
+        title = self.query_one("#stub-title", Static)
+        view = self.query_one("#stub-view", TextArea)
+        if st.stub_text is not None:
+            title.update(Text.assemble(("CuTe DSL exporter stub ", "bold"), (st.show_path(st.stub_path), ""),
+                                       ("  (read-only; e runs it)", "dim")))
+            if self._shown_stub != st.stub_text:
+                self._shown_stub = st.stub_text
+                view.load_text(st.stub_text)
+            view.display = True
+        else:
+            title.update(Text("s generates a CuTe DSL exporter stub from the receipt", style="dim"))
+            view.display = False
+
+    def focus_default(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ actions
+    def action_build(self, name: str) -> None:
+        out = KERNEL_OUTPUTS.get(name, f"{name}.so")
+
+        def done(results: dict[str, Any]) -> None:
+            self.query_one("#dso-path", Input).value = self.state.show_path(results.get("library"))
+            self.wb.notify(f"built {name}: {results.get('description') or results.get('variant')}", title="kernel")
+
+        self.wb.perform("build_kernel", {"name": name, "output": out, "overwrite": True}, on_done=done,
+                           label=f"build {name} kernel")
+
+    def action_use_path(self) -> None:
+        text = self.query_one("#dso-path", Input).value.strip()
+        if not text:
+            self.wb.report_error("type the DSO's path first (relative paths are inside the work folder)")
+            return
+        p = self.state.path(text)
+        if not p.is_file():
+            self.wb.report_error(f"{text}: no such file; build a kernel (i / a) or give the path of a .so")
+            return
+        self.state.library = text
+        self.refresh_view()
+        self.wb.notify(f"using {text}; w writes the bindings manifest", title="kernel")
+
+    def action_stub(self) -> None:
+        st = self.state
+        if st.receipt_path is None or st.snapshot_path is None:
+            self.wb.report_error("no receipt yet: capture a graph (F1) and save a selection on the Region screen (F3)")
+            return
+        out = f"export_{st.receipt['binding_id'].split('@')[0].replace('.', '_')}.py"
+        self.wb.perform("kernel_stub", {"receipt": st.receipt_path, "snapshot": st.snapshot_path, "output": out},
+                           label="generate the CuTe DSL stub")
+
+    def action_bindings(self) -> None:
+        st = self.state
+        typed = self.query_one("#dso-path", Input).value.strip()
+        if typed and typed != st.show_path(st.library):
+            st.library = typed
+        if st.receipt_path is None:
+            self.wb.report_error("no receipt yet: save a selection on the Region screen (F3) or build a slot-ready "
+                                 "bundle from a recipe (F5)")
+            return
+        if not st.library:
+            self.wb.report_error("no library yet: build one (i / a) or type a DSO path and press l")
+            return
+        self.wb.perform("write_bindings", {"receipt": st.receipt_path, "library": st.show_path(st.library),
+                                              "manifest": "kernel-bindings.json"},
+                           label="write the bindings manifest")
+
+    # ------------------------------------------------------------------ exporter run
+    def action_export(self) -> None:
+        st = self.state
+        if st.stub_path is None:
+            self.wb.report_error("no stub yet: press s to generate the exporter stub first")
+            return
+        if self._exporting:
+            self.notify("the exporter is already running", severity="warning")
+            return
+        stem = Path(st.stub_path).stem.replace("export_", "") or "kernel"
+        n, out = 1, f"{stem}.cute.so"
+        while st.path(out).exists():
+            n += 1
+            out = f"{stem}.cute-{n}.so"
+        cmd = [sys.executable, str(st.path(st.stub_path)), "--snapshot", st.snapshot_path or "",
+               "--selection", st.receipt_path or "", "--output", out]
+        log = self.query_one("#export-log", RichLog)
+        log.display = True
+        log.clear()
+        log.write(Text(f"$ python {st.show_path(st.stub_path)} --snapshot {st.snapshot_path} "
+                       f"--selection {st.receipt_path} --output {out}", style="dim"))
+        self._exporting = True
+        self.run_export(cmd, str(st.workdir), out)
+
+    @work(thread=True, exclusive=True, group="export")
+    def run_export(self, cmd: list[str], cwd: str, out: str) -> None:
+        lines: list[str] = []
+        try:
+            proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                lines.append(line)
+                self.app.call_from_thread(self._export_line, line)
+            rc = proc.wait()
+        except OSError as e:
+            rc = -1
+            lines.append(f"could not start the exporter: {e}")
+            self.app.call_from_thread(self._export_line, lines[-1])
+        self.app.call_from_thread(self._export_done, rc, lines, out)
+
+    def _export_line(self, line: str) -> None:
+        style = "red" if "error" in line.lower() else ""
+        self.query_one("#export-log", RichLog).write(Text(line, style=style))
+
+    def _export_done(self, rc: int, lines: list[str], out: str) -> None:
+        self._exporting = False
+        log = self.query_one("#export-log", RichLog)
+        if rc == 0:
+            dso = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("dso=")), None)
+            if dso:
+                self.state.library = out
+                self.query_one("#dso-path", Input).value = out
+            log.write(Text(f"exported {out}; w binds it", style="green"))
+            self.refresh_view()
+        else:
+            last = next((ln for ln in reversed(lines) if ln.strip()), f"exit code {rc}")
+            log.write(Text(f"export failed (exit {rc})", style="bold red"))
+            self.wb.report_error(f"exporter: {last} — run it on a GPU box with the CuTe DSL "
+                                 "(pip install nvidia-cutlass-dsl)")

@@ -1,0 +1,324 @@
+"""Model screen: pick a model (demo, local checkpoint folder, local Hugging Face cache) and the
+build arguments; every change is validated (BuildArgs.validate, then the family's own rules)
+and the error is shown inline. `c` captures the chosen engine role's graph."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Optional
+
+from rich.text import Text
+from textual import on, work
+from textual.binding import Binding
+from textual.css.query import NoMatches
+from textual.containers import Grid, Vertical
+from textual.widget import Widget
+from textual.widgets import Input, Label, OptionList, Select, Static
+from textual.widgets.option_list import Option
+
+from mcore.buildargs import LAYOUTS, PRECISIONS, WEIGHTS, BuildArgs
+from mcore.errors import UserError
+
+from .base import WorkbenchScreen
+
+DEVICES = ("cpu", "cuda")
+
+
+def demo_models() -> list[str]:
+    from mcore.families.demo import demo_names
+
+    return [f"demo:{n}" for n in demo_names()]
+
+
+def hf_cache_models() -> tuple[list[tuple[str, str, str]], Optional[str]]:
+    """[(repo_id, commit, label)] of model repos in the local Hugging Face cache (no network), and a note."""
+    try:
+        from huggingface_hub import scan_cache_dir
+        from huggingface_hub.errors import CacheNotFound
+    except Exception:  # noqa: BLE001
+        return [], "huggingface_hub is not installed"
+    try:
+        info = scan_cache_dir(os.environ.get("HF_HUB_CACHE") or None)
+    except CacheNotFound:
+        return [], "no Hugging Face cache on this machine"
+    except Exception as e:  # noqa: BLE001 - a damaged cache must not stop the screen
+        return [], f"could not scan the Hugging Face cache ({type(e).__name__})"
+    rows = []
+    for repo in sorted(info.repos, key=lambda r: r.repo_id):
+        if repo.repo_type != "model":
+            continue
+        for rev in sorted(repo.revisions, key=lambda r: r.commit_hash):
+            refs = ",".join(sorted(rev.refs)) if rev.refs else ""
+            if not (rev.snapshot_path / "config.json").exists():
+                continue
+            label = f"{repo.repo_id} @{rev.commit_hash[:10]}" + (f" ({refs})" if refs else "")
+            rows.append((repo.repo_id, rev.commit_hash, label))
+    return rows, (None if rows else "no checkpoints (with config.json) in the Hugging Face cache")
+
+
+def _int_or_none(text: str, name: str) -> Optional[int]:
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"--{name} {text!r} is not an integer; type a whole number or leave it empty for the default")
+
+
+class ModelScreen(WorkbenchScreen):
+    SCREEN_NAME = "model"
+    BINDINGS = [
+        Binding("c", "capture", "capture graph"),
+        Binding("r", "rescan", "rescan HF cache", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._resolve_serial = 0
+        self._hf: list[tuple[str, str, str]] = []
+        self._hf_note: Optional[str] = "scanning the Hugging Face cache…"
+        self.family: Optional[str] = None
+        self.kind: Optional[str] = None
+        self.roles: tuple[str, ...] = ()
+        self.args_error: Optional[str] = None
+        self._filling = False
+
+    def compose_body(self) -> Iterable[Widget]:
+        with Vertical(id="model-pick"):
+            yield Static("Model: a demo, a checkpoint folder or a hub ID (press enter on a list entry)",
+                         classes="section")
+            yield Input(placeholder="demo:qwen3-tiny, /path/to/checkpoint or org/name", id="model-spec", compact=True)
+            yield OptionList(id="model-list", compact=True)
+        with Grid(id="args-form"):
+            yield Label("revision", classes="lbl")
+            yield Input(placeholder="(not pinned)", id="arg-revision", compact=True)
+            yield Label("precision", classes="lbl")
+            yield Select([(p, p) for p in PRECISIONS], value="fp32", allow_blank=False, id="arg-precision", compact=True)
+            yield Label("cache length", classes="lbl")
+            yield Input(placeholder="decoders; default", id="arg-cache", compact=True, restrict=r"[0-9]*")
+            yield Label("layout", classes="lbl")
+            yield Select([("default (split)", "")] + [(x, x) for x in LAYOUTS], value="", allow_blank=False,
+                         id="arg-layout", compact=True)
+            yield Label("max seq length", classes="lbl")
+            yield Input(placeholder="encoders; default 256", id="arg-seq", compact=True, restrict=r"[0-9]*")
+            yield Label("weights", classes="lbl")
+            yield Select([(w, w) for w in WEIGHTS], value="checkpoint", allow_blank=False, id="arg-weights",
+                         compact=True)
+            yield Label("device", classes="lbl")
+            yield Select([(d, d) for d in DEVICES], value="cpu", allow_blank=False, id="arg-device", compact=True)
+            yield Label("engine role", classes="lbl")
+            yield Select([], prompt="(pick a model)", id="arg-role", compact=True)
+        yield Static("", id="args-status")
+
+    # ------------------------------------------------------------------ lifecycle
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.fill_from_state()
+        self.fill_list()
+        self.scan_hf()
+
+    def focus_default(self) -> None:
+        if self.wb.guide is None:
+            self.query_one("#model-list", OptionList).focus()
+
+    def fill_from_state(self) -> None:
+        a = self.state.build_args
+        self._filling = True
+        self.query_one("#model-spec", Input).value = str(a.get("model") or "")
+        self.query_one("#arg-revision", Input).value = a.get("model_revision") or ""
+        self.query_one("#arg-precision", Select).value = a.get("precision") or "fp32"
+        self.query_one("#arg-cache", Input).value = str(a.get("max_cache_length") or "")
+        self.query_one("#arg-layout", Select).value = a.get("decoder_engine_layout") or ""
+        self.query_one("#arg-seq", Input).value = str(a.get("max_seq_length") or "")
+        self.query_one("#arg-weights", Select).value = a.get("weights") or "checkpoint"
+        self.query_one("#arg-device", Select).value = self.state.device if self.state.device in DEVICES else "cpu"
+        self._filling = False
+        self.model_changed()
+
+    def refresh_view(self) -> None:
+        super().refresh_view()
+        if not self.is_mounted:
+            return
+        # a guided capture changes the build args: show them
+        spec = self.query_one("#model-spec", Input).value.strip()
+        if spec != str(self.state.build_args.get("model") or ""):
+            self.fill_from_state()
+        self.show_status()
+
+    def fill_list(self) -> None:
+        ol = self.query_one("#model-list", OptionList)
+        ol.clear_options()
+        items: list[Any] = []
+        for name in demo_models():
+            items.append(Option(f"{name}   demo, offline, seeded", id=f"spec:{name}|"))
+        for repo, commit, label in self._hf:
+            items.append(Option(f"{label}   HF cache", id=f"spec:{repo}|{commit}"))
+        ol.add_options(items)
+        if self._hf_note:
+            ol.add_option(Option(Text(self._hf_note, style="dim"), disabled=True))
+
+    @work(thread=True, exclusive=True, group="hfscan")
+    def scan_hf(self) -> None:
+        rows, note = hf_cache_models()
+        self.app.call_from_thread(self._hf_scanned, rows, note)
+
+    def _hf_scanned(self, rows, note) -> None:
+        self._hf, self._hf_note = rows, note
+        if self.is_mounted:
+            self.fill_list()
+
+    def action_rescan(self) -> None:
+        self._hf_note = "scanning the Hugging Face cache…"
+        self.fill_list()
+        self.scan_hf()
+
+    # ------------------------------------------------------------------ events
+    @on(OptionList.OptionSelected, "#model-list")
+    def picked(self, event: OptionList.OptionSelected) -> None:
+        oid = event.option.id or ""
+        if not oid.startswith("spec:"):
+            return
+        spec, _, commit = oid[len("spec:"):].partition("|")
+        self._filling = True
+        self.query_one("#model-spec", Input).value = spec
+        self.query_one("#arg-revision", Input).value = commit
+        self._filling = False
+        self.model_changed()
+
+    @on(Input.Changed, "#model-spec")
+    def spec_changed(self) -> None:
+        if not self._filling:
+            self.model_changed()
+
+    @on(Input.Changed, "#arg-revision, #arg-cache, #arg-seq")
+    @on(Select.Changed, "#arg-precision, #arg-layout, #arg-weights, #arg-device, #arg-role")
+    def arg_changed(self) -> None:
+        if not self._filling:
+            self.validate_args()
+
+    def model_changed(self) -> None:
+        self.family, self.kind, self.roles = None, None, ()
+        self._resolve_serial += 1
+        self.validate_args()
+
+    # ------------------------------------------------------------------ validation
+    def read_args(self) -> BuildArgs:
+        """The form as BuildArgs; raises UserError (shown inline) for bad input."""
+        q = self.query_one
+        layout = q("#arg-layout", Select).value
+        return BuildArgs(
+            model=q("#model-spec", Input).value.strip(),
+            model_revision=q("#arg-revision", Input).value.strip() or None,
+            precision=str(q("#arg-precision", Select).value),
+            max_cache_length=_int_or_none(q("#arg-cache", Input).value, "max-cache-length"),
+            decoder_engine_layout=(str(layout) if layout and layout is not Select.BLANK else None),
+            max_seq_length=_int_or_none(q("#arg-seq", Input).value, "max-seq-length"),
+            weights=str(q("#arg-weights", Select).value),
+        )
+
+    def validate_args(self) -> None:
+        """Cheap checks now; the family's rules (model resolution) in a worker."""
+        try:
+            args = self.read_args().validate()
+            device = str(self.query_one("#arg-device", Select).value)
+            if device == "cuda" and not _cuda_available():
+                raise UserError("device cuda: no CUDA GPU is visible on this machine; choose cpu")
+        except UserError as e:
+            self.args_error = str(e)
+            self.show_status()
+            return
+        self.args_error = None
+        self.show_status()
+        self.resolve_family(args, self._resolve_serial)
+
+    @work(thread=True, exclusive=True, group="resolve")
+    def resolve_family(self, args: BuildArgs, serial: int) -> None:
+        from mcore.graph.capture import resolve
+
+        try:
+            _source, family, _gargs = resolve(args)
+            result = (family.name, family.kind, tuple(family.roles), None)
+        except UserError as e:
+            result = (None, None, (), str(e))
+        except Exception as e:  # noqa: BLE001 - shown inline
+            result = (None, None, (), f"{args.model}: could not read the model ({type(e).__name__}: {e})")
+        self.app.call_from_thread(self._resolved, serial, *result)
+
+    def _resolved(self, serial: int, family, kind, roles, error) -> None:
+        if not self.is_mounted or not self.app.is_running or serial != self._resolve_serial:
+            return
+        self.family, self.kind, self.roles = family, kind, roles
+        self.args_error = error
+        role_sel = self.query_one("#arg-role", Select)
+        current = role_sel.value
+        if roles:
+            want = self.state.engine_role if self.state.engine_role in roles else None
+            if current in roles:
+                want = current
+            self._filling = True
+            try:
+                role_sel.set_options([(r, r) for r in roles])
+                role_sel.value = want or ("decode" if "decode" in roles else roles[0])
+            except NoMatches:  # the app is closing
+                return
+            finally:
+                self._filling = False
+        self.show_status()
+
+    def show_status(self) -> None:
+        if not self.is_mounted:
+            return
+        t = Text()
+        if self.args_error:
+            t.append("✗ ", style="bold red")
+            t.append(self.args_error, style="red")
+        elif self.family:
+            t.append("✓ ", style="bold green")
+            t.append(f"family {self.family} ({self.kind}); roles {', '.join(self.roles)}")
+            t.append(" · press ", style="dim")
+            t.append("c", style="bold reverse")
+            t.append(" to capture", style="dim")
+        else:
+            t.append("checking the model…", style="dim")
+        snap = self.state.snapshot
+        if snap is not None:
+            m = snap["metadata"]
+            t.append(f"\ncaptured: {m['model']} {m['engine_role']}  {len(snap['nodes'])} nodes  "
+                     f"fingerprint {snap['fingerprint'][:16]}…", style="dim")
+        self.query_one("#args-status", Static).update(t)
+
+    # ------------------------------------------------------------------ capture
+    def action_capture(self) -> None:
+        if self.args_error:
+            self.wb.report_error(self.args_error)
+            return
+        try:
+            args = self.read_args().validate()
+        except UserError as e:
+            self.wb.report_error(str(e))
+            return
+        role = self.query_one("#arg-role", Select).value
+        if not self.roles or role is Select.BLANK or role not in self.roles:
+            self.wb.report_error("the model is still being checked (or has no engine roles); wait a moment, then press c")
+            return
+        self.state.device = str(self.query_one("#arg-device", Select).value)
+        self.state.build_args = args.to_dict()
+        self.state.family_kind = self.kind
+        params = {"build_args": args.to_dict(), "engine_role": str(role), "snapshot": f"{role}.graph.json"}
+
+        def done(results: dict[str, Any]) -> None:
+            self.wb.notify(f"captured {results.get('nodes')} nodes; fingerprint {str(results.get('fingerprint'))[:16]}…",
+                           title="capture")
+            self.wb.switch_screen("graph")
+
+        self.wb.perform("capture_graph", params, on_done=done, label=f"capture {role} graph")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False

@@ -1,0 +1,290 @@
+"""Region screen: pick a recipe instance or use the nodes marked by hand; every change is
+validated live with mcore.selection.select_region (the failed rule and the offending node or
+tensor are named); the ordered ABI table and its hash; `s` saves the receipt through the
+select_recipe / select_nodes action."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Optional
+
+from rich.text import Text
+from textual import on
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.widget import Widget
+from textual.widgets import DataTable, Input, Label, Static
+
+from mcore.errors import UserError
+from mcore.graph.display import abi_lines
+from mcore.recipes import find_recipe, recipe_rows, select_recipe
+from mcore.selection import RegionError, select_region
+
+from .base import WorkbenchScreen
+
+
+def parse_extra_args(text: str) -> list[Any]:
+    text = text.strip()
+    if not text:
+        return []
+    try:
+        v = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RegionError("extra_args", None,
+                          f'extra args: not JSON ({e.msg}); type a list like [{{"type":"int","value":32}}] or leave it empty')
+    if isinstance(v, dict):
+        v = [v]
+    if not isinstance(v, list):
+        raise RegionError("extra_args", None, 'extra args: expected a JSON list like [{"type":"int","value":32}]')
+    return v
+
+
+def parse_int(text: str, what: str, rule: str) -> Optional[int]:
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise RegionError(rule, None, f"{what} {text!r} is not an integer")
+
+
+class RegionScreen(WorkbenchScreen):
+    SCREEN_NAME = "region"
+    BINDINGS = [
+        Binding("s", "save", "save receipt"),
+        Binding("m", "manual", "manual"),
+        Binding("space", "unmark", "unmark", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._fp: Optional[str] = None
+        self.recipe: Optional[tuple[str, str]] = None  # (id, instance) when picked from a recipe
+        self.preview: Optional[dict[str, Any]] = None
+        self.error: Optional[RegionError | UserError] = None
+        self._filling = False
+        self._marked_seen: list[str] = []
+
+    def compose_body(self) -> Iterable[Widget]:
+        yield Static("", id="region-empty", classes="empty")
+        with Vertical(id="region-main"):
+            with Horizontal(id="region-top"):
+                yield DataTable(id="recipes", cursor_type="row")
+                yield DataTable(id="marked", cursor_type="row")
+            with Grid(id="region-form"):
+                yield Label("binding id", classes="lbl")
+                yield Input(id="binding-id", compact=True)
+                yield Label("workspace", classes="lbl")
+                yield Input("0", id="workspace", compact=True, restrict=r"[0-9]*")
+                yield Label("extra args", classes="lbl")
+                yield Input(placeholder='[] or [{"type":"int","value":32}]', id="extra-args", compact=True)
+                yield Label("out shape like", classes="lbl")
+                yield Input(placeholder="input index (dynamic output)", id="out-like", compact=True,
+                            restrict=r"[0-9]*")
+            yield Static("", id="region-check")
+            with VerticalScroll(id="abi-scroll"):
+                yield Static("", id="abi")
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        r = self.query_one("#recipes", DataTable)
+        r.add_column("recipe", key="id")
+        r.add_column("instance", key="instance")
+        r.add_column("nodes", key="nodes")
+        m = self.query_one("#marked", DataTable)
+        m.add_column("marked", key="id", width=9)
+        m.add_column("op", key="op")
+        self.refresh_view()
+
+    def focus_default(self) -> None:
+        if self.state.snapshot is not None and not isinstance(self.focused, Input):
+            self.query_one("#recipes", DataTable).focus()
+
+    # ------------------------------------------------------------------ state -> widgets
+    def refresh_view(self) -> None:
+        super().refresh_view()
+        if not self.is_mounted:
+            return
+        snap = self.state.snapshot
+        self.query_one("#region-main").display = snap is not None
+        empty = self.query_one("#region-empty", Static)
+        empty.display = snap is None
+        if snap is None:
+            empty.update(Text("No graph yet. Capture one on the Model screen (F1, then c); then pick a recipe "
+                              "here or mark nodes with space on the Graph screen (F2).", style="dim"))
+            return
+        if snap["fingerprint"] != self._fp:
+            self._fp = snap["fingerprint"]
+            self.fill_recipes()
+            self.recipe = None
+        rec = self.state.receipt
+        if rec is not None and rec["graph_fingerprint"] == snap["fingerprint"] and \
+                list(rec["node_ids"]) == list(self.state.marked) and self._marked_seen != self.state.marked:
+            # a saved (or guided) receipt: show its parameters
+            self.fill_from_receipt(rec)
+        self._marked_seen = list(self.state.marked)
+        self.fill_marked()
+        self.validate()
+
+    def fill_recipes(self) -> None:
+        t = self.query_one("#recipes", DataTable)
+        t.clear()
+        for i, r in enumerate(recipe_rows(self.state.snapshot)):
+            t.add_row(r["id"], r["instance"], ",".join(r["node_ids"]), key=f"{i}")
+
+    def fill_marked(self) -> None:
+        t = self.query_one("#marked", DataTable)
+        t.clear()
+        nodes = {n["id"]: n for n in self.state.snapshot["nodes"]}
+        for nid in self.state.marked:
+            t.add_row(nid, nodes[nid]["op"] if nid in nodes else "?", key=nid)
+
+    def fill_from_receipt(self, rec: dict[str, Any]) -> None:
+        self._filling = True
+        self.recipe = (rec["recipe"]["id"], rec["recipe"]["instance"]) if rec.get("recipe") else None
+        self.query_one("#binding-id", Input).value = rec["binding_id"]
+        self.query_one("#workspace", Input).value = str(rec["workspace_bytes"])
+        self.query_one("#extra-args", Input).value = json.dumps(rec["extra_args"]) if rec["extra_args"] else ""
+        osi = rec["output_shape_input"]
+        self.query_one("#out-like", Input).value = "" if osi is None else str(osi)
+        self._filling = False
+
+    # ------------------------------------------------------------------ validation
+    def current_params(self) -> dict[str, Any]:
+        q = self.query_one
+        binding = q("#binding-id", Input).value.strip()
+        workspace = parse_int(q("#workspace", Input).value, "workspace bytes", "workspace")
+        return {
+            "node_ids": list(self.state.marked),
+            "binding_id": binding,
+            "workspace_bytes": 0 if workspace is None else workspace,
+            "extra_args": parse_extra_args(q("#extra-args", Input).value),
+            "output_shape_input": parse_int(q("#out-like", Input).value, "--output-shape-like-input", "output_shape"),
+        }
+
+    def recipe_still_applies(self, p: dict[str, Any]) -> bool:
+        if self.recipe is None:
+            return False
+        try:
+            r = find_recipe(self.state.snapshot, *self.recipe)
+        except UserError:
+            return False
+        return (p["binding_id"] in ("", self.recipe[0]) and list(r["node_ids"]) == p["node_ids"] and r["workspace_bytes"] == p["workspace_bytes"]
+                and list(r["extra_args"]) == p["extra_args"] and r["output_shape_input"] == p["output_shape_input"])
+
+    def validate(self) -> None:
+        snap = self.state.snapshot
+        self.preview, self.error = None, None
+        try:
+            p = self.current_params()
+            if self.recipe is not None and not self.recipe_still_applies(p):
+                self.recipe = None  # edited by hand: now a manual selection
+            if self.recipe is not None:
+                self.preview = select_recipe(snap, self.recipe[0], self.recipe[1])
+            else:
+                self.preview = select_region(snap, p["node_ids"], p["binding_id"], p["workspace_bytes"],
+                                             p["extra_args"], p["output_shape_input"])
+        except RegionError as e:
+            self.error = e
+        except UserError as e:
+            self.error = e
+        self.show_check()
+
+    def show_check(self) -> None:
+        t = Text()
+        mode = f"recipe {self.recipe[0]} {self.recipe[1]}" if self.recipe else "manual selection"
+        if self.error is not None:
+            rule = getattr(self.error, "rule", "input")
+            subject = getattr(self.error, "subject", None)
+            t.append("✗ ", style="bold red")
+            t.append(f"rule {rule}", style="bold red")
+            if subject:
+                t.append(f" · {subject}", style="bold")
+            t.append(f": {self.error}", style="red")
+        elif self.preview is not None:
+            p = self.preview
+            t.append("✓ ", style="bold green")
+            t.append(f"valid {mode}: {len(p['node_ids'])} node(s), {len(p['input_tensor_ids'])} input(s), "
+                     f"1 output · s saves the receipt", style="green")
+        self.query_one("#region-check", Static).update(t)
+        abi = self.query_one("#abi", Static)
+        saved = self.state.receipt
+        if self.preview is not None:
+            lines = abi_lines(self.preview)
+            head = Text()
+            is_saved = saved is not None and saved["abi_sha256"] == self.preview["abi_sha256"] and \
+                saved["node_ids"] == self.preview["node_ids"] and saved["binding_id"] == self.preview["binding_id"]
+            head.append("ABI (call order)" + ("  · saved as " + self.state.show_path(self.state.receipt_path)
+                                               if is_saved else "  · not saved yet"), style="bold")
+            body = Text("\n".join(lines))
+            abi.update(Text.assemble(head, "\n", body))
+        else:
+            abi.update(Text("The ABI table appears when the selection is valid.", style="dim"))
+
+    # ------------------------------------------------------------------ events
+    @on(DataTable.RowSelected, "#recipes")
+    def recipe_picked(self, event: DataTable.RowSelected) -> None:
+        rows = recipe_rows(self.state.snapshot)
+        r = rows[int(event.row_key.value)]
+        self.recipe = (r["id"], r["instance"])
+        self.state.marked = list(r["node_ids"])
+        self._marked_seen = list(self.state.marked)
+        self._filling = True
+        self.query_one("#binding-id", Input).value = r["id"]
+        self.query_one("#workspace", Input).value = str(r["workspace_bytes"])
+        self.query_one("#extra-args", Input).value = json.dumps(r["extra_args"]) if r["extra_args"] else ""
+        osi = r["output_shape_input"]
+        self.query_one("#out-like", Input).value = "" if osi is None else str(osi)
+        self._filling = False
+        self.fill_marked()
+        self.validate()
+
+    @on(Input.Changed, "#binding-id, #workspace, #extra-args, #out-like")
+    def param_changed(self) -> None:
+        if not self._filling:
+            self.validate()
+
+    def action_unmark(self) -> None:
+        t = self.query_one("#marked", DataTable)
+        if self.focused is not t or not self.state.marked:
+            return
+        row = t.cursor_row
+        if 0 <= row < len(self.state.marked):
+            self.state.marked.pop(row)
+            self._marked_seen = list(self.state.marked)
+            self.fill_marked()
+            self.validate()
+
+    def action_manual(self) -> None:
+        self.recipe = None
+        if not self.query_one("#binding-id", Input).value.strip():
+            fam = self.state.snapshot["metadata"].get("family", "my") if self.state.snapshot else "my"
+            self.query_one("#binding-id", Input).value = f"{fam}.custom@1"
+        self.validate()
+        self.query_one("#binding-id", Input).focus()
+
+    def action_save(self) -> None:
+        if self.state.snapshot is None:
+            return
+        self.validate()
+        if self.error is not None or self.preview is None:
+            self.wb.report_error(f"not saved: {self.error or 'no valid selection'}")
+            return
+        p = self.current_params()
+        binding = self.preview["binding_id"]
+        receipt = f"{binding}.selection.json"
+        if self.recipe is not None:
+            params = {"snapshot": self.state.snapshot_path, "recipe_id": self.recipe[0], "instance": self.recipe[1],
+                      "receipt": receipt}
+            action = "select_recipe"
+        else:
+            params = {"snapshot": self.state.snapshot_path, "node_ids": p["node_ids"], "binding_id": binding,
+                      "workspace_bytes": p["workspace_bytes"], "extra_args": p["extra_args"],
+                      "output_shape_input": p["output_shape_input"], "receipt": receipt}
+            action = "select_nodes"
+
+        def done(results: dict[str, Any]) -> None:
+            self.wb.notify(f"receipt saved: abi_sha256 {str(results.get('abi_sha256'))[:16]}…", title="region")
+
+        self.wb.perform(action, params, on_done=done, label="save the selection receipt")

@@ -1,0 +1,237 @@
+"""Verify screen: the correctness gate (decoders: generate native + external, gate_tokens;
+encoders: embed both, gate_embeddings), the performance gate with a live plot of per-run
+throughput for native vs external (gate_perf streams samples), and the verdict: PROMOTE only
+when both gates pass, else REJECT with the reason."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.containers import Grid, Vertical
+from textual.widget import Widget
+from textual.widgets import Input, Label, Static
+
+from ..widgets.plot import ThroughputPlot
+from .base import WorkbenchScreen
+
+DEFAULT_PROMPT = "Explain grouped-query attention, KV caching, and decode latency."
+DEFAULT_ENCODER_PROMPT = "The quick brown fox jumps over the lazy dog."
+
+
+def verdict(correctness: Optional[dict[str, Any]], perf: Optional[dict[str, Any]]) -> tuple[str, str]:
+    """("PROMOTE" | "REJECT" | "PENDING", reason)."""
+    if correctness is not None and not correctness.get("passed"):
+        return "REJECT", f"correctness gate failed: {correctness.get('line', '')}"
+    if perf is not None and not perf.get("passed"):
+        return "REJECT", f"performance gate failed: {perf.get('line', '')}"
+    missing = [name for name, r in (("correctness (c)", correctness), ("performance (p)", perf)) if r is None]
+    if missing:
+        return "PENDING", "run the " + " and ".join(missing) + " gate" + ("s" if len(missing) > 1 else "")
+    return "PROMOTE", f"both gates passed: {correctness.get('line', '')}; {perf.get('line', '')}"
+
+
+class VerifyScreen(WorkbenchScreen):
+    SCREEN_NAME = "verify"
+    BINDINGS = [
+        Binding("c", "correctness", "correctness"),
+        Binding("p", "perf", "performance"),
+        Binding("v", "both", "both gates"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._prompt_kind: Optional[str] = None
+
+    def compose_body(self) -> Iterable[Widget]:
+        with Grid(id="verify-form"):
+            yield Label("prompt", classes="lbl")
+            yield Input(DEFAULT_PROMPT, id="prompt", compact=True)
+            yield Label("tokens", classes="lbl")
+            yield Input("16", id="max-new-tokens", compact=True, restrict=r"[0-9]*")
+            yield Label("perf pairs", classes="lbl")
+            yield Input("3", id="pairs", compact=True, restrict=r"[0-9]*")
+        yield Static("", id="correctness")
+        yield ThroughputPlot(id="plot")
+        yield Static("", id="perf-line")
+        yield Static("", id="verdict")
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.refresh_view()
+
+    def on_action_sample(self, arm: str, index: int, value: float) -> None:
+        if self.is_mounted:
+            self.query_one(ThroughputPlot).redraw()
+
+    # ------------------------------------------------------------------ state -> widgets
+    def refresh_view(self) -> None:
+        super().refresh_view()
+        if not self.is_mounted:
+            return
+        st = self.state
+        dec = st.is_decoder
+        kind = "decoder" if dec else "encoder"
+        if self._prompt_kind != kind:
+            self._prompt_kind = kind
+            p = self.query_one("#prompt", Input)
+            if p.value in (DEFAULT_PROMPT, DEFAULT_ENCODER_PROMPT, ""):
+                p.value = DEFAULT_PROMPT if dec else DEFAULT_ENCODER_PROMPT
+        self.query_one("#max-new-tokens", Input).disabled = not dec
+        plot = self.query_one(ThroughputPlot)
+        plot.unit = "tokens/s" if dec else "embeddings/s"
+        plot.series = st.samples
+        plot.redraw()
+        self.show_correctness()
+        self.show_perf()
+        self.show_verdict()
+
+    def show_correctness(self) -> None:
+        st = self.state
+        t = Text()
+        t.append("correctness  ", style="bold")
+        for arm in ("native", "external"):
+            o = st.outputs.get(arm)
+            t.append(f"\n {arm:<9}", style="dim")
+            if o is None:
+                t.append("-", style="dim")
+            elif o.get("kind") == "generate":
+                toks = o.get("tokens") or []
+                head = " ".join(str(x) for x in toks[:10]) + (" …" if len(toks) > 10 else "")
+                t.append(f"{len(toks)} tokens [{head}]")
+            else:
+                t.append(f"{o.get('values')} values → {st.show_path(o.get('output'))}")
+        c = st.correctness
+        t.append("\n ")
+        if c is None:
+            t.append("c runs both arms and the gate", style="dim")
+        else:
+            t.append("PASS " if c.get("passed") else "FAIL ", style="bold green" if c.get("passed") else "bold red")
+            t.append(_one_line(c.get("line", "")))
+        self.query_one("#correctness", Static).update(t)
+
+    def show_perf(self) -> None:
+        p = self.state.perf
+        t = Text()
+        t.append("performance  ", style="bold")
+        if self.wb.busy == "gate_perf":
+            t.append("measuring… (fresh processes, alternating native/external; x cancels)", style="yellow")
+        elif p is None:
+            t.append("p measures native vs external throughput (no-regression gate, ratio ≥ 0.98)", style="dim")
+        else:
+            t.append("PASS " if p.get("passed") else "FAIL ", style="bold green" if p.get("passed") else "bold red")
+            t.append(_one_line(p.get("line", "")))
+        self.query_one("#perf-line", Static).update(t)
+
+    def show_verdict(self) -> None:
+        word, reason = verdict(self.state.correctness, self.state.perf)
+        t = Text()
+        style = {"PROMOTE": "bold reverse green", "REJECT": "bold reverse red"}.get(word, "bold reverse")
+        t.append(f" {word} ", style=style)
+        t.append(f" {reason}")
+        v = self.query_one("#verdict", Static)
+        v.update(t)
+        v.set_class(word == "PROMOTE", "promote")
+        v.set_class(word == "REJECT", "reject")
+
+    # ------------------------------------------------------------------ parameters
+    def _prompt(self) -> Optional[str]:
+        p = self.query_one("#prompt", Input).value.strip()
+        if not p:
+            self.wb.report_error("type a prompt first")
+            return None
+        return p
+
+    def _int(self, wid: str, name: str) -> Optional[int]:
+        text = self.query_one(wid, Input).value.strip()
+        try:
+            v = int(text)
+            if v < 1:
+                raise ValueError
+            return v
+        except ValueError:
+            self.wb.report_error(f"{name} {text!r} must be a whole number ≥ 1")
+            return None
+
+    def _ready(self) -> bool:
+        st = self.state
+        missing = []
+        if "native" not in st.bundles:
+            missing.append("the native bundle (F5, b)")
+        if "slot" not in st.bundles:
+            missing.append("the slot-ready bundle (F5, s)")
+        if not st.manifest:
+            missing.append("a bindings manifest (F4, w)")
+        if missing:
+            self.wb.report_error("first build " + ", ".join(missing))
+            return False
+        return True
+
+    # ------------------------------------------------------------------ gates
+    def action_correctness(self, then=None) -> None:
+        if not self._ready():
+            return
+        prompt = self._prompt()
+        if prompt is None:
+            return
+        st = self.state
+        native, slot = st.bundles["native"]["bundle"], st.bundles["slot"]["bundle"]
+        if st.is_decoder:
+            n = self._int("#max-new-tokens", "tokens")
+            if n is None:
+                return
+            steps = [
+                ("generate", {"bundle": native, "prompt": prompt, "max_new_tokens": n, "output": "native.jsonl"}),
+                ("generate", {"bundle": slot, "kernel_bindings": st.manifest, "prompt": prompt, "max_new_tokens": n,
+                              "output": "external.jsonl"}),
+                ("gate_tokens", {"native": "native.jsonl", "external": "external.jsonl"}),
+            ]
+        else:
+            steps = [
+                ("embed", {"bundle": native, "prompt": prompt, "output": "native.json"}),
+                ("embed", {"bundle": slot, "kernel_bindings": st.manifest, "prompt": prompt, "output": "external.json"}),
+                ("gate_embeddings", {"native": "native.json", "external": "external.json", "max_abs": 0.02,
+                                     "min_cosine": 0.999}),
+            ]
+        st.correctness = None
+        self.run_chain(steps, then)
+
+    def action_perf(self, then=None) -> None:
+        if not self._ready():
+            return
+        prompt = self._prompt()
+        pairs = self._int("#pairs", "perf pairs")
+        if prompt is None or pairs is None:
+            return
+        st = self.state
+        params: dict[str, Any] = {"native_bundle": st.bundles["native"]["bundle"],
+                                  "external_bundle": st.bundles["slot"]["bundle"],
+                                  "kernel_bindings": st.manifest, "prompt": prompt, "pairs": pairs,
+                                  "min_ratio": 0.98, "warmup": 1}
+        if st.is_decoder:
+            n = self._int("#max-new-tokens", "tokens")
+            if n is None:
+                return
+            params["max_new_tokens"] = n
+        st.perf = None
+        self.run_chain([("gate_perf", params)], then)
+
+    def action_both(self) -> None:
+        self.action_correctness(then=lambda: self.action_perf())
+
+    def run_chain(self, steps: list[tuple[str, dict[str, Any]]], then=None) -> None:
+        if not steps:
+            if then is not None:
+                then()
+            return
+        (action, params), rest = steps[0], steps[1:]
+        self.wb.perform(action, params, on_done=lambda _r: self.run_chain(rest, then),
+                           label=action.replace("_", " "))
+
+    def on_action_started(self, action: str) -> None:
+        self.refresh_view()
+
+
+def _one_line(s: str) -> str:
+    return " ".join(str(s).split())
