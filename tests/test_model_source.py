@@ -138,6 +138,7 @@ def test_hub_id_from_local_cache(tmp_path, monkeypatch, qwen3_dir):
     monkeypatch.setattr(C, "HF_HUB_CACHE", str(tmp_path / "hub"))
     s = resolve_model("acme/tiny-qwen3")
     assert s.family == "qwen3" and s.path == snap.resolve() and s.spec == "acme/tiny-qwen3"
+    assert s.revision == commit  # the resolved commit is recorded when none was pinned
     s = resolve_model("acme/tiny-qwen3", revision=commit)
     assert s.revision == commit and s.path == snap.resolve()
     msg = _err(resolve_model, "acme/tiny-qwen3", revision="b" * 40)

@@ -9,12 +9,13 @@ Module paths inside a role module (which holds the core as `decoder`):
   decoder.layers.N.mlp.{gate_proj,up_proj,down_proj}
   decoder.norm, decoder.lm_head, decoder.logits_zero_bias
 
-The KV caches belong to the caller ([1, KV, C, D] each, model dtype) and are written in place.
+The KV caches belong to the caller ([1, KV, C, D] each, model dtype) and are written in place
+with index_copy_. Prefill attends over its new tokens through mcore::prefill_attention; decode
+attends over the updated caches through mcore::decode_attention (see mcore/ops.py).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import ops as _ops  # noqa: F401  (registers mcore::decode_attention)
+from .. import ops as _ops  # noqa: F401  (registers mcore::decode_attention / prefill_attention)
 from ..buildargs import BuildArgs
 from ..errors import UserError
 from . import weights as W

@@ -60,7 +60,7 @@ def _hub_snapshot(repo_id: str, revision: Optional[str]) -> Path:
     rev = f" at revision {revision}" if revision else ""
     how = (
         f"{repo_id}{rev} is not in the local Hugging Face cache; download it where the hub is reachable "
-        f"(huggingface-cli download {repo_id}{' --revision ' + revision if revision else ''}) "
+        f"(hf download {repo_id}{' --revision ' + revision if revision else ''}) "
         "or pass the checkpoint folder's path instead"
     )
     if snapshot_download is None:
@@ -95,7 +95,8 @@ def resolve_model(spec: str, revision: Optional[str] = None) -> ModelSource:
         return _from_folder(spec, p, revision)
     if _HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
         folder = _hub_snapshot(spec, revision)
-        return _from_folder(spec, folder, revision)
+        # Record what was resolved: the snapshot folder is named by its commit hash.
+        return _from_folder(spec, folder, revision or folder.name)
     raise UserError(
         f"{spec}: no such folder, and not a demo (demo:NAME) or a hub ID (org/name); check the path"
     )
