@@ -245,15 +245,18 @@ def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto",
             "description": describe}
 
 
-def kernel_stub(ctx: ActionContext, receipt: str, snapshot: str, output: str) -> dict:
-    """Generate a CuTe DSL exporter stub from a receipt (the kernel author fills in the math)."""
-    from mcore import stubgen
-    from mcore.selection import load_receipt
+def kernel_stub(ctx: ActionContext, receipt: str, snapshot: str, output: str, overwrite: bool = False) -> dict:
+    """`mcore kernel stub`: write a CuTe DSL exporter for the receipt's ABI. For a single known op
+    (copy, cast, add, sub, mul) the kernel body is generated; otherwise it is a scaffold to fill in."""
+    from mcore.stubgen import write_exporter
 
-    rpath, spath, out = ctx.path(receipt, "receipt"), ctx.path(snapshot, "snapshot"), ctx.path(output, "output")
-    rec = load_receipt(rpath)
-    written = stubgen.write_stub(rpath, spath, out)
-    return {"path": ctx.rel(written or out), "binding_id": rec["binding_id"], "abi_sha256": rec["abi_sha256"]}
+    out = ctx.path(output, "output")
+    r = write_exporter(ctx.path(receipt, "receipt"), ctx.path(snapshot, "snapshot"), out, overwrite=bool(overwrite))
+    body = "generated" if r.known is not None else "scaffold"
+    ctx.say(f"exporter written: {ctx.rel(r.path)} (kernel body {body}"
+            + (f": {r.known.summary})" if r.known is not None else f"; {r.reason})"))
+    return {"path": ctx.rel(r.path), "binding_id": r.binding_id, "abi_sha256": r.abi_sha256, "body": body,
+            "op": r.known.summary if r.known is not None else None, "reason": ctx.strip(r.reason)}
 
 
 def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str, function: str = "run") -> dict:
@@ -389,7 +392,7 @@ def _mcore_cmd(kind: str, bundle: Path, kernel_bindings: Optional[str], prompt: 
 
 def gate_perf(ctx: ActionContext, native_bundle: str, external_bundle: str, kernel_bindings: Optional[str],
               prompt: str, max_new_tokens: Optional[int] = None, pairs: int = 6, min_ratio: float = 0.98,
-              warmup: int = 1, bench_warmup: int = 1, bench_runs: int = 3) -> dict:
+              warmup: int = 1, bench_warmup: int = 2, bench_runs: int = 5) -> dict:
     """The no-regression gate: `warmup` runs of each arm, then `pairs` alternating fresh-process
     native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`).
     The verdict is measured, so replay shows it but never compares it."""
@@ -450,7 +453,7 @@ STABLE_KEYS: dict[str, tuple[str, ...]] = {
     "select_recipe": _SELECTION_KEYS,
     "select_nodes": _SELECTION_KEYS,
     "build_kernel": (),
-    "kernel_stub": ("binding_id", "abi_sha256"),
+    "kernel_stub": ("binding_id", "abi_sha256", "body"),
     "write_bindings": ("binding_id", "abi_sha256"),
     "build_bundle": ("fingerprints", "kernel_slots"),
     "generate": ("tokens", "text"),

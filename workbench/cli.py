@@ -113,7 +113,7 @@ def headless_replay(session, workdir: Optional[str]) -> int:
     finally:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
-    width = shutil.get_terminal_size((120, 24)).columns
+    width = shutil.get_terminal_size((160, 24)).columns if sys.stdout.isatty() else 160
     print(report.render_table(width=max(80, width)))
     print(report.summary())
     return 0 if report.ok else 1

@@ -75,8 +75,10 @@ class ReplayReport:
                     fieldname, actual = "error", o.error or ""
                 elif o.compared:
                     fieldname, actual = ",".join(o.compared), ""
-                else:
-                    fieldname, actual = "(measured)", (o.results or {}).get("line", "")
+                else:  # nothing stable to compare: show what happened (a measurement, a build)
+                    res = o.results or {}
+                    fieldname = "(measured)" if "line" in res else "(not compared)"
+                    actual = str(res.get("line") or res.get("variant") or "")
                 out.append((str(o.index), o.action, "OK", fieldname, "", actual))
             for d in o.differences:
                 out.append((str(o.index), o.action, "DIFF", d.field, show(d.expected), show(d.actual)))
@@ -88,12 +90,18 @@ class ReplayReport:
         w = [max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i]) for i in range(4)]
         w = [min(x, cap) for x, cap in zip(w, (4, 16, 6, 36))]
         fixed = sum(w) + 2 * 5
-        rest = max(20, width - fixed)
-        ew = rest // 2
+        rest = max(40, width - fixed)
+        need_e = max([len("expected")] + [len(r[4]) for r in rows])
+        need_a = max([len("actual")] + [len(r[5]) for r in rows])
+        if need_e + 2 + need_a <= rest:
+            ew = need_e
+        else:  # share the room, but never squeeze one side below 20 while the other has slack
+            ew = min(need_e, max(20, rest - 2 - need_a, (rest - 2) // 2))
+        rest -= 2
 
         def line(r: tuple[str, ...]) -> str:
             cells = [clip(r[i], w[i]).ljust(w[i]) for i in range(4)]
-            return "  ".join(cells + [clip(r[4], ew).ljust(ew), clip(r[5], rest - ew)]).rstrip()
+            return "  ".join(cells + [clip(r[4], ew).ljust(ew), clip(r[5], max(8, rest - ew))]).rstrip()
 
         return "\n".join([line(header)] + [line(r) for r in rows])
 
@@ -142,7 +150,7 @@ def compare(name: str, expected: Any, actual: Any) -> list[Difference]:
         if len(expected) != len(actual):
             return [Difference(f"{name} (length)", len(expected), len(actual))]
         return []
-    if _norm(expected) != _norm(actual) or type(expected) is bool and type(actual) is not bool:
+    if _norm(expected) != _norm(actual):
         return [Difference(name, expected, actual)]
     return []
 

@@ -1,0 +1,160 @@
+"""Headless replay: every shipped tutorial replays clean; tampered recordings are caught and named.
+
+The full replays are the required CI check that the tutorials still work end to end (tiny demo
+models, 16 tokens, 2 perf pairs). The tamper cases replay short slices of the shipped sessions.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from workbench.replay import replay
+from workbench.session import Session
+
+from .conftest import REPO, CliResult
+from .test_sessions import SHIPPED, shipped, workbench  # noqa: F401 (fixture)
+
+
+def slice_session(name: str, indices: list[int], tmp_path: Path, tamper=None) -> Path:
+    """A session made of steps `indices` (1-based) of shipped session `name`, optionally tampered."""
+    data = shipped(name)
+    data["steps"] = [copy.deepcopy(data["steps"][i - 1]) for i in indices]
+    if tamper is not None:
+        tamper(data["steps"])
+    path = tmp_path / f"{name}-slice.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def step_index(name: str, action: str, nth: int = 0, **params) -> int:
+    """1-based index of the nth step of `action` in a shipped session whose params match."""
+    hits = [i for i, st in enumerate(shipped(name)["steps"], 1)
+            if st["action"] == action and all(st["params"].get(k) == v for k, v in params.items())]
+    return hits[nth]
+
+
+def table_rows(out: str) -> list[list[str]]:
+    return [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()[1:] if re.match(r"^\d+\s", line)]
+
+
+def diff_rows(out: str) -> list[list[str]]:
+    return [r for r in table_rows(out) if len(r) > 2 and r[2] == "DIFF"]
+
+
+# ---------------------------------------------------------------- the shipped tutorials
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_session_replays_clean(name, tmp_path, workbench):  # noqa: F811
+    res = workbench("replay", REPO / "sessions" / f"{name}.json", "--headless", "--workdir", tmp_path / "wd")
+    assert res.code == 0, res.out + res.err
+    rows = table_rows(res.out)
+    n = len(shipped(name)["steps"])
+    assert [r[0] for r in rows] == [str(i) for i in range(1, n + 1)]
+    assert all(r[2] == "OK" for r in rows)
+    assert res.out.strip().splitlines()[-1].startswith(f"PASS: {n}/{n} steps matched, 0 difference(s)")
+    # the artifacts the tutorial talks about were written in the workdir
+    wd = tmp_path / "wd"
+    assert any(p.suffix == ".bundle" for p in wd.iterdir())
+    assert (wd / "kernel-bindings.json").is_file()
+
+
+# ---------------------------------------------------------------- tampered recordings
+
+def test_tampered_fingerprint_is_named(tmp_path, workbench):  # noqa: F811
+    def tamper(steps):
+        fp = steps[0]["results"]["fingerprint"]
+        steps[0]["results"]["fingerprint"] = ("0" if fp[0] != "0" else "1") + fp[1:]
+
+    path = slice_session("qwen-recipe", [1], tmp_path, tamper)
+    res = workbench("replay", path, "--headless", "--workdir", tmp_path / "wd")
+    assert res.code == 1, res
+    rows = diff_rows(res.out)
+    assert len(rows) == 1 and rows[0][:4] == ["1", "capture_graph", "DIFF", "fingerprint"]
+    assert res.out.strip().splitlines()[-1].startswith("FAIL: 0/1 steps matched, 1 difference(s)")
+
+
+def test_tampered_abi_hash_is_named(tmp_path, workbench):  # noqa: F811
+    name = "qwen-manual"
+    idx = [1, step_index(name, "select_nodes", 1), step_index(name, "write_bindings")]
+
+    def tamper(steps):
+        steps[2]["results"]["abi_sha256"] = "f" * 64
+
+    path = slice_session(name, idx, tmp_path, tamper)
+    res = workbench("replay", path, "--headless", "--workdir", tmp_path / "wd")
+    assert res.code == 1, res
+    rows = diff_rows(res.out)
+    assert [r[:4] for r in rows] == [["3", "write_bindings", "DIFF", "abi_sha256"]]
+    assert rows[0][4].startswith("ffff")
+
+
+def test_tampered_token_is_named(tmp_path):
+    name = "qwen-recipe"
+    native = step_index(name, "build_bundle", recipe=None, graph_patch=None)
+    gen = step_index(name, "generate", 0)
+
+    def tamper(steps):
+        steps[1]["results"]["tokens"][3] += 1
+
+    path = slice_session(name, [native, gen], tmp_path, tamper)
+    seen = []
+    report = replay(path, tmp_path / "wd", on_step=lambda i, st, o: seen.append((i, st.action, o is None)))
+    assert seen == [(1, "build_bundle", True), (1, "build_bundle", False), (2, "generate", True),
+                    (2, "generate", False)]
+    assert not report.ok
+    assert [(i, a, d.field) for i, a, d in report.differences] == [(2, "generate", "tokens[3]")]
+    table = report.render_table()
+    assert re.search(r"^2\s+generate\s+DIFF\s+tokens\[3\]", table, re.M), table
+
+
+def test_recorded_error_replays_as_the_same_error(tmp_path, workbench):  # noqa: F811
+    name = "qwen-manual"
+    rejected = step_index(name, "select_nodes", 0)
+    path = slice_session(name, [1, rejected], tmp_path)
+    res = workbench("replay", path, "--headless", "--workdir", tmp_path / "wd")
+    assert res.code == 0, res
+    rows = table_rows(res.out)
+    assert rows[1][:4] == ["2", "select_nodes", "OK", "error"] and "network output" in rows[1][-1]
+
+    def other_text(steps):
+        steps[1]["error"] = "some other rejection"
+
+    path = slice_session(name, [1, rejected], tmp_path, other_text)
+    res = workbench("replay", path, "--headless", "--workdir", tmp_path / "wd2")
+    assert res.code == 1
+    assert [r[:5] for r in diff_rows(res.out)] == [["2", "select_nodes", "DIFF", "error", "some other rejection"]]
+
+
+def test_recorded_error_that_now_succeeds_is_a_difference(tmp_path):
+    name = "qwen-manual"
+    good = step_index(name, "select_nodes", 1)
+
+    def as_error(steps):
+        steps[1].update(status="error", error="was rejected when recorded", results={})
+
+    report = replay(slice_session(name, [1, good], tmp_path, as_error), tmp_path / "wd")
+    assert not report.ok
+    (i, action, d), = report.differences
+    assert (i, action, d.field, d.expected, d.actual) == (2, "select_nodes", "status",
+                                                         "error: was rejected when recorded", "ok")
+
+
+def test_a_failing_step_does_not_stop_the_report(tmp_path):
+    """Every difference is reported: later steps still run after one fails."""
+    name = "qwen-manual"
+    good = step_index(name, "select_nodes", 1)
+
+    def break_capture(steps):
+        steps[0]["params"]["engine_role"] = "nonsense"   # capture now fails with a one-line error
+
+    report = replay(slice_session(name, [1, good], tmp_path, break_capture), tmp_path / "wd")
+    assert [o.status for o in report.outcomes] == ["error", "error"]
+    fields = [(i, d.field) for i, _, d in report.differences]
+    assert fields == [(1, "status"), (2, "status")]
+    assert "engine role 'nonsense'" in report.differences[0][2].actual
+    assert "FAIL: 0/2 steps matched, 2 difference(s)" in report.summary()

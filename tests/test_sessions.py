@@ -1,0 +1,235 @@
+"""Workbench sessions: round trip, strict validation (one-line errors, exit 2), the shipped tutorials."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mcore.errors import UserError
+from workbench.actions import ACTIONS, STABLE_KEYS, ActionContext, action_params, run_action
+from workbench.session import SESSION_KIND, Session, list_tutorials
+
+from .conftest import REPO, CliResult, assert_user_error
+
+SESSIONS = REPO / "sessions"
+SHIPPED = ("qwen-recipe", "qwen-manual", "distilbert-residual")
+
+
+@pytest.fixture
+def workbench(capsys):
+    """Run `workbench ARGS...` in-process; returns CliResult."""
+    from workbench.cli import main
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:  # argparse usage errors
+            code = e.code if isinstance(e.code, int) else 2
+        cap = capsys.readouterr()
+        return CliResult(code, cap.out, cap.err)
+
+    return run
+
+
+def sample_session() -> Session:
+    s = Session.new("a test session", device="cpu")
+    s.record("capture_graph", {"build_args": {"model": "demo:qwen3-tiny"}, "engine_role": "decode",
+                               "snapshot": "decode.graph.json"},
+             {"fingerprint": "ab" * 32, "nodes": 3, "tensors": 4, "recipes": 0, "snapshot": "decode.graph.json"},
+             guide={"title": "Capture", "text": "Capture the graph."})
+    s.record("select_nodes", {"snapshot": "decode.graph.json", "node_ids": ["node:1"], "binding_id": "k@1",
+                              "receipt": "r.json"}, error=UserError("node:1 is a shape op; leave it out"))
+    return s
+
+
+def shipped(name: str) -> dict:
+    return json.loads((SESSIONS / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def write(tmp_path: Path, data, name: str = "s.json") -> Path:
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else json.dumps(data), encoding="utf-8")
+    return p
+
+
+# ---------------------------------------------------------------- model
+
+def test_round_trip(tmp_path):
+    s = sample_session()
+    path = s.save(tmp_path / "session.json")
+    loaded = Session.load(path)
+    assert loaded.to_dict() == s.to_dict()
+    assert loaded.steps[1].status == "error" and loaded.steps[1].error == "node:1 is a shape op; leave it out"
+    assert loaded.steps[0].guide == {"title": "Capture", "text": "Capture the graph."}
+    h = loaded.header
+    assert h["title"] == "a test session" and h["guided"] is False and h["machine"]["device"] == "cpu"
+    assert {"mcore", "torch", "python"} <= set(h["tool_versions"])
+    assert [p.name for p in tmp_path.iterdir()] == ["session.json"]  # no temp file left behind
+
+
+def test_save_is_atomic_and_validated(tmp_path):
+    s = sample_session()
+    target = s.save(tmp_path / "session.json")
+    before = target.read_bytes()
+    s.steps[0].action = "no_such_action"
+    with pytest.raises(UserError, match="unknown action"):
+        s.save(target)
+    assert target.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["session.json"]
+
+
+def test_record_rejects_bad_steps():
+    s = Session.new("t", device="cpu")
+    with pytest.raises(UserError, match="unknown action"):
+        s.record("frobnicate", {}, {})
+    with pytest.raises(UserError, match="missing field.*engine_role"):
+        s.record("capture_graph", {"build_args": {}, "snapshot": "x"}, {})
+    with pytest.raises(UserError, match="unknown field.*colour"):
+        s.record("embed", {"bundle": "b", "prompt": "p", "colour": "red"}, {})
+    with pytest.raises(UserError, match="non-finite"):
+        s.record("gate_perf", {"native_bundle": "a", "external_bundle": "b", "kernel_bindings": None,
+                               "prompt": "p"}, {"ratio": float("nan")})
+    assert len(s) == 0
+
+
+def test_every_action_has_stable_keys_and_a_workdir_relative_signature():
+    assert set(STABLE_KEYS) == set(ACTIONS)
+    for name in ACTIONS:
+        req, opt = action_params(name)
+        assert not set(req) & set(opt)
+    assert STABLE_KEYS["gate_perf"] == ()  # measured, never compared
+
+
+def test_action_paths_are_workdir_relative(tmp_path):
+    ctx = ActionContext(workdir=tmp_path / "wd")
+    assert ctx.path("a/b.json") == (tmp_path / "wd" / "a" / "b.json").resolve()
+    assert ctx.rel(ctx.workdir / "x.bundle") == "x.bundle"
+    results, error = run_action(ctx, "list_recipes", {"snapshot": "missing.graph.json"})
+    assert results is None and error.startswith("missing.graph.json: graph snapshot not found")
+    assert str(tmp_path) not in error
+
+
+# ---------------------------------------------------------------- strict validation through the CLI
+
+def _bad(name: str, mutate) -> dict:
+    data = sample_session().to_dict()
+    mutate(data)
+    return data
+
+
+BAD = {
+    "missing header field": (lambda d: d["header"].pop("title"), ["header", "title"]),
+    "unknown top-level field": (lambda d: d.update(extra=1), ["unknown field", "extra"]),
+    "unknown step field": (lambda d: d["steps"][0].update(colour="red"), ["step 1", "colour"]),
+    "missing step field": (lambda d: d["steps"][1].pop("status"), ["step 2", "status"]),
+    "bad action name": (lambda d: d["steps"][1].update(action="select_everything"), ["step 2", "select_everything"]),
+    "unknown param": (lambda d: d["steps"][0]["params"].update(layout="split"), ["step 1", "capture_graph", "layout"]),
+    "missing param": (lambda d: d["steps"][0]["params"].pop("engine_role"), ["step 1", "engine_role"]),
+    "wrong schema": (lambda d: d.update(schema_version=2), ["schema_version 2"]),
+    "wrong kind": (lambda d: d.update(kind="mcore.graph_snapshot"), ["kind", SESSION_KIND]),
+    "bad status": (lambda d: d["steps"][0].update(status="done"), ["step 1", "status"]),
+    "error without text": (lambda d: d["steps"][1].update(error=None), ["step 2", "error"]),
+    "ok with error text": (lambda d: d["steps"][0].update(error="boom"), ["step 1", "error must be null"]),
+    "bad guide": (lambda d: d["steps"][0]["guide"].pop("text"), ["step 1", "guide", "text"]),
+    "steps not a list": (lambda d: d.update(steps={}), ["steps"]),
+    "guided not bool": (lambda d: d["header"].update(guided="yes"), ["header.guided"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_invalid_session_is_one_line_exit_2(case, tmp_path, workbench):
+    mutate, fragments = BAD[case]
+    path = write(tmp_path, _bad(case, mutate))
+    res = workbench("replay", path, "--headless", "--workdir", tmp_path / "wd")
+    assert_user_error(res, str(path), *fragments)
+    assert not (tmp_path / "wd").exists()  # nothing ran
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ("{not json", "malformed JSON"),
+    ("[]", "expected a JSON object"),
+    ('{"schema_version": 1, "kind": "mcore.workbench_session", "header": {}, "steps": [], "x": NaN}',
+     "malformed JSON"),
+])
+def test_malformed_file_is_one_line_exit_2(content, fragment, tmp_path, workbench):
+    path = write(tmp_path, content)
+    assert_user_error(workbench("replay", path, "--headless"), fragment)
+
+
+def test_missing_file_and_bad_usage(tmp_path, workbench):
+    assert_user_error(workbench("replay", tmp_path / "nope.json", "--headless"), "nope.json", "not found")
+    assert_user_error(workbench("tutorial", "no-such-tutorial"), "no-such-tutorial", "qwen-recipe")
+    res = workbench("replay")
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1
+    res = workbench("frobnicate")
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1
+
+
+def test_nonempty_workdir_is_refused(tmp_path, workbench):
+    path = sample_session().save(tmp_path / "s.json")
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "old.bundle").write_text("x")
+    assert_user_error(workbench("replay", path, "--headless", "--workdir", wd), "new or empty folder")
+
+
+def test_cli_process_has_no_traceback(tmp_path):
+    path = write(tmp_path, _bad("x", lambda d: d["steps"][0].update(action="nope")))
+    r = subprocess.run([sys.executable, "-m", "workbench.cli", "replay", str(path), "--headless"],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert_user_error(CliResult(r.returncode, r.stdout, r.stderr), "step 1", "nope")
+
+
+# ---------------------------------------------------------------- shipped tutorials
+
+def test_tutorial_list(workbench):
+    res = workbench("tutorial", "--list")
+    assert res.code == 0, res
+    lines = res.out.strip().splitlines()
+    assert lines[0].split() == ["NAME", "TITLE"]
+    assert [l.split()[0] for l in lines[1:4]] == list(SHIPPED)
+    titles = {n: t for n, t, _ in list_tutorials()}
+    for name in SHIPPED:
+        assert titles[name] == shipped(name)["header"]["title"]
+        assert titles[name] in res.out
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_session_is_a_guided_recorded_tutorial(name):
+    s = Session.load(SESSIONS / f"{name}.json")
+    assert s.guided and s.header["name"] == name
+    assert all(st.guide and st.guide["title"] and len(st.guide["text"]) > 40 for st in s.steps)
+    assert all(st.status == "ok" for st in s.steps if st.action != "select_nodes")
+    for st in s.steps:  # portable: no absolute paths recorded in params
+        for v in st.params.values():
+            assert not (isinstance(v, str) and os.path.isabs(v)), (st.action, v)
+        if st.status == "ok":
+            assert set(STABLE_KEYS[st.action]) <= set(st.results), st.action
+    actions = [st.action for st in s.steps]
+    gates = {"qwen-recipe": ["gate_tokens", "gate_perf"], "qwen-manual": ["gate_tokens"],
+             "distilbert-residual": ["gate_embeddings", "gate_perf"]}[name]
+    for g in gates:
+        assert g in actions
+        gate = s.steps[actions.index(g)]
+        if g != "gate_perf":
+            assert gate.results["passed"] is True
+
+
+def test_manual_tutorial_takes_node_ids_from_the_capture():
+    recipe = shipped("qwen-recipe")
+    manual = shipped("qwen-manual")
+    recipe_rows = next(st for st in recipe["steps"] if st["action"] == "list_recipes")["results"]["recipes"]
+    logits = next(r for r in recipe_rows if r["id"] == "qwen.decode_logits_copy@1")
+    selects = [st for st in manual["steps"] if st["action"] == "select_nodes"]
+    assert selects[0]["status"] == "error" and "network output" in selects[0]["error"]
+    assert selects[1]["status"] == "ok" and selects[1]["params"]["node_ids"] == logits["node_ids"]
+    # same call contract as the recipe, so the same ABI hash
+    slot = next(st for st in recipe["steps"] if st["action"] == "build_bundle")["results"]["kernel_slots"][0]
+    assert selects[1]["results"]["abi_sha256"] == slot["abi_sha256"]
