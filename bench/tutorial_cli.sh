@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The tutorial's CLI flow (steps 1-4, 6, 7) on the demo models with `mcore` for `trtmc`.
+#   bash bench/tutorial_cli.sh [WORK_DIR]        (DEVICE=cpu|cuda PRECISION=fp32|bf16|fp16 PAIRS=N)
+# Prints each step; ends with a table of the gates.
+set -euo pipefail
+WORK=${1:-artifacts/demo-cli}
+DEVICE=${DEVICE:-cpu}
+PRECISION=${PRECISION:-fp32}
+PAIRS=${PAIRS:-2}
+MCORE=${MCORE:-mcore}
+rm -rf "$WORK"; mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
+step() { printf '\n== %s\n' "$*"; }
+abi() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["abi_sha256"])' "$1"; }
+bindings() {  # FILE ID ABI LIBRARY
+  cat > "$1" <<JSON
+{
+  "schema_version": 1,
+  "bindings": [
+    {"id": "$2", "abi_sha256": "$3", "library": "$4", "function": "run"}
+  ]
+}
+JSON
+}
+
+BUILD_ARGS=(demo:qwen3-tiny --precision "$PRECISION" --max-cache-length 256 --decoder-engine-layout split)
+RUN=(--device "$DEVICE")
+BINDING_ID=qwen.decode_logits_copy@1
+
+step "1. slot-ready bundle from the recipe"
+$MCORE build "${BUILD_ARGS[@]}" --recipe "$BINDING_ID" decoder.logits_zero_bias -o "$WORK/qwen3-slot-ready.bundle"
+$MCORE graph inspect --engine-role decode --snapshot "$WORK/decode.graph.json" "${BUILD_ARGS[@]}"
+$MCORE graph recipes "$WORK/decode.graph.json" | tee "$WORK/decode.recipes.txt"
+
+step "2. the identity-copy DSO"
+$MCORE kernel build identity-copy -o "$WORK/kernel.so"
+
+step "3. bind at pipeline load and run"
+bindings "$WORK/kernel-bindings.json" "$BINDING_ID" "$(abi "$WORK/qwen3-slot-ready.selection.json")" ./kernel.so
+$MCORE run "$WORK/qwen3-slot-ready.bundle" "${RUN[@]}" --kernel-bindings "$WORK/kernel-bindings.json" \
+  --prompt "Explain grouped-query attention in one sentence." --max-new-tokens 32 --greedy
+
+step "4. correctness and no regression"
+$MCORE build "${BUILD_ARGS[@]}" -o "$WORK/qwen3-native.bundle"
+TEST_PROMPT='Explain grouped-query attention, KV caching, and decode latency.'
+$MCORE run "$WORK/qwen3-native.bundle" "${RUN[@]}" --prompt "$TEST_PROMPT" --max-new-tokens 64 --greedy --output "$WORK/native.jsonl"
+$MCORE run "$WORK/qwen3-slot-ready.bundle" "${RUN[@]}" --kernel-bindings "$WORK/kernel-bindings.json" \
+  --prompt "$TEST_PROMPT" --max-new-tokens 64 --greedy --output "$WORK/external.jsonl"
+diff -u "$WORK/native.jsonl" "$WORK/external.jsonl" && echo "token diff: empty"
+$MCORE verify perf --pairs "$PAIRS" --min-ratio 0.98 \
+  --native "$MCORE run $WORK/qwen3-native.bundle ${RUN[*]} --prompt 'x y z' --max-new-tokens 64 --greedy --ignore-eos --warmup 3 --benchmark 10" \
+  --external "$MCORE run $WORK/qwen3-slot-ready.bundle ${RUN[*]} --kernel-bindings $WORK/kernel-bindings.json --prompt 'x y z' --max-new-tokens 64 --greedy --ignore-eos --warmup 3 --benchmark 10" \
+  | tee "$WORK/perf.txt" || true
+
+step "6. the same region chosen by hand"
+NODES=($($MCORE graph list "$WORK/decode.graph.json" | tail -n 4 | head -n 3 | awk '{print $1}'))
+$MCORE graph select "$WORK/decode.graph.json" --nodes "${NODES[@]}" --binding-id qwen3.decode.logits_copy.manual@1 \
+  --workspace-bytes 0 -o "$WORK/manual.selection.json"
+$MCORE build "${BUILD_ARGS[@]}" --graph-patch "$WORK/manual.selection.json" -o "$WORK/qwen3-manual-slot-ready.bundle"
+bindings "$WORK/manual-bindings.json" qwen3.decode.logits_copy.manual@1 "$(abi "$WORK/manual.selection.json")" ./kernel.so
+$MCORE run "$WORK/qwen3-manual-slot-ready.bundle" "${RUN[@]}" --kernel-bindings "$WORK/manual-bindings.json" \
+  --prompt "$TEST_PROMPT" --max-new-tokens 64 --greedy --output "$WORK/manual.jsonl"
+diff -u "$WORK/native.jsonl" "$WORK/manual.jsonl" && echo "token diff (manual): empty"
+
+step "7. DistilBERT residual add, selected by hand"
+CUTE_BUILD_ARGS=(demo:distilbert-tiny --precision "$PRECISION")
+CUTE_BINDING_ID=distilbert.layer0.attention_residual_add.cutedsl@1
+$MCORE graph inspect --engine-role encoder --snapshot "$WORK/encoder.graph.json" "${CUTE_BUILD_ARGS[@]}"
+$MCORE graph list "$WORK/encoder.graph.json" --match '*ElementWiseOperation.SUM*' | tee "$WORK/elementwise-sum.nodes.txt"
+NODE=$(grep -m1 'encoder.layers.0.attention_residual' "$WORK/elementwise-sum.nodes.txt" | awk '{print $1}')
+$MCORE graph select "$WORK/encoder.graph.json" --nodes "$NODE" --binding-id "$CUTE_BINDING_ID" --workspace-bytes 0 \
+  -o "$WORK/residual-add.selection.json"
+$MCORE kernel build residual-add -o "$WORK/residual-add.so"
+$MCORE build "${CUTE_BUILD_ARGS[@]}" --graph-patch "$WORK/residual-add.selection.json" -o "$WORK/distilbert-slot-ready.bundle"
+$MCORE build "${CUTE_BUILD_ARGS[@]}" -o "$WORK/distilbert-native.bundle"
+bindings "$WORK/residual-bindings.json" "$CUTE_BINDING_ID" "$(abi "$WORK/residual-add.selection.json")" ./residual-add.so
+CUTE_PROMPT='The quick brown fox jumps over the lazy dog.'
+$MCORE embed "$WORK/distilbert-native.bundle" "${RUN[@]}" --prompt "$CUTE_PROMPT" > "$WORK/native.json" 2> "$WORK/native.stderr"
+$MCORE embed "$WORK/distilbert-slot-ready.bundle" "${RUN[@]}" --kernel-bindings "$WORK/residual-bindings.json" \
+  --prompt "$CUTE_PROMPT" > "$WORK/byok.json" 2> "$WORK/byok.stderr"
+$MCORE verify embeddings "$WORK/native.json" "$WORK/byok.json" --max-abs 0.02 --min-cosine 0.999 | tee "$WORK/embed-gate.txt"
+
+step "summary"
+echo "recipe tokens:   $(diff -q "$WORK/native.jsonl" "$WORK/external.jsonl" >/dev/null && echo PASS || echo FAIL)"
+echo "manual tokens:   $(diff -q "$WORK/native.jsonl" "$WORK/manual.jsonl" >/dev/null && echo PASS || echo FAIL)"
+echo "perf gate:       $(tail -n 1 "$WORK/perf.txt")"
+echo "embedding gate:  $(tail -n 1 "$WORK/embed-gate.txt")"
