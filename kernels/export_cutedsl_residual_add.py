@@ -358,24 +358,68 @@ def cudart_libdir():
     return None
 
 
-def link(obj, dso):
-    """Link the exported object with the CuTe DSL runtime and the CUDA runtime into a shared library."""
+# Newer CuTe DSL wrappers report a CUDA error through this helper of libcute_dsl_runtime.so. Defining
+# it in the DSO keeps the DSO self-contained: at run time it needs only libcudart and libtvm_ffi.
+ERROR_SHIM_C = r"""
+#include <stdio.h>
+typedef void (*set_raised_parts_fn)(const char* kind, const char** parts, int num_parts);
+__attribute__((visibility("hidden")))
+void CuteDSLRT_TVMFFISetRaisedCudaError(set_raised_parts_fn set_raised, int code) {
+  char number[32];
+  const char* parts[2];
+  if (!set_raised) return;
+  snprintf(number, sizeof number, "%d", code);
+  parts[0] = "CUDA error in the CuTe DSL kernel wrapper, cudaError_t ";
+  parts[1] = number;
+  set_raised("RuntimeError", parts, 2);
+}
+"""
+
+
+def _run(cmd, what):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ExportError(f"{what} failed ({' '.join(map(str, cmd))}): {(r.stderr or r.stdout).strip()[-2000:]}")
+
+
+def link(obj, dso, with_dsl_runtime=False):
+    """Link the exported object with the CuTe DSL runtime archive and the CUDA runtime into a shared library.
+
+    with_dsl_runtime: also link libcute_dsl_runtime.so (found at run time through the rpath), for a
+    CuTe DSL whose wrapper needs more of it than the error helper above.
+    """
     import tvm_ffi.libinfo
+    cc = os.environ.get("CC", "gcc")
     runtime = cute_runtime_libdir()
     tvm_ffi_dir = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
     cudart = cudart_libdir()
-    cmd = [os.environ.get("CC", "gcc"), "-shared", "-o", str(dso), str(obj), str(runtime / STATIC_RUNTIME),
-           "-Wl,--exclude-libs,ALL", "-Wl,--as-needed"]
-    if (runtime / "libcute_dsl_runtime.so").exists():  # newer CuTe DSL: a few helpers live only here
+    shim_c = Path(obj).with_name("cute_dsl_error_shim.c")
+    shim_c.write_text(ERROR_SHIM_C)
+    shim_o = shim_c.with_suffix(".o")
+    _run([cc, "-c", "-fPIC", "-O2", "-o", shim_o, shim_c], "compiling the error helper")
+    cmd = [cc, "-shared", "-o", dso, obj] + ([] if with_dsl_runtime else [shim_o]) + [
+        runtime / STATIC_RUNTIME, "-Wl,--exclude-libs,ALL", "-Wl,--as-needed"]
+    rpath = [str(d) for d in (cudart, tvm_ffi_dir) if d]
+    if with_dsl_runtime:
         cmd += [f"-L{runtime}", "-lcute_dsl_runtime"]
+        rpath.insert(0, str(runtime))
     if cudart:
         cmd += [f"-L{cudart}"]
-    cmd += ["-lcudart", f"-L{tvm_ffi_dir}", "-ltvm_ffi", "-Wl,--no-as-needed",
-            "-Wl,-rpath,$ORIGIN:" + ":".join(str(d) for d in (runtime, cudart, tvm_ffi_dir) if d)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise ExportError(f"linking failed ({' '.join(cmd)}): {(r.stderr or r.stdout).strip()[-2000:]}"
-                          + ("" if cudart else "; set CUDA_HOME to the CUDA toolkit so libcudart is found"))
+    cmd += ["-lcudart", f"-L{tvm_ffi_dir}", "-ltvm_ffi", "-Wl,--no-as-needed", "-Wl,-rpath," + ":".join(rpath)]
+    try:
+        _run(cmd, "linking")
+    except ExportError as e:
+        raise ExportError(f"{e}" + ("" if cudart else "; set CUDA_HOME to the CUDA toolkit so libcudart is found")) from None
+
+
+def _load_check(dso):
+    """Load the DSO we just built (our own code) and look up run; returns the error text, or None."""
+    import tvm_ffi
+    try:
+        tvm_ffi.load_module(str(dso))["run"]
+    except Exception as e:
+        return str(e)
+    return None
 
 
 def export(output):
@@ -398,11 +442,15 @@ def export(output):
         os.close(fd)
         try:
             link(obj, staged)
-            import tvm_ffi
-            try:  # the DSO we just built: check that it loads and exports run
-                tvm_ffi.load_module(staged)["run"]
-            except Exception as e:
-                raise ExportError(f"the linked DSO does not load: {e}") from None
+            problem = _load_check(staged)
+            if problem and "undefined symbol" in problem and (cute_runtime_libdir() / "libcute_dsl_runtime.so").exists():
+                link(obj, staged, with_dsl_runtime=True)
+                problem = _load_check(staged)
+                if not problem:
+                    print(f"note: this DSO needs libcute_dsl_runtime.so at run time (rpath: {cute_runtime_libdir()})",
+                          file=sys.stderr)
+            if problem:
+                raise ExportError(f"the linked DSO does not load: {problem}")
             os.chmod(staged, 0o755)
             try:
                 os.link(staged, output)  # atomic, and never replaces an existing file

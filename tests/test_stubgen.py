@@ -6,6 +6,7 @@ import copy
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -497,6 +498,11 @@ def test_cutedsl_export_of_the_residual_add(add_stub, tmp_path):
     assert f"binding_id={TUTORIAL_BINDING}" in r.stdout and f"abi_sha256={receipt['abi_sha256']}" in r.stdout
     assert f"dso={out.resolve()}" in r.stdout and out.is_file()
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # nothing half-written beside it
+    if shutil.which("readelf"):  # self-contained: at run time only libcudart and libtvm_ffi
+        dyn = subprocess.run(["readelf", "-d", str(out)], capture_output=True, text=True).stdout
+        needed = sorted(ln.split("[")[1].rstrip("]") for ln in dyn.splitlines() if "(NEEDED)" in ln)
+        assert [n for n in needed if not n.startswith(("libc.", "libm.", "libdl.", "libpthread.", "librt."))] == \
+            ["libcudart.so.13", "libtvm_ffi.so"] or "libcudart.so.12" in needed, needed
     import torch
     import tvm_ffi
     fn = tvm_ffi.load_module(str(out))["run"]
