@@ -187,6 +187,21 @@ def test_cli_process_has_no_traceback(tmp_path):
     assert_user_error(CliResult(r.returncode, r.stdout, r.stderr), "step 1", "nope")
 
 
+def test_tui_commands_open_the_app(tmp_path, workbench, monkeypatch):
+    import workbench.app as app
+
+    calls = []
+    monkeypatch.setattr(app, "run_app", lambda **kw: calls.append(kw) or 0)
+    path = sample_session().save(tmp_path / "s.json")
+    assert workbench().code == 0
+    assert workbench("tutorial").code == 0
+    assert workbench("tutorial", "qwen-manual", "--workdir", tmp_path / "w").code == 0
+    assert workbench("replay", path).code == 0
+    assert calls == [{}, {"tutorial": "qwen-recipe"}, {"tutorial": "qwen-manual", "workdir": str(tmp_path / "w")},
+                     {"replay": str(path)}]
+    assert_user_error(workbench("tutorial", "qwen-recipe", "--list"), "not both")
+
+
 # ---------------------------------------------------------------- shipped tutorials
 
 def test_tutorial_list(workbench):

@@ -44,13 +44,15 @@ def make_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tutorial", help="open a guided tutorial in the TUI (default qwen-recipe)")
     t.add_argument("name", nargs="?", default=None, help="tutorial name (see --list)")
     t.add_argument("--list", action="store_true", help="print the tutorial names and titles")
+    t.add_argument("--workdir", default=None, help="folder for the tutorial's artifacts (default: a fresh one)")
     t.set_defaults(func=cmd_tutorial)
 
     r = sub.add_parser("replay", help="re-run a saved session and compare its recorded results")
     r.add_argument("file", help="session JSON file")
     r.add_argument("--headless", action="store_true", help="no screen: print a table, exit 0 match / 1 differ")
     r.add_argument("--workdir", default=None,
-                   help="new or empty folder for the replayed artifacts (default: a temporary folder, removed after)")
+                   help="new or empty folder for the replayed artifacts (default: a temporary folder; "
+                        "with --headless it is removed after)")
     r.set_defaults(func=cmd_replay)
     return p
 
@@ -79,7 +81,7 @@ def cmd_tutorial(ns: argparse.Namespace) -> int:
         return 0
     name = ns.name or DEFAULT_TUTORIAL
     find_tutorial(name)  # one-line error for an unknown name before any screen opens
-    return _run_app(tutorial=name)
+    return _run_app(tutorial=name, **({"workdir": ns.workdir} if ns.workdir else {}))
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:
@@ -87,9 +89,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
 
     session = Session.load(ns.file)  # bad input: one line, exit 2, before anything runs
     if not ns.headless:
-        if ns.workdir:
-            raise UserError("--workdir applies to --headless replay; the TUI asks for its own workdir")
-        return _run_app(replay=str(ns.file))
+        return _run_app(replay=str(ns.file), **({"workdir": ns.workdir} if ns.workdir else {}))
     return headless_replay(session, ns.workdir)
 
 
