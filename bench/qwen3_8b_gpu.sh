@@ -13,6 +13,9 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 python3 -c "import sys; sys.path.insert(0, '$here'); from qwen3_8b_config import write_config_folder; from pathlib import Path; write_config_folder(Path('$OUT/qwen3-8b-config'))"
+# Random weights need no checkpoint, but runs need a tokenizer: borrow the demo's byte-level one
+# (ids past its vocabulary decode to nothing; token IDs are what the gates compare).
+python3 -c "import shutil; from mcore.families.demo import materialize; shutil.copy(materialize('qwen3-tiny') / 'tokenizer.json', '$OUT/qwen3-8b-config/')"
 ARGS=("$OUT/qwen3-8b-config" --weights random --seed 0 --precision bf16 --max-cache-length "$CACHE" --decoder-engine-layout split)
 BID=qwen.decode_logits_copy@1
 t0=$(date +%s)
