@@ -36,7 +36,16 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--cache", type=int, default=40960)
+    ap.add_argument("--deterministic", action="store_true",
+                    help="torch.use_deterministic_algorithms(warn_only) + CUBLAS_WORKSPACE_CONFIG: names the culprits")
     a = ap.parse_args()
+    if a.deterministic:
+        import os
+        import warnings
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        warnings.simplefilter("once")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = write_config_folder(out / "qwen3-8b-config")
