@@ -3,7 +3,6 @@ a self-contained bundle (plus the receipt beside it). One implementation for the
 
 from __future__ import annotations
 
-import io
 import json
 import platform
 from dataclasses import dataclass

@@ -35,14 +35,13 @@ memory by the writer; the loader verifies in one sequential pass with bounded me
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Mapping, Optional, Union
+from typing import Any, BinaryIO, Mapping, Optional, Union
 
 from .errors import UserError
 from .fileio import atomic_write, canonical_json

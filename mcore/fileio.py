@@ -45,6 +45,40 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return path
 
 
+def install_file(path: str | os.PathLike, data: bytes | Path, overwrite: bool = False, mode: int = 0o755) -> Path:
+    """Put `data` (bytes, or a file to copy) at `path` atomically; never replace an existing file
+    unless `overwrite` (a hard link makes the no-replace case race-free)."""
+    import shutil
+
+    path = check_output_path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.exists() and not overwrite:
+        raise UserError(f"{path} already exists; choose a new path or pass --force to replace it")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    os.close(fd)
+    try:
+        if isinstance(data, (bytes, bytearray)):
+            Path(tmp).write_bytes(data)
+        else:
+            shutil.copyfile(data, tmp)
+        os.chmod(tmp, mode)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise UserError(f"{path} already exists; choose a new path or pass --force to replace it") from None
+            except OSError:  # a filesystem without hard links
+                if path.exists():
+                    raise UserError(f"{path} already exists; choose a new path or pass --force to replace it") from None
+                os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
 def write_json(path: str | os.PathLike, data: Any) -> Path:
     return atomic_write(path, lambda f: (json.dump(data, f, indent=2, sort_keys=False), f.write("\n")))
 

@@ -17,11 +17,12 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
 
 from .errors import UserError
+from .fileio import install_file
 from .progress import Progress
 
 KERNEL_FUNCTION = "run"
@@ -226,7 +227,7 @@ def build_kernel(name: str, output: Union[str, os.PathLike], cuda: str = "auto",
     if cuda not in CUDA_MODES:
         raise UserError(f"--cuda {cuda!r} is not one of {', '.join(CUDA_MODES)}")
     output = Path(output)
-    parent = _check_output(output, overwrite)
+    _check_output(output, overwrite)
     prog = _as_progress(progress)
     src_dir = kernels_dir()
     for s in spec.sources:
@@ -298,7 +299,7 @@ def build_kernel(name: str, output: Union[str, os.PathLike], cuda: str = "auto",
                     else:
                         os.environ[k] = v
         prog.report(f"{name}: installing {output}", 0.9)
-        _install(Path(so), output, parent, overwrite)
+        install_file(output, Path(so), overwrite)
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
     result = BuiltKernel(output)
@@ -311,25 +312,3 @@ def build_kernel(name: str, output: Union[str, os.PathLike], cuda: str = "auto",
     return result
 
 
-def _install(built: Path, output: Path, parent: Path, overwrite: bool) -> None:
-    """Copy `built` beside `output`, then rename (overwrite) or hard-link (refuse to replace) into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(built, tmp)
-        os.chmod(tmp, 0o755)
-        if overwrite:
-            os.replace(tmp, output)
-        else:
-            try:
-                os.link(tmp, output)
-            except FileExistsError:
-                raise UserError(f"{output} already exists; choose a new path or pass --force to replace it") from None
-            except OSError:
-                # A filesystem without hard links: fall back to an exclusive-create check, then rename.
-                if output.exists():
-                    raise UserError(f"{output} already exists; choose a new path or pass --force to replace it") from None
-                os.replace(tmp, output)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -6,10 +6,7 @@ rebound. Two pipelines from one bundle may hold different compatible bindings.
 
 from __future__ import annotations
 
-import io
 import json
-import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence

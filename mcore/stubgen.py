@@ -18,12 +18,12 @@ import json
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from .errors import UserError
+from .fileio import check_output_path, install_file
 from .graph.snapshot import load_snapshot
 from .selection import ABI_FORMAT, check_receipt, load_receipt
 
@@ -470,33 +470,14 @@ def write_exporter(selection: Union[str, os.PathLike], snapshot: Union[str, os.P
 
     The file is written atomically and never replaces an existing one unless `overwrite`.
     """
-    output = Path(output)
-    if output.exists() and output.is_dir():
-        raise UserError(f"{output}: is a directory; give a file path for the exporter, e.g. {output / 'export_kernel.py'}")
-    parent = output.parent if str(output.parent) else Path(".")
-    if not parent.is_dir():
-        raise UserError(f"{output}: folder {parent} does not exist; create it first")
+    output = check_output_path(output)
     if output.exists() and not overwrite:
         raise UserError(f"{output} already exists; choose a new path or pass --force to replace it")
     receipt = load_receipt(selection)
     snap = load_snapshot(snapshot)
     text = generate_exporter(receipt, snap, selection_name=str(selection), snapshot_name=str(snapshot),
                              exporter_name=str(output))
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755)
-        if overwrite:
-            os.replace(tmp, output)
-        else:
-            try:
-                os.link(tmp, output)
-            except FileExistsError:
-                raise UserError(f"{output} already exists; choose a new path or pass --force to replace it") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    install_file(output, text.encode("utf-8"), overwrite)
     known, reason = classify_region(receipt, snap)
     return StubResult(path=output, known=known, reason=reason, binding_id=receipt["binding_id"],
                       abi_sha256=receipt["abi_sha256"])

@@ -5,7 +5,6 @@ Exit codes: 0 PASS, 1 FAIL, 2 bad input (through UserError in main)."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ..verify import GateResult, compare_embeddings, compare_tokens, perf_gate
 

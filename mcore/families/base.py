@@ -8,7 +8,7 @@ real tensors of the same modules, so capture and execution can never disagree.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 

@@ -36,7 +36,7 @@ def category(op: str) -> str:
     parts = op.split(".")
     base = parts[1] if len(parts) > 1 else parts[0]
     if parts[0] == "mcore":
-        return "LayerType.PLUGIN_V3" if base == "slot" else f"LayerType.ATTENTION" if "attention" in base else "LayerType.PLUGIN_V3"
+        return "LayerType.PLUGIN_V3" if base == "slot" else "LayerType.ATTENTION" if "attention" in base else "LayerType.PLUGIN_V3"
     b = base.rstrip("_") if base not in _SCATTER else base
     if base in ("_to_copy", "to", "type_as"):
         return "LayerType.CAST"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import operator
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import fx
