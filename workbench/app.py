@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 from textual import on
 from textual.app import App
 from textual.binding import Binding
+from textual.css.query import NoMatches
 
 from mcore.errors import Cancelled, UserError
 from mcore.progress import CancelToken, Progress
@@ -93,6 +94,7 @@ class WorkbenchState:
     trusted: set[str] = field(default_factory=set)
     samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})
     log: list[str] = field(default_factory=list)
+    last_prompt: Optional[dict[str, Any]] = None  # {"prompt", "max_new_tokens"} of the last run
 
     def path(self, p: Optional[str]) -> Optional[Path]:
         if p is None:
@@ -176,6 +178,7 @@ class WorkbenchApp(App):
         self.last_error: Optional[str] = None
         self._token: Optional[CancelToken] = None
         self.startup_error: Optional[str] = None
+        self._expect_error: Optional[str] = None
 
     # ------------------------------------------------------------------ setup
     @staticmethod
@@ -310,7 +313,7 @@ class WorkbenchApp(App):
                                     "session.json", "relative paths are inside the work folder"), done)
 
     # ------------------------------------------------------------------ guided steps
-    def action_guide_next(self) -> None:
+    async def action_guide_next(self) -> None:
         g = self.guide
         if g is None:
             return
@@ -324,7 +327,7 @@ class WorkbenchApp(App):
         index = g.index
         screen = ACTION_SCREEN.get(step.action)
         if screen and self.current and self.current.SCREEN_NAME != screen:
-            self.switch_screen(screen)
+            await self.switch_screen(screen)
 
         def finished(outcome: ActionOutcome) -> None:
             g.finish(index, outcome.results, outcome.error, outcome.kind)
@@ -335,7 +338,8 @@ class WorkbenchApp(App):
                             title=step.title)
 
         self.perform(step.action, dict(step.params), guide=step.guide, on_finish=finished,
-                        label=f"step {index + 1}: {step.title}")
+                     label=f"step {index + 1}: {step.title}",
+                     expect_error=step.error if step.status == "error" else None)
 
     # ------------------------------------------------------------------ running actions
     def action_cancel(self) -> None:
@@ -347,7 +351,8 @@ class WorkbenchApp(App):
     def perform(self, action: str, params: dict[str, Any], *, guide: Optional[dict[str, str]] = None,
                    on_done: Optional[Callable[[dict[str, Any]], None]] = None,
                    on_finish: Optional[Callable[[ActionOutcome], None]] = None,
-                   label: Optional[str] = None, trusted: bool = False) -> bool:
+                   label: Optional[str] = None, trusted: bool = False,
+                   expect_error: Optional[str] = None) -> bool:
         """Run one action in a thread worker; record it, apply its results, then call back (UI thread)."""
         if self.busy:
             self.notify(f"{self.busy_label} is still running; wait or press x to cancel", severity="warning")
@@ -361,7 +366,7 @@ class WorkbenchApp(App):
                     if ok:
                         self.state.trusted.add(lib)
                         self.perform(action, params, guide=guide, on_done=on_done, on_finish=on_finish,
-                                        label=label, trusted=True)
+                                     label=label, trusted=True, expect_error=expect_error)
                     else:
                         outcome = ActionOutcome(action, params, error="not run: loading the kernel was declined",
                                                 kind="cancelled")
@@ -383,8 +388,8 @@ class WorkbenchApp(App):
         self._token = token
         self.refresh_status()
         self.refresh_screen()
-        if self.current is not None:
-            self.current.on_action_started(action)
+        self._hook("on_action_started", action)
+        self._expect_error = expect_error
         self.run_worker(lambda: self._action_thread(action, params, token, guide, on_done, on_finish),
                         thread=True, group="action", name=action, exit_on_error=False)
         return True
@@ -453,8 +458,7 @@ class WorkbenchApp(App):
     def _on_progress(self, step: str, fraction: float) -> None:
         self.progress_step, self.progress_fraction = step, fraction
         self.refresh_status()
-        if self.current is not None:
-            self.current.on_action_progress(self.busy or "", step, fraction)
+        self._hook("on_action_progress", self.busy or "", step, fraction)
 
     def _on_sample(self, arm: str, index: int, value: float) -> None:
         ys = self.state.samples.setdefault(arm, [])
@@ -464,19 +468,19 @@ class WorkbenchApp(App):
             ys[index] = float(value)
         else:
             ys.append(float(value))
-        if self.current is not None:
-            self.current.on_action_sample(arm, index, value)
+        self._hook("on_action_sample", arm, index, value)
 
     def _on_log(self, line: str) -> None:
         self.state.log.append(line)
         del self.state.log[:-500]
-        if self.current is not None:
-            self.current.on_action_log(line)
+        self._hook("on_action_log", line)
 
     def _action_done(self, outcome: ActionOutcome, guide, on_done, on_finish) -> None:
         self.busy = None
         self.busy_params = None
         self._token = None
+        expected = self._expect_error
+        self._expect_error = None
         self.progress_fraction = None
         if outcome.kind == "ok":
             self.progress_step = f"{outcome.action.replace('_', ' ')}: done"
@@ -502,7 +506,13 @@ class WorkbenchApp(App):
                     self.ensure_session().record(outcome.action, outcome.params, error=outcome.error, guide=guide)
                 except UserError:
                     pass
-            self.report_error(outcome.error or "failed")
+            if outcome.kind == "user" and expected is not None and outcome.error == expected:
+                self.progress_step = f"{outcome.action.replace('_', ' ')}: refused, as the session recorded"
+                self.last_error = None
+                self.notify(outcome.error, title="refused, as expected", severity="information", timeout=8)
+                self._hook("show_error", outcome.error, True)
+            else:
+                self.report_error(outcome.error or "failed")
         self.refresh_status()
         if outcome.kind == "ok" and on_done is not None:
             try:
@@ -512,8 +522,7 @@ class WorkbenchApp(App):
         if on_finish is not None:
             on_finish(outcome)
         self.refresh_screen()
-        if self.current is not None:
-            self.current.on_action_done(outcome)
+        self._hook("on_action_done", outcome)
         self.post_message_done(outcome)
 
     def post_message_done(self, outcome: ActionOutcome) -> None:
@@ -523,16 +532,26 @@ class WorkbenchApp(App):
     def report_error(self, text: str) -> None:
         self.last_error = text
         self.notify(text, title="error", severity="error", timeout=12)
-        if self.current is not None:
-            self.current.show_error(text)
+        self._hook("show_error", text, False, report=False)
 
     def refresh_status(self) -> None:
-        if self.current is not None:
-            self.current.refresh_status()
+        self._hook("refresh_status")
 
     def refresh_screen(self) -> None:
-        if self.current is not None:
-            self.current.refresh_view()
+        self._hook("refresh_view")
+
+    def _hook(self, name: str, *args: Any, report: bool = True) -> None:
+        """Call a screen hook; a display problem is reported in the UI, never a traceback screen."""
+        scr = self.current
+        if scr is None or not scr.is_mounted:
+            return
+        try:
+            getattr(scr, name)(*args)
+        except NoMatches:
+            pass  # the screen is still being composed; it refreshes itself on resume
+        except Exception as e:  # noqa: BLE001
+            if report:
+                self.report_error(f"could not update the {scr.SCREEN_NAME} screen: {type(e).__name__}: {e}")
 
     # ------------------------------------------------------------------ results -> state
     def apply_results(self, action: str, params: dict[str, Any], results: dict[str, Any]) -> None:
@@ -585,6 +604,7 @@ class WorkbenchApp(App):
                 except UserError:
                     pass
         elif action in ("generate", "embed"):
+            st.last_prompt = {"prompt": params.get("prompt"), "max_new_tokens": params.get("max_new_tokens")}
             arm = "external" if params.get("kernel_bindings") else "native"
             st.outputs[arm] = dict(results, params=params, kind=action)
             st.family_kind = "decoder" if action == "generate" else "encoder"
@@ -592,6 +612,10 @@ class WorkbenchApp(App):
             st.correctness = dict(results, kind=action)
         elif action == "gate_perf":
             st.perf = dict(results)
+            st.last_prompt = {"prompt": params.get("prompt"), "max_new_tokens": params.get("max_new_tokens")}
+            samples = results.get("samples")
+            if isinstance(samples, dict) and not any(st.samples.values()):
+                st.samples = {k: list(v) for k, v in samples.items()}
 
 
 def run_app(tutorial: Optional[str] = None, replay: Optional[str] = None, workdir: Optional[str] = None) -> int:

@@ -75,13 +75,16 @@ class StatusLine(Static):
 class ErrorPanel(Static):
     """The last error with what to do; hidden until there is one (esc dismisses)."""
 
-    def show_error(self, text: Optional[str]) -> None:
+    def show_error(self, text: Optional[str], expected: bool = False) -> None:
         if not text:
             self.update("")
             self.remove_class("shown")
             return
         t = Text()
-        t.append("✗ ", style="bold red")
+        if expected:
+            t.append("✓ refused, as the session recorded: ", style="bold green")
+        else:
+            t.append("✗ ", style="bold red")
         t.append(text)
         t.append("  (esc dismisses)", style="dim")
         self.update(t)
@@ -92,6 +95,8 @@ class WorkbenchScreen(Screen):
     """Base class: subclasses give SCREEN_NAME, compose_body() and refresh_view()."""
 
     SCREEN_NAME = "model"
+    # nothing grabs focus on its own: an Input focused by default would swallow n (next step)
+    AUTO_FOCUS = ""
     BINDINGS = [Binding("escape", "dismiss_error", "dismiss", show=False)]
 
     @property
@@ -167,9 +172,9 @@ class WorkbenchScreen(Screen):
         if self.is_mounted:
             self.query_one(StatusLine).show(self.wb)
 
-    def show_error(self, text: Optional[str]) -> None:
+    def show_error(self, text: Optional[str], expected: bool = False) -> None:
         if self.is_mounted:
-            self.query_one(ErrorPanel).show_error(text)
+            self.query_one(ErrorPanel).show_error(text, expected)
 
     def action_dismiss_error(self) -> None:
         self.wb.last_error = None

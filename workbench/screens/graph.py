@@ -64,23 +64,23 @@ def edge_options(ix: SnapshotIndex, nid: str) -> list[Option]:
         t = ix.tensors[tid]
         prod = t["producer"]
         where = f"{prod} {ix.nodes[prod]['op']}" if prod else "graph input"
-        label = Text()
+        label = Text(no_wrap=True, overflow="ellipsis")
         label.append("in  ", style="green")
-        label.append(f"{tid} {ix.tensor_label(tid)} {tensor_desc(t)} ")
+        label.append(f"{tid} {t['dtype']} {list(t['shape'])} ")
         label.append(f"← {where}", style="bold")
         opts.append(Option(label, id=f"go:{prod}:{tid}" if prod else f"none:{tid}:in"))
     for tid in n["outputs"]:
         t = ix.tensors[tid]
         cons = t["consumers"]
-        head = f"{tid} {ix.tensor_label(tid)} {tensor_desc(t)}"
+        head = f"{tid} {t['dtype']} {list(t['shape'])}" + (" host" if t["location"] != "device" else "")
         if tid in ix.outputs:
-            label = Text()
+            label = Text(no_wrap=True, overflow="ellipsis")
             label.append("out ", style="yellow")
             label.append(f"{head} ")
             label.append("→ network output", style="bold")
             opts.append(Option(label, id=f"none:{tid}:out"))
         for c in cons:
-            label = Text()
+            label = Text(no_wrap=True, overflow="ellipsis")
             label.append("out ", style="yellow")
             label.append(f"{head} ")
             label.append(f"→ {c} {ix.nodes[c]['op']}", style="bold")
@@ -110,6 +110,9 @@ class GraphScreen(WorkbenchScreen):
         self.history: list[str] = []
         self.current: Optional[str] = None
         self._rows: list[str] = []
+        self.only: Optional[list[str]] = None  # the IDs a list_nodes step listed (--last N)
+        self._listing_seen: Optional[dict[str, Any]] = None
+        self._filling = False
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="graph-empty", classes="empty")
@@ -118,6 +121,7 @@ class GraphScreen(WorkbenchScreen):
             with Vertical(id="graph-right"):
                 yield Input(placeholder="/ filter: --match glob (id, op, category, name, module path)",
                             id="graph-filter", compact=True)
+                yield Static("", id="graph-listing")
                 table = DataTable(id="nodes", cursor_type="row", zebra_stripes=False)
                 yield table
                 with Vertical(id="node-details"):
@@ -162,6 +166,20 @@ class GraphScreen(WorkbenchScreen):
             self.fill_table()
         else:
             self.update_marks()
+        lst = self.state.listing
+        if lst is not self._listing_seen:
+            self._listing_seen = lst
+            self.apply_listing(lst)
+
+    def apply_listing(self, lst: Optional[dict[str, Any]]) -> None:
+        """Show what a list_nodes step listed: its --match as the filter, or just its IDs (--last)."""
+        self.scope = ""
+        self._filling = True
+        self.query_one("#graph-filter", Input).value = (lst or {}).get("match") or ""
+        self._filling = False
+        self.pattern = (lst or {}).get("match") or ""
+        self.only = list(lst["ids"]) if lst and lst.get("last") else None
+        self.fill_table(keep=(lst or {}).get("ids", [None])[0] if lst and lst.get("ids") else None)
 
     def build_tree(self) -> None:
         snap = self.state.snapshot
@@ -182,12 +200,22 @@ class GraphScreen(WorkbenchScreen):
 
     def visible_nodes(self) -> list[dict[str, Any]]:
         snap = self.state.snapshot
-        return [n for n in snap["nodes"] if in_scope(n, self.scope) and node_matches(n, self.pattern or None)]
+        only = set(self.only) if self.only is not None else None
+        return [n for n in snap["nodes"] if in_scope(n, self.scope) and node_matches(n, self.pattern or None)
+                and (only is None or n["id"] in only)]
 
     def fill_table(self, keep: Optional[str] = None) -> None:
         t = self.query_one("#nodes", DataTable)
         keep = keep or self.current
         t.clear()
+        note = self.query_one("#graph-listing", Static)
+        parts = []
+        if self.scope:
+            parts.append(f"under {self.scope}")
+        if self.only is not None:
+            parts.append(f"the {len(self.only)} node(s) the step listed (last {len(self.only)})")
+        note.display = bool(parts)
+        note.update(Text("showing " + ", ".join(parts) + " · type a filter to see all", style="dim"))
         marked = set(self.state.marked)
         self._rows = []
         for n in self.visible_nodes():
@@ -244,7 +272,10 @@ class GraphScreen(WorkbenchScreen):
 
     @on(Input.Changed, "#graph-filter")
     def filter_changed(self, event: Input.Changed) -> None:
+        if self._filling:
+            return
         self.pattern = event.value.strip()
+        self.only = None
         self.fill_table()
 
     @on(Input.Submitted, "#graph-filter")
@@ -264,8 +295,10 @@ class GraphScreen(WorkbenchScreen):
     def goto(self, nid: str) -> None:
         if nid not in self._rows:
             # the target is filtered out: show the whole graph
-            self.scope, self.pattern = "", ""
+            self.scope, self.pattern, self.only = "", "", None
+            self._filling = True
             self.query_one("#graph-filter", Input).value = ""
+            self._filling = False
             self.fill_table(keep=nid)
         t = self.query_one("#nodes", DataTable)
         t.move_cursor(row=self._rows.index(nid))

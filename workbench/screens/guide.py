@@ -45,14 +45,28 @@ def short(value: Any, width: int = 60) -> str:
         s = ", ".join(f"{k}={short(v, 24)}" for k, v in value.items())
     elif isinstance(value, list):
         if value and all(isinstance(v, (int, float)) for v in value):
-            head = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value[:8])
-            s = f"[{head}{', …' if len(value) > 8 else ''}] ({len(value)})"
+            head = " ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value[:8])
+            s = f"{len(value)}: {head}{' …' if len(value) > 8 else ''}"
         else:
             s = "[" + ", ".join(short(v, 30) for v in value[:4]) + (", …" if len(value) > 4 else "") + "]"
     else:
         s = str(value)
     s = s.replace("\n", "⏎")
-    return s if len(s) <= width else s[: width - 1] + "…"
+    return s if len(s) <= width else s[: width - 1].rstrip(" …") + "…"
+
+
+def result_lines(key: str, value: Any) -> list[tuple[str, str]]:
+    """(label, text) rows for one result: dicts by key, lists of slots one per row."""
+    if isinstance(value, dict) and value and all(isinstance(v, str) for v in value.values()):
+        return [(f"{key} {k}", short(v, 30)) for k, v in value.items()]
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        rows = []
+        for v in value[:4]:
+            rows.append((key.rstrip("s"), " ".join(short(x, 30) for x in v.values())))
+        return rows
+    if isinstance(value, bool):
+        return [(key, "yes" if value else "no")]
+    return [(key, short(value, 40))]
 
 
 @dataclass
@@ -136,8 +150,9 @@ class GuidePanel(VerticalScroll):
             if o.kind == "ok":
                 for k in SHOWN.get(st.action, ()):
                     if k in (o.results or {}):
-                        t.append(f"  {k}: ", style="dim")
-                        t.append(short(o.results[k], 40) + "\n")
+                        for label, value in result_lines(k, o.results[k]):
+                            t.append(f"  {label}: ", style="dim")
+                            t.append(value + "\n")
             elif o.error:
                 t.append(f"  {o.error}\n", style="red")
             if g.mode == "replay":

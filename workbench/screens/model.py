@@ -119,7 +119,7 @@ class ModelScreen(WorkbenchScreen):
         self.scan_hf()
 
     def focus_default(self) -> None:
-        if self.wb.guide is None:
+        if not isinstance(self.focused, (Input, Select)):
             self.query_one("#model-list", OptionList).focus()
 
     def fill_from_state(self) -> None:

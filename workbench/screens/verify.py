@@ -21,15 +21,17 @@ DEFAULT_ENCODER_PROMPT = "The quick brown fox jumps over the lazy dog."
 
 
 def verdict(correctness: Optional[dict[str, Any]], perf: Optional[dict[str, Any]]) -> tuple[str, str]:
-    """("PROMOTE" | "REJECT" | "PENDING", reason)."""
+    """("PROMOTE" | "REJECT" | "PENDING", reason). PROMOTE only when both gates passed."""
     if correctness is not None and not correctness.get("passed"):
-        return "REJECT", f"correctness gate failed: {correctness.get('line', '')}"
+        return "REJECT", f"correctness gate failed: {_one_line(correctness.get('line', ''))}"
     if perf is not None and not perf.get("passed"):
-        return "REJECT", f"performance gate failed: {perf.get('line', '')}"
+        return "REJECT", f"performance gate failed: {_one_line(perf.get('line', ''))}"
     missing = [name for name, r in (("correctness (c)", correctness), ("performance (p)", perf)) if r is None]
     if missing:
         return "PENDING", "run the " + " and ".join(missing) + " gate" + ("s" if len(missing) > 1 else "")
-    return "PROMOTE", f"both gates passed: {correctness.get('line', '')}; {perf.get('line', '')}"
+    ratio = perf.get("ratio")
+    tail = f"; external/native throughput ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
+    return "PROMOTE", f"correctness and performance gates passed{tail}"
 
 
 class VerifyScreen(WorkbenchScreen):
@@ -43,6 +45,7 @@ class VerifyScreen(WorkbenchScreen):
     def __init__(self) -> None:
         super().__init__()
         self._prompt_kind: Optional[str] = None
+        self._synced: Optional[dict[str, Any]] = None
 
     def compose_body(self) -> Iterable[Widget]:
         with Grid(id="verify-form"):
@@ -73,11 +76,17 @@ class VerifyScreen(WorkbenchScreen):
         st = self.state
         dec = st.is_decoder
         kind = "decoder" if dec else "encoder"
+        p = self.query_one("#prompt", Input)
         if self._prompt_kind != kind:
             self._prompt_kind = kind
-            p = self.query_one("#prompt", Input)
             if p.value in (DEFAULT_PROMPT, DEFAULT_ENCODER_PROMPT, ""):
                 p.value = DEFAULT_PROMPT if dec else DEFAULT_ENCODER_PROMPT
+        if st.last_prompt and st.last_prompt != self._synced:
+            # a step ran (guided or typed): show the prompt and token count it used
+            self._synced = st.last_prompt
+            p.value = st.last_prompt.get("prompt") or p.value
+            if st.last_prompt.get("max_new_tokens"):
+                self.query_one("#max-new-tokens", Input).value = str(st.last_prompt["max_new_tokens"])
         self.query_one("#max-new-tokens", Input).disabled = not dec
         plot = self.query_one(ThroughputPlot)
         plot.unit = "tokens/s" if dec else "embeddings/s"
@@ -89,8 +98,8 @@ class VerifyScreen(WorkbenchScreen):
 
     def show_correctness(self) -> None:
         st = self.state
-        t = Text()
-        t.append("correctness  ", style="bold")
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append("correctness", style="bold")
         for arm in ("native", "external"):
             o = st.outputs.get(arm)
             t.append(f"\n {arm:<9}", style="dim")
@@ -98,8 +107,7 @@ class VerifyScreen(WorkbenchScreen):
                 t.append("-", style="dim")
             elif o.get("kind") == "generate":
                 toks = o.get("tokens") or []
-                head = " ".join(str(x) for x in toks[:10]) + (" …" if len(toks) > 10 else "")
-                t.append(f"{len(toks)} tokens [{head}]")
+                t.append(f"{len(toks)} tokens: " + " ".join(str(x) for x in toks))
             else:
                 t.append(f"{o.get('values')} values → {st.show_path(o.get('output'))}")
         c = st.correctness
@@ -108,7 +116,8 @@ class VerifyScreen(WorkbenchScreen):
             t.append("c runs both arms and the gate", style="dim")
         else:
             t.append("PASS " if c.get("passed") else "FAIL ", style="bold green" if c.get("passed") else "bold red")
-            t.append(_one_line(c.get("line", "")))
+            line = _one_line(c.get("line", ""))
+            t.append(line.split(": ", 1)[1] if line.startswith(("PASS: ", "FAIL: ")) else line)
         self.query_one("#correctness", Static).update(t)
 
     def show_perf(self) -> None:
@@ -121,7 +130,8 @@ class VerifyScreen(WorkbenchScreen):
             t.append("p measures native vs external throughput (no-regression gate, ratio ≥ 0.98)", style="dim")
         else:
             t.append("PASS " if p.get("passed") else "FAIL ", style="bold green" if p.get("passed") else "bold red")
-            t.append(_one_line(p.get("line", "")))
+            line = _one_line(p.get("line", ""))
+            t.append(line.split(": ", 1)[1] if line.startswith(("PASS: ", "FAIL: ")) else line)
         self.query_one("#perf-line", Static).update(t)
 
     def show_verdict(self) -> None:

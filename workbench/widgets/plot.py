@@ -13,8 +13,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 ARMS = ("native", "external")
-ARM_COLOURS = {"native": 12, "external": 11}  # bright blue, bright yellow
-_RICH_COLOURS = {"native": "bright_blue", "external": "bright_yellow"}
+ARM_COLOURS = {"native": 12, "external": 10}  # plotext "simple" theme: bright blue, bright green
+_RICH_COLOURS = {"native": "bright_blue", "external": "bright_green"}
 _PLOT_LOCK = threading.Lock()
 
 
@@ -25,9 +25,13 @@ def render_plot(series: dict[str, list[float]], width: int, height: int, unit: s
     with _PLOT_LOCK:
         fig = plt.figure
         fig.clear()
-        fig.plot_size(max(20, width), max(5, height))
+        fig.plot_size(max(20, width), max(3, height))
         fig.theme("simple")
         fig.legend(False)
+        n = max((len(series.get(arm) or []) for arm in ARMS), default=0)
+        if n:
+            step = max(1, (n + 5) // 6)
+            fig.ruler("x").ticks(list(range(1, n + 1, step)))
         for arm in ARMS:
             ys = series.get(arm) or []
             if not ys:
@@ -35,7 +39,6 @@ def render_plot(series: dict[str, list[float]], width: int, height: int, unit: s
             sig = fig.signal(list(range(1, len(ys) + 1)), list(ys), marker="braille")
             sig.lines()
             fig.draw(sig)
-        fig.label("run", "x")
         return fig.build().string()
 
 
@@ -85,9 +88,9 @@ class ThroughputPlot(Static):
             msg.append_text(self.legend())
             self.update(msg)
             return
-        body = Text.from_ansi(render_plot(self.series, w, h - 1, self.unit))
+        body = self.legend()
         body.append("\n")
-        body.append_text(self.legend())
+        body.append_text(Text.from_ansi(render_plot(self.series, w, h - 1, self.unit).rstrip("\n")))
         self.update(body)
 
     def on_resize(self) -> None:
