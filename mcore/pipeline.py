@@ -243,13 +243,6 @@ class EncoderPipeline(Pipeline):
         return v.cpu().tolist()
 
 
-def open_pipeline(bundle_path: str, **kw: Any) -> Pipeline:
-    """Construct the right pipeline kind for a bundle."""
-    bundle = open_bundle(bundle_path)
-    kind = bundle.manifest.get("family_kind")
-    return (EncoderPipeline if kind == "encoder" else DecoderPipeline)(bundle_path, bundle=bundle, **kw)
-
-
 def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return 0.0
