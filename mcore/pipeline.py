@@ -158,7 +158,8 @@ class DecoderPipeline(Pipeline):
         self.eos_ids = set(eos if isinstance(eos, list) else ([eos] if eos is not None else []))
 
     def generate(self, prompt: str, max_new_tokens: int, greedy: bool = True, stop_at_eos: bool = True,
-                 temperature: float = 1.0, top_k: int = 0, seed: int = 0, timed: bool = False) -> GenerationResult:
+                 temperature: float = 1.0, top_k: int = 0, seed: int = 0, timed: bool = False,
+                 progress: Progress = NO_PROGRESS) -> GenerationResult:
         if max_new_tokens < 1:
             raise UserError(f"--max-new-tokens {max_new_tokens} must be at least 1")
         ids = self.encode(prompt)
@@ -181,6 +182,7 @@ class DecoderPipeline(Pipeline):
         pos = len(ids)
         step_ids = torch.empty(1, 1, dtype=torch.int32, device=self.device)
         while len(out) < max_new_tokens and not (stop_at_eos and tok in self.eos_ids):
+            progress.report(f"generated {len(out)}/{max_new_tokens} tokens", len(out) / max_new_tokens)
             ts = time.perf_counter()
             step_ids.fill_(tok)
             self.cache_length.fill_(pos)

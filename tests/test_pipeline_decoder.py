@@ -139,3 +139,21 @@ def test_random_weights_bundle_is_deterministic(ckpt, tmp_path):
     t2 = DecoderPipeline(str(b), device="cpu").generate(PROMPT, 6, stop_at_eos=False).tokens
     assert t1 == t2
     assert os.path.getsize(b) < 200_000  # random weights are regenerated, not stored
+
+
+def test_generation_reports_progress_and_cancels(native):
+    from mcore.errors import Cancelled
+    from mcore.progress import CancelToken, Progress
+
+    pipe = DecoderPipeline(str(native), device="cpu")
+    seen = []
+    pipe.generate(PROMPT, 5, stop_at_eos=False, progress=Progress(lambda s, f: seen.append(f)))
+    assert seen == [i / 5 for i in range(1, 5)]
+    token = CancelToken()
+
+    def cancel_at_three(step, frac):
+        if frac >= 0.6:
+            token.cancel()
+
+    with pytest.raises(Cancelled):
+        pipe.generate(PROMPT, 5, stop_at_eos=False, progress=Progress(cancel_at_three, token))
