@@ -176,6 +176,7 @@ class WorkbenchApp(App):
         self.progress_step: str = ""
         self.progress_fraction: Optional[float] = None
         self.last_error: Optional[str] = None
+        self.last_error_expected = False  # the last "error" was one the guided session recorded
         self._token: Optional[CancelToken] = None
         self.startup_error: Optional[str] = None
         self._expect_error: Optional[str] = None
@@ -508,7 +509,7 @@ class WorkbenchApp(App):
                     pass
             if outcome.kind == "user" and expected is not None and outcome.error == expected:
                 self.progress_step = f"{outcome.action.replace('_', ' ')}: refused, as the session recorded"
-                self.last_error = None
+                self.last_error, self.last_error_expected = outcome.error, True
                 self.notify(outcome.error, title="refused, as expected", severity="information", timeout=8)
                 self._hook("show_error", outcome.error, True)
             else:
@@ -530,7 +531,7 @@ class WorkbenchApp(App):
         self.last_outcome = outcome
 
     def report_error(self, text: str) -> None:
-        self.last_error = text
+        self.last_error, self.last_error_expected = text, False
         self.notify(text, title="error", severity="error", timeout=12)
         self._hook("show_error", text, False, report=False)
 
@@ -601,6 +602,8 @@ class WorkbenchApp(App):
                 try:
                     st.receipt = load_receipt(st.path(results["receipt"]))
                     st.receipt_path = results["receipt"]
+                    if st.snapshot is not None and st.receipt["graph_fingerprint"] == st.snapshot["fingerprint"]:
+                        st.marked = list(st.receipt["node_ids"])
                 except UserError:
                     pass
         elif action in ("generate", "embed"):

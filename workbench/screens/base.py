@@ -166,7 +166,7 @@ class WorkbenchScreen(Screen):
         from .guide import GuidePanel
 
         self.query_one(GuidePanel).show_guide(g)
-        self.query_one(ErrorPanel).show_error(self.wb.last_error)
+        self.query_one(ErrorPanel).show_error(self.wb.last_error, self.wb.last_error_expected)
 
     def refresh_status(self) -> None:
         if self.is_mounted:

@@ -5,6 +5,7 @@ bindings manifest (write_bindings). Native code is loaded only later, after a tr
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,18 @@ from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import Input, Label, RichLog, Static, TextArea
 
+from mcore.graph.display import abi_lines
+
 from .base import WorkbenchScreen
 
 KERNEL_OUTPUTS = {"identity-copy": "kernel.so", "residual-add": "residual-add.so"}
+
+
+def relative_paths(text: str, workdir: Path) -> str:
+    """The stub as shown: paths inside the work folder written relative to it (the file is unchanged)."""
+    for root in {str(workdir), os.path.realpath(workdir)}:
+        text = text.replace(root + os.sep, "")
+    return text
 
 
 def _text_area(**kw) -> TextArea:
@@ -87,14 +97,19 @@ class KernelScreen(WorkbenchScreen):
         view = self.query_one("#stub-view", TextArea)
         if st.stub_text is not None:
             title.update(Text.assemble(("CuTe DSL exporter stub ", "bold"), (st.show_path(st.stub_path), ""),
-                                       ("  (read-only; e runs it)", "dim")))
+                                       ("  (read-only, paths relative to the work folder; e runs it)", "dim")))
             if self._shown_stub != st.stub_text:
                 self._shown_stub = st.stub_text
-                view.load_text(st.stub_text)
+                view.load_text(relative_paths(st.stub_text, st.workdir))
             view.display = True
         else:
-            title.update(Text("s generates a CuTe DSL exporter stub from the receipt", style="dim"))
             view.display = False
+            if rec:
+                head = Text.assemble(("The kernel must implement this call (", "dim"), ("s", "bold reverse"),
+                                     (" generates a CuTe DSL exporter stub for it):\n", "dim"))
+                title.update(Text.assemble(head, Text("\n".join(abi_lines(rec)[4:]), style="")))
+            else:
+                title.update(Text("s generates a CuTe DSL exporter stub from the receipt", style="dim"))
 
     def focus_default(self) -> None:
         pass

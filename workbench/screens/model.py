@@ -21,7 +21,7 @@ from mcore.errors import UserError
 
 from .base import WorkbenchScreen
 
-DEVICES = ("cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda")  # auto: the bundle's device, else CUDA when present
 
 
 def demo_models() -> list[str]:
@@ -83,6 +83,8 @@ class ModelScreen(WorkbenchScreen):
         self.roles: tuple[str, ...] = ()
         self.args_error: Optional[str] = None
         self._filling = False
+        self._shown_args: Optional[dict[str, Any]] = None
+        self._checked: Optional[tuple[BuildArgs, Optional[str]]] = None  # (args, error) of the last family check
 
     def compose_body(self) -> Iterable[Widget]:
         with Vertical(id="model-pick"):
@@ -106,7 +108,7 @@ class ModelScreen(WorkbenchScreen):
             yield Select([(w, w) for w in WEIGHTS], value="checkpoint", allow_blank=False, id="arg-weights",
                          compact=True)
             yield Label("device", classes="lbl")
-            yield Select([(d, d) for d in DEVICES], value="cpu", allow_blank=False, id="arg-device", compact=True)
+            yield Select([(d, d) for d in DEVICES], value="auto", allow_blank=False, id="arg-device", compact=True)
             yield Label("engine role", classes="lbl")
             yield Select([], prompt="(pick a model)", id="arg-role", compact=True)
         yield Static("", id="args-status")
@@ -124,6 +126,7 @@ class ModelScreen(WorkbenchScreen):
 
     def fill_from_state(self) -> None:
         a = self.state.build_args
+        self._shown_args = dict(a)
         self._filling = True
         self.query_one("#model-spec", Input).value = str(a.get("model") or "")
         self.query_one("#arg-revision", Input).value = a.get("model_revision") or ""
@@ -132,7 +135,7 @@ class ModelScreen(WorkbenchScreen):
         self.query_one("#arg-layout", Select).value = a.get("decoder_engine_layout") or ""
         self.query_one("#arg-seq", Input).value = str(a.get("max_seq_length") or "")
         self.query_one("#arg-weights", Select).value = a.get("weights") or "checkpoint"
-        self.query_one("#arg-device", Select).value = self.state.device if self.state.device in DEVICES else "cpu"
+        self.query_one("#arg-device", Select).value = self.state.device if self.state.device in DEVICES else "auto"
         self._filling = False
         self.model_changed()
 
@@ -140,9 +143,8 @@ class ModelScreen(WorkbenchScreen):
         super().refresh_view()
         if not self.is_mounted:
             return
-        # a guided capture changes the build args: show them
-        spec = self.query_one("#model-spec", Input).value.strip()
-        if spec != str(self.state.build_args.get("model") or ""):
+        # a guided capture or build changes the build args: show them
+        if self.state.build_args != self._shown_args:
             self.fill_from_state()
         self.show_status()
 
@@ -192,7 +194,7 @@ class ModelScreen(WorkbenchScreen):
             self.model_changed()
 
     @on(Input.Changed, "#arg-revision, #arg-cache, #arg-seq")
-    @on(Select.Changed, "#arg-precision, #arg-layout, #arg-weights, #arg-device, #arg-role")
+    @on(Select.Changed, "#arg-precision, #arg-layout, #arg-weights, #arg-device")
     def arg_changed(self) -> None:
         if not self._filling:
             self.validate_args()
@@ -200,6 +202,7 @@ class ModelScreen(WorkbenchScreen):
     def model_changed(self) -> None:
         self.family, self.kind, self.roles = None, None, ()
         self._resolve_serial += 1
+        self._checked = None
         self.validate_args()
 
     # ------------------------------------------------------------------ validation
@@ -228,8 +231,14 @@ class ModelScreen(WorkbenchScreen):
             self.args_error = str(e)
             self.show_status()
             return
+        if self._checked is not None and self._checked[0] == args:
+            # unchanged since the last family check (e.g. a device or role change): reuse its verdict
+            self.args_error = self._checked[1]
+            self.show_status()
+            return
         self.args_error = None
         self.show_status()
+        self._resolve_serial += 1
         self.resolve_family(args, self._resolve_serial)
 
     @work(thread=True, exclusive=True, group="resolve")
@@ -243,11 +252,12 @@ class ModelScreen(WorkbenchScreen):
             result = (None, None, (), str(e))
         except Exception as e:  # noqa: BLE001 - shown inline
             result = (None, None, (), f"{args.model}: could not read the model ({type(e).__name__}: {e})")
-        self.app.call_from_thread(self._resolved, serial, *result)
+        self.app.call_from_thread(self._resolved, serial, args, *result)
 
-    def _resolved(self, serial: int, family, kind, roles, error) -> None:
+    def _resolved(self, serial: int, args: BuildArgs, family, kind, roles, error) -> None:
         if not self.is_mounted or not self.app.is_running or serial != self._resolve_serial:
             return
+        self._checked = (args, error)
         self.family, self.kind, self.roles = family, kind, roles
         self.args_error = error
         role_sel = self.query_one("#arg-role", Select)
@@ -302,7 +312,8 @@ class ModelScreen(WorkbenchScreen):
         if not self.roles or role is Select.BLANK or role not in self.roles:
             self.wb.report_error("the model is still being checked (or has no engine roles); wait a moment, then press c")
             return
-        self.state.device = str(self.query_one("#arg-device", Select).value)
+        device = str(self.query_one("#arg-device", Select).value)
+        self.state.device = None if device == "auto" else device
         self.state.build_args = args.to_dict()
         self.state.family_kind = self.kind
         params = {"build_args": args.to_dict(), "engine_role": str(role), "snapshot": f"{role}.graph.json"}

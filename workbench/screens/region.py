@@ -65,6 +65,7 @@ class RegionScreen(WorkbenchScreen):
         self.error: Optional[RegionError | UserError] = None
         self._filling = False
         self._marked_seen: list[str] = []
+        self._receipt_seen: Optional[tuple] = None
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="region-empty", classes="empty")
@@ -119,9 +120,11 @@ class RegionScreen(WorkbenchScreen):
             self.fill_recipes()
             self.recipe = None
         rec = self.state.receipt
-        if rec is not None and rec["graph_fingerprint"] == snap["fingerprint"] and \
-                list(rec["node_ids"]) == list(self.state.marked) and self._marked_seen != self.state.marked:
-            # a saved (or guided) receipt: show its parameters
+        ident = (self.state.receipt_path, rec["abi_sha256"], tuple(rec["node_ids"])) if rec else None
+        if rec is not None and ident != self._receipt_seen and rec["graph_fingerprint"] == snap["fingerprint"]:
+            # a receipt saved here, by a guided step or by a recipe build: show its selection
+            self._receipt_seen = ident
+            self.state.marked = list(rec["node_ids"])
             self.fill_from_receipt(rec)
         self._marked_seen = list(self.state.marked)
         self.fill_marked()
@@ -143,6 +146,10 @@ class RegionScreen(WorkbenchScreen):
     def fill_from_receipt(self, rec: dict[str, Any]) -> None:
         self._filling = True
         self.recipe = (rec["recipe"]["id"], rec["recipe"]["instance"]) if rec.get("recipe") else None
+        if self.recipe is not None:
+            for i, r in enumerate(recipe_rows(self.state.snapshot)):
+                if (r["id"], r["instance"]) == self.recipe:
+                    self.query_one("#recipes", DataTable).move_cursor(row=i)
         self.query_one("#binding-id", Input).value = rec["binding_id"]
         self.query_one("#workspace", Input).value = str(rec["workspace_bytes"])
         self.query_one("#extra-args", Input).value = json.dumps(rec["extra_args"]) if rec["extra_args"] else ""
@@ -217,7 +224,8 @@ class RegionScreen(WorkbenchScreen):
                 saved["node_ids"] == self.preview["node_ids"] and saved["binding_id"] == self.preview["binding_id"]
             head.append("ABI (call order)" + ("  · saved as " + self.state.show_path(self.state.receipt_path)
                                                if is_saved else "  · not saved yet"), style="bold")
-            body = Text("\n".join(lines))
+            # the call contract first (what the kernel implements), then the identity lines
+            body = Text("\n".join([lines[1]] + lines[4:] + [lines[0]] + lines[2:4]))
             abi.update(Text.assemble(head, "\n", body))
         else:
             abi.update(Text("The ABI table appears when the selection is valid.", style="dim"))

@@ -1,0 +1,333 @@
+"""Pilot tests: each shipped guided tutorial driven end to end by key presses in the TUI.
+
+Every step is performed for real through its action (n, and y on the native-code prompt);
+the tests then check the real outcomes against independent sources: the graph fingerprint
+against a fresh `mcore` capture, the ABI hash against the receipt file on disk (and the
+bundle's kernel slot), token equality of the two arms, and the gate verdict shown on the
+Verify screen. The recorded stable results of every step must match (replay semantics).
+
+To keep the suite to a few minutes on two cores, the performance gate of each tutorial runs
+one measured pair without warm-up instead of the recorded two pairs; it is a measurement
+(never compared on replay), so this changes the numbers only, not what is exercised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+from textual.screen import ModalScreen
+from textual.widgets import Static, TextArea
+
+from mcore.buildargs import BuildArgs
+from mcore.graph.capture import capture
+from mcore.selection import load_receipt
+from workbench.app import ACTION_SCREEN, WorkbenchApp
+from workbench.screens.dialogs import TrustModal
+from workbench.screens.verify import verdict
+from workbench.session import Session, find_tutorial
+
+STEP_TIMEOUT_S = 300
+SIZE = (80, 24)
+
+
+def static_text(app, selector: str) -> str:
+    """The plain text a Static on the current screen shows."""
+    c = app.screen.query_one(selector, Static).content
+    return c.plain if hasattr(c, "plain") else str(c)
+
+
+def shorten_perf(app: WorkbenchApp) -> None:
+    for step in app.guide.session.steps:
+        if step.action == "gate_perf":
+            step.params.update(pairs=1, warmup=0)
+
+
+async def drive(app: WorkbenchApp, pilot) -> dict:
+    """Press n for every step; y on the trust prompt. Returns what was seen along the way."""
+    g = app.guide
+    seen = {"screens": [], "trust_prompts": 0, "errors_shown": []}
+    while not g.done:
+        i = g.index
+        step = g.session.steps[i]
+        await pilot.press("n")
+        deadline = time.monotonic() + STEP_TIMEOUT_S
+        while True:
+            await pilot.pause(0.05)
+            if isinstance(app.screen, TrustModal):
+                seen["trust_prompts"] += 1
+                await pilot.press("y")
+                continue
+            if i in g.outcomes and not app.busy and not isinstance(app.screen, ModalScreen):
+                break
+            assert time.monotonic() < deadline, f"step {i + 1} ({step.action}) did not finish"
+        o = g.outcomes[i]
+        assert o.kind in ("ok", "user"), f"step {i + 1} ({step.action}): {o.kind}: {o.error}"
+        assert not o.diffs, f"step {i + 1} ({step.action}) differs from the recording: {o.diffs}"
+        assert g.index == i + 1, f"step {i + 1} ({step.action}) did not advance: {o.error}"
+        assert app.screen.SCREEN_NAME == ACTION_SCREEN[step.action]
+        seen["screens"].append(app.screen.SCREEN_NAME)
+        if o.kind == "user":
+            seen["errors_shown"].append(static_text(app, "#error"))
+    return seen
+
+
+def fresh_fingerprint(session: Session) -> str:
+    cap = next(s for s in session.steps if s.action == "capture_graph")
+    args = BuildArgs.from_dict(cap.params["build_args"])
+    return capture(args, cap.params["engine_role"]).snapshot["fingerprint"]
+
+
+async def check_common(app: WorkbenchApp, pilot, session: Session, seen: dict, workdir: Path) -> None:
+    st = app.state
+    # every step ran once, and was recorded into the app's own session
+    assert len(app.session) == len(session.steps)
+    assert [s.action for s in app.session.steps] == [s.action for s in session.steps]
+    # the graph shown is the graph a fresh capture produces
+    assert st.snapshot["fingerprint"] == fresh_fingerprint(session)
+    await pilot.press("f2")
+    await pilot.pause(0.2)
+    assert app.screen.SCREEN_NAME == "graph"
+    # the ABI hash shown is the receipt file's, which is the slot's in the bundle
+    receipt = load_receipt(st.path(st.receipt_path))
+    assert st.receipt["abi_sha256"] == receipt["abi_sha256"]
+    slots = st.bundles["slot"]["kernel_slots"]
+    assert [s["abi_sha256"] for s in slots] == [receipt["abi_sha256"]]
+    manifest = json.loads(st.path(st.manifest).read_text())
+    assert manifest["bindings"][0]["abi_sha256"] == receipt["abi_sha256"]
+    await pilot.press("f3")
+    await pilot.pause(0.3)
+    assert receipt["abi_sha256"] in static_text(app, "#abi")
+    assert "✓" in static_text(app, "#region-check")
+    # one trust prompt for the one library, then never again
+    assert seen["trust_prompts"] == 1
+    # the verdict shown follows both gates
+    await pilot.press("f6")
+    await pilot.pause(0.3)
+    word, _ = verdict(st.correctness, st.perf)
+    shown = static_text(app, "#verdict")
+    assert word in shown
+    if st.perf is not None:
+        assert word == ("PROMOTE" if st.correctness["passed"] and st.perf["passed"] else "REJECT")
+    # the session saves and loads back (ctrl+s, a path, enter)
+    await pilot.press("ctrl+s")
+    await pilot.pause(0.2)
+    inp = app.screen.query_one("#prompt-input")
+    inp.value = "saved-session.json"
+    await pilot.press("enter")
+    await pilot.pause(0.3)
+    saved = Session.load(workdir / "saved-session.json")
+    assert [s.action for s in saved.steps] == [s.action for s in session.steps]
+    assert all(s.status == t.status for s, t in zip(saved.steps, session.steps))
+
+
+@pytest.mark.asyncio
+async def test_tutorial_qwen_recipe(tmp_path):
+    session = Session.load(find_tutorial("qwen-recipe"))
+    app = WorkbenchApp(tutorial="qwen-recipe", workdir=str(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        shorten_perf(app)
+        guide = static_text(app, "#guide-text")
+        assert "step 1 of" in guide and session.steps[0].title in guide.replace("\n", " ")
+        seen = await drive(app, pilot)
+        st = app.state
+        assert seen["screens"][0] == "graph" and seen["screens"][-1] == "verify"
+        # tokens: native and external identical, and equal to the recording
+        native, external = st.outputs["native"]["tokens"], st.outputs["external"]["tokens"]
+        assert native == external
+        recorded = [s for s in session.steps if s.action == "generate"]
+        assert native == recorded[0].results["tokens"]
+        assert st.correctness["passed"] is True
+        assert isinstance(st.perf["passed"], bool) and st.perf["ratio"] > 0
+        assert any(st.samples["native"]) and any(st.samples["external"])
+        # the recipe is the one the tutorial names
+        assert st.receipt["recipe"] == {"id": "qwen.decode_logits_copy@1", "instance": "decoder.logits_zero_bias"}
+        await check_common(app, pilot, session, seen, tmp_path)
+        assert "All 10 steps done" in static_text(app, "#guide-text")
+
+
+@pytest.mark.asyncio
+async def test_tutorial_qwen_manual(tmp_path):
+    session = Session.load(find_tutorial("qwen-manual"))
+    app = WorkbenchApp(tutorial="qwen-manual", workdir=str(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        seen = await drive(app, pilot)
+        st = app.state
+        # the rejected region: the recorded error recurred and was shown as expected, naming the rule's tensor
+        rejected = [s for s in session.steps if s.status == "error"]
+        assert len(rejected) == 1 and len(seen["errors_shown"]) == 1
+        assert "refused, as the session recorded" in seen["errors_shown"][0]
+        assert "network output" in seen["errors_shown"][0]
+        # the hand-made receipt has the recipe's ABI hash (same call contract), and no recipe
+        assert st.receipt["recipe"] is None
+        assert st.receipt["binding_id"] == "qwen3.decode.logits_copy.manual@1"
+        recipe_hash = next(s for s in load_qwen_recipe().steps if s.action == "build_bundle"
+                           and s.params.get("recipe")).results["kernel_slots"][0]["abi_sha256"]
+        assert st.receipt["abi_sha256"] == recipe_hash
+        assert st.outputs["native"]["tokens"] == st.outputs["external"]["tokens"]
+        assert st.correctness["passed"] is True and st.perf is None
+        # the Graph screen showed the tail the tutorial lists (--last 6)
+        assert st.listing["last"] == 6 and len(st.listing["ids"]) == 6
+        await check_common(app, pilot, session, seen, tmp_path)
+        assert "PENDING" in static_text(app, "#verdict")
+
+
+def load_qwen_recipe() -> Session:
+    return Session.load(find_tutorial("qwen-recipe"))
+
+
+@pytest.mark.asyncio
+async def test_tutorial_distilbert_residual(tmp_path):
+    session = Session.load(find_tutorial("distilbert-residual"))
+    app = WorkbenchApp(tutorial="distilbert-residual", workdir=str(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        shorten_perf(app)
+        seen = await drive(app, pilot)
+        st = app.state
+        assert st.receipt["node_ids"] == session.steps[2].params["node_ids"]
+        assert st.correctness["kind"] == "gate_embeddings" and st.correctness["passed"] is True
+        assert st.outputs["native"]["values"] == st.outputs["external"]["values"] > 0
+        assert isinstance(st.perf["passed"], bool)
+        if any(s.action == "kernel_stub" for s in session.steps):
+            await pilot.press("f4")
+            await pilot.pause(0.3)
+            stub = app.screen.query_one("#stub-view", TextArea).text
+            assert st.receipt["abi_sha256"] in stub
+        await check_common(app, pilot, session, seen, tmp_path)
+
+
+@pytest.mark.asyncio
+async def test_interactive_errors_show_in_the_ui(tmp_path, monkeypatch):
+    """No traceback screens: bad input and failing actions appear in the error panel."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
+    app = WorkbenchApp(workdir=str(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        # a bad build argument is named inline while typing
+        app.screen.query_one("#arg-cache").value = "0"
+        await pilot.pause(0.2)
+        assert "--max-cache-length 0 is out of range" in static_text(app, "#args-status")
+        await pilot.press("c")  # capture refuses: the error panel says why
+        await pilot.pause(0.2)
+        assert "out of range" in static_text(app, "#error")
+        # a model that does not exist: the family check names it
+        app.screen.query_one("#arg-cache").value = ""
+        app.screen.query_one("#model-spec").value = str(tmp_path / "nowhere")
+        for _ in range(100):
+            await pilot.pause(0.1)
+            if "no such folder" in static_text(app, "#args-status"):
+                break
+        assert "no such folder" in static_text(app, "#args-status")
+        # screens with nothing to show say where to start; gate keys without bundles say what to build
+        for key in ("f2", "f3"):
+            await pilot.press(key)
+            await pilot.pause(0.1)
+            assert "Capture one on the Model screen" in static_text(app, ".empty")
+        await pilot.press("f6", "c")
+        await pilot.pause(0.1)
+        assert "first build the native bundle" in static_text(app, "#error")
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert static_text(app, "#error") == ""
+        await pilot.press("f5", "s")
+        await pilot.pause(0.1)
+        assert "no receipt yet" in static_text(app, "#error")
+        # an action that fails inside its worker: recorded as an error step, shown, app alive
+        app.perform("gate_tokens", {"native": "missing.jsonl", "external": "missing.jsonl"})
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if not app.busy:
+                break
+        assert "token records not found" in static_text(app, "#error")
+        assert app.session.steps[-1].status == "error"
+        # resizes keep working down to 80x24 and back
+        for size in ((120, 40), (80, 24), (100, 30)):
+            await pilot.resize_terminal(*size)
+            await pilot.pause(0.1)
+        await pilot.press("question_mark")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, ModalScreen)
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert app.screen.SCREEN_NAME == "build"
+
+
+@pytest.mark.asyncio
+async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
+    """The non-guided path: capture with c, mark nodes by hand, live validation, save the receipt."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
+    app = WorkbenchApp(workdir=str(tmp_path))
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(200):
+            await pilot.pause(0.1)
+            if app.screen.family:
+                break
+        await pilot.press("c")
+        for _ in range(600):
+            await pilot.pause(0.1)
+            if app.state.snapshot is not None and not app.busy:
+                break
+        assert app.screen.SCREEN_NAME == "graph"
+        snap = app.state.snapshot
+        assert snap["fingerprint"] == capture(BuildArgs("demo:qwen3-tiny"), "decode").snapshot["fingerprint"]
+        graph = app.screen
+        # filter with --match semantics, then follow an edge and come back
+        await pilot.press("slash")
+        await pilot.press(*"*logits_zero_bias*")
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        rows = list(graph._rows)
+        assert rows and all("logits_zero_bias" in n["module_path"] or "logits_zero_bias" in n["name"]
+                            for n in snap["nodes"] if n["id"] in rows)
+        start = graph.current
+        for nid in rows:  # mark the bias nodes by hand with space
+            graph.goto(nid)
+            await pilot.press("space")
+        assert app.state.marked == rows
+        graph.goto(start)
+        await pilot.press("e", "enter")  # follow the first edge
+        await pilot.pause(0.1)
+        assert graph.current != start and graph.history == [start]
+        await pilot.press("backspace")
+        assert graph.current == start and graph.history == []
+        # the Region screen validates the hand-made region live and saves it
+        await pilot.press("f3")
+        await pilot.pause(0.2)
+        region = app.screen
+        region.query_one("#binding-id").value = "my.bias_copy@1"
+        await pilot.pause(0.2)
+        assert "✓ valid manual selection" in static_text(app, "#region-check")
+        expected = region.preview["abi_sha256"]
+        assert expected in static_text(app, "#abi")
+        # break it: a bad workspace names the rule
+        region.query_one("#workspace").value = "99999999999"
+        await pilot.pause(0.2)
+        assert "rule workspace" in static_text(app, "#region-check")
+        region.query_one("#workspace").value = "0"
+        await pilot.pause(0.2)
+        region.query_one("#marked").focus()
+        await pilot.press("s")
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if not app.busy:
+                break
+        assert app.state.receipt["abi_sha256"] == expected
+        assert load_receipt(tmp_path / "my.bias_copy@1.selection.json")["abi_sha256"] == expected
+        assert app.session.steps[-1].action == "select_nodes"
+        # a long build is cancellable with x (nothing half-written)
+        await pilot.press("f5", "b")
+        await pilot.press("x")
+        for _ in range(600):
+            await pilot.pause(0.1)
+            if not app.busy:
+                break
+        if app.last_outcome.kind == "cancelled":
+            assert not (tmp_path / "native.bundle").exists()
+        else:  # finished before the cancel arrived
+            assert app.last_outcome.kind == "ok"
