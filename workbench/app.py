@@ -227,6 +227,10 @@ class WorkbenchApp(App):
 
         sess = Session.load(path)
         self.guide = GuideState(sess, mode=mode, source=path)
+        first = next((s for s in sess.steps if isinstance(s.params.get("build_args"), dict)), None)
+        if first is not None and self.state.snapshot is None:
+            # the Model screen shows the build arguments the session will use
+            self.state.build_args = dict(first.params["build_args"])
         self.sub_title = f"{'tutorial' if mode == 'tutorial' else 'replay'}: {sess.title}"
 
     # ------------------------------------------------------------------ navigation

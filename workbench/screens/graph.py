@@ -133,7 +133,7 @@ class GraphScreen(WorkbenchScreen):
         t = self.query_one("#nodes", DataTable)
         t.add_column(" ", key="mark", width=1)
         t.add_column("id", key="id", width=9)
-        t.add_column("op", key="op", width=22)
+        t.add_column("op", key="op")
         t.add_column("recipe", key="recipe", width=14)
         t.add_column("module", key="module")
         self.query_one("#module-tree", Tree).show_root = True

@@ -79,9 +79,9 @@ class RegionScreen(WorkbenchScreen):
                 yield Label("workspace", classes="lbl")
                 yield Input("0", id="workspace", compact=True, restrict=r"[0-9]*")
                 yield Label("extra args", classes="lbl")
-                yield Input(placeholder='[] or [{"type":"int","value":32}]', id="extra-args", compact=True)
+                yield Input(placeholder='none; JSON [{"type":"int","value":32}]', id="extra-args", compact=True)
                 yield Label("out shape like", classes="lbl")
-                yield Input(placeholder="input index (dynamic output)", id="out-like", compact=True,
+                yield Input(placeholder="fixed; or an input index", id="out-like", compact=True,
                             restrict=r"[0-9]*")
             yield Static("", id="region-check")
             with VerticalScroll(id="abi-scroll"):

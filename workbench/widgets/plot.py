@@ -46,7 +46,7 @@ class ThroughputPlot(Static):
     """Samples per arm; redraws itself to its current size (survives resizes)."""
 
     DEFAULT_CSS = """
-    ThroughputPlot { height: 1fr; min-height: 6; }
+    ThroughputPlot { width: 1fr; height: 1fr; min-height: 6; }
     """
 
     def __init__(self, unit: str = "tokens/s", **kw):

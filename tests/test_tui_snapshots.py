@@ -1,0 +1,177 @@
+"""SVG snapshots of every workbench screen at 80x24 and 120x40 (pytest-textual-snapshot).
+
+The screens show real results: the qwen-recipe tutorial's steps (all but the measured
+performance gate) run once through the actions into a shared work folder, and each snapshot
+app loads those results. Nothing time-dependent is shown: paths are relative to the work
+folder, the throughput plot uses fixed sample values, notifications are cleared.
+Regenerate with `pytest tests/test_tui_snapshots.py --snapshot-update` after a deliberate
+UI change, then review the SVGs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+
+from workbench.actions import ActionContext, run_action
+from workbench.app import WorkbenchApp
+from workbench.screens.dialogs import TrustModal
+from workbench.session import Session, find_tutorial
+
+SIZES = [(80, 24), (120, 40)]
+SCREENS = ["model", "graph", "region", "kernel", "build", "verify"]
+KEYS = {name: f"f{i + 1}" for i, name in enumerate(SCREENS)}
+
+# A deterministic stand-in for measured throughput (the real gate is exercised by the pilot tests).
+PERF = {"passed": True, "ratio": 0.9975, "native": 41.2, "external": 41.1, "unit": "tokens/s",
+        "line": "PASS: external/native throughput median ratio 0.9975 (native=41.20 external=41.10 tokens/s "
+                "over 6 pairs)"}
+SAMPLES = {"native": [40.1, 41.5, 41.2, 40.8, 41.9, 41.2], "external": [39.8, 41.0, 41.1, 41.3, 41.6, 40.9]}
+
+
+@pytest.fixture(autouse=True)
+def no_hf_cache(tmp_path, monkeypatch):
+    """The Model screen scans the Hugging Face cache: make it the same everywhere."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> tuple[Path, list[tuple[str, dict, dict]]]:
+    wd = tmp_path_factory.mktemp("snapshot-work")
+    ctx = ActionContext(workdir=wd)
+    steps = []
+    for st in Session.load(find_tutorial("qwen-recipe")).steps:
+        if st.action == "gate_perf":
+            continue
+        results, error = run_action(ctx, st.action, st.params)
+        assert error is None, f"{st.action}: {error}"
+        steps.append((st.action, st.params, results))
+    stub = {"receipt": "qwen3-slot-ready.selection.json", "snapshot": "decode.graph.json",
+            "output": "export_logits_copy.py"}
+    results, error = run_action(ctx, "kernel_stub", stub)
+    assert error is None, error
+    steps.append(("kernel_stub", stub, results))
+    return ctx.workdir, steps
+
+
+async def settle(pilot, until: Optional[Callable[[], bool]] = None, timeout: float = 60) -> None:
+    waited = 0.0
+    while until is not None and not until() and waited < timeout:
+        await pilot.pause(0.1)
+        waited += 0.1
+    await pilot.pause(0.2)
+
+
+def model_checked(app) -> bool:
+    scr = app.get_screen("model")
+    return bool(scr.family or scr.args_error)
+
+
+def loaded(recorded, screen: str, extra: Optional[Callable] = None):
+    """run_before: load the recorded results, wait for the model check, go to `screen`."""
+    _, steps = recorded
+
+    async def run_before(pilot) -> None:
+        app = pilot.app
+        await settle(pilot, lambda: model_checked(app))
+        for action, params, results in steps:
+            app.apply_results(action, params, results)
+        app.refresh_screen()  # the Model screen shows the captured build args and checks them again
+        await settle(pilot, lambda: model_checked(app))
+        if screen != "model":
+            await pilot.press(KEYS[screen])
+        await settle(pilot)
+        if extra is not None:
+            await extra(pilot)
+        app.refresh_screen()
+        await settle(pilot)
+        app.clear_notifications()
+
+    return run_before
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("screen", SCREENS)
+def test_screen(snap_compare, recorded, screen, size):
+    app = WorkbenchApp(workdir=str(recorded[0]))
+    assert snap_compare(app, terminal_size=size, run_before=loaded(recorded, screen))
+
+
+def test_graph_follow_edge(snap_compare, recorded):
+    """The node details after following a tensor edge into the zero-bias add."""
+    async def go(pilot) -> None:
+        graph = pilot.app.screen
+        graph.goto("node:188")
+        await pilot.press("e", "enter")
+
+    app = WorkbenchApp(workdir=str(recorded[0]))
+    assert snap_compare(app, terminal_size=(120, 40), run_before=loaded(recorded, "graph", go))
+
+
+def test_verify_verdict_with_plot(snap_compare, recorded):
+    """Both gates passed (fixed numbers): the throughput plot and PROMOTE."""
+    async def perf(pilot) -> None:
+        st = pilot.app.state
+        st.perf = dict(PERF)
+        st.samples = {k: list(v) for k, v in SAMPLES.items()}
+
+    for size in SIZES:
+        app = WorkbenchApp(workdir=str(recorded[0]))
+        assert snap_compare(app, terminal_size=size, run_before=loaded(recorded, "verify", perf))
+
+
+def test_verify_reject(snap_compare, recorded):
+    async def perf(pilot) -> None:
+        st = pilot.app.state
+        st.perf = dict(PERF, passed=False, ratio=0.81,
+                       line="FAIL: external/native throughput median ratio 0.8100 is below 0.98 "
+                            "(native=41.20 external=33.37 tokens/s over 6 pairs)")
+        st.samples = {"native": SAMPLES["native"], "external": [v * 0.81 for v in SAMPLES["external"]]}
+
+    app = WorkbenchApp(workdir=str(recorded[0]))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(recorded, "verify", perf))
+
+
+def test_ansi_16_colours(snap_compare, recorded):
+    """The ansi-dark theme: only the terminal's 16 colours."""
+    app = WorkbenchApp(workdir=str(recorded[0]), ansi=True)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(recorded, "region"))
+
+
+def test_trust_prompt(snap_compare, recorded):
+    async def ask(pilot) -> None:
+        pilot.app.push_screen(TrustModal("kernel.so", "kernel-bindings.json"))
+
+    app = WorkbenchApp(workdir=str(recorded[0]))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(recorded, "verify", ask))
+
+
+def test_help(snap_compare, recorded):
+    app = WorkbenchApp(workdir=str(recorded[0]))
+    assert snap_compare(app, terminal_size=(80, 24), press=["question_mark"], run_before=loaded(recorded, "model"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_tutorial_start(snap_compare, tmp_path, size):
+    """Guided mode: the side panel explains step 1 of the shipped qwen-recipe tutorial."""
+    async def ready(pilot) -> None:
+        await settle(pilot, lambda: model_checked(pilot.app))
+        pilot.app.clear_notifications()
+
+    app = WorkbenchApp(tutorial="qwen-recipe", workdir=str(tmp_path / "work"))
+    assert snap_compare(app, terminal_size=size, run_before=ready)
+
+
+def test_tutorial_after_first_step(snap_compare, tmp_path):
+    """Guided mode after n: the real capture's results in the panel, the Graph screen shown."""
+    async def step(pilot) -> None:
+        app = pilot.app
+        await settle(pilot, lambda: model_checked(app))
+        await pilot.press("n")
+        await settle(pilot, lambda: 0 in app.guide.outcomes and not app.busy, timeout=120)
+        app.clear_notifications()
+
+    app = WorkbenchApp(tutorial="qwen-recipe", workdir=str(tmp_path / "work"))
+    assert snap_compare(app, terminal_size=(120, 40), run_before=step)
