@@ -75,6 +75,14 @@ async def drive(app: WorkbenchApp, pilot) -> dict:
     return seen
 
 
+async def wait_idle(app: WorkbenchApp, pilot, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    await pilot.pause(0.05)
+    while app.busy and time.monotonic() < deadline:
+        await pilot.pause(0.05)
+    await pilot.pause(0.05)
+
+
 def fresh_fingerprint(session: Session) -> str:
     cap = next(s for s in session.steps if s.action == "capture_graph")
     args = BuildArgs.from_dict(cap.params["build_args"])
@@ -320,6 +328,27 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
         assert app.state.receipt["abi_sha256"] == expected
         assert load_receipt(tmp_path / "my.bias_copy@1.selection.json")["abi_sha256"] == expected
         assert app.session.steps[-1].action == "select_nodes"
+        # Kernel: the stub from the receipt, its exporter run (its error line shown where the CuTe DSL
+        # or the kernel body is missing), a shipped kernel built, the bindings manifest written
+        await pilot.press("f4", "s")
+        await wait_idle(app, pilot)
+        stub = app.screen.query_one("#stub-view", TextArea).text
+        assert expected in stub and str(tmp_path) not in stub
+        await pilot.press("e")
+        for _ in range(600):
+            await pilot.pause(0.1)
+            if not app.screen._exporting:
+                break
+        assert "exporter:" in static_text(app, "#error")
+        await pilot.press("escape", "i")
+        await wait_idle(app, pilot)
+        assert app.state.library == "kernel.so" and (tmp_path / "kernel.so").is_file()
+        await pilot.press("w")
+        await wait_idle(app, pilot)
+        manifest = json.loads((tmp_path / "kernel-bindings.json").read_text())
+        assert manifest["bindings"] == [{"id": "my.bias_copy@1", "abi_sha256": expected, "library": "./kernel.so",
+                                         "function": "run"}]
+        assert [s.action for s in app.session.steps[-3:]] == ["kernel_stub", "build_kernel", "write_bindings"]
         # a long build is cancellable with x (nothing half-written)
         await pilot.press("f5", "b")
         await pilot.press("x")
@@ -331,3 +360,81 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
             assert not (tmp_path / "native.bundle").exists()
         else:  # finished before the cancel arrived
             assert app.last_outcome.kind == "ok"
+
+
+def tampered_session(path: Path) -> Session:
+    """qwen-manual's first three steps (capture, list, a refused region), with a wrong recorded fingerprint."""
+    src = Session.load(find_tutorial("qwen-manual"))
+    data = src.to_dict()
+    data["header"]["title"] = "replay check"
+    data["steps"] = data["steps"][:3]
+    data["steps"][0]["results"]["fingerprint"] = "0" * 64
+    sess = Session.from_dict(data, "tampered")
+    sess.save(path)
+    return sess
+
+
+async def step_through(app: WorkbenchApp, pilot, n: int) -> None:
+    for i in range(n):
+        await pilot.press("n")
+        for _ in range(1200):
+            await pilot.pause(0.05)
+            if i in app.guide.outcomes and not app.busy:
+                break
+
+
+@pytest.mark.asyncio
+async def test_replay_shows_expected_vs_actual(tmp_path):
+    """`workbench replay FILE`: n steps through; every step shows expected vs actual, differences stand out."""
+    path = tmp_path / "tampered.json"
+    tampered_session(path)
+    app = WorkbenchApp(replay=str(path), workdir=str(tmp_path / "work"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        assert app.guide.mode == "replay"
+        await step_through(app, pilot, 1)
+        o = app.guide.outcomes[0]
+        assert [d[0] for d in o.diffs] == ["fingerprint"]
+        assert o.diffs[0][1] == "0" * 64 and o.diffs[0][2] == app.state.snapshot["fingerprint"]
+        text = static_text(app, "#guide-text")
+        assert "≠ fingerprint" in text and "expected 0000000000000000…" in text
+        assert "= nodes: 192" in text
+        await step_through(app, pilot, 2)
+        assert not app.guide.outcomes[1].diffs and not app.guide.outcomes[2].diffs
+        text = static_text(app, "#guide-text")
+        assert "= error: tensor:197 (logits) is a network output" in text
+        assert "All 3 steps done" in text and "1 step(s) differ." in text
+        assert "✓ refused, as the session recorded" in static_text(app, "#error")
+
+
+@pytest.mark.asyncio
+async def test_open_session_replays_it(tmp_path, monkeypatch):
+    """ctrl+o opens a saved session in replay mode."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
+    work = tmp_path / "work"
+    work.mkdir()
+    tampered_session(work / "mine.json")
+    app = WorkbenchApp(workdir=str(work))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        assert app.guide is None
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.1)
+        app.screen.query_one("#prompt-input").value = "mine.json"
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert app.guide is not None and app.guide.mode == "replay" and len(app.guide.session.steps) == 3
+        assert "REPLAY replay check" in static_text(app, "#guide-text")
+        await pilot.press("g")  # the guide panel hides and comes back
+        await pilot.pause(0.1)
+        assert not app.screen.query_one("#guide").display
+        await pilot.press("g")
+        await pilot.pause(0.1)
+        assert app.screen.query_one("#guide").display
+        # a missing file is an error line, not a crash
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.1)
+        app.screen.query_one("#prompt-input").value = "nope.json"
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert "no such session file" in static_text(app, "#error")

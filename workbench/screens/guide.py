@@ -108,11 +108,17 @@ class GuideState:
         if kind in ("ok", "user"):
             status = "ok" if kind == "ok" else "error"
             diffs = [(d.field, d.expected, d.actual) for d in compare_step(step, status, results, error)]
+        elif kind == "bug":
+            diffs = [("status", "ok" if step.status == "ok" else f"error: {step.error}", f"error: {error}")]
         out = StepOutcome(results, error, kind, diffs)
         self.outcomes[index] = out
-        # advance when the step ran (an expected error counts); never on a new failure or a cancel,
-        # so the user can fix the cause and press n again
-        advance = kind == "ok" or (kind == "user" and step.status == "error")
+        # a tutorial advances when the step ran as recorded (an expected error counts), never on a
+        # new failure, so the user can fix the cause and press n again; a replay reports every
+        # step, so it moves on after anything but a cancel
+        if self.mode == "replay":
+            advance = kind != "cancelled"
+        else:
+            advance = kind == "ok" or (kind == "user" and step.status == "error")
         if advance and index == self.index:
             self.index += 1
         return out
@@ -155,14 +161,23 @@ class GuidePanel(VerticalScroll):
                             t.append(value + "\n")
             elif o.error:
                 t.append(f"  {o.error}\n", style="red")
-            if g.mode == "replay":
-                if o.diffs:
-                    for k, exp, act in o.diffs:
-                        t.append(f"  ≠ {k}\n", style="bold red")
-                        t.append(f"    expected {short(exp, 34)}\n")
-                        t.append(f"    actual   {short(act, 34)}\n")
-                elif o.kind in ("ok", "user"):
-                    t.append("  expected = actual\n", style="green")
+            if g.mode == "replay" and o.kind != "cancelled":
+                t.append("  expected vs actual:\n", style="bold")
+                differing = {k.split(".")[0].split("[")[0].split(" ")[0] for k, _, _ in o.diffs}
+                if st.status == "error" and "error" not in differing and "status" not in differing:
+                    t.append(f"  = error: {short(st.error, 40)}\n", style="green")
+                for k in stable_fields(st.action) if st.status == "ok" and o.kind == "ok" else ():
+                    if k not in differing:
+                        t.append(f"  = {k}: {short(st.results.get(k), 40)}\n", style="green")
+                for k, exp, act in o.diffs:
+                    t.append(f"  ≠ {k}\n", style="bold red")
+                    t.append(f"    expected {short(exp, 34)}\n")
+                    t.append(f"    actual   {short(act, 34)}\n")
+                if not o.diffs and not stable_fields(st.action) and st.status == "ok":
+                    t.append("  (measured: shown, not compared)\n", style="dim")
+            elif o.diffs and o.kind == "ok":
+                t.append("  differs from the recording: " + ", ".join(k for k, _, _ in o.diffs) + "\n",
+                         style="yellow")
         step = g.current_step
         if step is None:
             t.append(f"\nAll {len(steps)} steps done.", style="bold")
@@ -183,4 +198,13 @@ class GuidePanel(VerticalScroll):
             t.append("\npress ", style="dim")
             t.append("n", style="bold reverse")
             t.append(" to perform this step", style="dim")
+        if g.mode == "replay":
+            t.append("\n\nsteps\n", style="bold")
+            for i, st in enumerate(steps):
+                o = g.outcomes.get(i)
+                mark, style = ("·", "dim") if o is None else (("✓", "green") if not o.diffs and o.kind != "cancelled"
+                                                              else ("≠", "red"))
+                if i == g.index:
+                    mark, style = "▸", "bold"
+                t.append(f" {mark} {i + 1:>2} {st.action}\n", style=style)
         self.query_one("#guide-text", Static).update(t)
