@@ -254,6 +254,20 @@ async def test_interactive_errors_show_in_the_ui(tmp_path, monkeypatch):
                 break
         assert "token records not found" in static_text(app, "#error")
         assert app.session.steps[-1].status == "error"
+        # a bug behind a key: shown with where the details went, and the app keeps working
+        from workbench.screens.build import BuildScreen
+
+        def boom(self, arm):
+            raise RuntimeError("simulated bug")
+
+        monkeypatch.setattr(BuildScreen, "action_build", boom)
+        await pilot.press("b")
+        await pilot.pause(0.1)
+        assert "unexpected error in" in static_text(app, "#error") and "simulated bug" in static_text(app, "#error")
+        assert "simulated bug" in (tmp_path / "workbench-errors.log").read_text()
+        await pilot.press("f1", "f5")
+        await pilot.pause(0.1)
+        assert app.screen.SCREEN_NAME == "build"
         # resizes keep working down to 80x24 and back
         for size in ((120, 40), (80, 24), (100, 30)):
             await pilot.resize_terminal(*size)

@@ -175,3 +175,24 @@ def test_tutorial_after_first_step(snap_compare, tmp_path):
 
     app = WorkbenchApp(tutorial="qwen-recipe", workdir=str(tmp_path / "work"))
     assert snap_compare(app, terminal_size=(120, 40), run_before=step)
+
+
+def test_replay_difference(snap_compare, tmp_path):
+    """Replay mode after one step whose recorded fingerprint was altered: expected vs actual."""
+    src = Session.load(find_tutorial("qwen-manual"))
+    data = src.to_dict()
+    data["header"]["title"] = "replay check"
+    data["steps"] = data["steps"][:3]
+    data["steps"][0]["results"]["fingerprint"] = "0" * 64
+    path = tmp_path / "tampered.json"
+    Session.from_dict(data, "tampered").save(path)
+
+    async def step(pilot) -> None:
+        app = pilot.app
+        await settle(pilot, lambda: model_checked(app))
+        await pilot.press("n")
+        await settle(pilot, lambda: 0 in app.guide.outcomes and not app.busy, timeout=120)
+        app.clear_notifications()
+
+    app = WorkbenchApp(replay=str(path), workdir=str(tmp_path / "work"))
+    assert snap_compare(app, terminal_size=(120, 40), run_before=step)

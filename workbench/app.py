@@ -149,6 +149,8 @@ class WorkbenchApp(App):
         Binding("n", "guide_next", "next step"),
         Binding("x", "cancel", "cancel"),
         Binding("g", "toggle_guide", "guide", show=False),
+        Binding("left_square_bracket", "scroll_guide(-1)", "guide up", show=False),
+        Binding("right_square_bracket", "scroll_guide(1)", "guide down", show=False),
         Binding("ctrl+s", "save_session", "save"),
         Binding("ctrl+o", "open_session", "open"),
         Binding("question_mark", "help", "keys"),
@@ -233,6 +235,19 @@ class WorkbenchApp(App):
             self.state.build_args = dict(first.params["build_args"])
         self.sub_title = f"{'tutorial' if mode == 'tutorial' else 'replay'}: {sess.title}"
 
+    # ------------------------------------------------------------------ key actions
+    async def run_action(self, action, default_namespace=None) -> bool:  # Textual's key-binding dispatch
+        """Every key binding runs through here: a failure is shown in the UI, never a traceback screen."""
+        try:
+            return await super().run_action(action, default_namespace)
+        except UserError as e:
+            self.report_error(str(e))
+        except Exception as e:  # noqa: BLE001
+            where = self._write_crash_log(f"key action {action}", {})
+            self.report_error(f"unexpected error in {action}: {type(e).__name__}: {e}".replace("\n", " ")[:300]
+                              + f" (details in {where}; please report it)")
+        return True
+
     # ------------------------------------------------------------------ navigation
     @property
     def current(self) -> Optional[WorkbenchScreen]:
@@ -251,7 +266,7 @@ class WorkbenchApp(App):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "guide_next":
             return self.guide is not None
-        if action == "toggle_guide":
+        if action in ("toggle_guide", "scroll_guide"):
             return self.guide is not None
         if action == "cancel":
             return True if self.busy else None
@@ -261,6 +276,15 @@ class WorkbenchApp(App):
         if self.guide is not None:
             self.guide.visible = not self.guide.visible
             self.refresh_screen()
+
+    def action_scroll_guide(self, direction: int) -> None:
+        scr = self.current
+        if scr is None or self.guide is None:
+            return
+        from .screens.guide import GuidePanel
+
+        panel = scr.query_one(GuidePanel)
+        panel.scroll_relative(y=direction * max(3, panel.size.height // 2), animate=False)
 
     def action_help(self) -> None:
         from .screens.dialogs import HelpModal
@@ -295,7 +319,7 @@ class WorkbenchApp(App):
             self.notify(f"saved {len(sess)} step(s) to {self.state.show_path(str(out))}", title="session")
 
         self.push_screen(PathPrompt("Save the session (every step taken so far) to:", default,
-                                    "relative paths are inside the work folder"), done)
+                                    f"relative to the work folder {self.state.workdir}"), done)
 
     def action_open_session(self) -> None:
         from .screens.dialogs import PathPrompt
@@ -315,7 +339,7 @@ class WorkbenchApp(App):
             self.refresh_screen()
 
         self.push_screen(PathPrompt("Open a session file to replay step by step (n performs the next step):",
-                                    "session.json", "relative paths are inside the work folder"), done)
+                                    "session.json", f"relative to the work folder {self.state.workdir}"), done)
 
     # ------------------------------------------------------------------ guided steps
     async def action_guide_next(self) -> None:

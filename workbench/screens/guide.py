@@ -151,9 +151,11 @@ class GuidePanel(VerticalScroll):
         if shown >= 0 and shown in g.outcomes:
             o = g.outcomes[shown]
             st = steps[shown]
-            ok = o.kind == "ok" or (o.kind == "user" and st.status == "error" and not o.diffs)
-            t.append(f"\n{'✓' if ok else '✗'} step {shown + 1}: {st.title}\n", style="green" if ok else "red")
-            if o.kind == "ok":
+            ran = o.kind == "ok" or (o.kind == "user" and st.status == "error" and not o.diffs)
+            ok = ran and not (g.mode == "replay" and o.diffs)
+            mark = "✓" if ok else ("≠" if ran else "✗")
+            t.append(f"\n{mark} step {shown + 1}: {st.title}\n", style="green" if ok else "red")
+            if o.kind == "ok" and (g.mode == "tutorial" or not stable_fields(st.action)):
                 for k in SHOWN.get(st.action, ()):
                     if k in (o.results or {}):
                         for label, value in result_lines(k, o.results[k]):

@@ -192,10 +192,10 @@ class RegionScreen(WorkbenchScreen):
             else:
                 self.preview = select_region(snap, p["node_ids"], p["binding_id"], p["workspace_bytes"],
                                              p["extra_args"], p["output_shape_input"])
-        except RegionError as e:
+        except UserError as e:  # RegionError included: it names the rule and the node or tensor
             self.error = e
-        except UserError as e:
-            self.error = e
+        except Exception as e:  # noqa: BLE001 - a validator bug must not take the screen down
+            self.error = RegionError("internal", None, f"the validator failed: {type(e).__name__}: {e}")
         self.show_check()
 
     def show_check(self) -> None:
