@@ -329,13 +329,22 @@ class WorkbenchApp(App):
                 return
             try:
                 p = self.state.path(path)
-                if p is None or not p.exists():
+                if p is None or not p.is_file():
                     raise UserError(f"{path}: no such session file; give a path to a saved session (.json)")
+                from .session import Session
+
+                Session.load(p)  # a bad file is one line here, before anything changes
+                # the replay writes its own artifacts: a fresh folder inside the work folder, fresh state
+                fresh = Path(tempfile.mkdtemp(prefix="replay-", dir=self.state.workdir)).resolve()
+                self.state = WorkbenchState(workdir=fresh, device=self.state.device)
+                self.session = None
+                self.last_error = None
                 self.load_guided(p, mode="replay")
             except UserError as e:
                 self.report_error(str(e))
                 return
-            self.notify(f"opened {path}: press n to replay each step", title="session")
+            self.notify(f"opened {path}; it replays in the new folder {fresh.name} inside the work folder: "
+                        "press n for each step", title="session")
             self.refresh_screen()
 
         self.push_screen(PathPrompt("Open a session file to replay step by step (n performs the next step):",

@@ -154,6 +154,7 @@ class GraphScreen(WorkbenchScreen):
         empty = self.query_one("#graph-empty", Static)
         empty.display = not has
         if not has:
+            self._fp, self._listing_seen = None, None  # a fresh state (an opened session) starts over
             empty.update(Text("No graph yet. Capture one on the Model screen (F1, then c).", style="dim"))
             return
         if snap["fingerprint"] != self._fp:

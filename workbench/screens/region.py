@@ -112,6 +112,7 @@ class RegionScreen(WorkbenchScreen):
         empty = self.query_one("#region-empty", Static)
         empty.display = snap is None
         if snap is None:
+            self._fp, self._receipt_seen = None, None  # a fresh state (an opened session) starts over
             empty.update(Text("No graph yet. Capture one on the Model screen (F1, then c); then pick a recipe "
                               "here or mark nodes with space on the Graph screen (F2).", style="dim"))
             return

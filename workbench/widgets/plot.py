@@ -13,7 +13,6 @@ from rich.text import Text
 from textual.widgets import Static
 
 ARMS = ("native", "external")
-ARM_COLOURS = {"native": 12, "external": 10}  # plotext "simple" theme: bright blue, bright green
 _RICH_COLOURS = {"native": "bright_blue", "external": "bright_green"}
 _PLOT_LOCK = threading.Lock()
 
