@@ -13,7 +13,6 @@ one measured pair without warm-up instead of the recorded two pairs; it is a mea
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path

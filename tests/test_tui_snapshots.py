@@ -11,7 +11,7 @@ UI change, then review the SVGs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import pytest
 

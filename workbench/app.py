@@ -14,13 +14,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import threading
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from textual import on
 from textual.app import App
 from textual.binding import Binding
 from textual.css.query import NoMatches
@@ -28,7 +26,7 @@ from textual.css.query import NoMatches
 from mcore.errors import Cancelled, UserError
 from mcore.progress import CancelToken, Progress
 
-from .screens.base import SCREEN_ORDER, SCREEN_TITLES, WorkbenchScreen
+from .screens.base import SCREEN_ORDER, WorkbenchScreen
 from .screens.guide import GuideState
 
 # Which screen shows an action's results (guided mode switches there after each step).
@@ -168,7 +166,6 @@ class WorkbenchApp(App):
         self._tutorial_arg = tutorial
         self._replay_arg = replay
         self._start_screen = start_screen
-        self._workdir_arg = workdir
         self.state = state or WorkbenchState(workdir=self._make_workdir(workdir, tutorial or replay))
         self.guide: Optional[GuideState] = None
         self.session = None  # workbench.session.Session, created on first use
@@ -182,6 +179,7 @@ class WorkbenchApp(App):
         self._token: Optional[CancelToken] = None
         self.startup_error: Optional[str] = None
         self._expect_error: Optional[str] = None
+        self.last_outcome: Optional[ActionOutcome] = None  # the last finished action (shown; tests read it)
 
     # ------------------------------------------------------------------ setup
     @staticmethod
@@ -558,13 +556,12 @@ class WorkbenchApp(App):
             except Exception as e:  # noqa: BLE001
                 self.report_error(f"could not show the results: {type(e).__name__}: {e}")
         if on_finish is not None:
-            on_finish(outcome)
+            try:
+                on_finish(outcome)
+            except Exception as e:  # noqa: BLE001
+                self.report_error(f"could not show the results: {type(e).__name__}: {e}")
         self.refresh_screen()
         self._hook("on_action_done", outcome)
-        self.post_message_done(outcome)
-
-    def post_message_done(self, outcome: ActionOutcome) -> None:
-        """Hook for tests: the last finished outcome."""
         self.last_outcome = outcome
 
     def report_error(self, text: str) -> None:

@@ -14,7 +14,7 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Input, OptionList, Static, Tree
 from textual.widgets.option_list import Option
 
-from mcore.graph.display import module_tree, node_matches, tensor_desc
+from mcore.graph.display import module_tree, node_matches
 from mcore.graph.snapshot import SnapshotIndex
 from mcore.recipes import recipe_rows
 

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Optional
 from rich.text import Text
 from textual import work
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Input, Label, RichLog, Static, TextArea
 

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Optional
 
 from rich.text import Text
 from textual.binding import Binding
-from textual.containers import Grid, Vertical
+from textual.containers import Grid
 from textual.widget import Widget
 from textual.widgets import Input, Label, Static
 
