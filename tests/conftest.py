@@ -24,10 +24,8 @@ class CliResult:
         return f"CliResult(code={self.code}, out={self.out[-400:]!r}, err={self.err[-400:]!r})"
 
 
-@pytest.fixture
-def mcore(capsys):
-    """Run `mcore ARGS...` in-process; returns CliResult. Unexpected exceptions fail the test."""
-    from mcore.cli.main import main
+def in_process(main, capsys):
+    """A runner for a CLI `main(argv)` in this process; unexpected exceptions fail the test."""
 
     def run(*args: str) -> CliResult:
         capsys.readouterr()
@@ -39,6 +37,22 @@ def mcore(capsys):
         return CliResult(code, cap.out, cap.err)
 
     return run
+
+
+@pytest.fixture
+def mcore(capsys):
+    """Run `mcore ARGS...` in-process; returns CliResult."""
+    from mcore.cli.main import main
+
+    return in_process(main, capsys)
+
+
+@pytest.fixture
+def workbench(capsys):
+    """Run `workbench ARGS...` in-process; returns CliResult."""
+    from workbench.cli import main
+
+    return in_process(main, capsys)
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> CliResult:

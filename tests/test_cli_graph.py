@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 import pytest
 
 from tests.conftest import DISTIL_ARGS, QWEN_ARGS, assert_user_error

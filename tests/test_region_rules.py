@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from mcore.graph.snapshot import SnapshotIndex, fingerprint
-from mcore.selection import (RegionError, abi_sha256, abi_contract, check_receipt, convexity_violation,
-                             is_connected, select_region)
+from mcore.selection import RegionError, check_receipt, convexity_violation, is_connected, select_region
 from tests.graphs import chain_snapshot, dag_snapshot
 
 

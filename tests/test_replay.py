@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from workbench.replay import replay
-from workbench.session import Session
 
-from .conftest import REPO, CliResult
-from .test_sessions import SHIPPED, shipped, workbench  # noqa: F401 (fixture)
+from .conftest import REPO
+from .test_sessions import SHIPPED, shipped
 
 
 def slice_session(name: str, indices: list[int], tmp_path: Path, tamper=None) -> Path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -19,23 +18,6 @@ from .conftest import REPO, CliResult, assert_user_error
 
 SESSIONS = REPO / "sessions"
 SHIPPED = ("qwen-recipe", "qwen-manual", "distilbert-residual")
-
-
-@pytest.fixture
-def workbench(capsys):
-    """Run `workbench ARGS...` in-process; returns CliResult."""
-    from workbench.cli import main
-
-    def run(*args: str) -> CliResult:
-        capsys.readouterr()
-        try:
-            code = main([str(a) for a in args])
-        except SystemExit as e:  # argparse usage errors
-            code = e.code if isinstance(e.code, int) else 2
-        cap = capsys.readouterr()
-        return CliResult(code, cap.out, cap.err)
-
-    return run
 
 
 def sample_session() -> Session:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DISTIL_ARGS, QWEN_ARGS, REPO, assert_user_error, run_cli
+from tests.conftest import DISTIL_ARGS, QWEN_ARGS, assert_user_error
 from tests.tutorial_snippets import STEP4_PERF_SNIPPET, STEP7_EMBEDDING_SNIPPET, run_snippet
 
 PROMPT = "Explain grouped-query attention in one sentence."
