@@ -15,6 +15,8 @@ Module paths inside the role module (which holds the core as `encoder`):
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -233,8 +235,9 @@ class EncoderFamily(Family):
     layer_map: dict[str, str] = {}  # checkpoint sub-name within a layer -> core sub-name
     layer_re = re.compile(r"^$")  # captures (index, rest) of a layer's checkpoint names
 
+    @abstractmethod
     def dims(self, config: dict) -> EncoderDims:
-        raise NotImplementedError
+        """The encoder's sizes read from its config.json."""
 
     def graph_args(self, config: dict, args: BuildArgs) -> dict[str, Any]:
         if args.max_cache_length is not None:
