@@ -34,6 +34,14 @@ def verdict(correctness: Optional[dict[str, Any]], perf: Optional[dict[str, Any]
     return "PROMOTE", f"correctness and performance gates passed{tail}"
 
 
+
+def _append_gate(t: Text, result: dict) -> None:
+    """A gate's PASS/FAIL word, then its line without the repeated prefix."""
+    passed = result.get("passed")
+    t.append("PASS " if passed else "FAIL ", style="bold green" if passed else "bold red")
+    line = _one_line(result.get("line", ""))
+    t.append(line.split(": ", 1)[1] if line.startswith(("PASS: ", "FAIL: ")) else line)
+
 class VerifyScreen(WorkbenchScreen):
     SCREEN_NAME = "verify"
     BINDINGS = [
@@ -115,9 +123,7 @@ class VerifyScreen(WorkbenchScreen):
         if c is None:
             t.append("c runs both arms and the gate", style="dim")
         else:
-            t.append("PASS " if c.get("passed") else "FAIL ", style="bold green" if c.get("passed") else "bold red")
-            line = _one_line(c.get("line", ""))
-            t.append(line.split(": ", 1)[1] if line.startswith(("PASS: ", "FAIL: ")) else line)
+            _append_gate(t, c)
         self.query_one("#correctness", Static).update(t)
 
     def show_perf(self) -> None:
@@ -129,9 +135,7 @@ class VerifyScreen(WorkbenchScreen):
         elif p is None:
             t.append("p measures native vs external throughput (no-regression gate, ratio ≥ 0.98)", style="dim")
         else:
-            t.append("PASS " if p.get("passed") else "FAIL ", style="bold green" if p.get("passed") else "bold red")
-            line = _one_line(p.get("line", ""))
-            t.append(line.split(": ", 1)[1] if line.startswith(("PASS: ", "FAIL: ")) else line)
+            _append_gate(t, p)
         self.query_one("#perf-line", Static).update(t)
 
     def show_verdict(self) -> None:
