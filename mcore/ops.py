@@ -61,7 +61,22 @@ def _cpu_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_
     return out.to(q.dtype)
 
 
+def _flash_decode():
+    try:
+        from . import flash_decode
+    except ImportError:  # no Triton: the masked SDPA fallback below
+        return None
+    return flash_decode
+
+
 def _device_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor) -> torch.Tensor:
+    fd = _flash_decode()
+    if fd is not None and fd.supported(q, k_cache):
+        return fd.decode_attention(q, k_cache, v_cache, kv_lengths)  # cost follows the active length
+    return _masked_sdpa(q, k_cache, v_cache, kv_lengths)
+
+
+def _masked_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor) -> torch.Tensor:
     # No host sync: attend over the full capacity with a mask built on the device from kv_lengths.
     # Cost follows the capacity, not the active length. Masked cache entries get zero weight, so
     # they must hold finite values (caches are allocated zeroed and only ever hold written keys).

@@ -16,13 +16,13 @@ import torch
 from .buildargs import BuildArgs
 from .bundle import open_bundle
 from .bindings import bind_slots
-from .engines import get_engine
+from .engines import get_engine, resolve_engine_name
 from .errors import UserError
 from .families import get_family
 from .families.base import ModelSource
 from .graph.capture import capture
 from .graph.snapshot import TORCH_DTYPES
-from .patch import SlotCall
+from .engines.slots import SlotCall
 from .progress import NO_PROGRESS, Progress
 
 
@@ -55,13 +55,14 @@ class Pipeline:
     """A constructed engine over one bundle with its kernel slots bound."""
 
     def __init__(self, bundle_path: str, kernel_bindings: Optional[str] = None, device: Optional[str] = None,
-                 engine: str = "torch", progress: Progress = NO_PROGRESS,
+                 engine: str = "auto", progress: Progress = NO_PROGRESS,
                  announce: Optional[Callable[[str], None]] = None, bundle: Any = None):
         progress.report("checking bundle integrity", 0.0)
         self.bundle = bundle if bundle is not None else open_bundle(bundle_path)
         m = self.bundle.manifest
         self.manifest = m
         self.device = resolve_device(device or m.get("device"))
+        self.engine_name = resolve_engine_name(engine, self.device)
         progress.report("binding kernel slots", 0.05)
         bind_kw = {"announce": announce} if announce else {}
         self.kernels = bind_slots(kernel_bindings, m["kernel_slots"], **bind_kw)
@@ -83,13 +84,13 @@ class Pipeline:
         else:
             dtype_core.load_state_dict(load_weights_state(self.bundle.read(w["member"]), w.get("aliases", {})), strict=True)
         self.core = dtype_core.eval()
-        engine_ = get_engine(engine)
+        engine_ = get_engine(self.engine_name, self.device)
         self.runners: dict[str, Any] = {}
         self.snapshots: dict[str, dict] = {}
         self.slot_calls: list[SlotCall] = []
         roles = list(m["roles"])
         for i, role in enumerate(roles):
-            progress.report(f"capturing {role} graph", 0.3 + 0.6 * i / len(roles))
+            progress.report(f"capturing {role} graph", 0.3 + 0.3 * i / len(roles))
             cap = capture(args, role, resolved=(source, self.family, self.gargs))
             expected = m["roles"][role]["fingerprint"]
             if cap.snapshot["fingerprint"] != expected:
@@ -108,7 +109,20 @@ class Pipeline:
             self.runners[role] = engine_.compile_role(cap, state, slots, self.device)
             self.snapshots[role] = cap.snapshot
         self.kind = self.family.kind
-        progress.report("pipeline ready", 1.0)
+        self._progress = progress
+
+    def _ready(self, examples: dict[str, tuple[tuple[torch.Tensor, ...], bool]]) -> None:
+        """Let each role's runner compile (and capture) on the pipeline's own buffers: role ->
+        (inputs, fixed_shapes). Cancellable between roles and stages."""
+        progress = self._progress
+        for i, (role, (inputs, fixed)) in enumerate(examples.items()):
+            part = progress.part(0.6 + 0.4 * i / len(examples), 0.6 + 0.4 * (i + 1) / len(examples))
+            self.runners[role].prepare(*inputs, progress=part, fixed_shapes=fixed)
+        progress.report(f"pipeline ready (engine {self.engine_name})", 1.0)
+
+    def engine_lines(self) -> list[str]:
+        """How each role runs, one line each (for logs, `mcore run` and the TUI)."""
+        return [f"engine {self.engine_name}: {r.describe()}" for r in self.runners.values()]
 
     # ------------------------------------------------------------ shared
     def state_inputs(self, role: str) -> list[tuple[str, dict]]:
@@ -154,8 +168,16 @@ class DecoderPipeline(Pipeline):
         self.cache_names = [n for n, _ in self.state_inputs("decode") if n in self.caches]
         self.capacity = int(self.gargs["max_cache_length"])
         self.cache_length = torch.zeros(1, dtype=torch.int32, device=self.device)
+        self.step_ids = torch.zeros(1, 1, dtype=torch.int32, device=self.device)
         eos = self.special.get("eos_token_id")
         self.eos_ids = set(eos if isinstance(eos, list) else ([eos] if eos is not None else []))
+        caches = tuple(self.caches[n] for n in self.cache_names)
+        prompt = torch.zeros(1, min(2, self.capacity), dtype=torch.int32, device=self.device)
+        # Prefill varies in length (compiled with a dynamic token count); a decode step is fixed.
+        self._ready({"prefill": ((prompt, *caches), False),
+                     "decode": ((self.step_ids, self.cache_length, *caches), True)})
+        for c in caches:  # compiling ran the roles once on these buffers
+            c.zero_()
 
     def generate(self, prompt: str, max_new_tokens: int, greedy: bool = True, stop_at_eos: bool = True,
                  temperature: float = 1.0, top_k: int = 0, seed: int = 0, timed: bool = False,
@@ -180,7 +202,7 @@ class DecoderPipeline(Pipeline):
         t_first = time.perf_counter()
         steps: list[float] = []
         pos = len(ids)
-        step_ids = torch.empty(1, 1, dtype=torch.int32, device=self.device)
+        step_ids = self.step_ids  # the decode role's own input buffer (a CUDA graph replays over it)
         while len(out) < max_new_tokens and not (stop_at_eos and tok in self.eos_ids):
             progress.report(f"generated {len(out)}/{max_new_tokens} tokens", len(out) / max_new_tokens)
             ts = time.perf_counter()
@@ -214,6 +236,8 @@ class EncoderPipeline(Pipeline):
             raise UserError(f"{self.bundle.path}: a {self.manifest['family']} bundle is a decoder; use `mcore run`")
         self.seq = int(self.gargs["max_seq_length"])
         self.pad_id = int(self.special.get("pad_token_id") or 0)
+        ids = torch.zeros(self.seq, dtype=torch.int32, device=self.device)
+        self._ready({"encoder": ((ids, torch.ones_like(ids)), True)})
 
     def inputs(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor, int]:
         ids = self.encode(prompt)

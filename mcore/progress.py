@@ -44,5 +44,12 @@ class Progress:
         if self.token is not None:
             self.token.check()
 
+    def part(self, lo: float, hi: float) -> "Progress":
+        """The same reporting and cancellation, with fractions mapped into [lo, hi] of this one."""
+        if self.callback is None:
+            return Progress(None, self.token)
+        cb = self.callback
+        return Progress(lambda step, f: cb(step, lo + (hi - lo) * f), self.token)
+
 
 NO_PROGRESS = Progress()

@@ -45,8 +45,11 @@ def _pipeline(ns: argparse.Namespace, kind: str):
 
     bundle = open_bundle(ns.bundle)
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
-    return cls(ns.bundle, kernel_bindings=ns.kernel_bindings, device=ns.device, engine=ns.engine,
+    pipe = cls(ns.bundle, kernel_bindings=ns.kernel_bindings, device=ns.device, engine=ns.engine,
                progress=stderr_progress(), bundle=bundle)
+    for line in pipe.engine_lines():
+        log(line)
+    return pipe
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -71,7 +74,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         print(f"generated_tokens_mean={statistics.mean(gen):.2f} runs={len(runs)} "
               f"tokens_per_sec={sum(gen) / total_t:.2f} ttft_ms_p50={percentile(ttft, 0.5):.3f} "
               f"decode_ms_p50={percentile(steps, 0.5):.3f} decode_ms_p90={percentile(steps, 0.9):.3f} "
-              f"decode_ms_p99={percentile(steps, 0.99):.3f} device={pipe.device}", flush=True)
+              f"decode_ms_p99={percentile(steps, 0.99):.3f} device={pipe.device} engine={pipe.engine_name}", flush=True)
         return 0
     results = [pipe.generate(p, ns.max_new_tokens, **kw) for p in prompts]
     if ns.output:
@@ -100,7 +103,7 @@ def cmd_embed(ns: argparse.Namespace) -> int:
             sync(pipe.device)
             lat.append(time.perf_counter() - t)
         log(f"embeddings_per_sec={len(lat) / sum(lat):.2f} runs={len(lat)} latency_ms_p50={percentile(lat, 0.5) * 1e3:.3f} "
-            f"latency_ms_p90={percentile(lat, 0.9) * 1e3:.3f} device={pipe.device}")
+            f"latency_ms_p90={percentile(lat, 0.9) * 1e3:.3f} device={pipe.device} engine={pipe.engine_name}")
     emb = pipe.embed(ns.prompt, ns.pooling)
     log(f"embedding values={len(emb)} pooling={ns.pooling}")
     sys.stdout.write(json.dumps({"embedding": emb}) + "\n")
@@ -136,7 +139,8 @@ def _runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle")
     p.add_argument("--kernel-bindings", default=None, help="bindings manifest binding every kernel slot")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the bundle's, else auto)")
-    p.add_argument("--engine", default="torch", help="engine (torch)")
+    p.add_argument("--engine", default="auto",
+                   help="auto (compiled on CUDA, torch on CPU) | compiled (Inductor + CUDA graphs) | torch (op by op)")
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--benchmark", type=int, default=None, metavar="N")
 

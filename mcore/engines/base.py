@@ -1,4 +1,9 @@
-"""The engine boundary."""
+"""The engine boundary.
+
+An engine turns a captured role graph (a torch.export ExportedProgram), the values of its
+lifted parameters/buffers and the role's bound kernel slots into a `RoleRunner`. Capture,
+selection, bundles and the TUI never see more than this.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,22 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from ..progress import NO_PROGRESS, Progress
+
 
 class RoleRunner(Protocol):
-    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]: ...
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Run the role. Outputs may be buffers the runner reuses: read them before the next call."""
+        ...
+
+    def prepare(self, *inputs: torch.Tensor, progress: Progress = NO_PROGRESS, fixed_shapes: bool = True) -> None:
+        """Get ready to run on these long-lived input buffers (compile; with fixed_shapes, capture a
+        replayable graph). May run the role once on them."""
+        ...
+
+    def describe(self) -> str:
+        """One line: how this role runs."""
+        ...
 
 
 class Engine(Protocol):

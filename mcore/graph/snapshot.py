@@ -43,7 +43,7 @@ def op_name(target: Any) -> str:
     return f"{mod}.{name}" if mod else name
 
 
-def _skip(node: fx.Node) -> bool:
+def is_assert_node(node: fx.Node) -> bool:
     if node.op != "call_function":
         return False
     t = node.target
@@ -158,7 +158,7 @@ def snapshot_from_exported(ep: torch.export.ExportedProgram, metadata: dict[str,
         return seen
 
     for node in gm.graph.nodes:
-        if node.op != "call_function" or _skip(node):
+        if node.op != "call_function" or is_assert_node(node):
             continue
         if node.target is operator.getitem:
             src, idx = node.args

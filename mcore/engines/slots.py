@@ -1,0 +1,154 @@
+"""Kernel slots inside a role graph: the engine's side of a receipt (DESIGN.md §3, §4).
+
+A slot is one `mcore::slot` custom-op node. The op is opaque to every engine: the compiled
+engine may fuse freely around it but never across or into it, so a slot-ready build keeps the
+receipt's boundary exactly (the role a TensorRT plugin plays). The node carries a string key;
+the op looks the bound `SlotCall` up by that key when it runs, so a compiled graph (and its
+cache entry) holds no Python object and two pipelines in one process keep their own DSOs.
+
+The slot calls the bound TVM-FFI function in ABI order: inputs, workspace, outputs, extra
+args. The engine allocates the output (fresh, so it never aliases an input) and the workspace
+(once per pipeline); the kernel launches on the current stream, also during CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import threading
+from typing import Any, Callable, Optional
+
+import torch
+from torch import fx
+
+from ..errors import UserError
+from ..graph.snapshot import TORCH_DTYPES, SnapshotIndex
+
+_registry: dict[str, "SlotCall"] = {}
+_registry_lock = threading.Lock()
+_serial = itertools.count()
+
+
+class SlotCall:
+    """What one slot node runs. Bound once, when its pipeline is constructed."""
+
+    def __init__(self, slot: dict[str, Any]):
+        self.slot = slot
+        self.binding_id: str = slot["binding_id"]
+        abi = slot["abi"]
+        self.out_dtype = TORCH_DTYPES[abi["outputs"][0]["dtype"]]
+        self.out_shape = list(abi["outputs"][0]["shape"])
+        self.shape_input: Optional[int] = slot["output_shape_input"]
+        self.workspace_bytes: int = slot["workspace_bytes"]
+        self.extras = [a.get("value") for a in slot["extra_args"]]
+        self.fn: Optional[Callable[..., Any]] = None
+        self._workspace: Optional[torch.Tensor] = None
+        # Keys are handed out in construction order, so the first pipeline of a fresh process gets
+        # the same keys (and the same compiled-graph cache entries) every time.
+        with _registry_lock:
+            self.key = f"slot{next(_serial)}"
+            _registry[self.key] = self
+        self.__name__ = f"slot_{self.binding_id}"
+
+    def bind(self, fn: Callable[..., Any], device: torch.device) -> None:
+        if self.fn is not None:
+            raise RuntimeError(f"slot {self.binding_id} is already bound; construct a new pipeline to rebind")
+        self.fn = fn
+        if self.workspace_bytes:
+            self._workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=device)
+
+    def output_like(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        if self.shape_input is None:
+            return torch.empty(self.out_shape, dtype=self.out_dtype, device=inputs[0].device)
+        return torch.empty(inputs[self.shape_input].shape, dtype=self.out_dtype, device=inputs[self.shape_input].device)
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if self.fn is None:
+            raise RuntimeError(f"slot {self.binding_id} is unbound")
+        out = self.output_like(list(inputs))
+        args: list[Any] = [x if x.is_contiguous() else x.contiguous() for x in inputs]
+        if self._workspace is not None:
+            args.append(self._workspace)
+        args.append(out)
+        args.extend(self.extras)
+        self.fn(*args)
+        return out
+
+
+def _lookup(key: str) -> SlotCall:
+    call = _registry.get(key)
+    if call is None:
+        raise RuntimeError(f"kernel slot {key} belongs to no live pipeline")
+    return call
+
+
+@torch.library.custom_op("mcore::slot", mutates_args=())
+def slot_op(inputs: list[torch.Tensor], key: str) -> torch.Tensor:
+    return _lookup(key)(*inputs)
+
+
+@slot_op.register_fake
+def _slot_fake(inputs: list[torch.Tensor], key: str) -> torch.Tensor:
+    return _lookup(key).output_like(list(inputs))
+
+
+def apply_slot(gm: fx.GraphModule, snapshot: dict[str, Any], slot: dict[str, Any], call: SlotCall,
+               constants: dict[str, fx.Node]) -> None:
+    """Rewrite `gm` in place: the region's nodes out, one mcore::slot node over the boundary inputs in.
+
+    `constants` maps a lifted parameter/buffer FQN (a snapshot `constant` node's name) to its placeholder.
+    """
+    ix = SnapshotIndex(snapshot)
+    by_name = {n.name: n for n in gm.graph.nodes}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    user_placeholders = placeholders[len(placeholders) - len(snapshot["inputs"]):]
+
+    def fx_value(tid: str) -> fx.Node:
+        producer = ix.tensors[tid]["producer"]
+        if producer is None:
+            return user_placeholders[snapshot["inputs"].index(tid)]
+        node = ix.nodes[producer]
+        if node["op"] == "constant":
+            return constants[node["name"]]
+        fxn = by_name[node["name"]]
+        if len(node["outputs"]) > 1:
+            idx = node["outputs"].index(tid)
+            for u in fxn.users:
+                if u.target is operator.getitem and u.args[1] == idx:
+                    return u
+            raise RuntimeError(f"no getitem for {tid}")
+        return fxn
+
+    ins = [fx_value(t) for t in slot["input_tensor_ids"]]
+    out_old = fx_value(slot["output_tensor_ids"][0])
+    region = {by_name[ix.nodes[n]["name"]] for n in slot["node_ids"] if ix.nodes[n]["op"] != "constant"}
+    region |= {u for n in region for u in n.users if u.op == "call_function" and u.target is operator.getitem}
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    last = max(region, key=order.__getitem__)
+    with gm.graph.inserting_after(last):
+        new = gm.graph.call_function(torch.ops.mcore.slot.default, (ins, call.key))
+    new.meta["val"] = out_old.meta.get("val")
+    new.meta["mcore_binding_id"] = call.binding_id
+    out_old.replace_all_uses_with(new)
+    _move_descendants_after(gm, new)
+    for n in sorted(region, key=order.__getitem__, reverse=True):
+        outside = [u.name for u in n.users if u not in region]
+        if outside:
+            raise UserError(f"region node {n.name} still feeds {outside} after patching; the receipt does not match this graph")
+        gm.graph.erase_node(n)
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _move_descendants_after(gm: fx.GraphModule, slot: fx.Node) -> None:
+    """Outside readers of the slot output that sit before it move after it, in their order."""
+    order = list(gm.graph.nodes)
+    pos = order.index(slot)
+    early: list[fx.Node] = []
+    for n in order[:pos]:
+        if any(a is slot or a in early for a in n.all_input_nodes):
+            early.append(n)
+    anchor = slot
+    for n in early:
+        anchor.append(n)
+        anchor = n
