@@ -216,6 +216,23 @@ class DecoderPipeline(Pipeline):
         t_end = time.perf_counter()
         return GenerationResult(prompt, ids, out, self.decode_text(out), t_first - t0, steps, t_end - t0)
 
+    def step_logits(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> list[torch.Tensor]:
+        """Logits (fp32, on the CPU) after the prompt and after each forced token: the lockstep view that
+        gates compare bit for bit. Starts from an empty cache."""
+        if len(prompt_ids) + len(tokens) > self.capacity:
+            raise UserError(f"{len(prompt_ids)} prompt + {len(tokens)} forced tokens exceed the KV cache ({self.capacity})")
+        caches = [self.caches[n] for n in self.cache_names]
+        for c in caches:
+            c.zero_()
+        (logits,) = self.runners["prefill"](torch.tensor([list(prompt_ids)], dtype=torch.int32, device=self.device), *caches)
+        out = [logits.float().cpu()]
+        for pos, tok in enumerate(tokens, start=len(prompt_ids)):
+            self.step_ids.fill_(int(tok))
+            self.cache_length.fill_(pos)
+            (logits,) = self.runners["decode"](self.step_ids, self.cache_length, *caches)
+            out.append(logits.float().cpu())
+        return out
+
     @staticmethod
     def _pick(logits: torch.Tensor, greedy: bool, temperature: float, top_k: int, gen) -> int:
         row = logits.reshape(-1).float()

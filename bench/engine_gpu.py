@@ -1,0 +1,343 @@
+"""Engines side by side on a Qwen3-8B-sized bf16 config, batch 1, one run on the GPU (issue 8).
+
+    python3 bench/engine_gpu.py OUT_DIR [--contexts 128,1024,8192,32768] [--capacity 40960]
+                                [--parts roofline,compiled,torch,hf-eager,hf-compiled] [--steps 30]
+
+Rows: the copy-bandwidth roofline (weights read once per token), mcore's compiled engine (cold
+compile, then a cached reload in a fresh process), mcore's op-by-op engine, transformers eager
+(DynamicCache after a real prefill) and transformers with a StaticCache and
+torch.compile(mode="reduce-overhead", fullgraph=True) (the gpt-fast recipe). Decode is timed as a
+user's greedy loop runs it: one step, argmax on the device, one read of the token, per token, at a
+context of N cached tokens. Every part runs in its own process; a failing peer is reported, not hidden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+
+def _sync():
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def _median_ms(fn, steps: int) -> float:
+    times = []
+    for _ in range(steps):
+        _sync()
+        t = time.perf_counter()
+        fn()
+        _sync()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def _emit(rec: dict) -> None:
+    print("RESULT " + json.dumps(rec), flush=True)
+
+
+# ------------------------------------------------------------------------------------------ parts
+
+def part_roofline(a) -> None:
+    import torch
+
+    n = 4 << 30  # 4 GiB each way: far past L2
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    _sync()
+    s = start.elapsed_time(end) / 10 / 1e3
+    bw = 2 * n / s  # bytes read plus written
+    from bench.qwen3_8b_config import QWEN3_8B as c
+
+    h, i, L, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    qkv = h * (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * c["head_dim"]
+    o = c["num_attention_heads"] * c["head_dim"] * h
+    weights = 2 * (L * (qkv + o + 3 * h * i) + v * h)  # bf16 bytes read per token (embedding row aside)
+    kv_per_token = 2 * 2 * L * c["num_key_value_heads"] * c["head_dim"]  # K and V bytes per cached position
+    _emit({"part": "roofline", "copy_TBps": bw / 1e12, "weight_bytes": weights, "kv_bytes_per_position": kv_per_token})
+
+
+def _bundle(a) -> str:
+    return str(Path(a.out) / f"native-{a.capacity}.bundle")
+
+
+def part_mcore(a) -> None:
+    import torch
+
+    from mcore.pipeline import DecoderPipeline
+
+    t0 = time.perf_counter()
+    pipe = DecoderPipeline(_bundle(a), device="cuda", engine=a.engine)
+    load_s = time.perf_counter() - t0
+    compile_s = sum(getattr(r, "compile_s", 0.0) or 0.0 for r in pipe.runners.values())
+    caches = [pipe.caches[n] for n in pipe.cache_names]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for c in caches:  # never time on zeros
+        c.normal_(generator=g)
+    dec = pipe.runners["decode"]
+    rec = {"part": f"mcore-{pipe.engine_name}", "capacity": a.capacity, "load_s": load_s, "compile_s": compile_s,
+           "engine": pipe.engine_lines(), "decode_ms": {}}
+    tok = [1234]
+
+    def step():
+        pipe.step_ids.fill_(tok[0])
+        (logits,) = dec(pipe.step_ids, pipe.cache_length, *caches)
+        tok[0] = int(torch.argmax(logits).item()) % 151936
+
+    for n in a.contexts:
+        pipe.cache_length.fill_(n)
+        for _ in range(3):
+            step()
+        rec["decode_ms"][n] = _median_ms(step, a.steps if pipe.engine_name != "torch" else min(a.steps, 8))
+    if 1024 in a.contexts or a.ttft:
+        ids = torch.randint(0, 151936, (1, 1024), dtype=torch.int32, device="cuda", generator=g)
+
+        def first():
+            (logits,) = pipe.runners["prefill"](ids, *caches)
+            int(torch.argmax(logits).item())
+
+        first()
+        rec["ttft_1k_ms"] = _median_ms(first, 5)
+    if getattr(dec, "graphs", None) is not None:
+        rec["decode_replays_cuda_graph"] = bool(dec.graphs) and dec.calls_compiled == 0
+    _emit(rec)
+
+
+def _hf_model():
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from bench.qwen3_8b_config import QWEN3_8B
+
+    cfg = AutoConfig.for_model(**{k: v for k, v in QWEN3_8B.items() if k != "architectures"})
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    return model
+
+
+def part_hf_eager(a) -> None:
+    import torch
+    from transformers import DynamicCache
+
+    model = _hf_model()
+    rec = {"part": "transformers-eager", "decode_ms": {}}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for n in a.contexts:
+            cache = DynamicCache(config=model.config)
+            ids = torch.randint(0, 151936, (1, n), device="cuda", generator=g)
+            _sync()
+            t = time.perf_counter()
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            tok = int(out.logits[0, -1].argmax().item())
+            if n == 1024:
+                rec["ttft_1k_ms"] = (time.perf_counter() - t) * 1e3  # first call: a cold-ish figure
+            pos = [n]
+
+            def step():
+                o = model(input_ids=torch.tensor([[tok]], device="cuda"), past_key_values=cache, use_cache=True,
+                          cache_position=torch.tensor([pos[0]], device="cuda"))
+                int(o.logits[0, -1].argmax().item())
+                pos[0] += 1
+
+            for _ in range(2):
+                step()
+            rec["decode_ms"][n] = _median_ms(step, min(a.steps, 10))
+            del cache, out
+            torch.cuda.empty_cache()
+    _emit(rec)
+
+
+def part_hf_compiled(a) -> None:
+    import torch
+    from transformers import StaticCache
+
+    model = _hf_model()
+    rec = {"part": "transformers-static-compiled", "capacity": a.capacity, "decode_ms": {}}
+    try:
+        cache = StaticCache(config=model.config, max_cache_len=a.capacity)
+        fwd = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        tok = [1234]
+        pos = [0]
+
+        def step():
+            o = fwd(input_ids=torch.tensor([[tok[0]]], device="cuda"), past_key_values=cache, use_cache=True,
+                    cache_position=torch.tensor([pos[0]], device="cuda"), position_ids=torch.tensor([[pos[0]]], device="cuda"))
+            tok[0] = int(o.logits[0, -1].argmax().item())
+
+        with torch.no_grad():
+            t = time.perf_counter()
+            for _ in range(3):  # compile, record, replay
+                step()
+            _sync()
+            rec["compile_s"] = time.perf_counter() - t
+            for n in a.contexts:
+                if n >= a.capacity:
+                    continue
+                pos[0] = n
+                for _ in range(2):
+                    step()
+                rec["decode_ms"][n] = _median_ms(step, a.steps)
+    except Exception as e:  # report the peer's failure honestly
+        rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    _emit(rec)
+
+
+PARTS = {"roofline": part_roofline, "mcore": part_mcore, "hf-eager": part_hf_eager, "hf-compiled": part_hf_compiled}
+
+
+# ------------------------------------------------------------------------------------------ driver
+
+def run_part(a, name: str, *extra: str, env: dict | None = None, timeout: int = 900) -> list[dict]:
+    cmd = [sys.executable, __file__, a.out, "--part", name, "--contexts", ",".join(map(str, a.contexts)),
+           "--capacity", str(a.capacity), "--steps", str(a.steps), *extra]
+    t = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
+    wall = time.perf_counter() - t
+    log = Path(a.out) / f"{name}-{'-'.join(extra).replace('--', '')}-{a.capacity}.log"
+    log.write_text(r.stdout + r.stderr)
+    recs = [json.loads(line[7:]) for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+    if r.returncode != 0 or not recs:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        recs = [{"part": name + " ".join(extra), "error": f"exit {r.returncode}: {tail[:300]}"}]
+    for rec in recs:
+        rec["process_s"] = wall
+    return recs
+
+
+def build(a) -> None:
+    from bench.qwen3_8b_config import write_config_folder
+    from mcore.build import build_bundle
+    from mcore.buildargs import BuildArgs
+    from mcore.families.demo import materialize
+
+    if Path(_bundle(a)).exists():
+        return
+    cfg = write_config_folder(Path(a.out) / "qwen3-8b-config")
+    shutil.copy(materialize("qwen3-tiny") / "tokenizer.json", cfg)
+    args = BuildArgs(model=str(cfg), weights="random", precision="bf16", max_cache_length=a.capacity)
+    build_bundle(args, _bundle(a), device="cuda")
+
+
+def table(recs: list[dict], contexts: list[int]) -> str:
+    roof = next((r for r in recs if r.get("part") == "roofline"), None)
+    lines = []
+    if roof:
+        floor = roof["weight_bytes"] / (roof["copy_TBps"] * 1e12) * 1e3
+        lines.append(f"roofline: copy {roof['copy_TBps']:.2f} TB/s; weights {roof['weight_bytes'] / 1e9:.2f} GB "
+                     f"-> {floor:.2f} ms/token ({1e3 / floor:.0f} tok/s) plus KV "
+                     f"{roof['kv_bytes_per_position'] / 1e3:.0f} kB per cached position")
+    head = f"{'engine':34} {'cap':>6} " + " ".join(f"{'ctx ' + str(n):>16}" for n in contexts) + \
+        f" {'ttft 1k':>9} {'compile':>8} {'load':>7}"
+    lines += [head, "-" * len(head)]
+    for r in recs:
+        if r.get("part") == "roofline":
+            continue
+        if "error" in r:
+            lines.append(f"{r['part']:34} ERROR {r['error']}")
+            continue
+        cells = []
+        for n in contexts:
+            ms = r["decode_ms"].get(str(n), r["decode_ms"].get(n))
+            if ms is None:
+                cells.append(f"{'-':>16}")
+                continue
+            cell = f"{ms:6.2f}ms {1e3 / ms:5.0f}/s"
+            if roof:
+                ideal = (roof["weight_bytes"] + n * roof["kv_bytes_per_position"]) / (roof["copy_TBps"] * 1e12) * 1e3
+                cell = f"{ms:5.2f} {1e3 / ms:4.0f}/s {ideal / ms:3.0%}"
+            cells.append(f"{cell:>16}")
+        ttft = f"{r['ttft_1k_ms']:7.1f}ms" if "ttft_1k_ms" in r else f"{'-':>9}"
+        comp = f"{r['compile_s']:6.1f}s" if r.get("compile_s") else f"{'-':>7}"
+        load = f"{r['load_s']:6.1f}s" if "load_s" in r else f"{'-':>7}"
+        lines.append(f"{r.get('label', r['part']):34} {r.get('capacity', ''):>6} " + " ".join(cells) +
+                     f" {ttft:>9} {comp:>8} {load:>7}")
+    lines.append("cells: ms/token, tokens/s, share of the roofline (weights + the context's KV at the copy rate)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--contexts", default="128,1024,8192,32768")
+    ap.add_argument("--capacity", type=int, default=40960)
+    ap.add_argument("--extra-capacity", default="4096", help="compiled engine and peer also at these capacities (ctx 1k)")
+    ap.add_argument("--parts", default="roofline,compiled,torch,hf-eager,hf-compiled")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--part", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--engine", default="compiled", help=argparse.SUPPRESS)
+    ap.add_argument("--ttft", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    a.contexts = [int(x) for x in a.contexts.split(",") if x]
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    if a.part:
+        PARTS[a.part](a)
+        return
+    parts = a.parts.split(",")
+    cache = Path(a.out) / "mcore-cache"
+    recs: list[dict] = []
+    if "roofline" in parts:
+        recs += run_part(a, "roofline")
+    caps = [a.capacity] + [int(c) for c in a.extra_capacity.split(",") if c]
+    if "compiled" in parts or "torch" in parts:
+        for cap in caps:
+            b = argparse.Namespace(**{**vars(a), "capacity": cap})
+            t = time.perf_counter()
+            build(b)
+            print(f"bundle capacity {cap}: {time.perf_counter() - t:.1f} s", flush=True)
+    if "compiled" in parts:
+        shutil.rmtree(cache, ignore_errors=True)
+        env = {"MCORE_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
+        for label, cap, ctx in (("mcore compiled (cold compile)", a.capacity, a.contexts),
+                                ("mcore compiled (cached reload)", a.capacity, a.contexts)):
+            b = argparse.Namespace(**{**vars(a), "capacity": cap, "contexts": ctx})
+            for r in run_part(b, "mcore", "--engine", "compiled", env=env):
+                r["label"] = label
+                recs.append(r)
+        for cap in caps[1:]:
+            b = argparse.Namespace(**{**vars(a), "capacity": cap, "contexts": [n for n in a.contexts if n < cap]})
+            for r in run_part(b, "mcore", "--engine", "compiled", env=env):
+                r["label"] = f"mcore compiled (capacity {cap})"
+                recs.append(r)
+    if "torch" in parts:
+        for r in run_part(a, "mcore", "--engine", "torch", env={"MCORE_CACHE_DIR": str(cache)}):
+            r["label"] = "mcore torch (op by op)"
+            recs.append(r)
+    if "hf-eager" in parts:
+        recs += run_part(a, "hf-eager")
+    if "hf-compiled" in parts:
+        for cap in caps:
+            b = argparse.Namespace(**{**vars(a), "capacity": cap, "contexts": [n for n in a.contexts if n < cap]})
+            for r in run_part(b, "hf-compiled"):
+                r["label"] = f"transformers static+compile"
+                recs.append(r)
+    (Path(a.out) / "engine_gpu.json").write_text(json.dumps(recs, indent=1))
+    for r in recs:
+        for line in r.get("engine", []):
+            print(f"  {r.get('label', r['part'])}: {line}")
+    print(table(recs, a.contexts))
+
+
+if __name__ == "__main__":
+    main()
