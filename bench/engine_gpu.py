@@ -85,9 +85,30 @@ def part_mcore(a) -> None:
     import torch
 
     from mcore.pipeline import DecoderPipeline
+    from mcore.progress import Progress
 
     t0 = time.perf_counter()
-    pipe = DecoderPipeline(_bundle(a), device="cuda", engine=a.engine)
+    stamps = []
+
+    def note(step, frac):  # where load time goes, kept in the part's log
+        stamps.append(f"{time.perf_counter() - t0:7.2f}s {step}")
+        print(stamps[-1], file=sys.stderr, flush=True)
+
+    if a.decode_only:  # quick variant checks: load with the op-by-op engine, compile the decode role alone
+        from mcore.engines.compiled import CompiledRoleRunner
+        from mcore.engines.fusion import fuse_sibling_projections
+
+        pipe = DecoderPipeline(_bundle(a), device="cuda", engine="torch", progress=Progress(note))
+        prepared = pipe.runners["decode"].prepared
+        if os.environ.get("MCORE_FUSE_PROJECTIONS", "1") != "0":
+            fuse_sibling_projections(prepared)
+        runner = CompiledRoleRunner(prepared, pipe.device, f"variant-{os.getpid()}")
+        runner.prepare(pipe.step_ids, pipe.cache_length, *[pipe.caches[n] for n in pipe.cache_names],
+                       progress=Progress(note))
+        pipe.runners["decode"] = runner
+        pipe.engine_name = "compiled-decode-only"
+    else:
+        pipe = DecoderPipeline(_bundle(a), device="cuda", engine=a.engine, progress=Progress(note))
     load_s = time.perf_counter() - t0
     compile_s = sum(getattr(r, "compile_s", 0.0) or 0.0 for r in pipe.runners.values())
     caches = [pipe.caches[n] for n in pipe.cache_names]
@@ -109,7 +130,7 @@ def part_mcore(a) -> None:
         for _ in range(3):
             step()
         rec["decode_ms"][n] = _median_ms(step, a.steps if pipe.engine_name != "torch" else min(a.steps, 8))
-    if 1024 in a.contexts or a.ttft:
+    if (1024 in a.contexts or a.ttft) and not a.decode_only:
         ids = torch.randint(0, 151936, (1, 1024), dtype=torch.int32, device="cuda", generator=g)
 
         def first():
@@ -210,12 +231,13 @@ PARTS = {"roofline": part_roofline, "mcore": part_mcore, "hf-eager": part_hf_eag
 # ------------------------------------------------------------------------------------------ driver
 
 def run_part(a, name: str, *extra: str, env: dict | None = None, timeout: int = 900) -> list[dict]:
+    tag = "-".join(f"{k}{v}" for k, v in sorted((env or {}).items()) if k.startswith("MCORE_") and k != "MCORE_CACHE_DIR")
     cmd = [sys.executable, __file__, a.out, "--part", name, "--contexts", ",".join(map(str, a.contexts)),
            "--capacity", str(a.capacity), "--steps", str(a.steps), *extra]
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
     wall = time.perf_counter() - t
-    log = Path(a.out) / f"{name}-{'-'.join(extra).replace('--', '')}-{a.capacity}.log"
+    log = Path(a.out) / f"{name}-{'-'.join(extra).replace('--', '')}-{a.capacity}{tag}.log"
     log.write_text(r.stdout + r.stderr)
     recs = [json.loads(line[7:]) for line in r.stdout.splitlines() if line.startswith("RESULT ")]
     if r.returncode != 0 or not recs:
@@ -288,6 +310,9 @@ def main() -> None:
     ap.add_argument("--part", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="compiled", help=argparse.SUPPRESS)
     ap.add_argument("--ttft", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--decode-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--variants", default="", help="decode-only compiled variants: env settings, ';'-separated "
+                    "(e.g. 'MCORE_COMPILE_TUNING=0;MCORE_FUSE_PROJECTIONS=0')")
     a = ap.parse_args()
     a.contexts = [int(x) for x in a.contexts.split(",") if x]
     Path(a.out).mkdir(parents=True, exist_ok=True)
@@ -300,7 +325,7 @@ def main() -> None:
     if "roofline" in parts:
         recs += run_part(a, "roofline")
     caps = [a.capacity] + [int(c) for c in a.extra_capacity.split(",") if c]
-    if "compiled" in parts or "torch" in parts:
+    if "compiled" in parts or "torch" in parts or a.variants:
         for cap in caps:
             b = argparse.Namespace(**{**vars(a), "capacity": cap})
             t = time.perf_counter()
@@ -320,6 +345,12 @@ def main() -> None:
             for r in run_part(b, "mcore", "--engine", "compiled", env=env):
                 r["label"] = f"mcore compiled (capacity {cap})"
                 recs.append(r)
+    for variant in [v for v in a.variants.split(";") if v]:
+        env = dict(kv.split("=", 1) for kv in variant.split(","))
+        env["MCORE_CACHE_DIR"] = str(cache) + "-variants"
+        for r in run_part(a, "mcore", "--decode-only", env=env):
+            r["label"] = "decode-only " + variant
+            recs.append(r)
     if "torch" in parts:
         for r in run_part(a, "mcore", "--engine", "torch", env={"MCORE_CACHE_DIR": str(cache)}):
             r["label"] = "mcore torch (op by op)"

@@ -25,8 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
+# Launch configuration (bench/flash_decode_sweep.py measures the alternatives on the GPU).
 BLOCK_N = 64
 NSPLIT_PER_SM = 2  # programs per SM, summed over KV heads
+NUM_WARPS = 4
+NUM_STAGES = 3
 
 
 @triton.jit
@@ -88,9 +91,12 @@ def _merge_kernel(PACC, PML, OUT, ROWS: tl.constexpr, D: tl.constexpr, NSPLIT: t
 
 
 @functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def _nsplit(device_index: int, kv_heads: int) -> int:
-    sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-    return max(1, triton.cdiv(NSPLIT_PER_SM * sms, kv_heads))
+    return max(1, triton.cdiv(NSPLIT_PER_SM * _sm_count(device_index), kv_heads))
 
 
 def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -117,7 +123,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_m = max(16, triton.next_power_of_2(rows))
     _split_kernel[(kvh, nsplit)](q, k_cache, v_cache, kv_lengths, pacc, pml, cap,
                                  S=s, ROWS=rows, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, NSPLIT=nsplit,
-                                 num_warps=4, num_stages=3)
+                                 num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     _merge_kernel[(kvh, rows)](pacc, pml, out, ROWS=rows, D=d, NSPLIT=nsplit,
                                NSPLIT_P2=triton.next_power_of_2(nsplit), num_warps=4)
     return out

@@ -26,6 +26,7 @@ import torch
 
 from ..errors import UserError
 from ..progress import NO_PROGRESS, Progress
+from .fusion import fuse_sibling_projections
 from .prepared import PreparedGraph, prepare_graph
 
 
@@ -53,6 +54,7 @@ def compile_key(fingerprint: str, slots: Sequence[dict], device: torch.device) -
         "slots": [[s["binding_id"], s["abi_sha256"], s["node_ids"]] for s in slots],
         "device": device_label(device),
         "torch": torch.__version__,
+        "options": [os.environ.get("MCORE_FUSE_PROJECTIONS", "1"), os.environ.get("MCORE_COMPILE_TUNING", "1")],
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -62,7 +64,7 @@ class CompiledRoleRunner:
         self.prepared = prepared
         self.device = device
         self.key = key
-        self.fn: Callable[..., Any] = torch.compile(prepared.gm, fullgraph=True)
+        self.fn: Optional[Callable[..., Any]] = None  # made by prepare(), which knows the role's shapes
         self.graphs: dict[tuple, _Replay] = {}
         self.compile_s: Optional[float] = None
         self.cached: Optional[bool] = None
@@ -78,6 +80,8 @@ class CompiledRoleRunner:
 
     def _run(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         p = self.prepared
+        if self.fn is None:
+            self.fn = torch.compile(p.gm, fullgraph=True)
         with torch.no_grad():
             outs = self.fn(*p.state_args, *inputs)
         if not isinstance(outs, (tuple, list)):
@@ -98,6 +102,12 @@ class CompiledRoleRunner:
             for i, dims in p.dynamic_dims.items():
                 for d in dims:
                     torch._dynamo.mark_dynamic(inputs[i], d)
+        options = {}
+        if fixed_shapes and self.device.type == "cuda" and os.environ.get("MCORE_COMPILE_TUNING", "1") != "0":
+            # One token per step: Inductor then writes its own matrix-vector kernels (fused with their
+            # neighbours) and tunes each launch by coordinate descent, instead of calling cuBLAS.
+            options["coordinate_descent_tuning"] = True
+        self.fn = torch.compile(p.gm, fullgraph=True, options=options or None)
         how = "reusing cached compiled code" if known else "first compile on this machine, about a minute for 8B-sized graphs"
         progress.report(f"compiling {role} graph ({how})", 0.0)
         t0 = time.perf_counter()
@@ -205,5 +215,7 @@ class CompiledEngine:
     def compile_role(self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, Any]],
                      device: torch.device) -> CompiledRoleRunner:
         prepared = prepare_graph(captured, state, slots, device)
+        if os.environ.get("MCORE_FUSE_PROJECTIONS", "1") != "0":
+            fuse_sibling_projections(prepared)
         key = compile_key(captured.snapshot["fingerprint"], [s for s, _ in slots], device)
         return CompiledRoleRunner(prepared, device, key)

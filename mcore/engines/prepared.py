@@ -22,6 +22,7 @@ class PreparedGraph:
     role: str
     gm: fx.GraphModule
     state_args: list[torch.Tensor]  # lifted parameters/buffers, detached (no autograd anywhere)
+    state_sources: list[torch.Tensor]  # the module's own tensors behind state_args (same storage)
     output_index: list[int]  # which graph outputs are the role's user outputs
     mutated_inputs: frozenset[int]  # user inputs the graph writes in place (KV caches)
     dynamic_dims: dict[int, tuple[int, ...]]  # user input -> its dynamic dimensions (-1 in the snapshot)
@@ -44,7 +45,8 @@ def prepare_graph(captured: Any, state: dict[str, torch.Tensor], slots: Sequence
     missing = [targets[p.name] for p in lifted if targets[p.name] not in state]
     if missing:
         raise RuntimeError(f"no value for lifted tensors {missing[:4]}")
-    state_args = [state[targets[p.name]].detach() for p in lifted]
+    sources = [state[targets[p.name]] for p in lifted]
+    state_args = [t.detach() for t in sources]
     # Capture ran on the meta device: point device arguments at the real device, drop meta asserts.
     for node in list(gm.graph.nodes):
         if is_assert_node(node) and not node.users:
@@ -62,7 +64,7 @@ def prepare_graph(captured: Any, state: dict[str, torch.Tensor], slots: Sequence
     shapes = {t["id"]: t["shape"] for t in snap["tensors"]}
     dynamic = {i: tuple(d for d, n in enumerate(shapes[tid]) if n == -1) for i, tid in enumerate(snap["inputs"])
                if -1 in shapes[tid]}
-    return PreparedGraph(captured.role, gm, state_args, user_index, _mutated(gm, user), dynamic,
+    return PreparedGraph(captured.role, gm, state_args, sources, user_index, _mutated(gm, user), dynamic,
                          tuple(c.key for _, c in slots))
 
 
