@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="1024,8192,32768")
     ap.add_argument("--capacity", type=int, default=40960)
     ap.add_argument("--layers", type=int, default=36)
+    ap.add_argument("--quick", action="store_true", help="a dozen configurations around the default")
     a = ap.parse_args()
     ctxs = [int(x) for x in a.contexts.split(",")]
     h, kv, d = 32, 8, 128
@@ -53,8 +54,12 @@ def main() -> None:
     q = torch.randn(1, h, 1, d, device="cuda", dtype=torch.bfloat16) * 0.1
     lens = torch.zeros(1, dtype=torch.int32, device="cuda")
     results = []
-    configs = list(itertools.product((32, 64, 128), (1, 2, 4, 8), (4,), (2, 3)))
-    configs += list(itertools.product((64, 128), (2, 4), (8,), (2, 3)))
+    if a.quick:
+        configs = list(itertools.product((32, 64, 128), (2, 4, 8), (4,), (3,)))
+        configs += [(64, 4, 8, 3), (128, 4, 8, 3), (64, 4, 4, 4), (128, 2, 4, 2)]
+    else:
+        configs = list(itertools.product((32, 64, 128), (1, 2, 4, 8), (4,), (2, 3)))
+        configs += list(itertools.product((64, 128), (2, 4), (8,), (2, 3)))
     for bn, split, warps, stages in configs:
         fd.BLOCK_N, fd.NSPLIT_PER_SM, fd.NUM_WARPS, fd.NUM_STAGES = bn, split, warps, stages
         try:

@@ -8,10 +8,10 @@ program takes an equal, block-aligned share of [0, length) and programs past the
 Deterministic: the split schedule depends only on the length, and the second kernel merges the
 splits' partial results in a fixed order (no atomics).
 
-Numerics (the mcore::decode_attention contract): q, K and V are widened to fp32 and both products
-run as 3xTF32 on the tensor cores (fp32-accurate; the kernel is bound by memory, not math), the
-softmax is fp32, so the result differs from a float64 reference by fp32 rounding plus the final
-cast to the cache dtype.
+Numerics (the mcore::decode_attention contract): scores accumulate in fp32 (16-bit products are
+exact), the softmax is fp32, the probabilities are rounded to the cache dtype for the product with
+V (as fused attention kernels do; fp32 accumulation), and the result is cast to the cache dtype.
+With fp32 caches both products run as 3xTF32, fp32-accurate.
 
 One program handles one KV head and all G = H/KV query heads that share it, for all s new tokens
 (rows r = g*s + i): K and V are read once per KV head.
@@ -20,14 +20,15 @@ One program handles one KV head and all G = H/KV query heads that share it, for 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 # Launch configuration (bench/flash_decode_sweep.py measures the alternatives on the GPU).
-BLOCK_N = 64
-NSPLIT_PER_SM = 2  # programs per SM, summed over KV heads
+BLOCK_N = 32
+NSPLIT_PER_SM = 8  # programs per SM, summed over KV heads
 NUM_WARPS = 4
 NUM_STAGES = 3
 
@@ -35,14 +36,15 @@ NUM_STAGES = 3
 @triton.jit
 def _split_kernel(Q, K, V, LEN, PACC, PML, C,
                   S: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr):
+                  BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr, WIDE: tl.constexpr,
+                  UPCAST: tl.constexpr):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     length = tl.load(LEN)
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, D)
     row_ok = rows < ROWS
-    q = tl.load(Q + (kvh * ROWS + rows)[:, None] * D + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+    q = tl.load(Q + (kvh * ROWS + rows)[:, None] * D + cols[None, :], mask=row_ok[:, None], other=0.0)
     qpos = length - S + (rows % S)  # absolute position of each row's query token
     share = tl.cdiv(tl.cdiv(length, NSPLIT), BLOCK_N) * BLOCK_N
     start = split * share
@@ -55,16 +57,27 @@ def _split_kernel(Q, K, V, LEN, PACC, PML, C,
         pos = n0 + tl.arange(0, BLOCK_N)
         pos_ok = pos < end
         offs = base + pos.to(tl.int64)[:, None] * D + cols[None, :]
-        k = tl.load(K + offs, mask=pos_ok[:, None], other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision="tf32x3")
+        k = tl.load(K + offs, mask=pos_ok[:, None], other=0.0)
+        if UPCAST:  # Triton's CPU interpreter cannot multiply bf16 tiles: widen them there
+            q, k = q.to(tl.float32), k.to(tl.float32)
+        if WIDE:  # fp32 caches: 3xTF32 keeps fp32 accuracy on the tensor cores
+            s = tl.dot(q, tl.trans(k), input_precision="tf32x3")
+        else:  # 16-bit: exact products, fp32 sums
+            s = tl.dot(q, tl.trans(k))
         s = tl.where((pos[None, :] <= qpos[:, None]) & pos_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet stay at 0
         alpha = tl.exp(m - m_ref)
         p = tl.exp(s - m_ref[:, None])
         l = l * alpha + tl.sum(p, 1)
-        v = tl.load(V + offs, mask=pos_ok[:, None], other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="tf32x3")
+        v = tl.load(V + offs, mask=pos_ok[:, None], other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        if WIDE:
+            pv = tl.dot(p, v, input_precision="tf32x3")
+        else:  # probabilities rounded to the cache dtype for the product, as fused attention kernels do
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
         m = m_new
     part = (kvh * NSPLIT + split) * ROWS + rows
     tl.store(PACC + part[:, None] * D + cols[None, :], acc, mask=row_ok[:, None])
@@ -123,6 +136,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_m = max(16, triton.next_power_of_2(rows))
     _split_kernel[(kvh, nsplit)](q, k_cache, v_cache, kv_lengths, pacc, pml, cap,
                                  S=s, ROWS=rows, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, NSPLIT=nsplit,
+                                 WIDE=q.dtype == torch.float32,
+                                 UPCAST=q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
                                  num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     _merge_kernel[(kvh, rows)](pacc, pml, out, ROWS=rows, D=d, NSPLIT=nsplit,
                                NSPLIT_P2=triton.next_power_of_2(nsplit), num_warps=4)

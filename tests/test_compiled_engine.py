@@ -150,16 +150,17 @@ def test_gpu_decode_replays_a_cuda_graph_and_is_deterministic(gpu_bundles):
     a = pipe.generate(PROMPT, 40, stop_at_eos=False)
     b = pipe.generate(PROMPT, 40, stop_at_eos=False)
     assert a.tokens == b.tokens
-    assert dec.graphs and dec.calls_compiled == 0  # every decode step was a CUDA-graph replay
+    assert dec.graphs, "the decode role was not captured as a CUDA graph"
+    assert dec.calls_compiled == 0, f"{dec.calls_compiled} decode calls ran outside the CUDA graph"
     la = pipe.step_logits(a.prompt_tokens, a.tokens[:-1])
     lb = pipe.step_logits(a.prompt_tokens, a.tokens[:-1])
-    assert all(torch.equal(x, y) for x, y in zip(la, lb))
+    assert [i for i, (x, y) in enumerate(zip(la, lb)) if not torch.equal(x, y)] == []
     # a second pipeline in the same process gives the same bits
     other = DecoderPipeline(str(native), device="cuda")
     lc = other.step_logits(a.prompt_tokens, a.tokens[:-1])
-    assert all(torch.equal(x, y) for x, y in zip(la, lc))
-    # and greedy over those logits is the generated sequence
-    assert [int(x.argmax()) for x in la] == a.tokens
+    assert [i for i, (x, y) in enumerate(zip(la, lc)) if not torch.equal(x, y)] == []
+    # and each generated token is a maximum of those logits (ties may pick either index)
+    assert [i for i, (x, t) in enumerate(zip(la, a.tokens)) if x.reshape(-1)[t] != x.max()] == []
 
 
 @gpu

@@ -104,9 +104,10 @@ def test_gpu_matches_reference_over_lengths(dtype, gqa, d):
             assert torch.isfinite(got).all(), (s, n)
             rel = ((got - ref).norm() / ref.norm()).item()
             assert rel < 8e-3, (dtype, gqa, d, s, n, rel)
-            # no worse than rounding the exact result to the dtype, plus fp32 noise
+            # two roundings to the dtype (the probabilities for the product with V, then the output):
+            # within a few times what rounding the exact result alone costs
             floor = ((ref.to(dtype).double() - ref).norm() / ref.norm()).item()
-            assert rel < 1.5 * floor + 1e-5, (dtype, gqa, d, s, n, rel, floor)
+            assert rel < 2.5 * floor + 1e-5, (dtype, gqa, d, s, n, rel, floor)
 
 
 @gpu
