@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+DEV = os.environ.get("BENCH_DEVICE", "cuda")  # cpu: a smoke run of the script itself
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
@@ -31,7 +32,8 @@ sys.path.insert(0, str(HERE.parent))
 def _sync():
     import torch
 
-    torch.cuda.synchronize()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
 
 
 def _median_ms(fn, steps: int) -> float:
@@ -55,7 +57,7 @@ def part_roofline(a) -> None:
     import torch
 
     n = 4 << 30  # 4 GiB each way: far past L2
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    src = torch.empty(n, dtype=torch.uint8, device=DEV).random_()
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
@@ -98,7 +100,7 @@ def part_mcore(a) -> None:
         from mcore.engines.compiled import CompiledRoleRunner
         from mcore.engines.fusion import fuse_sibling_projections
 
-        pipe = DecoderPipeline(_bundle(a), device="cuda", engine="torch", progress=Progress(note))
+        pipe = DecoderPipeline(_bundle(a), device=DEV, engine="torch", progress=Progress(note))
         prepared = pipe.runners["decode"].prepared
         if os.environ.get("MCORE_FUSE_PROJECTIONS", "1") != "0":
             fuse_sibling_projections(prepared)
@@ -108,11 +110,11 @@ def part_mcore(a) -> None:
         pipe.runners["decode"] = runner
         pipe.engine_name = "compiled-decode-only"
     else:
-        pipe = DecoderPipeline(_bundle(a), device="cuda", engine=a.engine, progress=Progress(note))
+        pipe = DecoderPipeline(_bundle(a), device=DEV, engine=a.engine, progress=Progress(note))
     load_s = time.perf_counter() - t0
     compile_s = sum(getattr(r, "compile_s", 0.0) or 0.0 for r in pipe.runners.values())
     caches = [pipe.caches[n] for n in pipe.cache_names]
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=DEV).manual_seed(0)
     for c in caches:  # never time on zeros
         c.normal_(generator=g)
     dec = pipe.runners["decode"]
@@ -131,7 +133,7 @@ def part_mcore(a) -> None:
             step()
         rec["decode_ms"][n] = _median_ms(step, a.steps if pipe.engine_name != "torch" else min(a.steps, 8))
     if (1024 in a.contexts or a.ttft) and not a.decode_only:
-        ids = torch.randint(0, 151936, (1, 1024), dtype=torch.int32, device="cuda", generator=g)
+        ids = torch.randint(0, 151936, (1, 1024), dtype=torch.int32, device=DEV, generator=g)
 
         def first():
             (logits,) = pipe.runners["prefill"](ids, *caches)
@@ -150,9 +152,10 @@ def _hf_model():
 
     from bench.qwen3_8b_config import QWEN3_8B
 
-    cfg = AutoConfig.for_model(**{k: v for k, v in QWEN3_8B.items() if k != "architectures"})
+    conf = json.loads(os.environ["BENCH_CONFIG"]) if "BENCH_CONFIG" in os.environ else QWEN3_8B
+    cfg = AutoConfig.for_model(**{k: v for k, v in conf.items() if k != "architectures"})
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(DEV):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     return model
 
@@ -163,11 +166,11 @@ def part_hf_eager(a) -> None:
 
     model = _hf_model()
     rec = {"part": "transformers-eager", "decode_ms": {}}
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=DEV).manual_seed(0)
     with torch.no_grad():
         for n in a.contexts:
             cache = DynamicCache(config=model.config)
-            ids = torch.randint(0, 151936, (1, n), device="cuda", generator=g)
+            ids = torch.randint(0, 151936, (1, n), device=DEV, generator=g)
             _sync()
             t = time.perf_counter()
             out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -177,8 +180,8 @@ def part_hf_eager(a) -> None:
             pos = [n]
 
             def step():
-                o = model(input_ids=torch.tensor([[tok]], device="cuda"), past_key_values=cache, use_cache=True,
-                          cache_position=torch.tensor([pos[0]], device="cuda"))
+                o = model(input_ids=torch.tensor([[tok]], device=DEV), past_key_values=cache, use_cache=True,
+                          cache_position=torch.tensor([pos[0]], device=DEV))
                 int(o.logits[0, -1].argmax().item())
                 pos[0] += 1
 
@@ -203,8 +206,8 @@ def part_hf_compiled(a) -> None:
         pos = [0]
 
         def step():
-            o = fwd(input_ids=torch.tensor([[tok[0]]], device="cuda"), past_key_values=cache, use_cache=True,
-                    cache_position=torch.tensor([pos[0]], device="cuda"), position_ids=torch.tensor([[pos[0]]], device="cuda"))
+            o = fwd(input_ids=torch.tensor([[tok[0]]], device=DEV), past_key_values=cache, use_cache=True,
+                    cache_position=torch.tensor([pos[0]], device=DEV), position_ids=torch.tensor([[pos[0]]], device=DEV))
             tok[0] = int(o.logits[0, -1].argmax().item())
 
         with torch.no_grad():
@@ -259,7 +262,7 @@ def build(a) -> None:
     cfg = write_config_folder(Path(a.out) / "qwen3-8b-config")
     shutil.copy(materialize("qwen3-tiny") / "tokenizer.json", cfg)
     args = BuildArgs(model=str(cfg), weights="random", precision="bf16", max_cache_length=a.capacity)
-    build_bundle(args, _bundle(a), device="cuda")
+    build_bundle(args, _bundle(a), device=DEV)
 
 
 def table(recs: list[dict], contexts: list[int]) -> str:
@@ -307,6 +310,7 @@ def main() -> None:
     ap.add_argument("--extra-capacity", default="4096", help="compiled engine and peer also at these capacities (ctx 1k)")
     ap.add_argument("--parts", default="roofline,compiled,torch,hf-eager,hf-compiled")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--peer-capacities", default=None, help="transformers static cache capacities (default: as ours)")
     ap.add_argument("--part", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="compiled", help=argparse.SUPPRESS)
     ap.add_argument("--ttft", action="store_true", help=argparse.SUPPRESS)
@@ -321,7 +325,20 @@ def main() -> None:
         return
     parts = a.parts.split(",")
     cache = Path(a.out) / "mcore-cache"
-    recs: list[dict] = []
+
+    class Recs(list):  # every result is saved and shown as it comes, so a cut-off run keeps what it had
+        def append(self, r):
+            super().append(r)
+            (Path(a.out) / "engine_gpu.json").write_text(json.dumps(list(self), indent=1))
+            lines = table([r], a.contexts).splitlines()
+            print(lines[0] if r.get("part") == "roofline" else lines[-2], flush=True)
+
+        def __iadd__(self, rs):
+            for r in rs:
+                self.append(r)
+            return self
+
+    recs: list[dict] = Recs()
     if "roofline" in parts:
         recs += run_part(a, "roofline")
     caps = [a.capacity] + [int(c) for c in a.extra_capacity.split(",") if c]
@@ -340,10 +357,20 @@ def main() -> None:
             for r in run_part(b, "mcore", "--engine", "compiled", env=env):
                 r["label"] = label
                 recs.append(r)
-        for cap in caps[1:]:
+    if "hf-compiled" in parts:
+        peer_caps = [int(c) for c in (a.peer_capacities or ",".join(map(str, caps))).split(",") if c]
+        for cap in peer_caps:
             b = argparse.Namespace(**{**vars(a), "capacity": cap, "contexts": [n for n in a.contexts if n < cap]})
-            for r in run_part(b, "mcore", "--engine", "compiled", env=env):
-                r["label"] = f"mcore compiled (capacity {cap})"
+            for r in run_part(b, "hf-compiled"):
+                r["label"] = "transformers static+compile"
+                recs.append(r)
+    if "hf-eager" in parts:
+        recs += run_part(a, "hf-eager")
+    if "compiled" in parts:
+        for cap in caps[1:]:  # the decode step at another capacity (the prefill compile is the same work)
+            b = argparse.Namespace(**{**vars(a), "capacity": cap, "contexts": [n for n in a.contexts if n < cap]})
+            for r in run_part(b, "mcore", "--decode-only", env=env):
+                r["label"] = f"mcore compiled decode (capacity {cap})"
                 recs.append(r)
     for variant in [v for v in a.variants.split(";") if v]:
         env = dict(kv.split("=", 1) for kv in variant.split(","))
@@ -355,15 +382,7 @@ def main() -> None:
         for r in run_part(a, "mcore", "--engine", "torch", env={"MCORE_CACHE_DIR": str(cache)}):
             r["label"] = "mcore torch (op by op)"
             recs.append(r)
-    if "hf-eager" in parts:
-        recs += run_part(a, "hf-eager")
-    if "hf-compiled" in parts:
-        for cap in caps:
-            b = argparse.Namespace(**{**vars(a), "capacity": cap, "contexts": [n for n in a.contexts if n < cap]})
-            for r in run_part(b, "hf-compiled"):
-                r["label"] = f"transformers static+compile"
-                recs.append(r)
-    (Path(a.out) / "engine_gpu.json").write_text(json.dumps(recs, indent=1))
+
     for r in recs:
         for line in r.get("engine", []):
             print(f"  {r.get('label', r['part'])}: {line}")

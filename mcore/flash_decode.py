@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 # Launch configuration (bench/flash_decode_sweep.py measures the alternatives on the GPU).
-BLOCK_N = 32
-NSPLIT_PER_SM = 8  # programs per SM, summed over KV heads
+BLOCK_N = 64
+NSPLIT_PER_SM = 2  # programs per SM, summed over KV heads
 NUM_WARPS = 4
 NUM_STAGES = 3
 
