@@ -168,8 +168,12 @@ def capture_graph(ctx: ActionContext, build_args: dict, engine_role: str, snapsh
     write_json(out, cap.snapshot)
     snap = cap.snapshot
     ctx.say(f"captured {engine_role}: {len(snap['nodes'])} nodes, fingerprint {snap['fingerprint'][:12]}…")
+    ops: dict[str, int] = {}
+    for n in snap["nodes"]:
+        ops[n["op"]] = ops.get(n["op"], 0) + 1
+    # `ops` is not compared; replay shows it when a fingerprint differs, to say what changed.
     return {"fingerprint": snap["fingerprint"], "nodes": len(snap["nodes"]), "tensors": len(snap["tensors"]),
-            "recipes": len(snap.get("recipes", [])), "snapshot": ctx.rel(out)}
+            "recipes": len(snap.get("recipes", [])), "snapshot": ctx.rel(out), "ops": dict(sorted(ops.items()))}
 
 
 def list_recipes(ctx: ActionContext, snapshot: str) -> dict:

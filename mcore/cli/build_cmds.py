@@ -11,7 +11,7 @@ import time
 from ..buildargs import add_build_args, build_args_from_namespace
 from ..errors import UserError
 from ..fileio import atomic_write
-from ..graph.display import abi_lines
+from ..graph.display import abi_lines, versions_line
 from .graph_cmds import stderr_progress
 
 
@@ -118,6 +118,7 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
     print(f"bundle {ns.bundle}: integrity OK")
     print(f"engine={m['engine']} family={m['family']} model={m['model']['spec']} revision={m['model']['revision']}")
     print("build_args: " + " ".join(f"{k}={v}" for k, v in m["build_args"].items() if v is not None))
+    print(versions_line(m.get("tool_versions", {})))
     print(f"weights: {m['weights']['kind']}" + (f" (seed {m['weights']['seed']})" if m["weights"]["kind"] == "random" else ""))
     for role, r in m["roles"].items():
         print(f"role {role}: fingerprint={r['fingerprint']} inputs={len(r['inputs'])} outputs={','.join(r['outputs'])}")

@@ -107,7 +107,7 @@ class GuideState:
         diffs: list[tuple[str, Any, Any]] = []
         if kind in ("ok", "user"):
             status = "ok" if kind == "ok" else "error"
-            diffs = [(d.field, d.expected, d.actual) for d in compare_step(step, status, results, error)]
+            diffs = [(d.field, d.expected, d.actual) for d in compare_step(step, status, results, error, self.session.header)]
         elif kind == "bug":
             diffs = [("status", "ok" if step.status == "ok" else f"error: {step.error}", f"error: {error}")]
         out = StepOutcome(results, error, kind, diffs)
