@@ -150,13 +150,18 @@ def _decoder_steps(pipe: Any, model: Any, ids: list[int], n: int, progress: Prog
     if need > pipe.capacity:
         raise UserError(f"prompt ({len(ids)} tokens) + --max-new-tokens {n} need {need} cache slots but the "
                         f"bundle's KV cache holds {pipe.capacity}; ask for fewer tokens")
+    import inspect
+
+    # transformers renamed past_key_values to cache (5.x); use whichever this version takes.
+    new_api = "cache" in inspect.signature(model.forward).parameters
+    key = "cache" if new_api else "past_key_values"
     dev = pipe.device
     caches = [pipe.caches[name].zero_() for name in pipe.cache_names]
     out: list[StepStats] = []
     with torch.no_grad():
         (logits,) = pipe.runners["prefill"](torch.tensor([ids], dtype=torch.int32, device=dev), *caches)
         ref = model(torch.tensor([ids], device=dev), use_cache=True)
-        past = ref.past_key_values
+        past = getattr(ref, key)
         ref_logits = ref.logits[0, -1].float()
         pos = len(ids)
         for step in range(n):
@@ -170,8 +175,8 @@ def _decoder_steps(pipe: Any, model: Any, ids: list[int], n: int, progress: Prog
             pipe.cache_length.fill_(pos)
             (logits,) = pipe.runners["decode"](torch.tensor([[r_tok]], dtype=torch.int32, device=dev),
                                                pipe.cache_length, *caches)
-            ref = model(torch.tensor([[r_tok]], device=dev), past_key_values=past, use_cache=True)
-            past = ref.past_key_values
+            ref = model(torch.tensor([[r_tok]], device=dev), use_cache=True, **{key: past})
+            past = getattr(ref, key)
             ref_logits = ref.logits[0, -1].float()
             pos += 1
     return out

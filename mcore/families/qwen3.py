@@ -315,6 +315,20 @@ def _role_class(role: str, num_layers: int) -> type:
     return _ROLE_CLASSES[key]
 
 
+def _check_tied_head(folder) -> None:
+    """A tied checkpoint may store lm_head.weight too. transformers ties only when the stored copy
+    equals the embedding; otherwise it keeps both untied, despite the config. Follow it by refusing
+    the contradiction rather than computing logits with the other matrix."""
+    names = {"lm_head.weight", "model.embed_tokens.weight"}
+    if "lm_head.weight" not in W.checkpoint_files(folder):
+        return
+    got = dict(W.iter_checkpoint(folder, names))
+    if len(got) == 2 and not torch.equal(got["lm_head.weight"], got["model.embed_tokens.weight"]):
+        raise UserError(f"{folder}: config.json sets tie_word_embeddings true but the checkpoint stores an lm_head.weight "
+                        "that differs from the embedding (transformers would not tie them); set "
+                        "tie_word_embeddings to false in config.json")
+
+
 class Qwen3Family(Family):
     name = "qwen3"
     kind = "decoder"
@@ -393,6 +407,8 @@ class Qwen3Family(Family):
                 return n[len("model.") :]
             return n  # reported as unexpected unless it names a core parameter
 
+        if tied:
+            _check_tied_head(source.path)
         W.load_into(core, source.path, map_name, f"qwen3 ({source.spec})")
 
     def random_init(self, core: nn.Module, seed: int) -> None:
