@@ -55,8 +55,6 @@ def test_encoder_matches_transformers(built, mcore):
 def test_a_wrong_engine_is_caught(built, mcore, monkeypatch):
     """Break the engine's logits (a stand-in for a wrong kernel or family): the check fails and
     names the first diverging step."""
-    import torch
-
     from mcore import pipeline as P
 
     ckpt, bundle = built["q"]
@@ -77,7 +75,6 @@ def test_a_wrong_engine_is_caught(built, mcore, monkeypatch):
     assert res.code == 1, res
     assert "first_diverging_token=step 1" in res.out
     assert res.out.strip().splitlines()[-1].startswith("FAIL: reference check")
-    del torch
 
 
 def test_checkpoint_must_be_the_bundles(built, mcore):

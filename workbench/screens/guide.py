@@ -23,10 +23,11 @@ SHOWN = {
     "write_bindings": ("manifest", "abi_sha256"),
     "build_bundle": ("bundle", "fingerprints", "kernel_slots"),
     "generate": ("tokens", "text"),
-    "embed": ("values",),
+    "embed": ("values", "pooling"),
     "gate_tokens": ("passed", "line"),
     "gate_embeddings": ("passed", "max_abs", "cosine", "line"),
     "gate_perf": ("passed", "ratio", "line"),
+    "verify_reference": ("passed", "first_diverging_step", "line"),
 }
 
 
