@@ -7,7 +7,8 @@ What transformers (5.x) does with a checkpoint's tokenizer files, and so what th
 - The tokenizer class (tokenizer_config.json's `tokenizer_class`, else the one transformers maps
   the model type to) decides the special tokens. The BERT classes rebuild normalizer,
   pre-tokenizer and post-processor from tokenizer_config.json (`do_lower_case`,
-  `strip_accents`, `tokenize_chinese_chars`, CLS/SEP tokens): so does this. Every other class
+  `strip_accents`, `tokenize_chinese_chars`, CLS/SEP tokens) around a WordPiece
+  tokenizer.json's vocabulary: so does this. Every other class
   (Qwen2Tokenizer, the generic TokenizersBackend) keeps tokenizer.json's pipeline, so a BOS is
   added exactly when its post-processor adds one (transformers 5 does not act on
   tokenizer_config.json's `add_bos_token` for these classes).
@@ -84,7 +85,9 @@ class TextTokenizer:
         self.tok.no_truncation()
         cls = self.config.get("tokenizer_class") or _CLASS_FOR_MODEL_TYPE.get(model_type)
         self.tokenizer_class = str(cls).removesuffix("Fast") if cls else "TokenizersBackend"
-        if self.tokenizer_class in _BERT_CLASSES:
+        # The BERT classes rebuild a WordPiece pipeline; for any other model type in tokenizer.json
+        # (a BPE vocabulary under a bert model type) the file's own pipeline is the meaningful one.
+        if self.tokenizer_class in _BERT_CLASSES and type(self.tok.model).__name__ == "WordPiece":
             self._as_bert()
 
     # ------------------------------------------------------------ configuration
