@@ -155,3 +155,34 @@ def test_published_qwen3_field_set_loads(tmp_path):
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0, -1]
     torch.testing.assert_close(_qwen_logits(folder, ids), want, atol=1e-4, rtol=0)
+
+
+PUBLISHED_ENCODER_FIELDS = {
+    "bert": {"architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "classifier_dropout": None,
+             "gradient_checkpointing": False, "hidden_dropout_prob": 0.1, "initializer_range": 0.02,
+             "position_embedding_type": "absolute", "torch_dtype": "float32", "transformers_version": "4.8.2",
+             "use_cache": True, "is_decoder": False, "add_cross_attention": False, "layer_norm_eps": 1e-12},
+    "distilbert": {"architectures": ["DistilBertModel"], "attention_dropout": 0.1, "dropout": 0.1,
+                   "initializer_range": 0.02, "qa_dropout": 0.1, "seq_classif_dropout": 0.2,
+                   "sinusoidal_pos_embds": False, "tie_weights_": True, "activation": "gelu",
+                   "transformers_version": "4.6.0.dev0"},
+}
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert"])
+def test_published_encoder_field_sets_load_and_match(dirs, tmp_path, family):
+    """The fields published BERT / DistilBERT config.json files carry are accepted and the
+    encoder's hidden states still match transformers."""
+    folder = _edited(dirs[family], tmp_path, **PUBLISHED_ENCODER_FIELDS[family])
+    source = resolve_model(str(folder))
+    fam = get_family(source.family)
+    gargs = fam.graph_args(source.config, BuildArgs(model=str(folder), max_seq_length=16))
+    core = fam.build_core(source.config, gargs, "cpu")
+    fam.load_checkpoint(core, source)
+    ids = torch.tensor([2, 40, 77, 150, 9, 3] + [0] * 10, dtype=torch.int32)
+    mask = torch.tensor([1] * 6 + [0] * 10, dtype=torch.int32)
+    ref = transformers.AutoModel.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        got = fam.role_module(core.eval(), "encoder")(ids, mask)[:6]
+        want = ref(input_ids=ids[None, :6].long()).last_hidden_state[0]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
