@@ -60,6 +60,8 @@ from pathlib import Path
 
 BINDING_ID = "distilbert.layer0.attention_residual_add.cutedsl@1"
 GRAPH_FINGERPRINT = "63511cd093bd205b6a508720563481f56500c4ba51aecb8e8b6b71a47a750071"
+# Snapshot metadata recorded but not fingerprinted (mcore.graph.snapshot.UNHASHED_METADATA).
+UNHASHED_METADATA = ["tool_versions"]
 ABI_SHA256 = "6086c4ac3e5c19b54f90197f02200b945bf0b98f213a3a6bde5c2c1cfdd8c758"
 ABI_FORMAT = "mcore.tvm_ffi.abi/1"
 NODE_IDS = ["node:49"]
@@ -211,7 +213,10 @@ def check_snapshot(snapshot, where):
     if not isinstance(snapshot, dict) or snapshot.get("kind") != "mcore.graph_snapshot" or "fingerprint" not in snapshot:
         raise ContractError(f"{where}: not a graph snapshot; pass the file from `mcore graph inspect --snapshot`")
     try:
-        own = _sha256({k: v for k, v in snapshot.items() if k != "fingerprint"})
+        payload = {k: v for k, v in snapshot.items() if k != "fingerprint"}
+        if isinstance(payload.get("metadata"), dict):  # tool versions are recorded, never hashed
+            payload["metadata"] = {k: v for k, v in payload["metadata"].items() if k not in UNHASHED_METADATA}
+        own = _sha256(payload)
     except (TypeError, ValueError):
         own = None
     if own != snapshot["fingerprint"]:
