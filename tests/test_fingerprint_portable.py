@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-import mcore.build
+import mcore.build as mcore_build
 import mcore.graph.capture as capture_mod
 from mcore.buildargs import BuildArgs
 from mcore.graph.capture import capture
@@ -26,7 +26,7 @@ OTHER = {"mcore": "0.0.9", "torch": "2.11.0"}
 def other_torch(monkeypatch):
     """Every place that records tool versions reports another torch and mcore."""
     monkeypatch.setattr(capture_mod, "tool_versions", lambda: dict(OTHER))
-    monkeypatch.setattr(mcore.build, "tool_versions", lambda: dict(OTHER))
+    monkeypatch.setattr(mcore_build, "tool_versions", lambda: dict(OTHER))
 
 
 def test_same_graph_other_versions_same_fingerprint(monkeypatch):
@@ -69,7 +69,7 @@ def test_other_config_changes_the_fingerprint(tmp_path):
     assert before["nodes"] == after["nodes"] and before["fingerprint"] != after["fingerprint"]
 
 
-def test_receipt_from_another_torch_still_applies(other_torch, tmp_path, mcore):
+def test_receipt_from_another_torch_still_applies(other_torch, tmp_path, mcore, monkeypatch):
     """A receipt made on the other box builds here: the same graph, the same fingerprint."""
     snap = tmp_path / "decode.graph.json"
     args = ["demo:qwen3-tiny", "--max-cache-length", "256"]
@@ -79,13 +79,13 @@ def test_receipt_from_another_torch_still_applies(other_torch, tmp_path, mcore):
     sel = tmp_path / "sel.json"
     node = next(n["id"] for n in data["nodes"] if n["module_path"] == "decoder.logits_zero_bias" and n["op"].startswith("aten.add"))
     assert mcore("graph", "select", snap, "--nodes", node, "--binding-id", "x@1", "-o", sel).code == 0
-    from unittest import mock
-
-    with mock.patch.object(capture_mod, "tool_versions", lambda: {"mcore": "0.1.0", "torch": "2.13.0"}):
-        res = mcore("build", *args, "--graph-patch", sel, "-o", tmp_path / "b.bundle")
+    here = {"mcore": "0.1.0", "torch": "2.13.0"}
+    monkeypatch.setattr(capture_mod, "tool_versions", lambda: dict(here))
+    monkeypatch.setattr(mcore_build, "tool_versions", lambda: dict(here))
+    res = mcore("build", *args, "--graph-patch", sel, "-o", tmp_path / "b.bundle")
     assert res.code == 0, res
     shown = mcore("inspect", tmp_path / "b.bundle")
-    assert "tool_versions: mcore=0.0.9 torch=2.11.0" in shown.out
+    assert "tool_versions: mcore=0.1.0 torch=2.13.0" in shown.out
     # a graph that really differs still asks for a recapture
     res = mcore("build", "demo:qwen3-tiny", "--max-cache-length", "128", "--graph-patch", sel, "-o", tmp_path / "c.bundle")
     assert_user_error(res, "does not match the graph", "recapture")
