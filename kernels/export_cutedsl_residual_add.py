@@ -11,7 +11,7 @@ so GRAPH_FINGERPRINT is the stand-in's and the contract check refuses any real g
     mcore kernel stub work/residual-add.selection.json --snapshot work/encoder.graph.json -o my_add.py
 To refresh this file after a generator change: python -m tests.test_stubgen
 
-Region (family=distilbert model=distilbert/distilbert-base-uncased engine_role=encoder; fingerprint dd86e6cd60f2553a...):
+Region (family=distilbert model=distilbert/distilbert-base-uncased engine_role=encoder; fingerprint 63511cd093bd205b...):
     node:49    aten.add.Tensor  tensor:22, tensor:50 -> tensor:51
 Kernel body: generated: output0 = input0 + input1, elementwise (aten.add.Tensor).
     FP16/BF16 math runs in FP32 and is rounded once; INT32 math wraps; inputs are first
@@ -59,7 +59,9 @@ from pathlib import Path
 # ---------------------------------------------------------------- the contract (copied from the selection receipt)
 
 BINDING_ID = "distilbert.layer0.attention_residual_add.cutedsl@1"
-GRAPH_FINGERPRINT = "dd86e6cd60f2553a7ad5a717391f7d84378492761515adca3f945b865ae462f0"
+GRAPH_FINGERPRINT = "63511cd093bd205b6a508720563481f56500c4ba51aecb8e8b6b71a47a750071"
+# Snapshot metadata recorded but not fingerprinted (mcore.graph.snapshot.UNHASHED_METADATA).
+UNHASHED_METADATA = ["tool_versions"]
 ABI_SHA256 = "6086c4ac3e5c19b54f90197f02200b945bf0b98f213a3a6bde5c2c1cfdd8c758"
 ABI_FORMAT = "mcore.tvm_ffi.abi/1"
 NODE_IDS = ["node:49"]
@@ -211,7 +213,10 @@ def check_snapshot(snapshot, where):
     if not isinstance(snapshot, dict) or snapshot.get("kind") != "mcore.graph_snapshot" or "fingerprint" not in snapshot:
         raise ContractError(f"{where}: not a graph snapshot; pass the file from `mcore graph inspect --snapshot`")
     try:
-        own = _sha256({k: v for k, v in snapshot.items() if k != "fingerprint"})
+        payload = {k: v for k, v in snapshot.items() if k != "fingerprint"}
+        if isinstance(payload.get("metadata"), dict):  # tool versions are recorded, never hashed
+            payload["metadata"] = {k: v for k, v in payload["metadata"].items() if k not in UNHASHED_METADATA}
+        own = _sha256(payload)
     except (TypeError, ValueError):
         own = None
     if own != snapshot["fingerprint"]:

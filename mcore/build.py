@@ -81,9 +81,18 @@ def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str
         receipt = check_receipt_against(receipt_file, caps[receipt_file["engine_role"]].snapshot, str(graph_patch))
     progress.report("loading weights", 0.6)
     members: dict[str, Any] = {"config.json": json.dumps(source.config, indent=2, sort_keys=True).encode()}
-    from .families.source import load_tokenizer, special_tokens
+    from .families.source import special_tokens
+    from .pooling import sentence_embedding
+    from .tokenization import TOKENIZER_CONFIG, TOKENIZER_JSON, TextTokenizer, read_tokenizer_files
 
-    members["tokenizer.json"] = load_tokenizer(source).to_str().encode("utf-8")
+    if source.path is None:
+        raise UserError(f"{source.spec}: no model folder, so no tokenizer.json")
+    tok_json, tok_config = read_tokenizer_files(Path(source.path))
+    TextTokenizer(tok_json, tok_config, source.config.get("model_type", ""), f"{source.path}/{TOKENIZER_JSON}")
+    # Stored as the checkpoint has them; the pipeline configures them as transformers does.
+    members[TOKENIZER_JSON] = tok_json.encode("utf-8")
+    members[TOKENIZER_CONFIG] = json.dumps(tok_config, indent=2, sort_keys=True).encode("utf-8")
+    embedding_default = sentence_embedding(Path(source.path)) if family.kind == "encoder" else None
     if args.weights == "random":
         weights = {"kind": "random", "seed": args.seed}
     else:
@@ -108,6 +117,7 @@ def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str
         "kernel_slots": [slot_record(receipt)] if receipt else [],
         "weights": weights,
         "special_tokens": special_tokens(source),
+        "sentence_embedding": embedding_default,
         "tool_versions": tool_versions(),
         "built_on": {"python": platform.python_version(), "machine": platform.machine()},
     }

@@ -51,8 +51,20 @@ def load_weights_state(blob: bytes, aliases: dict[str, str]) -> dict[str, torch.
     return state
 
 
+def bundle_tokenizer(bundle: Any, config: dict, where: str):
+    """The bundle's tokenizer, configured as transformers configures it (mcore.tokenization)."""
+    from .tokenization import TOKENIZER_CONFIG, TOKENIZER_JSON, TextTokenizer
+
+    names = set(bundle.names())
+    tok_config = json.loads(bundle.read(TOKENIZER_CONFIG)) if TOKENIZER_CONFIG in names else {}
+    return TextTokenizer(bundle.read(TOKENIZER_JSON).decode("utf-8"), tok_config, config.get("model_type", ""),
+                         f"{where}: {TOKENIZER_JSON}")
+
+
 class Pipeline:
     """A constructed engine over one bundle with its kernel slots bound."""
+
+    chat = False  # encode prompts through the checkpoint's chat template (`mcore run --chat`)
 
     def __init__(self, bundle_path: str, kernel_bindings: Optional[str] = None, device: Optional[str] = None,
                  engine: str = "auto", progress: Progress = NO_PROGRESS,
@@ -72,9 +84,7 @@ class Pipeline:
         args = BuildArgs.from_dict(m["build_args"])
         source = ModelSource(spec=m["model"]["spec"], family=m["family"], config=self.config, path=None,
                              revision=m["model"]["revision"])
-        from tokenizers import Tokenizer
-
-        self.tokenizer = Tokenizer.from_str(self.bundle.read("tokenizer.json").decode("utf-8"))
+        self.tokenizer = bundle_tokenizer(self.bundle, self.config, bundle_path)
         self.special = m.get("special_tokens", {})
         progress.report("loading weights", 0.15)
         dtype_core = self.family.build_core(self.config, self.gargs, self.device)
@@ -130,14 +140,19 @@ class Pipeline:
         tensors = {t["id"]: t for t in snap["tensors"]}
         return [(tensors[t]["name"], tensors[t]) for t in snap["inputs"]]
 
-    def encode(self, prompt: str) -> list[int]:
-        ids = self.tokenizer.encode(prompt).ids
+    def encode(self, prompt: str, chat: Optional[bool] = None) -> list[int]:
+        """Token IDs as transformers' tokenizer gives them (with `chat`, default `self.chat`: the
+        checkpoint's chat template around the prompt, as apply_chat_template renders and tokenizes it)."""
+        if self.chat if chat is None else chat:
+            ids = self.tokenizer.encode(self.tokenizer.render_chat(prompt), add_special_tokens=False)
+        else:
+            ids = self.tokenizer.encode(prompt)
         if not ids:
             raise UserError("the prompt encodes to no tokens; give a non-empty --prompt")
         return ids
 
     def decode_text(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self.tokenizer.decode(list(ids))
 
 
 @dataclass
@@ -272,18 +287,18 @@ class EncoderPipeline(Pipeline):
         (hidden,) = self.runners["encoder"](ids, mask)
         return hidden, n
 
-    def embed(self, prompt: str, pooling: str = "none") -> list[float]:
+    def pooling(self, pooling: Optional[str] = None, normalize: Optional[bool] = None) -> tuple[str, bool, str]:
+        """(pooling, normalize, why): explicit choices win, else the checkpoint's declared default."""
+        from .pooling import choose
+
+        return choose(pooling, normalize, self.manifest.get("sentence_embedding"))
+
+    def embed(self, prompt: str, pooling: Optional[str] = None, normalize: Optional[bool] = None) -> list[float]:
+        from .pooling import pool
+
+        mode, norm, _ = self.pooling(pooling, normalize)
         hidden, n = self.hidden_states(prompt)
-        h = hidden.float()
-        if pooling == "none":
-            v = h.reshape(-1)
-        elif pooling == "mean":
-            v = h[:n].mean(0)
-        elif pooling == "cls":
-            v = h[0]
-        else:
-            raise UserError(f"--pooling {pooling!r} is not supported; use none, mean or cls")
-        return v.cpu().tolist()
+        return pool(hidden, n, mode, norm).cpu().tolist()
 
 
 def percentile(values: Sequence[float], q: float) -> float:

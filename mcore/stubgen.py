@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence, Union
 
 from .errors import UserError
 from .fileio import check_output_path, install_file
+from .graph.snapshot import UNHASHED_METADATA
 from .graph.snapshot import load_snapshot
 from .selection import ABI_FORMAT, check_receipt, load_receipt
 
@@ -260,6 +261,8 @@ def _constants(c: _Ctx) -> str:
     out = [
         f"BINDING_ID = {_py(r['binding_id'])}",
         f"GRAPH_FINGERPRINT = {_py(r['graph_fingerprint'])}",
+        "# Snapshot metadata recorded but not fingerprinted (mcore.graph.snapshot.UNHASHED_METADATA).",
+        f"UNHASHED_METADATA = {_py(list(UNHASHED_METADATA))}",
         f"ABI_SHA256 = {_py(r['abi_sha256'])}",
         f"ABI_FORMAT = {_py(ABI_FORMAT)}",
         f"NODE_IDS = {_py(list(r['node_ids']))}",

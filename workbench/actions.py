@@ -120,6 +120,12 @@ def _num(v: Any, name: str) -> float:
     return float(v)
 
 
+def _bool(v: Any, name: str) -> bool:
+    if not isinstance(v, bool):
+        raise UserError(f"{name} must be true or false, got {v!r}")
+    return v
+
+
 def _str(v: Any, name: str) -> str:
     if not isinstance(v, str) or not v:
         raise UserError(f"{name} must be a non-empty string, got {v!r}")
@@ -168,8 +174,12 @@ def capture_graph(ctx: ActionContext, build_args: dict, engine_role: str, snapsh
     write_json(out, cap.snapshot)
     snap = cap.snapshot
     ctx.say(f"captured {engine_role}: {len(snap['nodes'])} nodes, fingerprint {snap['fingerprint'][:12]}…")
+    ops: dict[str, int] = {}
+    for n in snap["nodes"]:
+        ops[n["op"]] = ops.get(n["op"], 0) + 1
+    # `ops` is not compared; replay shows it when a fingerprint differs, to say what changed.
     return {"fingerprint": snap["fingerprint"], "nodes": len(snap["nodes"]), "tensors": len(snap["tensors"]),
-            "recipes": len(snap.get("recipes", [])), "snapshot": ctx.rel(out)}
+            "recipes": len(snap.get("recipes", [])), "snapshot": ctx.rel(out), "ops": dict(sorted(ops.items()))}
 
 
 def list_recipes(ctx: ActionContext, snapshot: str) -> dict:
@@ -311,14 +321,15 @@ def build_bundle(ctx: ActionContext, build_args: dict, output: str, recipe: Opti
 
 
 def generate(ctx: ActionContext, bundle: str, prompt: str, max_new_tokens: int, output: Optional[str] = None,
-             kernel_bindings: Optional[str] = None) -> dict:
-    """`mcore run --greedy [--output FILE]`: greedy generation; writes JSONL {prompt, tokens, text}."""
+             kernel_bindings: Optional[str] = None, chat: bool = False) -> dict:
+    """`mcore run --greedy [--chat] [--output FILE]`: greedy generation; writes JSONL {prompt, tokens, text}."""
     from mcore.fileio import atomic_write
 
     _str(prompt, "prompt")
     n = _int(max_new_tokens, "max_new_tokens", 1)
     out = ctx.path(output, "output") if output is not None else None
     pipe = _pipeline(ctx, "decoder", bundle, kernel_bindings)
+    pipe.chat = _bool(chat, "chat")
     t0 = time.perf_counter()
     r = pipe.generate(prompt, n, greedy=True)
     seconds = time.perf_counter() - t0
@@ -329,18 +340,37 @@ def generate(ctx: ActionContext, bundle: str, prompt: str, max_new_tokens: int, 
 
 
 def embed(ctx: ActionContext, bundle: str, prompt: str, output: Optional[str] = None,
-          kernel_bindings: Optional[str] = None) -> dict:
-    """`mcore embed`: the full embedding; writes {"embedding": [...]} like the CLI's stdout."""
+          kernel_bindings: Optional[str] = None, pooling: Optional[str] = None) -> dict:
+    """`mcore embed [--pooling P]`: the embedding (pooled as the checkpoint declares unless `pooling`
+    says otherwise); writes {"embedding": [...]} like the CLI's stdout."""
     from mcore.fileio import atomic_write
 
     _str(prompt, "prompt")
     out = ctx.path(output, "output") if output is not None else None
     pipe = _pipeline(ctx, "encoder", bundle, kernel_bindings)
-    values = pipe.embed(prompt)
+    mode, normalize, why = pipe.pooling(pooling)
+    values = pipe.embed(prompt, mode, normalize)
     if out is not None:
         text = json.dumps({"embedding": values}) + "\n"
         atomic_write(out, lambda f: f.write(text))
-    return {"values": len(values), "output": ctx.rel(out)}
+    return {"values": len(values), "output": ctx.rel(out), "pooling": mode, "normalize": normalize,
+            "pooling_from": why}
+
+
+def verify_reference(ctx: ActionContext, bundle: str, checkpoint: str, prompt: str, max_new_tokens: int = 8,
+                     chat: bool = False, kernel_bindings: Optional[str] = None) -> dict:
+    """`mcore verify reference`: the engine against transformers on the same checkpoint, per step."""
+    from mcore.verify_reference import reference_check
+
+    r = reference_check(str(ctx.path(bundle, "bundle")), _str(checkpoint, "checkpoint"), _str(prompt, "prompt"),
+                        max_new_tokens=_int(max_new_tokens, "max_new_tokens", 1), chat=_bool(chat, "chat"),
+                        kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"), device=ctx.device,
+                        progress=ctx.progress, announce=ctx.announce)
+    for line in r.info + [r.line]:
+        ctx.say(ctx.strip(line))
+    d = r.details
+    return {**_gate_results(ctx, r), "first_diverging_step": d.get("first_diverging_step"),
+            "max_abs": d.get("max_abs"), "min_cosine": d.get("min_cosine")}
 
 
 def _gate_results(ctx: ActionContext, r: Any) -> dict:
@@ -442,6 +472,7 @@ ACTIONS: dict[str, Callable[..., dict]] = {
     "gate_tokens": gate_tokens,
     "gate_embeddings": gate_embeddings,
     "gate_perf": gate_perf,
+    "verify_reference": verify_reference,
 }
 
 _SELECTION_KEYS = ("binding_id", "abi_sha256", "node_ids", "input_tensor_ids", "output_tensor_ids")
@@ -461,6 +492,7 @@ STABLE_KEYS: dict[str, tuple[str, ...]] = {
     "gate_tokens": ("passed",),
     "gate_embeddings": ("passed", "values"),
     "gate_perf": (),  # measurements: shown, never compared
+    "verify_reference": ("passed", "first_diverging_step"),
 }
 
 ACTION_TITLES: dict[str, str] = {
@@ -478,6 +510,7 @@ ACTION_TITLES: dict[str, str] = {
     "gate_tokens": "Token gate",
     "gate_embeddings": "Embedding gate",
     "gate_perf": "Performance gate",
+    "verify_reference": "Reference check (transformers)",
 }
 
 

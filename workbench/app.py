@@ -89,6 +89,8 @@ class WorkbenchState:
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "external" -> results
     correctness: Optional[dict[str, Any]] = None
     perf: Optional[dict[str, Any]] = None
+    reference: Optional[dict[str, Any]] = None  # the last verify_reference results
+    chat: bool = False  # generate through the checkpoint's chat template
     trusted: set[str] = field(default_factory=set)
     samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})
     log: list[str] = field(default_factory=list)
@@ -647,6 +649,8 @@ class WorkbenchApp(App):
             st.family_kind = "decoder" if action == "generate" else "encoder"
         elif action in ("gate_tokens", "gate_embeddings"):
             st.correctness = dict(results, kind=action)
+        elif action == "verify_reference":
+            st.reference = dict(results)
         elif action == "gate_perf":
             st.perf = dict(results)
             st.last_prompt = {"prompt": params.get("prompt"), "max_new_tokens": params.get("max_new_tokens")}

@@ -159,7 +159,39 @@ def _norm(v: Any) -> str:
     return json.dumps(v, sort_keys=True, separators=(",", ":"))
 
 
-def compare_step(step: Step, status: str, results: Optional[dict], error: Optional[str]) -> list[Difference]:
+def graph_note(step: Step, results: Optional[dict], header: Optional[dict]) -> list[Difference]:
+    """Why a recorded graph fingerprint differs, when it can be said: the torch that recorded the
+    session against the one replaying it, and (for a capture) the op counts that changed. The
+    fingerprint leaves tool versions out, so a difference here is a real graph difference."""
+    from mcore.graph.capture import tool_versions
+
+    out = []
+    exp_ops, act_ops = step.results.get("ops"), (results or {}).get("ops")
+    if isinstance(exp_ops, dict) and isinstance(act_ops, dict):
+        for op in sorted(set(exp_ops) | set(act_ops)):
+            if exp_ops.get(op, 0) != act_ops.get(op, 0):
+                out.append(Difference(f"ops.{op}", exp_ops.get(op, 0), act_ops.get(op, 0)))
+        graph_changed = bool(out) or any(step.results.get(k) != (results or {}).get(k) for k in ("nodes", "tensors"))
+    else:  # a build records fingerprints only
+        graph_changed = True
+    recorded = ((header or {}).get("tool_versions") or {}).get("torch")
+    now = tool_versions().get("torch")
+    if graph_changed and recorded and now and recorded != now:
+        out.insert(0, Difference("graph differs between torch versions", f"torch {recorded}", f"torch {now}"))
+    return out
+
+
+def compare_step(step: Step, status: str, results: Optional[dict], error: Optional[str],
+                 header: Optional[dict] = None) -> list[Difference]:
+    """Differences between a recorded step and what it did now; `header` (the session's) lets a
+    fingerprint difference name the torch versions involved."""
+    diffs = _compare_step(step, status, results, error)
+    if any(d.field.startswith("fingerprint") for d in diffs):
+        diffs += graph_note(step, results, header)
+    return diffs
+
+
+def _compare_step(step: Step, status: str, results: Optional[dict], error: Optional[str]) -> list[Difference]:
     if step.status == "error" or status == "error":
         if step.status != status:
             exp = "ok" if step.status == "ok" else f"error: {step.error}"
@@ -217,7 +249,7 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
             status, error = "error", ctx.error_text(Exception(f"internal error: {type(e).__name__}: {e}"))
         outcome = StepOutcome(
             index=i, action=step.action, title=step.title, recorded_status=step.status, status=status,
-            differences=compare_step(step, status, results, error),
+            differences=compare_step(step, status, results, error, session.header),
             compared=STABLE_KEYS[step.action] if status == "ok" else (), results=results, error=error,
             seconds=time.perf_counter() - t0)
         report.outcomes.append(outcome)

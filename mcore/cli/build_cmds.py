@@ -11,7 +11,7 @@ import time
 from ..buildargs import add_build_args, build_args_from_namespace
 from ..errors import UserError
 from ..fileio import atomic_write
-from ..graph.display import abi_lines
+from ..graph.display import abi_lines, versions_line
 from .graph_cmds import stderr_progress
 
 
@@ -44,6 +44,10 @@ def _pipeline(ns: argparse.Namespace, kind: str):
     from ..bundle import open_bundle
 
     bundle = open_bundle(ns.bundle)
+    if getattr(ns, "chat", False):  # no chat template: the clear error before the pipeline loads
+        from ..pipeline import bundle_tokenizer
+
+        bundle_tokenizer(bundle, json.loads(bundle.read("config.json")), ns.bundle).render_chat("")
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
     pipe = cls(ns.bundle, kernel_bindings=ns.kernel_bindings, device=ns.device, engine=ns.engine,
                progress=stderr_progress(), bundle=bundle)
@@ -60,6 +64,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.warmup < 0:
         raise UserError("--warmup must be >= 0")
     pipe = _pipeline(ns, "decoder")
+    pipe.chat = ns.chat
     prompts = ns.prompt
     kw = dict(greedy=ns.greedy, stop_at_eos=not ns.ignore_eos, temperature=ns.temperature, top_k=ns.top_k,
               seed=ns.seed)
@@ -104,8 +109,9 @@ def cmd_embed(ns: argparse.Namespace) -> int:
             lat.append(time.perf_counter() - t)
         log(f"embeddings_per_sec={len(lat) / sum(lat):.2f} runs={len(lat)} latency_ms_p50={percentile(lat, 0.5) * 1e3:.3f} "
             f"latency_ms_p90={percentile(lat, 0.9) * 1e3:.3f} device={pipe.device} engine={pipe.engine_name}")
-    emb = pipe.embed(ns.prompt, ns.pooling)
-    log(f"embedding values={len(emb)} pooling={ns.pooling}")
+    pooling, normalize, why = pipe.pooling(ns.pooling, ns.normalize)
+    emb = pipe.embed(ns.prompt, pooling, normalize)
+    log(f"embedding values={len(emb)} pooling={pooling} normalize={str(normalize).lower()} (from {why})")
     sys.stdout.write(json.dumps({"embedding": emb}) + "\n")
     return 0
 
@@ -121,6 +127,7 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
     print(f"bundle {ns.bundle}: integrity OK")
     print(f"engine={m['engine']} family={m['family']} model={m['model']['spec']} revision={m['model']['revision']}")
     print("build_args: " + " ".join(f"{k}={v}" for k, v in m["build_args"].items() if v is not None))
+    print(versions_line(m.get("tool_versions", {})))
     print(f"weights: {m['weights']['kind']}" + (f" (seed {m['weights']['seed']})" if m["weights"]["kind"] == "random" else ""))
     for role, r in m["roles"].items():
         print(f"role {role}: fingerprint={r['fingerprint']} inputs={len(r['inputs'])} outputs={','.join(r['outputs'])}")
@@ -164,12 +171,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     p.add_argument("--output", default=None, help="write JSONL records {prompt, tokens, text}")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap each prompt in the checkpoint's chat template (tokenizer_config.json), as transformers does")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("embed", help="embed a prompt with an encoder bundle (JSON on stdout)")
     _runtime_flags(p)
     p.add_argument("--prompt", required=True)
-    p.add_argument("--pooling", default="none", choices=["none", "mean", "cls"])
+    p.add_argument("--pooling", default=None, choices=["none", "mean", "cls", "max"],
+                   help="default: the checkpoint's sentence-embedding pooling (modules.json), else none")
+    p.add_argument("--normalize", default=None, action=argparse.BooleanOptionalAction,
+                   help="L2-normalize the pooled vector (default: as the checkpoint declares; off with --pooling)")
     p.set_defaults(func=cmd_embed)
 
     p = sub.add_parser("inspect", help="show what a bundle holds (checks integrity)")

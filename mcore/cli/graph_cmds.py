@@ -9,7 +9,7 @@ import sys
 from ..buildargs import add_build_args, build_args_from_namespace
 from ..errors import UserError
 from ..fileio import check_output_path, write_json
-from ..graph.display import abi_lines, list_lines, tensor_desc, tree_lines
+from ..graph.display import abi_lines, list_lines, tensor_desc, tree_lines, versions_line
 from ..graph.snapshot import SnapshotIndex, load_snapshot
 from ..progress import Progress
 from ..recipes import recipe_rows, select_recipe
@@ -30,6 +30,7 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
     snap = cap.snapshot
     print(f"engine_role={ns.engine_role} nodes={len(snap['nodes'])} tensors={len(snap['tensors'])} "
           f"recipes={len(snap.get('recipes', []))} fingerprint={snap['fingerprint']}")
+    print(versions_line(snap["metadata"].get("tool_versions", {})))
     print(f"snapshot written to {ns.snapshot}")
     return 0
 

@@ -1,4 +1,4 @@
-"""`mcore verify tokens|embeddings|perf`: the correctness and no-regression gates.
+"""`mcore verify tokens|embeddings|perf|reference`: the correctness and no-regression gates.
 
 Exit codes: 0 PASS, 1 FAIL, 2 bad input (through UserError in main)."""
 
@@ -31,6 +31,15 @@ def cmd_perf(ns: argparse.Namespace) -> int:
     return _report(result, printed_info=True)
 
 
+def cmd_reference(ns: argparse.Namespace) -> int:
+    from ..verify_reference import reference_check
+    from .graph_cmds import stderr_progress
+
+    return _report(reference_check(ns.bundle, ns.checkpoint, ns.prompt, max_new_tokens=ns.max_new_tokens,
+                                   chat=ns.chat, kernel_bindings=ns.kernel_bindings, device=ns.device,
+                                   min_cosine=ns.min_cosine, max_abs=ns.max_abs, progress=stderr_progress()))
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from .main import Parser
 
@@ -57,3 +66,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-ratio", type=float, default=0.98, help="lowest allowed median ratio (default 0.98)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up runs of each command first (default 1)")
     p.set_defaults(func=cmd_perf)
+
+    p = vs.add_parser("reference", help="the engine against transformers on the same checkpoint and prompt")
+    p.add_argument("bundle", help="a bundle built from --checkpoint")
+    p.add_argument("--checkpoint", required=True, help="the checkpoint folder (or demo:NAME) the bundle was built from")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=8, help="decoder steps compared (default 8)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
+    p.add_argument("--kernel-bindings", default=None, help="bind the bundle's kernel slots (checks the kernel too)")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the bundle's, else auto)")
+    p.add_argument("--min-cosine", type=float, default=0.999, help="smallest allowed cosine per step (default 0.999)")
+    p.add_argument("--max-abs", type=float, default=None, help="largest allowed abs difference (default: not gated)")
+    p.set_defaults(func=cmd_reference)

@@ -29,6 +29,7 @@ from ..buildargs import BuildArgs
 from ..errors import UserError
 from . import weights as W
 from .base import DTYPES, Family, ModelSource, RecipeSpec, RoleIO
+from .config import cfg_bool, cfg_choice, cfg_float, cfg_int
 
 DEFAULT_MAX_SEQ_LENGTH = 256
 
@@ -40,13 +41,6 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
 }
-
-
-def _pos_int(config: dict, key: str, default: Any = None) -> int:
-    v = config.get(key, default)
-    if v is None or isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise UserError(f"config.json: field {key!r} must be a positive integer (got {v!r})")
-    return v
 
 
 @dataclass(frozen=True)
@@ -66,30 +60,26 @@ class EncoderDims:
         return self.hidden_size // self.num_heads
 
 
-def _check_activation(name: Any, key: str) -> str:
-    if name not in _ACTIVATIONS:
-        raise UserError(
-            f"config.json: {key} {name!r} is not supported; use one of {', '.join(sorted(_ACTIVATIONS))}"
-        )
-    return name
+def _check_activation(config: dict, key: str, what: str) -> str:
+    return cfg_choice(config, key, "gelu", sorted(_ACTIVATIONS), what)
 
 
 def bert_dims(config: dict) -> EncoderDims:
-    pet = config.get("position_embedding_type", "absolute")
-    if pet not in (None, "absolute"):
-        raise UserError(f"config.json: position_embedding_type {pet!r} is not supported; only 'absolute'")
-    if config.get("is_decoder") or config.get("add_cross_attention"):
-        raise UserError("config.json: BERT decoders (is_decoder/add_cross_attention) are not supported; use an encoder")
+    what = "the bert family"
+    cfg_choice(config, "position_embedding_type", "absolute", ("absolute", None), what)
+    for key in ("is_decoder", "add_cross_attention"):
+        if cfg_bool(config, key, False):
+            raise UserError(f"config.json: {key} true is not supported by {what}; only BERT encoders run here")
     d = EncoderDims(
-        vocab_size=_pos_int(config, "vocab_size"),
-        hidden_size=_pos_int(config, "hidden_size"),
-        num_layers=_pos_int(config, "num_hidden_layers"),
-        num_heads=_pos_int(config, "num_attention_heads"),
-        intermediate_size=_pos_int(config, "intermediate_size"),
-        max_position_embeddings=_pos_int(config, "max_position_embeddings", 512),
-        layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
-        activation=_check_activation(config.get("hidden_act", "gelu"), "hidden_act"),
-        type_vocab_size=_pos_int(config, "type_vocab_size", 2),
+        vocab_size=cfg_int(config, "vocab_size"),
+        hidden_size=cfg_int(config, "hidden_size"),
+        num_layers=cfg_int(config, "num_hidden_layers"),
+        num_heads=cfg_int(config, "num_attention_heads"),
+        intermediate_size=cfg_int(config, "intermediate_size"),
+        max_position_embeddings=cfg_int(config, "max_position_embeddings", 512),
+        layer_norm_eps=cfg_float(config, "layer_norm_eps", 1e-12),
+        activation=_check_activation(config, "hidden_act", what),
+        type_vocab_size=cfg_int(config, "type_vocab_size", 2),
     )
     _check_heads(d)
     return d

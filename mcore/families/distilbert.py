@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import re
 
-from .bert import EncoderDims, EncoderFamily, _check_activation, _check_heads, _pos_int
+from .bert import EncoderDims, EncoderFamily, _check_activation, _check_heads
+from .config import cfg_bool, cfg_int
 
 
 def distilbert_dims(config: dict) -> EncoderDims:
+    what = "the distilbert family"
+    # Sinusoidal position embeddings are stored in the checkpoint like learned ones: same graph.
+    cfg_bool(config, "sinusoidal_pos_embds", False)
     d = EncoderDims(
-        vocab_size=_pos_int(config, "vocab_size"),
-        hidden_size=_pos_int(config, "dim"),
-        num_layers=_pos_int(config, "n_layers"),
-        num_heads=_pos_int(config, "n_heads"),
-        intermediate_size=_pos_int(config, "hidden_dim"),
-        max_position_embeddings=_pos_int(config, "max_position_embeddings", 512),
+        vocab_size=cfg_int(config, "vocab_size"),
+        hidden_size=cfg_int(config, "dim"),
+        num_layers=cfg_int(config, "n_layers"),
+        num_heads=cfg_int(config, "n_heads"),
+        intermediate_size=cfg_int(config, "hidden_dim"),
+        max_position_embeddings=cfg_int(config, "max_position_embeddings", 512),
         layer_norm_eps=1e-12,  # fixed in DistilBERT
-        activation=_check_activation(config.get("activation", "gelu"), "activation"),
+        activation=_check_activation(config, "activation", what),
         type_vocab_size=0,
     )
     _check_heads(d)

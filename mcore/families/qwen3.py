@@ -28,15 +28,9 @@ from ..buildargs import BuildArgs
 from ..errors import UserError
 from . import weights as W
 from .base import DTYPES, Family, ModelSource, RecipeSpec, RoleIO
+from .config import cfg_bool, cfg_choice, cfg_float, cfg_int
 
 DEFAULT_MAX_CACHE_LENGTH = 4096
-
-
-def _cfg_int(config: dict, key: str, default: Any = None) -> int:
-    v = config.get(key, default)
-    if v is None or isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise UserError(f"config.json: field {key!r} must be a positive integer (got {v!r})")
-    return v
 
 
 @dataclass(frozen=True)
@@ -56,68 +50,81 @@ class Qwen3Dims:
 
     @classmethod
     def from_config(cls, config: dict) -> "Qwen3Dims":
-        hidden = _cfg_int(config, "hidden_size")
-        heads = _cfg_int(config, "num_attention_heads")
-        kv = _cfg_int(config, "num_key_value_heads", heads)
+        """Every field the qwen3 graph uses, type- and range-checked; fields that would change the
+        numerics in a way this family does not implement are errors naming the field."""
+        what = "the qwen3 family"
+        hidden = cfg_int(config, "hidden_size")
+        heads = cfg_int(config, "num_attention_heads")
+        kv = cfg_int(config, "num_key_value_heads", heads)
         if heads % kv != 0:
             raise UserError(
                 f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}"
             )
-        head_dim = config.get("head_dim") or hidden // heads
-        if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
-            raise UserError(f"config.json: head_dim {head_dim!r} must be a positive even integer")
-        act = config.get("hidden_act", "silu")
-        if act != "silu":
-            raise UserError(f"config.json: hidden_act {act!r} is not supported for qwen3; only 'silu'")
-        layer_types = config.get("layer_types") or []
-        if config.get("use_sliding_window") and "sliding_attention" in layer_types:
-            raise UserError("config.json: sliding-window attention layers are not supported; set use_sliding_window false")
+        # transformers' Qwen3Config defaults head_dim to 128 when absent; null means hidden/heads.
+        head_dim = cfg_int(config, "head_dim", 128) if config.get("head_dim", 0) is not None else hidden // heads
+        if head_dim % 2:
+            raise UserError(f"config.json: field 'head_dim' must be even for RoPE (got {head_dim})")
+        cfg_choice(config, "hidden_act", "silu", ("silu",), what)
+        num_layers = cfg_int(config, "num_hidden_layers")
+        _check_full_attention(config, num_layers)
         return cls(
-            vocab_size=_cfg_int(config, "vocab_size"),
+            vocab_size=cfg_int(config, "vocab_size"),
             hidden_size=hidden,
-            intermediate_size=_cfg_int(config, "intermediate_size"),
-            num_layers=_cfg_int(config, "num_hidden_layers"),
+            intermediate_size=cfg_int(config, "intermediate_size"),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv,
             head_dim=head_dim,
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=cfg_float(config, "rms_norm_eps", 1e-6),
             rope_theta=rope_theta(config),
-            attention_bias=bool(config.get("attention_bias", False)),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            max_position_embeddings=_cfg_int(config, "max_position_embeddings", 32768),
+            attention_bias=cfg_bool(config, "attention_bias", False),
+            tie_word_embeddings=cfg_bool(config, "tie_word_embeddings", False),
+            max_position_embeddings=cfg_int(config, "max_position_embeddings", 32768),
         )
 
 
+def _check_full_attention(config: dict, num_layers: int) -> None:
+    """Every layer must use full causal attention: sliding-window layers are not implemented.
+    The layer types are derived as transformers' Qwen3Config derives them."""
+    use_sw = cfg_bool(config, "use_sliding_window", False)
+    layer_types = config.get("layer_types")
+    if layer_types is None:
+        window = config.get("sliding_window", 4096) if use_sw else None
+        first = cfg_int(config, "max_window_layers", 28, lo=0) if window is not None else num_layers
+        layer_types = ["sliding_attention" if window is not None and i >= first else "full_attention"
+                       for i in range(num_layers)]
+    if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+        raise UserError(f"config.json: field 'layer_types' must list one type per layer ({num_layers}); fix config.json")
+    for i, t in enumerate(layer_types):
+        if t != "full_attention":
+            field = "layer_types" if config.get("layer_types") is not None else "use_sliding_window"
+            raise UserError(f"config.json: {field} makes layer {i} {t!r}; sliding-window attention is not "
+                            "supported by the qwen3 family (only full attention)")
+
+
 def rope_theta(config: dict) -> float:
-    """rope_theta of a default-type RoPE; UserError for any other RoPE type.
+    """rope_theta of a default-type RoPE; UserError naming the field for any other RoPE.
 
     Accepts the transformers v5 form (`rope_parameters: {rope_type, rope_theta}`) and the
     older form (`rope_theta` plus `rope_scaling`, null for the default type).
     """
-    params = config.get("rope_parameters")
-    scaling = config.get("rope_scaling")
-    theta = config.get("rope_theta")
-    for d in (params, scaling):
+    theta_src: dict = config
+    for key in ("rope_parameters", "rope_scaling"):
+        d = config.get(key)
         if d is None:
             continue
         if not isinstance(d, dict):
-            raise UserError(f"config.json: rope settings {d!r} must be an object")
+            raise UserError(f"config.json: field {key!r} must be an object (got {d!r}); fix config.json")
         kind = d.get("rope_type", d.get("type", "default"))
         if kind != "default":
-            raise UserError(
-                f"config.json: rope_scaling type {kind!r} is not supported; only the default RoPE type is implemented"
-            )
+            raise UserError(f"config.json: {key} type {kind!r} is not supported by the qwen3 family; "
+                            "only the default RoPE is implemented")
+        if d.get("partial_rotary_factor", 1.0) != 1.0:
+            raise UserError(f"config.json: {key} partial_rotary_factor {d['partial_rotary_factor']!r} is not "
+                            "supported by the qwen3 family; only full rotary embeddings are implemented")
         if d.get("rope_theta") is not None:
-            theta = d["rope_theta"]
-    if theta is None:
-        theta = 10000.0
-    try:
-        theta = float(theta)
-    except (TypeError, ValueError):
-        raise UserError(f"config.json: rope_theta {theta!r} is not a number") from None
-    if not theta > 0:
-        raise UserError(f"config.json: rope_theta {theta} must be positive")
-    return theta
+            theta_src = d
+    return cfg_float(theta_src, "rope_theta", 10000.0)
 
 
 class RMSNorm(nn.Module):
@@ -308,6 +315,20 @@ def _role_class(role: str, num_layers: int) -> type:
     return _ROLE_CLASSES[key]
 
 
+def _check_tied_head(folder) -> None:
+    """A tied checkpoint may store lm_head.weight too. transformers ties only when the stored copy
+    equals the embedding; otherwise it keeps both untied, despite the config. Follow it by refusing
+    the contradiction rather than computing logits with the other matrix."""
+    names = {"lm_head.weight", "model.embed_tokens.weight"}
+    if "lm_head.weight" not in W.checkpoint_files(folder):
+        return
+    got = dict(W.iter_checkpoint(folder, names))
+    if len(got) == 2 and not torch.equal(got["lm_head.weight"], got["model.embed_tokens.weight"]):
+        raise UserError(f"{folder}: config.json sets tie_word_embeddings true but the checkpoint stores an lm_head.weight "
+                        "that differs from the embedding (transformers would not tie them); set "
+                        "tie_word_embeddings to false in config.json")
+
+
 class Qwen3Family(Family):
     name = "qwen3"
     kind = "decoder"
@@ -380,11 +401,14 @@ class Qwen3Family(Family):
 
         def map_name(n: str) -> Optional[str]:
             if n == "lm_head.weight":
-                return "embed_tokens.weight" if tied else "lm_head.weight"
+                # Tied: transformers ties lm_head to the input embedding, so a stored copy is unused.
+                return None if tied else "lm_head.weight"
             if n.startswith("model."):
                 return n[len("model.") :]
             return n  # reported as unexpected unless it names a core parameter
 
+        if tied:
+            _check_tied_head(source.path)
         W.load_into(core, source.path, map_name, f"qwen3 ({source.spec})")
 
     def random_init(self, core: nn.Module, seed: int) -> None:

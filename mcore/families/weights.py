@@ -163,6 +163,12 @@ def load_into(
                     f"{folder}: tensor {ck_name} has shape {list(tensor.shape)}, the config implies {list(p.shape)}; "
                     "the checkpoint does not match its config.json"
                 )
+            if tensor.is_floating_point() != p.is_floating_point():
+                raise UserError(
+                    f"{folder}: tensor {ck_name} is stored as {dtype_name(tensor.dtype)}, but {what} needs a "
+                    f"{'floating-point' if p.is_floating_point() else dtype_name(p.dtype)} tensor there; "
+                    "the checkpoint is damaged or not for this model"
+                )
             if p.device.type == "meta":
                 continue
             p.copy_(tensor.to(device=p.device, dtype=p.dtype))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -19,7 +21,8 @@ from .snapshot import snapshot_from_exported
 
 
 def tool_versions() -> dict[str, str]:
-    """Versions that change the captured graph (recorded in, and fingerprinted with, the snapshot)."""
+    """The versions that captured a graph: recorded in snapshots, bundles and sessions, never hashed
+    into a fingerprint (a graph that really differs on another torch changes the hash by itself)."""
     return {"mcore": __version__, "torch": torch.__version__.split("+")[0]}
 
 
@@ -41,6 +44,13 @@ def check_role(family: Family, role: str) -> None:
         )
 
 
+def config_sha256(config: dict) -> str:
+    """The model's config.json, canonically hashed: part of the model identity a fingerprint covers."""
+    # allow_nan: a config's unused fields may hold NaN; the family rejects those it uses.
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def graph_metadata(source: ModelSource, family: Family, gargs: dict[str, Any], role: str) -> dict[str, Any]:
     return {
         "family": family.name,
@@ -48,6 +58,7 @@ def graph_metadata(source: ModelSource, family: Family, gargs: dict[str, Any], r
         "revision": source.revision,
         "engine_role": role,
         "build_args": gargs,
+        "config_sha256": config_sha256(source.config),
         "tool_versions": tool_versions(),
     }
 

@@ -82,3 +82,9 @@ def abi_lines(receipt: dict[str, Any]) -> list[str]:
     rule = receipt["output_shape_input"]
     lines.append("output shape " + (f"like input[{rule}]" if rule is not None else "fixed as declared"))
     return lines
+
+
+def versions_line(versions: dict) -> str:
+    """The tools that made a snapshot or bundle: shown, never part of a fingerprint."""
+    shown = " ".join(f"{k}={v}" for k, v in versions.items()) or "unknown"
+    return f"tool_versions: {shown} (recorded only; fingerprints cover the model and the graph)"

@@ -240,8 +240,19 @@ def snapshot_from_exported(ep: torch.export.ExportedProgram, metadata: dict[str,
     return snap
 
 
+# Metadata that describes the machine that captured a graph, not the graph: recorded, never hashed,
+# so the same graph captured with another torch or mcore gives the same fingerprint.
+UNHASHED_METADATA = ("tool_versions",)
+
+
 def fingerprint(snap: dict[str, Any]) -> str:
+    """sha256 over what determines the graph (DESIGN.md §1): the metadata that names the model
+    (spec, revision, config hash), the engine role and graph-producing args, then the graph itself
+    (nodes, tensors, inputs, outputs, recipe instances). Tool versions are left out."""
     payload = {k: v for k, v in snap.items() if k != "fingerprint"}
+    meta = payload.get("metadata")
+    if isinstance(meta, dict):
+        payload["metadata"] = {k: v for k, v in meta.items() if k not in UNHASHED_METADATA}
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 

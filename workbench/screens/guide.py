@@ -23,10 +23,11 @@ SHOWN = {
     "write_bindings": ("manifest", "abi_sha256"),
     "build_bundle": ("bundle", "fingerprints", "kernel_slots"),
     "generate": ("tokens", "text"),
-    "embed": ("values",),
+    "embed": ("values", "pooling"),
     "gate_tokens": ("passed", "line"),
     "gate_embeddings": ("passed", "max_abs", "cosine", "line"),
     "gate_perf": ("passed", "ratio", "line"),
+    "verify_reference": ("passed", "first_diverging_step", "line"),
 }
 
 
@@ -107,7 +108,7 @@ class GuideState:
         diffs: list[tuple[str, Any, Any]] = []
         if kind in ("ok", "user"):
             status = "ok" if kind == "ok" else "error"
-            diffs = [(d.field, d.expected, d.actual) for d in compare_step(step, status, results, error)]
+            diffs = [(d.field, d.expected, d.actual) for d in compare_step(step, status, results, error, self.session.header)]
         elif kind == "bug":
             diffs = [("status", "ok" if step.status == "ok" else f"error: {step.error}", f"error: {error}")]
         out = StepOutcome(results, error, kind, diffs)

@@ -1,7 +1,8 @@
 """Verify screen: the correctness gate (decoders: generate native + external, gate_tokens;
 encoders: embed both, gate_embeddings), the performance gate with a live plot of per-run
 throughput for native vs external (gate_perf streams samples), and the verdict: PROMOTE only
-when both gates pass, else REJECT with the reason."""
+when both gates pass, else REJECT with the reason. `r` checks the native bundle against
+transformers (verify_reference) and `h` toggles the checkpoint's chat template for generation."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ class VerifyScreen(WorkbenchScreen):
         Binding("c", "correctness", "correctness"),
         Binding("p", "perf", "performance"),
         Binding("v", "both", "both gates"),
+        Binding("r", "reference", "vs transformers"),
+        Binding("h", "chat", "chat template"),
     ]
 
     def __init__(self) -> None:
@@ -117,7 +120,16 @@ class VerifyScreen(WorkbenchScreen):
                 toks = o.get("tokens") or []
                 t.append(f"{len(toks)} tokens: " + " ".join(str(x) for x in toks))
             else:
-                t.append(f"{o.get('values')} values → {st.show_path(o.get('output'))}")
+                pooled = f" ({o['pooling']} pooling from {o.get('pooling_from')})" if o.get("pooling") not in (None, "none") else ""
+                t.append(f"{o.get('values')} values{pooled} → {st.show_path(o.get('output'))}")
+        if st.is_decoder:
+            t.append("\n chat      ", style="dim")
+            t.append("on (checkpoint's chat template)" if st.chat else "off (h toggles)", style="" if st.chat else "dim")
+        t.append("\n reference ", style="dim")
+        if st.reference is None:
+            t.append("r compares the native bundle with transformers", style="dim")
+        else:
+            _append_gate(t, st.reference)
         c = st.correctness
         t.append("\n ")
         if c is None:
@@ -195,10 +207,11 @@ class VerifyScreen(WorkbenchScreen):
             n = self._int("#max-new-tokens", "tokens")
             if n is None:
                 return
+            chat = {"chat": True} if st.chat else {}
             steps = [
-                ("generate", {"bundle": native, "prompt": prompt, "max_new_tokens": n, "output": "native.jsonl"}),
+                ("generate", {"bundle": native, "prompt": prompt, "max_new_tokens": n, "output": "native.jsonl", **chat}),
                 ("generate", {"bundle": slot, "kernel_bindings": st.manifest, "prompt": prompt, "max_new_tokens": n,
-                              "output": "external.jsonl"}),
+                              "output": "external.jsonl", **chat}),
                 ("gate_tokens", {"native": "native.jsonl", "external": "external.jsonl"}),
             ]
         else:
@@ -230,6 +243,29 @@ class VerifyScreen(WorkbenchScreen):
             params["max_new_tokens"] = n
         st.perf = None
         self.run_chain([("gate_perf", params)], then)
+
+    def action_reference(self) -> None:
+        """The native bundle against transformers on the checkpoint it was built from."""
+        st = self.state
+        if "native" not in st.bundles:
+            self.wb.report_error("first build the native bundle (F5, b)")
+            return
+        prompt = self._prompt()
+        if prompt is None:
+            return
+        params: dict[str, Any] = {"bundle": st.bundles["native"]["bundle"], "checkpoint": st.build_args["model"],
+                                  "prompt": prompt}
+        if st.is_decoder:
+            n = self._int("#max-new-tokens", "tokens")
+            if n is None:
+                return
+            params.update(max_new_tokens=n, chat=st.chat)
+        st.reference = None
+        self.run_chain([("verify_reference", params)])
+
+    def action_chat(self) -> None:
+        self.state.chat = not self.state.chat
+        self.refresh_view()
 
     def action_both(self) -> None:
         self.action_correctness(then=lambda: self.action_perf())

@@ -1,0 +1,173 @@
+"""Tokenizing a prompt as transformers' AutoTokenizer does, from tokenizer.json + tokenizer_config.json.
+
+What transformers (5.x) does with a checkpoint's tokenizer files, and so what this does too:
+- A tokenizer.json may enable padding (e.g. fixed to 128) and truncation; a plain
+  `tokenizer(text)` call turns both off. The pipeline pads by itself, so both are turned off here;
+  a prompt longer than a bundle takes is the pipeline's clear length error, never cut short.
+- The tokenizer class (tokenizer_config.json's `tokenizer_class`, else the one transformers maps
+  the model type to) decides the special tokens. The BERT classes rebuild normalizer,
+  pre-tokenizer and post-processor from tokenizer_config.json (`do_lower_case`,
+  `strip_accents`, `tokenize_chinese_chars`, CLS/SEP tokens) around a WordPiece
+  tokenizer.json's vocabulary: so does this. Every other class
+  (Qwen2Tokenizer, the generic TokenizersBackend) keeps tokenizer.json's pipeline, so a BOS is
+  added exactly when its post-processor adds one (transformers 5 does not act on
+  tokenizer_config.json's `add_bos_token` for these classes).
+- `chat_template` (tokenizer_config.json, or chat_template.jinja beside it) is rendered with
+  the same Jinja settings as transformers' apply_chat_template; the result is tokenized without
+  adding special tokens (the template holds them).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import UserError
+
+TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+# transformers' AutoTokenizer mapping for the model types mcore runs (tokenization_auto.py).
+_CLASS_FOR_MODEL_TYPE = {"bert": "BertTokenizer", "distilbert": "BertTokenizer", "qwen3": "Qwen2Tokenizer"}
+_BERT_CLASSES = {"BertTokenizer", "DistilBertTokenizer"}
+
+
+def _token_text(v: Any) -> Optional[str]:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken object."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict) and isinstance(v.get("content"), str):
+        return v["content"]
+    return None
+
+
+def read_tokenizer_files(folder: Path) -> tuple[str, dict]:
+    """(tokenizer.json text, tokenizer_config.json with chat_template.jinja folded in) of a checkpoint."""
+    path = folder / TOKENIZER_JSON
+    if not path.is_file():
+        raise UserError(f"{path}: tokenizer.json not found; the model folder needs a fast tokenizer file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read tokenizer.json ({e})") from None
+    config: dict = {}
+    cpath = folder / TOKENIZER_CONFIG
+    if cpath.is_file():
+        try:
+            config = json.loads(cpath.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise UserError(f"{cpath}: cannot read tokenizer_config.json ({e}); fix or remove it") from None
+        if not isinstance(config, dict):
+            raise UserError(f"{cpath}: expected a JSON object")
+    jpath = folder / CHAT_TEMPLATE_FILE
+    if "chat_template" not in config and jpath.is_file():  # transformers 5 saves the template here
+        config = {**config, "chat_template": jpath.read_text(encoding="utf-8")}
+    return text, config
+
+
+class TextTokenizer:
+    """A checkpoint's tokenizer, configured as AutoTokenizer configures it (see the module doc)."""
+
+    def __init__(self, tokenizer_json: str, tokenizer_config: dict, model_type: str, where: str = "tokenizer"):
+        from tokenizers import Tokenizer
+
+        self.where = where
+        self.config = dict(tokenizer_config or {})
+        try:
+            self.tok = Tokenizer.from_str(tokenizer_json)
+        except Exception as e:  # the tokenizers library raises its own exception types
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise UserError(f"{where}: cannot load tokenizer.json ({msg})") from None
+        self.tok.no_padding()
+        self.tok.no_truncation()
+        cls = self.config.get("tokenizer_class") or _CLASS_FOR_MODEL_TYPE.get(model_type)
+        self.tokenizer_class = str(cls).removesuffix("Fast") if cls else "TokenizersBackend"
+        # The BERT classes rebuild a WordPiece pipeline; for any other model type in tokenizer.json
+        # (a BPE vocabulary under a bert model type) the file's own pipeline is the meaningful one.
+        if self.tokenizer_class in _BERT_CLASSES and type(self.tok.model).__name__ == "WordPiece":
+            self._as_bert()
+
+    # ------------------------------------------------------------ configuration
+    def special(self, name: str, default: Optional[str] = None) -> Optional[str]:
+        """The text of a special token (`bos_token`, `cls_token`, ...) from tokenizer_config.json."""
+        return _token_text(self.config.get(name)) if name in self.config else default
+
+    def _id(self, text: str, field: str) -> int:
+        i = self.tok.token_to_id(text)
+        if i is None:
+            raise UserError(f"{self.where}: {field} {text!r} is not in tokenizer.json's vocabulary; fix tokenizer_config.json")
+        return i
+
+    def _as_bert(self) -> None:
+        """transformers' BertTokenizer: BertNormalizer + BertPreTokenizer + `[CLS] $A [SEP]`."""
+        from tokenizers import normalizers, pre_tokenizers, processors
+
+        c = self.config
+        for key in ("do_lower_case", "tokenize_chinese_chars"):
+            if key in c and not isinstance(c[key], bool):
+                raise UserError(f"{self.where}: tokenizer_config.json field {key!r} must be true or false (got {c[key]!r})")
+        strip = c.get("strip_accents")
+        if strip is not None and not isinstance(strip, bool):
+            raise UserError(f"{self.where}: tokenizer_config.json field 'strip_accents' must be true, false or null")
+        self.tok.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=c.get("tokenize_chinese_chars", True), strip_accents=strip,
+            lowercase=c.get("do_lower_case", True))
+        self.tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        cls, sep = self.special("cls_token", "[CLS]"), self.special("sep_token", "[SEP]")
+        cls_id, sep_id = self._id(cls, "cls_token"), self._id(sep, "sep_token")
+        self.tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls, cls_id), (sep, sep_id)])
+
+    # ------------------------------------------------------------ use
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        t = self.config.get("chat_template")
+        if isinstance(t, list):  # named templates: transformers uses the one named "default"
+            named = {d.get("name"): d.get("template") for d in t if isinstance(d, dict)}
+            t = named.get("default")
+        return t if isinstance(t, str) and t.strip() else None
+
+    def render_chat(self, prompt: str) -> str:
+        """The prompt as one user message in the checkpoint's chat template, with the generation
+        prompt added (transformers: apply_chat_template(..., add_generation_prompt=True))."""
+        template = self.chat_template
+        if template is None:
+            raise UserError(f"{self.where}: this checkpoint has no chat template (tokenizer_config.json "
+                            "chat_template); run without --chat")
+        from jinja2 import TemplateError
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str):
+            raise TemplateError(message)
+
+        def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+                   sort_keys: bool = False) -> str:
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        specials = {k: self.special(k) for k in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token",
+                                                  "cls_token", "mask_token") if self.special(k) is not None}
+        try:
+            return env.from_string(template).render(
+                messages=[{"role": "user", "content": prompt}], add_generation_prompt=True, **specials)
+        except TemplateError as e:
+            raise UserError(f"{self.where}: the chat template failed: {e}") from None
+
+
+def load_tokenizer_from_folder(folder: Path, model_type: str) -> TextTokenizer:
+    text, config = read_tokenizer_files(Path(folder))
+    return TextTokenizer(text, config, model_type, str(Path(folder) / TOKENIZER_JSON))

@@ -1,0 +1,98 @@
+"""`mcore verify reference`: the engine against transformers on the same checkpoint, per step."""
+
+from __future__ import annotations
+
+import builtins
+import re
+
+import pytest
+
+from .checkpoints import make_qwen3_bos_checkpoint, make_sentence_encoder_checkpoint
+from .conftest import assert_user_error
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from mcore.cli.main import main
+
+    base = tmp_path_factory.mktemp("ref")
+    q = make_qwen3_bos_checkpoint(base / "qwen3")
+    e = make_sentence_encoder_checkpoint(base / "bert", "bert")
+    assert main(["build", str(q), "--max-cache-length", "64", "-o", str(base / "q.bundle")]) == 0
+    assert main(["build", str(e), "-o", str(base / "e.bundle")]) == 0
+    return {"q": (q, base / "q.bundle"), "e": (e, base / "e.bundle")}
+
+
+def _steps(out: str) -> list[tuple[int, float, float, int, int]]:
+    rows = re.findall(r"step (\d+) \([^)]*\): max_abs=(\S+) cosine=(\S+) engine_token=(\d+) reference_token=(\d+)", out)
+    return [(int(a), float(b), float(c), int(d), int(e)) for a, b, c, d, e in rows]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_decoder_matches_transformers_step_by_step(built, mcore, chat):
+    ckpt, bundle = built["q"]
+    res = mcore("verify", "reference", bundle, "--checkpoint", ckpt, "--prompt", "The quick brown fox",
+                "--max-new-tokens", "6", *(["--chat"] if chat else []))
+    assert res.code == 0, res
+    steps = _steps(res.out)
+    assert [s[0] for s in steps] == list(range(6))
+    assert all(m < 1e-4 and c > 0.99999 and e == r for _, m, c, e, r in steps)
+    assert "token IDs equal to transformers' tokenizer" in res.out
+    assert "first_diverging_token=none" in res.out
+    assert res.out.strip().splitlines()[-1].startswith("PASS: reference check (6 step(s)")
+
+
+def test_encoder_matches_transformers(built, mcore):
+    ckpt, bundle = built["e"]
+    res = mcore("verify", "reference", bundle, "--checkpoint", ckpt, "--prompt", "The Quick brown FOX.")
+    assert res.code == 0, res
+    m = re.search(r"encoder hidden states: max_abs=(\S+) cosine=(\S+)", res.out)
+    assert m and float(m.group(1)) < 1e-4 and float(m.group(2)) > 0.99999
+
+
+def test_a_wrong_engine_is_caught(built, mcore, monkeypatch):
+    """Break the engine's logits (a stand-in for a wrong kernel or family): the check fails and
+    names the first diverging step."""
+    from mcore import pipeline as P
+
+    ckpt, bundle = built["q"]
+    real_init = P.DecoderPipeline.__init__
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        dec = self.runners["decode"]
+
+        def broken(ids, cl, *caches):
+            (logits,) = dec(ids, cl, *caches)
+            return (logits.flip(-1),)
+        self.runners["decode"] = broken
+
+    monkeypatch.setattr(P.DecoderPipeline, "__init__", init)
+    res = mcore("verify", "reference", bundle, "--checkpoint", ckpt, "--prompt", "The quick brown fox",
+                "--max-new-tokens", "3")
+    assert res.code == 1, res
+    assert "first_diverging_token=step 1" in res.out
+    assert res.out.strip().splitlines()[-1].startswith("FAIL: reference check")
+
+
+def test_checkpoint_must_be_the_bundles(built, mcore):
+    ckpt, _ = built["e"]
+    _, qbundle = built["q"]
+    assert_user_error(mcore("verify", "reference", qbundle, "--checkpoint", ckpt, "--prompt", "hi"),
+                      "config.json differs from the bundle's")
+
+
+def test_without_transformers_says_how_to_install(built, mcore, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_transformers(name, *a, **kw):
+        if name == "transformers" or name.startswith("transformers."):
+            raise ImportError(name)
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_transformers)
+    ckpt, bundle = built["q"]
+    assert_user_error(mcore("verify", "reference", bundle, "--checkpoint", ckpt, "--prompt", "hi"),
+                      "pip install transformers")
