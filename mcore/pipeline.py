@@ -20,7 +20,7 @@ from .engines import get_engine, resolve_engine_name
 from .errors import UserError
 from .families import get_family
 from .families.base import ModelSource
-from .graph.capture import capture
+from .graph.capture import capture_cached
 from .graph.snapshot import TORCH_DTYPES
 from .engines.slots import SlotCall
 from .progress import NO_PROGRESS, Progress
@@ -101,8 +101,8 @@ class Pipeline:
         roles = list(m["roles"])
         for i, role in enumerate(roles):
             progress.report(f"capturing {role} graph", 0.3 + 0.3 * i / len(roles))
-            cap = capture(args, role, resolved=(source, self.family, self.gargs))
             expected = m["roles"][role]["fingerprint"]
+            cap = capture_cached(args, role, expected, (source, self.family, self.gargs))
             if cap.snapshot["fingerprint"] != expected:
                 raise UserError(f"{bundle_path}: the {role} graph this mcore captures ({cap.snapshot['fingerprint'][:12]}…) "
                                 f"differs from the bundle's ({expected[:12]}…); rebuild the bundle with this mcore")

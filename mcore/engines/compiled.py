@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+import torch._inductor.config
 
 from ..errors import UserError
 from ..progress import NO_PROGRESS, Progress
@@ -54,9 +55,22 @@ def compile_key(fingerprint: str, slots: Sequence[dict], device: torch.device) -
         "slots": [[s["binding_id"], s["abi_sha256"], s["node_ids"]] for s in slots],
         "device": device_label(device),
         "torch": torch.__version__,
-        "options": [os.environ.get("MCORE_FUSE_PROJECTIONS", "1"), os.environ.get("MCORE_COMPILE_TUNING", "1")],
+        "options": [os.environ.get("MCORE_FUSE_PROJECTIONS", "1"), os.environ.get("MCORE_COMPILE_TUNING", "0")],
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def compile_options(device: torch.device, fixed_shapes: bool) -> dict[str, Any]:
+    """Inductor options. Deterministic mode skips every on-device benchmark whose pick changes the
+    numbers (reduction launch shapes and the like), so each compile of a graph computes the same
+    bits: a native and a slot pipeline agree in lockstep, and a reload matches the first run.
+    MCORE_COMPILE_TUNING=1 trades that for coordinate-descent tuning of one-token kernels."""
+    options: dict[str, Any] = {}
+    if os.environ.get("MCORE_COMPILE_TUNING", "0") == "1" and fixed_shapes and device.type == "cuda":
+        options["coordinate_descent_tuning"] = True  # matrix-vector kernels by Inductor, tuned on the device
+    elif hasattr(torch._inductor.config, "deterministic"):
+        options["deterministic"] = True
+    return options
 
 
 class CompiledRoleRunner:
@@ -102,11 +116,7 @@ class CompiledRoleRunner:
             for i, dims in p.dynamic_dims.items():
                 for d in dims:
                     torch._dynamo.mark_dynamic(inputs[i], d)
-        options = {}
-        if fixed_shapes and self.device.type == "cuda" and os.environ.get("MCORE_COMPILE_TUNING", "1") != "0":
-            # One token per step: Inductor then writes its own matrix-vector kernels (fused with their
-            # neighbours) and tunes each launch by coordinate descent, instead of calling cuBLAS.
-            options["coordinate_descent_tuning"] = True
+        options = compile_options(self.device, fixed_shapes)
         self.fn = torch.compile(p.gm, fullgraph=True, options=options or None)
         how = "reusing cached compiled code" if known else "first compile on this machine, about a minute for 8B-sized graphs"
         progress.report(f"compiling {role} graph ({how})", 0.0)

@@ -84,7 +84,47 @@ def capture(args: BuildArgs, role: str, progress: Progress = NO_PROGRESS,
     with torch.no_grad():
         ep = torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
     progress.report("writing snapshot", 0.8)
+    cap = captured_from(ep, source, family, gargs, role)
+    progress.report("captured", 1.0)
+    return cap
+
+
+def captured_from(ep: torch.export.ExportedProgram, source: ModelSource, family: Family, gargs: dict[str, Any],
+                  role: str) -> Captured:
+    """The snapshot of an exported role graph (fresh from torch.export, or loaded back from a cache)."""
+    io = family.role_io(source.config, gargs, role)
     snap = snapshot_from_exported(ep, graph_metadata(source, family, gargs, role), list(io.inputs), list(io.outputs))
     annotate_recipes(snap, [r for r in family.recipes(source.config, gargs) if r.engine_role == role])
-    progress.report("captured", 1.0)
     return Captured(source, family, gargs, role, io, ep, snap)
+
+
+def capture_cached(args: BuildArgs, role: str, fingerprint: str,
+                   resolved: tuple[ModelSource, Family, dict[str, Any]]) -> Captured:
+    """capture(), reusing an ExportedProgram saved by an earlier load of the same graph on this machine.
+
+    A loaded program counts only if its snapshot has exactly the expected fingerprint (which covers the
+    model, the role, the build args and every node and tensor), so a stale or foreign file is never used."""
+    import os
+
+    from ..families.demo import cache_root
+
+    tag = "-".join(f"{k}{v}" for k, v in sorted(tool_versions().items()))
+    path = cache_root() / "exported" / f"{fingerprint}-{tag}.pt2"
+    source, family, gargs = resolved
+    if path.is_file():
+        try:
+            cap = captured_from(torch.export.load(str(path)), source, family, gargs, role)
+            if cap.snapshot["fingerprint"] == fingerprint:
+                return cap
+        except Exception:  # unreadable or from another layout: capture again and replace it
+            pass
+    cap = capture(args, role, resolved=resolved)
+    if cap.snapshot["fingerprint"] == fingerprint:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.pt2")
+            torch.export.save(cap.exported, str(tmp))
+            os.replace(tmp, path)
+        except Exception:  # the cache is a convenience; loading works without it
+            pass
+    return cap

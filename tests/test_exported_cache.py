@@ -1,0 +1,42 @@
+"""Pipelines reuse an ExportedProgram saved by an earlier load, but only one whose graph has the
+bundle's fingerprint: a damaged or foreign cache file is captured over, never used."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcore.build import build_bundle
+from mcore.buildargs import BuildArgs
+from mcore.pipeline import DecoderPipeline
+
+
+@pytest.fixture()
+def bundle(tmp_path, monkeypatch):
+    monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
+    args = BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=64)
+    return build_bundle(args, tmp_path / "n.bundle").bundle_path, tmp_path / "cache" / "exported"
+
+
+def test_second_load_uses_the_saved_program_and_damage_is_recaptured(bundle):
+    path, folder = bundle
+    first = DecoderPipeline(str(path), device="cpu").generate("abc", 6, stop_at_eos=False).tokens
+    saved = sorted(folder.glob("*.pt2"))
+    assert len(saved) == 2  # prefill and decode
+    stamps = [p.stat().st_mtime_ns for p in saved]
+    assert DecoderPipeline(str(path), device="cpu").generate("abc", 6, stop_at_eos=False).tokens == first
+    assert [p.stat().st_mtime_ns for p in saved] == stamps  # read, not rewritten
+    saved[0].write_bytes(b"not a program")  # damaged
+    saved[1].write_bytes(saved[1].read_bytes())  # still valid
+    assert DecoderPipeline(str(path), device="cpu").generate("abc", 6, stop_at_eos=False).tokens == first
+    assert saved[0].stat().st_size > 1000  # captured again and replaced
+
+
+def test_a_program_of_another_graph_is_not_used(bundle):
+    path, folder = bundle
+    first = DecoderPipeline(str(path), device="cpu").generate("abc", 6, stop_at_eos=False).tokens
+    a, b = sorted(folder.glob("*.pt2"))
+    a_bytes, b_bytes = a.read_bytes(), b.read_bytes()
+    a.write_bytes(b_bytes)  # swap the roles' programs: each file now holds the other graph
+    b.write_bytes(a_bytes)
+    assert DecoderPipeline(str(path), device="cpu").generate("abc", 6, stop_at_eos=False).tokens == first
+    assert a.read_bytes() == a_bytes and b.read_bytes() == b_bytes  # recaptured and put back
