@@ -24,8 +24,8 @@ from textual.widgets import Static, TextArea
 from mcore.buildargs import BuildArgs
 from mcore.graph.capture import capture
 from mcore.selection import load_receipt
-from workbench.app import ACTION_SCREEN, WorkbenchApp
-from workbench.screens.dialogs import TrustModal
+from workbench.app import ACTION_SCREEN, DEFAULT_BUILD_ARGS, WorkbenchApp
+from workbench.screens.dialogs import SummaryModal, TrustModal
 from workbench.screens.verify import verdict
 from workbench.session import Session, find_tutorial
 
@@ -48,7 +48,7 @@ def shorten_perf(app: WorkbenchApp) -> None:
 async def drive(app: WorkbenchApp, pilot) -> dict:
     """Press n for every step; y on the trust prompt. Returns what was seen along the way."""
     g = app.guide
-    seen = {"screens": [], "trust_prompts": 0, "errors_shown": []}
+    seen = {"screens": [], "trust_prompts": 0, "errors_shown": [], "summary": None}
     while not g.done:
         i = g.index
         step = g.session.steps[i]
@@ -60,9 +60,21 @@ async def drive(app: WorkbenchApp, pilot) -> dict:
                 seen["trust_prompts"] += 1
                 await pilot.press("y")
                 continue
+            if isinstance(app.screen, SummaryModal):  # the end of the tutorial: what was built, what next
+                seen["summary"] = static_text(app, "#summary-text")
+                await pilot.press("escape")
+                await pilot.pause(0.05)
+                continue
             if i in g.outcomes and not app.busy and not isinstance(app.screen, ModalScreen):
                 break
             assert time.monotonic() < deadline, f"step {i + 1} ({step.action}) did not finish"
+        for _ in range(40 if g.done and seen["summary"] is None else 0):
+            await pilot.pause(0.05)
+            if isinstance(app.screen, SummaryModal):
+                seen["summary"] = static_text(app, "#summary-text")
+                await pilot.press("escape")
+                await pilot.pause(0.05)
+                break
         o = g.outcomes[i]
         assert o.kind in ("ok", "user"), f"step {i + 1} ({step.action}): {o.kind}: {o.error}"
         assert not o.diffs, f"step {i + 1} ({step.action}) differs from the recording: {o.diffs}"
@@ -138,8 +150,8 @@ async def test_tutorial_qwen_recipe(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.2)
         shorten_perf(app)
-        guide = static_text(app, "#guide-text")
-        assert "step 1 of" in guide and session.steps[0].title in guide.replace("\n", " ")
+        bar = static_text(app, "#stepbar")  # 80x24: the guide is a one-line step bar
+        assert "1/10" in bar and session.steps[0].title in bar
         seen = await drive(app, pilot)
         st = app.state
         assert seen["screens"][0] == "graph" and seen["screens"][-1] == "verify"
@@ -154,7 +166,15 @@ async def test_tutorial_qwen_recipe(tmp_path):
         # the recipe is the one the tutorial names
         assert st.receipt["recipe"] == {"id": "qwen.decode_logits_copy@1", "instance": "decoder.logits_zero_bias"}
         await check_common(app, pilot, session, seen, tmp_path)
-        assert "All 10 steps done" in static_text(app, "#guide-text")
+        # the end: a summary with the artifacts, the verdicts with numbers, how to save and replay
+        summary = seen["summary"]
+        assert summary is not None
+        for path in ("qwen3-slot-ready.bundle", "qwen3-native.bundle", "kernel-bindings.json", "kernel.so"):
+            assert path in summary
+        assert f"median ratio {st.perf['ratio']:.3f}" in summary and "ctrl+s" in summary
+        assert "workbench replay FILE" in summary
+        assert "all 10 steps done" in static_text(app, "#stepbar")
+        assert app.check_action("guide_next", ()) is False  # the footer no longer offers n
 
 
 @pytest.mark.asyncio
@@ -296,7 +316,8 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
                 break
         assert app.screen.SCREEN_NAME == "graph"
         snap = app.state.snapshot
-        assert snap["fingerprint"] == capture(BuildArgs("demo:qwen3-tiny"), "decode").snapshot["fingerprint"]
+        # free exploration captures with the tutorials' build arguments (256-token cache, split layout)
+        assert snap["fingerprint"] == capture(BuildArgs.from_dict(DEFAULT_BUILD_ARGS), "decode").snapshot["fingerprint"]
         graph = app.screen
         # filter with --match semantics, then follow an edge and come back
         await pilot.press("slash")
@@ -437,13 +458,14 @@ async def test_open_session_replays_it(tmp_path, monkeypatch):
         await pilot.press("enter")
         await pilot.pause(0.2)
         assert app.guide is not None and app.guide.mode == "replay" and len(app.guide.session.steps) == 3
-        assert "REPLAY replay check" in static_text(app, "#guide-text")
-        await pilot.press("g")  # the guide panel hides and comes back
-        await pilot.pause(0.1)
-        assert not app.screen.query_one("#guide").display
-        await pilot.press("g")
+        assert "REPLAY" in static_text(app, "#stepbar") and "1/3" in static_text(app, "#stepbar")
+        await pilot.press("g")  # at 80x24 the step bar expands into the guide panel, and back
         await pilot.pause(0.1)
         assert app.screen.query_one("#guide").display
+        assert "REPLAY replay check" in static_text(app, "#guide-text")
+        await pilot.press("g")
+        await pilot.pause(0.1)
+        assert not app.screen.query_one("#guide").display
         # a missing file is an error line, not a crash
         await pilot.press("ctrl+o")
         await pilot.pause(0.1)

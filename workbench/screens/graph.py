@@ -336,7 +336,8 @@ class GraphScreen(WorkbenchScreen):
 
     @on(Input.Changed, "#graph-filter")
     def filter_changed(self, event: Input.Changed) -> None:
-        if self._filling:
+        # Changed arrives after the value was set: a value the screen set itself is already the pattern
+        if self._filling or event.value.strip() == self.pattern:
             return
         # a search covers the whole graph, never silently only the selected tree branch
         self.pattern = event.value.strip()
@@ -390,7 +391,9 @@ class GraphScreen(WorkbenchScreen):
 
     def next_tree_match(self, tree: Tree, direction: int) -> None:
         """Jump the tree cursor to the next module whose path matches the search (opening its parents)."""
-        paths = [p for p in self._tree_nodes if path_hit(p, self.pattern)]
+        hits = {p for p in self._tree_nodes if path_hit(p, self.pattern)}
+        # the outermost matching module only: its submodules match too, but say nothing new
+        paths = [p for p in self._tree_nodes if p in hits and p.rpartition(".")[0] not in hits]
         if not paths:
             self.wb.say(f"no module path matches {self.pattern!r}", "yellow")
             return
