@@ -81,6 +81,8 @@ async def drive(app: WorkbenchApp, pilot) -> dict:
         assert g.index == i + 1, f"step {i + 1} ({step.action}) did not advance: {o.error}"
         assert app.screen.SCREEN_NAME == ACTION_SCREEN[step.action]
         seen["screens"].append(app.screen.SCREEN_NAME)
+        if app.screen.SCREEN_NAME == "region":  # what the Region screen previews after this step
+            seen.setdefault("region", []).append(static_text(app, "#region-check"))
         if o.kind == "user":
             seen["errors_shown"].append(static_text(app, "#error"))
     return seen
@@ -155,6 +157,8 @@ async def test_tutorial_qwen_recipe(tmp_path):
         seen = await drive(app, pilot)
         st = app.state
         assert seen["screens"][0] == "graph" and seen["screens"][-1] == "verify"
+        # after the recipes step the Region screen previews the recipe this tutorial builds
+        assert "valid recipe qwen.decode_logits_copy@1 decoder.logits_zero_bias" in seen["region"][0]
         # tokens: native and external identical, and equal to the recording
         native, external = st.outputs["native"]["tokens"], st.outputs["external"]["tokens"]
         assert native == external
@@ -190,6 +194,8 @@ async def test_tutorial_qwen_manual(tmp_path):
         assert len(rejected) == 1 and len(seen["errors_shown"]) == 1
         assert "refused, as the session recorded" in seen["errors_shown"][0]
         assert "network output" in seen["errors_shown"][0]
+        # the Region screen shows the refused selection and the rule it breaks (not a binding-ID complaint)
+        assert "rule" in seen["region"][0] and "network output" in seen["region"][0], seen["region"]
         # the hand-made receipt has the recipe's ABI hash (same call contract), and no recipe
         assert st.receipt["recipe"] is None
         assert st.receipt["binding_id"] == "qwen3.decode.logits_copy.manual@1"
@@ -435,6 +441,12 @@ async def test_replay_shows_expected_vs_actual(tmp_path):
         assert "= nodes: 192" in text
         await step_through(app, pilot, 2)
         assert not app.guide.outcomes[1].diffs and not app.guide.outcomes[2].diffs
+        # the end of the replay: the summary counts the matched steps; esc closes it
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, SummaryModal)
+        assert "2/3 steps matched the recording" in static_text(app, "#summary-text")
+        await pilot.press("escape")
+        await pilot.pause(0.1)
         text = static_text(app, "#guide-text")
         assert "= error: tensor:197 (logits) is a network output" in text
         assert "All 3 steps done" in text and "1 step(s) differ." in text

@@ -200,6 +200,20 @@ class SummaryModal(ModalScreen[None]):
         self.app.call_later(self.app.action_save_session)
 
 
+def shown_folder(p) -> str:
+    """A folder as a person would type it from here: relative to the current folder when inside it."""
+    import os
+    from pathlib import Path
+
+    p = Path(p)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        home = str(Path.home())
+        s = str(p)
+        return "~" + s[len(home):] if s.startswith(home + os.sep) else s
+
+
 def summary_text(app) -> Text:
     """What a finished tutorial or replay leaves behind (one implementation; tests read it)."""
     from .verify import verdict
@@ -215,7 +229,7 @@ def summary_text(app) -> Text:
     else:
         t.append(f"all {n} steps done\n", style="green")
     t.append("\nbuilt, in the work folder ", style="bold")
-    t.append(f"{st.workdir}\n", style="")
+    t.append(f"{shown_folder(st.workdir)}\n", style="")
     rows = [("graph snapshot", st.snapshot_path), ("receipt", st.receipt_path), ("kernel", st.library),
             ("bindings", st.manifest)]
     rows += [(f"{arm} bundle", (st.bundles.get(arm) or {}).get("bundle")) for arm in ("native", "slot")]

@@ -148,12 +148,12 @@ class RegionScreen(WorkbenchScreen):
         self.validate()
 
     def follow_guide(self) -> None:
-        """Guided mode: show the selection the current (else the last) step makes, once per step,
-        so the preview is the recipe the tutorial builds and a refused region shows its refusal."""
+        """Guided mode: show the selection the last step made (else the one the next step makes), once
+        per step, so a refused region shows its refusal and the preview is the recipe the tutorial builds."""
         g = self.wb.guide
         if g is None:
             return
-        for i in (g.index, g.index - 1):
+        for i in (g.index - 1, g.index):
             if 0 <= i < len(g.session.steps):
                 step = g.session.steps[i]
                 if guided_selection(step) is not None:
