@@ -386,6 +386,8 @@ async def test_layer_1_decode_attention_in_a_few_keys_with_its_recipe_in_full(ca
         table = graph.query_one("#nodes", DataTable)
         col = next(c for c in table.columns.values() if c.key.value == "recipe")
         assert col.get_render_width(table) >= len("decoder.layers.1.decode_attention")
-        # the recipe column is on screen at 80 columns, before the op
+        # the whole recipe instance is on screen at 80 columns: the results take the tree's width
         keys = [c.key.value for c in table.ordered_columns]
-        assert keys.index("recipe") < keys.index("op")
+        widths = [c.get_render_width(table) for c in table.ordered_columns]
+        assert sum(widths[: keys.index("recipe") + 1]) <= table.size.width
+        assert not graph.query_one("#module-tree").display

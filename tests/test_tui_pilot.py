@@ -175,7 +175,7 @@ async def test_tutorial_qwen_recipe(tmp_path):
         assert summary is not None
         for path in ("qwen3-slot-ready.bundle", "qwen3-native.bundle", "kernel-bindings.json", "kernel.so"):
             assert path in summary
-        assert f"median ratio {st.perf['ratio']:.3f}" in summary and "ctrl+s" in summary
+        assert f"median ratio {st.perf['ratio']:.4f}" in summary and "ctrl+s" in summary
         assert "workbench replay FILE" in summary
         assert "all 10 steps done" in static_text(app, "#stepbar")
         assert app.check_action("guide_next", ()) is False  # the footer no longer offers n

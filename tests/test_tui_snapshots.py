@@ -110,6 +110,15 @@ def test_graph_follow_edge(snap_compare, recorded):
     assert snap_compare(app, terminal_size=(120, 40), run_before=loaded(recorded, "graph", go))
 
 
+def test_graph_search(snap_compare, recorded):
+    """80x24: a words search; the results take the tree's width and show the recipe instance in full."""
+    async def search(pilot) -> None:
+        await pilot.press("slash", *"decode_attention", "enter")
+
+    app = WorkbenchApp(workdir=str(recorded[0]))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(recorded, "graph", search))
+
+
 def test_verify_verdict_with_plot(snap_compare, recorded):
     """Both gates passed (fixed numbers): the throughput plot and PROMOTE."""
     async def perf(pilot) -> None:
@@ -184,6 +193,7 @@ def test_tutorial_summary(snap_compare, recorded, monkeypatch):
         app = pilot.app
         app.state.perf = dict(PERF)
         app.guide.index = len(app.guide.session.steps)
+        app.refresh_screen()
         app.action_summary()
 
     app = WorkbenchApp(tutorial="qwen-recipe", workdir=str(recorded[0]))

@@ -228,7 +228,7 @@ def summary_text(app) -> Text:
         t.append(f"{n - bad}/{n} steps matched the recording\n", style="red" if bad else "green")
     else:
         t.append(f"all {n} steps done\n", style="green")
-    t.append("\nbuilt, in the work folder ", style="bold")
+    t.append("built, in the work folder ", style="bold")
     t.append(f"{shown_folder(st.workdir)}\n", style="")
     rows = [("graph snapshot", st.snapshot_path), ("receipt", st.receipt_path), ("kernel", st.library),
             ("bindings", st.manifest)]
@@ -237,7 +237,7 @@ def summary_text(app) -> Text:
         if path:
             t.append(f"  {label:<15}", style="dim")
             t.append(f"{st.show_path(path)}\n")
-    t.append("\nverdicts\n", style="bold")
+    t.append("verdicts\n", style="bold")
     c, p = st.correctness, st.perf
     if c is not None:
         word = "PASS" if c.get("passed") else "FAIL"
@@ -247,15 +247,15 @@ def summary_text(app) -> Text:
         t.append(f"  correctness     {word}{nums}\n", style="green" if c.get("passed") else "red")
     if p is not None:
         ratio = p.get("ratio")
-        nums = f" median ratio {ratio:.3f}" if isinstance(ratio, (int, float)) else ""
+        nums = f" median ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
         t.append(f"  performance     {'PASS' if p.get('passed') else 'FAIL'}{nums}\n",
                  style="green" if p.get("passed") else "red")
     word, reason = verdict(c, p)
     t.append(f"  verdict         {word}: {reason}\n", style="bold")
-    t.append("\nnext\n", style="bold")
+    t.append("next\n", style="bold")
     t.append("  ctrl+s", style="bold cyan")
     t.append(" saves this session (every step and its results) as a JSON file\n")
     t.append("  workbench replay FILE", style="bold cyan")
     t.append(" re-runs it step by step; add --headless for a table (CI)\n")
-    t.append("\nenter / esc closes · ctrl+s saves now", style="dim")
+    t.append("enter / esc closes · ctrl+s saves now", style="dim")
     return t

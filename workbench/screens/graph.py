@@ -22,6 +22,11 @@ from ..search import is_glob, node_hit, path_hit
 from .base import WorkbenchScreen
 
 MARK = "●"
+OP_WIDTH = 20
+
+
+def op_cell(op: str) -> str:
+    return op if len(op) <= OP_WIDTH else op[: OP_WIDTH - 1] + "…"
 
 
 def recipe_membership(snapshot: dict[str, Any]) -> dict[str, str]:
@@ -170,9 +175,10 @@ class GraphScreen(WorkbenchScreen):
         t = self.query_one("#nodes", DataTable)
         t.add_column(" ", key="mark", width=1)
         t.add_column("id", key="id", width=9)
-        # the recipe instance in full, before the op: it is what tells layer 0 from layer 1
+        # the op capped (the details below show it whole), then the recipe instance in full: it is
+        # what tells layer 0 from layer 1; a search gives the table the tree's width too
+        t.add_column("op", key="op", width=OP_WIDTH)
         t.add_column("recipe", key="recipe")
-        t.add_column("op", key="op")
         t.add_column("module", key="module")
         self.query_one("#module-tree", Tree).show_root = True
         self.refresh_view()
@@ -263,7 +269,8 @@ class GraphScreen(WorkbenchScreen):
         self._rows = []
         for n in self.visible_nodes():
             nid = n["id"]
-            t.add_row(MARK if nid in marked else "", nid, self.recipes.get(nid, ""), n["op"], n["module_path"], key=nid)
+            t.add_row(MARK if nid in marked else "", nid, op_cell(n["op"]), self.recipes.get(nid, ""), n["module_path"],
+                      key=nid)
             self._rows.append(nid)
         parts = []
         if self.pattern:
@@ -274,6 +281,8 @@ class GraphScreen(WorkbenchScreen):
         if self.only is not None:
             parts.append(f"the {len(self.only)} node(s) the step listed (last {len(self.only)})")
         note.display = bool(parts)
+        # a search covers the whole graph: the tree's column goes to the results (back on esc)
+        self.query_one("#module-tree").display = not (self.searching and self.pattern)
         hint = " · n/N next/previous · esc ends the search" if self.searching and self.pattern else \
             " · / searches the whole graph"
         note.update(Text("showing " + ", ".join(parts) + hint, style="dim"))

@@ -86,7 +86,7 @@ def throughput_plot(series: dict[str, Sequence[float]], width: int, height: int,
     gutter = max(len(plain(hi)), len(plain(lo))) + 1
     rows = height - 3  # unit title, x axis, x labels
     c = Canvas(width, height)
-    c.text(0, 0, f"{unit} per measured pair", "bold")
+    c.text(0, 0, f"{unit} per pair, ╌ median"[:width], "bold")
     top = 1
     y_of = _scale(lo, hi, rows)
     _y_axis(c, lo, hi, rows, top, gutter)
@@ -116,7 +116,7 @@ def throughput_plot(series: dict[str, Sequence[float]], width: int, height: int,
     c.put(gutter - 1, axis_y, "└", "dim")
     for x in range(gutter, gutter + plot_w):
         c.put(x, axis_y, "─", "dim")
-    c.text(gutter + plot_w + 1, axis_y, "spread", "dim")
+    c.text(gutter + plot_w + 1, axis_y, "range", "dim")  # the bars at the right: min..max per arm
     label_y = axis_y + 1
     for i, x in enumerate(xs):
         if n <= 12 or i % ((n + 11) // 12) == 0:
@@ -136,7 +136,7 @@ def error_plot(errors: Sequence[float], limit: float, width: int, height: int) -
     gutter = max(len(plain(hi)), len(plain(lo))) + 1
     rows = height - 3
     c = Canvas(width, height)
-    c.text(0, 0, "|native - external| per element, largest first", "bold")
+    c.text(0, 0, "|native-external| per element, largest first"[:width], "bold")
     top = 1
     y_of = _scale(lo, hi, rows)
     _y_axis(c, lo, hi, rows, top, gutter)
@@ -161,19 +161,23 @@ def error_plot(errors: Sequence[float], limit: float, width: int, height: int) -
 
 
 def cosine_gauge(cosine: Optional[float], min_cosine: float, width: int) -> Text:
-    """One row: the cosine on a scale from (1 - 10 x margin) to 1, with the threshold marked."""
-    t = Text(no_wrap=True, overflow="ellipsis")
+    """Two rows: the cosine and its minimum, then the cosine ◆ on a scale from (1 - 10 x margin)
+    to 1 with the minimum drawn as ┃ (everything right of it passes)."""
+    t = Text(no_wrap=True)
     t.append("cosine ", style="bold")
     if cosine is None:
         t.append("undefined (an embedding is all zeros)", style="red")
         return t
     ok = cosine >= min_cosine
+    t.append(f"{cosine:.7f}", style="bold green" if ok else "bold red")
+    t.append(f"  min {min_cosine:g} ┃", style="red")
+    t.append("\n")
     lo = 1.0 - 10 * (1.0 - min_cosine)
-    bar_w = max(10, width - 40)
+    left = plain(lo) + " "
+    bar_w = max(10, width - len(left) - 3)
     pos = int(round((min(max(cosine, lo), 1.0) - lo) / (1.0 - lo) * (bar_w - 1)))
     thr = int(round((min_cosine - lo) / (1.0 - lo) * (bar_w - 1)))
-    t.append(f"{cosine:.7f} ", style="bold green" if ok else "bold red")
-    t.append(plain(lo) + " ", style="dim")
+    t.append(left, style="dim")
     for i in range(bar_w):
         if i == pos:
             t.append("◆", style="bold green" if ok else "bold red")
@@ -181,24 +185,27 @@ def cosine_gauge(cosine: Optional[float], min_cosine: float, width: int) -> Text
             t.append("┃", style="red")
         else:
             t.append("─", style="dim")
-    t.append(f" 1  (min {min_cosine:g} ┃)", style="dim")
+    t.append(" 1", style="dim")
     return t
 
 
-def legend(series: dict[str, Sequence[float]], unit: str) -> Text:
+def legend(series: dict[str, Sequence[float]], width: int) -> Text:
     """Each arm's median (what the verdict uses, the dashed line) and spread, one row per arm."""
-    t = Text(no_wrap=True, overflow="ellipsis")
+    out = Text()
     for k, arm in enumerate(ARMS):
         ys = series.get(arm) or []
+        t = Text(no_wrap=True)
         t.append(f"{ARM_MARK[arm]} {arm:<8} ", style="bold " + ARM_STYLE[arm])
         if ys:
             t.append(f"median {plain(statistics.median(ys))}")
-            t.append(f"  spread {plain(min(ys))}–{plain(max(ys))}", style="dim")
+            t.append(f" ({plain(min(ys))}–{plain(max(ys))})", style="dim")
         else:
             t.append("-", style="dim")
+        t.truncate(width)
+        out.append_text(t)
         if k == 0:
-            t.append("\n")
-    return t
+            out.append("\n")
+    return out
 
 
 class ThroughputPlot(Static):
@@ -223,7 +230,7 @@ class ThroughputPlot(Static):
                 msg.append("\n" + self.note, style="dim")
             self.update(msg)
             return
-        body = legend(self.series, self.unit)
+        body = legend(self.series, w)
         body.append("\n")
         body.append_text(throughput_plot(self.series, w, h - 2, self.unit))
         self.update(body)
@@ -253,7 +260,7 @@ class ErrorPlot(Static):
         if self.errors is not None and w >= 30 and h >= 6:
             body = cosine_gauge(self.cosine, self.limits[1], w)
             body.append("\n")
-            body.append_text(error_plot(self.errors, self.limits[0], w, h - 1))
+            body.append_text(error_plot(self.errors, self.limits[0], w, h - 2))
             self.update(body)
         elif self.tokens is not None:
             self.update(token_strip(*self.tokens, width=w))
