@@ -239,12 +239,12 @@ async def test_clicking_a_tab_switches_screens(tmp_path):
 
 @pytest.mark.asyncio
 async def test_too_small_terminal_says_so(tmp_path):
-    app = WorkbenchApp(workdir=str(tmp_path))
+    app = WorkbenchApp(tutorial="qwen-recipe", workdir=str(tmp_path))
     async with app.run_test(size=(60, 20)) as pilot:
         await pilot.pause(0.1)
         assert app.screen.query_one("#too-small").display
-        assert "need" in text_of(app, "#too-small") or "needs 80x24" in text_of(app, "#too-small")
-        assert not app.screen.query_one("#main").display
+        assert "terminal too small: the workbench needs 80x24" in text_of(app, "#too-small")
+        assert not app.screen.query_one("#main").display and not app.screen.query_one("#stepbar").display
         await pilot.resize_terminal(80, 24)
         await pilot.pause(0.1)
         assert not app.screen.query_one("#too-small").display and app.screen.query_one("#main").display
@@ -391,3 +391,45 @@ async def test_layer_1_decode_attention_in_a_few_keys_with_its_recipe_in_full(ca
         widths = [c.get_render_width(table) for c in table.ordered_columns]
         assert sum(widths[: keys.index("recipe") + 1]) <= table.size.width
         assert not graph.query_one("#module-tree").display
+
+
+# ------------------------------------------------------------------ item 8: guidance
+
+@pytest.mark.asyncio
+async def test_capture_pressed_while_the_model_is_checked_is_queued(tmp_path, monkeypatch):
+    """A cold cache makes the first model check slow: c then waits for it instead of refusing."""
+    import mcore.graph.capture as capture_mod
+
+    real = capture_mod.resolve
+
+    def slow_resolve(args):
+        time.sleep(1.0)
+        return real(args)
+
+    monkeypatch.setattr(capture_mod, "resolve", slow_resolve)
+    app = WorkbenchApp(workdir=str(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.05)
+        assert app.screen.family is None  # still checking
+        await pilot.press("c")
+        await pilot.pause(0.05)
+        assert "capture starts as soon as it is ready" in text_of(app, "#status") and not app.last_error
+        deadline = time.monotonic() + 30
+        while app.busy != "capture_graph" and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        assert app.busy == "capture_graph"
+        await pilot.press("f2")  # while it runs, the Graph screen says so instead of "No graph yet"
+        await pilot.pause(0.05)
+        assert "Capturing the graph" in text_of(app, "#graph-empty")
+        await idle(app, pilot)
+        assert app.state.snapshot is not None and app.screen.SCREEN_NAME == "graph"
+
+
+def test_free_mode_uses_the_tutorial_build_args_in_a_fresh_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a, b = WorkbenchApp(), WorkbenchApp()
+    assert a.state.workdir != b.state.workdir  # never silently the same folder as last time
+    assert a.state.workdir.parent == (tmp_path / "artifacts").resolve()
+    tutorial = next(s for s in Session.load(find_tutorial("qwen-recipe")).steps if s.action == "capture_graph")
+    for k, v in a.state.build_args.items():
+        assert tutorial.params["build_args"][k] == v, k

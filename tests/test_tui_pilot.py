@@ -178,7 +178,12 @@ async def test_tutorial_qwen_recipe(tmp_path):
         assert f"median ratio {st.perf['ratio']:.4f}" in summary and "ctrl+s" in summary
         assert "workbench replay FILE" in summary
         assert "all 10 steps done" in static_text(app, "#stepbar")
-        assert app.check_action("guide_next", ()) is False  # the footer no longer offers n
+        # the footer no longer offers n as the next step: n shows the summary again
+        assert app.check_action("guide_next", ()) is False and app.check_action("summary", ()) is True
+        await pilot.press("n")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, SummaryModal)
+        await pilot.press("escape")
 
 
 @pytest.mark.asyncio

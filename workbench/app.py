@@ -152,6 +152,7 @@ class WorkbenchApp(App):
         Binding("f5", "show('build')", "Build", show=False),
         Binding("f6", "show('verify')", "Verify", show=False),
         Binding("n", "guide_next", "next step"),
+        Binding("n", "summary", "summary"),  # once every step is done, n shows what was built
         Binding("x", "cancel", "cancel"),
         Binding("slash", "search", "search graph", show=False),
         Binding("g", "toggle_guide", "guide", show=False),
@@ -302,6 +303,8 @@ class WorkbenchApp(App):
         if action == "guide_next":
             # gone from the footer once every step is done (the summary says what next)
             return self.guide is not None and not self.guide.done
+        if action == "summary":
+            return self.guide is not None and self.guide.done
         if action in ("toggle_guide", "scroll_guide"):
             return self.guide is not None
         if action == "cancel":

@@ -110,8 +110,10 @@ class StepBar(Static):
             t.append(" ✓" if ok else " ≠", style="green" if ok else "red")
         if step is None:
             t.append(f" all {total} steps done · ", style="bold")
-            t.append("s", style="bold reverse")
-            t.append(" summary  ", style="dim")
+            t.append("n", style="bold reverse")
+            t.append(" summary ", style="dim")
+            t.append("ctrl+s", style="bold reverse")
+            t.append(" save", style="dim")
         else:
             t.append(f" {g.index + 1}/{total} ", style="bold")
             t.append(step.title)
@@ -244,7 +246,8 @@ class WorkbenchScreen(Screen):
         if not self.is_mounted:
             return
         w, h = self.app.size
-        self.set_class(w < MIN_SIZE[0] or h < MIN_SIZE[1], "too-small")
+        small = w < MIN_SIZE[0] or h < MIN_SIZE[1]
+        self.set_class(small, "too-small")
         g = self.wb.guide
         mode = ""
         if g is not None:
@@ -256,7 +259,7 @@ class WorkbenchScreen(Screen):
         beside = self.guide_beside()
         self.query_one(GuidePanel).show_guide(g if beside else None)
         bar = self.query_one(StepBar)
-        bar.display = g is not None and not beside
+        bar.display = g is not None and not beside and not small
         if bar.display:
             bar.show_step(g)
         self.query_one(ErrorPanel).show_error(self.wb.last_error, self.wb.last_error_expected)

@@ -186,7 +186,11 @@ class GuidePanel(VerticalScroll):
             if g.mode == "replay":
                 n = g.mismatches
                 t.append(f"\n{n} step(s) differ." if n else "\nEvery step matched.", style="red" if n else "green")
-            t.append("\n")
+            t.append("\n\npress ", style="dim")
+            t.append("n", style="bold reverse")
+            t.append(" for the summary (what was built, the verdicts), ", style="dim")
+            t.append("ctrl+s", style="bold reverse")
+            t.append(" to save the session; `workbench replay FILE` replays it\n", style="dim")
         else:
             t.append(f"\nstep {g.index + 1} of {len(steps)}: ", style="bold")
             t.append(f"{step.title}\n", style="bold")
