@@ -173,6 +173,12 @@ async def test_quit_with_unsaved_steps_asks_first(captured, tmp_path):
         await pilot.press("escape")  # stay
         await pilot.pause(0.1)
         assert not isinstance(app.screen, ConfirmQuit) and app.is_running
+        await pilot.press("f6")  # letters in a field are text, not quit
+        await pilot.click("#prompt")
+        app.screen.query_one("#prompt", Input).value = ""
+        await pilot.press("q")
+        assert app.is_running and app.screen.query_one("#prompt", Input).value == "q"
+        await pilot.press("escape")
         await pilot.press("q", "s")  # save first: the path prompt, then quit
         await pilot.pause(0.1)
         app.screen.query_one("#prompt-input", Input).value = "mine.json"

@@ -339,13 +339,16 @@ class WorkbenchApp(App):
 
     def action_request_quit(self) -> None:
         """q / ctrl+q: quit, asking first when the session has unsaved steps."""
+        from .screens.dialogs import ConfirmQuit
+
+        if isinstance(self.screen, ConfirmQuit):
+            self.exit()  # ctrl+q twice: quit without saving, as the dialog says
+            return
         if isinstance(self.screen, ModalScreen):
-            return  # a dialog is open: it answers its own keys
+            return  # another dialog is open: it answers its own keys
         if not self.unsaved_steps:
             self.exit()
             return
-        from .screens.dialogs import ConfirmQuit
-
         def answered(choice: Optional[str]) -> None:
             if choice == "quit":
                 self.exit()

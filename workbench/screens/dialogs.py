@@ -66,7 +66,7 @@ class ConfirmQuit(ModalScreen[Optional[str]]):
 
     BINDINGS = [
         Binding("s", "answer('save')", "save, then quit"),
-        Binding("q,ctrl+q", "answer('quit')", "quit without saving", priority=True),
+        Binding("q", "answer('quit')", "quit without saving"),  # ctrl+q again: the app quits
         Binding("escape", "answer(None)", "stay"),
     ]
 

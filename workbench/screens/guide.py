@@ -87,7 +87,6 @@ class GuideState:
     mode: str = "tutorial"  # tutorial | replay
     source: Optional[Path] = None
     index: int = 0
-    visible: bool = True
     outcomes: dict[int, StepOutcome] = field(default_factory=dict)
 
     @property
@@ -137,7 +136,7 @@ class GuidePanel(VerticalScroll):
         yield Static("", id="guide-text")
 
     def show_guide(self, g: Optional[GuideState]) -> None:
-        if g is None or not g.visible:
+        if g is None:
             self.display = False
             return
         self.display = True
