@@ -230,6 +230,14 @@ async def test_tutorial_distilbert_residual(tmp_path):
         st = app.state
         assert st.receipt["node_ids"] == session.steps[2].params["node_ids"]
         assert st.correctness["kind"] == "gate_embeddings" and st.correctness["passed"] is True
+        # the Verify screen shows the numbers the gate judged and draws every element's error
+        await pilot.press("f6")
+        await pilot.pause(0.2)
+        shown = static_text(app, "#correctness")
+        assert f"max_abs {st.correctness['max_abs']:.3g} (≤ 0.02)" in shown and "(≥ 0.999)" in shown
+        plot = app.screen.query_one("#error-plot")
+        assert plot.errors is not None and len(plot.errors) == st.outputs["native"]["values"]
+        assert max(plot.errors) == pytest.approx(st.correctness["max_abs"])
         assert st.outputs["native"]["values"] == st.outputs["external"]["values"] > 0
         assert isinstance(st.perf["passed"], bool)
         if any(s.action == "kernel_stub" for s in session.steps):

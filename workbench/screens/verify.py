@@ -196,6 +196,12 @@ class VerifyScreen(WorkbenchScreen):
             t.append("c runs both arms and the gate", style="dim")
         else:
             _append_gate(t, c)
+            if c.get("kind") == "gate_embeddings" and isinstance(c.get("max_abs"), (int, float)):
+                # the numbers the gate judged, next to its thresholds (not only in the guide)
+                lim = c.get("params") or {}
+                t.append(f" · max_abs {c['max_abs']:.3g} (≤ {lim.get('max_abs', 0.02):g})")
+                if isinstance(c.get("cosine"), (int, float)):
+                    t.append(f" · cosine {c['cosine']:.7f} (≥ {lim.get('min_cosine', 0.999):g})")
         self.query_one("#correctness", Static).update(t)
 
     def show_perf(self) -> None:
