@@ -160,6 +160,23 @@ def test_nonempty_workdir_is_refused(tmp_path, workbench):
     wd.mkdir()
     (wd / "old.bundle").write_text("x")
     assert_user_error(workbench("replay", path, "--headless", "--workdir", wd), "new or empty folder")
+    # the TUI refuses it the same way, before any screen opens, and writes nothing there
+    assert_user_error(workbench("replay", path, "--workdir", wd), "new or empty folder")
+    assert [p.name for p in wd.iterdir()] == ["old.bundle"]
+
+
+@pytest.mark.asyncio
+async def test_tui_replay_into_a_used_folder_is_refused(tmp_path):
+    from workbench.app import WorkbenchApp
+
+    path = sample_session().save(tmp_path / "s.json")
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "old.bundle").write_text("x")
+    app = WorkbenchApp(replay=str(path), workdir=str(wd))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.1)
+        assert app.guide is None and "new or empty folder" in (app.startup_error or "")
 
 
 def test_cli_process_has_no_traceback(tmp_path):

@@ -24,8 +24,8 @@ from textual.widgets import Static, TextArea
 from mcore.buildargs import BuildArgs
 from mcore.graph.capture import capture
 from mcore.selection import load_receipt
-from workbench.app import ACTION_SCREEN, WorkbenchApp
-from workbench.screens.dialogs import TrustModal
+from workbench.app import ACTION_SCREEN, DEFAULT_BUILD_ARGS, WorkbenchApp
+from workbench.screens.dialogs import SummaryModal, TrustModal
 from workbench.screens.verify import verdict
 from workbench.session import Session, find_tutorial
 
@@ -48,7 +48,7 @@ def shorten_perf(app: WorkbenchApp) -> None:
 async def drive(app: WorkbenchApp, pilot) -> dict:
     """Press n for every step; y on the trust prompt. Returns what was seen along the way."""
     g = app.guide
-    seen = {"screens": [], "trust_prompts": 0, "errors_shown": []}
+    seen = {"screens": [], "trust_prompts": 0, "errors_shown": [], "summary": None}
     while not g.done:
         i = g.index
         step = g.session.steps[i]
@@ -60,15 +60,29 @@ async def drive(app: WorkbenchApp, pilot) -> dict:
                 seen["trust_prompts"] += 1
                 await pilot.press("y")
                 continue
+            if isinstance(app.screen, SummaryModal):  # the end of the tutorial: what was built, what next
+                seen["summary"] = static_text(app, "#summary-text")
+                await pilot.press("escape")
+                await pilot.pause(0.05)
+                continue
             if i in g.outcomes and not app.busy and not isinstance(app.screen, ModalScreen):
                 break
             assert time.monotonic() < deadline, f"step {i + 1} ({step.action}) did not finish"
+        for _ in range(40 if g.done and seen["summary"] is None else 0):
+            await pilot.pause(0.05)
+            if isinstance(app.screen, SummaryModal):
+                seen["summary"] = static_text(app, "#summary-text")
+                await pilot.press("escape")
+                await pilot.pause(0.05)
+                break
         o = g.outcomes[i]
         assert o.kind in ("ok", "user"), f"step {i + 1} ({step.action}): {o.kind}: {o.error}"
         assert not o.diffs, f"step {i + 1} ({step.action}) differs from the recording: {o.diffs}"
         assert g.index == i + 1, f"step {i + 1} ({step.action}) did not advance: {o.error}"
         assert app.screen.SCREEN_NAME == ACTION_SCREEN[step.action]
         seen["screens"].append(app.screen.SCREEN_NAME)
+        if app.screen.SCREEN_NAME == "region":  # what the Region screen previews after this step
+            seen.setdefault("region", []).append(static_text(app, "#region-check"))
         if o.kind == "user":
             seen["errors_shown"].append(static_text(app, "#error"))
     return seen
@@ -138,11 +152,13 @@ async def test_tutorial_qwen_recipe(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.2)
         shorten_perf(app)
-        guide = static_text(app, "#guide-text")
-        assert "step 1 of" in guide and session.steps[0].title in guide.replace("\n", " ")
+        bar = static_text(app, "#stepbar")  # 80x24: the guide is a one-line step bar
+        assert "1/10" in bar and session.steps[0].title in bar
         seen = await drive(app, pilot)
         st = app.state
         assert seen["screens"][0] == "graph" and seen["screens"][-1] == "verify"
+        # after the recipes step the Region screen previews the recipe this tutorial builds
+        assert "valid recipe qwen.decode_logits_copy@1 decoder.logits_zero_bias" in seen["region"][0]
         # tokens: native and external identical, and equal to the recording
         native, external = st.outputs["native"]["tokens"], st.outputs["external"]["tokens"]
         assert native == external
@@ -154,7 +170,20 @@ async def test_tutorial_qwen_recipe(tmp_path):
         # the recipe is the one the tutorial names
         assert st.receipt["recipe"] == {"id": "qwen.decode_logits_copy@1", "instance": "decoder.logits_zero_bias"}
         await check_common(app, pilot, session, seen, tmp_path)
-        assert "All 10 steps done" in static_text(app, "#guide-text")
+        # the end: a summary with the artifacts, the verdicts with numbers, how to save and replay
+        summary = seen["summary"]
+        assert summary is not None
+        for path in ("qwen3-slot-ready.bundle", "qwen3-native.bundle", "kernel-bindings.json", "kernel.so"):
+            assert path in summary
+        assert f"median ratio {st.perf['ratio']:.4f}" in summary and "ctrl+s" in summary
+        assert "workbench replay FILE" in summary
+        assert "all 10 steps done" in static_text(app, "#stepbar")
+        # the footer no longer offers n as the next step: n shows the summary again
+        assert app.check_action("guide_next", ()) is False and app.check_action("summary", ()) is True
+        await pilot.press("n")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, SummaryModal)
+        await pilot.press("escape")
 
 
 @pytest.mark.asyncio
@@ -170,6 +199,8 @@ async def test_tutorial_qwen_manual(tmp_path):
         assert len(rejected) == 1 and len(seen["errors_shown"]) == 1
         assert "refused, as the session recorded" in seen["errors_shown"][0]
         assert "network output" in seen["errors_shown"][0]
+        # the Region screen shows the refused selection and the rule it breaks (not a binding-ID complaint)
+        assert "rule" in seen["region"][0] and "network output" in seen["region"][0], seen["region"]
         # the hand-made receipt has the recipe's ABI hash (same call contract), and no recipe
         assert st.receipt["recipe"] is None
         assert st.receipt["binding_id"] == "qwen3.decode.logits_copy.manual@1"
@@ -199,6 +230,14 @@ async def test_tutorial_distilbert_residual(tmp_path):
         st = app.state
         assert st.receipt["node_ids"] == session.steps[2].params["node_ids"]
         assert st.correctness["kind"] == "gate_embeddings" and st.correctness["passed"] is True
+        # the Verify screen shows the numbers the gate judged and draws every element's error
+        await pilot.press("f6")
+        await pilot.pause(0.2)
+        shown = static_text(app, "#correctness")
+        assert f"max_abs {st.correctness['max_abs']:.3g} (≤ 0.02)" in shown and "(≥ 0.999)" in shown
+        plot = app.screen.query_one("#error-plot")
+        assert plot.errors is not None and len(plot.errors) == st.outputs["native"]["values"]
+        assert max(plot.errors) == pytest.approx(st.correctness["max_abs"])
         assert st.outputs["native"]["values"] == st.outputs["external"]["values"] > 0
         assert isinstance(st.perf["passed"], bool)
         if any(s.action == "kernel_stub" for s in session.steps):
@@ -296,7 +335,8 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
                 break
         assert app.screen.SCREEN_NAME == "graph"
         snap = app.state.snapshot
-        assert snap["fingerprint"] == capture(BuildArgs("demo:qwen3-tiny"), "decode").snapshot["fingerprint"]
+        # free exploration captures with the tutorials' build arguments (256-token cache, split layout)
+        assert snap["fingerprint"] == capture(BuildArgs.from_dict(DEFAULT_BUILD_ARGS), "decode").snapshot["fingerprint"]
         graph = app.screen
         # filter with --match semantics, then follow an edge and come back
         await pilot.press("slash")
@@ -414,6 +454,12 @@ async def test_replay_shows_expected_vs_actual(tmp_path):
         assert "= nodes: 192" in text
         await step_through(app, pilot, 2)
         assert not app.guide.outcomes[1].diffs and not app.guide.outcomes[2].diffs
+        # the end of the replay: the summary counts the matched steps; esc closes it
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, SummaryModal)
+        assert "2/3 steps matched the recording" in static_text(app, "#summary-text")
+        await pilot.press("escape")
+        await pilot.pause(0.1)
         text = static_text(app, "#guide-text")
         assert "= error: tensor:197 (logits) is a network output" in text
         assert "All 3 steps done" in text and "1 step(s) differ." in text
@@ -437,13 +483,14 @@ async def test_open_session_replays_it(tmp_path, monkeypatch):
         await pilot.press("enter")
         await pilot.pause(0.2)
         assert app.guide is not None and app.guide.mode == "replay" and len(app.guide.session.steps) == 3
-        assert "REPLAY replay check" in static_text(app, "#guide-text")
-        await pilot.press("g")  # the guide panel hides and comes back
-        await pilot.pause(0.1)
-        assert not app.screen.query_one("#guide").display
-        await pilot.press("g")
+        assert "REPLAY" in static_text(app, "#stepbar") and "1/3" in static_text(app, "#stepbar")
+        await pilot.press("g")  # at 80x24 the step bar expands into the guide panel, and back
         await pilot.pause(0.1)
         assert app.screen.query_one("#guide").display
+        assert "REPLAY replay check" in static_text(app, "#guide-text")
+        await pilot.press("g")
+        await pilot.pause(0.1)
+        assert not app.screen.query_one("#guide").display
         # a missing file is an error line, not a crash
         await pilot.press("ctrl+o")
         await pilot.pause(0.1)

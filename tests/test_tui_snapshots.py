@@ -27,7 +27,7 @@ KEYS = {name: f"f{i + 1}" for i, name in enumerate(SCREENS)}
 # A deterministic stand-in for measured throughput (the real gate is exercised by the pilot tests).
 PERF = {"passed": True, "ratio": 0.9975, "native": 41.2, "external": 41.1, "unit": "tokens/s",
         "line": "PASS: external/native throughput median ratio 0.9975 (native=41.20 external=41.10 tokens/s "
-                "over 6 pairs)"}
+                "over 6 pairs)", "params": {"pairs": 6, "warmup": 1}}
 SAMPLES = {"native": [40.1, 41.5, 41.2, 40.8, 41.9, 41.2], "external": [39.8, 41.0, 41.1, 41.3, 41.6, 40.9]}
 
 
@@ -110,6 +110,15 @@ def test_graph_follow_edge(snap_compare, recorded):
     assert snap_compare(app, terminal_size=(120, 40), run_before=loaded(recorded, "graph", go))
 
 
+def test_graph_search(snap_compare, recorded):
+    """80x24: a words search; the results take the tree's width and show the recipe instance in full."""
+    async def search(pilot) -> None:
+        await pilot.press("slash", *"decode_attention", "enter")
+
+    app = WorkbenchApp(workdir=str(recorded[0]))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(recorded, "graph", search))
+
+
 def test_verify_verdict_with_plot(snap_compare, recorded):
     """Both gates passed (fixed numbers): the throughput plot and PROMOTE."""
     async def perf(pilot) -> None:
@@ -140,12 +149,55 @@ def test_ansi_16_colours(snap_compare, recorded):
     assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(recorded, "region"))
 
 
+def test_verify_embeddings_correctness(snap_compare, recorded, tmp_path):
+    """An encoder's correctness view: the sorted per-element error under the max_abs line, the cosine gauge."""
+    import json
+
+    native = [((i * 37) % 101) / 50.0 - 1.0 for i in range(64)]
+    external = [v + ((i * 13) % 7 - 3) * 0.002 for i, v in enumerate(native)]
+    (tmp_path / "native.json").write_text(json.dumps({"embedding": native}))
+    (tmp_path / "external.json").write_text(json.dumps({"embedding": external}))
+
+    async def gate(pilot) -> None:
+        st = pilot.app.state
+        st.family_kind = "encoder"
+        st.perf, st.samples = None, {"native": [], "external": []}
+        st.correctness = {"kind": "gate_embeddings", "passed": True, "values": 64, "max_abs": 0.006,
+                          "cosine": 0.99998, "line": "PASS: numerical gate",
+                          "params": {"native": str(tmp_path / "native.json"),
+                                     "external": str(tmp_path / "external.json"), "max_abs": 0.02,
+                                     "min_cosine": 0.999}}
+
+    app = WorkbenchApp(workdir=str(recorded[0]))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(recorded, "verify", gate))
+
+
+def test_too_small(snap_compare, recorded):
+    """Below 80x24: one notice instead of a broken layout."""
+    app = WorkbenchApp(workdir=str(recorded[0]))
+    assert snap_compare(app, terminal_size=(60, 20), run_before=loaded(recorded, "graph"))
+
+
 def test_trust_prompt(snap_compare, recorded):
     async def ask(pilot) -> None:
         pilot.app.push_screen(TrustModal("kernel.so", "kernel-bindings.json"))
 
     app = WorkbenchApp(workdir=str(recorded[0]))
     assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(recorded, "verify", ask))
+
+
+def test_tutorial_summary(snap_compare, recorded, monkeypatch):
+    """The end of a tutorial: what was built, the verdicts with numbers, how to save and replay."""
+    monkeypatch.chdir(recorded[0].parent)  # the work folder is shown relative to here
+    async def finish(pilot) -> None:
+        app = pilot.app
+        app.state.perf = dict(PERF)
+        app.guide.index = len(app.guide.session.steps)
+        app.refresh_screen()
+        app.action_summary()
+
+    app = WorkbenchApp(tutorial="qwen-recipe", workdir=str(recorded[0]))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(recorded, "verify", finish))
 
 
 def test_help(snap_compare, recorded):

@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from textual.app import App
+from textual.screen import ModalScreen
 from textual.binding import Binding
 from textual.css.query import NoMatches
 
 from mcore.errors import Cancelled, UserError
 from mcore.progress import CancelToken, Progress
 
+from .commands import WorkbenchCommands
 from .screens.base import SCREEN_ORDER, WorkbenchScreen
 from .screens.guide import GuideState
 
@@ -52,6 +54,8 @@ LOADS_NATIVE = ("generate", "embed", "gate_perf")
 
 
 DEFAULT_TUTORIAL = "qwen-recipe"
+DEFAULT_BUILD_ARGS = {"model": "demo:qwen3-tiny", "precision": "fp32", "max_cache_length": 256,
+                      "decoder_engine_layout": "split"}
 
 
 def tutorial_path(name: str) -> Path:
@@ -69,7 +73,8 @@ class WorkbenchState:
     """What the screens show; changed only on the UI thread (apply_results)."""
 
     workdir: Path
-    build_args: dict[str, Any] = field(default_factory=lambda: {"model": "demo:qwen3-tiny"})
+    # free exploration starts from the tutorials' build arguments (same cache length, same graph)
+    build_args: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_BUILD_ARGS))
     device: Optional[str] = None  # None = auto (the bundle's device, else CUDA when present)
     engine_role: Optional[str] = None
     family_kind: Optional[str] = None  # "decoder" / "encoder" once known
@@ -137,7 +142,9 @@ class WorkbenchApp(App):
 
     CSS_PATH = "workbench.tcss"
     TITLE = "byok-workbench"
-    ENABLE_COMMAND_PALETTE = False
+    # ctrl+p: every screen and action (workbench.commands), not Textual's system commands
+    COMMANDS = {WorkbenchCommands}
+    COMMAND_PALETTE_BINDING = "ctrl+p"
 
     BINDINGS = [
         Binding("f1", "show('model')", "Model", show=False),
@@ -147,14 +154,16 @@ class WorkbenchApp(App):
         Binding("f5", "show('build')", "Build", show=False),
         Binding("f6", "show('verify')", "Verify", show=False),
         Binding("n", "guide_next", "next step"),
+        Binding("n", "summary", "summary"),  # once every step is done, n shows what was built
         Binding("x", "cancel", "cancel"),
+        Binding("slash", "search", "search graph", show=False),
         Binding("g", "toggle_guide", "guide", show=False),
         Binding("left_square_bracket", "scroll_guide(-1)", "guide up", show=False),
         Binding("right_square_bracket", "scroll_guide(1)", "guide down", show=False),
-        Binding("ctrl+s", "save_session", "save"),
-        Binding("ctrl+o", "open_session", "open"),
-        Binding("question_mark", "help", "keys"),
-        Binding("ctrl+q", "quit", "quit"),
+        Binding("ctrl+s", "save_session", "save", show=False),
+        Binding("ctrl+o", "open_session", "open", show=False),
+        Binding("q", "request_quit", "quit", show=False),
+        Binding("ctrl+q", "request_quit", "quit", show=False, priority=True),
     ]
 
     def __init__(self, tutorial: Optional[str] = None, replay: Optional[str] = None,
@@ -174,6 +183,7 @@ class WorkbenchApp(App):
         self.busy: Optional[str] = None
         self.busy_params: Optional[dict[str, Any]] = None
         self.busy_label: str = ""
+        self.busy_label_done: str = ""
         self.progress_step: str = ""
         self.progress_fraction: Optional[float] = None
         self.last_error: Optional[str] = None
@@ -182,25 +192,16 @@ class WorkbenchApp(App):
         self.startup_error: Optional[str] = None
         self._expect_error: Optional[str] = None
         self.last_outcome: Optional[ActionOutcome] = None  # the last finished action (shown; tests read it)
+        self.message: tuple[str, str] = ("", "")  # the status line's last notice (text, style): no toasts
+        self.saved_steps = 0  # session steps already in a saved file (quit asks about the rest)
+        self.guide_expanded: Optional[bool] = None  # None: beside the body when the terminal is roomy
+        self.history: list[str] = []  # screens visited, for Esc = back
+        self.summary_shown = False
 
     # ------------------------------------------------------------------ setup
     @staticmethod
     def _make_workdir(workdir: Optional[str], fresh_for: Optional[str]) -> Path:
-        if workdir:
-            p = Path(workdir).expanduser().resolve()
-            p.mkdir(parents=True, exist_ok=True)
-            return p
-        if fresh_for:
-            # guided and replayed sessions run in a fresh folder so recorded paths resolve cleanly
-            base = Path.cwd() / "artifacts"
-            try:
-                base.mkdir(parents=True, exist_ok=True)
-                return Path(tempfile.mkdtemp(prefix="workbench-", dir=base)).resolve()
-            except OSError:
-                return Path(tempfile.mkdtemp(prefix="workbench-")).resolve()
-        p = (Path.cwd() / "artifacts" / "workbench").resolve()
-        p.mkdir(parents=True, exist_ok=True)
-        return p
+        return make_workdir(workdir)
 
     def on_mount(self) -> None:
         from .screens.build import BuildScreen
@@ -217,6 +218,8 @@ class WorkbenchApp(App):
             if self._tutorial_arg is not None:
                 self.load_guided(tutorial_path(self._tutorial_arg), mode="tutorial")
             elif self._replay_arg is not None:
+                # a replay writes the recorded artifacts afresh: never over someone's files
+                check_replay_workdir(self.state.workdir)
                 self.load_guided(Path(self._replay_arg), mode="replay")
         except UserError as e:
             self.startup_error = str(e)
@@ -261,11 +264,49 @@ class WorkbenchApp(App):
             return
         if not isinstance(self.screen, WorkbenchScreen):
             return  # a modal is open; it decides
-        self.switch_screen(name)
+        self.go(name)
+
+    def go(self, name: str):
+        """Switch to screen `name`, remembering where we were (Esc goes back)."""
+        cur = self.current
+        if cur is not None and cur.SCREEN_NAME != name:
+            self.history.append(cur.SCREEN_NAME)
+            del self.history[:-20]
+        return self.switch_screen(name)
+
+    def refresh_footer(self) -> None:
+        """Bindings that depend on state (n = next match or next step) changed: redraw the footer."""
+        self.refresh_bindings()
+
+    def action_back(self) -> None:
+        cur = self.current
+        while self.history:
+            name = self.history.pop()
+            if cur is None or name != cur.SCREEN_NAME:
+                self.switch_screen(name)
+                return
+        self.say("nothing to go back to (q quits)", "dim")
+
+    def action_search(self) -> None:
+        """/ anywhere: search the graph (the Graph screen binds / itself)."""
+        if self.state.snapshot is None:
+            self.report_error("no graph to search yet: capture one on the Model screen (F1, then c)")
+            return
+
+        async def then() -> None:
+            await self.go("graph")
+            scr = self.current
+            if scr is not None and scr.SCREEN_NAME == "graph":
+                scr.action_filter()
+
+        self.call_later(then)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "guide_next":
-            return self.guide is not None
+            # gone from the footer once every step is done (the summary says what next)
+            return self.guide is not None and not self.guide.done
+        if action == "summary":
+            return self.guide is not None and self.guide.done
         if action in ("toggle_guide", "scroll_guide"):
             return self.guide is not None
         if action == "cancel":
@@ -273,9 +314,50 @@ class WorkbenchApp(App):
         return True
 
     def action_toggle_guide(self) -> None:
-        if self.guide is not None:
-            self.guide.visible = not self.guide.visible
+        scr = self.current
+        if self.guide is not None and scr is not None:
+            self.guide_expanded = not scr.guide_beside()
             self.refresh_screen()
+
+    async def run_palette_command(self, screen: str, action: str) -> None:
+        """A command palette entry: its screen first (when it has one), then its action there."""
+        if screen:
+            cur = self.current
+            if cur is None or cur.SCREEN_NAME != screen:
+                await self.go(screen)
+            await self.run_action(action, self.get_screen(screen))
+        else:
+            await self.run_action(action)
+
+    # ------------------------------------------------------------------ notices and quitting
+    def say(self, text: str, style: str = "") -> None:
+        """A one-line notice in the status line (never a toast over the content)."""
+        self.message = (text.replace("\n", " "), style)
+        self.refresh_status()
+
+    @property
+    def unsaved_steps(self) -> int:
+        return max(0, len(self.session) - self.saved_steps) if self.session is not None else 0
+
+    def action_request_quit(self) -> None:
+        """q / ctrl+q: quit, asking first when the session has unsaved steps."""
+        from .screens.dialogs import ConfirmQuit
+
+        if isinstance(self.screen, ConfirmQuit):
+            self.exit()  # ctrl+q twice: quit without saving, as the dialog says
+            return
+        if isinstance(self.screen, ModalScreen):
+            return  # another dialog is open: it answers its own keys
+        if not self.unsaved_steps:
+            self.exit()
+            return
+        def answered(choice: Optional[str]) -> None:
+            if choice == "quit":
+                self.exit()
+            elif choice == "save":
+                self.action_save_session(then_quit=True)
+
+        self.push_screen(ConfirmQuit(self.unsaved_steps), answered)
 
     def action_scroll_guide(self, direction: int) -> None:
         scr = self.current
@@ -302,7 +384,7 @@ class WorkbenchApp(App):
             self.session = Session.new(title, guided=False, device=self.state.device)
         return self.session
 
-    def action_save_session(self) -> None:
+    def action_save_session(self, then_quit: bool = False) -> None:
         from .screens.dialogs import PathPrompt
 
         default = self.state.show_path(str(self.session.path)) if self.session and self.session.path else "session.json"
@@ -316,7 +398,11 @@ class WorkbenchApp(App):
             except UserError as e:
                 self.report_error(str(e))
                 return
-            self.notify(f"saved {len(sess)} step(s) to {self.state.show_path(str(out))}", title="session")
+            self.saved_steps = len(sess)
+            self.say(f"saved {len(sess)} step(s) to {self.state.show_path(str(out))}; "
+                     f"replay: workbench replay {out}", "green")
+            if then_quit:
+                self.exit()
 
         self.push_screen(PathPrompt("Save the session (every step taken so far) to:", default,
                                     f"relative to the work folder {self.state.workdir}"), done)
@@ -338,13 +424,15 @@ class WorkbenchApp(App):
                 fresh = Path(tempfile.mkdtemp(prefix="replay-", dir=self.state.workdir)).resolve()
                 self.state = WorkbenchState(workdir=fresh, device=self.state.device)
                 self.session = None
+                self.saved_steps = 0
+                self.summary_shown = False
                 self.last_error = None
                 self.load_guided(p, mode="replay")
             except UserError as e:
                 self.report_error(str(e))
                 return
-            self.notify(f"opened {path}; it replays in the new folder {fresh.name} inside the work folder: "
-                        "press n for each step", title="session")
+            self.say(f"opened {path}; it replays in the new folder {fresh.name} inside the work folder: "
+                     "press n for each step", "green")
             self.refresh_screen()
 
         self.push_screen(PathPrompt("Open a session file to replay step by step (n performs the next step):",
@@ -356,28 +444,39 @@ class WorkbenchApp(App):
         if g is None:
             return
         if self.busy:
-            self.notify("a step is still running; wait for it or press x to cancel", severity="warning")
+            self.say("a step is still running; wait for it or press x to cancel", "yellow")
             return
         step = g.current_step
         if step is None:
-            self.notify("all steps done", title=g.session.title)
+            self.action_summary()
             return
         index = g.index
         screen = ACTION_SCREEN.get(step.action)
         if screen and self.current and self.current.SCREEN_NAME != screen:
-            await self.switch_screen(screen)
+            await self.go(screen)
 
         def finished(outcome: ActionOutcome) -> None:
             g.finish(index, outcome.results, outcome.error, outcome.kind)
             self.refresh_screen()
-            if outcome.kind == "ok":
+            if outcome.kind == "ok" or (outcome.kind == "user" and step.status == "error"):
                 left = len(g.session.steps) - g.index
-                self.notify(f"step {index + 1} done" + (f"; {left} to go (n)" if left else "; all steps done"),
-                            title=step.title)
+                self.say(f"✓ step {index + 1} done: {step.title}" + (f"; {left} to go (n)" if left else ""),
+                         "green")
+            if g.done and not self.summary_shown:
+                self.summary_shown = True
+                self.action_summary()
 
         self.perform(step.action, dict(step.params), guide=step.guide, on_finish=finished,
                      label=f"step {index + 1}: {step.title}",
                      expect_error=step.error if step.status == "error" else None)
+
+    def action_summary(self) -> None:
+        """The end of a guided session: what was built, the verdicts, how to save and replay."""
+        from .screens.dialogs import SummaryModal
+
+        if self.guide is None or isinstance(self.screen, ModalScreen):
+            return
+        self.push_screen(SummaryModal(self))
 
     # ------------------------------------------------------------------ running actions
     def action_cancel(self) -> None:
@@ -393,7 +492,7 @@ class WorkbenchApp(App):
                    expect_error: Optional[str] = None) -> bool:
         """Run one action in a thread worker; record it, apply its results, then call back (UI thread)."""
         if self.busy:
-            self.notify(f"{self.busy_label} is still running; wait or press x to cancel", severity="warning")
+            self.say(f"{self.busy_label} is still running; wait or press x to cancel", "yellow")
             return False
         if action in LOADS_NATIVE and params.get("kernel_bindings") and not trusted:
             lib = self._library_of(params["kernel_bindings"])
@@ -408,7 +507,7 @@ class WorkbenchApp(App):
                     else:
                         outcome = ActionOutcome(action, params, error="not run: loading the kernel was declined",
                                                 kind="cancelled")
-                        self.notify("not run: you declined to load the kernel", severity="warning")
+                        self.say("not run: you declined to load the kernel", "yellow")
                         if on_finish:
                             on_finish(outcome)
 
@@ -422,6 +521,7 @@ class WorkbenchApp(App):
         self.progress_step = "starting"
         self.progress_fraction = 0.0
         self.last_error = None
+        self.message = ("", "")
         token = CancelToken()
         self._token = token
         self.refresh_status()
@@ -514,6 +614,7 @@ class WorkbenchApp(App):
         self._hook("on_action_log", line)
 
     def _action_done(self, outcome: ActionOutcome, guide, on_done, on_finish) -> None:
+        self.busy_label_done = self.busy_label
         self.busy = None
         self.busy_params = None
         self._token = None
@@ -522,10 +623,11 @@ class WorkbenchApp(App):
         self.progress_fraction = None
         if outcome.kind == "ok":
             self.progress_step = f"{outcome.action.replace('_', ' ')}: done"
+            self.message = (f"✓ {self.busy_label_done}: done", "green")
             try:
                 self.ensure_session().record(outcome.action, outcome.params, outcome.results, guide=guide)
             except UserError as e:  # results not JSON: still shown, reported
-                self.notify(f"step not recorded: {e}", severity="warning")
+                self.say(f"step not recorded: {e}", "yellow")
             try:
                 self.apply_results(outcome.action, outcome.params, outcome.results or {})
             except UserError as e:
@@ -536,9 +638,10 @@ class WorkbenchApp(App):
                 self.report_error(outcome.error)
         elif outcome.kind == "cancelled":
             self.progress_step = f"{outcome.action.replace('_', ' ')}: cancelled"
-            self.notify(f"{outcome.action.replace('_', ' ')} cancelled; nothing was written", severity="warning")
+            self.say(f"{outcome.action.replace('_', ' ')} cancelled; nothing was written", "yellow")
         else:
             self.progress_step = f"{outcome.action.replace('_', ' ')}: failed"
+            self.message = (f"✗ {self.busy_label_done}: failed", "red")
             if outcome.kind == "user":
                 try:
                     self.ensure_session().record(outcome.action, outcome.params, error=outcome.error, guide=guide)
@@ -546,8 +649,8 @@ class WorkbenchApp(App):
                     pass
             if outcome.kind == "user" and expected is not None and outcome.error == expected:
                 self.progress_step = f"{outcome.action.replace('_', ' ')}: refused, as the session recorded"
+                self.message = (f"✓ {self.busy_label_done}: refused, as the session recorded", "green")
                 self.last_error, self.last_error_expected = outcome.error, True
-                self.notify(outcome.error, title="refused, as expected", severity="information", timeout=8)
                 self._hook("show_error", outcome.error, True)
             else:
                 self.report_error(outcome.error or "failed")
@@ -567,8 +670,8 @@ class WorkbenchApp(App):
         self.last_outcome = outcome
 
     def report_error(self, text: str) -> None:
+        """The error panel above the status line (esc dismisses); no toast over the content."""
         self.last_error, self.last_error_expected = text, False
-        self.notify(text, title="error", severity="error", timeout=12)
         self._hook("show_error", text, False, report=False)
 
     def refresh_status(self) -> None:
@@ -648,15 +751,38 @@ class WorkbenchApp(App):
             st.outputs[arm] = dict(results, params=params, kind=action)
             st.family_kind = "decoder" if action == "generate" else "encoder"
         elif action in ("gate_tokens", "gate_embeddings"):
-            st.correctness = dict(results, kind=action)
+            st.correctness = dict(results, kind=action, params=params)
         elif action == "verify_reference":
             st.reference = dict(results)
         elif action == "gate_perf":
-            st.perf = dict(results)
+            st.perf = dict(results, params=params)
             st.last_prompt = {"prompt": params.get("prompt"), "max_new_tokens": params.get("max_new_tokens")}
             samples = results.get("samples")
             if isinstance(samples, dict) and not any(st.samples.values()):
                 st.samples = {k: list(v) for k, v in samples.items()}
+
+
+def make_workdir(workdir: Optional[str]) -> Path:
+    """The work folder: the one named, else a fresh artifacts/workbench-* folder (never reused silently)."""
+    if workdir:
+        p = Path(workdir).expanduser().resolve()
+        if p.exists() and not p.is_dir():
+            raise UserError(f"{p}: the work folder is not a folder")
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+    base = Path.cwd() / "artifacts"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="workbench-", dir=base)).resolve()
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="workbench-")).resolve()
+
+
+def check_replay_workdir(wd: Path) -> None:
+    """A replay needs a new or empty folder, in the TUI as headless (replay.replay applies the same rule)."""
+    from .replay import require_empty_workdir
+
+    require_empty_workdir(wd)
 
 
 def run_app(tutorial: Optional[str] = None, replay: Optional[str] = None, workdir: Optional[str] = None) -> int:

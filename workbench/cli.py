@@ -6,7 +6,10 @@
     workbench replay FILE                       replay a session in the TUI
     workbench replay FILE --headless [--workdir DIR]
                                                 replay without a screen; prints a table of every step
-                                                exit 0 all matched, 1 any difference, 2 bad input
+                                                and a headline of steps matched and gate verdicts;
+                                                stops at the first failing step (--keep-going: not)
+                                                exit 0 all matched and gates passed (or failed as
+                                                recorded), 1 otherwise, 2 bad input
 
 User errors print one line and exit 2; no tracebacks.
 """
@@ -50,6 +53,8 @@ def make_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="re-run a saved session and compare its recorded results")
     r.add_argument("file", help="session JSON file")
     r.add_argument("--headless", action="store_true", help="no screen: print a table, exit 0 match / 1 differ")
+    r.add_argument("--keep-going", action="store_true",
+                   help="headless: run every step even after one fails (default: stop at the first)")
     r.add_argument("--workdir", default=None,
                    help="new or empty folder for the replayed artifacts (default: a temporary folder; "
                         "with --headless it is removed after)")
@@ -88,12 +93,18 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     from .session import Session
 
     session = Session.load(ns.file)  # bad input: one line, exit 2, before anything runs
+    if ns.workdir:
+        from .replay import require_empty_workdir
+
+        require_empty_workdir(Path(ns.workdir).expanduser())  # the TUI refuses a used folder too
     if not ns.headless:
+        if ns.keep_going:
+            raise UserError("--keep-going is for --headless; in the TUI every step waits for n")
         return _run_app(replay=str(ns.file), **({"workdir": ns.workdir} if ns.workdir else {}))
-    return headless_replay(session, ns.workdir)
+    return headless_replay(session, ns.workdir, keep_going=ns.keep_going)
 
 
-def headless_replay(session, workdir: Optional[str]) -> int:
+def headless_replay(session, workdir: Optional[str], keep_going: bool = False) -> int:
     from .replay import replay
 
     temp = None
@@ -109,7 +120,8 @@ def headless_replay(session, workdir: Optional[str]) -> int:
             print(f"[{i}/{n}] {step.action} ...", file=sys.stderr, flush=True)
 
     try:
-        report = replay(session, wd, on_step=on_step, log=lambda line: print(f"    {line}", file=sys.stderr, flush=True))
+        report = replay(session, wd, on_step=on_step, keep_going=keep_going,
+                        log=lambda line: print(f"    {line}", file=sys.stderr, flush=True))
     finally:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)

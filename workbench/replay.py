@@ -49,6 +49,24 @@ class StepOutcome:
     def verdict(self) -> str:
         return "OK" if self.matched else "DIFF"
 
+    @property
+    def gate(self) -> Optional[bool]:
+        """A gate step's verdict now (True passed, False failed); None for other steps or errors."""
+        if self.action not in GATES or self.status != "ok":
+            return None
+        return bool((self.results or {}).get("passed"))
+
+    @property
+    def gate_failed_as_recorded(self) -> bool:
+        return self.gate is False and self.recorded_passed is False
+
+    recorded_passed: Optional[bool] = None  # the gate verdict the session recorded
+
+    @property
+    def failing(self) -> bool:
+        """Differs from the recording, or a gate failed that the recording saw pass."""
+        return not self.matched or (self.gate is False and not self.gate_failed_as_recorded)
+
 
 @dataclass
 class ReplayReport:
@@ -60,7 +78,11 @@ class ReplayReport:
 
     @property
     def ok(self) -> bool:
-        return len(self.outcomes) == self.total_steps and all(o.matched for o in self.outcomes)
+        return len(self.outcomes) == self.total_steps and not any(o.failing for o in self.outcomes)
+
+    @property
+    def gates(self) -> list[StepOutcome]:
+        return [o for o in self.outcomes if o.gate is not None]
 
     @property
     def differences(self) -> list[tuple[int, str, Difference]]:
@@ -106,12 +128,20 @@ class ReplayReport:
         return "\n".join([line(header)] + [line(r) for r in rows])
 
     def summary(self) -> str:
+        """The headline: steps matched and gate verdicts; PASS only when both hold."""
         matched = sum(o.matched for o in self.outcomes)
         ndiff = len(self.differences)
         done = len(self.outcomes)
         verdict = "PASS" if self.ok else "FAIL"
+        gates = self.gates
+        passed = sum(1 for o in gates if o.gate)
+        gate_text = f", gates {passed}/{len(gates)} passed" if gates else ""
+        failed = [f"step {o.index} {o.action}" + (" failed, as recorded" if o.gate_failed_as_recorded else " failed")
+                  for o in gates if not o.gate]
+        if failed:
+            gate_text += " (" + "; ".join(failed) + ")"
         tail = "" if done == self.total_steps else f", stopped after {done} of {self.total_steps}"
-        return (f"{verdict}: {matched}/{self.total_steps} steps matched, {ndiff} difference(s){tail} "
+        return (f"{verdict}: {matched}/{self.total_steps} steps matched, {ndiff} difference(s){gate_text}{tail} "
                 f"(session {self.title!r}, workdir {self.workdir})")
 
 
@@ -206,6 +236,14 @@ def _compare_step(step: Step, status: str, results: Optional[dict], error: Optio
     return out
 
 
+def require_empty_workdir(wd: Path) -> None:
+    """The one rule for where a replay may write (headless and TUI): a new or empty folder."""
+    if wd.exists() and (not wd.is_dir() or any(wd.iterdir())):
+        raise UserError(f"{wd}: replay workdir must be a new or empty folder (recorded steps write fresh files)")
+
+
+GATES = ("gate_tokens", "gate_embeddings", "gate_perf")
+
 OnStep = Callable[[int, Step, Optional[StepOutcome]], None]
 
 
@@ -213,8 +251,11 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
            progress: Optional[Progress] = None, on_step: Optional[OnStep] = None, *,
            log: Optional[Callable[[str], None]] = None,
            on_sample: Optional[Callable[[str, int, float], None]] = None,
-           device: Optional[str] = None, require_empty: bool = True) -> ReplayReport:
-    """Re-execute every step of a session in `workdir` and compare stable results.
+           device: Optional[str] = None, require_empty: bool = True, keep_going: bool = False) -> ReplayReport:
+    """Re-execute the steps of a session in `workdir` and compare stable results.
+
+    Stops after the first failing step (a difference, or a gate that failed where the recording
+    passed) unless `keep_going`: later steps build on it, and a perf gate takes a minute.
 
     `on_step(index, step, None)` is called before a step runs and `on_step(index, step, outcome)`
     after it (index is 1-based). Bad input (unreadable/invalid session, a non-empty workdir when
@@ -222,8 +263,8 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
     """
     session = session_path if isinstance(session_path, Session) else Session.load(session_path)
     wd = Path(workdir).expanduser()
-    if require_empty and wd.exists() and (not wd.is_dir() or any(wd.iterdir())):
-        raise UserError(f"{wd}: replay workdir must be a new or empty folder (recorded steps write fresh files)")
+    if require_empty:
+        require_empty_workdir(wd)
     prog = progress or NO_PROGRESS
     n = len(session.steps)
     report = ReplayReport(session.title, session.path, wd, total_steps=n)
@@ -252,8 +293,12 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
             differences=compare_step(step, status, results, error, session.header),
             compared=STABLE_KEYS[step.action] if status == "ok" else (), results=results, error=error,
             seconds=time.perf_counter() - t0)
+        if step.action in GATES and step.status == "ok":
+            outcome.recorded_passed = bool(step.results.get("passed"))
         report.outcomes.append(outcome)
         if on_step is not None:
             on_step(i, step, outcome)
+        if outcome.failing and not keep_going:
+            break
     prog.report("replay finished", 1.0)
     return report

@@ -1,17 +1,23 @@
-"""The frame every workbench screen shares: a screen bar (F1..F6), the body beside the guide
-panel, an error panel, a status line with the running step's progress, and the footer."""
+"""The frame every workbench screen shares: a screen bar (F1..F6, clickable), the body beside
+the guide panel (or, on narrow terminals, a one-line step bar), an error panel, a status line
+with the running step's progress or the last notice, and the footer.
+
+Key conventions live here once: `?` first in the footer, Esc leaves a field, then dismisses
+the error, then ends a screen's own mode (a search), then goes back to the previous screen.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from rich.text import Text
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Static
+from textual.widgets import Button, Footer, Input, Static, TextArea
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..app import WorkbenchApp, WorkbenchState
@@ -19,6 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
 SCREEN_ORDER = ("model", "graph", "region", "kernel", "build", "verify")
 SCREEN_TITLES = {"model": "Model", "graph": "Graph", "region": "Region", "kernel": "Kernel", "build": "Build",
                  "verify": "Verify"}
+MIN_SIZE = (80, 24)  # below this the screens cannot show their content; say so instead
+ROOMY_WIDTH = 110  # from this width the guide panel sits beside the body; below, a one-line step bar
 
 
 def bar_text(fraction: Optional[float], width: int) -> str:
@@ -29,8 +37,13 @@ def bar_text(fraction: Optional[float], width: int) -> str:
     return "█" * filled + "░" * (width - filled)
 
 
+def nav_labels() -> list[tuple[str, str]]:
+    """(screen, label) of the screen bar, left to right (one source for drawing and clicks)."""
+    return [(name, f" F{i + 1} {SCREEN_TITLES[name]} ") for i, name in enumerate(SCREEN_ORDER)]
+
+
 class NavBar(Static):
-    """One row: the screens and their keys, the current one highlighted, and the mode."""
+    """One row: the screens and their keys, the current one highlighted, and the mode. Clickable."""
 
     def __init__(self, current: str):
         super().__init__("", id="navbar")
@@ -38,19 +51,23 @@ class NavBar(Static):
 
     def render_bar(self, mode: str = "") -> None:
         t = Text(no_wrap=True, overflow="ellipsis")
-        for i, name in enumerate(SCREEN_ORDER):
-            label = f" F{i + 1} {SCREEN_TITLES[name]} "
-            if name == self.current:
-                t.append(label, style="reverse bold")
-            else:
-                t.append(label)
+        for name, label in nav_labels():
+            t.append(label, style="reverse bold" if name == self.current else "")
         if mode:
             t.append("  " + mode, style="bold")
         self.update(t)
 
+    async def on_click(self, event: events.Click) -> None:
+        x = 0
+        for name, label in nav_labels():
+            if x <= event.x < x + len(label):
+                await self.app.run_action(f"show('{name}')")
+                return
+            x += len(label)
+
 
 class StatusLine(Static):
-    """The running step (label, step, bar, percent) or what is ready; one row."""
+    """The running step (label, step, bar, percent), else the last notice; one row."""
 
     def show(self, app: "WorkbenchApp") -> None:
         t = Text(no_wrap=True, overflow="ellipsis")
@@ -65,10 +82,45 @@ class StatusLine(Static):
             t.append("  x cancel", style="dim")
         else:
             steps = len(app.session) if app.session is not None else 0
-            t.append("ready", style="green")
-            if app.progress_step:
-                t.append(f" · last: {app.progress_step}")
+            unsaved = app.unsaved_steps
+            text, style = app.message
+            if text:
+                t.append(text, style=style)
+            else:
+                t.append("ready", style="green")
             t.append(f" · session: {steps} step{'s' if steps != 1 else ''}", style="dim")
+            if unsaved:
+                t.append(f" ({unsaved} unsaved, ctrl+s)", style="dim")
+        self.update(t)
+
+
+class StepBar(Static):
+    """The guided step in one row (narrow terminals): where you are, what n does, g for details."""
+
+    def show_step(self, g) -> None:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if g is None:
+            return
+        t.append(" TUTORIAL " if g.mode == "tutorial" else " REPLAY ", style="bold reverse")
+        step = g.current_step
+        total = len(g.session.steps)
+        last = g.outcomes.get(g.index - 1) if g.index else None
+        if last is not None:
+            ok = last.kind == "ok" and not last.diffs
+            t.append(" ✓" if ok else " ≠", style="green" if ok else "red")
+        if step is None:
+            t.append(f" all {total} steps done · ", style="bold")
+            t.append("n", style="bold reverse")
+            t.append(" summary ", style="dim")
+            t.append("ctrl+s", style="bold reverse")
+            t.append(" save", style="dim")
+        else:
+            t.append(f" {g.index + 1}/{total} ", style="bold")
+            t.append(step.title)
+            t.append("  n", style="bold reverse")
+            t.append(" run it", style="dim")
+        t.append("  g", style="bold reverse")
+        t.append(" details", style="dim")
         self.update(t)
 
 
@@ -91,13 +143,28 @@ class ErrorPanel(Static):
         self.add_class("shown")
 
 
+class KeyButtons(Horizontal):
+    """A row of compact buttons, each running one of the screen's key actions (for the mouse)."""
+
+    def __init__(self, buttons: list[tuple[str, str, str]], **kw):
+        """buttons: (key, label, action) in the screen's namespace."""
+        super().__init__(classes="key-buttons", **kw)
+        self.buttons = buttons
+
+    def compose(self) -> ComposeResult:
+        for key, label, action in self.buttons:
+            yield Button(f"{key} {label}", name=action, compact=True, classes="key-button")
+
+
 class WorkbenchScreen(Screen):
     """Base class: subclasses give SCREEN_NAME, compose_body() and refresh_view()."""
 
     SCREEN_NAME = "model"
     # nothing grabs focus on its own: an Input focused by default would swallow n (next step)
     AUTO_FOCUS = ""
-    BINDINGS = [Binding("escape", "dismiss_error", "dismiss", show=False)]
+    # `?` first: the footer is cut from the right on narrow terminals
+    BINDINGS = [Binding("question_mark", "app.help", "keys"),
+                Binding("escape", "escape", "back", show=False)]
 
     @property
     def wb(self) -> "WorkbenchApp":
@@ -115,9 +182,12 @@ class WorkbenchScreen(Screen):
             with Vertical(id="body", classes=f"body body-{self.SCREEN_NAME}"):
                 yield from self.compose_body()
             yield GuidePanel(id="guide")
+        yield Static(Text(f"terminal too small: the workbench needs {MIN_SIZE[0]}x{MIN_SIZE[1]}; "
+                          "enlarge the window (q quits)", style="bold yellow"), id="too-small")
         yield ErrorPanel(id="error")
+        yield StepBar(id="stepbar")
         yield StatusLine(id="status")
-        yield Footer()
+        yield Footer(compact=True)
 
     def compose_body(self) -> Iterable[Widget]:
         return []
@@ -128,7 +198,12 @@ class WorkbenchScreen(Screen):
     def on_screen_resume(self) -> None:
         self.refresh_chrome()
         self.refresh_view()
+        if isinstance(self.focused, (Input, TextArea)):
+            self.set_focus(None)  # coming back, letters are keys again, not text in a field
         self.focus_default()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.refresh_chrome()
 
     def focus_default(self) -> None:
         pass
@@ -153,10 +228,26 @@ class WorkbenchScreen(Screen):
     def on_action_done(self, outcome) -> None:
         """The action finished (ok, failed or cancelled); the view was already refreshed."""
 
+    def escape_mode(self) -> bool:
+        """End a screen's own mode on Esc (e.g. a search); True when something was ended."""
+        return False
+
     # -------------------------------------------------------------- chrome
+    def guide_beside(self) -> bool:
+        """Whether the guide panel sits beside the body (else the one-line step bar)."""
+        g = self.wb.guide
+        if g is None:
+            return False
+        if self.wb.guide_expanded is not None:
+            return self.wb.guide_expanded
+        return self.app.size.width >= ROOMY_WIDTH
+
     def refresh_chrome(self) -> None:
         if not self.is_mounted:
             return
+        w, h = self.app.size
+        small = w < MIN_SIZE[0] or h < MIN_SIZE[1]
+        self.set_class(small, "too-small")
         g = self.wb.guide
         mode = ""
         if g is not None:
@@ -165,7 +256,12 @@ class WorkbenchScreen(Screen):
         self.refresh_status()
         from .guide import GuidePanel
 
-        self.query_one(GuidePanel).show_guide(g)
+        beside = self.guide_beside()
+        self.query_one(GuidePanel).show_guide(g if beside else None)
+        bar = self.query_one(StepBar)
+        bar.display = g is not None and not beside and not small
+        if bar.display:
+            bar.show_step(g)
         self.query_one(ErrorPanel).show_error(self.wb.last_error, self.wb.last_error_expected)
 
     def refresh_status(self) -> None:
@@ -176,6 +272,22 @@ class WorkbenchScreen(Screen):
         if self.is_mounted:
             self.query_one(ErrorPanel).show_error(text, expected)
 
-    def action_dismiss_error(self) -> None:
-        self.wb.last_error = None
-        self.show_error(None)
+    def action_escape(self) -> None:
+        """Esc: leave the field, else dismiss the error, else end the screen's mode, else go back."""
+        if isinstance(self.focused, (Input, TextArea)):
+            self.set_focus(None)
+            self.focus_default()
+            return
+        if self.wb.last_error:
+            self.wb.last_error = None
+            self.show_error(None)
+            return
+        if self.escape_mode():
+            return
+        self.wb.action_back()
+
+    @on(Button.Pressed, ".key-button")
+    async def key_button(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.name:
+            await self.wb.run_action(event.button.name, self)

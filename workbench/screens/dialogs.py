@@ -7,18 +7,23 @@ from typing import Optional
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual import on
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Input, Static
+from textual.widgets import Button, Input, Static
 
 
 class TrustModal(ModalScreen[bool]):
-    """Loading a DSO runs native code: say so and ask, once per library."""
+    """Loading a DSO runs native code: say so and ask, once per library.
+
+    y loads; esc (or d) declines. `n` is no answer here: the guide teaches n = next step, so a
+    user pressing it on this prompt must not silently decline the step they asked for.
+    """
 
     BINDINGS = [
         Binding("y", "answer(True)", "load it"),
-        Binding("n", "answer(False)", "do not load"),
-        Binding("escape", "answer(False)", "cancel"),
+        Binding("escape,d", "answer(False)", "do not load"),
+        Binding("n", "hint", "", show=False),
     ]
 
     def __init__(self, library: str, manifest: str):
@@ -35,18 +40,59 @@ class TrustModal(ModalScreen[bool]):
         t.append(f"{self.library}\n")
         t.append("manifest: ", style="dim")
         t.append(f"{self.manifest}\n\n")
-        t.append("Load it only if you built it or trust its source.\n\n")
-        t.append(" y ", style="bold reverse")
-        t.append(" load it    ")
-        t.append(" n ", style="bold reverse")
-        t.append(" / ")
-        t.append(" esc ", style="bold reverse")
-        t.append(" do not load")
+        t.append("Load it only if you built it or trust its source.")
         with Vertical(id="trust-box", classes="modal-box"):
             yield Static(t, id="trust-text")
+            yield Static("", id="trust-hint")
+            with Horizontal(classes="key-buttons"):
+                yield Button("y load it", id="trust-yes", compact=True, variant="warning")
+                yield Button("esc do not load", id="trust-no", compact=True)
 
     def action_answer(self, ok: bool) -> None:
         self.dismiss(ok)
+
+    def action_hint(self) -> None:
+        self.query_one("#trust-hint", Static).update(
+            Text("n does nothing here: press y to load the kernel and run the step, esc not to", style="bold"))
+
+    @on(Button.Pressed, "#trust-yes, #trust-no")
+    def pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "trust-yes")
+
+
+class ConfirmQuit(ModalScreen[Optional[str]]):
+    """Quit with unsaved steps: save first, quit anyway, or stay."""
+
+    BINDINGS = [
+        Binding("s", "answer('save')", "save, then quit"),
+        Binding("q", "answer('quit')", "quit without saving"),  # ctrl+q again: the app quits
+        Binding("escape", "answer(None)", "stay"),
+    ]
+
+    def __init__(self, unsaved: int):
+        super().__init__()
+        self.unsaved = unsaved
+
+    def compose(self) -> ComposeResult:
+        t = Text()
+        t.append("Quit the workbench?\n\n", style="bold")
+        t.append(f"{self.unsaved} step(s) of this session are not saved; a saved session replays with "
+                 "`workbench replay FILE`.")
+        with Vertical(id="quit-box", classes="modal-box"):
+            yield Static(t)
+            with Horizontal(classes="key-buttons"):
+                yield Button("s save, then quit", id="quit-save", compact=True, variant="primary")
+                yield Button("q quit anyway", id="quit-quit", compact=True, variant="error")
+                yield Button("esc stay", id="quit-stay", compact=True)
+
+    def action_answer(self, choice: Optional[str]) -> None:
+        self.dismiss(choice)
+
+    @on(Button.Pressed, "#quit-save, #quit-quit, #quit-stay")
+    def pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss({"quit-save": "save", "quit-quit": "quit"}.get(event.button.id or ""))
 
 
 class PathPrompt(ModalScreen[Optional[str]]):
@@ -79,29 +125,38 @@ class PathPrompt(ModalScreen[Optional[str]]):
 
 HELP = [
     ("Everywhere", [
-        ("F1..F6", "Model, Graph, Region, Kernel, Build, Verify"),
-        ("tab / shift+tab", "move between fields and tables"),
+        ("F1..F6", "Model, Graph, Region, Kernel, Build, Verify (or click the tab)"),
+        ("ctrl+p", "command palette: every screen and action"),
+        ("tab / shift+tab", "move between fields, tables and buttons"),
+        ("esc", "leave a field; dismiss the error; end a search; back"),
+        ("/", "search the graph (from any screen)"),
         ("n", "guided/replay: perform the current step"),
-        ("g", "guided/replay: show or hide the guide panel"),
+        ("g", "guided/replay: step bar / guide panel"),
         ("[ / ]", "guided/replay: scroll the guide panel"),
         ("x", "cancel the running step"),
         ("ctrl+s / ctrl+o", "save the session / open a session to replay"),
-        ("esc", "dismiss the error panel"),
         ("WORKBENCH_ANSI=1", "(environment) the 16-colour ANSI theme"),
         ("?", "this help"),
-        ("ctrl+q", "quit"),
+        ("q / ctrl+q", "quit (asks first if steps are unsaved)"),
     ]),
-    ("Model", [("c", "capture the graph with these build args"), ("r", "rescan the Hugging Face cache")]),
-    ("Graph", [("/", "filter (--match glob)"), ("enter", "follow the highlighted tensor edge"),
+    ("Model", [("c", "capture the graph (queued while the model is checked)"),
+               ("r", "rescan the Hugging Face cache")]),
+    ("Graph", [("/", "search IDs, ops, names, module paths (words; * ? globs)"),
+               ("enter", "search: go to the results; tree: show that module"),
+               ("n / N", "while searching: next / previous match (table or tree)"),
+               ("right / left", "tree: expand / collapse"),
+               ("enter (edges)", "follow the highlighted tensor edge"),
                ("backspace", "back along the followed edges"), ("space", "mark/unmark the node for a region"),
                ("t", "tree / table focus")]),
     ("Region", [("enter", "pick the highlighted recipe instance"), ("space", "unmark a node"),
                 ("s", "save the receipt"), ("m", "manual selection from marked nodes")]),
-    ("Kernel", [("i / a", "build the identity-copy / residual-add kernel"), ("l", "use the DSO path typed"),
+    ("Kernel", [("i / a", "build the identity-copy / residual-add kernel"),
+                ("enter (DSO)", "use the DSO path typed (l outside the field)"),
                 ("s", "generate the CuTe DSL exporter stub"), ("e", "run the exporter"),
                 ("w", "write the bindings manifest")]),
     ("Build", [("b", "build the native bundle"), ("s", "build the slot-ready bundle"), ("x", "cancel")]),
     ("Verify", [("c", "correctness gate"), ("p", "performance gate"), ("v", "both, then the verdict")]),
+    ("Trust prompt", [("y", "load the kernel and run the step"), ("esc / d", "do not load")]),
 ]
 
 
@@ -121,3 +176,86 @@ class HelpModal(ModalScreen[None]):
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+
+class SummaryModal(ModalScreen[None]):
+    """The end of a guided session: what was built, the verdicts with numbers, save and replay."""
+
+    BINDINGS = [Binding("escape,enter,q", "close", "close"),
+                Binding("ctrl+s", "save", "save the session")]
+
+    def __init__(self, app) -> None:
+        super().__init__()
+        self.text = summary_text(app)
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="summary-box", classes="modal-box"):
+            yield Static(self.text, id="summary-text")
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    def action_save(self) -> None:
+        self.dismiss(None)
+        self.app.call_later(self.app.action_save_session)
+
+
+def shown_folder(p) -> str:
+    """A folder as a person would type it from here: relative to the current folder when inside it."""
+    import os
+    from pathlib import Path
+
+    p = Path(p)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        home = str(Path.home())
+        s = str(p)
+        return "~" + s[len(home):] if s.startswith(home + os.sep) else s
+
+
+def summary_text(app) -> Text:
+    """What a finished tutorial or replay leaves behind (one implementation; tests read it)."""
+    from .verify import verdict
+
+    st, g = app.state, app.guide
+    t = Text()
+    n = len(g.session.steps) if g else 0
+    t.append(f"{'Tutorial' if g and g.mode == 'tutorial' else 'Replay'} finished: {g.session.title if g else ''}\n",
+             style="bold")
+    if g is not None and g.mode == "replay":
+        bad = g.mismatches
+        t.append(f"{n - bad}/{n} steps matched the recording\n", style="red" if bad else "green")
+    else:
+        t.append(f"all {n} steps done\n", style="green")
+    t.append("built, in the work folder ", style="bold")
+    t.append(f"{shown_folder(st.workdir)}\n", style="")
+    rows = [("graph snapshot", st.snapshot_path), ("receipt", st.receipt_path), ("kernel", st.library),
+            ("bindings", st.manifest)]
+    rows += [(f"{arm} bundle", (st.bundles.get(arm) or {}).get("bundle")) for arm in ("native", "slot")]
+    for label, path in rows:
+        if path:
+            t.append(f"  {label:<15}", style="dim")
+            t.append(f"{st.show_path(path)}\n")
+    t.append("verdicts\n", style="bold")
+    c, p = st.correctness, st.perf
+    if c is not None:
+        word = "PASS" if c.get("passed") else "FAIL"
+        nums = ""
+        if c.get("kind") == "gate_embeddings" and c.get("max_abs") is not None:
+            nums = f" max_abs {c['max_abs']:.3g}, cosine {c.get('cosine', 0):.6f}"
+        t.append(f"  correctness     {word}{nums}\n", style="green" if c.get("passed") else "red")
+    if p is not None:
+        ratio = p.get("ratio")
+        nums = f" median ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
+        t.append(f"  performance     {'PASS' if p.get('passed') else 'FAIL'}{nums}\n",
+                 style="green" if p.get("passed") else "red")
+    word, reason = verdict(c, p)
+    t.append(f"  verdict         {word}: {reason}\n", style="bold")
+    t.append("next\n", style="bold")
+    t.append("  ctrl+s", style="bold cyan")
+    t.append(" saves this session (every step and its results) as a JSON file\n")
+    t.append("  workbench replay FILE", style="bold cyan")
+    t.append(" re-runs it step by step; add --headless for a table (CI)\n")
+    t.append("enter / esc closes · ctrl+s saves now", style="dim")
+    return t

@@ -14,13 +14,19 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Input, OptionList, Static, Tree
 from textual.widgets.option_list import Option
 
-from mcore.graph.display import module_tree, node_matches
+from mcore.graph.display import module_tree
 from mcore.graph.snapshot import SnapshotIndex
 from mcore.recipes import recipe_rows
 
+from ..search import is_glob, node_hit, path_hit
 from .base import WorkbenchScreen
 
 MARK = "●"
+OP_WIDTH = 20
+
+
+def op_cell(op: str) -> str:
+    return op if len(op) <= OP_WIDTH else op[: OP_WIDTH - 1] + "…"
 
 
 def recipe_membership(snapshot: dict[str, Any]) -> dict[str, str]:
@@ -90,10 +96,44 @@ def edge_options(ix: SnapshotIndex, nid: str) -> list[Option]:
     return opts
 
 
+class ModuleTree(Tree):
+    """The module tree with the keys of file browsers: right expands (then goes to the first
+    child), left collapses (then goes to the parent); enter shows the module without folding it."""
+
+    BINDINGS = [
+        Binding("right", "expand_or_child", "expand", show=False),
+        Binding("left", "collapse_or_parent", "collapse", show=False),
+    ]
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.auto_expand = False  # enter selects; it never folds the whole tree away
+
+    def action_expand_or_child(self) -> None:
+        node = self.cursor_node
+        if node is None:
+            return
+        if node.allow_expand and not node.is_expanded:
+            node.expand()
+        elif node.children:
+            self.move_cursor(node.children[0])
+
+    def action_collapse_or_parent(self) -> None:
+        node = self.cursor_node
+        if node is None:
+            return
+        if node.is_expanded and node.children and node is not self.root:
+            node.collapse()
+        elif node.parent is not None:
+            self.move_cursor(node.parent)
+
+
 class GraphScreen(WorkbenchScreen):
     SCREEN_NAME = "graph"
     BINDINGS = [
-        Binding("slash", "filter", "filter"),
+        Binding("slash", "filter", "search"),
+        Binding("n", "next_match(1)", "next match"),
+        Binding("N", "next_match(-1)", "previous", show=False),
         Binding("space", "toggle_mark", "mark node"),
         Binding("backspace", "back", "back"),
         Binding("t", "toggle_focus", "tree/table"),
@@ -113,14 +153,16 @@ class GraphScreen(WorkbenchScreen):
         self.only: Optional[list[str]] = None  # the IDs a list_nodes step listed (--last N)
         self._listing_seen: Optional[dict[str, Any]] = None
         self._filling = False
+        self.searching = False  # a search the user typed (/): n and N step through its matches
+        self._tree_nodes: dict[str, Any] = {}  # module path -> tree node
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="graph-empty", classes="empty")
         with Horizontal(id="graph-split"):
-            yield Tree("graph", id="module-tree")
+            yield ModuleTree("graph", id="module-tree")
             with Vertical(id="graph-right"):
-                yield Input(placeholder="/ filter: --match glob (id, op, category, name, module path)",
-                            id="graph-filter", compact=True)
+                yield Input(placeholder="/ search: words (layers.1 attention) or a glob", id="graph-filter",
+                            compact=True)
                 yield Static("", id="graph-listing")
                 table = DataTable(id="nodes", cursor_type="row", zebra_stripes=False)
                 yield table
@@ -133,8 +175,10 @@ class GraphScreen(WorkbenchScreen):
         t = self.query_one("#nodes", DataTable)
         t.add_column(" ", key="mark", width=1)
         t.add_column("id", key="id", width=9)
-        t.add_column("op", key="op")
-        t.add_column("recipe", key="recipe", width=14)
+        # the op capped (the details below show it whole), then the recipe instance in full: it is
+        # what tells layer 0 from layer 1; a search gives the table the tree's width too
+        t.add_column("op", key="op", width=OP_WIDTH)
+        t.add_column("recipe", key="recipe")
         t.add_column("module", key="module")
         self.query_one("#module-tree", Tree).show_root = True
         self.refresh_view()
@@ -155,7 +199,11 @@ class GraphScreen(WorkbenchScreen):
         empty.display = not has
         if not has:
             self._fp, self._listing_seen = None, None  # a fresh state (an opened session) starts over
-            empty.update(Text("No graph yet. Capture one on the Model screen (F1, then c).", style="dim"))
+            if self.wb.busy == "capture_graph":
+                empty.update(Text("Capturing the graph… it appears here when the capture is done "
+                                  "(progress in the status line below; x cancels).", style="yellow"))
+            else:
+                empty.update(Text("No graph yet. Capture one on the Model screen (F1, then c).", style="dim"))
             return
         if snap["fingerprint"] != self._fp:
             self._fp = snap["fingerprint"]
@@ -172,8 +220,13 @@ class GraphScreen(WorkbenchScreen):
             self._listing_seen = lst
             self.apply_listing(lst)
 
+    def on_action_started(self, action: str) -> None:
+        if action == "capture_graph":
+            self.refresh_view()
+
     def apply_listing(self, lst: Optional[dict[str, Any]]) -> None:
         """Show what a list_nodes step listed: its --match as the filter, or just its IDs (--last)."""
+        self.searching = False  # a step's listing, not a search: n stays the next step
         self.scope = ""
         self._filling = True
         self.query_one("#graph-filter", Input).value = (lst or {}).get("match") or ""
@@ -198,11 +251,13 @@ class GraphScreen(WorkbenchScreen):
             parent = nodes.get(parent_path, tree.root)
             nodes[path] = parent.add(f"{leaf} ({count})", data=path, expand=path.count(".") < 1)
         tree.root.expand()
+        self._tree_nodes = nodes
 
     def visible_nodes(self) -> list[dict[str, Any]]:
         snap = self.state.snapshot
         only = set(self.only) if self.only is not None else None
-        return [n for n in snap["nodes"] if in_scope(n, self.scope) and node_matches(n, self.pattern or None)
+        return [n for n in snap["nodes"] if in_scope(n, self.scope)
+                and node_hit(n, self.pattern, self.recipes.get(n["id"]))
                 and (only is None or n["id"] in only)]
 
     def fill_table(self, keep: Optional[str] = None) -> None:
@@ -210,19 +265,27 @@ class GraphScreen(WorkbenchScreen):
         keep = keep or self.current
         t.clear()
         note = self.query_one("#graph-listing", Static)
+        marked = set(self.state.marked)
+        self._rows = []
+        for n in self.visible_nodes():
+            nid = n["id"]
+            t.add_row(MARK if nid in marked else "", nid, op_cell(n["op"]), self.recipes.get(nid, ""), n["module_path"],
+                      key=nid)
+            self._rows.append(nid)
         parts = []
+        if self.pattern:
+            how = "glob" if is_glob(self.pattern) else "words"
+            parts.append(f"{len(self._rows)} match(es) for {self.pattern!r} ({how}) in the whole graph")
         if self.scope:
             parts.append(f"under {self.scope}")
         if self.only is not None:
             parts.append(f"the {len(self.only)} node(s) the step listed (last {len(self.only)})")
         note.display = bool(parts)
-        note.update(Text("showing " + ", ".join(parts) + " · type a filter to see all", style="dim"))
-        marked = set(self.state.marked)
-        self._rows = []
-        for n in self.visible_nodes():
-            nid = n["id"]
-            t.add_row(MARK if nid in marked else "", nid, n["op"], self.recipes.get(nid, ""), n["module_path"], key=nid)
-            self._rows.append(nid)
+        # a search covers the whole graph: the tree's column goes to the results (back on esc)
+        self.query_one("#module-tree").display = not (self.searching and self.pattern)
+        hint = " · n/N next/previous · esc ends the search" if self.searching and self.pattern else \
+            " · / searches the whole graph"
+        note.update(Text("showing " + ", ".join(parts) + hint, style="dim"))
         if keep in self._rows:
             t.move_cursor(row=self._rows.index(keep))
             self.show_node(keep)
@@ -230,8 +293,9 @@ class GraphScreen(WorkbenchScreen):
             t.move_cursor(row=0)
             self.show_node(self._rows[0])
         else:
-            self.current = None
-            self.query_one("#node-head", Static).update(Text(f"no node matches {self.pattern!r}", style="dim"))
+            self.current = None  # nothing shown is stale: the details say there is no match
+            what = f"no node matches {self.pattern!r}" if self.pattern else "no node here"
+            self.query_one("#node-head", Static).update(Text(what + " · esc clears the search", style="dim"))
             self.query_one("#edges", OptionList).clear_options()
 
     def update_marks(self) -> None:
@@ -268,26 +332,98 @@ class GraphScreen(WorkbenchScreen):
 
     @on(Tree.NodeSelected, "#module-tree")
     def tree_selected(self, event: Tree.NodeSelected) -> None:
+        event.node.expand()
+        if self.pattern:  # a branch view replaces the search (never both at once, silently)
+            self.searching, self.pattern = False, ""
+            self._filling = True
+            self.query_one("#graph-filter", Input).value = ""
+            self._filling = False
+            self.wb.refresh_footer()
+        self.only = None
         self.scope = event.node.data or ""
         self.fill_table()
 
     @on(Input.Changed, "#graph-filter")
     def filter_changed(self, event: Input.Changed) -> None:
-        if self._filling:
+        # Changed arrives after the value was set: a value the screen set itself is already the pattern
+        if self._filling or event.value.strip() == self.pattern:
             return
+        # a search covers the whole graph, never silently only the selected tree branch
         self.pattern = event.value.strip()
+        self.searching = bool(self.pattern)
+        self.scope = ""
         self.only = None
         self.fill_table()
+        self.wb.refresh_footer()
 
     @on(Input.Submitted, "#graph-filter")
     def filter_submitted(self) -> None:
         self.query_one("#nodes", DataTable).focus()
 
+    def escape_mode(self) -> bool:
+        """Esc on the table or tree ends a search (or a branch/listing view): the whole graph again."""
+        if not (self.pattern or self.scope or self.only is not None):
+            return False
+        self.clear_search()
+        return True
+
+    def clear_search(self) -> None:
+        keep = self.current
+        self.searching = False
+        self.pattern, self.scope, self.only = "", "", None
+        self._filling = True
+        self.query_one("#graph-filter", Input).value = ""
+        self._filling = False
+        self.fill_table(keep=keep)
+        self.wb.refresh_footer()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "next_match":
+            # only while a typed search is active and the field is left: otherwise n is the next step
+            return self.searching and bool(self.pattern) and not isinstance(self.focused, Input)
+        return True
+
+    def action_next_match(self, direction: int) -> None:
+        tree = self.query_one("#module-tree", Tree)
+        if self.focused is tree:
+            self.next_tree_match(tree, direction)
+            return
+        if not self._rows:
+            self.wb.say(f"no match for {self.pattern!r}", "yellow")
+            return
+        t = self.query_one("#nodes", DataTable)
+        t.focus()
+        row = (t.cursor_row + direction) % len(self._rows)
+        t.move_cursor(row=row)
+        self.show_node(self._rows[row])
+        self.wb.say(f"match {row + 1} of {len(self._rows)}: {self._rows[row]}")
+
+    def next_tree_match(self, tree: Tree, direction: int) -> None:
+        """Jump the tree cursor to the next module whose path matches the search (opening its parents)."""
+        hits = {p for p in self._tree_nodes if path_hit(p, self.pattern)}
+        # the outermost matching module only: its submodules match too, but say nothing new
+        paths = [p for p in self._tree_nodes if p in hits and p.rpartition(".")[0] not in hits]
+        if not paths:
+            self.wb.say(f"no module path matches {self.pattern!r}", "yellow")
+            return
+        cur = tree.cursor_node.data if tree.cursor_node is not None else ""
+        order = list(self._tree_nodes)
+        pos = order.index(cur) if cur in order else -1
+        ahead = [p for p in paths if (order.index(p) - pos) * direction > 0]
+        target = (ahead[0] if direction > 0 else ahead[-1]) if ahead else (paths[0] if direction > 0 else paths[-1])
+        node = self._tree_nodes[target]
+        parent = node.parent
+        while parent is not None:
+            parent.expand()
+            parent = parent.parent
+        self.call_after_refresh(tree.move_cursor, node)
+        self.wb.say(f"module {paths.index(target) + 1} of {len(paths)}: {target}")
+
     @on(OptionList.OptionSelected, "#edges")
     def edge_selected(self, event: OptionList.OptionSelected) -> None:
         oid = event.option.id or ""
         if not oid.startswith("go:"):
-            self.notify("this edge leads out of the graph (a graph input or output)", severity="information")
+            self.wb.say("this edge leads out of the graph (a graph input or output)", "dim")
             return
         parts = oid[len("go:"):].split(":")  # node:N:tensor:M
         self.follow(f"{parts[0]}:{parts[1]}")
@@ -297,6 +433,7 @@ class GraphScreen(WorkbenchScreen):
         if nid not in self._rows:
             # the target is filtered out: show the whole graph
             self.scope, self.pattern, self.only = "", "", None
+            self.searching = False
             self._filling = True
             self.query_one("#graph-filter", Input).value = ""
             self._filling = False
@@ -315,13 +452,14 @@ class GraphScreen(WorkbenchScreen):
         if isinstance(self.focused, Input):
             return
         if not self.history:
-            self.notify("no earlier node: follow an edge first (enter on an edge)", severity="information")
+            self.wb.say("no earlier node: follow an edge first (enter on an edge)", "dim")
             return
         self.goto(self.history.pop())
 
     def action_filter(self) -> None:
         if self.state.snapshot is not None:
             self.query_one("#graph-filter", Input).focus()
+            self.searching = bool(self.pattern)
 
     def action_edges(self) -> None:
         self.query_one("#edges", OptionList).focus()
@@ -339,7 +477,7 @@ class GraphScreen(WorkbenchScreen):
         toggle_mark(self.state, self.current)
         self.update_marks()
         n = len(self.state.marked)
-        self.notify(f"{n} node(s) marked; F3 validates the region", timeout=2)
+        self.wb.say(f"{n} node(s) marked; F3 validates the region")
 
 
 def toggle_mark(state, nid: str) -> None:

@@ -88,7 +88,6 @@ class GuideState:
     mode: str = "tutorial"  # tutorial | replay
     source: Optional[Path] = None
     index: int = 0
-    visible: bool = True
     outcomes: dict[int, StepOutcome] = field(default_factory=dict)
 
     @property
@@ -138,7 +137,7 @@ class GuidePanel(VerticalScroll):
         yield Static("", id="guide-text")
 
     def show_guide(self, g: Optional[GuideState]) -> None:
-        if g is None or not g.visible:
+        if g is None:
             self.display = False
             return
         self.display = True
@@ -187,7 +186,11 @@ class GuidePanel(VerticalScroll):
             if g.mode == "replay":
                 n = g.mismatches
                 t.append(f"\n{n} step(s) differ." if n else "\nEvery step matched.", style="red" if n else "green")
-            t.append("\n")
+            t.append("\n\npress ", style="dim")
+            t.append("n", style="bold reverse")
+            t.append(" for the summary (what was built, the verdicts), ", style="dim")
+            t.append("ctrl+s", style="bold reverse")
+            t.append(" to save the session; `workbench replay FILE` replays it\n", style="dim")
         else:
             t.append(f"\nstep {g.index + 1} of {len(steps)}: ", style="bold")
             t.append(f"{step.title}\n", style="bold")

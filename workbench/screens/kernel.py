@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from rich.text import Text
-from textual import work
+from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widget import Widget
@@ -20,7 +20,7 @@ from textual.widgets import Input, Label, RichLog, Static, TextArea
 
 from mcore.graph.display import abi_lines
 
-from .base import WorkbenchScreen
+from .base import KeyButtons, WorkbenchScreen
 
 KERNEL_OUTPUTS = {"identity-copy": "kernel.so", "residual-add": "residual-add.so"}
 
@@ -45,6 +45,7 @@ class KernelScreen(WorkbenchScreen):
         Binding("i", "build('identity-copy')", "identity-copy"),
         Binding("a", "build('residual-add')", "residual-add"),
         Binding("l", "use_path", "use DSO", show=False),
+        Binding("slash", "edit_path", "DSO path", show=False),
         Binding("s", "stub", "stub"),
         Binding("e", "export", "export"),
         Binding("w", "bindings", "bindings"),
@@ -58,8 +59,12 @@ class KernelScreen(WorkbenchScreen):
     def compose_body(self) -> Iterable[Widget]:
         with Horizontal(id="dso-row"):
             yield Label("DSO", classes="lbl")
-            yield Input(placeholder="path to a TVM-FFI .so (l uses it), or i / a builds a shipped kernel",
+            yield Input(placeholder="path to a TVM-FFI .so (enter uses it; esc leaves the field)",
                         id="dso-path", compact=True)
+        # buttons for the mouse, and somewhere for tab to go from the field
+        yield KeyButtons([("i", "identity-copy", "build('identity-copy')"), ("a", "residual-add", "build('residual-add')"),
+                          ("s", "stub", "stub"), ("e", "export", "export"), ("w", "bind", "bindings")],
+                         id="kernel-buttons")
         yield Static("", id="kernel-status")
         yield Static("", id="stub-title", classes="section")
         yield _text_area(id="stub-view")
@@ -120,10 +125,19 @@ class KernelScreen(WorkbenchScreen):
 
         def done(results: dict[str, Any]) -> None:
             self.query_one("#dso-path", Input).value = self.state.show_path(results.get("library"))
-            self.wb.notify(f"built {name}: {results.get('description') or results.get('variant')}", title="kernel")
+            self.wb.say(f"✓ built {name}: {results.get('description') or results.get('variant')}", "green")
 
         self.wb.perform("build_kernel", {"name": name, "output": out, "overwrite": True}, on_done=done,
                            label=f"build {name} kernel")
+
+    @on(Input.Submitted, "#dso-path")
+    def path_submitted(self) -> None:
+        # enter in the field is `l`: letters there are text, so the key itself cannot be used
+        self.action_use_path()
+        self.set_focus(None)
+
+    def action_edit_path(self) -> None:
+        self.query_one("#dso-path", Input).focus()
 
     def action_use_path(self) -> None:
         text = self.query_one("#dso-path", Input).value.strip()
@@ -136,7 +150,7 @@ class KernelScreen(WorkbenchScreen):
             return
         self.state.library = text
         self.refresh_view()
-        self.wb.notify(f"using {text}; w writes the bindings manifest", title="kernel")
+        self.wb.say(f"using {text}; w writes the bindings manifest", "green")
 
     def action_stub(self) -> None:
         st = self.state
@@ -170,7 +184,7 @@ class KernelScreen(WorkbenchScreen):
             self.wb.report_error("no stub yet: press s to generate the exporter stub first")
             return
         if self._exporting:
-            self.notify("the exporter is already running", severity="warning")
+            self.wb.say("the exporter is already running", "yellow")
             return
         stem = Path(st.stub_path).stem.replace("export_", "") or "kernel"
         n, out = 1, f"{stem}.cute.so"
@@ -185,6 +199,7 @@ class KernelScreen(WorkbenchScreen):
         log.write(Text(f"$ python {st.show_path(st.stub_path)} --snapshot {st.snapshot_path} "
                        f"--selection {st.receipt_path} --output {out}", style="dim"))
         self._exporting = True
+        self.wb.say("running the exporter…", "yellow")  # the status line never says "done" for this run
         self.run_export(cmd, str(st.workdir), out)
 
     @work(thread=True, exclusive=True, group="export")
@@ -217,9 +232,11 @@ class KernelScreen(WorkbenchScreen):
                 self.state.library = out
                 self.query_one("#dso-path", Input).value = out
             log.write(Text(f"exported {out}; w binds it", style="green"))
+            self.wb.say(f"✓ exported {out}; w binds it", "green")
             self.refresh_view()
         else:
             last = next((ln for ln in reversed(lines) if ln.strip()), f"exit code {rc}")
             log.write(Text(f"export failed (exit {rc})", style="bold red"))
+            self.wb.say(f"✗ exporter failed (exit {rc})", "red")
             self.wb.report_error(f"exporter: {last} — run it on a GPU box with the CuTe DSL "
                                  "(pip install nvidia-cutlass-dsl)")

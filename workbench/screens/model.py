@@ -85,6 +85,7 @@ class ModelScreen(WorkbenchScreen):
         self._filling = False
         self._shown_args: Optional[dict[str, Any]] = None
         self._checked: Optional[tuple[BuildArgs, Optional[str]]] = None  # (args, error) of the last family check
+        self.capture_queued = False  # c pressed while the model was still being checked
 
     def compose_body(self) -> Iterable[Widget]:
         with Vertical(id="model-pick"):
@@ -228,6 +229,7 @@ class ModelScreen(WorkbenchScreen):
             if device == "cuda" and not _cuda_available():
                 raise UserError("device cuda: no CUDA GPU is visible on this machine; choose cpu")
         except UserError as e:
+            self._resolve_serial += 1  # a family check still running is for older input: drop its verdict
             self.args_error = str(e)
             self.show_status()
             return
@@ -275,6 +277,12 @@ class ModelScreen(WorkbenchScreen):
             finally:
                 self._filling = False
         self.show_status()
+        if self.capture_queued:
+            self.capture_queued = False
+            if error:
+                self.wb.report_error(error)
+            else:
+                self.action_capture()
 
     def show_status(self) -> None:
         if not self.is_mounted:
@@ -310,8 +318,11 @@ class ModelScreen(WorkbenchScreen):
             return
         role = self.query_one("#arg-role", Select).value
         if not self.roles or role is Select.BLANK or role not in self.roles:
-            self.wb.report_error("the model is still being checked (or has no engine roles); wait a moment, then press c")
+            # a cold cache makes the first check slow: queue the capture instead of refusing it
+            self.capture_queued = True
+            self.wb.say("checking the model first; the capture starts as soon as it is ready", "yellow")
             return
+        self.capture_queued = False
         device = str(self.query_one("#arg-device", Select).value)
         self.state.device = None if device == "auto" else device
         self.state.build_args = args.to_dict()
@@ -319,9 +330,9 @@ class ModelScreen(WorkbenchScreen):
         params = {"build_args": args.to_dict(), "engine_role": str(role), "snapshot": f"{role}.graph.json"}
 
         def done(results: dict[str, Any]) -> None:
-            self.wb.notify(f"captured {results.get('nodes')} nodes; fingerprint {str(results.get('fingerprint'))[:16]}…",
-                           title="capture")
-            self.wb.switch_screen("graph")
+            self.wb.say(f"✓ captured {results.get('nodes')} nodes; fingerprint "
+                        f"{str(results.get('fingerprint'))[:16]}…", "green")
+            self.wb.go("graph")
 
         self.wb.perform("capture_graph", params, on_done=done, label=f"capture {role} graph")
 

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Optional
 from rich.text import Text
 from textual import on
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widget import Widget
 from textual.widgets import DataTable, Input, Label, Static
 
@@ -21,6 +21,18 @@ from mcore.recipes import find_recipe, recipe_rows, select_recipe
 from mcore.selection import RegionError, select_region
 
 from .base import WorkbenchScreen
+
+
+def guided_selection(step) -> Optional[tuple[str, Any]]:
+    """("recipe", [id, instance]) or ("nodes", node_ids) when a session step selects a region."""
+    p = step.params
+    if step.action == "select_recipe":
+        return "recipe", [p.get("recipe_id"), p.get("instance")]
+    if step.action == "build_bundle" and isinstance(p.get("recipe"), list):
+        return "recipe", p["recipe"]
+    if step.action == "select_nodes" and isinstance(p.get("node_ids"), list):
+        return "nodes", p["node_ids"]
+    return None
 
 
 def parse_extra_args(text: str) -> list[Any]:
@@ -66,6 +78,7 @@ class RegionScreen(WorkbenchScreen):
         self._filling = False
         self._marked_seen: list[str] = []
         self._receipt_seen: Optional[tuple] = None
+        self._guide_seen: Optional[tuple] = None
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="region-empty", classes="empty")
@@ -73,16 +86,17 @@ class RegionScreen(WorkbenchScreen):
             with Horizontal(id="region-top"):
                 yield DataTable(id="recipes", cursor_type="row")
                 yield DataTable(id="marked", cursor_type="row")
-            with Grid(id="region-form"):
+            # the binding ID gets a row of its own: it is long and it is what tells receipts apart
+            with Horizontal(classes="form-row"):
                 yield Label("binding id", classes="lbl")
                 yield Input(id="binding-id", compact=True)
+            with Horizontal(classes="form-row"):
                 yield Label("workspace", classes="lbl")
                 yield Input("0", id="workspace", compact=True, restrict=r"[0-9]*")
-                yield Label("extra args", classes="lbl")
+                yield Label("extra", classes="lbl lbl-short")
                 yield Input(placeholder='none; JSON [{"type":"int","value":32}]', id="extra-args", compact=True)
-                yield Label("out shape like", classes="lbl")
-                yield Input(placeholder="fixed; or an input index", id="out-like", compact=True,
-                            restrict=r"[0-9]*")
+                yield Label("shape like", classes="lbl lbl-mid")
+                yield Input(placeholder="fixed", id="out-like", compact=True, restrict=r"[0-9]*")
             yield Static("", id="region-check")
             with VerticalScroll(id="abi-scroll"):
                 yield Static("", id="abi")
@@ -90,8 +104,9 @@ class RegionScreen(WorkbenchScreen):
     def on_mount(self) -> None:
         super().on_mount()
         r = self.query_one("#recipes", DataTable)
-        r.add_column("recipe", key="id")
+        # the instance first: two rows of one recipe differ only there, so it is never cut
         r.add_column("instance", key="instance")
+        r.add_column("recipe", key="id")
         r.add_column("nodes", key="nodes")
         m = self.query_one("#marked", DataTable)
         m.add_column("marked", key="id", width=9)
@@ -127,15 +142,53 @@ class RegionScreen(WorkbenchScreen):
             self._receipt_seen = ident
             self.state.marked = list(rec["node_ids"])
             self.fill_from_receipt(rec)
+        self.follow_guide()
         self._marked_seen = list(self.state.marked)
         self.fill_marked()
         self.validate()
+
+    def follow_guide(self) -> None:
+        """Guided mode: show the selection the last step made (else the one the next step makes), once
+        per step, so a refused region shows its refusal and the preview is the recipe the tutorial builds."""
+        g = self.wb.guide
+        if g is None:
+            return
+        for i in (g.index - 1, g.index):
+            if 0 <= i < len(g.session.steps):
+                step = g.session.steps[i]
+                if guided_selection(step) is not None:
+                    break
+        else:
+            return
+        key = (id(g), i)
+        if key == self._guide_seen:
+            return
+        self._guide_seen = key
+        kind, sel = guided_selection(step)
+        rows = recipe_rows(self.state.snapshot)
+        if kind == "recipe":
+            for n, r in enumerate(rows):
+                if (r["id"], r["instance"]) == tuple(sel):
+                    self.pick_recipe(n)
+                    return
+        elif kind == "nodes":
+            p = step.params
+            self.recipe = None
+            self.state.marked = [n for n in p["node_ids"] if isinstance(n, str)]
+            self._filling = True
+            self.query_one("#binding-id", Input).value = str(p.get("binding_id") or "")
+            self.query_one("#workspace", Input).value = str(p.get("workspace_bytes") or 0)
+            extra = p.get("extra_args") or []
+            self.query_one("#extra-args", Input).value = json.dumps(extra) if extra else ""
+            osi = p.get("output_shape_input")
+            self.query_one("#out-like", Input).value = "" if osi is None else str(osi)
+            self._filling = False
 
     def fill_recipes(self) -> None:
         t = self.query_one("#recipes", DataTable)
         t.clear()
         for i, r in enumerate(recipe_rows(self.state.snapshot)):
-            t.add_row(r["id"], r["instance"], ",".join(r["node_ids"]), key=f"{i}")
+            t.add_row(r["instance"], r["id"], ",".join(r["node_ids"]), key=f"{i}")
 
     def fill_marked(self) -> None:
         t = self.query_one("#marked", DataTable)
@@ -184,6 +237,9 @@ class RegionScreen(WorkbenchScreen):
     def validate(self) -> None:
         snap = self.state.snapshot
         self.preview, self.error = None, None
+        if self.recipe is None and not self.state.marked:
+            self.show_check()  # nothing chosen yet: say how to choose, not which rule an empty choice breaks
+            return
         try:
             p = self.current_params()
             if self.recipe is not None and not self.recipe_still_applies(p):
@@ -210,7 +266,9 @@ class RegionScreen(WorkbenchScreen):
             if subject:
                 t.append(f" · {subject}", style="bold")
             t.append(f": {self.error}", style="red")
-        elif self.preview is not None:
+        elif self.preview is None:
+            t.append("pick a recipe instance (enter) or mark nodes on the Graph screen (F2, space)", style="dim")
+        else:
             p = self.preview
             t.append("✓ ", style="bold green")
             t.append(f"valid {mode}: {len(p['node_ids'])} node(s), {len(p['input_tensor_ids'])} input(s), "
@@ -234,8 +292,13 @@ class RegionScreen(WorkbenchScreen):
     # ------------------------------------------------------------------ events
     @on(DataTable.RowSelected, "#recipes")
     def recipe_picked(self, event: DataTable.RowSelected) -> None:
-        rows = recipe_rows(self.state.snapshot)
-        r = rows[int(event.row_key.value)]
+        self.pick_recipe(int(event.row_key.value))
+        self.fill_marked()
+        self.validate()
+
+    def pick_recipe(self, index: int) -> None:
+        r = recipe_rows(self.state.snapshot)[index]
+        self.query_one("#recipes", DataTable).move_cursor(row=index)
         self.recipe = (r["id"], r["instance"])
         self.state.marked = list(r["node_ids"])
         self._marked_seen = list(self.state.marked)
@@ -246,8 +309,6 @@ class RegionScreen(WorkbenchScreen):
         osi = r["output_shape_input"]
         self.query_one("#out-like", Input).value = "" if osi is None else str(osi)
         self._filling = False
-        self.fill_marked()
-        self.validate()
 
     @on(Input.Changed, "#binding-id, #workspace, #extra-args, #out-like")
     def param_changed(self) -> None:
@@ -294,6 +355,6 @@ class RegionScreen(WorkbenchScreen):
             action = "select_nodes"
 
         def done(results: dict[str, Any]) -> None:
-            self.wb.notify(f"receipt saved: abi_sha256 {str(results.get('abi_sha256'))[:16]}…", title="region")
+            self.wb.say(f"✓ receipt saved: abi_sha256 {str(results.get('abi_sha256'))[:16]}…", "green")
 
         self.wb.perform(action, params, on_done=done, label="save the selection receipt")

@@ -10,15 +10,40 @@ from typing import Any, Iterable, Optional
 
 from rich.text import Text
 from textual.binding import Binding
-from textual.containers import Grid
+from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Input, Label, Static
 
-from ..widgets.plot import ThroughputPlot
+from ..widgets.plot import ErrorPlot, ThroughputPlot
 from .base import WorkbenchScreen
 
 DEFAULT_PROMPT = "Explain grouped-query attention, KV caching, and decode latency."
 DEFAULT_ENCODER_PROMPT = "The quick brown fox jumps over the lazy dog."
+DEFAULT_PAIRS = 3
+# the first run of each arm pays cold caches (page cache, allocator, compiled kernels): it runs
+# as a warm-up pair that is measured by nobody, so what is counted is what would run in service
+WARMUP_PAIRS = 1
+
+
+def embedding_errors(state, correctness: dict[str, Any]) -> Optional[list[float]]:
+    """Per-element |native - external| of the two embedding files the gate compared (None if unreadable)."""
+    import json
+
+    params = correctness.get("params") or {}
+    try:
+        a = json.loads(state.path(params["native"]).read_text(encoding="utf-8"))["embedding"]
+        b = json.loads(state.path(params["external"]).read_text(encoding="utf-8"))["embedding"]
+        return [abs(float(x) - float(y)) for x, y in zip(a, b)]
+    except (KeyError, OSError, ValueError, TypeError):
+        return None
+
+
+def guided_perf_params(guide) -> Optional[dict[str, Any]]:
+    """The perf gate step's params of a guided session (what will really run), if it has one."""
+    if guide is None:
+        return None
+    step = next((s for s in guide.session.steps if s.action == "gate_perf"), None)
+    return dict(step.params) if step is not None else None
 
 
 def verdict(correctness: Optional[dict[str, Any]], perf: Optional[dict[str, Any]]) -> tuple[str, str]:
@@ -57,17 +82,24 @@ class VerifyScreen(WorkbenchScreen):
         super().__init__()
         self._prompt_kind: Optional[str] = None
         self._synced: Optional[dict[str, Any]] = None
+        self._pairs_synced: Optional[tuple] = None
+        self._errors_for: Optional[int] = None
+        self.warmup = WARMUP_PAIRS
 
     def compose_body(self) -> Iterable[Widget]:
-        with Grid(id="verify-form"):
-            yield Label("prompt", classes="lbl")
+        with Horizontal(classes="form-row"):
+            yield Label("prompt", classes="lbl lbl-tight")
             yield Input(DEFAULT_PROMPT, id="prompt", compact=True)
-            yield Label("tokens", classes="lbl")
+        with Horizontal(classes="form-row"):
+            yield Label("tokens", classes="lbl lbl-tight")
             yield Input("16", id="max-new-tokens", compact=True, restrict=r"[0-9]*")
-            yield Label("perf pairs", classes="lbl")
-            yield Input("3", id="pairs", compact=True, restrict=r"[0-9]*")
+            yield Label("pairs", classes="lbl lbl-tight")
+            yield Input(str(DEFAULT_PAIRS), id="pairs", compact=True, restrict=r"[0-9]*")
+            yield Static("", id="pairs-note")
         yield Static("", id="correctness")
-        yield ThroughputPlot(id="plot")
+        with Horizontal(id="plots"):
+            yield ErrorPlot(id="error-plot")
+            yield ThroughputPlot(id="plot")
         yield Static("", id="perf-line")
         yield Static("", id="verdict")
 
@@ -99,13 +131,53 @@ class VerifyScreen(WorkbenchScreen):
             if st.last_prompt.get("max_new_tokens"):
                 self.query_one("#max-new-tokens", Input).value = str(st.last_prompt["max_new_tokens"])
         self.query_one("#max-new-tokens", Input).disabled = not dec
+        self.sync_pairs()
         plot = self.query_one(ThroughputPlot)
-        plot.unit = "tokens/s" if dec else "embeddings/s"
+        plot.unit = (st.perf or {}).get("unit") or ("tokens/s" if dec else "embeddings/s")
         plot.series = st.samples
+        plot.note = f"{self.query_one('#pairs', Input).value or '?'} measured pair(s) after {self.warmup} warm-up"
         plot.redraw()
+        self.show_error_plot()
         self.show_correctness()
         self.show_perf()
         self.show_verdict()
+
+    def sync_pairs(self) -> None:
+        """Show the pair count that runs: the last gate's, else the guided step's, else the default."""
+        st = self.state
+        src = (st.perf or {}).get("params") if st.perf else guided_perf_params(self.wb.guide)
+        key = (id(st.perf), id(self.wb.guide))
+        if src and key != self._pairs_synced:
+            self._pairs_synced = key
+            if isinstance(src.get("pairs"), int):
+                self.query_one("#pairs", Input).value = str(src["pairs"])
+            if isinstance(src.get("warmup"), int):
+                self.warmup = src["warmup"]
+        w = self.warmup
+        self.query_one("#pairs-note", Static).update(
+            Text(f"measured, after {w} warm-up pair{'s' if w != 1 else ''} (not counted)" if w
+                 else "measured (no warm-up: the first pair runs cold)", style="dim"))
+
+    def show_error_plot(self) -> None:
+        st = self.state
+        ep = self.query_one(ErrorPlot)
+        c = st.correctness
+        ep.errors, ep.tokens = None, None
+        if c is not None and c.get("kind") == "gate_embeddings":
+            if self._errors_for != id(c):
+                self._errors_for = id(c)
+                self._errors = embedding_errors(st, c)
+            ep.errors = self._errors
+            params = c.get("params") or {}
+            ep.limits = (float(params.get("max_abs", 0.02)), float(params.get("min_cosine", 0.999)))
+            ep.cosine = c.get("cosine")
+        elif c is not None and c.get("kind") == "gate_tokens":
+            n, e = st.outputs.get("native"), st.outputs.get("external")
+            if n and e and n.get("kind") == "generate" and e.get("kind") == "generate":
+                ep.tokens = (list(n.get("tokens") or []), list(e.get("tokens") or []))
+        ep.placeholder = ("the correctness view appears here after the gate (c): "
+                          + ("token by token" if st.is_decoder else "the error of every element"))
+        ep.redraw()
 
     def show_correctness(self) -> None:
         st = self.state
@@ -136,6 +208,12 @@ class VerifyScreen(WorkbenchScreen):
             t.append("c runs both arms and the gate", style="dim")
         else:
             _append_gate(t, c)
+            if c.get("kind") == "gate_embeddings" and isinstance(c.get("max_abs"), (int, float)):
+                # the numbers the gate judged, next to its thresholds (not only in the guide)
+                lim = c.get("params") or {}
+                t.append(f" · max_abs {c['max_abs']:.3g} (≤ {lim.get('max_abs', 0.02):g})")
+                if isinstance(c.get("cosine"), (int, float)):
+                    t.append(f" · cosine {c['cosine']:.7f} (≥ {lim.get('min_cosine', 0.999):g})")
         self.query_one("#correctness", Static).update(t)
 
     def show_perf(self) -> None:
@@ -145,7 +223,8 @@ class VerifyScreen(WorkbenchScreen):
         if self.wb.busy == "gate_perf":
             t.append("measuring… (fresh processes, alternating native/external; x cancels)", style="yellow")
         elif p is None:
-            t.append("p measures native vs external throughput (no-regression gate, ratio ≥ 0.98)", style="dim")
+            t.append("p measures native vs external throughput (no-regression gate, median ratio ≥ 0.98)",
+                     style="dim")
         else:
             _append_gate(t, p)
         self.query_one("#perf-line", Static).update(t)
@@ -235,7 +314,7 @@ class VerifyScreen(WorkbenchScreen):
         params: dict[str, Any] = {"native_bundle": st.bundles["native"]["bundle"],
                                   "external_bundle": st.bundles["slot"]["bundle"],
                                   "kernel_bindings": st.manifest, "prompt": prompt, "pairs": pairs,
-                                  "min_ratio": 0.98, "warmup": 1}
+                                  "min_ratio": 0.98, "warmup": max(WARMUP_PAIRS, self.warmup)}
         if st.is_decoder:
             n = self._int("#max-new-tokens", "tokens")
             if n is None:
