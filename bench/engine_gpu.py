@@ -201,14 +201,20 @@ def part_hf_compiled(a) -> None:
     rec = {"part": "transformers-static-compiled", "capacity": a.capacity, "decode_ms": {}}
     try:
         cache = StaticCache(config=model.config, max_cache_len=a.capacity)
-        fwd = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+
+        def decode_one(ids, pos):  # the documented static-cache recipe: one step and its greedy pick
+            logits = model(ids, position_ids=pos[None], cache_position=pos, past_key_values=cache, use_cache=True,
+                           return_dict=False)[0]
+            return torch.argmax(logits[:, -1], dim=-1)
+
+        fwd = torch.compile(decode_one, mode="reduce-overhead", fullgraph=True)
         tok = [1234]
         pos = [0]
 
         def step():
-            o = fwd(input_ids=torch.tensor([[tok[0]]], device=DEV), past_key_values=cache, use_cache=True,
-                    cache_position=torch.tensor([pos[0]], device=DEV), position_ids=torch.tensor([[pos[0]]], device=DEV))
-            tok[0] = int(o.logits[0, -1].argmax().item())
+            torch.compiler.cudagraph_mark_step_begin()
+            out = fwd(torch.tensor([[tok[0]]], device=DEV), torch.tensor([pos[0]], device=DEV))
+            tok[0] = int(out.item())
 
         with torch.no_grad():
             t = time.perf_counter()

@@ -132,7 +132,7 @@ class Pipeline:
 
     def engine_lines(self) -> list[str]:
         """How each role runs, one line each (for logs, `mcore run` and the TUI)."""
-        return [f"engine {self.engine_name}: {r.describe()}" for r in self.runners.values()]
+        return [f"[engine] {self.engine_name}: {r.describe()}" for r in self.runners.values()]
 
     # ------------------------------------------------------------ shared
     def state_inputs(self, role: str) -> list[tuple[str, dict]]:

@@ -124,7 +124,7 @@ def test_cpu_run_names_the_engine(cpu_bundles, mcore):
               "--warmup", "1", "--benchmark", "2")
     assert r.code == 0, r
     assert "engine=compiled" in r.out and "tokens_per_sec=" in r.out
-    assert "engine compiled: decode: compiled (Inductor)" in r.err
+    assert "[engine] compiled: decode: compiled (Inductor)" in r.err
 
 
 # ------------------------------------------------------------------------------------------- GPU

@@ -126,6 +126,8 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
         return 0
     print(f"bundle {ns.bundle}: integrity OK")
     print(f"engine={m['engine']} family={m['family']} model={m['model']['spec']} revision={m['model']['revision']}")
+    print("engines: graphs captured for the torch family of engines; `mcore run/embed --engine auto` (the default) "
+          "runs them compiled (Inductor, CUDA-graph replay) on CUDA and op by op on CPU; --engine torch|compiled picks one")
     print("build_args: " + " ".join(f"{k}={v}" for k, v in m["build_args"].items() if v is not None))
     print(versions_line(m.get("tool_versions", {})))
     print(f"weights: {m['weights']['kind']}" + (f" (seed {m['weights']['seed']})" if m["weights"]["kind"] == "random" else ""))

@@ -75,7 +75,7 @@ class SlotCall:
         return out
 
 
-def _lookup(key: str) -> SlotCall:
+def slot_call(key: str) -> SlotCall:
     call = _registry.get(key)
     if call is None:
         raise RuntimeError(f"kernel slot {key} belongs to no live pipeline")
@@ -84,12 +84,12 @@ def _lookup(key: str) -> SlotCall:
 
 @torch.library.custom_op("mcore::slot", mutates_args=())
 def slot_op(inputs: list[torch.Tensor], key: str) -> torch.Tensor:
-    return _lookup(key)(*inputs)
+    return slot_call(key)(*inputs)
 
 
 @slot_op.register_fake
 def _slot_fake(inputs: list[torch.Tensor], key: str) -> torch.Tensor:
-    return _lookup(key).output_like(list(inputs))
+    return slot_call(key).output_like(list(inputs))
 
 
 def apply_slot(gm: fx.GraphModule, snapshot: dict[str, Any], slot: dict[str, Any], call: SlotCall,
