@@ -157,8 +157,11 @@ def _pipeline(ctx: ActionContext, kind: str, bundle: str, kernel_bindings: Optio
     bpath = str(ctx.path(bundle, "bundle"))
     b = open_bundle(bpath)
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
-    return cls(bpath, kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"), device=ctx.device,
+    pipe = cls(bpath, kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"), device=ctx.device,
                progress=ctx.progress, announce=ctx.announce, bundle=b)
+    for line in pipe.engine_lines():  # which engine ran (compiled on CUDA, op by op on CPU)
+        ctx.say(line)
+    return pipe
 
 
 # ---------------------------------------------------------------------------- actions
