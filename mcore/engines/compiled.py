@@ -96,11 +96,7 @@ class CompiledRoleRunner:
         p = self.prepared
         if self.fn is None:
             self.fn = torch.compile(p.gm, fullgraph=True)
-        with torch.no_grad():
-            outs = self.fn(*p.state_args, *inputs)
-        if not isinstance(outs, (tuple, list)):
-            outs = (outs,)
-        return tuple(outs[i] for i in p.output_index)
+        return p.run(self.fn, inputs)
 
     # ------------------------------------------------------------------ preparing
     def prepare(self, *inputs: torch.Tensor, progress: Progress = NO_PROGRESS, fixed_shapes: bool = True) -> None:

@@ -28,6 +28,14 @@ class PreparedGraph:
     dynamic_dims: dict[int, tuple[int, ...]]  # user input -> its dynamic dimensions (-1 in the snapshot)
     slot_keys: tuple[str, ...]
 
+    def run(self, fn: Any, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Call `fn` (the graph module, or a compiled form of it) and keep the role's user outputs."""
+        with torch.no_grad():
+            outs = fn(*self.state_args, *inputs)
+        if not isinstance(outs, (tuple, list)):
+            outs = (outs,)
+        return tuple(outs[i] for i in self.output_index)
+
 
 def prepare_graph(captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, SlotCall]],
                   device: torch.device) -> PreparedGraph:

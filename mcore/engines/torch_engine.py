@@ -17,12 +17,7 @@ class TorchRoleRunner:
         _call_slots_directly(prepared)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        p = self.prepared
-        with torch.no_grad():
-            outs = p.gm(*p.state_args, *inputs)
-        if not isinstance(outs, (tuple, list)):
-            outs = (outs,)
-        return tuple(outs[i] for i in p.output_index)
+        return self.prepared.run(self.prepared.gm, inputs)
 
     def prepare(self, *inputs: torch.Tensor, progress: Progress = NO_PROGRESS, fixed_shapes: bool = True) -> None:
         return None  # nothing to compile
