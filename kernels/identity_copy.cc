@@ -22,6 +22,12 @@
 #include <sstream>
 #include <string>
 
+// MCORE_COPY_REPEAT (default 1) repeats the copy: `mcore kernel build slow-copy` sets it to 512, a
+// correct kernel that is measurably slower, for checking that the perf gate rejects regressions.
+#ifndef MCORE_COPY_REPEAT
+#define MCORE_COPY_REPEAT 1
+#endif
+
 #ifdef MCORE_WITH_CUDA
 #include <cuda_runtime.h>
 #include <tvm/ffi/extra/c_env_api.h>
@@ -91,7 +97,11 @@ void Run(TensorView input, TensorView output) {
   if (src == dst) return;
 
   if (in_dev.device_type == kDLCPU) {
-    std::memmove(dst, src, bytes);
+    for (int rep = 0; rep < MCORE_COPY_REPEAT; ++rep) {
+      std::memmove(dst, src, bytes);
+      // keep the repeats: the compiler may not merge copies it cannot see the reason for
+      asm volatile("" : : "r"(dst) : "memory");
+    }
     return;
   }
   if (in_dev.device_type == kDLCUDA) {
@@ -99,7 +109,9 @@ void Run(TensorView input, TensorView output) {
     tvm::ffi::CUDADeviceGuard guard(in_dev.device_id);
     // The engine's current stream for this device (torch's current stream when called with torch tensors).
     cudaStream_t stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, in_dev.device_id));
-    TVM_FFI_CHECK_CUDA_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+    for (int rep = 0; rep < MCORE_COPY_REPEAT; ++rep) {
+      TVM_FFI_CHECK_CUDA_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+    }
     return;
 #else
     TVM_FFI_THROW(RuntimeError) << "identity_copy: this DSO was built without CUDA, so it cannot copy CUDA tensors; "

@@ -41,6 +41,7 @@ class KernelSpec:
     abi: str                          # the exported call, in ABI order
     dtypes: tuple[str, ...]
     function: str = KERNEL_FUNCTION
+    defines: tuple[str, ...] = ()     # -D flags for every source
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -56,6 +57,16 @@ KERNELS: dict[str, KernelSpec] = {
         abi="run(input, output): same dtype and element count, contiguous; "
             "CUDA: cudaMemcpyAsync on the TVM-FFI env stream",
         dtypes=("any",),
+    ),
+    "slow-copy": KernelSpec(
+        name="slow-copy",
+        cpp_sources=("identity_copy.cc",),
+        cuda_sources=(),
+        description="identity-copy that repeats its copy 512 times: correct but slow, for checking that the "
+                    "perf gate rejects a regression",
+        abi="run(input, output): as identity-copy",
+        dtypes=("any",),
+        defines=("MCORE_COPY_REPEAT=512",),
     ),
     "residual-add": KernelSpec(
         name="residual-add",
@@ -249,8 +260,8 @@ def build_kernel(name: str, output: Union[str, os.PathLike], cuda: str = "auto",
 
     import tvm_ffi.cpp  # noqa: PLC0415 (heavy import, only when building)
 
-    cflags = ["-O2", "-Wall"]
-    cuda_cflags = ["-O3"]
+    cflags = ["-O2", "-Wall", *(f"-D{d}" for d in spec.defines)]
+    cuda_cflags = ["-O3", *(f"-D{d}" for d in spec.defines)]
     ldflags: list[str] = []
     include_paths: list[str] = []
     cpp_files = [str(src_dir / s) for s in spec.cpp_sources]

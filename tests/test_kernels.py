@@ -239,3 +239,15 @@ def test_cli_build(mcore, tmp_path):
     assert r.code == 2 and "unknown kernel" in r.err and "identity-copy" in r.err
     r = mcore("kernel", "build", "identity-copy", "-o", out, "--cuda", "off", "--force")
     assert r.code == 0
+
+
+def test_slow_copy_is_a_correct_copy(tmp_path):
+    """The perf gate's negative control: same results as identity-copy (it is only slower)."""
+    import tvm_ffi
+
+    fn = tvm_ffi.load_module(str(build_kernel("slow-copy", tmp_path / "slow.so", cuda="off")))["run"]
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        x = random_tensor(dtype, (3, 1001), seed=5)
+        out = poisoned_like(x)
+        fn(x, out)
+        assert torch.equal(out.view(torch.uint8), x.view(torch.uint8))

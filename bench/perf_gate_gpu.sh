@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Does the perf gate mean something on the GPU? (issue 8, deliverable 4) On demo:qwen3-tiny, bf16,
+# CUDA, the default (compiled) engine, fresh-process pairs:
+#   1. native vs native            -> every pair ratio within +-2%
+#   2. native vs identity-copy slot -> PASS
+#   3. native vs slow-copy slot     -> FAIL (a correct copy that repeats itself 512 times)
+#   bash bench/perf_gate_gpu.sh OUT_DIR     (MCORE="python3 -m mcore"; PAIRS=6; TOKENS=64)
+set -euo pipefail
+OUT=${1:-artifacts/perf-gate-gpu}
+MCORE=${MCORE:-python3 -m mcore}
+PAIRS=${PAIRS:-6}
+TOKENS=${TOKENS:-64}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+ARGS=(demo:qwen3-tiny --precision bf16 --max-cache-length 256 --decoder-engine-layout split)
+BID=qwen.decode_logits_copy@1
+$MCORE build "${ARGS[@]}" --device cuda -o "$OUT/native.bundle" > "$OUT/build.log" 2>&1
+$MCORE build "${ARGS[@]}" --device cuda --recipe "$BID" decoder.logits_zero_bias -o "$OUT/slot.bundle" >> "$OUT/build.log" 2>&1
+ABI=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["abi_sha256"])' "$OUT/slot.selection.json")
+for k in identity-copy slow-copy; do
+  mkdir -p "$OUT/$k"
+  $MCORE kernel build "$k" -o "$OUT/$k/kernel.so" --cuda on --force > "$OUT/$k/kernel.log" 2>&1
+  printf '{"schema_version": 1, "bindings": [{"id": "%s", "abi_sha256": "%s", "library": "./kernel.so", "function": "run"}]}\n' \
+    "$BID" "$ABI" > "$OUT/$k/bindings.json"
+done
+BENCH="--device cuda --prompt 'x y z' --max-new-tokens $TOKENS --greedy --ignore-eos --warmup 2 --benchmark 5"
+NATIVE="$MCORE run $OUT/native.bundle $BENCH"
+# one run of each first fills the compiled-code cache, so no pair pays for a compile
+$NATIVE > /dev/null 2>&1
+gate() {  # NAME EXTERNAL_CMD
+  $MCORE verify perf --pairs "$PAIRS" --warmup 1 --min-ratio 0.98 --native "$NATIVE" --external "$2" \
+    > "$OUT/gate-$1.txt" 2>&1 || true
+  echo "== $1"; grep -E 'pair [0-9]+/|PASS|FAIL' "$OUT/gate-$1.txt"
+}
+gate native-vs-native "$NATIVE"
+gate identity-copy "$MCORE run $OUT/slot.bundle --kernel-bindings $OUT/identity-copy/bindings.json $BENCH"
+gate slow-copy "$MCORE run $OUT/slot.bundle --kernel-bindings $OUT/slow-copy/bindings.json $BENCH"
