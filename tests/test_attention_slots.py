@@ -1,0 +1,142 @@
+"""Tutorial step 5 on CPU: one decode-attention slot per layer, or all of them (issue 13).
+
+`mcore build --recipe qwen.decode_attention_region@2 INSTANCE [INSTANCE ...]` (or the literal
+`all-instances`) makes one slot per instance, all of one binding (same ID and ABI hash); one
+bindings-manifest entry binds them all. The attention kernel here is a Python stand-in bound in
+place of a DSO's function (no CPU attention DSO exists), so the test checks the plumbing: every
+slot is called, every step, with the cache and length it should see, and the output matches the
+native pipeline token for token.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import QWEN_ARGS, assert_user_error
+
+RECIPE = "qwen.decode_attention_region@2"
+LAYERS = ["decoder.layers.0.decode_attention", "decoder.layers.1.decode_attention"]
+PROMPT = "Explain grouped-query attention, KV caching, and decode latency."
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from mcore.cli.main import main
+
+    work = tmp_path_factory.mktemp("attention-slots")
+    assert main(["build", *QWEN_ARGS, "--recipe", RECIPE, *LAYERS, "-o", str(work / "both.bundle")]) == 0
+    assert main(["build", *QWEN_ARGS, "--recipe", RECIPE, "all-instances", "-o", str(work / "all.bundle")]) == 0
+    assert main(["build", *QWEN_ARGS, "--recipe", RECIPE, LAYERS[0], "-o", str(work / "one.bundle")]) == 0
+    assert main(["build", *QWEN_ARGS, "-o", str(work / "native.bundle")]) == 0
+    return work
+
+
+def manifest_of(work: Path, name: str) -> dict:
+    from mcore.bundle import open_bundle
+
+    return open_bundle(work / name).manifest
+
+
+def test_each_instance_is_its_own_slot_of_one_binding(built):
+    slots = manifest_of(built, "both.bundle")["kernel_slots"]
+    assert [s["recipe"]["instance"] for s in slots] == LAYERS
+    assert {s["binding_id"] for s in slots} == {RECIPE}
+    assert len({s["abi_sha256"] for s in slots}) == 1
+    assert slots[0]["node_ids"] != slots[1]["node_ids"]
+    # all-instances names exactly the same slots, in graph order
+    assert manifest_of(built, "all.bundle")["kernel_slots"] == slots
+
+
+def test_one_receipt_per_slot_and_the_single_instance_file_unchanged(built):
+    assert not (built / "both.selection.json").exists()
+    receipts = [json.loads((built / f"both.selection.{inst}.json").read_text()) for inst in LAYERS]
+    assert [r["recipe"] for r in receipts] == [{"id": RECIPE, "instance": i} for i in LAYERS]
+    assert receipts[0]["abi_sha256"] == receipts[1]["abi_sha256"]
+    # the tutorial's one-instance build still writes exactly X.selection.json, and the same receipt
+    one = json.loads((built / "one.selection.json").read_text())
+    assert one == receipts[0]
+    assert sorted(p.name for p in built.glob("one.*")) == ["one.bundle", "one.selection.json"]
+    abi = one["abi"]
+    assert [t["dtype"] for t in abi["inputs"]] == ["FP32", "FP32", "FP32", "INT32"]
+    assert one["output_shape_input"] == 0 and one["workspace_bytes"] == 0
+
+
+def test_inspect_shows_how_many_slots_the_binding_serves(built, mcore):
+    r = mcore("inspect", str(built / "both.bundle"))
+    assert r.code == 0, r
+    abi = manifest_of(built, "both.bundle")["kernel_slots"][0]["abi_sha256"]
+    assert f"kernel_binding {RECIPE} abi_sha256={abi} serves 2 slot(s)" in r.out
+    for inst in LAYERS:
+        assert f"recipe={RECIPE}:{inst}" in r.out
+    r1 = mcore("inspect", str(built / "one.bundle"))
+    assert "serves 1 slot(s)" in r1.out
+
+
+@pytest.mark.parametrize("instances, fragments", [
+    (["all-instances", LAYERS[0]], ["all-instances already names every instance; give it alone"]),
+    ([LAYERS[0], LAYERS[0]], [f"instance {LAYERS[0]} is named twice"]),
+    (["decoder.layers.7.decode_attention"], ["has no instance 'decoder.layers.7.decode_attention'"]),
+    ([], ["--recipe needs RECIPE_ID and at least one INSTANCE"]),
+])
+def test_bad_instances_are_one_line_errors(built, mcore, instances, fragments):
+    out = built / "bad.bundle"
+    r = mcore("build", *QWEN_ARGS, "--recipe", RECIPE, *instances, "-o", str(out))
+    assert_user_error(r, *fragments)
+    assert not out.exists()
+
+
+class AttentionStandIn:
+    """The attention ABI in Python: run(q, k_cache, v_cache, kv_lengths, out), recording every call."""
+
+    def __init__(self):
+        self.calls: list[tuple[int, int]] = []  # (cache data_ptr, kv_len) per call
+
+    def __call__(self, q, k_cache, v_cache, kv_lengths, out):
+        from mcore.ops import decode_attention_reference
+
+        assert q.shape[:2] == out.shape[:2] and out.shape == q.shape and kv_lengths.dtype == torch.int32
+        self.calls.append((k_cache.data_ptr(), int(kv_lengths[0])))
+        out.copy_(decode_attention_reference(q, k_cache, v_cache, kv_lengths).to(out.dtype))
+
+
+def bind_manifest(work: Path, abi: str) -> Path:
+    (work / "attention.so").write_bytes(b"stand-in: the test replaces the DSO's function")
+    p = work / "attention-bindings.json"
+    p.write_text(json.dumps({"schema_version": 1, "bindings": [
+        {"id": RECIPE, "abi_sha256": abi, "library": "./attention.so", "function": "run"}]}))
+    return p
+
+
+def test_one_entry_binds_both_layers_and_every_slot_runs(built, monkeypatch):
+    from mcore import bindings
+    from mcore.pipeline import DecoderPipeline
+
+    kernel = AttentionStandIn()
+    monkeypatch.setattr(bindings, "_load_function", lambda library, function, bid: (None, kernel))
+    abi = manifest_of(built, "both.bundle")["kernel_slots"][0]["abi_sha256"]
+    m = bind_manifest(built, abi)
+    native = DecoderPipeline(str(built / "native.bundle"), device="cpu", engine="torch").generate(
+        PROMPT, 6, stop_at_eos=False)
+    pipe = DecoderPipeline(str(built / "both.bundle"), kernel_bindings=str(m), device="cpu", engine="torch",
+                           announce=lambda line: None)
+    got = pipe.generate(PROMPT, 6, stop_at_eos=False)
+    assert got.tokens == native.tokens
+    # 5 decode steps (the first token comes from prefill), two layers each, two distinct caches
+    assert len(kernel.calls) == 5 * 2
+    assert len({ptr for ptr, _ in kernel.calls}) == 2
+    lengths = [n for _, n in kernel.calls]
+    assert lengths[0::2] == lengths[1::2]  # both layers see the same active length each step
+    assert lengths[0::2] == list(range(lengths[0], lengths[0] + 5))
+
+
+def test_unbound_and_mismatched_attention_slots_fail_closed_naming_them(built, mcore):
+    r = mcore("run", str(built / "both.bundle"), "--prompt", "hi", "--max-new-tokens", "2", "--device", "cpu")
+    assert_user_error(r, f"slot {RECIPE} (2 slots: {RECIPE} [{LAYERS[0]}], {RECIPE} [{LAYERS[1]}])", "is not bound")
+    m = bind_manifest(built, "0" * 64)
+    r = mcore("run", str(built / "both.bundle"), "--kernel-bindings", str(m), "--prompt", "hi",
+              "--max-new-tokens", "2", "--device", "cpu")
+    assert_user_error(r, "ABI hash mismatch", LAYERS[0], LAYERS[1])
