@@ -140,3 +140,15 @@ def test_unbound_and_mismatched_attention_slots_fail_closed_naming_them(built, m
     r = mcore("run", str(built / "both.bundle"), "--kernel-bindings", str(m), "--prompt", "hi",
               "--max-new-tokens", "2", "--device", "cpu")
     assert_user_error(r, "ABI hash mismatch", LAYERS[0], LAYERS[1])
+
+
+def test_workbench_builds_every_instance_and_shows_the_slot_count(tmp_path):
+    from workbench.actions import ActionContext, build_bundle
+    from workbench.screens.build import slot_lines
+
+    args = {"model": QWEN_ARGS[0], "precision": "fp32", "max_cache_length": 256, "decoder_engine_layout": "split"}
+    res = build_bundle(ActionContext(tmp_path), args, "all.bundle", recipe=[RECIPE, "all-instances"])
+    slots = res["kernel_slots"]
+    assert len(slots) == 2 and res["receipt"] == f"all.selection.{LAYERS[0]}.json"
+    assert slot_lines(slots) == [f"slot {RECIPE} abi {slots[0]['abi_sha256'][:16]}… ×2 slots, one binding"]
+    assert slot_lines(slots[:1]) == [f"slot {RECIPE} abi {slots[0]['abi_sha256'][:16]}…"]
