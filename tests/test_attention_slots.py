@@ -152,3 +152,19 @@ def test_workbench_builds_every_instance_and_shows_the_slot_count(tmp_path):
     assert len(slots) == 2 and res["receipt"] == f"all.selection.{LAYERS[0]}.json"
     assert slot_lines(slots) == [f"slot {RECIPE} abi {slots[0]['abi_sha256'][:16]}… ×2 slots, one binding"]
     assert slot_lines(slots[:1]) == [f"slot {RECIPE} abi {slots[0]['abi_sha256'][:16]}…"]
+
+
+def test_compiled_engine_keeps_both_slots_opaque_and_calls_them(built, monkeypatch):
+    from mcore import bindings
+    from mcore.pipeline import DecoderPipeline
+
+    kernel = AttentionStandIn()
+    monkeypatch.setattr(bindings, "_load_function", lambda library, function, bid: (None, kernel))
+    abi = manifest_of(built, "both.bundle")["kernel_slots"][0]["abi_sha256"]
+    pipe = DecoderPipeline(str(built / "both.bundle"), kernel_bindings=str(bind_manifest(built, abi)), device="cpu",
+                           engine="compiled", announce=lambda line: None)
+    native = DecoderPipeline(str(built / "native.bundle"), device="cpu", engine="torch").generate(
+        PROMPT, 4, stop_at_eos=False)
+    assert pipe.generate(PROMPT, 4, stop_at_eos=False).tokens == native.tokens
+    assert len({ptr for ptr, _ in kernel.calls}) == 2 and len(kernel.calls) >= 3 * 2
+    assert any("2 opaque slot(s)" in line for line in pipe.engine_lines())
