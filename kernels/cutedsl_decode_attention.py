@@ -171,8 +171,9 @@ def check_selection(receipt, where):
                             f"{' or '.join(map(str, HEAD_DIMS))})")
     if heads % kv_heads:
         raise ContractError(f"{where}: {heads} query heads are not a multiple of {kv_heads} KV heads")
-    if capacity >= 2 ** 31 // head_dim:
-        raise ContractError(f"{where}: cache capacity {capacity} is too large for 32-bit offsets")
+    if kv_heads * capacity * head_dim >= 2 ** 31:
+        raise ContractError(f"{where}: a cache of {kv_heads}x{capacity}x{head_dim} elements is too large for 32-bit "
+                            "offsets")
     if receipt["workspace_bytes"] != 0 or receipt["extra_args"] != [] or receipt["output_shape_input"] != 0:
         raise ContractError(f"{where}: this kernel takes no workspace and no extra args, and its output is shaped like "
                             f"input 0 (the receipt has workspace {receipt['workspace_bytes']}, extra args "
@@ -253,7 +254,7 @@ except ImportError as e:  # --check-only still works without the CuTe DSL
     cute = None
     CUTE_IMPORT_ERROR = e
 
-NUM_WARPS = 4   # KV splits per block (one warp each); fixed, so the merge order is fixed
+NUM_WARPS = 8   # KV splits per block (one warp each); fixed, so the merge order is fixed
 WARP = 32
 
 

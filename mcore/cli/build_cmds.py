@@ -164,7 +164,7 @@ def _runtime_flags(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="build a native or slot-ready bundle")
     add_build_args(p)
-    p.add_argument("--recipe", nargs="+", metavar="RECIPE INSTANCE", default=None,
+    p.add_argument("--recipe", nargs="+", metavar=("RECIPE", "INSTANCE"), default=None,
                    help="RECIPE INSTANCE [INSTANCE ...]: each instance becomes its own slot of one binding "
                         "(same binding ID and ABI); the literal instance all-instances names every instance")
     p.add_argument("--graph-patch", default=None, metavar="SELECTION_JSON")
