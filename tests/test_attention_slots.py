@@ -168,3 +168,38 @@ def test_compiled_engine_keeps_both_slots_opaque_and_calls_them(built, monkeypat
     assert pipe.generate(PROMPT, 4, stop_at_eos=False).tokens == native.tokens
     assert len({ptr for ptr, _ in kernel.calls}) == 2 and len(kernel.calls) >= 3 * 2
     assert any("2 opaque slot(s)" in line for line in pipe.engine_lines())
+
+
+def two_instance_snapshot(shape_b=(4, 8)) -> dict:
+    """A graph with two relu regions published as instances a and b of recipe t.r@1."""
+    from mcore.graph.snapshot import fingerprint
+    from tests.test_stubgen import Graph, node_of
+
+    g = Graph(role="decode")
+    x = g.input("FP32", [4, 8], "x")
+    y = g.input("FP32", list(shape_b), "y")
+    a = g.op("aten.relu.default", [x], "FP32", [4, 8], module_path="a")
+    b = g.op("aten.relu.default", [y], "FP32", list(shape_b), module_path="b")
+    g.output(g.op("aten.relu.default", [a], "FP32", [4, 8]))
+    g.output(g.op("aten.relu.default", [b], "FP32", list(shape_b)))
+    snap = g.snapshot()
+    snap["recipes"] = [{"id": "t.r@1", "instance": inst, "engine_role": "decode", "description": "", "module_path": inst,
+                        "node_ids": [node_of(snap, t)], "workspace_bytes": 0, "extra_args": [],
+                        "output_shape_input": None} for inst, t in (("a", a), ("b", b))]
+    snap["fingerprint"] = fingerprint(snap)
+    return snap
+
+
+def test_instances_select_through_select_region_and_must_share_one_abi():
+    from mcore.errors import UserError
+    from mcore.recipes import select_recipe_instances
+
+    snap = two_instance_snapshot()
+    receipts = select_recipe_instances(snap, "t.r@1", ["all-instances"])
+    assert [r["recipe"]["instance"] for r in receipts] == ["a", "b"]
+    assert [r["node_ids"] for r in select_recipe_instances(snap, "t.r@1", ["b", "a"])] == \
+        [receipts[1]["node_ids"], receipts[0]["node_ids"]]  # the order given
+    with pytest.raises(UserError, match=r"instance b has ABI .* but a has .*; one binding serves slots of one ABI"):
+        select_recipe_instances(two_instance_snapshot((2, 8)), "t.r@1", ["all-instances"])
+    with pytest.raises(UserError, match=r"recipe 'u@1' is not published"):
+        select_recipe_instances(snap, "u@1", ["all-instances"])
