@@ -271,3 +271,92 @@ def test_stub_on_other_regions_names_no_example(tmp_path, mcore):
     r = mcore("kernel", "stub", str(rp), "--snapshot", str(sp), "-o", str(tmp_path / "stub.py"))
     assert r.code == 0 and "worked example" not in r.out.lower()
     assert "cutedsl_decode_attention" not in (tmp_path / "stub.py").read_text()
+
+
+# ---------------------------------------------------------------- a real recipe receipt (Qwen3 layout, head_dim 64)
+
+WIDE_HEADS, WIDE_KV, WIDE_D = 8, 2, 64   # GQA 4
+
+
+@pytest.fixture(scope="module")
+def wide_qwen(tmp_path_factory):
+    """The demo Qwen3 with head_dim 64 (seeded random weights, BF16), built with every attention
+    instance as a slot, plus its native twin: receipts the kernel takes, from the real recipe."""
+    import shutil
+
+    from mcore.cli.main import main
+    from mcore.families.demo import materialize
+
+    work = tmp_path_factory.mktemp("wide-qwen")
+    model = work / "qwen3-wide"
+    model.mkdir()
+    demo = materialize("qwen3-tiny")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(demo / name, model / name)
+    config = json.loads((demo / "config.json").read_text())
+    config.update(num_attention_heads=WIDE_HEADS, num_key_value_heads=WIDE_KV, head_dim=WIDE_D)
+    (model / "config.json").write_text(json.dumps(config, indent=2))
+    args = [str(model), "--precision", "bf16", "--max-cache-length", "256", "--decoder-engine-layout", "split",
+            "--weights", "random", "--seed", "3"]
+    assert main(["build", *args, "--recipe", BINDING, "all-instances", "-o", str(work / "attn.bundle")]) == 0
+    assert main(["build", *args, "-o", str(work / "native.bundle")]) == 0
+    return work
+
+
+def test_the_recipe_receipts_of_a_qwen3_build_pass_the_contract(wide_qwen, exporter, capsys):
+    receipts = sorted(wide_qwen.glob("attn.selection.*.json"))
+    assert [p.name for p in receipts] == [f"attn.selection.decoder.layers.{i}.decode_attention.json" for i in (0, 1)]
+    for rp in receipts:
+        assert exporter.main(["--selection", str(rp), "--check-only"]) == 0
+        assert (f"(BF16 heads={WIDE_HEADS} kv_heads={WIDE_KV} capacity=256 head_dim={WIDE_D})"
+                in capsys.readouterr().out)
+
+
+def _wide_bindings(wide_qwen: Path) -> Path:
+    """Export the kernel for the build's receipt (once) and write the one-entry manifest."""
+    rp = wide_qwen / "attn.selection.decoder.layers.0.decode_attention.json"
+    dso = wide_qwen / "attention.so"
+    if not dso.exists():
+        r = run_script("--selection", rp, "--output", dso)
+        assert r.returncode == 0, r.stderr[-3000:]
+    manifest = wide_qwen / "kernel-bindings.json"
+    manifest.write_text(json.dumps({"schema_version": 1, "bindings": [
+        {"id": BINDING, "abi_sha256": json.loads(rp.read_text())["abi_sha256"], "library": "./attention.so",
+         "function": "run"}]}))
+    return manifest
+
+
+@needs_cute
+def test_one_exported_dso_binds_both_layers(wide_qwen):
+    from mcore.pipeline import DecoderPipeline
+
+    manifest = _wide_bindings(wide_qwen)
+    pipe = DecoderPipeline(str(wide_qwen / "attn.bundle"), kernel_bindings=str(manifest), device="cpu",
+                           engine="torch", announce=lambda line: None)
+    assert len(pipe.slot_calls) == 2 and len(pipe.kernels) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["torch", "compiled"])
+def test_gpu_pipeline_with_every_layer_bound_matches_native(wide_qwen, engine):
+    import torch
+
+    if not torch.cuda.is_available() or not HAVE_CUTE:
+        pytest.skip("needs a CUDA GPU and the CuTe DSL")
+    from mcore.pipeline import DecoderPipeline
+
+    manifest = _wide_bindings(wide_qwen)
+    prompt = "Explain grouped-query attention, KV caching, and decode latency."
+    native = DecoderPipeline(str(wide_qwen / "native.bundle"), device="cuda", engine=engine)
+    byok = DecoderPipeline(str(wide_qwen / "attn.bundle"), kernel_bindings=str(manifest), device="cuda",
+                           engine=engine, announce=lambda line: None)
+    prompt_ids = native.encode(prompt)
+    tokens = native.generate(prompt, 24, stop_at_eos=False).tokens
+    # Lockstep on the same forced tokens (random weights leave near-ties, so greedy tokens could flip).
+    want = torch.stack(native.step_logits(prompt_ids, tokens)[1:])   # decode steps only: the slots run there
+    got = torch.stack(byok.step_logits(prompt_ids, tokens)[1:])
+    assert torch.isfinite(got).all()
+    scale = want.abs().max().item()
+    assert (got - want).abs().max().item() <= 0.05 * max(scale, 1e-3), ((got - want).abs().max().item(), scale)
+    cos = torch.nn.functional.cosine_similarity(got.flatten(1), want.flatten(1), dim=1)
+    assert cos.min().item() > 0.999, cos
