@@ -25,6 +25,8 @@ def annotate_recipes(snapshot: dict[str, Any], specs: Sequence[RecipeSpec]) -> N
     rows = []
     for spec in specs:
         for instance, path in spec.instances:
+            if instance == ALL_INSTANCES:  # reserved: it names every instance at build time
+                raise RuntimeError(f"recipe {spec.id}: an instance may not be named {ALL_INSTANCES}")
             node_ids = _nodes_under(snapshot, path)
             if not node_ids:
                 raise RuntimeError(f"recipe {spec.id} instance {instance}: no graph nodes under {path}")
