@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 
 from .errors import UserError
 from .fileio import check_fields, read_json
+from .patch import slot_groups, slot_label
 from .selection import check_binding_id
 
 BINDINGS_SCHEMA_VERSION = 1
@@ -164,6 +165,12 @@ def _load_function(library: Path, function: str, binding_id: str) -> tuple[Any, 
     return module, func
 
 
+def _slots_named(group: list[dict]) -> str:
+    if len(group) == 1:
+        return slot_label(group[0])
+    return f"{group[0]['binding_id']} ({len(group)} slots: {', '.join(slot_label(s) for s in group)})"
+
+
 def bind_slots(manifest_path: Optional[str | os.PathLike], slots: list[dict],
                announce: Callable[[str], None] = print_to_stderr) -> dict[str, BoundKernel]:
     """Bind every slot of a bundle exactly once; return {binding_id: BoundKernel}.
@@ -172,20 +179,19 @@ def bind_slots(manifest_path: Optional[str | os.PathLike], slots: list[dict],
     engine_role). Everything is checked before any DSO is loaded; then each named library is
     announced once per process through `announce` and loaded. Fails closed naming the slot.
     """
-    by_id: dict[str, dict] = {}
     for i, slot in enumerate(slots):
         if not isinstance(slot, dict) or not {"binding_id", "abi_sha256", "engine_role"} <= slot.keys():
             raise UserError(f"bundle kernel_slots[{i}] is malformed (needs binding_id, abi_sha256, engine_role); "
                             f"rebuild the bundle with `mcore build`")
-        if slot["binding_id"] in by_id:
-            raise UserError(f"bundle has two slots with binding ID {slot['binding_id']!r}; rebuild the bundle")
-        by_id[slot["binding_id"]] = slot
+    # One entry binds every slot sharing its binding ID and ABI hash (e.g. all layers' attention).
+    groups = slot_groups(slots)
+    by_id = {bid: group[0] for bid, group in groups.items()}
 
     if manifest_path is None:
         if by_id:
             sid, slot = next(iter(by_id.items()))
-            raise UserError(f"slot {sid} (engine role {slot['engine_role']}) is not bound; pass --kernel-bindings "
-                            f"with an entry for it (id {sid}, abi_sha256 {slot['abi_sha256']})")
+            raise UserError(f"slot {_slots_named(groups[sid])} (engine role {slot['engine_role']}) is not bound; pass "
+                            f"--kernel-bindings with an entry for it (id {sid}, abi_sha256 {slot['abi_sha256']})")
         return {}
 
     bindings = load_bindings_manifest(manifest_path)
@@ -198,10 +204,10 @@ def bind_slots(manifest_path: Optional[str | os.PathLike], slots: list[dict],
     for sid, slot in by_id.items():
         b = entries.get(sid)
         if b is None:
-            raise UserError(f"slot {sid} (engine role {slot['engine_role']}) is not bound; pass --kernel-bindings "
-                            f"with an entry for it (id {sid}, abi_sha256 {slot['abi_sha256']})")
+            raise UserError(f"slot {_slots_named(groups[sid])} (engine role {slot['engine_role']}) is not bound; pass "
+                            f"--kernel-bindings with an entry for it (id {sid}, abi_sha256 {slot['abi_sha256']})")
         if b.abi_sha256 != slot["abi_sha256"]:
-            raise UserError(f"slot {sid}: ABI hash mismatch: manifest has {b.abi_sha256} but the bundle slot "
+            raise UserError(f"slot {_slots_named(groups[sid])}: ABI hash mismatch: manifest has {b.abi_sha256} but the bundle slot "
                             f"expects {slot['abi_sha256']}; use the abi_sha256 from the selection receipt")
         if not b.library_path.is_file():
             raise UserError(f"{b.library_path}: DSO for slot {sid} not found; copy the kernel library there "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -18,23 +18,29 @@ from .fileio import check_output_path, read_json, write_json
 from .graph.capture import Captured, capture, resolve, tool_versions
 from .patch import check_receipt_against, slot_record
 from .progress import NO_PROGRESS, Progress
-from .recipes import select_recipe
+from .recipes import select_recipe_instances
 from .selection import check_receipt
 
 
 @dataclass
 class BuildResult:
     bundle_path: Path
-    receipt_path: Optional[Path]
-    receipt: Optional[dict[str, Any]]
+    receipt_path: Optional[Path]          # the first receipt written (the only one for one slot)
+    receipt: Optional[dict[str, Any]]     # the first slot's receipt
     manifest: dict[str, Any]
+    receipts: list[dict[str, Any]] = field(default_factory=list)   # one per slot, in slot order
+    receipt_paths: list[Path] = field(default_factory=list)        # written beside the bundle (recipe builds)
 
 
-def receipt_path_for(bundle_path: Path) -> Path:
-    """qwen3-slot-ready.bundle -> qwen3-slot-ready.selection.json (as the tutorial names it)."""
+def receipt_path_for(bundle_path: Path, instance: Optional[str] = None) -> Path:
+    """qwen3-slot-ready.bundle -> qwen3-slot-ready.selection.json (as the tutorial names it).
+
+    A build of several recipe instances writes one receipt per slot instead, named for its
+    instance: X.selection.decoder.layers.0.decode_attention.json. Each is a complete receipt
+    (usable with --graph-patch and `mcore kernel stub`); they share binding ID and abi_sha256."""
     name = bundle_path.name
     stem = name[: -len(".bundle")] if name.endswith(".bundle") else bundle_path.stem
-    return bundle_path.with_name(f"{stem}.selection.json")
+    return bundle_path.with_name(f"{stem}.selection.{instance}.json" if instance else f"{stem}.selection.json")
 
 
 def _weights_member(core: torch.nn.Module) -> tuple[bytes, dict[str, str]]:
@@ -54,11 +60,15 @@ def _weights_member(core: torch.nn.Module) -> tuple[bytes, dict[str, str]]:
     return save(dict(sorted(kept.items()))), aliases
 
 
-def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str, str]] = None,
+def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str, ...]] = None,
                  graph_patch: Optional[str | Path] = None, device: Optional[str] = None,
                  progress: Progress = NO_PROGRESS) -> BuildResult:
+    """`recipe` is (RECIPE_ID, INSTANCE, ...): each instance becomes its own slot of the one binding
+    (recipes.ALL_INSTANCES names every instance)."""
     if recipe and graph_patch:
         raise UserError("give either --recipe or --graph-patch, not both")
+    if recipe is not None and len(recipe) < 2:
+        raise UserError("--recipe needs RECIPE_ID and at least one INSTANCE (or all-instances)")
     output = check_output_path(output)
     source, family, gargs = resolve(args)
     receipt_file: Optional[dict[str, Any]] = None
@@ -72,13 +82,13 @@ def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str
         sub = Progress(lambda s, f, i=i: progress.report(f"[{role}] {s}", 0.05 + 0.5 * (i + f) / len(family.roles)),
                        progress.token)
         caps[role] = capture(args, role, sub, resolved=(source, family, gargs))
-    receipt: Optional[dict[str, Any]] = None
+    receipts: list[dict[str, Any]] = []
     if recipe:
-        rid, inst = recipe
+        rid, *instances = recipe
         role = _recipe_role(caps, rid)
-        receipt = select_recipe(caps[role].snapshot, rid, inst)
+        receipts = select_recipe_instances(caps[role].snapshot, rid, instances)
     elif receipt_file is not None:
-        receipt = check_receipt_against(receipt_file, caps[receipt_file["engine_role"]].snapshot, str(graph_patch))
+        receipts = [check_receipt_against(receipt_file, caps[receipt_file["engine_role"]].snapshot, str(graph_patch))]
     progress.report("loading weights", 0.6)
     members: dict[str, Any] = {"config.json": json.dumps(source.config, indent=2, sort_keys=True).encode()}
     from .families.source import special_tokens
@@ -114,7 +124,7 @@ def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str
         "device": device,
         "roles": {r: {"fingerprint": c.snapshot["fingerprint"], "inputs": list(c.io.inputs),
                       "outputs": list(c.io.outputs)} for r, c in caps.items()},
-        "kernel_slots": [slot_record(receipt)] if receipt else [],
+        "kernel_slots": [slot_record(r) for r in receipts],
         "weights": weights,
         "special_tokens": special_tokens(source),
         "sentence_embedding": embedding_default,
@@ -123,12 +133,15 @@ def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str
     }
     progress.report("writing bundle", 0.8)
     path = write_bundle(output, manifest, members, progress=progress)
-    receipt_path = None
-    if recipe and receipt:
-        receipt_path = receipt_path_for(output)
-        write_json(receipt_path, receipt)
+    receipt_paths: list[Path] = []
+    if recipe:
+        for r in receipts:
+            p = receipt_path_for(output, r["recipe"]["instance"] if len(receipts) > 1 else None)
+            write_json(p, r)
+            receipt_paths.append(p)
     progress.report("bundle written", 1.0)
-    return BuildResult(path, receipt_path, receipt, manifest)
+    return BuildResult(path, receipt_paths[0] if receipt_paths else None, receipts[0] if receipts else None, manifest,
+                       receipts, receipt_paths)
 
 
 def _recipe_role(caps: dict[str, Captured], recipe_id: str) -> str:

@@ -38,3 +38,22 @@ def slot_record(receipt: dict[str, Any]) -> dict[str, Any]:
     keys = ("binding_id", "abi_sha256", "engine_role", "graph_fingerprint", "node_ids", "input_tensor_ids",
             "output_tensor_ids", "output_shape_input", "workspace_bytes", "extra_args", "abi", "recipe")
     return {k: receipt[k] for k in keys}
+
+
+def slot_label(slot: dict[str, Any]) -> str:
+    """A slot's name in messages: its recipe instance when it has one, else its binding ID."""
+    rec = slot.get("recipe")
+    return f"{slot['binding_id']} [{rec['instance']}]" if isinstance(rec, dict) and rec.get("instance") else slot["binding_id"]
+
+
+def slot_groups(slots: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """binding ID -> its slots, in bundle order: one manifest entry binds every slot of a group
+    (DESIGN.md §5). Slots that share a binding ID must share the ABI hash."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for slot in slots:
+        group = groups.setdefault(slot["binding_id"], [])
+        if group and group[0]["abi_sha256"] != slot["abi_sha256"]:
+            raise UserError(f"bundle slots {slot_label(group[0])} and {slot_label(slot)} share binding ID "
+                            f"{slot['binding_id']} but not the ABI hash; one entry cannot bind both, rebuild the bundle")
+        group.append(slot)
+    return groups

@@ -25,6 +25,8 @@ def annotate_recipes(snapshot: dict[str, Any], specs: Sequence[RecipeSpec]) -> N
     rows = []
     for spec in specs:
         for instance, path in spec.instances:
+            if instance == ALL_INSTANCES:  # reserved: it names every instance at build time
+                raise RuntimeError(f"recipe {spec.id}: an instance may not be named {ALL_INSTANCES}")
             node_ids = _nodes_under(snapshot, path)
             if not node_ids:
                 raise RuntimeError(f"recipe {spec.id} instance {instance}: no graph nodes under {path}")
@@ -59,8 +61,46 @@ def find_recipe(snapshot: dict[str, Any], recipe_id: str, instance: str) -> dict
                     "name one exact instance from `mcore graph recipes`")
 
 
+# The one explicit way to name every instance of a recipe (`mcore build --recipe ID all-instances`).
+# Instances are module paths (dotted), so this literal can never be one of them.
+ALL_INSTANCES = "all-instances"
+
+
+def expand_instances(snapshot: dict[str, Any], recipe_id: str, instances: Sequence[str]) -> list[str]:
+    """The instances a build names, in the order given; `all-instances` alone means every instance of
+    the recipe in graph order. Never a silent default: at least one instance must be named."""
+    if not instances:
+        raise UserError(f"recipe {recipe_id}: name at least one instance, or {ALL_INSTANCES} for every one")
+    if ALL_INSTANCES in instances:
+        if len(instances) > 1:
+            raise UserError(f"recipe {recipe_id}: {ALL_INSTANCES} already names every instance; give it alone")
+        every = [r["instance"] for r in recipe_rows(snapshot) if r["id"] == recipe_id]
+        if not every:
+            find_recipe(snapshot, recipe_id, ALL_INSTANCES)  # raises: the recipe is not published here
+        return every
+    seen: set[str] = set()
+    for inst in instances:
+        if inst in seen:
+            raise UserError(f"recipe {recipe_id}: instance {inst} is named twice; name each instance once")
+        seen.add(inst)
+    return list(instances)
+
+
 def select_recipe(snapshot: dict[str, Any], recipe_id: str, instance: str, binding_id: str | None = None) -> dict[str, Any]:
     """Resolve a recipe instance and validate it exactly like a manual selection."""
     r = find_recipe(snapshot, recipe_id, instance)
     return select_region(snapshot, r["node_ids"], binding_id or recipe_id, r["workspace_bytes"], r["extra_args"],
                          r["output_shape_input"], recipe={"id": recipe_id, "instance": instance})
+
+
+def select_recipe_instances(snapshot: dict[str, Any], recipe_id: str, instances: Sequence[str]) -> list[dict[str, Any]]:
+    """One receipt per named instance, each from select_recipe(). They become slots of one binding
+    (same binding ID), so they must share one ABI: a bindings manifest lists a binding ID once."""
+    receipts = [select_recipe(snapshot, recipe_id, inst) for inst in expand_instances(snapshot, recipe_id, instances)]
+    first = receipts[0]
+    for r in receipts[1:]:
+        if r["abi_sha256"] != first["abi_sha256"]:
+            raise UserError(f"recipe {recipe_id}: instance {r['recipe']['instance']} has ABI {r['abi_sha256'][:16]}… but "
+                            f"{first['recipe']['instance']} has {first['abi_sha256'][:16]}…; one binding serves slots of "
+                            "one ABI, so build these instances into separate bundles")
+    return receipts

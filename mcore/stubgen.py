@@ -59,9 +59,22 @@ class StubResult:
     reason: str                # why the body was not generated ("" when it was)
     binding_id: str
     abi_sha256: str
+    example: Optional[str] = None  # a hand-written kernel for this kind of region, to start from
 
 
 # ---------------------------------------------------------------- region classification
+
+# Hand-written CuTe DSL kernels for regions the generator cannot write a body for: op -> exporter.
+WORKED_EXAMPLES = {"mcore.decode_attention.default": "kernels/cutedsl_decode_attention.py"}
+
+
+def worked_example(receipt: dict[str, Any], snapshot: dict[str, Any]) -> Optional[str]:
+    """The shipped exporter to start from when the region holds an op that has one (decode attention)."""
+    ops = {n["id"]: n["op"] for n in snapshot["nodes"]}
+    for nid in receipt["node_ids"]:
+        if ops.get(nid) in WORKED_EXAMPLES:
+            return WORKED_EXAMPLES[ops[nid]]
+    return None
 
 def classify_region(receipt: dict[str, Any], snapshot: dict[str, Any]) -> tuple[Optional[KnownOp], str]:
     """(KnownOp, "") when the generator can write the body, else (None, why not)."""
@@ -192,8 +205,12 @@ class _Ctx:
         region = ", ".join(f"{nid} {self.nodes[nid]['op']}" for nid in self.receipt["node_ids"])
         ws = f"{self.workspace} bytes (uint8 tensor `workspace`)" if self.workspace else "none"
         extras = "; ".join(_extra_text(i, a) for i, a in enumerate(self.extras)) or "none"
+        example = worked_example(self.receipt, {"nodes": list(self.nodes.values())})
+        hint = (f" (worked example for this region: {example}, a split-KV decode attention that takes this "
+                "recipe's receipt directly)") if example else ""
         return (f"write the body of region_kernel in this file so that it computes {outs} from {ins} as the region "
-                f"does ({_doc(region)}); workspace: {ws}; extra args: {extras}; then set KERNEL_IMPLEMENTED = True")
+                f"does ({_doc(region)}); workspace: {ws}; extra args: {extras}; then set KERNEL_IMPLEMENTED = True"
+                + hint)
 
 
 def _docstring(c: _Ctx, selection_name: str, snapshot_name: str, exporter_name: str, note: str) -> str:
@@ -217,6 +234,10 @@ def _docstring(c: _Ctx, selection_name: str, snapshot_name: str, exporter_name: 
     else:
         lines += ["Kernel body: NOT generated: " + _doc(c.reason) + ".",
                   "    Write region_kernel below, then set KERNEL_IMPLEMENTED = True; until then export stops."]
+        example = worked_example(r, c.snapshot)
+        if example:
+            lines += [f"    Worked example for this region: {example} (split-KV decode attention, BF16/FP16,",
+                      "    head_dim 64/128, GQA); it takes this receipt directly: --selection RECEIPT --output KERNEL.so."]
     lines += ["", "Exported TVM-FFI function `run`, arguments in ABI call order:",
               f"    run({', '.join(c.params())})"]
     lines += [f"    {_tensor_line(e)}" for e in c.inputs]
@@ -483,7 +504,8 @@ def write_exporter(selection: Union[str, os.PathLike], snapshot: Union[str, os.P
     install_file(output, text.encode("utf-8"), overwrite)
     known, reason = classify_region(receipt, snap)
     return StubResult(path=output, known=known, reason=reason, binding_id=receipt["binding_id"],
-                      abi_sha256=receipt["abi_sha256"])
+                      abi_sha256=receipt["abi_sha256"], example=worked_example(receipt, snap))
 
 
-__all__: Sequence[str] = ("KnownOp", "StubResult", "classify_region", "generate_exporter", "write_exporter")
+__all__: Sequence[str] = ("KnownOp", "StubResult", "classify_region", "generate_exporter", "worked_example",
+                          "write_exporter")

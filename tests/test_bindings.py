@@ -377,8 +377,51 @@ def test_manifest_file_errors(tmp_path):
 def test_malformed_slots():
     with pytest.raises(UserError, match=r"kernel_slots\[0\] is malformed"):
         bind_slots(None, [{"binding_id": "x"}])
-    with pytest.raises(UserError, match="two slots with binding ID 'x'"):
-        bind_slots(None, [slot("x"), slot("x")])
+    with pytest.raises(UserError, match=r"share binding ID x but not the ABI hash; one entry cannot bind both"):
+        bind_slots(None, [slot("x"), slot("x", ABI_B)])
+
+
+# ---------------------------------------------------------------- one entry, several slots (one per layer)
+
+def layer_slot(i: int, bid="qwen.decode_attention_region@2", abi=ABI_A):
+    s = slot(bid, abi)
+    s["recipe"] = {"id": bid, "instance": f"decoder.layers.{i}.decode_attention"}
+    return s
+
+
+def test_one_entry_binds_every_slot_of_its_binding_id(work):
+    bid = "qwen.decode_attention_region@2"
+    m = write_manifest(work, [entry(bid)])
+    said = Lines()
+    bound = bind_slots(str(m), [layer_slot(0), layer_slot(1)], announce=said)
+    assert list(bound) == [bid]  # one loaded kernel, looked up by every slot of the binding
+    assert len(said.lines) == 1
+
+
+def test_unbound_slots_are_all_named(work):
+    m = write_manifest(work, [entry()])  # binds demo.copy@1, not the attention slots
+    with pytest.raises(UserError, match=r"^slot qwen.decode_attention_region@2 \(2 slots: "
+                                        r"qwen.decode_attention_region@2 \[decoder.layers.0.decode_attention\], "
+                                        r"qwen.decode_attention_region@2 \[decoder.layers.1.decode_attention\]\) "
+                                        r"\(engine role decode\) is not bound"):
+        bind_slots(str(m), [slot(), layer_slot(0), layer_slot(1)], announce=Lines())
+    with pytest.raises(UserError, match=r"2 slots: .* is not bound"):
+        bind_slots(None, [layer_slot(0), layer_slot(1)])
+
+
+def test_abi_mismatch_names_every_slot_of_the_binding(work):
+    m = write_manifest(work, [entry("qwen.decode_attention_region@2", ABI_B)])
+    with pytest.raises(UserError, match=r"layers.0.decode_attention\], .*layers.1.decode_attention\]\): ABI hash "
+                                        r"mismatch"):
+        bind_slots(str(m), [layer_slot(0), layer_slot(1)], announce=Lines())
+
+
+def test_slots_of_one_binding_id_with_two_abis_fail_closed(work):
+    m = write_manifest(work, [entry("qwen.decode_attention_region@2")])
+    with pytest.raises(UserError, match=r"slots qwen.decode_attention_region@2 \[decoder.layers.0.decode_attention\] "
+                                        r"and qwen.decode_attention_region@2 \[decoder.layers.1.decode_attention\] "
+                                        r"share binding ID"):
+        bind_slots(str(m), [layer_slot(0), layer_slot(1, abi=ABI_B)], announce=Lines())
 
 
 def test_only_named_libraries_are_loaded(work, monkeypatch):

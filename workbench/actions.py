@@ -305,9 +305,9 @@ def build_bundle(ctx: ActionContext, build_args: dict, output: str, recipe: Opti
     from mcore.graph.display import abi_lines
 
     args = _build_args(build_args)
-    if recipe is not None and (not isinstance(recipe, (list, tuple)) or len(recipe) != 2
+    if recipe is not None and (not isinstance(recipe, (list, tuple)) or len(recipe) < 2
                                or not all(isinstance(x, str) for x in recipe)):
-        raise UserError(f"recipe must be [RECIPE_ID, INSTANCE], got {recipe!r}")
+        raise UserError(f"recipe must be [RECIPE_ID, INSTANCE, ...] (or [RECIPE_ID, \"all-instances\"]), got {recipe!r}")
     out = ctx.path(output, "output")
     res = _build(args, out, recipe=tuple(recipe) if recipe else None,
                  graph_patch=_opt_path(ctx, graph_patch, "graph_patch"), device=device, progress=ctx.progress)

@@ -32,8 +32,12 @@ def cmd_build(ns: argparse.Namespace) -> int:
     if res.receipt:
         for line in abi_lines(res.receipt):
             print(line)
-    if res.receipt_path:
-        print(f"selection receipt written to {res.receipt_path}")
+    if len(m["kernel_slots"]) > 1:
+        print(f"kernel slots: {len(m['kernel_slots'])} of binding {res.receipt['binding_id']} "
+              f"(one bindings-manifest entry binds them all): "
+              + ", ".join(s["recipe"]["instance"] for s in m["kernel_slots"] if s.get("recipe")))
+    for path in res.receipt_paths:
+        print(f"selection receipt written to {path}")
     if not m["kernel_slots"]:
         print("kernel slots: none (native bundle)")
     return 0
@@ -118,6 +122,7 @@ def cmd_embed(ns: argparse.Namespace) -> int:
 
 def cmd_inspect(ns: argparse.Namespace) -> int:
     from ..bundle import open_bundle
+    from ..patch import slot_groups
 
     b = open_bundle(ns.bundle)
     m = b.manifest
@@ -135,10 +140,12 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
         print(f"role {role}: fingerprint={r['fingerprint']} inputs={len(r['inputs'])} outputs={','.join(r['outputs'])}")
     if not m["kernel_slots"]:
         print("kernel_slots: none (native bundle)")
-    for s in m["kernel_slots"]:
-        print(f"kernel_slot {s['binding_id']} role={s['engine_role']} abi_sha256={s['abi_sha256']}"
-              + (f" recipe={s['recipe']['id']}:{s['recipe']['instance']}" if s.get("recipe") else ""))
-        for line in abi_lines(s)[4:]:
+    for bid, group in slot_groups(m["kernel_slots"]).items():
+        print(f"kernel_binding {bid} abi_sha256={group[0]['abi_sha256']} serves {len(group)} slot(s)")
+        for s in group:
+            print(f"kernel_slot {s['binding_id']} role={s['engine_role']} abi_sha256={s['abi_sha256']}"
+                  + (f" recipe={s['recipe']['id']}:{s['recipe']['instance']}" if s.get("recipe") else ""))
+        for line in abi_lines(group[0])[4:]:
             print("  " + line)
     print("members: " + ", ".join(b.names()))
     return 0
@@ -157,7 +164,9 @@ def _runtime_flags(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="build a native or slot-ready bundle")
     add_build_args(p)
-    p.add_argument("--recipe", nargs=2, metavar=("RECIPE", "INSTANCE"), default=None)
+    p.add_argument("--recipe", nargs="+", metavar=("RECIPE", "INSTANCE"), default=None,
+                   help="RECIPE INSTANCE [INSTANCE ...]: each instance becomes its own slot of one binding "
+                        "(same binding ID and ABI); the literal instance all-instances names every instance")
     p.add_argument("--graph-patch", default=None, metavar="SELECTION_JSON")
     p.add_argument("--device", default=None, help="default device recorded for the bundle (cpu | cuda)")
     p.add_argument("-o", "--output", required=True)

@@ -72,5 +72,8 @@ def cmd_stub(args: argparse.Namespace) -> int:
     else:
         print(f"kernel body: not generated ({res.reason}); write region_kernel in {res.path}, "
               "then set KERNEL_IMPLEMENTED = True")
+    if res.example:
+        print(f"worked example: {res.example} implements this kind of region; try it first: "
+              f"python {res.example} --selection {args.selection} --snapshot {args.snapshot} --output KERNEL.so")
     print(f"next: python {res.path} --snapshot {args.snapshot} --selection {args.selection} --output KERNEL.so")
     return 0

@@ -21,6 +21,16 @@ def arm_of(params: dict[str, Any]) -> str:
     return "slot" if (params.get("recipe") or params.get("graph_patch")) else "native"
 
 
+def slot_lines(kernel_slots: list[dict[str, Any]]) -> list[str]:
+    """One line per binding: a binding that serves several slots (one per layer) says how many."""
+    groups: dict[tuple[str, str], int] = {}  # one manifest entry binds each (binding ID, ABI) group
+    for s in kernel_slots:
+        key = (s["binding_id"], s["abi_sha256"])
+        groups[key] = groups.get(key, 0) + 1
+    return [f"slot {bid} abi {abi[:16]}…" + (f" ×{n} slots, one binding" if n > 1 else "")
+            for (bid, abi), n in groups.items()]
+
+
 class BuildScreen(WorkbenchScreen):
     SCREEN_NAME = "build"
     BINDINGS = [
@@ -90,8 +100,8 @@ class BuildScreen(WorkbenchScreen):
             fps = res.get("fingerprints") or {}
             for role, fp in fps.items():
                 info.append(f"\n  {role} {fp[:16]}…", style="dim")
-            for s in res.get("kernel_slots") or []:
-                info.append(f"\n  slot {s['binding_id']} abi {s['abi_sha256'][:16]}…", style="magenta")
+            for line in slot_lines(res.get("kernel_slots") or []):
+                info.append("\n  " + line, style="magenta")
         else:
             if self.step_text.get(arm):
                 info.append(self.step_text[arm], style="red")

@@ -93,6 +93,10 @@ class KernelScreen(WorkbenchScreen):
         t.append("manifest ", style="dim")
         if st.manifest:
             t.append(f"{st.show_path(st.manifest)}")
+            served = [k for k in ((st.bundles.get("slot") or {}).get("kernel_slots") or [])
+                      if rec and k["binding_id"] == rec["binding_id"] and k["abi_sha256"] == rec["abi_sha256"]]
+            if len(served) > 1:  # one entry binds every slot of its binding ID (one per layer)
+                t.append(f"  (its entry binds all {len(served)} slots of the slot-ready bundle)", style="magenta")
         else:
             t.append("- (w writes it once a receipt and a library are chosen)", style="dim")
         self.query_one("#kernel-status", Static).update(t)

@@ -1,0 +1,557 @@
+#!/usr/bin/env python3
+"""CuTe DSL decode attention for the recipe qwen.decode_attention_region@2 (tutorial step 5).
+
+STATUS: compiles, exports and links on CPU (CUTE_DSL_ARCH=sm_90a); GPU CORRECTNESS AND SPEED ARE NOT
+YET VERIFIED. tests/test_cutedsl_decode_attention.py holds the GPU checks (marked `gpu`) against
+mcore.ops.decode_attention_reference; until they have passed on a device, treat this DSO as untested.
+
+Written by hand (not by `mcore kernel stub`), in the generated exporters' structure: a contract check
+that needs no CuTe DSL, the kernel, then compile (`--enable-tvm-ffi`), export_to_c and link. Unlike a
+generated exporter it is not pinned to one graph: it serves every receipt of this recipe whose ABI
+fits (any model, any layer), and compiles for that receipt's shapes.
+
+The ABI (the receipt's call order; `mcore build --recipe qwen.decode_attention_region@2 ...`):
+    run(query, key_cache, value_cache, kv_lengths, context)
+    query        T     [1, H, -1, D]   already scaled by the model (softmax scale here is 1.0)
+    key_cache    T     [1, KV, C, D]   after this step's update
+    value_cache  T     [1, KV, C, D]
+    kv_lengths   INT32 [1]             on the device: valid positions including the s new tokens
+    context      T     [1, H, -1, D]   shaped like input 0 (output_shape_input = 0)
+    T is BF16 or FP16, D is 64 or 128, H is a multiple of KV (grouped-query attention).
+    workspace: none (0 bytes); extra args: none.
+
+Semantics (mcore.ops.decode_attention): query i of the s new tokens sits at position
+length - s + i and attends the keys 0..length - s + i (causal among the new tokens).
+
+Schedule (split-KV, flash-decoding inside a block): one block per (query head, new token); its
+NUM_WARPS warps split the attended keys [0, end) into equal contiguous shares, fixed by the length
+alone. Each warp keeps an online softmax (running max, sum, fp32 accumulator; each lane owns D/32
+columns) and the block merges the warps' partial results through shared memory in warp order: a
+deterministic merge with no atomics. The split is inside the block because the recipe's ABI
+declares no workspace: splitting across blocks would need global scratch for the partials, and that
+scratch must be the receipt's workspace (the ABI hash covers its bytes), i.e. another recipe version.
+
+Numerics (mirroring mcore/flash_decode.py): products and sums in fp32; the softmax in fp32 (exp
+through ex2.approx); probabilities rounded to T for the product with V (the sum of probabilities is
+not rounded); the context rounded to T once.
+
+No host sync: the length is read from the device tensor inside the kernel, so the launch (grid H*s,
+NUM_WARPS*32 threads) is the same on every call and can be captured in a CUDA graph. The launch uses
+the TVM-FFI environment stream (the engine's current stream), never the default stream by itself.
+Precondition (the engine guarantees it): s <= length <= C. Keys past C are never read.
+
+Use (needs nvidia-cutlass-dsl with its CUDA 13 libs, apache-tvm-ffi, gcc and libcudart):
+    mcore build BUILD_ARGS --recipe qwen.decode_attention_region@2 decoder.layers.0.decode_attention -o work/attn.bundle
+    python kernels/cutedsl_decode_attention.py --selection work/attn.selection.json --output work/attn.so
+    add --snapshot SNAPSHOT to also check the graph the receipt was made from; add --check-only to run
+    only the contract check (it needs no CuTe DSL). A build of several instances writes one receipt per
+    slot (X.selection.INSTANCE.json); they share the ABI, so any one of them serves.
+Every mismatch is refused with one line and exit 2; an existing output is never overwritten. With no
+GPU visible, CUTE_DSL_ARCH defaults to sm_90a (that DSO runs on sm_90 GPUs such as H100/H200).
+It prints binding_id=..., abi_sha256=... and dso=PATH; bind the DSO with function name `run`; one
+bindings-manifest entry binds every layer's slot of the bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# ---------------------------------------------------------------- the contract
+
+BINDING_ID = "qwen.decode_attention_region@2"
+ABI_FORMAT = "mcore.tvm_ffi.abi/1"
+DTYPES = ("BF16", "FP16")
+HEAD_DIMS = (64, 128)
+# Snapshot metadata recorded but not fingerprinted (mcore.graph.snapshot.UNHASHED_METADATA).
+UNHASHED_METADATA = ["tool_versions"]
+
+EXIT_CONTRACT = 2   # a selection/snapshot that does not match, an existing output
+EXIT_EXPORT = 1     # compile, export or link failed
+PROG = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "exporter"
+
+
+class ContractError(Exception):
+    """The selection or snapshot does not match this exporter; the message says what and what to do."""
+
+
+def _canonical_json(data):
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def _sha256(data):
+    return hashlib.sha256(_canonical_json(data).encode()).hexdigest()
+
+
+def abi_contract(inputs, outputs, workspace_bytes, extra_args, output_shape_input):
+    """Exactly what abi_sha256 covers (the same definition as mcore.selection.abi_contract)."""
+    extras = []
+    for arg in extra_args:
+        arg = dict(arg)
+        if arg.get("type") == "float":
+            arg["value"] = float(arg["value"])
+        extras.append(arg)
+    return {
+        "format": ABI_FORMAT,
+        "inputs": [{"dtype": t["dtype"], "shape": list(t["shape"])} for t in inputs],
+        "outputs": [{"dtype": t["dtype"], "shape": list(t["shape"])} for t in outputs],
+        "workspace_bytes": workspace_bytes,
+        "extra_args": extras,
+        "output_shape_input": output_shape_input,
+    }
+
+
+def _load_json(path, what):
+    p = Path(path)
+    if not p.is_file():
+        raise ContractError(f"{path}: {what} not found; check the path")
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ContractError(f"{path}: cannot read the {what} as JSON ({e})") from None
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+PATTERN = "query T [1,H,-1,D], key and value caches T [1,KV,C,D], INT32 [1] -> T [1,H,-1,D]"
+RESELECT = ("select the region with `mcore build --recipe qwen.decode_attention_region@2 INSTANCE` "
+            "on a BF16 or FP16 Qwen3 build")
+
+
+def check_selection(receipt, where):
+    """Refuse a receipt that is not this recipe's ABI; return the shapes to compile for:
+    {"dtype", "heads", "kv_heads", "capacity", "head_dim"}."""
+    if not isinstance(receipt, dict) or receipt.get("kind") != "mcore.selection_receipt":
+        raise ContractError(f"{where}: not a selection receipt; pass the .selection.json from `mcore build --recipe`")
+    required = ("abi", "abi_sha256", "graph_fingerprint", "binding_id", "node_ids", "workspace_bytes",
+                "extra_args", "output_shape_input")
+    missing = [k for k in required if k not in receipt]
+    if missing:
+        raise ContractError(f"{where}: the selection receipt lacks {', '.join(missing)}; {RESELECT}")
+    abi = receipt["abi"]
+    try:
+        ins, outs = abi["inputs"], abi["outputs"]
+        own_hash = _sha256(abi_contract(ins, outs, receipt["workspace_bytes"], receipt["extra_args"],
+                                        receipt["output_shape_input"]))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ContractError(f"{where}: the receipt's abi section is incomplete; {RESELECT}") from None
+    if own_hash != receipt["abi_sha256"]:
+        raise ContractError(f"{where}: abi_sha256 does not match the receipt's own ABI (the file was edited); {RESELECT}")
+    if abi.get("format") != ABI_FORMAT:
+        raise ContractError(f"{where}: ABI format {abi.get('format')!r} is not {ABI_FORMAT!r}; {RESELECT}")
+    if receipt["binding_id"] != BINDING_ID:
+        raise ContractError(f"{where}: binding ID {receipt['binding_id']!r} is not {BINDING_ID!r}; {RESELECT}")
+    shapes = [list(t.get("shape", [])) for t in ins + outs]
+    dts = [t.get("dtype") for t in ins + outs]
+    ok = (len(ins) == 4 and len(outs) == 1 and all(len(s) == r for s, r in zip(shapes, (4, 4, 4, 1, 4))))
+    if ok:
+        q, k, v, n, o = shapes
+        ok = (q[0] == 1 and q[2] == -1 and k[0] == 1 and k == v and n == [1] and o == q and q[3] == k[3]
+              and all(_is_int(x) and x > 0 for x in (q[1], k[1], k[2], q[3])))
+    if not ok:
+        got = ", ".join(f"{d} {s}" for d, s in zip(dts, shapes))
+        raise ContractError(f"{where}: the boundary ({got}) is not decode attention ({PATTERN}); {RESELECT}")
+    t = dts[0]
+    if t not in DTYPES or dts != [t, t, t, "INT32", t]:
+        raise ContractError(f"{where}: dtypes {', '.join(map(str, dts))} are not supported; this kernel takes BF16 or "
+                            "FP16 query, caches and context with INT32 lengths (build with --precision bf16 or fp16)")
+    heads, kv_heads, capacity, head_dim = q[1], k[1], k[2], q[3]
+    if head_dim not in HEAD_DIMS:
+        raise ContractError(f"{where}: head_dim {head_dim} is not supported (this kernel takes "
+                            f"{' or '.join(map(str, HEAD_DIMS))})")
+    if heads % kv_heads:
+        raise ContractError(f"{where}: {heads} query heads are not a multiple of {kv_heads} KV heads")
+    if kv_heads * capacity * head_dim >= 2 ** 31:
+        raise ContractError(f"{where}: a cache of {kv_heads}x{capacity}x{head_dim} elements is too large for 32-bit "
+                            "offsets")
+    if receipt["workspace_bytes"] != 0 or receipt["extra_args"] != [] or receipt["output_shape_input"] != 0:
+        raise ContractError(f"{where}: this kernel takes no workspace and no extra args, and its output is shaped like "
+                            f"input 0 (the receipt has workspace {receipt['workspace_bytes']}, extra args "
+                            f"{json.dumps(receipt['extra_args'])}, output like input {receipt['output_shape_input']}); "
+                            f"{RESELECT}")
+    return {"dtype": t, "heads": heads, "kv_heads": kv_heads, "capacity": capacity, "head_dim": head_dim}
+
+
+def check_snapshot(snapshot, receipt, where):
+    """Refuse a snapshot that is damaged or is not the graph the receipt was made from."""
+    if not isinstance(snapshot, dict) or snapshot.get("kind") != "mcore.graph_snapshot" or "fingerprint" not in snapshot:
+        raise ContractError(f"{where}: not a graph snapshot; pass the file from `mcore graph inspect --snapshot`")
+    try:
+        payload = {k: v for k, v in snapshot.items() if k != "fingerprint"}
+        if isinstance(payload.get("metadata"), dict):  # tool versions are recorded, never hashed
+            payload["metadata"] = {k: v for k, v in payload["metadata"].items() if k not in UNHASHED_METADATA}
+        own = _sha256(payload)
+    except (TypeError, ValueError):
+        own = None
+    if own != snapshot["fingerprint"]:
+        raise ContractError(f"{where}: the snapshot's fingerprint does not match its content (edited or damaged); "
+                            "recapture it with `mcore graph inspect`")
+    if snapshot["fingerprint"] != receipt["graph_fingerprint"]:
+        raise ContractError(f"{where}: this is another graph (fingerprint {snapshot['fingerprint'][:16]}..., the "
+                            f"selection's is {str(receipt['graph_fingerprint'])[:16]}...); pass the snapshot the "
+                            "selection was made from")
+    tensors = {t.get("id"): t for t in snapshot.get("tensors", []) if isinstance(t, dict)}
+    for e in receipt["abi"]["inputs"] + receipt["abi"]["outputs"]:
+        t = tensors.get(e.get("tensor_id"), {})
+        if t.get("dtype") != e["dtype"] or t.get("shape") != e["shape"]:
+            raise ContractError(f"{where}: {e.get('tensor_id')} is not {e['dtype']} {e['shape']} in this snapshot; "
+                                "recapture and select again")
+
+
+def check_contract(selection_path, snapshot_path=None):
+    """Check the receipt (and the snapshot, when given); returns (receipt, shapes). Raises ContractError."""
+    receipt = _load_json(selection_path, "selection receipt")
+    shapes = check_selection(receipt, str(selection_path))
+    if snapshot_path is not None:
+        check_snapshot(_load_json(snapshot_path, "graph snapshot"), receipt, str(snapshot_path))
+    return receipt, shapes
+
+
+# ---------------------------------------------------------------- CuTe DSL kernel
+
+def _gpu_visible():
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return False
+    try:
+        if any(os.scandir("/proc/driver/nvidia/gpus")):
+            return True
+    except OSError:
+        pass
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+        return r.returncode == 0 and "GPU" in r.stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+# Compile and export need no GPU: without one, target sm_90a unless CUTE_DSL_ARCH says otherwise.
+# (Set before the CuTe DSL is imported; it reads the variable once.)
+if not os.environ.get("CUTE_DSL_ARCH") and not _gpu_visible():
+    os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+
+# Compile and export need no GPU: without one, target sm_90a unless CUTE_DSL_ARCH says otherwise.
+# (Set before the CuTe DSL is imported; it reads the variable once.)
+if not os.environ.get("CUTE_DSL_ARCH") and not _gpu_visible():
+    os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+
+try:
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+    CUTE_IMPORT_ERROR = None
+except ImportError as e:  # --check-only still works without the CuTe DSL
+    cute = None
+    CUTE_IMPORT_ERROR = e
+
+NUM_WARPS = 8   # KV splits per block (one warp each); fixed, so the merge order is fixed
+WARP = 32
+
+
+def make_run(dtype, heads, kv_heads, capacity, head_dim):
+    """The jit function run(query, key_cache, value_cache, kv_lengths, context, stream) for these shapes.
+
+    Everything but the token count s is a compile-time constant; s comes from query's shape."""
+    element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
+    group = heads // kv_heads
+    per_lane = head_dim // WARP       # columns each lane owns: lane, lane + 32, ...
+    threads = NUM_WARPS * WARP
+    neg_inf = -math.inf
+
+    @cute.kernel
+    def attention_kernel(query: cute.Tensor, key_cache: cute.Tensor, value_cache: cute.Tensor,
+                         kv_lengths: cute.Tensor, context: cute.Tensor, new_tokens: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        row, _, _ = cute.arch.block_idx()
+        warp = tidx // WARP
+        lane = tidx % WARP
+        head = row // new_tokens
+        token = row - head * new_tokens
+        kv_head = head // group
+        length = kv_lengths[0]                        # read on the device: no host sync
+        end = cutlass.min(length - new_tokens + token + 1, capacity)  # causal: keys [0, end)
+        share = (end + NUM_WARPS - 1) // NUM_WARPS    # the fixed split schedule
+        start = warp * share
+        stop = cutlass.min(start + share, end)
+
+        q = cute.make_rmem_tensor((per_lane,), cutlass.Float32)
+        acc = cute.make_rmem_tensor((per_lane,), cutlass.Float32)
+        for e in cutlass.range_constexpr(per_lane):
+            q[e] = query[0, head, token, lane + WARP * e].to(cutlass.Float32)
+            acc[e] = cutlass.Float32(0.0)
+        m = cutlass.Float32(neg_inf)
+        denom = cutlass.Float32(0.0)
+        for pos in cutlass.range(start, stop, 1):
+            partial = cutlass.Float32(0.0)
+            for e in cutlass.range_constexpr(per_lane):
+                partial = partial + q[e] * key_cache[0, kv_head, pos, lane + WARP * e].to(cutlass.Float32)
+            score = cute.arch.warp_reduction_sum(partial)   # butterfly: every lane gets the same sum
+            m_new = cute.arch.fmax(m, score)
+            alpha = cute.math.exp(m - m_new)                 # 0 on the first key (m = -inf)
+            p = cute.math.exp(score - m_new)
+            denom = denom * alpha + p
+            p_rounded = p.to(element).to(cutlass.Float32)    # as fused attention kernels feed P @ V
+            for e in cutlass.range_constexpr(per_lane):
+                acc[e] = acc[e] * alpha + p_rounded * value_cache[0, kv_head, pos, lane + WARP * e].to(cutlass.Float32)
+            m = m_new
+
+        # Merge the warps' partials in warp order (deterministic; an empty share has m = -inf, weight 0).
+        smem = cutlass.utils.SmemAllocator()
+        part_acc = smem.allocate_tensor(cutlass.Float32, cute.make_layout((NUM_WARPS, head_dim), stride=(head_dim, 1)), 16)
+        part_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout(NUM_WARPS), 16)
+        part_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout(NUM_WARPS), 16)
+        for e in cutlass.range_constexpr(per_lane):
+            part_acc[warp, lane + WARP * e] = acc[e]
+        if lane == 0:
+            part_m[warp] = m
+            part_l[warp] = denom
+        cute.arch.sync_threads()
+        if tidx < head_dim:
+            m_all = part_m[0]   # warp 0's share always holds key 0, so m_all is finite
+            for w in cutlass.range_constexpr(1, NUM_WARPS):
+                m_all = cute.arch.fmax(m_all, part_m[w])
+            num = cutlass.Float32(0.0)
+            den = cutlass.Float32(0.0)
+            for w in cutlass.range_constexpr(NUM_WARPS):
+                weight = cute.math.exp(part_m[w] - m_all)
+                num = num + part_acc[w, tidx] * weight
+                den = den + part_l[w] * weight
+            context[0, head, token, tidx] = (num / den).to(element)
+
+    @cute.jit
+    def run(query: cute.Tensor, key_cache: cute.Tensor, value_cache: cute.Tensor, kv_lengths: cute.Tensor,
+            context: cute.Tensor, stream: cuda.CUstream):
+        """The exported run(query, key_cache, value_cache, kv_lengths, context); `stream` is the TVM-FFI env stream."""
+        new_tokens = cute.size(query, mode=[2])   # s: dynamic, from the tensor the engine passes
+        attention_kernel(query, key_cache, value_cache, kv_lengths, context, new_tokens).launch(
+            grid=(heads * new_tokens, 1, 1),
+            block=(threads, 1, 1),
+            smem=(NUM_WARPS * head_dim + 2 * NUM_WARPS) * 4 + 64,
+            stream=stream,
+        )
+
+    return run
+
+
+def fake_arguments(dtype, heads, kv_heads, capacity, head_dim):
+    """Compile-time stand-ins for run()'s arguments, in ABI order (s is one cute.sym_int())."""
+    element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
+
+    def tensor(dt, shape):  # contiguous row-major, like the engine's linear tensors
+        return make_fake_compact_tensor(dt, shape, stride_order=tuple(reversed(range(len(shape)))))
+
+    tokens = cute.sym_int()  # dynamic: query[2], context[2]
+    return [
+        tensor(element, (1, heads, tokens, head_dim)),           # query
+        tensor(element, (1, kv_heads, capacity, head_dim)),      # key_cache
+        tensor(element, (1, kv_heads, capacity, head_dim)),      # value_cache
+        tensor(cutlass.Int32, (1,)),                             # kv_lengths
+        tensor(element, (1, heads, tokens, head_dim)),           # context
+        make_fake_stream(use_tvm_ffi_env_stream=True),           # the TVM-FFI env stream, not a run() argument
+    ]
+
+
+# ---------------------------------------------------------------- compile, export, link
+
+class ExportError(Exception):
+    """Compile, export or link failed."""
+
+
+STATIC_RUNTIME = "libcuda_dialect_runtime_static.a"
+
+
+def cute_runtime_libdir():
+    """The CuTe DSL runtime folder holding libcuda_dialect_runtime_static.a (cu13 libs preferred)."""
+    candidates = []
+    if os.environ.get("CUTE_DSL_RUNTIME_DIR"):
+        candidates.append(Path(os.environ["CUTE_DSL_RUNTIME_DIR"]))
+    try:
+        from cutlass.cute.export.aot_config import get_libdir
+        if get_libdir():
+            candidates.append(Path(get_libdir()))
+    except Exception:  # older CuTe DSL: search the package below
+        pass
+    package = Path(cutlass.__file__).resolve().parents[2]  # .../nvidia_cutlass_dsl
+    candidates += [package / "cu13" / "lib", package / "cu12" / "lib"]
+    for d in candidates:
+        if (d / STATIC_RUNTIME).is_file():
+            return d
+    raise ExportError(f"{STATIC_RUNTIME} not found in the installed nvidia-cutlass-dsl; install its CUDA 13 libs "
+                      "(pip install 'nvidia-cutlass-dsl[cu13]') or set CUTE_DSL_RUNTIME_DIR")
+
+
+def cudart_libdir():
+    """A folder with libcudart.so: CUDA_HOME, CUDA_PATH, the toolkit of nvcc, /usr/local/cuda; None to let gcc search."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        homes.append(str(Path(nvcc).resolve().parent.parent))
+    homes.append("/usr/local/cuda")
+    for home in filter(None, homes):
+        for sub in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
+            if (Path(home) / sub / "libcudart.so").exists():
+                return Path(home) / sub
+    return None
+
+
+# Newer CuTe DSL wrappers report a CUDA error through this helper of libcute_dsl_runtime.so. Defining
+# it in the DSO keeps the DSO self-contained: at run time it needs only libcudart and libtvm_ffi.
+ERROR_SHIM_C = r"""
+#include <stdio.h>
+typedef void (*set_raised_parts_fn)(const char* kind, const char** parts, int num_parts);
+__attribute__((visibility("hidden")))
+void CuteDSLRT_TVMFFISetRaisedCudaError(set_raised_parts_fn set_raised, int code) {
+  char number[32];
+  const char* parts[2];
+  if (!set_raised) return;
+  snprintf(number, sizeof number, "%d", code);
+  parts[0] = "CUDA error in the CuTe DSL kernel wrapper, cudaError_t ";
+  parts[1] = number;
+  set_raised("RuntimeError", parts, 2);
+}
+"""
+
+
+def _run(cmd, what):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ExportError(f"{what} failed ({' '.join(map(str, cmd))}): {(r.stderr or r.stdout).strip()[-2000:]}")
+
+
+def link(obj, dso, with_dsl_runtime=False):
+    """Link the exported object with the CuTe DSL runtime archive and the CUDA runtime into a shared library.
+
+    with_dsl_runtime: also link libcute_dsl_runtime.so (found at run time through the rpath), for a
+    CuTe DSL whose wrapper needs more of it than the error helper above.
+    """
+    import tvm_ffi.libinfo
+    cc = os.environ.get("CC", "gcc")
+    runtime = cute_runtime_libdir()
+    tvm_ffi_dir = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
+    cudart = cudart_libdir()
+    shim_c = Path(obj).with_name("cute_dsl_error_shim.c")
+    shim_c.write_text(ERROR_SHIM_C)
+    shim_o = shim_c.with_suffix(".o")
+    _run([cc, "-c", "-fPIC", "-O2", "-o", shim_o, shim_c], "compiling the error helper")
+    cmd = [cc, "-shared", "-o", dso, obj] + ([] if with_dsl_runtime else [shim_o]) + [
+        runtime / STATIC_RUNTIME, "-Wl,--exclude-libs,ALL", "-Wl,--as-needed"]
+    rpath = [str(d) for d in (cudart, tvm_ffi_dir) if d]
+    if with_dsl_runtime:
+        cmd += [f"-L{runtime}", "-lcute_dsl_runtime"]
+        rpath.insert(0, str(runtime))
+    if cudart:
+        cmd += [f"-L{cudart}"]
+    cmd += ["-lcudart", f"-L{tvm_ffi_dir}", "-ltvm_ffi", "-Wl,--no-as-needed", "-Wl,-rpath," + ":".join(rpath)]
+    try:
+        _run(cmd, "linking")
+    except ExportError as e:
+        raise ExportError(f"{e}" + ("" if cudart else "; set CUDA_HOME to the CUDA toolkit so libcudart is found")) from None
+
+
+def _load_check(dso):
+    """Load the DSO we just built (our own code) and look up run; returns the error text, or None."""
+    import tvm_ffi
+    try:
+        tvm_ffi.load_module(str(dso))["run"]
+    except Exception as e:
+        return str(e)
+    return None
+
+
+def export(output, shapes):
+    """Compile run for `shapes`, export it for the TVM-FFI ABI, link it and put the DSO at `output` (never replaced)."""
+    if cute is None:
+        raise ExportError(f"the CuTe DSL is not importable ({CUTE_IMPORT_ERROR}); "
+                          "pip install 'nvidia-cutlass-dsl[cu13]' apache-tvm-ffi")
+    try:
+        run = make_run(**shapes)
+        compiled = cute.compile(run, *fake_arguments(**shapes), options="--enable-tvm-ffi")
+    except Exception as e:
+        raise ExportError(f"cute.compile failed: {type(e).__name__}: {e}") from e
+    output = Path(output)
+    with tempfile.TemporaryDirectory(prefix="cutedsl-export-") as tmp:
+        obj = Path(tmp) / "run.o"
+        try:
+            compiled.export_to_c(str(obj), function_name="run", export_only_tvm_ffi_symbols=True)
+        except TypeError:  # older CuTe DSL without export_only_tvm_ffi_symbols
+            compiled.export_to_c(str(obj), function_name="run")
+        fd, staged = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp.so", dir=output.parent)
+        os.close(fd)
+        try:
+            link(obj, staged)
+            problem = _load_check(staged)
+            if problem and "undefined symbol" in problem and (cute_runtime_libdir() / "libcute_dsl_runtime.so").exists():
+                link(obj, staged, with_dsl_runtime=True)
+                problem = _load_check(staged)
+                if not problem:
+                    print(f"note: this DSO needs libcute_dsl_runtime.so at run time (rpath: {cute_runtime_libdir()})",
+                          file=sys.stderr)
+            if problem:
+                raise ExportError(f"the linked DSO does not load: {problem}")
+            os.chmod(staged, 0o755)
+            try:
+                os.link(staged, output)  # atomic, and never replaces an existing file
+            except FileExistsError:
+                raise ExportError(f"{output} appeared while exporting; choose a fresh path") from None
+        finally:
+            os.unlink(staged)
+
+
+# ---------------------------------------------------------------- command line
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog=PROG, description=f"Export the CuTe DSL decode attention for {BINDING_ID} "
+                                                            "as a TVM-FFI DSO (GPU correctness not yet verified).")
+    parser.add_argument("--selection", required=True, help="selection receipt (.selection.json) of the recipe")
+    parser.add_argument("--snapshot", default=None, help="graph snapshot the selection was made from (optional check)")
+    parser.add_argument("--output", help="DSO to write (.so); never overwritten")
+    parser.add_argument("--check-only", action="store_true", help="only check the selection (and snapshot)")
+    args = parser.parse_args(argv)
+    try:
+        receipt, shapes = check_contract(args.selection, args.snapshot)
+    except ContractError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_CONTRACT
+    described = (f"{shapes['dtype']} heads={shapes['heads']} kv_heads={shapes['kv_heads']} "
+                 f"capacity={shapes['capacity']} head_dim={shapes['head_dim']}")
+    if args.check_only:
+        print(f"contract OK: {args.selection} is decode attention ({described})")
+        print(f"binding_id={BINDING_ID}")
+        print(f"abi_sha256={receipt['abi_sha256']}")
+        return 0
+    if not args.output:
+        print(f"{PROG}: error: --output is required (or pass --check-only)", file=sys.stderr)
+        return EXIT_CONTRACT
+    output = Path(args.output)
+    if output.exists():
+        print(f"{PROG}: error: {output} exists; choose a fresh path (the exporter never overwrites a DSO)",
+              file=sys.stderr)
+        return EXIT_CONTRACT
+    if not output.parent.is_dir():
+        print(f"{PROG}: error: folder {output.parent} does not exist; create it first", file=sys.stderr)
+        return EXIT_CONTRACT
+    try:
+        export(output, shapes)
+    except ExportError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_EXPORT
+    print(f"binding_id={BINDING_ID}")
+    print(f"abi_sha256={receipt['abi_sha256']}")
+    print(f"shapes: {described}")
+    print(f"arch={os.environ.get('CUTE_DSL_ARCH') or 'the visible GPU'}")
+    print(f"dso={output.resolve()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""kernels/cutedsl_decode_attention.py: the CuTe DSL decode attention of tutorial step 5 (issue 13).
+
+CPU (CI): the contract check accepts this recipe's ABI and refuses everything else with one line
+and exit 2; compile + export + link for sm_90a and load the DSO (no GPU needed).
+GPU (marked `gpu`, run on the device): numerics against mcore.ops.decode_attention_reference.
+GPU correctness is NOT yet verified: these GPU tests have not run on a device yet.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcore.selection import select_region
+from tests.test_stubgen import Graph, node_of
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "kernels" / "cutedsl_decode_attention.py"
+BINDING = "qwen.decode_attention_region@2"
+HAVE_CUTE = importlib.util.find_spec("cutlass") is not None
+needs_cute = pytest.mark.skipif(not HAVE_CUTE, reason="the CuTe DSL (nvidia-cutlass-dsl) is not installed; "
+                                                      "pip install 'nvidia-cutlass-dsl[cu13]' to run this test")
+
+
+def attention_pair(dtype="BF16", heads=32, kv_heads=8, capacity=4096, head_dim=128, binding=BINDING,
+                   **select: Any) -> tuple[dict, dict]:
+    """A stand-in decode graph around one mcore.decode_attention node, and its receipt."""
+    g = Graph(role="decode", family="qwen3", model="stand-in")
+    q = g.input(dtype, [1, heads, -1, head_dim], "query")
+    k = g.input(dtype, [1, kv_heads, capacity, head_dim], "key_cache")
+    v = g.input(dtype, [1, kv_heads, capacity, head_dim], "value_cache")
+    n = g.input("INT32", [1], "kv_lengths")
+    a = g.op("mcore.decode_attention.default", [q, k, v, n], dtype, [1, heads, -1, head_dim],
+             module_path="decoder.layers.0.self_attn.decode_attention")
+    g.output(g.op("aten.relu.default", [a], dtype, [1, heads, -1, head_dim]))
+    snap = g.snapshot()
+    return snap, select_region(snap, [node_of(snap, a)], binding, output_shape_input=0, **select)
+
+
+def write_pair(folder: Path, snap: dict, receipt: dict, name: str = "attn") -> tuple[Path, Path]:
+    rp, sp = folder / f"{name}.selection.json", folder / f"{name}.graph.json"
+    rp.write_text(json.dumps(receipt))
+    sp.write_text(json.dumps(snap))
+    return rp, sp
+
+
+@pytest.fixture(scope="module")
+def exporter():
+    spec = importlib.util.spec_from_file_location("cutedsl_decode_attention", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"}
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+# ---------------------------------------------------------------- contract (no CuTe DSL needed)
+
+@pytest.mark.parametrize("dtype, heads, kv_heads, head_dim", [("BF16", 32, 8, 128), ("FP16", 8, 8, 64),
+                                                              ("BF16", 16, 2, 64)])
+def test_check_only_accepts_every_fitting_shape(exporter, tmp_path, capsys, dtype, heads, kv_heads, head_dim):
+    snap, receipt = attention_pair(dtype, heads, kv_heads, 1024, head_dim)
+    rp, sp = write_pair(tmp_path, snap, receipt)
+    assert exporter.main(["--selection", str(rp), "--snapshot", str(sp), "--check-only"]) == 0
+    out = capsys.readouterr().out
+    assert f"({dtype} heads={heads} kv_heads={kv_heads} capacity=1024 head_dim={head_dim})" in out
+    assert f"abi_sha256={receipt['abi_sha256']}" in out and f"binding_id={BINDING}" in out
+
+
+def _edited(receipt: dict, mutate) -> dict:
+    r = copy.deepcopy(receipt)
+    mutate(r)
+    return r
+
+
+def refusals() -> list[tuple[str, Any, str]]:
+    """(name, receipt or (snapshot, receipt), the message fragment)."""
+    _, base = attention_pair()
+    other_snap, _ = attention_pair(capacity=2048)
+    return [
+        ("fp32", attention_pair("FP32")[1], "dtypes FP32, FP32, FP32, INT32, FP32 are not supported"),
+        ("head_dim", attention_pair(head_dim=96)[1], "head_dim 96 is not supported"),
+        ("gqa", attention_pair(heads=12, kv_heads=8)[1], "12 query heads are not a multiple of 8 KV heads"),
+        ("workspace", attention_pair(workspace_bytes=1024)[1], "this kernel takes no workspace"),
+        ("binding", attention_pair(binding="my.attn@1")[1], "binding ID 'my.attn@1' is not"),
+        ("edited", _edited(base, lambda r: r["abi"]["inputs"][1]["shape"].__setitem__(2, 8)), "the file was edited"),
+        ("not a receipt", {"kind": "something"}, "not a selection receipt"),
+        ("snapshot", (other_snap, base), "this is another graph"),
+    ]
+
+
+@pytest.mark.parametrize("name, case, fragment", refusals(), ids=[c[0] for c in refusals()])
+def test_each_mismatch_is_one_line_exit_2(exporter, tmp_path, capsys, name, case, fragment):
+    snap, receipt = case if isinstance(case, tuple) else (attention_pair()[0], case)
+    rp, sp = write_pair(tmp_path, snap, receipt)
+    assert exporter.main(["--selection", str(rp), "--snapshot", str(sp), "--check-only"]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_boundary_that_is_not_attention_is_refused(exporter, tmp_path, capsys):
+    g = Graph(role="decode")
+    x = g.input("BF16", [4, 128], "x")
+    y = g.op("aten.relu.default", [x], "BF16", [4, 128])
+    g.output(g.op("aten.relu.default", [y], "BF16", [4, 128]))
+    snap = g.snapshot()
+    rp, _ = write_pair(tmp_path, snap, select_region(snap, [node_of(snap, y)], BINDING))
+    assert exporter.main(["--selection", str(rp), "--check-only"]) == 2
+    assert "(BF16 [4, 128], BF16 [4, 128]) is not decode attention" in capsys.readouterr().err
+
+
+def test_command_line_exit_codes(tmp_path):
+    snap, receipt = attention_pair("FP32")
+    rp, _ = write_pair(tmp_path, snap, receipt)
+    r = run_script("--selection", rp, "--check-only")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "are not supported" in r.stderr
+    r = run_script("--selection", tmp_path / "missing.json", "--check-only")
+    assert r.returncode == 2 and "selection receipt not found" in r.stderr
+
+
+# ---------------------------------------------------------------- compile + export + link (no GPU needed)
+
+@needs_cute
+def test_export_links_a_loadable_tvm_ffi_dso(tmp_path):
+    import torch
+    import tvm_ffi
+
+    snap, receipt = attention_pair("BF16", 32, 8, 4096, 128)
+    rp, sp = write_pair(tmp_path, snap, receipt)
+    out = tmp_path / "dso" / "attention.so"
+    out.parent.mkdir()
+    r = run_script("--selection", rp, "--snapshot", sp, "--output", out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"abi_sha256={receipt['abi_sha256']}" in r.stdout and "arch=sm_90a" in r.stdout
+    assert f"dso={out.resolve()}" in r.stdout and [p.name for p in out.parent.iterdir()] == [out.name]
+    fn = tvm_ffi.load_module(str(out))["run"]
+    q = torch.zeros(1, 32, 3, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(1, 8, 4096, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="cuda"):  # the wrapper checks every argument before any launch
+        fn(q, cache, cache.clone(), torch.full((1,), 3, dtype=torch.int32), q.clone())
+    with pytest.raises(TypeError, match="Expects 5 parameters"):
+        fn(q, cache, cache, q)
+    r = run_script("--selection", rp, "--output", out)  # never overwritten
+    assert r.returncode == 2 and "never overwrites" in r.stderr
+
+
+# ---------------------------------------------------------------- GPU numerics (run on the device: pytest -m gpu)
+
+GPU_SHAPES = [  # (dtype, heads, kv_heads, capacity, head_dim): GQA 1, 4 and 8; both head dims and dtypes
+    ("BF16", 8, 8, 256, 128), ("FP16", 8, 8, 256, 64),
+    ("BF16", 16, 4, 256, 64), ("FP16", 16, 4, 256, 128),
+    ("BF16", 32, 4, 256, 128), ("FP16", 32, 4, 256, 64),
+]
+GPU_LENGTHS = [1, 2, 127, 128, 129, 255, 256]  # ..., capacity - 1, capacity
+
+
+@pytest.fixture(scope="module")
+def gpu_kernels(tmp_path_factory):
+    import torch
+
+    if not torch.cuda.is_available() or not HAVE_CUTE:
+        pytest.skip("needs a CUDA GPU and the CuTe DSL")
+    import tvm_ffi
+
+    folder = tmp_path_factory.mktemp("cutedsl-attention")
+    fns = {}
+    for shape in GPU_SHAPES:
+        name = "_".join(map(str, shape))
+        rp, sp = write_pair(folder, *attention_pair(*shape), name)
+        out = folder / f"{name}.so"
+        r = run_script("--selection", rp, "--snapshot", sp, "--output", out)
+        assert r.returncode == 0, r.stderr[-3000:]
+        fns[shape] = tvm_ffi.load_module(str(out))["run"]
+    return fns
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=["_".join(map(str, s)) for s in GPU_SHAPES])
+@pytest.mark.parametrize("new_tokens", [1, 3])
+def test_gpu_matches_the_reference(gpu_kernels, shape, new_tokens):
+    import torch
+
+    from mcore.ops import decode_attention_reference
+
+    dtype, heads, kv_heads, capacity, head_dim = shape
+    tdt = {"BF16": torch.bfloat16, "FP16": torch.float16}[dtype]
+    fn = gpu_kernels[shape]
+    gen = torch.Generator().manual_seed(heads * 1000 + head_dim + new_tokens)
+    q = (torch.randn(1, heads, new_tokens, head_dim, generator=gen) * head_dim ** -0.5).to(tdt)
+    k = torch.randn(1, kv_heads, capacity, head_dim, generator=gen).to(tdt)
+    v = torch.randn(1, kv_heads, capacity, head_dim, generator=gen).to(tdt)
+    qd, kd, vd = q.cuda(), k.cuda(), v.cuda()
+    for length in GPU_LENGTHS:
+        if length < new_tokens:
+            continue
+        n = torch.tensor([length], dtype=torch.int32)
+        out = torch.full_like(qd, float("nan"))
+        fn(qd, kd, vd, n.cuda(), out)
+        again = torch.empty_like(qd)
+        fn(qd, kd, vd, n.cuda(), again)
+        torch.cuda.synchronize()
+        ref = decode_attention_reference(q, k, v, n)
+        tol = 2e-2 if dtype == "BF16" else 4e-3
+        assert torch.allclose(out.double().cpu(), ref, atol=tol, rtol=tol), (shape, new_tokens, length)
+        assert torch.equal(out, again), "not deterministic"
+
+
+@pytest.mark.gpu
+def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels):
+    """No host sync: the length lives on the device, so a captured graph follows later lengths."""
+    import torch
+
+    from mcore.ops import decode_attention_reference
+
+    shape = ("BF16", 32, 4, 256, 128)
+    fn = gpu_kernels[shape]
+    q = torch.randn(1, 32, 1, 128, device="cuda").to(torch.bfloat16)
+    k = torch.randn(1, 4, 256, 128, device="cuda").to(torch.bfloat16)
+    v = torch.randn(1, 4, 256, 128, device="cuda").to(torch.bfloat16)
+    n = torch.tensor([5], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn(q, k, v, n, out)  # warm up on the side stream
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(q, k, v, n, out)
+    for length in (7, 200):
+        n.fill_(length)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = decode_attention_reference(q.cpu(), k.cpu(), v.cpu(), n.cpu())
+        assert torch.allclose(out.double().cpu(), ref, atol=2e-2, rtol=2e-2), length
+
+
+# ---------------------------------------------------------------- the stub generator points here
+
+def test_stub_on_an_attention_receipt_points_at_this_kernel(tmp_path, mcore):
+    snap, receipt = attention_pair()
+    rp, sp = write_pair(tmp_path, snap, receipt)
+    r = mcore("kernel", "stub", str(rp), "--snapshot", str(sp), "-o", str(tmp_path / "stub.py"))
+    assert r.code == 0, r
+    assert "worked example: kernels/cutedsl_decode_attention.py implements this kind of region" in r.out
+    text = (tmp_path / "stub.py").read_text()
+    assert "Worked example for this region: kernels/cutedsl_decode_attention.py" in text
+    assert "worked example for this region: kernels/cutedsl_decode_attention.py" in text  # in TODO, where export stops
+    # and the example itself accepts the very receipt the stub was made from
+    assert run_script("--selection", rp, "--snapshot", sp, "--check-only").returncode == 0
+
+
+def test_stub_on_other_regions_names_no_example(tmp_path, mcore):
+    g = Graph(role="decode")
+    x = g.input("BF16", [4, 128], "x")
+    y = g.op("aten.relu.default", [x], "BF16", [4, 128])
+    g.output(g.op("aten.relu.default", [y], "BF16", [4, 128]))
+    snap = g.snapshot()
+    rp, sp = write_pair(tmp_path, snap, select_region(snap, [node_of(snap, y)], "t.relu@1"))
+    r = mcore("kernel", "stub", str(rp), "--snapshot", str(sp), "-o", str(tmp_path / "stub.py"))
+    assert r.code == 0 and "worked example" not in r.out.lower()
+    assert "cutedsl_decode_attention" not in (tmp_path / "stub.py").read_text()
+
+
+# ---------------------------------------------------------------- a real recipe receipt (Qwen3 layout, head_dim 64)
+
+WIDE_HEADS, WIDE_KV, WIDE_D = 8, 2, 64   # GQA 4
+
+
+@pytest.fixture(scope="module")
+def wide_qwen(tmp_path_factory):
+    """The demo Qwen3 with head_dim 64 (seeded random weights, BF16), built with every attention
+    instance as a slot, plus its native twin: receipts the kernel takes, from the real recipe."""
+    import shutil
+
+    from mcore.cli.main import main
+    from mcore.families.demo import materialize
+
+    work = tmp_path_factory.mktemp("wide-qwen")
+    model = work / "qwen3-wide"
+    model.mkdir()
+    demo = materialize("qwen3-tiny")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(demo / name, model / name)
+    config = json.loads((demo / "config.json").read_text())
+    config.update(num_attention_heads=WIDE_HEADS, num_key_value_heads=WIDE_KV, head_dim=WIDE_D)
+    (model / "config.json").write_text(json.dumps(config, indent=2))
+    args = [str(model), "--precision", "bf16", "--max-cache-length", "256", "--decoder-engine-layout", "split",
+            "--weights", "random", "--seed", "3"]
+    assert main(["build", *args, "--recipe", BINDING, "all-instances", "-o", str(work / "attn.bundle")]) == 0
+    assert main(["build", *args, "-o", str(work / "native.bundle")]) == 0
+    return work
+
+
+def test_the_recipe_receipts_of_a_qwen3_build_pass_the_contract(wide_qwen, exporter, capsys):
+    receipts = sorted(wide_qwen.glob("attn.selection.*.json"))
+    assert [p.name for p in receipts] == [f"attn.selection.decoder.layers.{i}.decode_attention.json" for i in (0, 1)]
+    for rp in receipts:
+        assert exporter.main(["--selection", str(rp), "--check-only"]) == 0
+        assert (f"(BF16 heads={WIDE_HEADS} kv_heads={WIDE_KV} capacity=256 head_dim={WIDE_D})"
+                in capsys.readouterr().out)
+
+
+def _wide_bindings(wide_qwen: Path) -> Path:
+    """Export the kernel for the build's receipt (once) and write the one-entry manifest."""
+    rp = wide_qwen / "attn.selection.decoder.layers.0.decode_attention.json"
+    dso = wide_qwen / "attention.so"
+    if not dso.exists():
+        r = run_script("--selection", rp, "--output", dso)
+        assert r.returncode == 0, r.stderr[-3000:]
+    manifest = wide_qwen / "kernel-bindings.json"
+    manifest.write_text(json.dumps({"schema_version": 1, "bindings": [
+        {"id": BINDING, "abi_sha256": json.loads(rp.read_text())["abi_sha256"], "library": "./attention.so",
+         "function": "run"}]}))
+    return manifest
+
+
+@needs_cute
+def test_one_exported_dso_binds_both_layers(wide_qwen):
+    from mcore.pipeline import DecoderPipeline
+
+    manifest = _wide_bindings(wide_qwen)
+    pipe = DecoderPipeline(str(wide_qwen / "attn.bundle"), kernel_bindings=str(manifest), device="cpu",
+                           engine="torch", announce=lambda line: None)
+    assert len(pipe.slot_calls) == 2 and len(pipe.kernels) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["torch", "compiled"])
+def test_gpu_pipeline_with_every_layer_bound_matches_native(wide_qwen, engine):
+    import torch
+
+    if not torch.cuda.is_available() or not HAVE_CUTE:
+        pytest.skip("needs a CUDA GPU and the CuTe DSL")
+    from mcore.pipeline import DecoderPipeline
+
+    manifest = _wide_bindings(wide_qwen)
+    prompt = "Explain grouped-query attention, KV caching, and decode latency."
+    native = DecoderPipeline(str(wide_qwen / "native.bundle"), device="cuda", engine=engine)
+    byok = DecoderPipeline(str(wide_qwen / "attn.bundle"), kernel_bindings=str(manifest), device="cuda",
+                           engine=engine, announce=lambda line: None)
+    prompt_ids = native.encode(prompt)
+    tokens = native.generate(prompt, 24, stop_at_eos=False).tokens
+    # Lockstep on the same forced tokens (random weights leave near-ties, so greedy tokens could flip).
+    want = torch.stack(native.step_logits(prompt_ids, tokens)[1:])   # decode steps only: the slots run there
+    got = torch.stack(byok.step_logits(prompt_ids, tokens)[1:])
+    assert torch.isfinite(got).all()
+    scale = want.abs().max().item()
+    assert (got - want).abs().max().item() <= 0.05 * max(scale, 1e-3), ((got - want).abs().max().item(), scale)
+    cos = torch.nn.functional.cosine_similarity(got.flatten(1), want.flatten(1), dim=1)
+    assert cos.min().item() > 0.999, cos
