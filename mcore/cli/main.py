@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 from ..errors import Cancelled, UserError
 
 # Verb groups, each a module in mcore.cli with register(subparsers).
-GROUPS = ("graph_cmds", "build_cmds", "kernel_cmds", "verify_cmds")
+GROUPS = ("graph_cmds", "build_cmds", "kernel_cmds", "verify_cmds", "profile_cmds")
 
 
 class Parser(argparse.ArgumentParser):

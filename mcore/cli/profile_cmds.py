@@ -1,0 +1,59 @@
+"""`mcore profile`: where the time goes, in the model's own terms; `mcore profile diff`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import UserError
+from ..fileio import read_json, write_json
+from .graph_cmds import stderr_progress
+
+
+def cmd_profile(ns: argparse.Namespace) -> int:
+    if ns.bundle == "diff":
+        if len(ns.rest) != 2:
+            raise UserError("mcore profile diff A.json B.json: give two profile files")
+        from ..profile import diff_lines
+
+        a, b = (read_json(p, "profile") for p in ns.rest)
+        for line in diff_lines(a, b, ns.rest):
+            print(line)
+        return 0
+    if ns.rest:
+        raise UserError(f"unexpected argument(s) {' '.join(ns.rest)}; see `mcore profile --help`")
+    if ns.top < 1:
+        raise UserError(f"--top {ns.top} must be at least 1")
+    from ..bundle import open_bundle
+    from ..pipeline import DecoderPipeline, EncoderPipeline
+    from ..profile import profile_pipeline, top_lines
+
+    bundle = open_bundle(ns.bundle)
+    cls = EncoderPipeline if bundle.manifest["family"] in ("bert", "distilbert") else DecoderPipeline
+    role = ns.role or ("encoder" if cls is EncoderPipeline else "decode")
+    pipe = cls(ns.bundle, kernel_bindings=ns.kernel_bindings, device=ns.device, engine="torch",
+               progress=stderr_progress(), bundle=bundle)
+    report = profile_pipeline(pipe, role, ns.context, ns.steps, ns.prompt, progress=stderr_progress())
+    for line in top_lines(report, ns.top):
+        print(line)
+    if ns.output:
+        write_json(ns.output, report)
+        print(f"profile written to {ns.output}", file=sys.stderr)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="attribute device time to nodes, modules, recipe instances and slots; "
+                                       "rank the regions worth a kernel (`mcore profile diff A B` compares two)")
+    p.add_argument("bundle", help="a bundle, or `diff` followed by two profile files")
+    p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    p.add_argument("--kernel-bindings", default=None)
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the bundle's, else auto)")
+    p.add_argument("--role", default=None, help="decode | prefill | encoder (default: decode, or encoder)")
+    p.add_argument("--prompt", default=None, help="encoder text (decoders profile random tokens)")
+    p.add_argument("--context", type=int, default=128, help="cached tokens for decode; prompt length for prefill")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--top", type=int, default=10)
+    p.add_argument("-o", "--output", default=None, help="write the profile JSON here")
+    p.set_defaults(func=cmd_profile)

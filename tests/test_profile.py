@@ -1,0 +1,110 @@
+"""`mcore profile` on the demo models (CPU): time attributed to nodes, modules, recipe instances and
+slots; candidate regions that select_region() accepts; profiles that compare."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mcore.selection import select_region
+
+from .conftest import QWEN_ARGS, assert_user_error
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    from mcore.build import build_bundle
+    from mcore.buildargs import BuildArgs
+
+    d = tmp_path_factory.mktemp("profile")
+    qwen = build_bundle(BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=256), d / "q.bundle")
+    enc = build_bundle(BuildArgs(model="demo:distilbert-tiny", precision="fp32"), d / "e.bundle")
+    return qwen, enc
+
+
+def _profile(mcore, tmp_path, bundle, *extra):
+    out = tmp_path / "p.json"
+    r = mcore("profile", bundle, "--steps", "3", "-o", out, *extra)
+    assert r.code == 0, r
+    return r, json.loads(out.read_text())
+
+
+def test_decoder_profile_attributes_the_step(mcore, tmp_path, bundles):
+    qwen, _ = bundles
+    r, p = _profile(mcore, tmp_path, qwen.bundle_path, "--context", "100")
+    assert p["schema_version"] == 1 and p["role"] == "decode" and p["context"] == 100
+    assert p["bundle"]["fingerprint"] == qwen.manifest["roles"]["decode"]["fingerprint"]
+    assert p["device"]["type"] == "cpu" and p["device"]["copy_bytes_per_s"] > 0 and p["versions"]["torch"]
+    # every timed graph node is a snapshot node, and the node times add up to the attributed total
+    snap_ids = {n["id"] for n in json.loads(json.dumps(p["nodes"])) if n["id"]}
+    assert len(snap_ids) == len(p["nodes"])
+    assert sum(n["seconds"] for n in p["nodes"]) == pytest.approx(p["attributed_seconds"])
+    # stated tolerance: timing each op apart (synchronised) stays within 2x of the plain step either way
+    assert 0.5 * p["step_seconds"] <= p["attributed_seconds"] <= 2.0 * p["step_seconds"]
+    # modules: the root covers all, each layer is a share of it
+    root = next(m for m in p["modules"] if m["path"] == "decoder")
+    assert root["seconds"] == pytest.approx(p["attributed_seconds"])
+    layers = [m for m in p["modules"] if m["path"] in ("decoder.layers.0", "decoder.layers.1")]
+    assert len(layers) == 2 and all(0 < m["share"] < 1 for m in layers)
+    # the attention node reads only the active length of each cache
+    att = next(n for n in p["nodes"] if n["op"] == "mcore.decode_attention.default")
+    kv, d = 2, 16  # demo:qwen3-tiny: 2 KV heads, head_dim 16, fp32
+    assert att["bytes"] >= 2 * kv * 101 * d * 4 and att["bytes"] < 2 * kv * 256 * d * 4
+    assert "qwen.decode_attention_region@2 decoder.layers.0.decode_attention" in r.out
+
+
+def test_candidates_are_regions_select_region_accepts(mcore, tmp_path, bundles):
+    qwen, _ = bundles
+    r, p = _profile(mcore, tmp_path, qwen.bundle_path, "--top", "20")
+    from mcore.graph.capture import capture
+    from mcore.buildargs import BuildArgs
+
+    snap = capture(BuildArgs.from_dict(qwen.manifest["build_args"]), "decode").snapshot
+    kinds = [c["kind"] for c in p["candidates"]]
+    assert kinds[:3] == ["recipe"] * 3 and "region" in kinds  # recipe instances first
+    for c in p["candidates"]:
+        assert c["headroom_seconds"] <= c["seconds"] + 1e-12
+        select_region(snap, c["node_ids"], "my.kernel@1", 0, (), c["output_shape_input"])  # raises if invalid
+        assert c["command"].startswith("mcore ")
+
+
+def test_encoder_profile_and_diff(mcore, tmp_path, bundles):
+    _, enc = bundles
+    _, a = _profile(mcore, tmp_path, enc.bundle_path, "--prompt", "a short sentence")
+    assert a["role"] == "encoder" and a["context"] is None
+    assert any(c["kind"] == "recipe" for c in a["candidates"])
+    fa, fb = tmp_path / "a.json", tmp_path / "b.json"
+    fa.write_text(json.dumps(a))
+    fb.write_text(json.dumps(a))
+    r = mcore("profile", "diff", fa, fb)
+    assert r.code == 0 and "(+0.000 ms)" in r.out
+
+
+def test_bad_profile_inputs(mcore, tmp_path, bundles):
+    qwen, _ = bundles
+    assert_user_error(mcore("profile", qwen.bundle_path, "--context", "999"), "--context 999")
+    assert_user_error(mcore("profile", qwen.bundle_path, "--steps", "0"), "--steps 0")
+    assert_user_error(mcore("profile", qwen.bundle_path, "--role", "encoder"), "role 'encoder'")
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"kind": "other"}))
+    assert_user_error(mcore("profile", "diff", bad, bad), "not an mcore profile")
+    assert_user_error(mcore("profile", "diff", bad), "two profile files")
+
+
+def test_bound_slot_is_attributed_by_binding_id(mcore, tmp_path):
+    from mcore.build import build_bundle
+    from mcore.buildargs import BuildArgs
+    from mcore.kernels import build_kernel
+
+    rid = "qwen.decode_logits_copy@1"
+    res = build_bundle(BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=128),
+                       tmp_path / "s.bundle", recipe=(rid, "decoder.logits_zero_bias"))
+    build_kernel("identity-copy", tmp_path / "kernel.so", cuda="off")
+    (tmp_path / "b.json").write_text(json.dumps({"schema_version": 1, "bindings": [
+        {"id": rid, "abi_sha256": res.receipt["abi_sha256"], "library": "./kernel.so", "function": "run"}]}))
+    r, p = _profile(mcore, tmp_path, res.bundle_path, "--kernel-bindings", tmp_path / "b.json", "--context", "10")
+    assert [(s["binding_id"], s["calls"]) for s in p["slots"]] == [(rid, 1)]
+    assert p["slots"][0]["seconds"] > 0 and f"slot {rid}:" in r.out
+    # the slot replaced the recipe's nodes: the recipe instance has no timed node left
+    assert not [c for c in p["candidates"] if c.get("instance") == "decoder.logits_zero_bias" and c["seconds"] > 0]
