@@ -38,6 +38,11 @@ class ActionContext:
     on_sample optional (arm, index, value) callback: the perf gate streams each measured run
     log       optional one-line text log (also receives the "loading native code" notice)
     device    optional device for pipelines ("cpu", "cuda", "cuda:N"); None = the bundle's, else auto
+    confined  the params are someone else's (a replayed session): every path must stay inside the
+              workdir (`confine`), named in errors as `where`
+    trusted_libraries
+              with `confined`: the folder whose DSOs a step may load (None: a step that would
+              load one fails); the TUI asks instead and runs unconfined-trust after a yes
     """
 
     workdir: Path
@@ -45,6 +50,10 @@ class ActionContext:
     on_sample: Optional[SampleFn] = None
     log: Optional[LogFn] = None
     device: Optional[str] = None
+    confined: bool = False
+    where: str = ""
+    trusted_libraries: Optional[Path] = None
+    native_confirmed: bool = False
 
     def __post_init__(self) -> None:
         wd = Path(self.workdir).expanduser()
@@ -58,8 +67,29 @@ class ActionContext:
         """A param path resolved against the workdir."""
         if not isinstance(p, str) or not p.strip():
             raise UserError(f"{what} must be a non-empty path string, got {p!r}")
+        if self.confined:
+            return confine(self.workdir, p, f"{self.where}field {what}")
         q = Path(p).expanduser()
         return q if q.is_absolute() else self.workdir / q
+
+    def check_native(self, manifest: Optional[str], what: str = "kernel_bindings") -> None:
+        """Before a step loads (or has a benchmark process load) the DSOs a manifest names: in a
+        replayed session, only libraries inside the trusted folder, and only when one was named."""
+        if manifest is None or not self.confined or self.native_confirmed:
+            return
+        from mcore.bindings import load_bindings_manifest
+
+        if self.trusted_libraries is None:
+            raise UserError(f"{self.where}loads native code through field {what} ({manifest}); pass "
+                            f"{TRUST_FLAG} DIR naming the folder (inside the workdir) of libraries you trust")
+        trusted = self.trusted_libraries.resolve()
+        for b in load_bindings_manifest(self.path(manifest, what)):
+            try:
+                b.library_path.relative_to(trusted)
+            except ValueError:
+                raise UserError(f"{self.where}field {what}: library {self.rel(b.library_path)} is outside the "
+                                f"trusted folder {self.rel(trusted)}; pass {TRUST_FLAG} naming its folder "
+                                f"if you trust it") from None
 
     def rel(self, p: Any) -> Optional[str]:
         """A path as recorded in results: relative to the workdir when inside it."""
@@ -96,6 +126,32 @@ class ActionContext:
 
 
 # ---------------------------------------------------------------------------- helpers
+
+TRUST_FLAG = "--trust-libraries"
+
+
+def confine(root: Path, p: str, where: str) -> Path:
+    """The one rule for a path a session names: relative, and inside `root` once `..` and
+    symlinks are resolved. Returns the resolved path; else a one-line error naming `where`."""
+    if os.path.isabs(p) or p.startswith("~"):
+        raise UserError(f"{where}: {p!r} is an absolute path; a session names paths relative to its workdir")
+    root = Path(root).resolve()
+    q = (root / p).resolve()
+    if q != root and root not in q.parents:
+        raise UserError(f"{where}: {p!r} leaves the workdir; a session names paths inside its workdir")
+    return q
+
+
+def _model_spec_where(spec: Any) -> Optional[str]:
+    """Why a model spec in a session names a folder outside the workdir, or None when it does not
+    (demo: specs and hub IDs name no folder; a local folder must not be absolute or climb out)."""
+    if not isinstance(spec, str) or spec.startswith("demo:"):
+        return None
+    if os.path.isabs(spec) or spec.startswith("~"):
+        return f"{spec!r} is an absolute path"
+    if ".." in Path(spec).parts:
+        return f"{spec!r} leaves the workdir"
+    return None
 
 def _build_args(d: Any):
     from mcore.buildargs import BuildArgs
@@ -155,6 +211,7 @@ def _pipeline(ctx: ActionContext, kind: str, bundle: str, kernel_bindings: Optio
     from mcore.pipeline import DecoderPipeline, EncoderPipeline
 
     bpath = str(ctx.path(bundle, "bundle"))
+    ctx.check_native(kernel_bindings)
     b = open_bundle(bpath)
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
     return cls(bpath, kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"), device=ctx.device,
@@ -362,6 +419,7 @@ def verify_reference(ctx: ActionContext, bundle: str, checkpoint: str, prompt: s
     """`mcore verify reference`: the engine against transformers on the same checkpoint, per step."""
     from mcore.verify_reference import reference_check
 
+    ctx.check_native(kernel_bindings)
     r = reference_check(str(ctx.path(bundle, "bundle")), _str(checkpoint, "checkpoint"), _str(prompt, "prompt"),
                         max_new_tokens=_int(max_new_tokens, "max_new_tokens", 1), chat=_bool(chat, "chat"),
                         kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"), device=ctx.device,
@@ -430,6 +488,7 @@ def gate_perf(ctx: ActionContext, native_bundle: str, external_bundle: str, kern
     from mcore.verify import perf_gate
 
     nb, eb = ctx.path(native_bundle, "native_bundle"), ctx.path(external_bundle, "external_bundle")
+    ctx.check_native(kernel_bindings)
     kind = open_bundle(nb).manifest.get("family_kind", "decoder")
     if kind == "decoder":
         _int(max_new_tokens, "max_new_tokens", 1)
@@ -474,6 +533,44 @@ ACTIONS: dict[str, Callable[..., dict]] = {
     "gate_perf": gate_perf,
     "verify_reference": verify_reference,
 }
+
+# The params of each action that name paths (a session's paths must stay in its workdir), and
+# those that name a kernel bindings manifest (loading native code).
+PATH_PARAMS: dict[str, tuple[str, ...]] = {
+    "capture_graph": ("snapshot",),
+    "list_recipes": ("snapshot",),
+    "list_nodes": ("snapshot",),
+    "select_recipe": ("snapshot", "receipt"),
+    "select_nodes": ("snapshot", "receipt"),
+    "build_kernel": ("output",),
+    "kernel_stub": ("receipt", "snapshot", "output"),
+    "write_bindings": ("receipt", "library", "manifest"),
+    "build_bundle": ("output", "graph_patch"),
+    "generate": ("bundle", "output", "kernel_bindings"),
+    "embed": ("bundle", "output", "kernel_bindings"),
+    "gate_tokens": ("native", "external"),
+    "gate_embeddings": ("native", "external"),
+    "gate_perf": ("native_bundle", "external_bundle", "kernel_bindings"),
+    "verify_reference": ("bundle", "kernel_bindings"),
+}
+NATIVE_PARAMS: dict[str, str] = {a: "kernel_bindings" for a in ("generate", "embed", "gate_perf", "verify_reference")}
+
+
+def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: str) -> None:
+    """Every path a step names stays inside `workdir` (before anything runs); model specs too."""
+    for name in PATH_PARAMS[action]:
+        if params.get(name) is not None:
+            if not isinstance(params[name], str) or not params[name].strip():
+                raise UserError(f"{where}: field {name} must be a non-empty path string, got {params[name]!r}")
+            confine(workdir, params[name], f"{where}: field {name}")
+    specs = {"build_args.model": (params.get("build_args") or {}).get("model")
+             if isinstance(params.get("build_args"), dict) else None,
+             "checkpoint": params.get("checkpoint") if action == "verify_reference" else None}
+    for name, spec in specs.items():
+        why = _model_spec_where(spec)
+        if why is not None:
+            raise UserError(f"{where}: field {name}: {why}; a session names model folders inside its workdir")
+
 
 _SELECTION_KEYS = ("binding_id", "abi_sha256", "node_ids", "input_tensor_ids", "output_tensor_ids")
 
