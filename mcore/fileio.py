@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -18,31 +19,65 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: 
     """
     path = check_output_path(path)
     parent = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    except OSError as e:
+        raise write_error(path, e) from None
     try:
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError):  # disk full, quota, I/O error: one line, nothing left behind
+            raise write_error(path, e) from None
         raise
     return path
 
 
+def write_error(path: Path, e: OSError) -> UserError:
+    """The one-line error for a failed write (disk full, permissions, I/O)."""
+    return UserError(f"{path}: cannot write ({e.strerror or e}); nothing was written there; "
+                     f"free some space or choose another path")
+
+
 def check_output_path(path: str | os.PathLike) -> Path:
-    """Fail fast (before long work) when an output cannot be written where asked."""
+    """Fail fast (before long work) when an output cannot be written where asked: the one rule for
+    every output. Only a regular file (or nothing) may be replaced; a symlink, FIFO, socket or
+    device node at the path is refused, since replacing or writing through it is never intended."""
     path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise UserError(f"{path}: cannot check the output path ({e.strerror or e}); choose another path") from None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise UserError(f"{path}: is a symbolic link; refusing to write over it, give the path of a regular file")
+    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{path}: is a {_file_kind(st.st_mode)}, not a regular file; refusing to write over it, "
+                        f"give the path of a regular file")
     if path.is_dir():
         raise UserError(f"{path}: is a directory; give a file path for the output")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"{path}: folder {parent} does not exist; create it first")
     return path
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "named pipe (FIFO)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device node"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "special file"
 
 
 def install_file(path: str | os.PathLike, data: bytes | Path, overwrite: bool = False, mode: int = 0o755) -> Path:
@@ -54,7 +89,10 @@ def install_file(path: str | os.PathLike, data: bytes | Path, overwrite: bool = 
     parent = path.parent if str(path.parent) else Path(".")
     if path.exists() and not overwrite:
         raise UserError(f"{path} already exists; choose a new path or pass --force to replace it")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    except OSError as e:
+        raise write_error(path, e) from None
     os.close(fd)
     try:
         if isinstance(data, (bytes, bytearray)):
@@ -73,6 +111,10 @@ def install_file(path: str | os.PathLike, data: bytes | Path, overwrite: bool = 
                 if path.exists():
                     raise UserError(f"{path} already exists; choose a new path or pass --force to replace it") from None
                 os.replace(tmp, path)
+    except UserError:
+        raise
+    except OSError as e:
+        raise write_error(path, e) from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -10,7 +10,7 @@ import time
 
 from ..buildargs import add_build_args, build_args_from_namespace
 from ..errors import UserError
-from ..fileio import atomic_write
+from ..fileio import atomic_write, check_output_path
 from ..graph.display import abi_lines, versions_line
 from .graph_cmds import stderr_progress
 
@@ -63,6 +63,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         raise UserError("--benchmark N needs N >= 1")
     if ns.warmup < 0:
         raise UserError("--warmup must be >= 0")
+    if ns.output:
+        check_output_path(ns.output)  # before the model loads, not after generating
     pipe = _pipeline(ns, "decoder")
     pipe.chat = ns.chat
     prompts = ns.prompt
@@ -86,7 +88,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
         def write(f):
             for r in results:
                 f.write(json.dumps({"prompt": r.prompt, "tokens": r.tokens, "text": r.text}) + "\n")
-        atomic_write(ns.output, write)
+        try:
+            atomic_write(ns.output, write)
+        except UserError as e:  # the generation is lost with the process: say how to get it again
+            raise UserError(f"{e}; rerun the same `mcore run` with --output naming a writable file") from None
         log(f"wrote {len(results)} record(s) to {ns.output}")
     for r in results:
         print(r.text if ns.output is None else f"generated {len(r.tokens)} tokens", flush=True)

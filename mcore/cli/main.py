@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import errno
 import os
 import sys
 from typing import Optional, Sequence
@@ -38,11 +39,16 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+# write failures that are about where the output goes, not a bug
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF, errno.EFBIG, errno.EROFS}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
+        sys.stdout.flush()  # a full disk or closed stdout shows here, as one line, not at exit
     except UserError as e:
         print(f"mcore: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -56,6 +62,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # `mcore graph list ... | head`: the reader went away; that is not an error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:
+        if e.errno not in _OUTPUT_ERRNOS:
+            raise
+        # stdout on a full disk or a closed descriptor: one line; drop what is still buffered
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"mcore: error: cannot write the output ({e.strerror or e}); free some space or redirect stdout "
+              f"elsewhere and rerun", file=sys.stderr)
+        return 2
     return int(rc or 0)
 
 
