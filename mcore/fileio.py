@@ -130,25 +130,39 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
-def read_json(path: str | os.PathLike, what: str) -> Any:
-    """Read a JSON file or raise a one-line UserError naming the file and the problem."""
+def read_input_text(path: str | os.PathLike, what: str, hint: str = "check the path") -> str:
+    """The one rule for opening an input file: it must exist and be a regular file (a FIFO or a
+    device would block or never end), read as UTF-8; else a one-line UserError naming it."""
     path = Path(path)
     if not path.exists():
-        raise UserError(f"{path}: {what} not found; check the path")
+        raise UserError(f"{path}: {what} not found; {hint}")
     if path.is_dir():
         raise UserError(f"{path}: is a directory, expected a {what} file")
+    if not path.is_file():
+        raise UserError(f"{path}: is not a regular file (a pipe or device?); give the {what} as a file")
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read {what}: {e}") from None
 
+
+def parse_json(text: str, where: str, what: str, constants: bool = False) -> Any:
+    """json.loads with one-line errors; NaN/Infinity refused unless `constants` (the tutorial's own
+    json.load accepts them in embeddings); too deep a nesting is an error, not a RecursionError."""
     def no_constants(name: str):
         raise ValueError(f"non-standard JSON constant {name}")
 
     try:
-        return json.loads(text, parse_constant=no_constants)
+        return json.loads(text) if constants else json.loads(text, parse_constant=no_constants)
     except ValueError as e:
-        raise UserError(f"{path}: malformed JSON in {what}: {e}") from None
+        raise UserError(f"{where}: malformed JSON in {what}: {e}") from None
+    except RecursionError:
+        raise UserError(f"{where}: malformed JSON in {what}: nested too deeply") from None
+
+
+def read_json(path: str | os.PathLike, what: str) -> Any:
+    """Read a JSON file or raise a one-line UserError naming the file and the problem."""
+    return parse_json(read_input_text(path, what), str(path), what)
 
 
 def check_fields(obj: Any, where: str, required: set[str], optional: set[str] = frozenset()) -> None:
