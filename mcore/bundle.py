@@ -153,10 +153,18 @@ def check_runnable(manifest: dict, where: str) -> None:
             raise UserError(f"{where}: bundle manifest lacks field {name}{rebuild}")
     _check_manifest_shape(manifest, where)
     model, weights = manifest["model"], manifest["weights"]
-    if not isinstance(model.get("spec"), str) or not isinstance(model.get("revision"), (str, type(None))):
+    if not isinstance(model.get("spec"), str) or "revision" not in model \
+            or not isinstance(model["revision"], (str, type(None))):
         raise UserError(f"{where}: bundle manifest field model needs spec (a string) and revision{rebuild}")
-    if weights.get("kind") not in ("random", "checkpoint"):
-        raise UserError(f"{where}: bundle manifest field weights.kind must be random or checkpoint{rebuild}")
+    kind = weights.get("kind")
+    if not (kind == "random" and isinstance(weights.get("seed"), int) and not isinstance(weights["seed"], bool)) \
+            and not (kind == "checkpoint" and isinstance(weights.get("member"), str)):
+        raise UserError(f"{where}: bundle manifest field weights.kind must be random (with an integer seed) or "
+                        f"checkpoint (with its member){rebuild}")
+    from .selection import check_slot_types
+
+    for i, slot in enumerate(manifest["kernel_slots"]):
+        check_slot_types(slot, f"{where}: bundle manifest kernel_slots[{i}]")
     for role, r in manifest["roles"].items():
         if not isinstance(r.get("fingerprint"), str) or not isinstance(r.get("inputs"), list) \
                 or not isinstance(r.get("outputs"), list) or not all(isinstance(o, str) for o in r["outputs"]):

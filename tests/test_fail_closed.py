@@ -146,7 +146,7 @@ def test_a_slot_in_a_role_the_bundle_lacks_is_refused_at_load(tmp_path, monkeypa
      "kernel_slots[0]: field binding_id must be a string"),
     ({"kernel_slots": ["x"]}, "kernel_slots[0] must be an object"),
     ({"weights": "all"}, "field weights must be an object"),
-    ({"weights": {"kind": "pickle"}}, "weights.kind must be random or checkpoint"),
+    ({"weights": {"kind": "pickle"}}, "weights.kind must be random"),
     ({"model": {"spec": 1, "revision": None}}, "field model needs spec"),
     ({"roles": {"encoder": {"fingerprint": HEX}}}, "roles.encoder needs fingerprint, inputs and outputs"),
 ])

@@ -6,6 +6,7 @@ import fnmatch
 from collections import OrderedDict
 from typing import Any, Iterable
 
+from ..errors import printable  # noqa: F401 - re-exported for the CLI
 from .snapshot import SnapshotIndex
 
 
@@ -88,12 +89,3 @@ def versions_line(versions: dict) -> str:
     """The tools that made a snapshot or bundle: shown, never part of a fingerprint."""
     shown = " ".join(f"{k}={v}" for k, v in versions.items()) or "unknown"
     return f"tool_versions: {shown} (recorded only; fingerprints cover the model and the graph)"
-
-
-_CONTROL = {c: f"\\x{c:02x}" for c in list(range(0x00, 0x20)) + list(range(0x7f, 0xa0))}
-
-
-def printable(text: str) -> str:
-    """`text` with control characters shown as \\xNN: a name from someone else's file must not
-    move the cursor, recolour or retitle the terminal (ESC, CSI, OSC, BEL...)."""
-    return str(text).translate(_CONTROL)
