@@ -18,12 +18,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: 
     Nothing is left at `path` (or beside it) if `write` raises.
     """
     path = check_output_path(path)
-    parent = path.parent if str(path.parent) else Path(".")
+    fd, tmp = _temp_beside(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    except OSError as e:
-        raise write_error(path, e) from None
-    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it (mkstemp's 0600 is for secrets)
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
             write(f)
             f.flush()
@@ -38,6 +35,54 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: 
             raise write_error(path, e) from None
         raise
     return path
+
+
+def _umask() -> int:
+    """The process umask (read without changing it where /proc allows)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A temp file next to `path` named `.NAME.PID.XXXX.tmp`; first remove the temp files of
+    writers of `path` that died (kill -9, power loss) before they could clean up."""
+    parent = path.parent if str(path.parent) else Path(".")
+    prefix = f".{path.name}."
+    try:
+        for old in parent.glob(f"{_glob_escape(prefix)}*.tmp"):
+            parts = old.name[len(prefix):-len(".tmp")].split(".")  # exactly PID.RANDOM: ours, not `NAME.x`'s
+            if len(parts) == 2 and parts[0].isdigit() and not _alive(int(parts[0])):
+                try:
+                    old.unlink()
+                except OSError:
+                    pass
+        return tempfile.mkstemp(prefix=f"{prefix}{os.getpid()}.", suffix=".tmp", dir=parent)
+    except OSError as e:
+        raise write_error(path, e) from None
+
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
 
 
 def write_error(path: Path, e: OSError) -> UserError:
@@ -86,20 +131,16 @@ def install_file(path: str | os.PathLike, data: bytes | Path, overwrite: bool = 
     import shutil
 
     path = check_output_path(path)
-    parent = path.parent if str(path.parent) else Path(".")
     if path.exists() and not overwrite:
         raise UserError(f"{path} already exists; choose a new path or pass --force to replace it")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    except OSError as e:
-        raise write_error(path, e) from None
+    fd, tmp = _temp_beside(path)
     os.close(fd)
     try:
         if isinstance(data, (bytes, bytearray)):
             Path(tmp).write_bytes(data)
         else:
             shutil.copyfile(data, tmp)
-        os.chmod(tmp, mode)
+        os.chmod(tmp, mode & ~_umask())
         if overwrite:
             os.replace(tmp, path)
         else:

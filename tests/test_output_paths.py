@@ -74,3 +74,55 @@ def test_stdout_on_a_full_disk_is_one_line(snap):
         r = subprocess.run([sys.executable, "-m", "mcore", "graph", "list", str(snap)], stdout=full,
                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert_user_error(CliResult(r.returncode, "", r.stderr), "cannot write the output", "No space left")
+
+
+def test_files_follow_the_umask(tmp_path):
+    import stat
+
+    from mcore.fileio import install_file, write_json
+
+    old = os.umask(0o027)
+    try:
+        p = write_json(tmp_path / "a.json", {"x": 1})
+        k = install_file(tmp_path / "k.so", b"\x7fELF", mode=0o755)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(p.stat().st_mode) == 0o640  # 0666 & ~027, as open() would give (not mkstemp's 0600)
+    assert stat.S_IMODE(k.stat().st_mode) == 0o750
+
+
+KILLED_WRITER = r"""
+import sys, time
+from mcore.fileio import atomic_write
+
+def write(f):
+    f.write("partial " * 1000)
+    f.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+
+atomic_write(sys.argv[1], write)
+"""
+
+
+def test_kill_9_mid_write_leaves_the_old_file_and_the_next_write_cleans_up(tmp_path):
+    import signal
+
+    from mcore.fileio import write_json
+
+    out = tmp_path / "r.json"
+    out.write_text('{"old": true}\n')
+    other = tmp_path / ".r.json.5.999999999.abcd.tmp"  # a temp of output r.json.5: not ours to remove
+    other.write_text("x")
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(out)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.readline().strip() == "writing"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    stale = [p for p in tmp_path.iterdir() if p.name.startswith(f".r.json.{proc.pid}.")]
+    assert len(stale) == 1 and stale[0].stat().st_size > 0  # the dead writer's temp file
+    assert json.loads(out.read_text()) == {"old": True}  # never half-written
+    write_json(out, {"new": True})
+    assert json.loads(out.read_text()) == {"new": True}
+    assert not stale[0].exists()  # its writer is dead: removed by the next write
+    assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "r.json"]
