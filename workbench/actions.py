@@ -2,8 +2,9 @@
 
 Each action is ``ACTION(ctx: ActionContext, **params) -> dict`` (docs/workbench-actions.md).
 Params and results are plain JSON; paths in params are relative to ``ctx.workdir`` (absolute
-paths are allowed but make a session non-portable) and paths in results are written relative
-to it, so a recorded session replays in any fresh workdir. ``STABLE_KEYS[action]`` names the
+paths work while exploring, but a replay refuses them: a replayed session's paths must stay
+inside its workdir, ``confine``) and paths in results are written relative to it, so a
+recorded session replays in any fresh workdir. ``STABLE_KEYS[action]`` names the
 results that replay compares; the rest (paths, timings, measured throughput) are shown only.
 
 Errors: ``mcore.errors.UserError`` propagates with its one line; ``run_action`` turns it into
