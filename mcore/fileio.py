@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -83,6 +85,22 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # someone else's live process
         return True
     return True
+
+
+# write failures that are about where the output goes (disk full, closed stdout), not a bug
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF, errno.EFBIG, errno.EROFS}
+
+
+def stdout_failed(prog: str, e: OSError) -> int:
+    """A CLI's answer to stdout failing (disk full, closed descriptor): one line on stderr, exit 2,
+    and stdout pointed at /dev/null so the interpreter's final flush cannot fail again. Other
+    OSErrors are re-raised (they are bugs)."""
+    if e.errno not in _OUTPUT_ERRNOS:
+        raise e
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print(f"{prog}: error: cannot write the output ({e.strerror or e}); free some space or redirect stdout "
+          f"elsewhere and rerun", file=sys.stderr)
+    return 2
 
 
 def write_error(path: Path, e: OSError) -> UserError:

@@ -126,3 +126,10 @@ def test_kill_9_mid_write_leaves_the_old_file_and_the_next_write_cleans_up(tmp_p
     assert json.loads(out.read_text()) == {"new": True}
     assert not stale[0].exists()  # its writer is dead: removed by the next write
     assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "r.json"]
+
+
+def test_workbench_stdout_on_a_full_disk_is_one_line(tmp_path):
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "workbench.cli", "tutorial", "--list"], stdout=full,
+                           stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert_user_error(CliResult(r.returncode, "", r.stderr), "workbench: error: cannot write the output")

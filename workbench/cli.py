@@ -20,6 +20,7 @@ User errors print one line and exit 2; no tracebacks.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -147,7 +148,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if ns.command is None:
             return _run_app()
-        return int(ns.func(ns) or 0)
+        rc = int(ns.func(ns) or 0)
+        sys.stdout.flush()  # a full disk or closed stdout shows here, as one line
+        return rc
+    except BrokenPipeError:  # `workbench replay ... | head`: the reader went away
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as e:
+        from mcore.fileio import stdout_failed
+
+        return stdout_failed(PROG, e)
     except UserError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import errno
 import os
 import sys
 from typing import Optional, Sequence
 
 from ..errors import Cancelled, UserError
+from ..fileio import stdout_failed
 
 # Verb groups, each a module in mcore.cli with register(subparsers).
 GROUPS = ("graph_cmds", "build_cmds", "kernel_cmds", "verify_cmds")
@@ -39,10 +39,6 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
-# write failures that are about where the output goes, not a bug
-_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF, errno.EFBIG, errno.EROFS}
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -63,13 +59,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:
-        if e.errno not in _OUTPUT_ERRNOS:
-            raise
-        # stdout on a full disk or a closed descriptor: one line; drop what is still buffered
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        print(f"mcore: error: cannot write the output ({e.strerror or e}); free some space or redirect stdout "
-              f"elsewhere and rerun", file=sys.stderr)
-        return 2
+        return stdout_failed("mcore", e)
     return int(rc or 0)
 
 
