@@ -187,3 +187,26 @@ def test_a_fifo_as_input_does_not_hang(tmp_path, mcore):
     assert_user_error(mcore("graph", "list", fifo), "in.json", "not a regular file")
     assert_user_error(mcore("verify", "tokens", fifo, fifo), "not a regular file")
     assert_user_error(mcore("verify", "embeddings", fifo, fifo), "not a regular file")
+
+
+# ---------------------------------------------------------------- disk full during run --output (item 5)
+
+def test_run_output_on_a_full_disk_says_how_to_rerun(tmp_path, mcore, monkeypatch):
+    import errno
+    import os
+
+    import mcore.fileio as fileio
+
+    from .conftest import QWEN_ARGS
+
+    bundle = tmp_path / "q.bundle"
+    assert mcore("build", *QWEN_ARGS, "-o", bundle).code == 0
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(fileio.os, "fsync", full)
+    out = tmp_path / "out.jsonl"
+    res = mcore("run", bundle, "--prompt", "hi", "--max-new-tokens", "2", "--greedy", "--output", out)
+    assert_user_error(res, "out.jsonl: cannot write (No space left on device)", "rerun the same `mcore run`")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.bundle"]  # no output, no temp file
