@@ -43,7 +43,8 @@ class ActionContext:
               workdir (`confine`), named in errors as `where`
     trusted_libraries
               with `confined`: the folder whose DSOs a step may load (None: a step that would
-              load one fails); the TUI asks instead and runs unconfined-trust after a yes
+              load one fails). The TUI checks a session's paths when it opens it and asks
+              before it loads each library
     """
 
     workdir: Path
@@ -54,7 +55,6 @@ class ActionContext:
     confined: bool = False
     where: str = ""
     trusted_libraries: Optional[Path] = None
-    native_confirmed: bool = False
 
     def __post_init__(self) -> None:
         wd = Path(self.workdir).expanduser()
@@ -76,7 +76,7 @@ class ActionContext:
     def check_native(self, manifest: Optional[str], what: str = "kernel_bindings") -> None:
         """Before a step loads (or has a benchmark process load) the DSOs a manifest names: in a
         replayed session, only libraries inside the trusted folder, and only when one was named."""
-        if manifest is None or not self.confined or self.native_confirmed:
+        if manifest is None or not self.confined:
             return
         from mcore.bindings import load_bindings_manifest
 
