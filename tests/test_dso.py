@@ -46,9 +46,10 @@ def test_a_sound_library_passes(work):
 
 def test_a_library_changed_after_loading_is_named(work):
     _bind(work)
-    # rebuild in place (another size and mtime): dlopen would hand back the old code
-    shutil.copy(work / "fill.so", work / "kernel.so")
-    os.utime(work / "kernel.so", ns=(1, 1))
+    # a rebuild puts a new file at the path (never overwrite a mapped library in place: that
+    # corrupts the running code); dlopen would still hand back the old one
+    shutil.copy(work / "fill.so", work / "new.so")
+    os.replace(work / "new.so", work / "kernel.so")
     with pytest.raises(UserError, match="changed on disk after this process loaded it; .* restart the process"):
         _bind(work)
     # the same, unchanged file binds again in the same process
