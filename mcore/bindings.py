@@ -143,8 +143,12 @@ def _announce_once(library: Path, binding_id: str, announce: Callable[[str], Non
 def _load_function(library: Path, function: str, binding_id: str) -> tuple[Any, Any]:
     import tvm_ffi
 
+    from .dso import check_before_load, note_loaded
+
+    check_before_load(library, f"binding {binding_id}")  # before dlopen: a bad file must not crash us
     try:
         module = tvm_ffi.load_module(str(library))
+        note_loaded(library)
     except Exception as e:  # noqa: BLE001 - tvm_ffi raises RuntimeError with the dlopen message
         detail = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise UserError(f"{library}: cannot load DSO for binding {binding_id} ({detail}); "

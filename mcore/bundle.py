@@ -119,6 +119,66 @@ def _check_manifest_shape(manifest: Any, where: str) -> None:
                         f"{BUNDLE_SCHEMA_VERSION}); rebuild it with `mcore build`")
     if not isinstance(manifest["kernel_slots"], list):
         raise UserError(f"{where}: bundle manifest field kernel_slots must be a list; rebuild it with `mcore build`")
+    rebuild = "; rebuild it with `mcore build`"
+    for name, types in _MANIFEST_TYPES.items():
+        if name in manifest and not isinstance(manifest[name], types):
+            want = " or ".join("null" if t is type(None) else _TYPE_WORDS[t] for t in types)
+            raise UserError(f"{where}: bundle manifest field {name} must be {want}, got "
+                            f"{type(manifest[name]).__name__}{rebuild}")
+    if "family_kind" in manifest and manifest["family_kind"] not in ("decoder", "encoder"):
+        raise UserError(f"{where}: bundle manifest field family_kind {manifest['family_kind']!r} must be decoder or "
+                        f"encoder{rebuild}")
+    roles = manifest.get("roles")
+    if roles is not None and not all(isinstance(r, dict) for r in roles.values()):
+        raise UserError(f"{where}: bundle manifest field roles must map each engine role to an object{rebuild}")
+    for i, slot in enumerate(manifest["kernel_slots"]):
+        sw = f"{where}: bundle manifest kernel_slots[{i}]"
+        if not isinstance(slot, dict):
+            raise UserError(f"{sw} must be an object{rebuild}")
+        for k in ("binding_id", "abi_sha256", "engine_role"):
+            if not isinstance(slot.get(k), str):
+                raise UserError(f"{sw}: field {k} must be a string{rebuild}")
+        # a slot in a role the bundle does not have could never run: refuse it at load, not at bind
+        if roles is not None and slot["engine_role"] not in roles:
+            raise UserError(f"{sw} (binding {slot['binding_id']}): engine role {slot['engine_role']!r} does not "
+                            f"exist in this bundle (roles: {', '.join(roles) or 'none'}){rebuild}")
+
+
+def check_runnable(manifest: dict, where: str) -> None:
+    """The fields that running or describing a bundle reads (beyond the container's), present and
+    typed: a bundle lacking one fails here with its name, never as a KeyError later."""
+    rebuild = "; rebuild it with `mcore build`"
+    for name in ("engine", "family", "family_kind", "model", "build_args", "graph_args", "roles", "weights"):
+        if name not in manifest:
+            raise UserError(f"{where}: bundle manifest lacks field {name}{rebuild}")
+    _check_manifest_shape(manifest, where)
+    model, weights = manifest["model"], manifest["weights"]
+    if not isinstance(model.get("spec"), str) or "revision" not in model \
+            or not isinstance(model["revision"], (str, type(None))):
+        raise UserError(f"{where}: bundle manifest field model needs spec (a string) and revision{rebuild}")
+    kind = weights.get("kind")
+    if not (kind == "random" and isinstance(weights.get("seed"), int) and not isinstance(weights["seed"], bool)) \
+            and not (kind == "checkpoint" and isinstance(weights.get("member"), str)):
+        raise UserError(f"{where}: bundle manifest field weights.kind must be random (with an integer seed) or "
+                        f"checkpoint (with its member){rebuild}")
+    from .selection import check_slot_types
+
+    for i, slot in enumerate(manifest["kernel_slots"]):
+        check_slot_types(slot, f"{where}: bundle manifest kernel_slots[{i}]")
+    for role, r in manifest["roles"].items():
+        if not isinstance(r.get("fingerprint"), str) or not isinstance(r.get("inputs"), list) \
+                or not isinstance(r.get("outputs"), list) or not all(isinstance(o, str) for o in r["outputs"]):
+            raise UserError(f"{where}: bundle manifest roles.{role} needs fingerprint, inputs and outputs{rebuild}")
+
+
+# The manifest fields a reader relies on, type-checked when present (the container itself needs
+# only kind, schema_version and kernel_slots).
+_MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
+    "engine": (str,), "family": (str,), "family_kind": (str,), "model": (dict,), "build_args": (dict,),
+    "graph_args": (dict,), "device": (str, type(None)), "roles": (dict,), "weights": (dict,),
+    "special_tokens": (dict,), "tool_versions": (dict,), "built_on": (dict,),
+}
+_TYPE_WORDS = {str: "a string", dict: "an object", list: "a list"}
 
 
 class _HashingWriter:
@@ -413,6 +473,8 @@ def open_bundle(path: str | os.PathLike, progress: Optional[Progress] = None) ->
         manifest = json.loads(manifest_raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise _damaged(path, f"manifest.json is not valid JSON: {e}") from None
+    except RecursionError:
+        raise _damaged(path, "manifest.json is nested too deeply") from None
     _check_manifest_shape(manifest, str(path))
     prog.report("verifying bundle", 1.0)
     return Bundle(path, manifest, computed)

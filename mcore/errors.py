@@ -1,13 +1,26 @@
 """User-facing errors: one line naming what is wrong and what to do; the CLI exits 2."""
 
 
+# C0, DEL and C1 controls (ESC, CSI, OSC, BEL, CR, VT, FF, NEL...) and the Unicode line separators
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7f, 0xa0)]}
+_CONTROL.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def printable(text: str) -> str:
+    """`text` with control characters shown escaped (\\xNN): a name from someone else's file must
+    not move the cursor, recolour or retitle the terminal, or break a one-line message."""
+    return str(text).translate(_CONTROL)
+
+
 class UserError(Exception):
     """A usage or input error. The message is one line, shown without a traceback."""
 
     exit_code = 2
 
     def __init__(self, message: str):
-        super().__init__(message.replace("\n", " ").strip())
+        # one line whatever a file put in the names it quotes: newlines become spaces, other line
+        # breaks and terminal control characters are shown escaped
+        super().__init__(printable(message.replace("\n", " ")).strip())
 
 
 class Cancelled(Exception):

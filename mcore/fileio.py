@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -17,26 +20,111 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: 
     Nothing is left at `path` (or beside it) if `write` raises.
     """
     path = check_output_path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    fd, tmp = _temp_beside(path)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it (mkstemp's 0600 is for secrets)
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError):  # disk full, quota, I/O error: one line, nothing left behind
+            raise write_error(path, e) from None
         raise
     return path
 
 
+def _umask() -> int:
+    """The process umask (read without changing it where /proc allows)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A temp file next to `path` named `.NAME.PID.XXXX.tmp`; first remove the temp files of
+    writers of `path` that died (kill -9, power loss) before they could clean up."""
+    parent = path.parent if str(path.parent) else Path(".")
+    prefix = f".{path.name}."
+    try:
+        for old in parent.glob(f"{_glob_escape(prefix)}*.tmp"):
+            parts = old.name[len(prefix):-len(".tmp")].split(".")  # exactly PID.RANDOM: ours, not `NAME.x`'s
+            if len(parts) == 2 and parts[0].isdigit() and not _alive(int(parts[0])):
+                try:
+                    old.unlink()
+                except OSError:
+                    pass
+        return tempfile.mkstemp(prefix=f"{prefix}{os.getpid()}.", suffix=".tmp", dir=parent)
+    except OSError as e:
+        raise write_error(path, e) from None
+
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+# write failures that are about where the output goes (disk full, closed stdout), not a bug
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF, errno.EFBIG, errno.EROFS}
+
+
+def stdout_failed(prog: str, e: OSError) -> int:
+    """A CLI's answer to stdout failing (disk full, closed descriptor): one line on stderr, exit 2,
+    and stdout pointed at /dev/null so the interpreter's final flush cannot fail again. Other
+    OSErrors are re-raised (they are bugs)."""
+    if e.errno not in _OUTPUT_ERRNOS:
+        raise e
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print(f"{prog}: error: cannot write the output ({e.strerror or e}); free some space or redirect stdout "
+          f"elsewhere and rerun", file=sys.stderr)
+    return 2
+
+
+def write_error(path: Path, e: OSError) -> UserError:
+    """The one-line error for a failed write (disk full, permissions, I/O)."""
+    return UserError(f"{path}: cannot write ({e.strerror or e}); nothing was written there; "
+                     f"free some space or choose another path")
+
+
 def check_output_path(path: str | os.PathLike) -> Path:
-    """Fail fast (before long work) when an output cannot be written where asked."""
+    """Fail fast (before long work) when an output cannot be written where asked: the one rule for
+    every output. Only a regular file (or nothing) may be replaced; a symlink, FIFO, socket or
+    device node at the path is refused, since replacing or writing through it is never intended."""
     path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise UserError(f"{path}: cannot check the output path ({e.strerror or e}); choose another path") from None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise UserError(f"{path}: is a symbolic link; refusing to write over it, give the path of a regular file")
+    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{path}: is a {_file_kind(st.st_mode)}, not a regular file; refusing to write over it, "
+                        f"give the path of a regular file")
     if path.is_dir():
         raise UserError(f"{path}: is a directory; give a file path for the output")
     parent = path.parent if str(path.parent) else Path(".")
@@ -45,23 +133,32 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return path
 
 
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "named pipe (FIFO)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device node"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "special file"
+
+
 def install_file(path: str | os.PathLike, data: bytes | Path, overwrite: bool = False, mode: int = 0o755) -> Path:
     """Put `data` (bytes, or a file to copy) at `path` atomically; never replace an existing file
     unless `overwrite` (a hard link makes the no-replace case race-free)."""
     import shutil
 
     path = check_output_path(path)
-    parent = path.parent if str(path.parent) else Path(".")
     if path.exists() and not overwrite:
         raise UserError(f"{path} already exists; choose a new path or pass --force to replace it")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    fd, tmp = _temp_beside(path)
     os.close(fd)
     try:
         if isinstance(data, (bytes, bytearray)):
             Path(tmp).write_bytes(data)
         else:
             shutil.copyfile(data, tmp)
-        os.chmod(tmp, mode)
+        os.chmod(tmp, mode & ~_umask())
         if overwrite:
             os.replace(tmp, path)
         else:
@@ -73,6 +170,10 @@ def install_file(path: str | os.PathLike, data: bytes | Path, overwrite: bool = 
                 if path.exists():
                     raise UserError(f"{path} already exists; choose a new path or pass --force to replace it") from None
                 os.replace(tmp, path)
+    except UserError:
+        raise
+    except OSError as e:
+        raise write_error(path, e) from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -88,25 +189,39 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
-def read_json(path: str | os.PathLike, what: str) -> Any:
-    """Read a JSON file or raise a one-line UserError naming the file and the problem."""
+def read_input_text(path: str | os.PathLike, what: str, hint: str = "check the path") -> str:
+    """The one rule for opening an input file: it must exist and be a regular file (a FIFO or a
+    device would block or never end), read as UTF-8; else a one-line UserError naming it."""
     path = Path(path)
     if not path.exists():
-        raise UserError(f"{path}: {what} not found; check the path")
+        raise UserError(f"{path}: {what} not found; {hint}")
     if path.is_dir():
         raise UserError(f"{path}: is a directory, expected a {what} file")
+    if not path.is_file():
+        raise UserError(f"{path}: is not a regular file (a pipe or device?); give the {what} as a file")
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read {what}: {e}") from None
 
+
+def parse_json(text: str, where: str, what: str, constants: bool = False) -> Any:
+    """json.loads with one-line errors; NaN/Infinity refused unless `constants` (the tutorial's own
+    json.load accepts them in embeddings); too deep a nesting is an error, not a RecursionError."""
     def no_constants(name: str):
         raise ValueError(f"non-standard JSON constant {name}")
 
     try:
-        return json.loads(text, parse_constant=no_constants)
+        return json.loads(text) if constants else json.loads(text, parse_constant=no_constants)
     except ValueError as e:
-        raise UserError(f"{path}: malformed JSON in {what}: {e}") from None
+        raise UserError(f"{where}: malformed JSON in {what}: {e}") from None
+    except RecursionError:
+        raise UserError(f"{where}: malformed JSON in {what}: nested too deeply") from None
+
+
+def read_json(path: str | os.PathLike, what: str) -> Any:
+    """Read a JSON file or raise a one-line UserError naming the file and the problem."""
+    return parse_json(read_input_text(path, what), str(path), what)
 
 
 def check_fields(obj: Any, where: str, required: set[str], optional: set[str] = frozenset()) -> None:

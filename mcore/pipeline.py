@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .buildargs import BuildArgs
-from .bundle import open_bundle
+from .bundle import check_runnable, open_bundle
 from .bindings import bind_slots
 from .engines import get_engine, resolve_engine_name
 from .errors import UserError
@@ -29,12 +29,21 @@ from .progress import NO_PROGRESS, Progress
 def resolve_device(name: Optional[str]) -> torch.device:
     if name in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: no CUDA GPU is available here; use --device cpu")
+    if not isinstance(name, str):
+        raise UserError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N")
     try:
-        return torch.device(name)
-    except RuntimeError:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
         raise UserError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):  # meta, mps, xpu...: the engines run on CPU and CUDA only
+        raise UserError(f"--device {name!r}: the engines run on cpu or cuda; use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {name}: no CUDA GPU is available here; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                            f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+    return dev
 
 
 def sync(device: torch.device) -> None:
@@ -64,6 +73,7 @@ def bundle_tokenizer(bundle: Any, config: dict, where: str):
 class Pipeline:
     """A constructed engine over one bundle with its kernel slots bound."""
 
+    KIND: Optional[str] = None  # "decoder" / "encoder": the bundles a subclass runs
     chat = False  # encode prompts through the checkpoint's chat template (`mcore run --chat`)
 
     def __init__(self, bundle_path: str, kernel_bindings: Optional[str] = None, device: Optional[str] = None,
@@ -73,6 +83,12 @@ class Pipeline:
         self.bundle = bundle if bundle is not None else open_bundle(bundle_path)
         m = self.bundle.manifest
         self.manifest = m
+        check_runnable(m, str(self.bundle.path))
+        # the wrong verb is an input error: say so before any DSO is bound or weights load
+        kind = m.get("family_kind") or get_family(m["family"]).kind
+        if self.KIND is not None and kind != self.KIND:
+            article, verb = ("an", "mcore embed") if kind == "encoder" else ("a", "mcore run")
+            raise UserError(f"{self.bundle.path}: a {m.get('family')} bundle is {article} {kind}; use `{verb}`")
         self.device = resolve_device(device or m.get("device"))
         self.engine_name = resolve_engine_name(engine, self.device)
         progress.report("binding kernel slots", 0.05)
@@ -143,6 +159,9 @@ class Pipeline:
     def encode(self, prompt: str, chat: Optional[bool] = None) -> list[int]:
         """Token IDs as transformers' tokenizer gives them (with `chat`, default `self.chat`: the
         checkpoint's chat template around the prompt, as apply_chat_template renders and tokenizes it)."""
+        from .tokenization import check_prompt
+
+        check_prompt(prompt, "prompt")
         if self.chat if chat is None else chat:
             ids = self.tokenizer.encode(self.tokenizer.render_chat(prompt), add_special_tokens=False)
         else:
@@ -169,10 +188,10 @@ class GenerationResult:
 class DecoderPipeline(Pipeline):
     """Prefill then decode over a fixed-capacity KV cache owned by the pipeline."""
 
+    KIND = "decoder"
+
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
-        if self.kind != "decoder":
-            raise UserError(f"{self.bundle.path}: a {self.manifest['family']} bundle is an encoder; use `mcore embed`")
         self.caches: dict[str, torch.Tensor] = {}
         for name, t in self.state_inputs("decode"):
             if name in ("input_ids", "cache_length"):
@@ -262,10 +281,10 @@ class DecoderPipeline(Pipeline):
 
 
 class EncoderPipeline(Pipeline):
+    KIND = "encoder"
+
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
-        if self.kind != "encoder":
-            raise UserError(f"{self.bundle.path}: a {self.manifest['family']} bundle is a decoder; use `mcore run`")
         self.seq = int(self.gargs["max_seq_length"])
         self.pad_id = int(self.special.get("pad_token_id") or 0)
         ids = torch.zeros(self.seq, dtype=torch.int32, device=self.device)

@@ -304,9 +304,49 @@ _RECEIPT_FIELDS = {"schema_version", "kind", "graph_fingerprint", "engine_role",
                    "output_shape_input", "abi", "recipe", "graph"}
 
 
+_ABI_ENTRY = {"index": int, "tensor_id": str, "name": str, "dtype": str, "location": str, "shape": list}
+
+
+def check_slot_types(slot: Any, where: str) -> None:
+    """Field types of a receipt or of a bundle's slot record (the same call contract), so that a
+    mistyped file is a one-line error naming the field, never a KeyError or TypeError later."""
+    if not isinstance(slot, dict):
+        raise UserError(f"{where}: expected a JSON object")
+
+    def need(ok: bool, name: str, want: str) -> None:
+        if not ok:
+            raise UserError(f"{where}: field {name} must be {want}; recreate the file with mcore")
+
+    for k in ("binding_id", "abi_sha256", "engine_role", "graph_fingerprint"):
+        need(isinstance(slot.get(k), str), k, "a string")
+    for k in ("node_ids", "input_tensor_ids", "output_tensor_ids"):
+        v = slot.get(k)
+        need(isinstance(v, list) and all(isinstance(x, str) for x in v), k, "a list of strings")
+    need(isinstance(slot.get("extra_args"), list) and all(isinstance(a, dict) for a in slot["extra_args"]),
+         "extra_args", "a list of objects")
+    osi = slot.get("output_shape_input")
+    need(osi is None or (isinstance(osi, int) and not isinstance(osi, bool)), "output_shape_input", "an integer or null")
+    ws = slot.get("workspace_bytes")
+    need(isinstance(ws, int) and not isinstance(ws, bool), "workspace_bytes", "an integer")
+    rec = slot.get("recipe")
+    need(rec is None or (isinstance(rec, dict) and isinstance(rec.get("id"), str)
+                         and isinstance(rec.get("instance"), str)), "recipe", "null or {id, instance}")
+    abi = slot.get("abi")
+    need(isinstance(abi, dict) and isinstance(abi.get("call"), str), "abi", "an object with call, inputs and outputs")
+    for side in ("inputs", "outputs"):
+        entries = abi.get(side)
+        need(isinstance(entries, list), f"abi.{side}", "a list")
+        for i, e in enumerate(entries):
+            ok = isinstance(e, dict) and all(isinstance(e.get(k), t) and not isinstance(e.get(k), bool)
+                                             for k, t in _ABI_ENTRY.items())
+            need(ok and all(isinstance(d, int) and not isinstance(d, bool) for d in e["shape"]),
+                 f"abi.{side}[{i}]", "an object with index, tensor_id, name, dtype, location and shape (integers)")
+
+
 def check_receipt(receipt: Any, where: str) -> dict[str, Any]:
     """Check a receipt's fields and that its ABI hash matches its readable ABI."""
     check_fields(receipt, where, _RECEIPT_FIELDS)
+    check_slot_types(receipt, where)
     if receipt["kind"] != RECEIPT_KIND:
         raise UserError(f"{where}: kind is {receipt['kind']!r}, not a selection receipt; pass a file from `mcore graph select` or `mcore build --recipe`")
     if receipt["schema_version"] != RECEIPT_SCHEMA_VERSION:

@@ -26,6 +26,19 @@ from typing import Any, Optional
 
 from .errors import UserError
 
+
+def check_prompt(text: Any, what: str = "--prompt") -> str:
+    """A prompt must be text that UTF-8 can carry: bytes that are not UTF-8 arrive from the command
+    line as lone surrogates, and the tokenizer would fail on them deep inside."""
+    if not isinstance(text, str):
+        raise UserError(f"{what} must be text, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(f"{what} is not valid UTF-8 (bad byte at character {e.start}); pass the prompt as "
+                        f"UTF-8 text") from None
+    return text
+
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"

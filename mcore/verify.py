@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .errors import UserError
+from .fileio import parse_json, read_input_text
 from .progress import Progress
 
 # The `run --benchmark` and `embed --benchmark` lines (DESIGN.md §8); the first is the tutorial's.
@@ -44,22 +45,12 @@ class GateResult:
 def load_token_records(path: str | os.PathLike) -> list[dict]:
     """Records written by `mcore run --output` (JSONL; each with a `tokens` list of ints)."""
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path}: token records not found; write them with `mcore run --output`")
-    if path.is_dir():
-        raise UserError(f"{path}: is a directory, expected a JSONL file from `mcore run --output`")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read token records: {e}") from None
+    text = read_input_text(path, "token records", "write them with `mcore run --output`")
     records = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-        except ValueError as e:
-            raise UserError(f"{path}: line {n}: malformed JSON ({e}); each line must be one JSON object") from None
+        rec = parse_json(line, f"{path}: line {n}", "token records (one JSON object a line)")
         if not isinstance(rec, dict):
             raise UserError(f"{path}: line {n}: expected a JSON object, got {type(rec).__name__}")
         if "tokens" not in rec:
@@ -121,16 +112,8 @@ def compare_tokens(a: Any, b: Any, labels: Sequence[str] = ("native", "external"
 def load_embedding(path: str | os.PathLike) -> list[float]:
     """`{"embedding": [floats]}` as `mcore embed` writes to stdout."""
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path}: embedding file not found; write it with `mcore embed ... > FILE`")
-    if path.is_dir():
-        raise UserError(f"{path}: is a directory, expected a JSON file from `mcore embed`")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))  # NaN/Infinity parse, like the tutorial's json.load
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read embedding: {e}") from None
-    except ValueError as e:
-        raise UserError(f"{path}: malformed JSON ({e}); expected the stdout of `mcore embed`") from None
+    text = read_input_text(path, "embedding", "write it with `mcore embed ... > FILE`")
+    data = parse_json(text, str(path), "embedding (the stdout of `mcore embed`)", constants=True)  # as json.load
     return _embedding(data, str(path))
 
 
@@ -150,6 +133,23 @@ def _embedding_src(src: Any, where: str) -> list[float]:
     return _embedding(src if isinstance(src, (dict, list)) else list(src), where)
 
 
+def check_threshold(flag: str, value: Any, lo: float, hi: float = math.inf, lo_open: bool = False) -> float:
+    """The one rule for gate thresholds: a finite number in range (NaN would pass every comparison)."""
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (value > lo if lo_open else value >= lo) and value <= hi)
+    if not ok:
+        rng = f"> {lo:g}" if lo_open else (f">= {lo:g}" if hi == math.inf else f"in [{lo:g}, {hi:g}]")
+        raise UserError(f"{flag} {value!r} must be a finite number {rng}")
+    return float(value)
+
+
+def check_limits(min_cosine: Any, max_abs: Any) -> None:
+    """--min-cosine in [-1, 1] and --max-abs >= 0 (None: not gated)."""
+    check_threshold("--min-cosine", min_cosine, -1.0, 1.0)
+    if max_abs is not None:
+        check_threshold("--max-abs", max_abs, 0.0)
+
+
 def compare_embeddings(a: Any, b: Any, max_abs: float = 0.02, min_cosine: float = 0.999,
                        labels: Sequence[str] = ("native", "byok")) -> GateResult:
     """The tutorial's step-7 numerical gate, computed exactly like its snippet.
@@ -158,6 +158,7 @@ def compare_embeddings(a: Any, b: Any, max_abs: float = 0.02, min_cosine: float 
     `values=N max_abs=X cosine=Y` is in `info`; `line` is `PASS: numerical gate` or
     `FAIL: numerical gate` (or `FAIL: embedding lengths differ ...`).
     """
+    check_limits(min_cosine, max_abs)
     la, lb = labels
     native = _embedding_src(a, la)
     byok = _embedding_src(b, lb)
@@ -267,8 +268,7 @@ def perf_gate(native_cmd: str, external_cmd: str, pairs: int = 6, min_ratio: flo
         raise UserError(f"verify perf: --pairs must be a positive integer, got {pairs!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise UserError(f"verify perf: --warmup must be 0 or more, got {warmup!r}")
-    if not isinstance(min_ratio, (int, float)) or not math.isfinite(min_ratio) or min_ratio <= 0:
-        raise UserError(f"verify perf: --min-ratio must be a positive number, got {min_ratio!r}")
+    check_threshold("verify perf: --min-ratio", min_ratio, 0.0, lo_open=True)
     prog = progress or Progress()
     cmds = {"native": native_cmd, "external": external_cmd}
     info: list[str] = []

@@ -11,7 +11,6 @@ first. transformers is optional: it is imported here only.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -19,7 +18,7 @@ import torch
 
 from .errors import UserError
 from .progress import NO_PROGRESS, Progress
-from .verify import GateResult
+from .verify import GateResult, check_limits
 
 INSTALL_HINT = "transformers is not installed; install it (pip install transformers) to compare against the reference"
 
@@ -58,15 +57,6 @@ def stats(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return max_abs, cosine
 
 
-def _check_limits(min_cosine: float, max_abs: Optional[float]) -> None:
-    if isinstance(min_cosine, bool) or not isinstance(min_cosine, (int, float)) or not math.isfinite(min_cosine) \
-            or not -1.0 <= min_cosine <= 1.0:
-        raise UserError(f"--min-cosine {min_cosine!r} must be a finite number in [-1, 1]")
-    if max_abs is not None and (isinstance(max_abs, bool) or not isinstance(max_abs, (int, float))
-                                or not math.isfinite(max_abs) or max_abs < 0):
-        raise UserError(f"--max-abs {max_abs!r} must be a finite number >= 0")
-
-
 def _reference_folder(bundle_config: dict, manifest: dict, checkpoint: str) -> str:
     from .families.source import resolve_model
 
@@ -86,7 +76,7 @@ def reference_check(bundle_path: str, checkpoint: str, prompt: str, max_new_toke
     """Run the bundle's engine and transformers on `checkpoint` with `prompt`; PASS when the prompt's
     token IDs agree, no greedy token diverges and every step's cosine >= min_cosine (and max_abs
     <= the limit, when one is given)."""
-    _check_limits(min_cosine, max_abs)
+    check_limits(min_cosine, max_abs)
     if not isinstance(prompt, str) or not prompt:
         raise UserError("--prompt must be a non-empty string")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:

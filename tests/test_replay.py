@@ -49,7 +49,8 @@ def diff_rows(out: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_session_replays_clean(name, tmp_path, workbench):  # noqa: F811
-    res = workbench("replay", REPO / "sessions" / f"{name}.json", "--headless", "--workdir", tmp_path / "wd")
+    res = workbench("replay", REPO / "sessions" / f"{name}.json", "--headless", "--workdir", tmp_path / "wd",
+                    "--trust-libraries", ".")
     assert res.code in (0, 1), res.out + res.err
     rows = table_rows(res.out)
     n = len(shipped(name)["steps"])
@@ -185,7 +186,7 @@ def test_a_failed_gate_fails_the_replay_even_when_every_step_matched(tmp_path, m
 
     path = slice_session("qwen-recipe", [step_index("qwen-recipe", "gate_perf")], tmp_path)
     monkeypatch.setitem(actions.ACTIONS, "gate_perf", failing_gate)
-    res = workbench("replay", path, "--headless", "--workdir", tmp_path / "wd")
+    res = workbench("replay", path, "--headless", "--workdir", tmp_path / "wd", "--trust-libraries", ".")
     headline = res.out.strip().splitlines()[-1]
     assert res.code == 1, res
     assert headline.startswith("FAIL: 1/1 steps matched, 0 difference(s), gates 0/1 passed (step 1 gate_perf failed)")
@@ -194,7 +195,7 @@ def test_a_failed_gate_fails_the_replay_even_when_every_step_matched(tmp_path, m
         steps[0]["results"]["passed"] = False
 
     path = slice_session("qwen-recipe", [step_index("qwen-recipe", "gate_perf")], tmp_path, recorded_failing)
-    res = workbench("replay", path, "--headless", "--workdir", tmp_path / "wd2")
+    res = workbench("replay", path, "--headless", "--workdir", tmp_path / "wd2", "--trust-libraries", ".")
     assert res.code == 0, res
     assert "gates 0/1 passed (step 1 gate_perf failed, as recorded)" in res.out.strip().splitlines()[-1]
 

@@ -2,8 +2,9 @@
 
 Each action is ``ACTION(ctx: ActionContext, **params) -> dict`` (docs/workbench-actions.md).
 Params and results are plain JSON; paths in params are relative to ``ctx.workdir`` (absolute
-paths are allowed but make a session non-portable) and paths in results are written relative
-to it, so a recorded session replays in any fresh workdir. ``STABLE_KEYS[action]`` names the
+paths work while exploring, but a replay refuses them: a replayed session's paths must stay
+inside its workdir, ``confine``) and paths in results are written relative to it, so a
+recorded session replays in any fresh workdir. ``STABLE_KEYS[action]`` names the
 results that replay compares; the rest (paths, timings, measured throughput) are shown only.
 
 Errors: ``mcore.errors.UserError`` propagates with its one line; ``run_action`` turns it into
@@ -38,6 +39,12 @@ class ActionContext:
     on_sample optional (arm, index, value) callback: the perf gate streams each measured run
     log       optional one-line text log (also receives the "loading native code" notice)
     device    optional device for pipelines ("cpu", "cuda", "cuda:N"); None = the bundle's, else auto
+    confined  the params are someone else's (a replayed session): every path must stay inside the
+              workdir (`confine`), named in errors as `where`
+    trusted_libraries
+              with `confined`: the folder whose DSOs a step may load (None: a step that would
+              load one fails). The TUI checks a session's paths when it opens it and asks
+              before it loads each library
     """
 
     workdir: Path
@@ -45,6 +52,9 @@ class ActionContext:
     on_sample: Optional[SampleFn] = None
     log: Optional[LogFn] = None
     device: Optional[str] = None
+    confined: bool = False
+    where: str = ""
+    trusted_libraries: Optional[Path] = None
 
     def __post_init__(self) -> None:
         wd = Path(self.workdir).expanduser()
@@ -58,8 +68,29 @@ class ActionContext:
         """A param path resolved against the workdir."""
         if not isinstance(p, str) or not p.strip():
             raise UserError(f"{what} must be a non-empty path string, got {p!r}")
+        if self.confined:
+            return confine(self.workdir, p, f"{self.where}field {what}")
         q = Path(p).expanduser()
         return q if q.is_absolute() else self.workdir / q
+
+    def check_native(self, manifest: Optional[str], what: str = "kernel_bindings") -> None:
+        """Before a step loads (or has a benchmark process load) the DSOs a manifest names: in a
+        replayed session, only libraries inside the trusted folder, and only when one was named."""
+        if manifest is None or not self.confined:
+            return
+        from mcore.bindings import load_bindings_manifest
+
+        if self.trusted_libraries is None:
+            raise UserError(f"{self.where}loads native code through field {what} ({manifest}); pass "
+                            f"{TRUST_FLAG} DIR naming the folder (inside the workdir) of libraries you trust")
+        trusted = self.trusted_libraries.resolve()
+        for b in load_bindings_manifest(self.path(manifest, what)):
+            try:
+                b.library_path.relative_to(trusted)
+            except ValueError:
+                raise UserError(f"{self.where}field {what}: library {self.rel(b.library_path)} is outside the "
+                                f"trusted folder {self.rel(trusted)}; pass {TRUST_FLAG} naming its folder "
+                                f"if you trust it") from None
 
     def rel(self, p: Any) -> Optional[str]:
         """A path as recorded in results: relative to the workdir when inside it."""
@@ -96,6 +127,32 @@ class ActionContext:
 
 
 # ---------------------------------------------------------------------------- helpers
+
+TRUST_FLAG = "--trust-libraries"
+
+
+def confine(root: Path, p: str, where: str) -> Path:
+    """The one rule for a path a session names: relative, and inside `root` once `..` and
+    symlinks are resolved. Returns the resolved path; else a one-line error naming `where`."""
+    if os.path.isabs(p) or p.startswith("~"):
+        raise UserError(f"{where}: {p!r} is an absolute path; a session names paths relative to its workdir")
+    root = Path(root).resolve()
+    q = (root / p).resolve()
+    if q != root and root not in q.parents:
+        raise UserError(f"{where}: {p!r} leaves the workdir; a session names paths inside its workdir")
+    return q
+
+
+def _model_spec_where(spec: Any) -> Optional[str]:
+    """Why a model spec in a session names a folder outside the workdir, or None when it does not
+    (demo: specs and hub IDs name no folder; a local folder must not be absolute or climb out)."""
+    if not isinstance(spec, str) or spec.startswith("demo:"):
+        return None
+    if os.path.isabs(spec) or spec.startswith("~"):
+        return f"{spec!r} is an absolute path"
+    if ".." in Path(spec).parts:
+        return f"{spec!r} leaves the workdir"
+    return None
 
 def _build_args(d: Any):
     from mcore.buildargs import BuildArgs
@@ -155,6 +212,7 @@ def _pipeline(ctx: ActionContext, kind: str, bundle: str, kernel_bindings: Optio
     from mcore.pipeline import DecoderPipeline, EncoderPipeline
 
     bpath = str(ctx.path(bundle, "bundle"))
+    ctx.check_native(kernel_bindings)
     b = open_bundle(bpath)
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
     pipe = cls(bpath, kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"), device=ctx.device,
@@ -365,6 +423,7 @@ def verify_reference(ctx: ActionContext, bundle: str, checkpoint: str, prompt: s
     """`mcore verify reference`: the engine against transformers on the same checkpoint, per step."""
     from mcore.verify_reference import reference_check
 
+    ctx.check_native(kernel_bindings)
     r = reference_check(str(ctx.path(bundle, "bundle")), _str(checkpoint, "checkpoint"), _str(prompt, "prompt"),
                         max_new_tokens=_int(max_new_tokens, "max_new_tokens", 1), chat=_bool(chat, "chat"),
                         kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"), device=ctx.device,
@@ -433,6 +492,7 @@ def gate_perf(ctx: ActionContext, native_bundle: str, external_bundle: str, kern
     from mcore.verify import perf_gate
 
     nb, eb = ctx.path(native_bundle, "native_bundle"), ctx.path(external_bundle, "external_bundle")
+    ctx.check_native(kernel_bindings)
     kind = open_bundle(nb).manifest.get("family_kind", "decoder")
     if kind == "decoder":
         _int(max_new_tokens, "max_new_tokens", 1)
@@ -477,6 +537,44 @@ ACTIONS: dict[str, Callable[..., dict]] = {
     "gate_perf": gate_perf,
     "verify_reference": verify_reference,
 }
+
+# The params of each action that name paths (a session's paths must stay in its workdir), and
+# those that name a kernel bindings manifest (loading native code).
+PATH_PARAMS: dict[str, tuple[str, ...]] = {
+    "capture_graph": ("snapshot",),
+    "list_recipes": ("snapshot",),
+    "list_nodes": ("snapshot",),
+    "select_recipe": ("snapshot", "receipt"),
+    "select_nodes": ("snapshot", "receipt"),
+    "build_kernel": ("output",),
+    "kernel_stub": ("receipt", "snapshot", "output"),
+    "write_bindings": ("receipt", "library", "manifest"),
+    "build_bundle": ("output", "graph_patch"),
+    "generate": ("bundle", "output", "kernel_bindings"),
+    "embed": ("bundle", "output", "kernel_bindings"),
+    "gate_tokens": ("native", "external"),
+    "gate_embeddings": ("native", "external"),
+    "gate_perf": ("native_bundle", "external_bundle", "kernel_bindings"),
+    "verify_reference": ("bundle", "kernel_bindings"),
+}
+NATIVE_PARAMS: dict[str, str] = {a: "kernel_bindings" for a in ("generate", "embed", "gate_perf", "verify_reference")}
+
+
+def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: str) -> None:
+    """Every path a step names stays inside `workdir` (before anything runs); model specs too."""
+    for name in PATH_PARAMS[action]:
+        if params.get(name) is not None:
+            if not isinstance(params[name], str) or not params[name].strip():
+                raise UserError(f"{where}: field {name} must be a non-empty path string, got {params[name]!r}")
+            confine(workdir, params[name], f"{where}: field {name}")
+    specs = {"build_args.model": (params.get("build_args") or {}).get("model")
+             if isinstance(params.get("build_args"), dict) else None,
+             "checkpoint": params.get("checkpoint") if action == "verify_reference" else None}
+    for name, spec in specs.items():
+        why = _model_spec_where(spec)
+        if why is not None:
+            raise UserError(f"{where}: field {name}: {why}; a session names model folders inside its workdir")
+
 
 _SELECTION_KEYS = ("binding_id", "abi_sha256", "node_ids", "input_tensor_ids", "output_tensor_ids")
 

@@ -49,8 +49,8 @@ ACTION_SCREEN = {
     "gate_perf": "verify",
 }
 
-# Actions that load native code named by a bindings manifest.
-LOADS_NATIVE = ("generate", "embed", "gate_perf")
+# Actions that load native code named by a bindings manifest (asked for before they run).
+LOADS_NATIVE = ("generate", "embed", "gate_perf", "verify_reference")
 
 
 DEFAULT_TUTORIAL = "qwen-recipe"
@@ -230,7 +230,11 @@ class WorkbenchApp(App):
     def load_guided(self, path: Path, mode: str) -> None:
         from .session import Session
 
+        from .replay import check_session
+
         sess = Session.load(path)
+        # someone else's steps: their paths stay in the work folder (the trust prompt covers DSOs)
+        check_session(sess, self.state.workdir, native_confirmed=True)
         self.guide = GuideState(sess, mode=mode, source=path)
         first = next((s for s in sess.steps if isinstance(s.params.get("build_args"), dict)), None)
         if first is not None and self.state.snapshot is None:

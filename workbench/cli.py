@@ -4,12 +4,15 @@
     workbench tutorial [NAME]                   guided tutorial (default qwen-recipe)
     workbench tutorial --list                   names and titles of the shipped tutorials
     workbench replay FILE                       replay a session in the TUI
-    workbench replay FILE --headless [--workdir DIR]
+    workbench replay FILE --headless [--workdir DIR] [--trust-libraries DIR]
                                                 replay without a screen; prints a table of every step
                                                 and a headline of steps matched and gate verdicts;
                                                 stops at the first failing step (--keep-going: not)
                                                 exit 0 all matched and gates passed (or failed as
                                                 recorded), 1 otherwise, 2 bad input
+                                                a session's paths must stay inside the workdir; a
+                                                step that loads a DSO needs --trust-libraries DIR
+                                                (a folder inside the workdir, e.g. `.`)
 
 User errors print one line and exit 2; no tracebacks.
 """
@@ -17,6 +20,7 @@ User errors print one line and exit 2; no tracebacks.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -58,6 +62,10 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--workdir", default=None,
                    help="new or empty folder for the replayed artifacts (default: a temporary folder; "
                         "with --headless it is removed after)")
+    r.add_argument("--trust-libraries", metavar="DIR", default=None,
+                   help="headless: load the DSOs the session's bindings name only from DIR, a folder inside "
+                        "the workdir (relative to it; `.` trusts every library the session builds); "
+                        "without it a step that would load native code is refused")
     r.set_defaults(func=cmd_replay)
     return p
 
@@ -100,11 +108,14 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     if not ns.headless:
         if ns.keep_going:
             raise UserError("--keep-going is for --headless; in the TUI every step waits for n")
+        if ns.trust_libraries:
+            raise UserError("--trust-libraries is for --headless; the TUI asks before it loads a library")
         return _run_app(replay=str(ns.file), **({"workdir": ns.workdir} if ns.workdir else {}))
-    return headless_replay(session, ns.workdir, keep_going=ns.keep_going)
+    return headless_replay(session, ns.workdir, keep_going=ns.keep_going, trust_libraries=ns.trust_libraries)
 
 
-def headless_replay(session, workdir: Optional[str], keep_going: bool = False) -> int:
+def headless_replay(session, workdir: Optional[str], keep_going: bool = False,
+                    trust_libraries: Optional[str] = None) -> int:
     from .replay import replay
 
     temp = None
@@ -120,7 +131,7 @@ def headless_replay(session, workdir: Optional[str], keep_going: bool = False) -
             print(f"[{i}/{n}] {step.action} ...", file=sys.stderr, flush=True)
 
     try:
-        report = replay(session, wd, on_step=on_step, keep_going=keep_going,
+        report = replay(session, wd, on_step=on_step, keep_going=keep_going, trust_libraries=trust_libraries,
                         log=lambda line: print(f"    {line}", file=sys.stderr, flush=True))
     finally:
         if temp is not None:
@@ -137,7 +148,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if ns.command is None:
             return _run_app()
-        return int(ns.func(ns) or 0)
+        rc = int(ns.func(ns) or 0)
+        sys.stdout.flush()  # a full disk or closed stdout shows here, as one line
+        return rc
+    except BrokenPipeError:  # `workbench replay ... | head`: the reader went away
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as e:
+        from mcore.fileio import stdout_failed
+
+        return stdout_failed(PROG, e)
     except UserError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return e.exit_code

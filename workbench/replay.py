@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Union
 from mcore.errors import Cancelled, UserError
 from mcore.progress import NO_PROGRESS, Progress
 
-from .actions import ACTIONS, STABLE_KEYS, ActionContext
+from .actions import ACTIONS, NATIVE_PARAMS, STABLE_KEYS, TRUST_FLAG, ActionContext, check_step_paths
 from .session import Session, Step
 
 
@@ -242,6 +242,34 @@ def require_empty_workdir(wd: Path) -> None:
         raise UserError(f"{wd}: replay workdir must be a new or empty folder (recorded steps write fresh files)")
 
 
+def check_session(session: Session, workdir: Path, trust_libraries: Optional[Path] = None,
+                  native_confirmed: bool = False) -> None:
+    """Before any step runs: every path the session names stays inside `workdir`, and a step that
+    would load native code has the user's say-so (a trusted library folder, or the TUI's prompt)."""
+    name = str(session.path) if session.path is not None else "session"
+    for i, step in enumerate(session.steps, 1):
+        where = f"{name}: step {i} ({step.action})"
+        check_step_paths(step.action, step.params, workdir, where)
+        native = NATIVE_PARAMS.get(step.action)
+        if native and step.params.get(native) is not None and trust_libraries is None and not native_confirmed:
+            raise UserError(f"{where} loads native code through field {native} ({step.params[native]}); "
+                            f"pass {TRUST_FLAG} DIR naming the folder (inside the workdir, e.g. `.`) "
+                            f"whose libraries you trust")
+
+
+def trusted_folder(workdir: Path, trust_libraries: Union[str, os.PathLike, None]) -> Optional[Path]:
+    """--trust-libraries DIR: relative to the workdir (a session's libraries can only live there)."""
+    if trust_libraries is None:
+        return None
+    p = Path(trust_libraries).expanduser()
+    p = (p if p.is_absolute() else Path(workdir) / p).resolve()
+    root = Path(workdir).resolve()
+    if p != root and root not in p.parents:
+        raise UserError(f"{TRUST_FLAG} {trust_libraries}: folder {p} is outside the replay workdir {root}, where "
+                        f"every library a session loads lives; name a folder inside it (e.g. `.`)")
+    return p
+
+
 GATES = ("gate_tokens", "gate_embeddings", "gate_perf")
 
 OnStep = Callable[[int, Step, Optional[StepOutcome]], None]
@@ -251,7 +279,8 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
            progress: Optional[Progress] = None, on_step: Optional[OnStep] = None, *,
            log: Optional[Callable[[str], None]] = None,
            on_sample: Optional[Callable[[str, int, float], None]] = None,
-           device: Optional[str] = None, require_empty: bool = True, keep_going: bool = False) -> ReplayReport:
+           device: Optional[str] = None, require_empty: bool = True, keep_going: bool = False,
+           trust_libraries: Union[str, os.PathLike, None] = None) -> ReplayReport:
     """Re-execute the steps of a session in `workdir` and compare stable results.
 
     Stops after the first failing step (a difference, or a gate that failed where the recording
@@ -259,12 +288,18 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
 
     `on_step(index, step, None)` is called before a step runs and `on_step(index, step, outcome)`
     after it (index is 1-based). Bad input (unreadable/invalid session, a non-empty workdir when
-    `require_empty`) raises UserError; cancellation through `progress` raises Cancelled.
+    `require_empty`, a path outside the workdir, a step that loads native code without
+    `trust_libraries`) raises UserError; cancellation through `progress` raises Cancelled.
+
+    The session is someone else's data: its paths are confined to the workdir and its steps load
+    DSOs only from `trust_libraries` (a folder inside the workdir, relative to it).
     """
     session = session_path if isinstance(session_path, Session) else Session.load(session_path)
     wd = Path(workdir).expanduser()
     if require_empty:
         require_empty_workdir(wd)
+    trusted = trusted_folder(wd, trust_libraries)
+    check_session(session, wd, trusted)
     prog = progress or NO_PROGRESS
     n = len(session.steps)
     report = ReplayReport(session.title, session.path, wd, total_steps=n)
@@ -274,7 +309,8 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
         if on_step is not None:
             on_step(i, step, None)
         sub = Progress(lambda s, f, i=i: prog.report(f"step {i}/{n} {step.action}: {s}", (i - 1 + f) / n), prog.token)
-        ctx = ActionContext(workdir=wd, progress=sub, on_sample=on_sample, log=log, device=device)
+        ctx = ActionContext(workdir=wd, progress=sub, on_sample=on_sample, log=log, device=device,
+                            confined=True, where=f"step {i} ({step.action}): ", trusted_libraries=trusted)
         report.workdir = ctx.workdir
         t0 = time.perf_counter()
         results: Optional[dict] = None

@@ -10,8 +10,9 @@ import time
 
 from ..buildargs import add_build_args, build_args_from_namespace
 from ..errors import UserError
-from ..fileio import atomic_write
+from ..fileio import atomic_write, check_output_path
 from ..graph.display import abi_lines, versions_line
+from ..tokenization import check_prompt
 from .graph_cmds import stderr_progress
 
 
@@ -60,6 +61,20 @@ def _pipeline(ns: argparse.Namespace, kind: str):
     return pipe
 
 
+def check_sampling(ns: argparse.Namespace) -> None:
+    """Values that would crash deep inside sampling: refused up front with the flag's name."""
+    import math
+
+    if ns.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be >= 1, got {ns.max_new_tokens}")
+    if not math.isfinite(ns.temperature) or ns.temperature <= 0:
+        raise UserError(f"--temperature must be a finite number > 0, got {ns.temperature}")
+    if ns.top_k < 0:
+        raise UserError(f"--top-k must be >= 0 (0: no top-k), got {ns.top_k}")
+    if not 0 <= ns.seed < 2 ** 63:
+        raise UserError(f"--seed must be in 0..{2 ** 63 - 1}, got {ns.seed}")
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     from ..pipeline import percentile
 
@@ -67,6 +82,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
         raise UserError("--benchmark N needs N >= 1")
     if ns.warmup < 0:
         raise UserError("--warmup must be >= 0")
+    check_sampling(ns)
+    for prompt in ns.prompt:
+        check_prompt(prompt)
+    if ns.output:
+        check_output_path(ns.output)  # before the model loads, not after generating
     pipe = _pipeline(ns, "decoder")
     pipe.chat = ns.chat
     prompts = ns.prompt
@@ -90,7 +110,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
         def write(f):
             for r in results:
                 f.write(json.dumps({"prompt": r.prompt, "tokens": r.tokens, "text": r.text}) + "\n")
-        atomic_write(ns.output, write)
+        try:
+            atomic_write(ns.output, write)
+        except UserError as e:  # the generation is lost with the process: say how to get it again
+            raise UserError(f"{e}; rerun the same `mcore run` with --output naming a writable file") from None
         log(f"wrote {len(results)} record(s) to {ns.output}")
     for r in results:
         print(r.text if ns.output is None else f"generated {len(r.tokens)} tokens", flush=True)
@@ -100,6 +123,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 def cmd_embed(ns: argparse.Namespace) -> int:
     from ..pipeline import percentile, sync
 
+    check_prompt(ns.prompt)
     pipe = _pipeline(ns, "encoder")
     if ns.benchmark:
         for _ in range(ns.warmup):
@@ -121,33 +145,39 @@ def cmd_embed(ns: argparse.Namespace) -> int:
 
 
 def cmd_inspect(ns: argparse.Namespace) -> int:
-    from ..bundle import open_bundle
+    from ..bundle import check_runnable, open_bundle
+    from ..graph.display import printable
     from ..patch import slot_groups
 
     b = open_bundle(ns.bundle)
     m = b.manifest
     if ns.json:
-        print(json.dumps(m, indent=2))
+        print(json.dumps(m, indent=2))  # JSON escapes control characters itself
         return 0
-    print(f"bundle {ns.bundle}: integrity OK")
-    print(f"engine={m['engine']} family={m['family']} model={m['model']['spec']} revision={m['model']['revision']}")
-    print("engines: graphs captured for the torch family of engines; `mcore run/embed --engine auto` (the default) "
+    check_runnable(m, str(ns.bundle))
+
+    def out(line: str) -> None:  # names come from someone's file: no terminal escapes
+        print(printable(line))
+
+    out(f"bundle {ns.bundle}: integrity OK")
+    out(f"engine={m['engine']} family={m['family']} model={m['model']['spec']} revision={m['model']['revision']}")
+    out("engines: graphs captured for the torch family of engines; `mcore run/embed --engine auto` (the default) "
           "runs them compiled (Inductor, CUDA-graph replay) on CUDA and op by op on CPU; --engine torch|compiled picks one")
-    print("build_args: " + " ".join(f"{k}={v}" for k, v in m["build_args"].items() if v is not None))
-    print(versions_line(m.get("tool_versions", {})))
-    print(f"weights: {m['weights']['kind']}" + (f" (seed {m['weights']['seed']})" if m["weights"]["kind"] == "random" else ""))
+    out("build_args: " + " ".join(f"{k}={v}" for k, v in m["build_args"].items() if v is not None))
+    out(versions_line(m.get("tool_versions", {})))
+    out(f"weights: {m['weights']['kind']}" + (f" (seed {m['weights']['seed']})" if m["weights"]["kind"] == "random" else ""))
     for role, r in m["roles"].items():
-        print(f"role {role}: fingerprint={r['fingerprint']} inputs={len(r['inputs'])} outputs={','.join(r['outputs'])}")
+        out(f"role {role}: fingerprint={r['fingerprint']} inputs={len(r['inputs'])} outputs={','.join(r['outputs'])}")
     if not m["kernel_slots"]:
-        print("kernel_slots: none (native bundle)")
+        out("kernel_slots: none (native bundle)")
     for bid, group in slot_groups(m["kernel_slots"]).items():
-        print(f"kernel_binding {bid} abi_sha256={group[0]['abi_sha256']} serves {len(group)} slot(s)")
+        out(f"kernel_binding {bid} abi_sha256={group[0]['abi_sha256']} serves {len(group)} slot(s)")
         for s in group:
-            print(f"kernel_slot {s['binding_id']} role={s['engine_role']} abi_sha256={s['abi_sha256']}"
-                  + (f" recipe={s['recipe']['id']}:{s['recipe']['instance']}" if s.get("recipe") else ""))
+            out(f"kernel_slot {s['binding_id']} role={s['engine_role']} abi_sha256={s['abi_sha256']}"
+                + (f" recipe={s['recipe']['id']}:{s['recipe']['instance']}" if s.get("recipe") else ""))
         for line in abi_lines(group[0])[4:]:
-            print("  " + line)
-    print("members: " + ", ".join(b.names()))
+            out("  " + line)
+    out("members: " + ", ".join(b.names()))
     return 0
 
 

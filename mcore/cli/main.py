@@ -9,6 +9,7 @@ import sys
 from typing import Optional, Sequence
 
 from ..errors import Cancelled, UserError
+from ..fileio import stdout_failed
 
 # Verb groups, each a module in mcore.cli with register(subparsers).
 GROUPS = ("graph_cmds", "build_cmds", "kernel_cmds", "verify_cmds", "profile_cmds")
@@ -43,6 +44,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
+        sys.stdout.flush()  # a full disk or closed stdout shows here, as one line, not at exit
     except UserError as e:
         print(f"mcore: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -56,6 +58,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # `mcore graph list ... | head`: the reader went away; that is not an error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:
+        return stdout_failed("mcore", e)
     return int(rc or 0)
 
 

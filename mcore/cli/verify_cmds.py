@@ -32,9 +32,11 @@ def cmd_perf(ns: argparse.Namespace) -> int:
 
 
 def cmd_reference(ns: argparse.Namespace) -> int:
+    from ..tokenization import check_prompt
     from ..verify_reference import reference_check
     from .graph_cmds import stderr_progress
 
+    check_prompt(ns.prompt)
     return _report(reference_check(ns.bundle, ns.checkpoint, ns.prompt, max_new_tokens=ns.max_new_tokens,
                                    chat=ns.chat, kernel_bindings=ns.kernel_bindings, device=ns.device,
                                    min_cosine=ns.min_cosine, max_abs=ns.max_abs, progress=stderr_progress()))

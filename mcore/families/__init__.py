@@ -30,7 +30,7 @@ def get_family(name: str) -> Family:
 
 def family_for_config(config: dict) -> Family:
     mt = config.get("model_type") if isinstance(config, dict) else None
-    if mt not in _MODEL_TYPES:
+    if not isinstance(mt, str) or mt not in _MODEL_TYPES:
         shown = "missing" if mt is None else repr(mt)
         raise UserError(
             f"config.json: model_type {shown} is not supported; supported model types: {', '.join(_MODEL_TYPES)}"

@@ -25,12 +25,9 @@ _HUB_PATTERNS = [
 
 
 def _read_json_file(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read {what}: {e}") from None
-    except ValueError as e:
-        raise UserError(f"{path}: malformed JSON in {what}: {e}") from None
+    from ..fileio import parse_json, read_input_text
+
+    return parse_json(read_input_text(path, what), str(path), what, constants=True)
 
 
 def read_config(folder: str | Path) -> dict:

@@ -6,6 +6,7 @@ import fnmatch
 from collections import OrderedDict
 from typing import Any, Iterable
 
+from ..errors import printable  # noqa: F401 - re-exported for the CLI
 from .snapshot import SnapshotIndex
 
 
