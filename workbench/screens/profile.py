@@ -99,7 +99,7 @@ class ProfileScreen(WorkbenchScreen):
         half = max(20, (self.query_one("#profile-bars").size.width or self.app.size.width) // 2 - 1)
         ctx = f" · context {p['context']}" if p.get("context") else ""
         head = Text(no_wrap=True, overflow="ellipsis")
-        head.append(f"{p['role']}{ctx}", style="bold")
+        head.append(f"Profile {p['role']}{ctx}", style="bold")
         head.append(f" · {p['bundle']['model']} · {len(p['nodes'])} nodes timed op by op on {p['device']['name']}")
         if self.state.profile_path:
             head.append(f" · {self.state.show_path(self.state.profile_path)}", style="dim")
