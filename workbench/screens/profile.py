@@ -49,7 +49,7 @@ class ProfileScreen(WorkbenchScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._shown: Optional[int] = None  # id() of the report in the table
+        self._shown: Optional[dict[str, Any]] = None  # the report the widgets show
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="profile-empty", classes="empty")
@@ -92,9 +92,9 @@ class ProfileScreen(WorkbenchScreen):
                                   "screen, F5, first): each graph node is timed op by op and the time attributed "
                                   "to modules, recipe instances and candidate regions.", style="dim"))
             return
-        if id(p) == self._shown:
+        if p is self._shown:
             return
-        self._shown = id(p)
+        self._shown = p
         top = 10 if self.app.size.height >= ROOMY_HEIGHT else 5
         half = max(20, (self.query_one("#profile-bars").size.width or self.app.size.width) // 2 - 1)
         ctx = f" · context {p['context']}" if p.get("context") else ""
