@@ -207,7 +207,7 @@ def _receipt_results(ctx: ActionContext, receipt: dict[str, Any], path: Path) ->
     }
 
 
-def _pipeline(ctx: ActionContext, kind: str, bundle: str, kernel_bindings: Optional[str]):
+def _pipeline(ctx: ActionContext, kind: str, bundle: str, kernel_bindings: Optional[str], engine: str = "auto"):
     from mcore.bundle import open_bundle
     from mcore.pipeline import DecoderPipeline, EncoderPipeline
 
@@ -216,7 +216,7 @@ def _pipeline(ctx: ActionContext, kind: str, bundle: str, kernel_bindings: Optio
     b = open_bundle(bpath)
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
     pipe = cls(bpath, kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"), device=ctx.device,
-               progress=ctx.progress, announce=ctx.announce, bundle=b)
+               progress=ctx.progress, announce=ctx.announce, bundle=b, engine=engine)
     for line in pipe.engine_lines():  # which engine ran (compiled on CUDA, op by op on CPU)
         ctx.say(line)
     return pipe
@@ -511,6 +511,35 @@ def gate_perf(ctx: ActionContext, native_bundle: str, external_bundle: str, kern
             "samples": {"native": list(d.get("native", [])), "external": list(d.get("external", []))}}
 
 
+def profile(ctx: ActionContext, bundle: str, output: str, role: Optional[str] = None, context: int = 128,
+            steps: int = 3, prompt: Optional[str] = None, kernel_bindings: Optional[str] = None) -> dict:
+    """`mcore profile -o OUTPUT`: device time per node, module, recipe instance and slot, and the
+    ranked candidate regions. Timings are measured: replay compares only which candidates exist."""
+    from mcore.bundle import open_bundle
+    from mcore.fileio import write_json
+    from mcore.profile import profile_pipeline
+
+    out = ctx.path(output, "output")
+    kind = open_bundle(ctx.path(bundle, "bundle")).manifest.get("family_kind", "decoder")
+    role = _str(role, "role") if role is not None else ("decode" if kind == "decoder" else "encoder")
+    pipe = _pipeline(ctx, kind, bundle, kernel_bindings, engine="torch")
+    report = profile_pipeline(pipe, role, _int(context, "context", 1), _int(steps, "steps", 1), prompt,
+                              progress=ctx.progress)
+    write_json(out, report)
+    ctx.say(f"profile written: {ctx.rel(out)} ({len(report['candidates'])} candidate regions)")
+    ident = [_candidate_ident(c) for c in report["candidates"]]
+    return {"role": report["role"], "context": report["context"], "profile": ctx.rel(out),
+            # which candidates exist is a fact of the graph; their order follows measured headroom
+            "candidates": sorted(ident, key=lambda c: json.dumps(c, sort_keys=True)),
+            "ranked": ident, "step_seconds": report["step_seconds"]}
+
+
+def _candidate_ident(c: dict) -> dict:
+    """A candidate region without its timings: what it is and the nodes it covers."""
+    keys = ("kind", "recipe", "instance") if c["kind"] == "recipe" else ("kind", "module_path")
+    return {**{k: c[k] for k in keys}, "node_ids": list(c["node_ids"])}
+
+
 def _jsonable(v: Any) -> Any:
     try:
         return json.loads(json.dumps(v, allow_nan=False, default=str))
@@ -536,6 +565,7 @@ ACTIONS: dict[str, Callable[..., dict]] = {
     "gate_embeddings": gate_embeddings,
     "gate_perf": gate_perf,
     "verify_reference": verify_reference,
+    "profile": profile,
 }
 
 # The params of each action that name paths (a session's paths must stay in its workdir), and
@@ -556,8 +586,10 @@ PATH_PARAMS: dict[str, tuple[str, ...]] = {
     "gate_embeddings": ("native", "external"),
     "gate_perf": ("native_bundle", "external_bundle", "kernel_bindings"),
     "verify_reference": ("bundle", "kernel_bindings"),
+    "profile": ("bundle", "output", "kernel_bindings"),
 }
-NATIVE_PARAMS: dict[str, str] = {a: "kernel_bindings" for a in ("generate", "embed", "gate_perf", "verify_reference")}
+NATIVE_PARAMS: dict[str, str] = {a: "kernel_bindings" for a in ("generate", "embed", "gate_perf", "verify_reference",
+                                                                "profile")}
 
 
 def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: str) -> None:
@@ -594,6 +626,7 @@ STABLE_KEYS: dict[str, tuple[str, ...]] = {
     "gate_embeddings": ("passed", "values"),
     "gate_perf": (),  # measurements: shown, never compared
     "verify_reference": ("passed", "first_diverging_step"),
+    "profile": ("role", "context", "candidates"),  # not "ranked": the rank follows measured times
 }
 
 ACTION_TITLES: dict[str, str] = {
@@ -612,6 +645,7 @@ ACTION_TITLES: dict[str, str] = {
     "gate_embeddings": "Embedding gate",
     "gate_perf": "Performance gate",
     "verify_reference": "Reference check (transformers)",
+    "profile": "Profile (where the time goes)",
 }
 
 

@@ -28,7 +28,7 @@ from mcore.errors import Cancelled, UserError
 from mcore.progress import CancelToken, Progress
 
 from .commands import WorkbenchCommands
-from .screens.base import SCREEN_ORDER, WorkbenchScreen
+from .screens.base import SCREEN_ORDER, SIDE_SCREENS, WorkbenchScreen
 from .screens.guide import GuideState
 
 # Which screen shows an action's results (guided mode switches there after each step).
@@ -47,10 +47,11 @@ ACTION_SCREEN = {
     "gate_tokens": "verify",
     "gate_embeddings": "verify",
     "gate_perf": "verify",
+    "profile": "profile",
 }
 
 # Actions that load native code named by a bindings manifest (asked for before they run).
-LOADS_NATIVE = ("generate", "embed", "gate_perf", "verify_reference")
+LOADS_NATIVE = ("generate", "embed", "gate_perf", "verify_reference", "profile")
 
 
 DEFAULT_TUTORIAL = "qwen-recipe"
@@ -95,6 +96,8 @@ class WorkbenchState:
     correctness: Optional[dict[str, Any]] = None
     perf: Optional[dict[str, Any]] = None
     reference: Optional[dict[str, Any]] = None  # the last verify_reference results
+    profile: Optional[dict[str, Any]] = None  # the last profile report (mcore.profile's JSON)
+    profile_path: Optional[str] = None
     chat: bool = False  # generate through the checkpoint's chat template
     trusted: set[str] = field(default_factory=set)
     samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})
@@ -208,11 +211,13 @@ class WorkbenchApp(App):
         from .screens.graph import GraphScreen
         from .screens.kernel import KernelScreen
         from .screens.model import ModelScreen
+        from .screens.profile import ProfileScreen
         from .screens.region import RegionScreen
         from .screens.verify import VerifyScreen
 
         for name, cls in (("model", ModelScreen), ("graph", GraphScreen), ("region", RegionScreen),
-                          ("kernel", KernelScreen), ("build", BuildScreen), ("verify", VerifyScreen)):
+                          ("kernel", KernelScreen), ("build", BuildScreen), ("verify", VerifyScreen),
+                          ("profile", ProfileScreen)):
             self.install_screen(cls(), name=name)
         try:
             if self._tutorial_arg is not None:
@@ -262,7 +267,7 @@ class WorkbenchApp(App):
         return s if isinstance(s, WorkbenchScreen) else None
 
     def action_show(self, name: str) -> None:
-        if name not in SCREEN_ORDER:
+        if name not in SCREEN_ORDER and name not in SIDE_SCREENS:
             return
         if isinstance(self.screen, WorkbenchScreen) and self.screen.SCREEN_NAME == name:
             return
@@ -699,6 +704,7 @@ class WorkbenchApp(App):
 
     # ------------------------------------------------------------------ results -> state
     def apply_results(self, action: str, params: dict[str, Any], results: dict[str, Any]) -> None:
+        from mcore.fileio import read_json
         from mcore.graph.snapshot import load_snapshot
         from mcore.selection import load_receipt
 
@@ -758,6 +764,9 @@ class WorkbenchApp(App):
             st.correctness = dict(results, kind=action, params=params)
         elif action == "verify_reference":
             st.reference = dict(results)
+        elif action == "profile":
+            st.profile = read_json(st.path(results["profile"]), "profile")
+            st.profile_path = results["profile"]
         elif action == "gate_perf":
             st.perf = dict(results, params=params)
             st.last_prompt = {"prompt": params.get("prompt"), "max_new_tokens": params.get("max_new_tokens")}

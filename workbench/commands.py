@@ -22,21 +22,24 @@ def screen_classes() -> dict[str, type]:
     from .screens.graph import GraphScreen
     from .screens.kernel import KernelScreen
     from .screens.model import ModelScreen
+    from .screens.profile import ProfileScreen
     from .screens.region import RegionScreen
     from .screens.verify import VerifyScreen
 
     return {"model": ModelScreen, "graph": GraphScreen, "region": RegionScreen, "kernel": KernelScreen,
-            "build": BuildScreen, "verify": VerifyScreen}
+            "build": BuildScreen, "verify": VerifyScreen, "profile": ProfileScreen}
 
 
 def palette_entries() -> list[tuple[str, str, str, str]]:
     """(label, help, screen or "", action): screens first, then app actions, then each screen's."""
     from .app import WorkbenchApp
-    from .screens.base import SCREEN_ORDER, SCREEN_TITLES, WorkbenchScreen
+    from .screens.base import SCREEN_ORDER, SCREEN_TITLES, SIDE_SCREENS, WorkbenchScreen
 
     out: list[tuple[str, str, str, str]] = []
     for i, name in enumerate(SCREEN_ORDER):
         out.append((f"Go to {SCREEN_TITLES[name]}", f"F{i + 1}", "", f"show('{name}')"))
+    for name, key in SIDE_SCREENS.items():
+        out.append((f"Go to {SCREEN_TITLES[name]}", key, "", f"show('{name}')"))
     shared = {b.action for b in WorkbenchScreen.BINDINGS}  # type: ignore[union-attr]
     for b in WorkbenchApp.BINDINGS:
         if isinstance(b, Binding) and not b.action.startswith("show(") and b.action not in _HIDDEN_APP_ACTIONS:

@@ -24,7 +24,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 SCREEN_ORDER = ("model", "graph", "region", "kernel", "build", "verify")
 SCREEN_TITLES = {"model": "Model", "graph": "Graph", "region": "Region", "kernel": "Kernel", "build": "Build",
-                 "verify": "Verify"}
+                 "verify": "Verify", "profile": "Profile"}
+# Screens off the F-key path, reached by a key on another screen (and the palette): name -> that key
+SIDE_SCREENS = {"profile": "p on Graph"}
 MIN_SIZE = (80, 24)  # below this the screens cannot show their content; say so instead
 ROOMY_WIDTH = 110  # from this width the guide panel sits beside the body; below, a one-line step bar
 

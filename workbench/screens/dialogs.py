@@ -147,7 +147,7 @@ HELP = [
                ("right / left", "tree: expand / collapse"),
                ("enter (edges)", "follow the highlighted tensor edge"),
                ("backspace", "back along the followed edges"), ("space", "mark/unmark the node for a region"),
-               ("t", "tree / table focus")]),
+               ("t", "tree / table focus"), ("p", "Profile: where the time goes")]),
     ("Region", [("enter", "pick the highlighted recipe instance"), ("space", "unmark a node"),
                 ("s", "save the receipt"), ("m", "manual selection from marked nodes")]),
     ("Kernel", [("i / a", "build the identity-copy / residual-add kernel"),
@@ -156,6 +156,8 @@ HELP = [
                 ("w", "write the bindings manifest")]),
     ("Build", [("b", "build the native bundle"), ("s", "build the slot-ready bundle"), ("x", "cancel")]),
     ("Verify", [("c", "correctness gate"), ("p", "performance gate"), ("v", "both, then the verdict")]),
+    ("Profile", [("r", "profile the native bundle (torch engine, op by op)"),
+                 ("s / enter", "select the candidate: Region screen with its nodes marked"), ("x", "cancel")]),
     ("Trust prompt", [("y", "load the kernel and run the step"), ("esc / d", "do not load")]),
 ]
 

@@ -138,6 +138,7 @@ class GraphScreen(WorkbenchScreen):
         Binding("backspace", "back", "back"),
         Binding("t", "toggle_focus", "tree/table"),
         Binding("e", "edges", "edges", show=False),
+        Binding("p", "app.show('profile')", "profile: where the time goes", show=False),
     ]
 
     def __init__(self) -> None:

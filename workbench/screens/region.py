@@ -17,6 +17,7 @@ from textual.widgets import DataTable, Input, Label, Static
 
 from mcore.errors import UserError
 from mcore.graph.display import abi_lines
+from mcore.profile import CANDIDATE_BINDING
 from mcore.recipes import find_recipe, recipe_rows, select_recipe
 from mcore.selection import RegionError, select_region
 
@@ -309,6 +310,26 @@ class RegionScreen(WorkbenchScreen):
         osi = r["output_shape_input"]
         self.query_one("#out-like", Input).value = "" if osi is None else str(osi)
         self._filling = False
+
+    def use_candidate(self, c: dict[str, Any]) -> None:
+        """A profile candidate (Profile screen, s): its recipe instance picked, else its nodes marked
+        with the output shape it was found valid with; the receipt is still saved here with s."""
+        if c["kind"] == "recipe":
+            for n, r in enumerate(recipe_rows(self.state.snapshot)):
+                if (r["id"], r["instance"]) == (c["recipe"], c["instance"]):
+                    self.pick_recipe(n)
+                    break
+        else:
+            self.recipe = None
+            self.state.marked = list(c["node_ids"])
+            self._marked_seen = list(self.state.marked)
+            osi = c.get("output_shape_input")
+            self._filling = True
+            self.query_one("#out-like", Input).value = "" if osi is None else str(osi)
+            self.query_one("#binding-id", Input).value = CANDIDATE_BINDING  # the ID it was checked with
+            self._filling = False
+        self.fill_marked()
+        self.validate()
 
     @on(Input.Changed, "#binding-id, #workspace, #extra-args, #out-like")
     def param_changed(self) -> None:

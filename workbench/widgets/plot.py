@@ -296,3 +296,20 @@ def token_strip(native: Sequence[int], external: Sequence[int], width: int) -> T
         t.append(f"first divergence at position {d + 1}: native {a} vs external {b}", style="bold red")
     t.append("\nper-step logits are not recorded by generate, so tokens are compared exactly", style="dim")
     return t
+
+
+def share_bars(rows: Sequence[tuple[str, float]], width: int, title: str) -> Text:
+    """One row per (label, share of the total): the label cut from the left (the end of a module
+    path is what tells rows apart), a bar of the share and the share in percent."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(title, style="bold")
+    pct_w, bar_w = 7, max(4, min(20, width // 3))
+    label_w = max(6, width - bar_w - pct_w - 1)
+    for label, share in rows:
+        shown = label if len(label) <= label_w else "…" + label[-(label_w - 1):]
+        filled = int(round(max(0.0, min(1.0, share)) * bar_w))
+        t.append("\n" + shown.ljust(label_w) + " ")
+        t.append("█" * filled, style="cyan")
+        t.append("░" * (bar_w - filled), style="dim")
+        t.append(f"{share:7.1%}")
+    return t

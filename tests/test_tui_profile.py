@@ -1,0 +1,215 @@
+"""The Profile screen and the `profile` action (issue 14): mcore's profile of demo:qwen3-tiny on the
+torch engine (CPU), its candidates listed in rank order, one taken to the Region screen with its
+nodes marked and valid there, cancellation, replay-stable results, and SVG snapshots of a fixed
+hand-made report (no measured number reaches a snapshot)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from textual.widgets import DataTable, Static
+
+from mcore.selection import select_region
+from workbench.actions import STABLE_KEYS, ActionContext, run_action
+from workbench.app import DEFAULT_BUILD_ARGS, WorkbenchApp
+from workbench.commands import palette_entries
+
+SIZE = (80, 24)
+
+
+def text_of(app, selector: str) -> str:
+    c = app.screen.query_one(selector, Static).content
+    return c.plain if hasattr(c, "plain") else str(c)
+
+
+@pytest.fixture(autouse=True)
+def no_hf_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The free-mode build arguments: the decode graph captured and the native bundle built, once."""
+    wd = tmp_path_factory.mktemp("profile-work")
+    ctx = ActionContext(workdir=wd)
+    steps = [("capture_graph", {"build_args": DEFAULT_BUILD_ARGS, "engine_role": "decode",
+                                "snapshot": "decode.graph.json"}),
+             ("build_bundle", {"build_args": DEFAULT_BUILD_ARGS, "output": "native.bundle"})]
+    out = []
+    for action, params in steps:
+        results, error = run_action(ctx, action, params)
+        assert error is None, error
+        # the app runs in its own work folder: the artifacts by absolute path
+        for key in ("snapshot", "bundle"):
+            if key in results:
+                results = dict(results, **{key: str(wd / results[key])})
+        out.append((action, params, results))
+    return ctx.workdir, out
+
+
+def load(app: WorkbenchApp, steps) -> None:
+    for action, params, results in steps:
+        app.apply_results(action, params, results)
+
+
+async def wait(pilot, until, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, "timed out"
+        await pilot.pause(0.05)
+    await pilot.pause(0.1)
+
+
+def table_names(app) -> list[str]:
+    t = app.screen.query_one("#candidates", DataTable)
+    return [str(t.get_row_at(i)[-1]) for i in range(t.row_count)]
+
+
+@pytest.mark.asyncio
+async def test_profile_lists_candidates_and_selects_one_into_the_region_screen(built, tmp_path):
+    wd, steps = built
+    app = WorkbenchApp(workdir=str(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        load(app, steps)
+        await pilot.press("f2", "p")
+        await pilot.pause(0.1)
+        assert app.screen.SCREEN_NAME == "profile"
+        assert "Press r to profile" in text_of(app, "#profile-empty")
+        await pilot.press("r")
+        await wait(pilot, lambda: app.last_outcome is not None and not app.busy)
+        assert app.last_outcome.kind == "ok", app.last_outcome.error
+        report = json.loads((tmp_path / "profile-decode.json").read_text())
+        assert report["kind"] == "mcore-profile" and report["role"] == "decode"
+        assert report["bundle"]["fingerprint"] == app.state.snapshot["fingerprint"]
+        assert app.session.steps[-1].action == "profile"
+        # the table lists every candidate in the report's rank order
+        names = [c["instance"] if c["kind"] == "recipe" else c["module_path"] for c in report["candidates"]]
+        assert table_names(app) == names and len(names) > 3
+        bars = text_of(app, "#bars-modules") + text_of(app, "#bars-ops")
+        assert "decoder.layers.0" in bars or "…" in bars
+        assert "mm" in text_of(app, "#bars-ops") or "linear" in text_of(app, "#bars-ops")
+        # s on a region candidate: the Region screen with exactly its nodes marked, valid as found
+        i = next(i for i, c in enumerate(report["candidates"]) if c["kind"] == "region")
+        app.screen.query_one("#candidates", DataTable).move_cursor(row=i)
+        await pilot.press("s")
+        await pilot.pause(0.3)
+        assert app.screen.SCREEN_NAME == "region"
+        region = report["candidates"][i]
+        assert app.state.marked == region["node_ids"]
+        assert app.screen.recipe is None and app.screen.error is None, app.screen.error
+        assert app.screen.preview["node_ids"] == region["node_ids"]
+        # Esc goes back to the Profile screen; a recipe candidate picks its recipe instance
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert app.screen.SCREEN_NAME == "profile"
+        j = next(j for j, c in enumerate(report["candidates"]) if c["kind"] == "recipe")
+        app.screen.query_one("#candidates", DataTable).move_cursor(row=j)
+        await pilot.press("s")
+        await pilot.pause(0.3)
+        rec = report["candidates"][j]
+        assert app.screen.SCREEN_NAME == "region"
+        assert app.screen.recipe == (rec["recipe"], rec["instance"]) and app.state.marked == rec["node_ids"]
+
+
+@pytest.mark.asyncio
+async def test_profile_cancels_with_x_and_writes_nothing(built, tmp_path):
+    _, steps = built
+    app = WorkbenchApp(workdir=str(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        load(app, steps)
+        await pilot.press("f2", "p")
+        await pilot.pause(0.1)
+        bundle = app.state.bundles["native"]["bundle"]
+        app.perform("profile", {"bundle": bundle, "output": "long.json", "steps": 100000})
+        await wait(pilot, lambda: app.progress_step.startswith("profiling decode: step"))
+        assert "x cancels" in text_of(app, "#profile-empty")
+        await pilot.press("x")
+        await wait(pilot, lambda: not app.busy, timeout=60)
+        assert app.last_outcome.kind == "cancelled"
+        assert not (tmp_path / "long.json").exists() and app.state.profile is None
+
+
+def test_profile_results_replay_by_which_candidates_exist(built, tmp_path):
+    """Two runs measure different times; the compared results (role, context, candidates) agree."""
+    wd, steps = built
+    bundle = steps[1][2]["bundle"]
+    ctx = ActionContext(workdir=tmp_path)
+    a, err = run_action(ctx, "profile", {"bundle": bundle, "output": "a.json", "steps": 1, "context": 50})
+    assert err is None, err
+    b, err = run_action(ctx, "profile", {"bundle": bundle, "output": "b.json", "steps": 1, "context": 50})
+    assert err is None, err
+    assert STABLE_KEYS["profile"] == ("role", "context", "candidates")
+    assert {k: a[k] for k in STABLE_KEYS["profile"]} == {k: b[k] for k in STABLE_KEYS["profile"]}
+    assert a["role"] == "decode" and a["context"] == 50
+    report = json.loads((tmp_path / "a.json").read_text())
+    # `ranked` is the report's order; every candidate is a region select_region() accepts
+    assert [c["node_ids"] for c in a["ranked"]] == [c["node_ids"] for c in report["candidates"]]
+    assert sorted(map(json.dumps, a["ranked"])) == sorted(map(json.dumps, a["candidates"]))
+    snap = json.loads(Path(steps[0][2]["snapshot"]).read_text())
+    for c in report["candidates"]:
+        select_region(snap, c["node_ids"], "my.kernel@1", 0, (), c["output_shape_input"])
+    _, err = run_action(ctx, "profile", {"bundle": bundle, "output": "c.json", "role": "nope"})
+    assert err is not None and "role 'nope' is not in this bundle" in err
+
+
+def test_palette_lists_the_profile_screen():
+    entries = {e[0]: e for e in palette_entries()}
+    assert entries["Go to Profile"][1:] == ("p on Graph", "", "show('profile')")
+    assert entries["Profile: select region"][2:] == ("profile", "select_candidate")
+
+
+# ------------------------------------------------------------------ snapshots: a fixed, hand-made report
+
+def _row(seconds: float, total: float, **kw) -> dict:
+    return dict(kw, seconds=seconds, share=seconds / total, headroom_seconds=seconds * 0.6, bytes=0)
+
+
+def fixed_report() -> dict:
+    total = 1.0
+    modules = [_row(s, total, path=p) for p, s in (
+        ("<root>", 1.0), ("decoder", 1.0), ("decoder.layers", 0.8), ("decoder.layers.0", 0.41),
+        ("decoder.layers.1", 0.39), ("decoder.layers.0.mlp", 0.22), ("decoder.layers.1.mlp", 0.21),
+        ("decoder.layers.0.self_attn", 0.15), ("decoder.layers.1.self_attn", 0.14), ("decoder.lm_head", 0.12),
+        ("decoder.norm", 0.03), ("decoder.embed_tokens", 0.02))]
+    nodes = [_row(s, total, id=f"node:{i}", name=f"n{i}", op=op, module_path="decoder")
+             for i, (op, s) in enumerate((("aten.linear.default", 0.55), ("mcore.decode_attention.default", 0.2),
+                                          ("aten.mul.Tensor", 0.1), ("aten.add.Tensor", 0.08),
+                                          ("aten.rsqrt.default", 0.04), ("aten.silu.default", 0.03)))]
+    cands = [_row(0.10, total, kind="recipe", recipe="qwen.decode_attention_region@2",
+                  instance=f"decoder.layers.{i}.decode_attention", node_ids=[f"node:{i}"]) for i in (0, 1)]
+    cands += [_row(s, total, kind="region", module_path=p, node_ids=[f"node:{k}" for k in range(n)])
+              for p, s, n in (("decoder.layers.0.mlp", 0.22, 7), ("decoder.layers.1.mlp", 0.21, 7),
+                              ("decoder.lm_head", 0.12, 2), ("decoder.layers.0.input_layernorm", 0.02, 6))]
+    return {"schema_version": 1, "kind": "mcore-profile", "role": "decode", "context": 128, "steps": 3,
+            "bundle": {"model": "demo:qwen3-tiny", "fingerprint": "0" * 64, "build_args": {}},
+            "device": {"type": "cpu", "name": "cpu", "copy_bytes_per_s": 1e10},
+            "step_seconds": 1.0, "attributed_seconds": total,
+            "nodes": nodes, "modules": modules, "recipes": [], "slots": [], "candidates": cands}
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_profile_screen_snapshot(snap_compare, tmp_path, size):
+    async def show(pilot) -> None:
+        app = pilot.app
+        await wait(pilot, lambda: bool(app.get_screen("model").family or app.get_screen("model").args_error), 60)
+        app.state.profile = fixed_report()
+        app.state.profile_path = "profile-decode.json"
+        await pilot.press("f2", "p")
+        await pilot.pause(0.3)
+        app.clear_notifications()
+
+    app = WorkbenchApp(workdir=str(tmp_path))
+    assert snap_compare(app, terminal_size=size, run_before=show)
+
+
+def test_profile_steps_are_confined_like_every_action(tmp_path):
+    """A session's profile step may not write outside the replay workdir (issue 11's one rule)."""
+    from mcore.errors import UserError
+    from workbench.actions import ACTIONS, NATIVE_PARAMS, PATH_PARAMS, check_step_paths
+
+    assert set(PATH_PARAMS) == set(ACTIONS) and NATIVE_PARAMS["profile"] == "kernel_bindings"
+    with pytest.raises(UserError, match="field output"):
+        check_step_paths("profile", {"bundle": "n.bundle", "output": "../p.json"}, tmp_path, "s: step 1 (profile)")

@@ -1,0 +1,151 @@
+"""Profile screen (p on the Graph screen): where the time goes in one role of a bundle, from
+mcore's profile report: time by module subtree and by op kind as bars, and the candidate regions
+ranked by headroom. `s` (or enter) takes the highlighted candidate to the Region screen with its
+nodes marked (its recipe instance picked), where the receipt is saved as usual."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable, Optional
+
+from rich.text import Text
+from textual import on
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widget import Widget
+from textual.widgets import DataTable, Static
+
+from ..widgets.plot import share_bars
+from .base import WorkbenchScreen, bar_text
+
+ROOMY_HEIGHT = 32  # from this height the bars show 10 rows each, below 5
+
+
+def module_rows(report: dict[str, Any], top: int) -> list[tuple[str, float]]:
+    """The hottest module subtrees, leaving out the root and wrappers that hold all the time."""
+    rows = [(m["path"], m["share"]) for m in report["modules"] if m["path"] != "<root>" and m["share"] < 0.999]
+    return sorted(rows, key=lambda r: -r[1])[:top]
+
+
+def op_rows(report: dict[str, Any], top: int) -> list[tuple[str, float]]:
+    """Time by op kind (aten.mm.default -> mm), summed over the role's nodes."""
+    shares: dict[str, float] = defaultdict(float)
+    for n in report["nodes"]:
+        op = n["op"].removeprefix("aten.").removesuffix(".default")
+        shares[op] += n["share"]
+    return sorted(shares.items(), key=lambda r: -r[1])[:top]
+
+
+def candidate_name(c: dict[str, Any]) -> str:
+    return c["instance"] if c["kind"] == "recipe" else c["module_path"]
+
+
+class ProfileScreen(WorkbenchScreen):
+    SCREEN_NAME = "profile"
+    BINDINGS = [
+        Binding("r", "run_profile", "profile"),
+        Binding("s", "select_candidate", "select region"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._shown: Optional[dict[str, Any]] = None  # the report the widgets show
+
+    def compose_body(self) -> Iterable[Widget]:
+        yield Static("", id="profile-empty", classes="empty")
+        with Vertical(id="profile-main"):
+            yield Static("", id="profile-head")
+            with Horizontal(id="profile-bars"):
+                yield Static("", id="bars-modules")
+                yield Static("", id="bars-ops")
+            yield DataTable(id="candidates", cursor_type="row")
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        t = self.query_one("#candidates", DataTable)
+        for label, key in (("#", "rank"), ("share", "share"), ("headroom", "headroom"), ("nodes", "nodes"),
+                           ("kind", "kind"), ("candidate", "name")):
+            t.add_column(label, key=key)
+        self.refresh_view()
+
+    def focus_default(self) -> None:
+        if self.state.profile is not None:
+            self.query_one("#candidates", DataTable).focus()
+
+    def on_resize(self, event) -> None:
+        super().on_resize(event)
+        self._shown = None  # the bars' row count and width follow the size
+        self.refresh_view()
+
+    # ------------------------------------------------------------------ state -> widgets
+    def refresh_view(self) -> None:
+        super().refresh_view()
+        if not self.is_mounted:
+            return
+        p = self.state.profile
+        self.query_one("#profile-main").display = p is not None
+        empty = self.query_one("#profile-empty", Static)
+        empty.display = p is None
+        if p is None:
+            if self.wb.busy != "profile":
+                empty.update(Text("No profile yet. Press r to profile the native bundle (build it on the Build "
+                                  "screen, F5, first): each graph node is timed op by op and the time attributed "
+                                  "to modules, recipe instances and candidate regions.", style="dim"))
+            return
+        if p is self._shown:
+            return
+        self._shown = p
+        top = 10 if self.app.size.height >= ROOMY_HEIGHT else 5
+        half = max(20, (self.query_one("#profile-bars").size.width or self.app.size.width) // 2 - 1)
+        ctx = f" · context {p['context']}" if p.get("context") else ""
+        head = Text(no_wrap=True, overflow="ellipsis")
+        head.append(f"Profile {p['role']}{ctx}", style="bold")
+        head.append(f" · {p['bundle']['model']} · {len(p['nodes'])} nodes timed op by op on {p['device']['name']}")
+        if self.state.profile_path:
+            head.append(f" · {self.state.show_path(self.state.profile_path)}", style="dim")
+        self.query_one("#profile-head", Static).update(head)
+        self.query_one("#bars-modules", Static).update(share_bars(module_rows(p, top), half, "time by module"))
+        self.query_one("#bars-ops", Static).update(share_bars(op_rows(p, top), half, "time by op"))
+        t = self.query_one("#candidates", DataTable)
+        t.clear()
+        for i, c in enumerate(p["candidates"]):
+            # headroom as a share of the step: what a kernel at the copy limit could save at most
+            room = c["headroom_seconds"] / (p["attributed_seconds"] or 1e-12)
+            t.add_row(str(i + 1), f"{c['share']:.1%}", f"≤{room:.1%}", str(len(c["node_ids"])), c["kind"],
+                      candidate_name(c), key=str(i))
+
+    def on_action_progress(self, action: str, step: str, fraction: float) -> None:
+        if action == "profile" and self.state.profile is None:
+            empty = self.query_one("#profile-empty", Static)
+            empty.update(Text.assemble((bar_text(fraction, 30), "cyan"), f" {step}  ", ("x cancels", "dim")))
+
+    # ------------------------------------------------------------------ keys
+    def action_run_profile(self) -> None:
+        st = self.state
+        b = st.bundles.get("native")
+        if b is None:
+            self.wb.report_error("no native bundle to profile yet: build one on the Build screen (F5, then b)")
+            return
+        role = st.engine_role if st.engine_role in b.get("fingerprints", {}) else None
+        params: dict[str, Any] = {"bundle": b["bundle"], "output": f"profile-{role or 'default'}.json",
+                                  "role": role, "steps": 3}
+        self.wb.perform("profile", params, label="profile the native bundle")
+
+    @on(DataTable.RowSelected, "#candidates")
+    async def candidate_chosen(self, event: DataTable.RowSelected) -> None:
+        await self.action_select_candidate()
+
+    async def action_select_candidate(self) -> None:
+        p, st = self.state.profile, self.state
+        if p is None or not p["candidates"]:
+            self.wb.say("no candidate to select: press r to profile first", "yellow")
+            return
+        row = self.query_one("#candidates", DataTable).cursor_row
+        c = p["candidates"][max(0, min(row, len(p["candidates"]) - 1))]
+        if st.snapshot is None or st.snapshot["fingerprint"] != p["bundle"]["fingerprint"]:
+            self.wb.report_error(f"the captured graph is not the profiled {p['role']} graph: capture that role "
+                                 "(Model screen, F1) with the bundle's build arguments, then select again")
+            return
+        await self.wb.go("region")
+        self.wb.get_screen("region").use_candidate(c)
+        self.wb.say(f"{candidate_name(c)}: {len(c['node_ids'])} node(s) marked; s saves the receipt", "green")
