@@ -21,17 +21,9 @@ from workbench.app import WorkbenchApp
 from workbench.screens.dialogs import ConfirmQuit, SummaryModal, TrustModal
 from workbench.session import Session, find_tutorial
 
+from .tui_helpers import no_hf_cache, text_of  # noqa: F401 (autouse fixture)
+
 SIZE = (80, 24)
-
-
-def text_of(app, selector: str) -> str:
-    c = app.screen.query_one(selector, Static).content
-    return c.plain if hasattr(c, "plain") else str(c)
-
-
-@pytest.fixture(autouse=True)
-def no_hf_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
 
 
 @pytest.fixture(scope="module")
