@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from textual.command import CommandPalette
-from textual.widgets import DataTable, Input, Static, Tree
+from textual.widgets import DataTable, Input, Tree
 
 from workbench.actions import ActionContext, run_action
 from workbench.app import WorkbenchApp

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable
 
 from mcore.selection import select_region
 from workbench.actions import STABLE_KEYS, ActionContext, run_action
