@@ -22,6 +22,7 @@ demo-cli: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash bench/tutorial_cli.sh artifacts/demo-cli
 
 test: setup
+	$(VENV)/bin/ruff check mcore workbench tests bench kernels
 	$(PY) -m pytest -q
 
 test-gpu: setup

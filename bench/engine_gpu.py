@@ -188,7 +188,7 @@ def part_hf_eager(a) -> None:
             for _ in range(2):
                 step()
             rec["decode_ms"][n] = _median_ms(step, min(a.steps, 10))
-            del cache, out
+            cache = out = None  # free this context's cache before the next
             torch.cuda.empty_cache()
     _emit(rec)
 

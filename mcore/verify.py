@@ -8,7 +8,6 @@ Bad input (missing file, malformed JSON, missing fields) raises `UserError` (exi
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re

@@ -9,7 +9,7 @@ import pytest
 
 from mcore.selection import select_region
 
-from .conftest import QWEN_ARGS, assert_user_error
+from .conftest import assert_user_error
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ each app through the same apply_results the UI uses).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from textual.widgets import DataTable, Input, Tree
 
 from workbench.actions import ActionContext, run_action
 from workbench.app import WorkbenchApp
-from workbench.screens.dialogs import ConfirmQuit, SummaryModal, TrustModal
+from workbench.screens.dialogs import ConfirmQuit, TrustModal
 from workbench.session import Session, find_tutorial
 
 from .tui_helpers import no_hf_cache, text_of  # noqa: F401 (autouse fixture)

@@ -79,7 +79,6 @@ def capture(args: BuildArgs, role: str, progress: Progress = NO_PROGRESS,
     core = family.build_core(source.config, gargs, "meta")
     module = family.role_module(core, role)
     example, dynamic = family.example_inputs(source.config, gargs, role, "meta")
-    io = family.role_io(source.config, gargs, role)
     progress.report(f"exporting {role} with torch.export", 0.2)
     with torch.no_grad():
         ep = torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
