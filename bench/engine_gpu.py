@@ -97,12 +97,12 @@ def part_mcore(a) -> None:
         print(stamps[-1], file=sys.stderr, flush=True)
 
     if a.decode_only:  # quick variant checks: load with the op-by-op engine, compile the decode role alone
-        from mcore.engines.compiled import CompiledRoleRunner
+        from mcore.engines.compiled import CompiledRoleRunner, fuse_projections
         from mcore.engines.fusion import fuse_sibling_projections
 
         pipe = DecoderPipeline(_bundle(a), device=DEV, engine="torch", progress=Progress(note))
         prepared = pipe.runners["decode"].prepared
-        if os.environ.get("MCORE_FUSE_PROJECTIONS", "1") != "0":
+        if fuse_projections():
             fuse_sibling_projections(prepared)
         runner = CompiledRoleRunner(prepared, pipe.device, f"variant-{os.getpid()}")
         runner.prepare(pipe.step_ids, pipe.cache_length, *[pipe.caches[n] for n in pipe.cache_names],

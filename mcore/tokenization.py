@@ -48,7 +48,7 @@ _CLASS_FOR_MODEL_TYPE = {"bert": "BertTokenizer", "distilbert": "BertTokenizer",
 _BERT_CLASSES = {"BertTokenizer", "DistilBertTokenizer"}
 
 
-def _token_text(v: Any) -> Optional[str]:
+def token_text(v: Any) -> Optional[str]:
     """A special token as tokenizer_config.json writes it: a string or an AddedToken object."""
     if isinstance(v, str):
         return v
@@ -106,7 +106,7 @@ class TextTokenizer:
     # ------------------------------------------------------------ configuration
     def special(self, name: str, default: Optional[str] = None) -> Optional[str]:
         """The text of a special token (`bos_token`, `cls_token`, ...) from tokenizer_config.json."""
-        return _token_text(self.config.get(name)) if name in self.config else default
+        return token_text(self.config.get(name)) if name in self.config else default
 
     def _id(self, text: str, field: str) -> int:
         i = self.tok.token_to_id(text)

@@ -20,25 +20,23 @@ import hashlib
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch._inductor.config
 
 from ..errors import UserError
+from ..families.demo import cache_root
+from ..fileio import write_json
 from ..progress import NO_PROGRESS, Progress
 from .fusion import fuse_sibling_projections
 from .prepared import PreparedGraph, prepare_graph
 
 
-def cache_root() -> str:
-    env = os.environ.get("MCORE_CACHE_DIR")
-    return os.path.join(os.path.expanduser(env) if env else os.path.expanduser("~/.cache/mcore"))
-
-
 def _use_mcore_inductor_cache() -> None:
     # Only where the user has not chosen a folder: Inductor and Triton read this at compile time.
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(cache_root(), "inductor"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
 
 
 def device_label(device: torch.device) -> str:
@@ -55,9 +53,19 @@ def compile_key(fingerprint: str, slots: Sequence[dict], device: torch.device) -
         "slots": [[s["binding_id"], s["abi_sha256"], s["node_ids"]] for s in slots],
         "device": device_label(device),
         "torch": torch.__version__,
-        "options": [os.environ.get("MCORE_FUSE_PROJECTIONS", "1"), os.environ.get("MCORE_COMPILE_TUNING", "0")],
+        "options": [fuse_projections(), tuning()],
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def fuse_projections() -> bool:
+    """MCORE_FUSE_PROJECTIONS=0 keeps q/k/v and gate/up as separate matrix products."""
+    return os.environ.get("MCORE_FUSE_PROJECTIONS", "1") != "0"
+
+
+def tuning() -> bool:
+    """MCORE_COMPILE_TUNING=1: coordinate-descent tuning instead of deterministic mode."""
+    return os.environ.get("MCORE_COMPILE_TUNING", "0") == "1"
 
 
 def compile_options(device: torch.device, fixed_shapes: bool) -> dict[str, Any]:
@@ -66,7 +74,7 @@ def compile_options(device: torch.device, fixed_shapes: bool) -> dict[str, Any]:
     bits: a native and a slot pipeline agree in lockstep, and a reload matches the first run.
     MCORE_COMPILE_TUNING=1 trades that for coordinate-descent tuning of one-token kernels."""
     options: dict[str, Any] = {}
-    if os.environ.get("MCORE_COMPILE_TUNING", "0") == "1" and fixed_shapes and device.type == "cuda":
+    if tuning() and fixed_shapes and device.type == "cuda":
         options["coordinate_descent_tuning"] = True  # matrix-vector kernels by Inductor, tuned on the device
     elif hasattr(torch._inductor.config, "deterministic"):
         options["deterministic"] = True
@@ -106,7 +114,7 @@ class CompiledRoleRunner:
         which later steps overwrite before reading)."""
         p = self.prepared
         role = p.role
-        marker = os.path.join(cache_root(), "compiled", f"{self.key}.json")
+        marker = cache_root() / "compiled" / f"{self.key}.json"
         known = _read_marker(marker)
         if not fixed_shapes:
             for i, dims in p.dynamic_dims.items():
@@ -193,22 +201,18 @@ def _signature(inputs: Sequence[torch.Tensor]) -> tuple:
     return tuple((tuple(x.shape), x.dtype, x.device) for x in inputs)
 
 
-def _read_marker(path: str) -> Optional[dict]:
+def _read_marker(path: Path) -> Optional[dict]:
     try:
-        with open(path) as f:
-            return json.load(f)
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
 
 
-def _write_marker(path: str, data: dict) -> None:
+def _write_marker(path: Path, data: dict) -> None:
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except OSError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, data)
+    except (OSError, UserError):
         pass  # the index is a convenience; Inductor's own cache still works
 
 
@@ -221,7 +225,7 @@ class CompiledEngine:
     def compile_role(self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, Any]],
                      device: torch.device) -> CompiledRoleRunner:
         prepared = prepare_graph(captured, state, slots, device)
-        if os.environ.get("MCORE_FUSE_PROJECTIONS", "1") != "0":
+        if fuse_projections():
             fuse_sibling_projections(prepared)
         key = compile_key(captured.snapshot["fingerprint"], [s for s, _ in slots], device)
         return CompiledRoleRunner(prepared, device, key)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import UserError
+from ..tokenization import token_text
 from .base import ModelSource
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -114,14 +115,6 @@ def load_tokenizer(source: ModelSource):
         raise UserError(f"{path}: cannot load tokenizer.json ({msg})") from None
 
 
-def _token_text(v: Any) -> Optional[str]:
-    if isinstance(v, str):
-        return v
-    if isinstance(v, dict) and isinstance(v.get("content"), str):
-        return v["content"]
-    return None
-
-
 def _ids(v: Any) -> list[int]:
     if isinstance(v, bool):
         return []
@@ -157,7 +150,7 @@ def special_tokens(source: ModelSource) -> dict:
             tokenizer = None
 
     def lookup(key: str, default_text: Optional[str] = None) -> Optional[int]:
-        text = _token_text(tok_cfg.get(key)) or default_text
+        text = token_text(tok_cfg.get(key)) or default_text
         if text is None or tokenizer is None:
             return None
         return tokenizer.token_to_id(text)

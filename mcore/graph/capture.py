@@ -103,9 +103,8 @@ def capture_cached(args: BuildArgs, role: str, fingerprint: str,
 
     A loaded program counts only if its snapshot has exactly the expected fingerprint (which covers the
     model, the role, the build args and every node and tensor), so a stale or foreign file is never used."""
-    import os
-
     from ..families.demo import cache_root
+    from ..fileio import atomic_write
 
     tag = "-".join(f"{k}{v}" for k, v in sorted(tool_versions().items()))
     path = cache_root() / "exported" / f"{fingerprint}-{tag}.pt2"
@@ -121,9 +120,7 @@ def capture_cached(args: BuildArgs, role: str, fingerprint: str,
     if cap.snapshot["fingerprint"] == fingerprint:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.pt2")
-            torch.export.save(cap.exported, str(tmp))
-            os.replace(tmp, path)
+            atomic_write(path, lambda f: torch.export.save(cap.exported, f), binary=True)
         except Exception:  # the cache is a convenience; loading works without it
             pass
     return cap
