@@ -207,6 +207,8 @@ def part_hf_compiled(a) -> None:
                            return_dict=False)[0]
             return torch.argmax(logits[:, -1], dim=-1)
 
+        with torch.no_grad():  # one eager step allocates the cache's lazily made tensors outside any CUDA graph
+            decode_one(torch.tensor([[1234]], device=DEV), torch.tensor([0], device=DEV))
         fwd = torch.compile(decode_one, mode="reduce-overhead", fullgraph=True)
         tok = [1234]
         pos = [0]

@@ -10,23 +10,26 @@ OUT=${1:-artifacts/perf-gate-gpu}
 MCORE=${MCORE:-python3 -m mcore}
 PAIRS=${PAIRS:-6}
 TOKENS=${TOKENS:-64}
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu: a smoke run of this script (CUDA kernels built only where a toolkit is)
+CUDA=$([ "$DEVICE" = cpu ] && echo auto || echo on)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+trap 'echo "perf_gate_gpu.sh: line $LINENO failed; logs in $OUT" >&2' ERR
 ARGS=(demo:qwen3-tiny --precision bf16 --max-cache-length 256 --decoder-engine-layout split)
 BID=qwen.decode_logits_copy@1
-$MCORE build "${ARGS[@]}" --device cuda -o "$OUT/native.bundle" > "$OUT/build.log" 2>&1
-$MCORE build "${ARGS[@]}" --device cuda --recipe "$BID" decoder.logits_zero_bias -o "$OUT/slot.bundle" >> "$OUT/build.log" 2>&1
+$MCORE build "${ARGS[@]}" --device "$DEVICE" -o "$OUT/native.bundle" > "$OUT/build.log" 2>&1
+$MCORE build "${ARGS[@]}" --device "$DEVICE" --recipe "$BID" decoder.logits_zero_bias -o "$OUT/slot.bundle" >> "$OUT/build.log" 2>&1
 ABI=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["abi_sha256"])' "$OUT/slot.selection.json")
 for k in identity-copy slow-copy; do
   mkdir -p "$OUT/$k"
-  $MCORE kernel build "$k" -o "$OUT/$k/kernel.so" --cuda on --force > "$OUT/$k/kernel.log" 2>&1
+  $MCORE kernel build "$k" -o "$OUT/$k/kernel.so" --cuda "$CUDA" --force > "$OUT/$k/kernel.log" 2>&1
   printf '{"schema_version": 1, "bindings": [{"id": "%s", "abi_sha256": "%s", "library": "./kernel.so", "function": "run"}]}\n' \
     "$BID" "$ABI" > "$OUT/$k/bindings.json"
 done
-BENCH="--device cuda --prompt 'x y z' --max-new-tokens $TOKENS --greedy --ignore-eos --warmup 2 --benchmark 5"
+BENCH="--device $DEVICE --prompt 'x y z' --max-new-tokens $TOKENS --greedy --ignore-eos --warmup 2 --benchmark 5"
 NATIVE="$MCORE run $OUT/native.bundle $BENCH"
 # one run of each first fills the compiled-code cache, so no pair pays for a compile
-$NATIVE > /dev/null 2>&1
+bash -c "$NATIVE" > "$OUT/warm.log" 2>&1 || { tail -n 5 "$OUT/warm.log" >&2; exit 1; }
 gate() {  # NAME EXTERNAL_CMD
   $MCORE verify perf --pairs "$PAIRS" --warmup 1 --min-ratio 0.98 --native "$NATIVE" --external "$2" \
     > "$OUT/gate-$1.txt" 2>&1 || true

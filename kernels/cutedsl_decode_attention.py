@@ -239,18 +239,13 @@ def _gpu_visible():
 if not os.environ.get("CUTE_DSL_ARCH") and not _gpu_visible():
     os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 
-# Compile and export need no GPU: without one, target sm_90a unless CUTE_DSL_ARCH says otherwise.
-# (Set before the CuTe DSL is imported; it reads the variable once.)
-if not os.environ.get("CUTE_DSL_ARCH") and not _gpu_visible():
-    os.environ["CUTE_DSL_ARCH"] = "sm_90a"
-
 try:
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
     CUTE_IMPORT_ERROR = None
-except ImportError as e:  # --check-only still works without the CuTe DSL
+except (ImportError, RuntimeError) as e:  # no CuTe DSL, or no CUDA flavour of it: --check-only still works
     cute = None
     CUTE_IMPORT_ERROR = e
 

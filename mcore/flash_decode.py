@@ -34,10 +34,40 @@ NUM_STAGES = 3
 
 
 @triton.jit
+def _attend_block(q, K, V, base, n0, end, qpos, cols, m, l, acc,
+                  BLOCK_N: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr, UPCAST: tl.constexpr):
+    """One block of BLOCK_N cache positions folded into the running (max, sum, accumulator)."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    pos_ok = pos < end
+    offs = base + pos.to(tl.int64)[:, None] * D + cols[None, :]
+    k = tl.load(K + offs, mask=pos_ok[:, None], other=0.0)
+    if UPCAST:  # Triton's CPU interpreter cannot multiply bf16 tiles: widen them there
+        k = k.to(tl.float32)
+    if WIDE:  # fp32 caches: 3xTF32 keeps fp32 accuracy on the tensor cores
+        s = tl.dot(q, tl.trans(k), input_precision="tf32x3")
+    else:  # 16-bit: exact products, fp32 sums
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where((pos[None, :] <= qpos[:, None]) & pos_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet stay at 0
+    alpha = tl.exp(m - m_ref)
+    p = tl.exp(s - m_ref[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    v = tl.load(V + offs, mask=pos_ok[:, None], other=0.0)
+    if UPCAST:
+        v = v.to(tl.float32)
+    if WIDE:
+        pv = tl.dot(p, v, input_precision="tf32x3")
+    else:  # probabilities rounded to the cache dtype for the product, as fused attention kernels do
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _split_kernel(Q, K, V, LEN, PACC, PML, C,
                   S: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr, WIDE: tl.constexpr,
-                  UPCAST: tl.constexpr):
+                  UPCAST: tl.constexpr, INTERP: tl.constexpr):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     length = tl.load(LEN)
@@ -45,6 +75,8 @@ def _split_kernel(Q, K, V, LEN, PACC, PML, C,
     cols = tl.arange(0, D)
     row_ok = rows < ROWS
     q = tl.load(Q + (kvh * ROWS + rows)[:, None] * D + cols[None, :], mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
     qpos = length - S + (rows % S)  # absolute position of each row's query token
     share = tl.cdiv(tl.cdiv(length, NSPLIT), BLOCK_N) * BLOCK_N
     start = split * share
@@ -53,32 +85,14 @@ def _split_kernel(Q, K, V, LEN, PACC, PML, C,
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     base = kvh.to(tl.int64) * C * D
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        pos_ok = pos < end
-        offs = base + pos.to(tl.int64)[:, None] * D + cols[None, :]
-        k = tl.load(K + offs, mask=pos_ok[:, None], other=0.0)
-        if UPCAST:  # Triton's CPU interpreter cannot multiply bf16 tiles: widen them there
-            q, k = q.to(tl.float32), k.to(tl.float32)
-        if WIDE:  # fp32 caches: 3xTF32 keeps fp32 accuracy on the tensor cores
-            s = tl.dot(q, tl.trans(k), input_precision="tf32x3")
-        else:  # 16-bit: exact products, fp32 sums
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where((pos[None, :] <= qpos[:, None]) & pos_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet stay at 0
-        alpha = tl.exp(m - m_ref)
-        p = tl.exp(s - m_ref[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        v = tl.load(V + offs, mask=pos_ok[:, None], other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        if WIDE:
-            pv = tl.dot(p, v, input_precision="tf32x3")
-        else:  # probabilities rounded to the cache dtype for the product, as fused attention kernels do
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+    if INTERP:  # the interpreter (Triton 3.6 with numpy 2) takes no tensor bounds in range(): same blocks
+        n0 = start
+        while n0 < end:
+            m, l, acc = _attend_block(q, K, V, base, n0, end, qpos, cols, m, l, acc, BLOCK_N, D, WIDE, UPCAST)
+            n0 += BLOCK_N
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            m, l, acc = _attend_block(q, K, V, base, n0, end, qpos, cols, m, l, acc, BLOCK_N, D, WIDE, UPCAST)
     part = (kvh * NSPLIT + split) * ROWS + rows
     tl.store(PACC + part[:, None] * D + cols[None, :], acc, mask=row_ok[:, None])
     tl.store(PML + part * 2, m, mask=row_ok)
@@ -134,10 +148,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     pml = torch.empty(kvh * nsplit * rows * 2, dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
     block_m = max(16, triton.next_power_of_2(rows))
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
     _split_kernel[(kvh, nsplit)](q, k_cache, v_cache, kv_lengths, pacc, pml, cap,
                                  S=s, ROWS=rows, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, NSPLIT=nsplit,
                                  WIDE=q.dtype == torch.float32,
-                                 UPCAST=q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
+                                 UPCAST=q.dtype == torch.bfloat16 and interp, INTERP=interp,
                                  num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     _merge_kernel[(kvh, rows)](pacc, pml, out, ROWS=rows, D=d, NSPLIT=nsplit,
                                NSPLIT_P2=triton.next_power_of_2(nsplit), num_warps=4)

@@ -11,6 +11,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def _cute_usable() -> bool:
+    """The CuTe DSL imports with a CUDA flavour of its libraries (a package without them is installed
+    but raises on import). Checked in a subprocess: the import is heavy and sets global state."""
+    import importlib.util
+
+    if importlib.util.find_spec("cutlass") is None:
+        return False
+    return subprocess.run([sys.executable, "-c", "import cutlass.cute"], capture_output=True, timeout=300).returncode == 0
+
+
+HAVE_CUTE = _cute_usable()
+needs_cute = pytest.mark.skipif(not HAVE_CUTE, reason="the CuTe DSL (nvidia-cutlass-dsl with its cu12/cu13 libs) is "
+                                                      "not usable here; pip install 'nvidia-cutlass-dsl[cu13]'")
+
 # Demo models materialize once per test session into a cache (offline, deterministic).
 os.environ.setdefault("MCORE_CACHE_DIR", str(REPO / ".ci-cache" / "mcore"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from .conftest import needs_cute
+
 pytestmark = pytest.mark.gpu
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-needs_cute = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
-                                reason="the CuTe DSL (nvidia-cutlass-dsl) is not installed")
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ def bundles(tmp_path_factory):
 
 def _profile(mcore, tmp_path, bundle, *extra):
     out = tmp_path / "p.json"
-    r = mcore("profile", bundle, "--steps", "3", "-o", out, *extra)
+    r = mcore("profile", bundle, "--steps", "3", "--device", "cpu", "-o", out, *extra)  # CPU tests, also on a GPU box
     assert r.code == 0, r
     return r, json.loads(out.read_text())
 

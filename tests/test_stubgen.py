@@ -19,11 +19,10 @@ from mcore.graph.snapshot import KIND, SCHEMA_VERSION, fingerprint
 from mcore.selection import select_region
 from mcore.stubgen import classify_region, generate_exporter, write_exporter
 
+from .conftest import needs_cute
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "kernels" / "export_cutedsl_residual_add.py"
-HAVE_CUTE = importlib.util.find_spec("cutlass") is not None
-needs_cute = pytest.mark.skipif(not HAVE_CUTE, reason="the CuTe DSL (nvidia-cutlass-dsl) is not installed; "
-                                                      "pip install 'nvidia-cutlass-dsl[cu13]' to run this test")
 
 
 # ---------------------------------------------------------------- a tiny snapshot builder
