@@ -169,6 +169,26 @@ def test_inspect_shows_no_terminal_escapes(tmp_path, monkeypatch, mcore):
     assert "model=demo\\x1b]0;pwned\\x07\\x1b[2Jx" in res.out
 
 
+def test_graph_views_show_no_terminal_escapes(tmp_path, mcore):
+    # a snapshot is someone else's file: its names may carry escapes (its fingerprint made to match)
+    from mcore.graph.snapshot import fingerprint
+
+    src = tmp_path / "s.graph.json"
+    assert mcore("graph", "inspect", "demo:distilbert-tiny", "--engine-role", "encoder", "--snapshot", src).code == 0
+    snap = json.loads(src.read_text())
+    node = snap["nodes"][3]
+    node["name"], node["module_path"] = "x\x1b]0;pwned\x07y", "m\x1b[2J"
+    snap["fingerprint"] = fingerprint(snap)
+    bad = tmp_path / "bad.graph.json"
+    bad.write_text(json.dumps(snap))
+    for verb, extra in (("list", ()), ("tree", ()), ("show", (node["id"],))):
+        res = mcore("graph", verb, bad, *extra)
+        assert res.code == 0, res
+        assert "\x1b" not in res.out and "\x07" not in res.out, verb
+        assert "m\\x1b[2J" in res.out, verb
+    assert "name: x\\x1b]0;pwned\\x07y" in mcore("graph", "show", bad, node["id"]).out
+
+
 # ---------------------------------------------------------------- malformed inputs (items 3, 11, 12)
 
 def test_deeply_nested_json_is_one_line(tmp_path, mcore):

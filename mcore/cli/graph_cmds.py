@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..buildargs import add_build_args, build_args_from_namespace
-from ..errors import UserError
+from ..errors import UserError, printable
 from ..fileio import check_output_path, write_json
 from ..graph.display import abi_lines, list_lines, tensor_desc, tree_lines, versions_line
 from ..graph.snapshot import SnapshotIndex, load_snapshot
@@ -20,6 +20,11 @@ def stderr_progress() -> Progress:
     return Progress(lambda step, frac: print(f"[{frac * 100:3.0f}%] {step}", file=sys.stderr, flush=True))
 
 
+def say(line: str) -> None:
+    """One line of output; names come from someone's file, so no terminal escapes reach the terminal."""
+    print(printable(line))
+
+
 def cmd_inspect(ns: argparse.Namespace) -> int:
     from ..graph.capture import capture
 
@@ -28,23 +33,23 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
     cap = capture(args, ns.engine_role, stderr_progress())
     write_json(ns.snapshot, cap.snapshot)
     snap = cap.snapshot
-    print(f"engine_role={ns.engine_role} nodes={len(snap['nodes'])} tensors={len(snap['tensors'])} "
+    say(f"engine_role={ns.engine_role} nodes={len(snap['nodes'])} tensors={len(snap['tensors'])} "
           f"recipes={len(snap.get('recipes', []))} fingerprint={snap['fingerprint']}")
-    print(versions_line(snap["metadata"].get("tool_versions", {})))
-    print(f"snapshot written to {ns.snapshot}")
+    say(versions_line(snap["metadata"].get("tool_versions", {})))
+    say(f"snapshot written to {ns.snapshot}")
     return 0
 
 
 def cmd_list(ns: argparse.Namespace) -> int:
     snap = load_snapshot(ns.snapshot)
     for line in list_lines(snap, ns.match):
-        print(line)
+        say(line)
     return 0
 
 
 def cmd_tree(ns: argparse.Namespace) -> int:
     for line in tree_lines(load_snapshot(ns.snapshot)):
-        print(line)
+        say(line)
     return 0
 
 
@@ -52,9 +57,9 @@ def cmd_recipes(ns: argparse.Namespace) -> int:
     rows = recipe_rows(load_snapshot(ns.snapshot))
     w1 = max([len("RECIPE")] + [len(r["id"]) for r in rows]) + 2
     w2 = max([len("INSTANCE")] + [len(r["instance"]) for r in rows]) + 2
-    print(f"{'RECIPE':<{w1}}{'INSTANCE':<{w2}}NODES")
+    say(f"{'RECIPE':<{w1}}{'INSTANCE':<{w2}}NODES")
     for r in rows:
-        print(f"{r['id']:<{w1}}{r['instance']:<{w2}}{','.join(r['node_ids'])}")
+        say(f"{r['id']:<{w1}}{r['instance']:<{w2}}{','.join(r['node_ids'])}")
     return 0
 
 
@@ -83,8 +88,8 @@ def cmd_select(ns: argparse.Namespace) -> int:
         receipt = select_region(snap, ns.nodes, ns.binding_id, ns.workspace_bytes, extras, ns.output_shape_like_input)
     write_json(ns.output, receipt)
     for line in abi_lines(receipt):
-        print(line)
-    print(f"receipt written to {ns.output}")
+        say(line)
+    say(f"receipt written to {ns.output}")
     return 0
 
 
@@ -94,17 +99,19 @@ def cmd_show(ns: argparse.Namespace) -> int:
     for ident in ns.ids:
         if ident in ix.nodes:
             n = ix.nodes[ident]
-            print(f"{n['id']}  {n['op']}  {n.get('category', '')}")
-            print(f"  name: {n['name']}\n  module: {n['module_path'] or '(root)'}")
+            say(f"{n['id']}  {n['op']}  {n.get('category', '')}")
+            say(f"  name: {n['name']}")
+            say(f"  module: {n['module_path'] or '(root)'}")
             for label, tids in (("in ", n["inputs"]), ("out", n["outputs"])):
                 for t in tids:
                     tensor = ix.tensors[t]
                     other = tensor["producer"] if label == "in " else ",".join(tensor["consumers"]) or "(graph output)"
-                    print(f"  {label} {t:<12} {tensor_desc(tensor):<32} {'from' if label == 'in ' else 'to'} {other or '(graph input)'}")
+                    say(f"  {label} {t:<12} {tensor_desc(tensor):<32} {'from' if label == 'in ' else 'to'} {other or '(graph input)'}")
         elif ident in ix.tensors:
             t = ix.tensors[ident]
-            print(f"{t['id']}  {tensor_desc(t)}  name={ix.tensor_label(ident)}")
-            print(f"  producer: {t['producer'] or '(graph input)'}\n  consumers: {','.join(t['consumers']) or '(none)'}")
+            say(f"{t['id']}  {tensor_desc(t)}  name={ix.tensor_label(ident)}")
+            say(f"  producer: {t['producer'] or '(graph input)'}")
+            say(f"  consumers: {','.join(t['consumers']) or '(none)'}")
         else:
             raise UserError(f"{ident} is neither a node nor a tensor of {ns.snapshot}; IDs look like node:12 or tensor:34")
     return 0
