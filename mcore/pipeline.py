@@ -159,19 +159,36 @@ class Pipeline:
     def encode(self, prompt: str, chat: Optional[bool] = None) -> list[int]:
         """Token IDs as transformers' tokenizer gives them (with `chat`, default `self.chat`: the
         checkpoint's chat template around the prompt, as apply_chat_template renders and tokenizes it)."""
-        from .tokenization import check_prompt
-
-        check_prompt(prompt, "prompt")
-        if self.chat if chat is None else chat:
-            ids = self.tokenizer.encode(self.tokenizer.render_chat(prompt), add_special_tokens=False)
-        else:
-            ids = self.tokenizer.encode(prompt)
-        if not ids:
-            raise UserError("the prompt encodes to no tokens; give a non-empty --prompt")
-        return ids
+        return encode_prompt(self.tokenizer, prompt, self.chat if chat is None else chat)
 
     def decode_text(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
+
+
+def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
+    """A prompt's token IDs (with `chat`: inside the checkpoint's chat template); one rule for the
+    pipeline and for the checks made before it loads."""
+    from .tokenization import check_prompt
+
+    check_prompt(prompt, "prompt")
+    if chat:
+        ids = tokenizer.encode(tokenizer.render_chat(prompt), add_special_tokens=False)
+    else:
+        ids = tokenizer.encode(prompt)
+    if not ids:
+        raise UserError("the prompt encodes to no tokens; give a non-empty --prompt")
+    return ids
+
+
+def check_fits(prompt_tokens: int, max_new_tokens: int, capacity: int) -> None:
+    """The prompt and the tokens to generate fit the KV cache."""
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {max_new_tokens} must be at least 1")
+    need = prompt_tokens + max_new_tokens - 1
+    if need > capacity:
+        raise UserError(f"prompt ({prompt_tokens} tokens) + --max-new-tokens {max_new_tokens} need {need} cache slots "
+                        f"but the KV cache holds {capacity}; ask for fewer tokens or rebuild with a larger "
+                        "--max-cache-length")
 
 
 @dataclass
@@ -216,14 +233,8 @@ class DecoderPipeline(Pipeline):
     def generate(self, prompt: str, max_new_tokens: int, greedy: bool = True, stop_at_eos: bool = True,
                  temperature: float = 1.0, top_k: int = 0, seed: int = 0, timed: bool = False,
                  progress: Progress = NO_PROGRESS) -> GenerationResult:
-        if max_new_tokens < 1:
-            raise UserError(f"--max-new-tokens {max_new_tokens} must be at least 1")
         ids = self.encode(prompt)
-        need = len(ids) + max_new_tokens - 1
-        if need > self.capacity:
-            raise UserError(f"prompt ({len(ids)} tokens) + --max-new-tokens {max_new_tokens} need {need} cache slots "
-                            f"but the KV cache holds {self.capacity}; ask for fewer tokens or rebuild with a larger "
-                            "--max-cache-length")
+        check_fits(len(ids), max_new_tokens, self.capacity)
         gen = None if greedy else torch.Generator(device=self.device).manual_seed(seed)
         caches = [self.caches[n] for n in self.cache_names]
         t0 = time.perf_counter()

@@ -105,6 +105,25 @@ def test_run_on_an_encoder_says_embed_before_binding(encoder_bundle, tmp_path, m
     assert bound == []
 
 
+def test_a_prompt_too_long_is_refused_before_binding(tmp_path, mcore, monkeypatch):
+    import mcore.bindings as bindings
+    from mcore.cli.main import main
+
+    out = tmp_path / "q.bundle"
+    assert main(["build", "demo:qwen3-tiny", "--max-cache-length", "32", "-o", str(out)]) == 0
+    bound = []
+    monkeypatch.setattr(bindings, "_load_function", lambda *a: bound.append(a))
+    (tmp_path / "k.so").write_bytes(b"\x7fELF")
+    (tmp_path / "kb.json").write_text(json.dumps({"schema_version": 1, "bindings": [
+        {"id": "k@1", "abi_sha256": HEX, "library": "./k.so", "function": "run"}]}))
+    res = mcore("run", out, "--prompt", "x " * 40, "--max-new-tokens", "4", "--kernel-bindings", tmp_path / "kb.json")
+    assert_user_error(res, "need", "cache slots", "KV cache holds 32", "--max-cache-length")
+    assert bound == [] and "loading native code" not in res.err
+    # fits: the same command goes on to the binding step (and fails there on this fake DSO's ID)
+    res = mcore("run", out, "--prompt", "x y", "--max-new-tokens", "4", "--kernel-bindings", tmp_path / "kb.json")
+    assert "cache slots" not in res.err
+
+
 # ---------------------------------------------------------------- bundle manifests (items 10, 11)
 
 def _write_unchecked(tmp_path, monkeypatch, manifest):

@@ -44,15 +44,25 @@ def cmd_build(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _pipeline(ns: argparse.Namespace, kind: str):
-    from ..pipeline import DecoderPipeline, EncoderPipeline
-    from ..bundle import open_bundle
+def _pipeline(ns: argparse.Namespace, kind: str, prompts: tuple[str, ...] = ()):
+    from ..pipeline import DecoderPipeline, EncoderPipeline, bundle_tokenizer, check_fits, encode_prompt
+    from ..bundle import check_runnable, open_bundle
+    from ..families import get_family
 
     bundle = open_bundle(ns.bundle)
-    if getattr(ns, "chat", False):  # no chat template: the clear error before the pipeline loads
-        from ..pipeline import bundle_tokenizer
-
-        bundle_tokenizer(bundle, json.loads(bundle.read("config.json")), ns.bundle).render_chat("")
+    chat = getattr(ns, "chat", False)
+    m = bundle.manifest
+    if kind == "decoder" and (m.get("family_kind") or get_family(m["family"]).kind) != "decoder":
+        prompts = ()  # the wrong verb: the pipeline says which one to use
+    if chat or prompts:  # no chat template, a prompt too long: the clear error before any DSO or weight loads
+        check_runnable(bundle.manifest, str(ns.bundle))
+        tok = bundle_tokenizer(bundle, json.loads(bundle.read("config.json")), ns.bundle)
+        if chat:
+            tok.render_chat("")
+        capacity = (bundle.manifest.get("graph_args") or {}).get("max_cache_length")
+        if isinstance(capacity, int):
+            for p in prompts:
+                check_fits(len(encode_prompt(tok, p, chat)), ns.max_new_tokens, capacity)
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
     pipe = cls(ns.bundle, kernel_bindings=ns.kernel_bindings, device=ns.device, engine=ns.engine,
                progress=stderr_progress(), bundle=bundle)
@@ -87,7 +97,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         check_prompt(prompt)
     if ns.output:
         check_output_path(ns.output)  # before the model loads, not after generating
-    pipe = _pipeline(ns, "decoder")
+    pipe = _pipeline(ns, "decoder", tuple(ns.prompt))
     pipe.chat = ns.chat
     prompts = ns.prompt
     kw = dict(greedy=ns.greedy, stop_at_eos=not ns.ignore_eos, temperature=ns.temperature, top_k=ns.top_k,
