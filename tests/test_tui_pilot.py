@@ -498,3 +498,23 @@ async def test_open_session_replays_it(tmp_path, monkeypatch):
         await pilot.press("enter")
         await pilot.pause(0.2)
         assert "no such session file" in static_text(app, "#error")
+
+
+@pytest.mark.asyncio
+async def test_a_link_made_after_open_cannot_lead_a_step_out(tmp_path):
+    """Paths are checked when a session opens and again before each step runs: a symlink that
+    appears in the work folder in between does not let a step write outside it."""
+    path = tmp_path / "tampered.json"
+    tampered_session(path)
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    outside.mkdir()
+    app = WorkbenchApp(replay=str(path), workdir=str(work))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        assert app.guide.mode == "replay"
+        (work / "decode.graph.json").symlink_to(outside / "decode.graph.json")
+        await pilot.press("n")
+        await pilot.pause(0.3)
+        assert not app.busy and 0 not in app.guide.outcomes
+        assert "field snapshot: 'decode.graph.json' leaves the workdir" in static_text(app, "#error")
+        assert list(outside.iterdir()) == []

@@ -460,6 +460,10 @@ class WorkbenchApp(App):
             self.action_summary()
             return
         index = g.index
+        from .actions import check_step_paths
+
+        # checked when the session opened and again now: a link made in the work folder since must not lead out
+        check_step_paths(step.action, step.params, self.state.workdir, f"step {index + 1} ({step.action})")
         screen = ACTION_SCREEN.get(step.action)
         if screen and self.current and self.current.SCREEN_NAME != screen:
             await self.go(screen)
