@@ -1,4 +1,4 @@
-"""`mcore verify tokens|embeddings|perf|reference`: the correctness and no-regression gates.
+"""`mcore verify tokens|embeddings|perf|reference|logits`: the correctness and no-regression gates.
 
 Exit codes: 0 PASS, 1 FAIL, 2 bad input (through UserError in main)."""
 
@@ -42,6 +42,17 @@ def cmd_reference(ns: argparse.Namespace) -> int:
                                    min_cosine=ns.min_cosine, max_abs=ns.max_abs, progress=stderr_progress()))
 
 
+def cmd_logits(ns: argparse.Namespace) -> int:
+    from ..tokenization import check_prompt
+    from ..verify_logits import lockstep_logits
+    from .graph_cmds import stderr_progress
+
+    check_prompt(ns.prompt)
+    return _report(lockstep_logits(ns.native, ns.external, ns.kernel_bindings, ns.prompt,
+                                   max_new_tokens=ns.max_new_tokens, max_abs=ns.max_abs, chat=ns.chat,
+                                   device=ns.device, engine=ns.engine, progress=stderr_progress()))
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from .main import Parser
 
@@ -80,3 +91,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-cosine", type=float, default=0.999, help="smallest allowed cosine per step (default 0.999)")
     p.add_argument("--max-abs", type=float, default=None, help="largest allowed abs difference (default: not gated)")
     p.set_defaults(func=cmd_reference)
+
+    p = vs.add_parser("logits", help="a native and a slot bundle in lockstep: per-step logit max_abs and the "
+                                     "first greedy divergence")
+    p.add_argument("native", help="the native bundle")
+    p.add_argument("external", help="its slot twin (same model and KV capacity)")
+    p.add_argument("--kernel-bindings", default=None, help="the manifest binding the external bundle's slots")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=16, help="steps compared (default 16)")
+    p.add_argument("--max-abs", type=float, default=0.0,
+                   help="largest allowed abs difference at any step (default 0: bit-identical)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the bundle's, else auto)")
+    p.add_argument("--engine", default="auto", help="auto | compiled | torch (default auto)")
+    p.set_defaults(func=cmd_logits)
