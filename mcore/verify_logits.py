@@ -19,7 +19,7 @@ from .verify import GateResult, check_threshold
 def lockstep_logits(native_bundle: str, external_bundle: str, kernel_bindings: Optional[str], prompt: str,
                     max_new_tokens: int = 16, max_abs: float = 0.0, chat: bool = False,
                     device: Optional[str] = None, engine: str = "auto",
-                    progress: Progress = NO_PROGRESS) -> GateResult:
+                    progress: Progress = NO_PROGRESS, announce=None) -> GateResult:
     """PASS when every step's max |native - external| over the vocabulary is at most `max_abs`."""
     from .pipeline import DecoderPipeline, check_fits
 
@@ -32,8 +32,9 @@ def lockstep_logits(native_bundle: str, external_bundle: str, kernel_bindings: O
     ids = native.encode(prompt)
     check_fits(len(ids), max_new_tokens, native.capacity)
     progress.report("loading the external pipeline", 0.4)
+    kw = {"announce": announce} if announce else {}
     external = DecoderPipeline(external_bundle, kernel_bindings=kernel_bindings, device=device, engine=engine,
-                               progress=progress.part(0.4, 0.8))
+                               progress=progress.part(0.4, 0.8), **kw)
     if external.manifest["model"] != native.manifest["model"] or external.capacity != native.capacity:
         raise UserError(f"{external_bundle} is not built from the same model and KV capacity as {native_bundle}; "
                         "compare a slot bundle with its native twin")

@@ -184,6 +184,21 @@ async def test_tutorial_qwen_recipe(tmp_path):
         await pilot.pause(0.1)
         assert isinstance(app.screen, SummaryModal)
         await pilot.press("escape")
+        # free mode after the tutorial: c on Verify also steps both bundles in lockstep and shows how
+        # far the logits drift per step (identity copy: not at all)
+        await pilot.press("f6")
+        await pilot.pause(0.2)
+        await pilot.press("c")
+        for _ in range(1200):
+            await pilot.pause(0.05)
+            if isinstance(app.screen, TrustModal):
+                await pilot.press("y")
+            if st.logits is not None and not app.busy:
+                break
+        steps = int(app.screen.query_one("#max-new-tokens").value)
+        assert st.logits["passed"] is True and st.logits["steps"] == [0.0] * steps
+        assert st.logits["first_divergence"] is None and st.correctness["passed"] is True
+        assert f"same bits at every step over {steps} steps · greedy picks agree" in static_text(app, "#correctness")
 
 
 @pytest.mark.asyncio

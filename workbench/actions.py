@@ -435,6 +435,23 @@ def verify_reference(ctx: ActionContext, bundle: str, checkpoint: str, prompt: s
             "max_abs": d.get("max_abs"), "min_cosine": d.get("min_cosine")}
 
 
+def gate_logits(ctx: ActionContext, native_bundle: str, external_bundle: str, prompt: str, max_new_tokens: int = 16,
+                kernel_bindings: Optional[str] = None, chat: bool = False, max_abs: float = 0.0) -> dict:
+    """`mcore verify logits`: both bundles stepped on the native greedy tokens, logits compared per step."""
+    from mcore.verify_logits import lockstep_logits
+
+    ctx.check_native(kernel_bindings)
+    r = lockstep_logits(str(ctx.path(native_bundle, "native_bundle")), str(ctx.path(external_bundle, "external_bundle")),
+                        _opt_path(ctx, kernel_bindings, "kernel_bindings"), _str(prompt, "prompt"),
+                        max_new_tokens=_int(max_new_tokens, "max_new_tokens", 1), max_abs=_num(max_abs, "max_abs"),
+                        chat=_bool(chat, "chat"), device=ctx.device, progress=ctx.progress, announce=ctx.announce)
+    for line in r.info + [r.line]:
+        ctx.say(ctx.strip(line))
+    d = r.details
+    return {**_gate_results(ctx, r), "steps": [s["max_abs"] for s in d["steps"]], "max_abs": d["max_abs"],
+            "first_divergence": d["first_divergence"]}
+
+
 def _gate_results(ctx: ActionContext, r: Any) -> dict:
     return {"passed": bool(r.passed), "line": ctx.strip(r.line), "info": [ctx.strip(x) for x in r.info]}
 
@@ -565,6 +582,7 @@ ACTIONS: dict[str, Callable[..., dict]] = {
     "gate_embeddings": gate_embeddings,
     "gate_perf": gate_perf,
     "verify_reference": verify_reference,
+    "gate_logits": gate_logits,
     "profile": profile,
 }
 
@@ -586,9 +604,10 @@ PATH_PARAMS: dict[str, tuple[str, ...]] = {
     "gate_embeddings": ("native", "external"),
     "gate_perf": ("native_bundle", "external_bundle", "kernel_bindings"),
     "verify_reference": ("bundle", "kernel_bindings"),
+    "gate_logits": ("native_bundle", "external_bundle", "kernel_bindings"),
     "profile": ("bundle", "output", "kernel_bindings"),
 }
-NATIVE_PARAMS: dict[str, str] = {a: "kernel_bindings" for a in ("generate", "embed", "gate_perf", "verify_reference",
+NATIVE_PARAMS: dict[str, str] = {a: "kernel_bindings" for a in ("generate", "embed", "gate_perf", "verify_reference", "gate_logits",
                                                                 "profile")}
 
 
@@ -626,6 +645,7 @@ STABLE_KEYS: dict[str, tuple[str, ...]] = {
     "gate_embeddings": ("passed", "values"),
     "gate_perf": (),  # measurements: shown, never compared
     "verify_reference": ("passed", "first_diverging_step"),
+    "gate_logits": ("passed", "first_divergence"),  # the max_abs values may follow the torch build
     "profile": ("role", "context", "candidates"),  # not "ranked": the rank follows measured times
 }
 
@@ -645,6 +665,7 @@ ACTION_TITLES: dict[str, str] = {
     "gate_embeddings": "Embedding gate",
     "gate_perf": "Performance gate",
     "verify_reference": "Reference check (transformers)",
+    "gate_logits": "Logits in lockstep",
     "profile": "Profile (where the time goes)",
 }
 

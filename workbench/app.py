@@ -47,11 +47,12 @@ ACTION_SCREEN = {
     "gate_tokens": "verify",
     "gate_embeddings": "verify",
     "gate_perf": "verify",
+    "gate_logits": "verify",
     "profile": "profile",
 }
 
 # Actions that load native code named by a bindings manifest (asked for before they run).
-LOADS_NATIVE = ("generate", "embed", "gate_perf", "verify_reference", "profile")
+LOADS_NATIVE = ("generate", "embed", "gate_perf", "verify_reference", "gate_logits", "profile")
 
 
 DEFAULT_TUTORIAL = "qwen-recipe"
@@ -96,6 +97,7 @@ class WorkbenchState:
     correctness: Optional[dict[str, Any]] = None
     perf: Optional[dict[str, Any]] = None
     reference: Optional[dict[str, Any]] = None  # the last verify_reference results
+    logits: Optional[dict[str, Any]] = None  # the last gate_logits results (decoders)
     profile: Optional[dict[str, Any]] = None  # the last profile report (mcore.profile's JSON)
     profile_path: Optional[str] = None
     chat: bool = False  # generate through the checkpoint's chat template
@@ -768,6 +770,8 @@ class WorkbenchApp(App):
             st.correctness = dict(results, kind=action, params=params)
         elif action == "verify_reference":
             st.reference = dict(results)
+        elif action == "gate_logits":
+            st.logits = dict(results)
         elif action == "profile":
             st.profile = read_json(st.path(results["profile"]), "profile")
             st.profile_path = results["profile"]

@@ -28,6 +28,7 @@ SHOWN = {
     "gate_embeddings": ("passed", "max_abs", "cosine", "line"),
     "gate_perf": ("passed", "ratio", "line"),
     "verify_reference": ("passed", "first_diverging_step", "line"),
+    "gate_logits": ("passed", "first_divergence", "line"),
     "profile": ("role", "context", "profile"),
 }
 

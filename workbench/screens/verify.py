@@ -214,6 +214,18 @@ class VerifyScreen(WorkbenchScreen):
                 t.append(f" · max_abs {c['max_abs']:.3g} (≤ {lim.get('max_abs', 0.02):g})")
                 if isinstance(c.get("cosine"), (int, float)):
                     t.append(f" · cosine {c['cosine']:.7f} (≥ {lim.get('min_cosine', 0.999):g})")
+        lg = st.logits
+        if st.is_decoder and lg is not None:
+            t.append("\n logits    ", style="dim")
+            steps = lg.get("steps") or []
+            worst = lg.get("max_abs")
+            t.append("same bits at every step" if worst == 0 else f"worst max_abs {worst:.3g}",
+                     style="green" if worst == 0 else "yellow")  # information: the token gate decides
+            first = lg.get("first_divergence")
+            t.append(f" over {len(steps)} steps · " + ("greedy picks agree" if first is None
+                                                       else f"greedy picks first differ at step {first}"))
+            if worst:
+                t.append(" · per step " + " ".join(f"{v:.2g}" for v in steps), style="dim")
         self.query_one("#correctness", Static).update(t)
 
     def show_perf(self) -> None:
@@ -292,6 +304,9 @@ class VerifyScreen(WorkbenchScreen):
                 ("generate", {"bundle": slot, "kernel_bindings": st.manifest, "prompt": prompt, "max_new_tokens": n,
                               "output": "external.jsonl", **chat}),
                 ("gate_tokens", {"native": "native.jsonl", "external": "external.jsonl"}),
+                # how far the logits drift per step, and where the greedy picks first part
+                ("gate_logits", {"native_bundle": native, "external_bundle": slot, "kernel_bindings": st.manifest,
+                                 "prompt": prompt, "max_new_tokens": n, **chat}),
             ]
         else:
             steps = [
@@ -300,7 +315,7 @@ class VerifyScreen(WorkbenchScreen):
                 ("gate_embeddings", {"native": "native.json", "external": "external.json", "max_abs": 0.02,
                                      "min_cosine": 0.999}),
             ]
-        st.correctness = None
+        st.correctness = st.logits = None
         self.run_chain(steps, then)
 
     def action_perf(self, then=None) -> None:
