@@ -2,8 +2,11 @@
 bound slots, and the regions worth a kernel (DESIGN.md §10).
 
 Attribution runs the role graph op by op (the `torch` engine's graph, slots included) through an
-FX interpreter that times every node: exact per node, synchronising the device around each one on
-CUDA. The time a node would take at the device's limit is its bytes moved (tensor arguments read,
+FX interpreter. On CUDA each node runs inside a profiler range and is charged the device time of
+the kernels and copies it launched (CUPTI, through torch.profiler): timing a node with a device
+sync around it would charge every small op its launch and sync latency, tens of times its kernel
+time. On CPU (or where the profiler sees no device activity) each node is timed on the wall clock
+between synchronisations. The time a node would take at the device's limit is its bytes moved (tensor arguments read,
 results written, as the shapes say) over the measured copy bandwidth; a region's headroom (its
 time minus that) is the most a perfect kernel for it could save.
 """
@@ -80,12 +83,17 @@ def _op(node: fx.Node) -> str:
     return getattr(t, "__name__", str(t))
 
 
-class _TimedInterpreter(fx.Interpreter):
-    """Runs the graph node by node, adding each call_function node's device time to `seconds`."""
+_RANGE = "mcore.node:"
 
-    def __init__(self, gm: fx.GraphModule, device: torch.device):
+
+class _TimedInterpreter(fx.Interpreter):
+    """Runs the graph node by node, adding each call_function node's time to `seconds` (wall clock
+    between syncs), or, with `ranges`, marking each node as a profiler range for `profiled_seconds`."""
+
+    def __init__(self, gm: fx.GraphModule, device: torch.device, ranges: bool = False):
         super().__init__(gm)
         self.device = device
+        self.ranges = ranges
         self.seconds: dict[str, float] = defaultdict(float)
         self.bytes: dict[str, int] = {}
         self.flops: dict[str, int] = {}
@@ -94,16 +102,43 @@ class _TimedInterpreter(fx.Interpreter):
         if n.op != "call_function":
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
-        _sync(self.device)
-        t = time.perf_counter()
-        out = n.target(*args, **kwargs)  # only the op itself: the interpreter's own work stays outside
-        _sync(self.device)
-        self.seconds[n.name] += time.perf_counter() - t
+        if self.ranges:
+            with torch.profiler.record_function(_RANGE + n.name):
+                out = n.target(*args, **kwargs)
+        else:
+            _sync(self.device)
+            t = time.perf_counter()
+            out = n.target(*args, **kwargs)  # only the op itself: the interpreter's own work stays outside
+            _sync(self.device)
+            self.seconds[n.name] += time.perf_counter() - t
         if n.name not in self.bytes:
             args = [self.env[a] for a in n.all_input_nodes if a in self.env]
             self.bytes[n.name] = _node_bytes(n, args, out)
             self.flops[n.name] = _node_flops(n, args, out)
         return out
+
+
+def profiled_seconds(interp: _TimedInterpreter, run: Callable[[], Any], device_time: bool) -> dict[str, float]:
+    """Seconds per node from one profiled run: the device time of the kernels each node launched
+    (`device_time`), else the CPU time inside its range. Empty when the profiler saw nothing."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_time else [])
+    interp.ranges = True
+    try:
+        with profile(activities=acts) as prof:
+            run()
+        _sync(interp.device)
+    finally:
+        interp.ranges = False
+    out: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if ev.name.startswith(_RANGE):
+            us = getattr(ev, "device_time_total", None)
+            if us is None:  # older torch
+                us = ev.cuda_time_total
+            out[ev.name[len(_RANGE):]] += (us if device_time else ev.cpu_time_total) / 1e6
+    return dict(out) if any(out.values()) else {}
 
 
 def _node_bytes(n: fx.Node, args: list[Any], out: Any) -> int:
@@ -138,8 +173,11 @@ def _node_flops(n: fx.Node, args: list[Any], out: Any) -> int:
 # ------------------------------------------------------------------------------------ profile
 
 def profile_pipeline(pipe: Any, role: str, context: int, steps: int, prompt: Optional[str] = None,
-                     progress: Progress = NO_PROGRESS) -> dict[str, Any]:
-    """Profile one role of a pipeline built with the `torch` engine: `steps` timed runs at `context`."""
+                     progress: Progress = NO_PROGRESS, timing: str = "auto") -> dict[str, Any]:
+    """Profile one role of a pipeline built with the `torch` engine: `steps` timed runs at `context`.
+
+    `timing`: "auto" (kernel time on CUDA, wall clock on CPU), "kernel", "profiler-cpu" (the
+    profiler's CPU time per node range: the kernel path's bookkeeping, testable without a GPU) or "wall"."""
     if pipe.engine_name != "torch":
         raise UserError("profiling attributes time node by node: build the pipeline with engine='torch'")
     if role not in pipe.runners:
@@ -150,6 +188,12 @@ def profile_pipeline(pipe: Any, role: str, context: int, steps: int, prompt: Opt
     prepared = pipe.runners[role].prepared
     dev = pipe.device
     interp = _TimedInterpreter(prepared.gm, dev)
+    if timing == "auto":
+        timing = "kernel" if dev.type == "cuda" else "wall"
+    if timing not in ("kernel", "profiler-cpu", "wall"):
+        raise UserError(f"timing {timing!r} is not one of auto, kernel, profiler-cpu, wall")
+    if timing == "kernel" and dev.type != "cuda":
+        raise UserError("kernel timing needs a CUDA device; use wall timing on CPU")
     step_totals: list[float] = []
     per_step: list[dict[str, float]] = []
     with torch.no_grad():
@@ -162,11 +206,23 @@ def profile_pipeline(pipe: Any, role: str, context: int, steps: int, prompt: Opt
             _sync(dev)
             step_totals.append(time.perf_counter() - t)
             interp.seconds.clear()
-            interp.run(*prepared.state_args, *inputs)
-            per_step.append(dict(interp.seconds))
+            node_s: dict[str, float] = {}
+            if timing != "wall":
+                node_s = profiled_seconds(interp, lambda: interp.run(*prepared.state_args, *inputs),
+                                          device_time=timing == "kernel")
+                if not node_s:  # no profiler activity (no CUPTI here): fall back to the wall clock
+                    timing = "wall"
+            if timing == "wall":
+                interp.run(*prepared.state_args, *inputs)
+                node_s = dict(interp.seconds)
+            per_step.append(node_s)
     progress.report("attributing", 0.95)
-    node_s = {name: statistics.median(s.get(name, 0.0) for s in per_step) for name in per_step[0]}
+    names = {name for s in per_step for name in s}
+    node_s = {name: statistics.median(s.get(name, 0.0) for s in per_step) for name in names}
     report = _attribute(pipe, role, prepared.gm, node_s, interp.bytes, interp.flops, statistics.median(step_totals))
+    report["timing"] = {"kernel": "device time of each node's kernels and copies (CUDA profiler)",
+                        "profiler-cpu": "CPU time inside each node's profiler range",
+                        "wall": "wall clock per node between device synchronisations"}[timing]
     report["context"] = context if pipe.kind == "decoder" else None
     report["steps"] = steps
     progress.report("profiled", 1.0)
@@ -325,6 +381,8 @@ def top_lines(report: dict[str, Any], top: int) -> list[str]:
     lines = [f"profile {report['role']} on {dev['name']} ({dev['type']}){ctx}: step "
              f"{report['step_seconds'] * 1e3:.3f} ms, attributed {report['attributed_seconds'] * 1e3:.3f} ms over "
              f"{len(report['nodes'])} nodes; limit: copy {dev['copy_bytes_per_s'] / 1e9:.1f} GB/s"]
+    if report.get("timing"):
+        lines.append(f"timing: {report['timing']}")
     lines.append("modules (time per step, share, bytes moved, achieved GB/s, share of the limit):")
     for r in [r for r in report["modules"] if r["path"] != "<root>"][:top]:
         lines.append(f"  {r['path']:<48} {r['seconds'] * 1e3:9.3f} ms {r['share']:6.1%} {r['bytes'] / 1e6:9.2f} MB "

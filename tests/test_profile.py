@@ -108,3 +108,47 @@ def test_bound_slot_is_attributed_by_binding_id(mcore, tmp_path):
     assert p["slots"][0]["seconds"] > 0 and f"slot {rid}:" in r.out
     # the slot replaced the recipe's nodes: the recipe instance has no timed node left
     assert not [c for c in p["candidates"] if c.get("instance") == "decoder.logits_zero_bias" and c["seconds"] > 0]
+
+
+def test_profiler_ranges_attribute_the_same_nodes(bundles):
+    """The kernel-time path's bookkeeping (a profiler range per node, summed by name), run on the
+    CPU: every node of the wall-clock profile is attributed, and the costly ops stay costly."""
+    from mcore.pipeline import DecoderPipeline
+    from mcore.profile import profile_pipeline
+
+    qwen, _ = bundles
+    pipe = DecoderPipeline(qwen.bundle_path, device="cpu", engine="torch")
+    wall = profile_pipeline(pipe, "decode", 50, 2, timing="wall")
+    prof = profile_pipeline(pipe, "decode", 50, 2, timing="profiler-cpu")
+    assert prof["timing"].startswith("CPU time inside") and wall["timing"].startswith("wall clock")
+    assert {n["name"] for n in prof["nodes"]} == {n["name"] for n in wall["nodes"]}
+    assert sum(n["seconds"] for n in prof["nodes"]) == pytest.approx(prof["attributed_seconds"])
+    # (the totals differ: on the CPU each range also carries the profiler's own bookkeeping)
+    # the matrix products cost more than the views around them in both
+    for p in (wall, prof):
+        by_op = {}
+        for n in p["nodes"]:
+            by_op[n["op"]] = by_op.get(n["op"], 0.0) + n["seconds"]
+        assert by_op["aten.linear.default"] > by_op.get("aten.view.default", 0.0)
+    with pytest.raises(Exception, match="kernel timing needs a CUDA device"):
+        profile_pipeline(pipe, "decode", 50, 1, timing="kernel")
+
+
+@pytest.mark.gpu
+def test_gpu_profile_charges_kernel_time_not_launch_latency(bundles):
+    """On CUDA the default timing is the kernels' device time: the attributed total is below the
+    op-by-op step's wall time (which adds Python dispatch and launches) and every node is charged."""
+    import torch
+
+    from mcore.pipeline import DecoderPipeline
+    from mcore.profile import profile_pipeline
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    qwen, _ = bundles
+    pipe = DecoderPipeline(qwen.bundle_path, device="cuda", engine="torch")
+    p = profile_pipeline(pipe, "decode", 100, 3)
+    assert p["timing"].startswith("device time"), p["timing"]
+    assert 0 < p["attributed_seconds"] < p["step_seconds"]
+    att = [n for n in p["nodes"] if n["op"] == "mcore.decode_attention.default"]
+    assert att and all(n["seconds"] > 0 for n in att)
