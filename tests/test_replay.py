@@ -172,11 +172,12 @@ def test_replay_stops_at_the_first_failing_step(tmp_path, workbench):  # noqa: F
 
 def test_a_failed_gate_fails_the_replay_even_when_every_step_matched(tmp_path, monkeypatch, workbench):  # noqa: F811
     """The perf gate is measured, never compared: its FAIL must still reach the headline and the exit code."""
+    import dataclasses
     import functools
 
-    from workbench import actions
+    from workbench.registry import REGISTRY
 
-    real = actions.ACTIONS["gate_perf"]
+    real = REGISTRY["gate_perf"].fn
 
     @functools.wraps(real)
     def failing_gate(ctx, **params):
@@ -185,7 +186,7 @@ def test_a_failed_gate_fails_the_replay_even_when_every_step_matched(tmp_path, m
                 "samples": {"native": [40.0], "external": [20.0]}}
 
     path = slice_session("qwen-recipe", [step_index("qwen-recipe", "gate_perf")], tmp_path)
-    monkeypatch.setitem(actions.ACTIONS, "gate_perf", failing_gate)
+    monkeypatch.setitem(REGISTRY, "gate_perf", dataclasses.replace(REGISTRY["gate_perf"], fn=failing_gate))
     res = workbench("replay", path, "--headless", "--workdir", tmp_path / "wd", "--trust-libraries", ".")
     headline = res.out.strip().splitlines()[-1]
     assert res.code == 1, res

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from mcore.errors import UserError
-from workbench.actions import ACTIONS, STABLE_KEYS, ActionContext, action_params, run_action
+from workbench.actions import ActionContext, action_params, run_action
+from workbench.registry import REGISTRY
 from workbench.session import SESSION_KIND, Session, list_tutorials
 
 from .conftest import REPO, CliResult, assert_user_error
@@ -82,11 +83,10 @@ def test_record_rejects_bad_steps():
 
 
 def test_every_action_has_stable_keys_and_a_workdir_relative_signature():
-    assert set(STABLE_KEYS) == set(ACTIONS)
-    for name in ACTIONS:
+    for name in REGISTRY:
         req, opt = action_params(name)
         assert not set(req) & set(opt)
-    assert STABLE_KEYS["gate_perf"] == ()  # measured, never compared
+    assert REGISTRY["gate_perf"].stable_keys == ()  # measured, never compared
 
 
 def test_action_paths_are_workdir_relative(tmp_path):
@@ -225,7 +225,7 @@ def test_shipped_session_is_a_guided_recorded_tutorial(name):
         for v in st.params.values():
             assert not (isinstance(v, str) and os.path.isabs(v)), (st.action, v)
         if st.status == "ok":
-            assert set(STABLE_KEYS[st.action]) <= set(st.results), st.action
+            assert set(REGISTRY[st.action].stable_keys) <= set(st.results), st.action
     actions = [st.action for st in s.steps]
     gates = {"qwen-recipe": ["gate_tokens", "gate_perf"], "qwen-manual": ["gate_tokens"],
              "distilbert-residual": ["gate_embeddings", "gate_perf"]}[name]

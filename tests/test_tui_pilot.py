@@ -24,7 +24,8 @@ from textual.widgets import Static, TextArea
 from mcore.buildargs import BuildArgs
 from mcore.graph.capture import capture
 from mcore.selection import load_receipt
-from workbench.app import ACTION_SCREEN, DEFAULT_BUILD_ARGS, WorkbenchApp
+from workbench.app import DEFAULT_BUILD_ARGS, WorkbenchApp
+from workbench.registry import REGISTRY
 from workbench.screens.dialogs import SummaryModal, TrustModal
 from workbench.screens.verify import verdict
 from workbench.session import Session, find_tutorial
@@ -79,7 +80,7 @@ async def drive(app: WorkbenchApp, pilot) -> dict:
         assert o.kind in ("ok", "user"), f"step {i + 1} ({step.action}): {o.kind}: {o.error}"
         assert not o.diffs, f"step {i + 1} ({step.action}) differs from the recording: {o.diffs}"
         assert g.index == i + 1, f"step {i + 1} ({step.action}) did not advance: {o.error}"
-        assert app.screen.SCREEN_NAME == ACTION_SCREEN[step.action]
+        assert app.screen.SCREEN_NAME == REGISTRY[step.action].screen
         seen["screens"].append(app.screen.SCREEN_NAME)
         if app.screen.SCREEN_NAME == "region":  # what the Region screen previews after this step
             seen.setdefault("region", []).append(static_text(app, "#region-check"))

@@ -13,9 +13,10 @@ import pytest
 from textual.widgets import DataTable
 
 from mcore.selection import select_region
-from workbench.actions import STABLE_KEYS, ActionContext, run_action
+from workbench.actions import ActionContext, run_action
 from workbench.app import DEFAULT_BUILD_ARGS, WorkbenchApp
 from workbench.commands import palette_entries
+from workbench.registry import REGISTRY
 
 from .tui_helpers import no_hf_cache, text_of  # noqa: F401 (autouse fixture)
 
@@ -133,8 +134,9 @@ def test_profile_results_replay_by_which_candidates_exist(built, tmp_path):
     assert err is None, err
     b, err = run_action(ctx, "profile", {"bundle": bundle, "output": "b.json", "steps": 1, "context": 50})
     assert err is None, err
-    assert STABLE_KEYS["profile"] == ("role", "context", "candidates")
-    assert {k: a[k] for k in STABLE_KEYS["profile"]} == {k: b[k] for k in STABLE_KEYS["profile"]}
+    stable = REGISTRY["profile"].stable_keys
+    assert stable == ("role", "context", "candidates")
+    assert {k: a[k] for k in stable} == {k: b[k] for k in stable}
     assert a["role"] == "decode" and a["context"] == 50
     report = json.loads((tmp_path / "a.json").read_text())
     # `ranked` is the report's order; every candidate is a region select_region() accepts
@@ -200,8 +202,8 @@ def test_profile_screen_snapshot(snap_compare, tmp_path, size):
 def test_profile_steps_are_confined_like_every_action(tmp_path):
     """A session's profile step may not write outside the replay workdir (issue 11's one rule)."""
     from mcore.errors import UserError
-    from workbench.actions import ACTIONS, NATIVE_PARAMS, PATH_PARAMS, check_step_paths
+    from workbench.actions import check_step_paths
 
-    assert set(PATH_PARAMS) == set(ACTIONS) and NATIVE_PARAMS["profile"] == "kernel_bindings"
+    assert REGISTRY["profile"].native_param == "kernel_bindings"
     with pytest.raises(UserError, match="field output"):
         check_step_paths("profile", {"bundle": "n.bundle", "output": "../p.json"}, tmp_path, "s: step 1 (profile)")

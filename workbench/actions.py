@@ -4,8 +4,9 @@ Each action is ``ACTION(ctx: ActionContext, **params) -> dict`` (docs/workbench-
 Params and results are plain JSON; paths in params are relative to ``ctx.workdir`` (absolute
 paths work while exploring, but a replay refuses them: a replayed session's paths must stay
 inside its workdir, ``confine``) and paths in results are written relative to it, so a
-recorded session replays in any fresh workdir. ``STABLE_KEYS[action]`` names the
-results that replay compares; the rest (paths, timings, measured throughput) are shown only.
+recorded session replays in any fresh workdir. Each action is declared once in
+workbench/registry.py, whose ``stable_keys`` name the results that replay compares; the rest
+(paths, timings, measured throughput) are shown only.
 
 Errors: ``mcore.errors.UserError`` propagates with its one line; ``run_action`` turns it into
 recordable text with the workdir stripped out of paths.
@@ -564,56 +565,15 @@ def _jsonable(v: Any) -> Any:
         return str(v)
 
 
-# ---------------------------------------------------------------------------- registry
-
-ACTIONS: dict[str, Callable[..., dict]] = {
-    "capture_graph": capture_graph,
-    "list_recipes": list_recipes,
-    "list_nodes": list_nodes,
-    "select_recipe": select_recipe,
-    "select_nodes": select_nodes,
-    "build_kernel": build_kernel,
-    "kernel_stub": kernel_stub,
-    "write_bindings": write_bindings,
-    "build_bundle": build_bundle,
-    "generate": generate,
-    "embed": embed,
-    "gate_tokens": gate_tokens,
-    "gate_embeddings": gate_embeddings,
-    "gate_perf": gate_perf,
-    "verify_reference": verify_reference,
-    "gate_logits": gate_logits,
-    "profile": profile,
-}
-
-# The params of each action that name paths (a session's paths must stay in its workdir), and
-# those that name a kernel bindings manifest (loading native code).
-PATH_PARAMS: dict[str, tuple[str, ...]] = {
-    "capture_graph": ("snapshot",),
-    "list_recipes": ("snapshot",),
-    "list_nodes": ("snapshot",),
-    "select_recipe": ("snapshot", "receipt"),
-    "select_nodes": ("snapshot", "receipt"),
-    "build_kernel": ("output",),
-    "kernel_stub": ("receipt", "snapshot", "output"),
-    "write_bindings": ("receipt", "library", "manifest"),
-    "build_bundle": ("output", "graph_patch"),
-    "generate": ("bundle", "output", "kernel_bindings"),
-    "embed": ("bundle", "output", "kernel_bindings"),
-    "gate_tokens": ("native", "external"),
-    "gate_embeddings": ("native", "external"),
-    "gate_perf": ("native_bundle", "external_bundle", "kernel_bindings"),
-    "verify_reference": ("bundle", "kernel_bindings"),
-    "gate_logits": ("native_bundle", "external_bundle", "kernel_bindings"),
-    "profile": ("bundle", "output", "kernel_bindings"),
-}
-NATIVE_PARAMS: dict[str, str] = {a: "kernel_bindings" for a in ("generate", "embed", "gate_perf", "verify_reference", "gate_logits",
-                                                                "profile")}
-
+# ---------------------------------------------------------------------------- by name
+# workbench/registry.py declares each action once (its function, path and native params,
+# stable keys, screen); it imports this module, so these helpers import it when they run.
 
 def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: str) -> None:
     """Every path a step names stays inside `workdir` (before anything runs); model specs too."""
-    for name in PATH_PARAMS[action]:
+    from .registry import REGISTRY
+
+    for name in REGISTRY[action].path_params:
         if params.get(name) is not None:
             if not isinstance(params[name], str) or not params[name].strip():
                 raise UserError(f"{where}: field {name} must be a non-empty path string, got {params[name]!r}")
@@ -627,52 +587,11 @@ def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: 
             raise UserError(f"{where}: field {name}: {why}; a session names model folders inside its workdir")
 
 
-_SELECTION_KEYS = ("binding_id", "abi_sha256", "node_ids", "input_tensor_ids", "output_tensor_ids")
-
-STABLE_KEYS: dict[str, tuple[str, ...]] = {
-    "capture_graph": ("fingerprint", "nodes", "tensors", "recipes"),
-    "list_recipes": ("recipes",),
-    "list_nodes": ("ids",),
-    "select_recipe": _SELECTION_KEYS,
-    "select_nodes": _SELECTION_KEYS,
-    "build_kernel": (),
-    "kernel_stub": ("binding_id", "abi_sha256", "body"),
-    "write_bindings": ("binding_id", "abi_sha256"),
-    "build_bundle": ("fingerprints", "kernel_slots"),
-    "generate": ("tokens", "text"),
-    "embed": ("values",),
-    "gate_tokens": ("passed",),
-    "gate_embeddings": ("passed", "values"),
-    "gate_perf": (),  # measurements: shown, never compared
-    "verify_reference": ("passed", "first_diverging_step"),
-    "gate_logits": ("passed", "first_divergence"),  # the max_abs values may follow the torch build
-    "profile": ("role", "context", "candidates"),  # not "ranked": the rank follows measured times
-}
-
-ACTION_TITLES: dict[str, str] = {
-    "capture_graph": "Capture graph",
-    "list_recipes": "List recipes",
-    "list_nodes": "List nodes",
-    "select_recipe": "Select recipe instance",
-    "select_nodes": "Select nodes",
-    "build_kernel": "Build kernel DSO",
-    "kernel_stub": "Generate CuTe DSL stub",
-    "write_bindings": "Write bindings manifest",
-    "build_bundle": "Build bundle",
-    "generate": "Generate tokens",
-    "embed": "Embed prompt",
-    "gate_tokens": "Token gate",
-    "gate_embeddings": "Embedding gate",
-    "gate_perf": "Performance gate",
-    "verify_reference": "Reference check (transformers)",
-    "gate_logits": "Logits in lockstep",
-    "profile": "Profile (where the time goes)",
-}
-
-
 def action_params(action: str) -> tuple[list[str], list[str]]:
     """(required, optional) param names of an action."""
-    sig = inspect.signature(ACTIONS[action])
+    from .registry import REGISTRY
+
+    sig = inspect.signature(REGISTRY[action].fn)
     req, opt = [], []
     for i, (name, p) in enumerate(sig.parameters.items()):
         if i == 0:
@@ -694,11 +613,13 @@ def run_action(ctx: ActionContext, action: str, params: dict[str, Any]) -> tuple
 
     Cancellation (mcore.errors.Cancelled) and programming errors propagate.
     """
-    if action not in ACTIONS:
-        raise UserError(f"unknown action {action!r}; known actions: {', '.join(ACTIONS)}")
+    from .registry import REGISTRY
+
+    if action not in REGISTRY:
+        raise UserError(f"unknown action {action!r}; known actions: {', '.join(REGISTRY)}")
     check_params(action, params, f"{action}: params")
     try:
-        results = ACTIONS[action](ctx, **params)
+        results = REGISTRY[action].fn(ctx, **params)
     except UserError as e:
         return None, ctx.error_text(e)
     return _jsonable(results), None

@@ -28,32 +28,9 @@ from mcore.errors import Cancelled, UserError
 from mcore.progress import CancelToken, Progress
 
 from .commands import WorkbenchCommands
+from .registry import REGISTRY
 from .screens.base import SCREEN_ORDER, SIDE_SCREENS, WorkbenchScreen
 from .screens.guide import GuideState
-
-# Which screen shows an action's results (guided mode switches there after each step).
-ACTION_SCREEN = {
-    "capture_graph": "graph",
-    "list_nodes": "graph",
-    "list_recipes": "region",
-    "select_recipe": "region",
-    "select_nodes": "region",
-    "build_kernel": "kernel",
-    "kernel_stub": "kernel",
-    "write_bindings": "kernel",
-    "build_bundle": "build",
-    "generate": "verify",
-    "embed": "verify",
-    "gate_tokens": "verify",
-    "gate_embeddings": "verify",
-    "gate_perf": "verify",
-    "gate_logits": "verify",
-    "profile": "profile",
-}
-
-# Actions that load native code named by a bindings manifest (asked for before they run).
-LOADS_NATIVE = ("generate", "embed", "gate_perf", "verify_reference", "gate_logits", "profile")
-
 
 DEFAULT_TUTORIAL = "qwen-recipe"
 DEFAULT_BUILD_ARGS = {"model": "demo:qwen3-tiny", "precision": "fp32", "max_cache_length": 256,
@@ -466,7 +443,7 @@ class WorkbenchApp(App):
 
         # checked when the session opened and again now: a link made in the work folder since must not lead out
         check_step_paths(step.action, step.params, self.state.workdir, f"step {index + 1} ({step.action})")
-        screen = ACTION_SCREEN.get(step.action)
+        screen = REGISTRY[step.action].screen
         if screen and self.current and self.current.SCREEN_NAME != screen:
             await self.go(screen)
 
@@ -509,8 +486,10 @@ class WorkbenchApp(App):
         if self.busy:
             self.say(f"{self.busy_label} is still running; wait or press x to cancel", "yellow")
             return False
-        if action in LOADS_NATIVE and params.get("kernel_bindings") and not trusted:
-            lib = self._library_of(params["kernel_bindings"])
+        # an action that loads the native code its bindings manifest names asks before it runs
+        native = REGISTRY[action].native_param if action in REGISTRY else None
+        if native and params.get(native) and not trusted:
+            lib = self._library_of(params[native])
             if lib not in self.state.trusted:
                 from .screens.dialogs import TrustModal
 
@@ -526,7 +505,7 @@ class WorkbenchApp(App):
                         if on_finish:
                             on_finish(outcome)
 
-                self.push_screen(TrustModal(lib, self.state.show_path(params["kernel_bindings"])), answered)
+                self.push_screen(TrustModal(lib, self.state.show_path(params[native])), answered)
                 return False
         self.busy = action
         self.busy_params = dict(params)
@@ -710,77 +689,10 @@ class WorkbenchApp(App):
 
     # ------------------------------------------------------------------ results -> state
     def apply_results(self, action: str, params: dict[str, Any], results: dict[str, Any]) -> None:
-        from mcore.fileio import read_json
-        from mcore.graph.snapshot import load_snapshot
-        from mcore.selection import load_receipt
-
-        st = self.state
-        if action == "capture_graph":
-            snap = load_snapshot(st.path(results["snapshot"]))
-            if st.snapshot is None or st.snapshot["fingerprint"] != snap["fingerprint"]:
-                st.marked = []
-            st.snapshot = snap
-            st.snapshot_path = results["snapshot"]
-            st.capture_results = results
-            st.listing = None
-            st.build_args = dict(params.get("build_args") or st.build_args)
-            st.engine_role = snap["metadata"]["engine_role"]
-            st.family_kind = "decoder" if snap["metadata"].get("family") == "qwen3" else "encoder"
-            if st.receipt is not None and st.receipt["graph_fingerprint"] != snap["fingerprint"]:
-                st.receipt = None
-        elif action == "list_nodes":
-            st.listing = {"match": params.get("match"), "last": params.get("last"), "ids": list(results.get("ids", []))}
-        elif action == "list_recipes":
-            pass  # the Region screen lists the snapshot's recipes
-        elif action in ("select_recipe", "select_nodes"):
-            st.receipt = load_receipt(st.path(results["receipt"]))
-            st.receipt_path = results["receipt"]
-            st.marked = list(st.receipt["node_ids"])
-        elif action == "build_kernel":
-            st.library = results.get("library")
-        elif action == "kernel_stub":
-            st.stub_path = results.get("path")
-            try:
-                st.stub_text = Path(st.path(st.stub_path)).read_text(encoding="utf-8")
-            except OSError:
-                st.stub_text = None
-        elif action == "write_bindings":
-            st.manifest = results.get("manifest") or params.get("manifest")
-            if params.get("library"):
-                st.library = params["library"]
-        elif action == "build_bundle":
-            arm = "slot" if (params.get("recipe") or params.get("graph_patch")) else "native"
-            st.bundles[arm] = dict(results, params=params)
-            if params.get("build_args"):
-                st.build_args = dict(params["build_args"])
-            if arm == "slot" and results.get("receipt"):
-                try:
-                    st.receipt = load_receipt(st.path(results["receipt"]))
-                    st.receipt_path = results["receipt"]
-                    if st.snapshot is not None and st.receipt["graph_fingerprint"] == st.snapshot["fingerprint"]:
-                        st.marked = list(st.receipt["node_ids"])
-                except UserError:
-                    pass
-        elif action in ("generate", "embed"):
-            st.last_prompt = {"prompt": params.get("prompt"), "max_new_tokens": params.get("max_new_tokens")}
-            arm = "external" if params.get("kernel_bindings") else "native"
-            st.outputs[arm] = dict(results, params=params, kind=action)
-            st.family_kind = "decoder" if action == "generate" else "encoder"
-        elif action in ("gate_tokens", "gate_embeddings"):
-            st.correctness = dict(results, kind=action, params=params)
-        elif action == "verify_reference":
-            st.reference = dict(results)
-        elif action == "gate_logits":
-            st.logits = dict(results)
-        elif action == "profile":
-            st.profile = read_json(st.path(results["profile"]), "profile")
-            st.profile_path = results["profile"]
-        elif action == "gate_perf":
-            st.perf = dict(results, params=params)
-            st.last_prompt = {"prompt": params.get("prompt"), "max_new_tokens": params.get("max_new_tokens")}
-            samples = results.get("samples")
-            if isinstance(samples, dict) and not any(st.samples.values()):
-                st.samples = {k: list(v) for k, v in samples.items()}
+        """An action's results into the shared state (each action's ActionSpec.apply)."""
+        spec = REGISTRY.get(action)
+        if spec is not None:
+            spec.apply(self.state, params, results)
 
 
 def make_workdir(workdir: Optional[str]) -> Path:

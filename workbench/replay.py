@@ -1,5 +1,6 @@
-"""Headless replay: re-execute a session's steps through ACTIONS in a fresh workdir and
-compare the stable results (STABLE_KEYS); every difference is reported with its step and field.
+"""Headless replay: re-execute a session's steps (registry.REGISTRY) in a fresh workdir and
+compare the stable results (ActionSpec.stable_keys); every difference is reported with its
+step and field.
 
 A recorded error must recur as the same error (its text is compared). Measured results
 (the perf gate) are shown, never compared.
@@ -17,7 +18,8 @@ from typing import Any, Callable, Optional, Union
 from mcore.errors import Cancelled, UserError
 from mcore.progress import NO_PROGRESS, Progress
 
-from .actions import ACTIONS, NATIVE_PARAMS, STABLE_KEYS, TRUST_FLAG, ActionContext, check_step_paths
+from .actions import TRUST_FLAG, ActionContext, check_step_paths
+from .registry import REGISTRY
 from .session import Session, Step
 
 
@@ -229,7 +231,7 @@ def _compare_step(step: Step, status: str, results: Optional[dict], error: Optio
             return [Difference("status", exp, act)]
         return [] if step.error == error else [Difference("error", step.error, error)]
     out = []
-    for key in STABLE_KEYS[step.action]:
+    for key in REGISTRY[step.action].stable_keys:
         exp = step.results.get(key, "(absent)")
         act = (results or {}).get(key, "(absent)")
         out.extend(compare(key, exp, act))
@@ -250,7 +252,7 @@ def check_session(session: Session, workdir: Path, trust_libraries: Optional[Pat
     for i, step in enumerate(session.steps, 1):
         where = f"{name}: step {i} ({step.action})"
         check_step_paths(step.action, step.params, workdir, where)
-        native = NATIVE_PARAMS.get(step.action)
+        native = REGISTRY[step.action].native_param
         if native and step.params.get(native) is not None and trust_libraries is None and not native_confirmed:
             raise UserError(f"{where} loads native code through field {native} ({step.params[native]}); "
                             f"pass {TRUST_FLAG} DIR naming the folder (inside the workdir, e.g. `.`) "
@@ -316,7 +318,7 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
         results: Optional[dict] = None
         error: Optional[str] = None
         try:
-            results = json.loads(json.dumps(ACTIONS[step.action](ctx, **step.params), default=str))
+            results = json.loads(json.dumps(REGISTRY[step.action].fn(ctx, **step.params), default=str))
             status = "ok"
         except (Cancelled, KeyboardInterrupt):
             raise
@@ -327,7 +329,7 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
         outcome = StepOutcome(
             index=i, action=step.action, title=step.title, recorded_status=step.status, status=status,
             differences=compare_step(step, status, results, error, session.header),
-            compared=STABLE_KEYS[step.action] if status == "ok" else (), results=results, error=error,
+            compared=REGISTRY[step.action].stable_keys if status == "ok" else (), results=results, error=error,
             seconds=time.perf_counter() - t0)
         if step.action in GATES and step.status == "ok":
             outcome.recorded_passed = bool(step.results.get("passed"))

@@ -129,12 +129,13 @@ def check_guide(guide: Any, where: str) -> Optional[dict[str, str]]:
 
 def check_step(d: Any, where: str) -> Step:
     """Validate one step dict (where = 'FILE: step N') and return it as a Step."""
-    from .actions import ACTIONS, check_params
+    from .actions import check_params
+    from .registry import REGISTRY
 
     check_fields(d, where, _STEP_REQUIRED, _STEP_OPTIONAL)
     action = d["action"]
-    if not isinstance(action, str) or action not in ACTIONS:
-        raise UserError(f"{where}: unknown action {action!r}; known actions: {', '.join(ACTIONS)}")
+    if not isinstance(action, str) or action not in REGISTRY:
+        raise UserError(f"{where}: unknown action {action!r}; known actions: {', '.join(REGISTRY)}")
     where = f"{where} ({action})"
     if not isinstance(d["params"], dict):
         raise UserError(f"{where}: params must be a JSON object")

@@ -11,32 +11,19 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-# What the panel shows of a step's results, in order.
-SHOWN = {
-    "capture_graph": ("fingerprint", "nodes", "tensors", "recipes"),
-    "list_recipes": ("count",),
-    "list_nodes": ("count", "ids"),
-    "select_recipe": ("binding_id", "abi_sha256", "node_ids"),
-    "select_nodes": ("binding_id", "abi_sha256", "node_ids"),
-    "build_kernel": ("library", "variant"),
-    "kernel_stub": ("path", "abi_sha256"),
-    "write_bindings": ("manifest", "abi_sha256"),
-    "build_bundle": ("bundle", "fingerprints", "kernel_slots"),
-    "generate": ("tokens", "text"),
-    "embed": ("values", "pooling"),
-    "gate_tokens": ("passed", "line"),
-    "gate_embeddings": ("passed", "max_abs", "cosine", "line"),
-    "gate_perf": ("passed", "ratio", "line"),
-    "verify_reference": ("passed", "first_diverging_step", "line"),
-    "gate_logits": ("passed", "first_divergence", "line"),
-    "profile": ("role", "context", "profile"),
-}
-
-
 def stable_fields(action: str) -> tuple[str, ...]:
-    from ..actions import STABLE_KEYS
+    from ..registry import REGISTRY
 
-    return tuple(STABLE_KEYS.get(action, ()))
+    spec = REGISTRY.get(action)
+    return spec.stable_keys if spec is not None else ()
+
+
+def shown_fields(action: str) -> tuple[str, ...]:
+    """What the panel shows of a step's results, in order (ActionSpec.shown)."""
+    from ..registry import REGISTRY
+
+    spec = REGISTRY.get(action)
+    return spec.shown if spec is not None else ()
 
 
 def short(value: Any, width: int = 60) -> str:
@@ -158,7 +145,7 @@ class GuidePanel(VerticalScroll):
             mark = "✓" if ok else ("≠" if ran else "✗")
             t.append(f"\n{mark} step {shown + 1}: {st.title}\n", style="green" if ok else "red")
             if o.kind == "ok" and (g.mode == "tutorial" or not stable_fields(st.action)):
-                for k in SHOWN.get(st.action, ()):
+                for k in shown_fields(st.action):
                     if k in (o.results or {}):
                         for label, value in result_lines(k, o.results[k]):
                             t.append(f"  {label}: ", style="dim")
