@@ -1,3 +1,145 @@
-"""mcore: capture a model's graph, select a region, patch it with a TVM-FFI kernel slot, run it."""
+"""mcore: capture a model's graph, select a region, patch it with a TVM-FFI kernel slot, run it.
+
+The public API is the names in ``__all__``, imported from the package itself::
+
+    from mcore import open_bundle, open_pipeline, select_region, UserError
+
+Everything else (the submodules and what they define) is internal and may change without notice;
+the workbench (workbench/**) uses only these names. ``import mcore`` is cheap: each name is
+imported from its submodule on first use (PEP 562 ``__getattr__``), so torch loads only when a
+name that needs it is first touched.
+
+The groups:
+
+- errors: UserError (a one-line input error), Cancelled
+- progress: Progress, CancelToken, NO_PROGRESS
+- graph: capture, resolve, tool_versions; load_snapshot, SnapshotIndex; the display helpers
+  abi_lines, module_tree, node_matches, node_row
+- selection: select_region, load_receipt, RegionError; recipes: find_recipe, recipe_rows, select_recipe
+- build: BuildArgs (and its LAYOUTS, PRECISIONS, WEIGHTS), build_bundle; open_bundle
+- run: open_pipeline (the class from the bundle's family kind), DecoderPipeline, EncoderPipeline
+- kernels: build_kernel, write_exporter; load_bindings_manifest, BINDINGS_SCHEMA_VERSION
+- verify gates: compare_tokens, compare_embeddings, perf_gate, reference_check, lockstep_logits
+- profile: profile_pipeline, CANDIDATE_BINDING
+- files: atomic_write, check_fields, read_json, write_json, stdout_failed
+- demo models: demo_names
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# public name -> the submodule (relative to mcore) that defines it
+_EXPORTS: dict[str, str] = {
+    # errors
+    "UserError": "errors",
+    "Cancelled": "errors",
+    # progress and cancellation
+    "Progress": "progress",
+    "CancelToken": "progress",
+    "NO_PROGRESS": "progress",
+    # graph capture and snapshots
+    "capture": "graph.capture",
+    "resolve": "graph.capture",
+    "tool_versions": "graph.capture",
+    "load_snapshot": "graph.snapshot",
+    "SnapshotIndex": "graph.snapshot",
+    # display helpers
+    "abi_lines": "graph.display",
+    "module_tree": "graph.display",
+    "node_matches": "graph.display",
+    "node_row": "graph.display",
+    # selection
+    "select_region": "selection",
+    "load_receipt": "selection",
+    "RegionError": "selection",
+    # recipes
+    "find_recipe": "recipes",
+    "recipe_rows": "recipes",
+    "select_recipe": "recipes",
+    # build
+    "BuildArgs": "buildargs",
+    "LAYOUTS": "buildargs",
+    "PRECISIONS": "buildargs",
+    "WEIGHTS": "buildargs",
+    "build_bundle": "build",
+    "open_bundle": "bundle",
+    # pipelines
+    "open_pipeline": "api",
+    "DecoderPipeline": "pipeline",
+    "EncoderPipeline": "pipeline",
+    # kernels and bindings
+    "build_kernel": "kernels",
+    "write_exporter": "stubgen",
+    "load_bindings_manifest": "bindings",
+    "BINDINGS_SCHEMA_VERSION": "bindings",
+    # verify gates
+    "compare_tokens": "verify",
+    "compare_embeddings": "verify",
+    "perf_gate": "verify",
+    "reference_check": "verify_reference",
+    "lockstep_logits": "verify_logits",
+    # profile
+    "profile_pipeline": "profile",
+    "CANDIDATE_BINDING": "profile",
+    # files
+    "atomic_write": "fileio",
+    "check_fields": "fileio",
+    "read_json": "fileio",
+    "write_json": "fileio",
+    "stdout_failed": "fileio",
+    # demo models
+    "demo_names": "families.demo",
+}
+
+# the public names (the keys of _EXPORTS; tests/test_public_api.py checks they agree)
+__all__ = [
+    "BINDINGS_SCHEMA_VERSION", "CANDIDATE_BINDING", "LAYOUTS", "NO_PROGRESS", "PRECISIONS", "WEIGHTS",
+    "BuildArgs", "CancelToken", "Cancelled", "DecoderPipeline", "EncoderPipeline", "Progress", "RegionError",
+    "SnapshotIndex", "UserError", "abi_lines", "atomic_write", "build_bundle", "build_kernel", "capture",
+    "check_fields", "compare_embeddings", "compare_tokens", "demo_names", "find_recipe",
+    "load_bindings_manifest", "load_receipt", "load_snapshot", "lockstep_logits", "module_tree",
+    "node_matches", "node_row", "open_bundle", "open_pipeline", "perf_gate", "profile_pipeline", "read_json",
+    "recipe_rows", "reference_check", "resolve", "select_recipe", "select_region", "stdout_failed",
+    "tool_versions", "write_exporter", "write_json",
+]
+
+
+def __getattr__(name: str) -> Any:
+    sub = _EXPORTS.get(name)
+    if sub is None:
+        raise AttributeError(f"module 'mcore' has no attribute {name!r}")
+    # not cached here: each lookup reads the submodule's current attribute, so `from mcore import X`
+    # inside a function sees exactly what `from mcore.<sub> import X` would (monkeypatched test doubles included)
+    return getattr(importlib.import_module(f".{sub}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
+    from .api import open_pipeline
+    from .bindings import BINDINGS_SCHEMA_VERSION, load_bindings_manifest
+    from .build import build_bundle
+    from .buildargs import LAYOUTS, PRECISIONS, WEIGHTS, BuildArgs
+    from .bundle import open_bundle
+    from .errors import Cancelled, UserError
+    from .families.demo import demo_names
+    from .fileio import atomic_write, check_fields, read_json, stdout_failed, write_json
+    from .graph.capture import capture, resolve, tool_versions
+    from .graph.display import abi_lines, module_tree, node_matches, node_row
+    from .graph.snapshot import SnapshotIndex, load_snapshot
+    from .kernels import build_kernel
+    from .pipeline import DecoderPipeline, EncoderPipeline
+    from .profile import CANDIDATE_BINDING, profile_pipeline
+    from .progress import NO_PROGRESS, CancelToken, Progress
+    from .recipes import find_recipe, recipe_rows, select_recipe
+    from .selection import RegionError, load_receipt, select_region
+    from .stubgen import write_exporter
+    from .verify import compare_embeddings, compare_tokens, perf_gate
+    from .verify_logits import lockstep_logits
+    from .verify_reference import reference_check

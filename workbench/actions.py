@@ -8,7 +8,7 @@ recorded session replays in any fresh workdir. Each action is declared once in
 workbench/registry.py, whose ``stable_keys`` name the results that replay compares; the rest
 (paths, timings, measured throughput) are shown only.
 
-Errors: ``mcore.errors.UserError`` propagates with its one line; ``run_action`` turns it into
+Errors: ``mcore.UserError`` propagates with its one line; ``run_action`` turns it into
 recordable text with the workdir stripped out of paths.
 """
 
@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from mcore.errors import UserError
-from mcore.progress import Progress
+from mcore import Progress, UserError
 
 SampleFn = Callable[[str, int, float], None]  # (arm "native"|"external", index, value)
 LogFn = Callable[[str], None]
@@ -79,7 +78,7 @@ class ActionContext:
         replayed session, only libraries inside the trusted folder, and only when one was named."""
         if manifest is None or not self.confined:
             return
-        from mcore.bindings import load_bindings_manifest
+        from mcore import load_bindings_manifest
 
         if self.trusted_libraries is None:
             raise UserError(f"{self.where}loads native code through field {what} ({manifest}); pass "
@@ -156,7 +155,7 @@ def _model_spec_where(spec: Any) -> Optional[str]:
     return None
 
 def _build_args(d: Any):
-    from mcore.buildargs import BuildArgs
+    from mcore import BuildArgs
 
     if not isinstance(d, dict):
         raise UserError(f"build_args must be an object like {{\"model\": \"demo:qwen3-tiny\"}}, got {type(d).__name__}")
@@ -195,7 +194,7 @@ def _opt_path(ctx: ActionContext, p: Any, what: str) -> Optional[str]:
 
 
 def _receipt_results(ctx: ActionContext, receipt: dict[str, Any], path: Path) -> dict[str, Any]:
-    from mcore.graph.display import abi_lines
+    from mcore import abi_lines
 
     return {
         "binding_id": receipt["binding_id"],
@@ -208,16 +207,22 @@ def _receipt_results(ctx: ActionContext, receipt: dict[str, Any], path: Path) ->
     }
 
 
-def _pipeline(ctx: ActionContext, kind: str, bundle: str, kernel_bindings: Optional[str], engine: str = "auto"):
-    from mcore.bundle import open_bundle
-    from mcore.pipeline import DecoderPipeline, EncoderPipeline
+def _pipeline(ctx: ActionContext, kind: Optional[str], bundle: str, kernel_bindings: Optional[str],
+              engine: str = "auto"):
+    """The pipeline over `bundle`: the class for `kind` (the verb's: a wrong bundle is refused with
+    the verb to use), or with kind None the class the bundle's family kind calls for."""
+    from mcore import DecoderPipeline, EncoderPipeline, open_bundle, open_pipeline
 
     bpath = str(ctx.path(bundle, "bundle"))
     ctx.check_native(kernel_bindings)
     b = open_bundle(bpath)
-    cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
-    pipe = cls(bpath, kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"), device=ctx.device,
-               progress=ctx.progress, announce=ctx.announce, bundle=b, engine=engine)
+    kw = dict(kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"), device=ctx.device,
+              progress=ctx.progress, announce=ctx.announce, engine=engine)
+    if kind is None:
+        pipe = open_pipeline(b, **kw)
+    else:
+        cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
+        pipe = cls(bpath, bundle=b, **kw)
     for line in pipe.engine_lines():  # which engine ran (compiled on CUDA, op by op on CPU)
         ctx.say(line)
     return pipe
@@ -227,8 +232,7 @@ def _pipeline(ctx: ActionContext, kind: str, bundle: str, kernel_bindings: Optio
 
 def capture_graph(ctx: ActionContext, build_args: dict, engine_role: str, snapshot: str) -> dict:
     """`mcore graph inspect`: capture one engine role's graph and write its snapshot."""
-    from mcore.fileio import write_json
-    from mcore.graph.capture import capture
+    from mcore import capture, write_json
 
     args = _build_args(build_args)
     out = ctx.path(snapshot, "snapshot")
@@ -246,8 +250,7 @@ def capture_graph(ctx: ActionContext, build_args: dict, engine_role: str, snapsh
 
 def list_recipes(ctx: ActionContext, snapshot: str) -> dict:
     """`mcore graph recipes`: the recipe instances the family published for this graph."""
-    from mcore.graph.snapshot import load_snapshot
-    from mcore.recipes import recipe_rows
+    from mcore import load_snapshot, recipe_rows
 
     snap = load_snapshot(ctx.path(snapshot, "snapshot"))
     rows = [{"id": r["id"], "instance": r["instance"], "node_ids": list(r["node_ids"])} for r in recipe_rows(snap)]
@@ -256,8 +259,7 @@ def list_recipes(ctx: ActionContext, snapshot: str) -> dict:
 
 def list_nodes(ctx: ActionContext, snapshot: str, match: Optional[str] = None, last: Optional[int] = None) -> dict:
     """`mcore graph list [--match GLOB] | tail -n LAST`: display only, never selects anything."""
-    from mcore.graph.display import node_matches, node_row
-    from mcore.graph.snapshot import SnapshotIndex, load_snapshot
+    from mcore import SnapshotIndex, load_snapshot, node_matches, node_row
 
     if match is not None:
         _str(match, "match")
@@ -276,9 +278,7 @@ def list_nodes(ctx: ActionContext, snapshot: str, match: Optional[str] = None, l
 def select_recipe(ctx: ActionContext, snapshot: str, recipe_id: str, instance: str, receipt: str,
                   binding_id: Optional[str] = None) -> dict:
     """Resolve one recipe instance through select_region() and write its receipt."""
-    from mcore.fileio import write_json
-    from mcore.graph.snapshot import load_snapshot
-    from mcore.recipes import select_recipe as _select
+    from mcore import load_snapshot, select_recipe as _select, write_json
 
     snap = load_snapshot(ctx.path(snapshot, "snapshot"))
     out = ctx.path(receipt, "receipt")
@@ -291,9 +291,7 @@ def select_nodes(ctx: ActionContext, snapshot: str, node_ids: list, binding_id: 
                  workspace_bytes: int = 0, extra_args: Optional[list] = None,
                  output_shape_input: Optional[int] = None) -> dict:
     """`mcore graph select --nodes ...`: validate a hand-picked region and write its receipt."""
-    from mcore.fileio import write_json
-    from mcore.graph.snapshot import load_snapshot
-    from mcore.selection import select_region
+    from mcore import load_snapshot, select_region, write_json
 
     if not isinstance(node_ids, list) or not node_ids or not all(isinstance(n, str) for n in node_ids):
         raise UserError(f"node_ids must be a non-empty list like [\"node:12\"], got {node_ids!r}")
@@ -306,7 +304,7 @@ def select_nodes(ctx: ActionContext, snapshot: str, node_ids: list, binding_id: 
 
 def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto", overwrite: bool = False) -> dict:
     """`mcore kernel build`: compile a shipped kernel into a TVM-FFI DSO."""
-    from mcore.kernels import build_kernel as _build
+    from mcore import build_kernel as _build
 
     out = ctx.path(output, "output")
     k = _build(_str(name, "name"), out, cuda=cuda, progress=ctx.progress, overwrite=bool(overwrite))
@@ -320,7 +318,7 @@ def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto",
 def kernel_stub(ctx: ActionContext, receipt: str, snapshot: str, output: str, overwrite: bool = False) -> dict:
     """`mcore kernel stub`: write a CuTe DSL exporter for the receipt's ABI. For a single known op
     (copy, cast, add, sub, mul) the kernel body is generated; otherwise it is a scaffold to fill in."""
-    from mcore.stubgen import write_exporter
+    from mcore import write_exporter
 
     out = ctx.path(output, "output")
     r = write_exporter(ctx.path(receipt, "receipt"), ctx.path(snapshot, "snapshot"), out, overwrite=bool(overwrite))
@@ -333,9 +331,7 @@ def kernel_stub(ctx: ActionContext, receipt: str, snapshot: str, output: str, ov
 
 def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str, function: str = "run") -> dict:
     """Write a kernel bindings manifest binding the receipt's slot to a DSO next to it."""
-    from mcore.bindings import BINDINGS_SCHEMA_VERSION, load_bindings_manifest
-    from mcore.fileio import write_json
-    from mcore.selection import load_receipt
+    from mcore import BINDINGS_SCHEMA_VERSION, load_bindings_manifest, load_receipt, write_json
 
     rec = load_receipt(ctx.path(receipt, "receipt"))
     mpath = ctx.path(manifest, "manifest")
@@ -360,8 +356,7 @@ def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str
 def build_bundle(ctx: ActionContext, build_args: dict, output: str, recipe: Optional[list] = None,
                  graph_patch: Optional[str] = None, device: Optional[str] = None) -> dict:
     """`mcore build`: native (no recipe/patch) or slot-ready (recipe or graph_patch) bundle."""
-    from mcore.build import build_bundle as _build
-    from mcore.graph.display import abi_lines
+    from mcore import abi_lines, build_bundle as _build
 
     args = _build_args(build_args)
     if recipe is not None and (not isinstance(recipe, (list, tuple)) or len(recipe) < 2
@@ -385,7 +380,7 @@ def build_bundle(ctx: ActionContext, build_args: dict, output: str, recipe: Opti
 def generate(ctx: ActionContext, bundle: str, prompt: str, max_new_tokens: int, output: Optional[str] = None,
              kernel_bindings: Optional[str] = None, chat: bool = False) -> dict:
     """`mcore run --greedy [--chat] [--output FILE]`: greedy generation; writes JSONL {prompt, tokens, text}."""
-    from mcore.fileio import atomic_write
+    from mcore import atomic_write
 
     _str(prompt, "prompt")
     n = _int(max_new_tokens, "max_new_tokens", 1)
@@ -405,7 +400,7 @@ def embed(ctx: ActionContext, bundle: str, prompt: str, output: Optional[str] = 
           kernel_bindings: Optional[str] = None, pooling: Optional[str] = None) -> dict:
     """`mcore embed [--pooling P]`: the embedding (pooled as the checkpoint declares unless `pooling`
     says otherwise); writes {"embedding": [...]} like the CLI's stdout."""
-    from mcore.fileio import atomic_write
+    from mcore import atomic_write
 
     _str(prompt, "prompt")
     out = ctx.path(output, "output") if output is not None else None
@@ -422,7 +417,7 @@ def embed(ctx: ActionContext, bundle: str, prompt: str, output: Optional[str] = 
 def verify_reference(ctx: ActionContext, bundle: str, checkpoint: str, prompt: str, max_new_tokens: int = 8,
                      chat: bool = False, kernel_bindings: Optional[str] = None) -> dict:
     """`mcore verify reference`: the engine against transformers on the same checkpoint, per step."""
-    from mcore.verify_reference import reference_check
+    from mcore import reference_check
 
     ctx.check_native(kernel_bindings)
     r = reference_check(str(ctx.path(bundle, "bundle")), _str(checkpoint, "checkpoint"), _str(prompt, "prompt"),
@@ -439,7 +434,7 @@ def verify_reference(ctx: ActionContext, bundle: str, checkpoint: str, prompt: s
 def gate_logits(ctx: ActionContext, native_bundle: str, external_bundle: str, prompt: str, max_new_tokens: int = 16,
                 kernel_bindings: Optional[str] = None, chat: bool = False, max_abs: float = 0.0) -> dict:
     """`mcore verify logits`: both bundles stepped on the native greedy tokens, logits compared per step."""
-    from mcore.verify_logits import lockstep_logits
+    from mcore import lockstep_logits
 
     ctx.check_native(kernel_bindings)
     r = lockstep_logits(str(ctx.path(native_bundle, "native_bundle")), str(ctx.path(external_bundle, "external_bundle")),
@@ -459,7 +454,7 @@ def _gate_results(ctx: ActionContext, r: Any) -> dict:
 
 def gate_tokens(ctx: ActionContext, native: str, external: str) -> dict:
     """Exact token equality of two `run --output` JSONL files (the tutorial's diff)."""
-    from mcore.verify import compare_tokens
+    from mcore import compare_tokens
 
     r = compare_tokens(ctx.path(native, "native"), ctx.path(external, "external"))
     ctx.say(r.line)
@@ -469,7 +464,7 @@ def gate_tokens(ctx: ActionContext, native: str, external: str) -> dict:
 def gate_embeddings(ctx: ActionContext, native: str, external: str, max_abs: float = 0.02,
                     min_cosine: float = 0.999) -> dict:
     """max |a-b| and cosine similarity of two embeddings against the tutorial's thresholds."""
-    from mcore.verify import compare_embeddings
+    from mcore import compare_embeddings
 
     r = compare_embeddings(ctx.path(native, "native"), ctx.path(external, "external"),
                            max_abs=_num(max_abs, "max_abs"), min_cosine=_num(min_cosine, "min_cosine"))
@@ -506,8 +501,7 @@ def gate_perf(ctx: ActionContext, native_bundle: str, external_bundle: str, kern
     """The no-regression gate: `warmup` runs of each arm, then `pairs` alternating fresh-process
     native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`).
     The verdict is measured, so replay shows it but never compares it."""
-    from mcore.bundle import open_bundle
-    from mcore.verify import perf_gate
+    from mcore import open_bundle, perf_gate
 
     nb, eb = ctx.path(native_bundle, "native_bundle"), ctx.path(external_bundle, "external_bundle")
     ctx.check_native(kernel_bindings)
@@ -533,14 +527,13 @@ def profile(ctx: ActionContext, bundle: str, output: str, role: Optional[str] = 
             steps: int = 3, prompt: Optional[str] = None, kernel_bindings: Optional[str] = None) -> dict:
     """`mcore profile -o OUTPUT`: device time per node, module, recipe instance and slot, and the
     ranked candidate regions. Timings are measured: replay compares only which candidates exist."""
-    from mcore.bundle import open_bundle
-    from mcore.fileio import write_json
-    from mcore.profile import profile_pipeline
+    from mcore import profile_pipeline, write_json
 
     out = ctx.path(output, "output")
-    kind = open_bundle(ctx.path(bundle, "bundle")).manifest.get("family_kind", "decoder")
-    role = _str(role, "role") if role is not None else ("decode" if kind == "decoder" else "encoder")
-    pipe = _pipeline(ctx, kind, bundle, kernel_bindings, engine="torch")
+    role = _str(role, "role") if role is not None else None
+    pipe = _pipeline(ctx, None, bundle, kernel_bindings, engine="torch")  # the bundle's family kind decides
+    if role is None:
+        role = "decode" if pipe.KIND == "decoder" else "encoder"
     report = profile_pipeline(pipe, role, _int(context, "context", 1), _int(steps, "steps", 1), prompt,
                               progress=ctx.progress)
     write_json(out, report)
@@ -602,7 +595,7 @@ def action_params(action: str) -> tuple[list[str], list[str]]:
 
 def check_params(action: str, params: Any, where: str) -> None:
     """Missing or unknown params fail with one line naming them."""
-    from mcore.fileio import check_fields
+    from mcore import check_fields
 
     req, opt = action_params(action)
     check_fields(params, where, set(req), set(opt))
@@ -611,7 +604,7 @@ def check_params(action: str, params: Any, where: str) -> None:
 def run_action(ctx: ActionContext, action: str, params: dict[str, Any]) -> tuple[Optional[dict], Optional[str]]:
     """Run one action: (results, None) on success, (None, error text) on a UserError.
 
-    Cancellation (mcore.errors.Cancelled) and programming errors propagate.
+    Cancellation (mcore.Cancelled) and programming errors propagate.
     """
     from .registry import REGISTRY
 

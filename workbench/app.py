@@ -24,8 +24,7 @@ from textual.screen import ModalScreen
 from textual.binding import Binding
 from textual.css.query import NoMatches
 
-from mcore.errors import Cancelled, UserError
-from mcore.progress import CancelToken, Progress
+from mcore import CancelToken, Cancelled, Progress, UserError
 
 from .commands import WorkbenchCommands
 from .registry import REGISTRY

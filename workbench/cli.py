@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
-from mcore.errors import Cancelled, UserError
+from mcore import Cancelled, UserError
 
 PROG = "workbench"
 DEFAULT_TUTORIAL = "qwen-recipe"
@@ -155,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:
-        from mcore.fileio import stdout_failed
+        from mcore import stdout_failed
 
         return stdout_failed(PROG, e)
     except UserError as e:

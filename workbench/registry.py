@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from mcore.errors import UserError
+from mcore import UserError
 
 from . import actions as A
 
@@ -55,7 +55,7 @@ class ActionSpec:
 # ---------------------------------------------------------------------------- results -> state
 
 def _apply_capture_graph(st: WorkbenchState, params: Params, results: Params) -> None:
-    from mcore.graph.snapshot import load_snapshot
+    from mcore import load_snapshot
 
     snap = load_snapshot(st.path(results["snapshot"]))
     if st.snapshot is None or st.snapshot["fingerprint"] != snap["fingerprint"]:
@@ -80,7 +80,7 @@ def _apply_nothing(st: WorkbenchState, params: Params, results: Params) -> None:
 
 
 def _apply_selection(st: WorkbenchState, params: Params, results: Params) -> None:
-    from mcore.selection import load_receipt
+    from mcore import load_receipt
 
     st.receipt = load_receipt(st.path(results["receipt"]))
     st.receipt_path = results["receipt"]
@@ -106,7 +106,7 @@ def _apply_write_bindings(st: WorkbenchState, params: Params, results: Params) -
 
 
 def _apply_build_bundle(st: WorkbenchState, params: Params, results: Params) -> None:
-    from mcore.selection import load_receipt
+    from mcore import load_receipt
 
     arm = "slot" if (params.get("recipe") or params.get("graph_patch")) else "native"
     st.bundles[arm] = dict(results, params=params)
@@ -156,7 +156,7 @@ def _apply_gate_logits(st: WorkbenchState, params: Params, results: Params) -> N
 
 
 def _apply_profile(st: WorkbenchState, params: Params, results: Params) -> None:
-    from mcore.fileio import read_json
+    from mcore import read_json
 
     st.profile = read_json(st.path(results["profile"]), "profile")
     st.profile_path = results["profile"]

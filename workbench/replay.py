@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from mcore.errors import Cancelled, UserError
-from mcore.progress import NO_PROGRESS, Progress
+from mcore import NO_PROGRESS, Cancelled, Progress, UserError
 
 from .actions import TRUST_FLAG, ActionContext, check_step_paths
 from .registry import REGISTRY
@@ -195,7 +194,7 @@ def graph_note(step: Step, results: Optional[dict], header: Optional[dict]) -> l
     """Why a recorded graph fingerprint differs, when it can be said: the torch that recorded the
     session against the one replaying it, and (for a capture) the op counts that changed. The
     fingerprint leaves tool versions out, so a difference here is a real graph difference."""
-    from mcore.graph.capture import tool_versions
+    from mcore import tool_versions
 
     out = []
     exp_ops, act_ops = step.results.get("ops"), (results or {}).get("ops")

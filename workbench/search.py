@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from mcore.graph.display import node_matches
+from mcore import node_matches
 
 GLOB_CHARS = "*?["
 

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from mcore.errors import UserError
-from mcore.fileio import check_fields, read_json, write_json
+from mcore import UserError, check_fields, read_json, write_json
 
 SESSION_SCHEMA_VERSION = 1
 SESSION_KIND = "mcore.workbench_session"

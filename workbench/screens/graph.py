@@ -14,9 +14,7 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Input, OptionList, Static, Tree
 from textual.widgets.option_list import Option
 
-from mcore.graph.display import module_tree
-from mcore.graph.snapshot import SnapshotIndex
-from mcore.recipes import recipe_rows
+from mcore import SnapshotIndex, module_tree, recipe_rows
 
 from ..search import is_glob, node_hit, path_hit
 from .base import WorkbenchScreen

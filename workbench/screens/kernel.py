@@ -18,7 +18,7 @@ from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Input, Label, RichLog, Static, TextArea
 
-from mcore.graph.display import abi_lines
+from mcore import abi_lines
 
 from .base import KeyButtons, WorkbenchScreen
 

@@ -16,8 +16,7 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, OptionList, Select, Static
 from textual.widgets.option_list import Option
 
-from mcore.buildargs import LAYOUTS, PRECISIONS, WEIGHTS, BuildArgs
-from mcore.errors import UserError
+from mcore import LAYOUTS, PRECISIONS, WEIGHTS, BuildArgs, UserError
 
 from .base import WorkbenchScreen
 
@@ -25,7 +24,7 @@ DEVICES = ("auto", "cpu", "cuda")  # auto: the bundle's device, else CUDA when p
 
 
 def demo_models() -> list[str]:
-    from mcore.families.demo import demo_names
+    from mcore import demo_names
 
     return [f"demo:{n}" for n in demo_names()]
 
@@ -245,7 +244,7 @@ class ModelScreen(WorkbenchScreen):
 
     @work(thread=True, exclusive=True, group="resolve")
     def resolve_family(self, args: BuildArgs, serial: int) -> None:
-        from mcore.graph.capture import resolve
+        from mcore import resolve
 
         try:
             _source, family, _gargs = resolve(args)

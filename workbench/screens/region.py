@@ -1,5 +1,5 @@
 """Region screen: pick a recipe instance or use the nodes marked by hand; every change is
-validated live with mcore.selection.select_region (the failed rule and the offending node or
+validated live with mcore.select_region (the failed rule and the offending node or
 tensor are named); the ordered ABI table and its hash; `s` saves the receipt through the
 select_recipe / select_nodes action."""
 
@@ -15,11 +15,16 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widget import Widget
 from textual.widgets import DataTable, Input, Label, Static
 
-from mcore.errors import UserError
-from mcore.graph.display import abi_lines
-from mcore.profile import CANDIDATE_BINDING
-from mcore.recipes import find_recipe, recipe_rows, select_recipe
-from mcore.selection import RegionError, select_region
+from mcore import (
+    CANDIDATE_BINDING,
+    RegionError,
+    UserError,
+    abi_lines,
+    find_recipe,
+    recipe_rows,
+    select_recipe,
+    select_region,
+)
 
 from .base import WorkbenchScreen
 

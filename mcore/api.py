@@ -1,0 +1,33 @@
+"""Helpers that exist for mcore's public API (see mcore/__init__.py).
+
+Imported lazily through ``mcore.open_pipeline``; importing this module imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional, Union
+
+from .bundle import Bundle, check_runnable, open_bundle
+from .families import get_family
+from .pipeline import DecoderPipeline, EncoderPipeline, Pipeline
+from .progress import NO_PROGRESS, Progress
+
+
+def open_pipeline(bundle: Union[str, os.PathLike, Bundle], kernel_bindings: Optional[str] = None, *,
+                  device: Optional[str] = None, engine: str = "auto", progress: Progress = NO_PROGRESS,
+                  announce: Optional[Callable[[str], None]] = None) -> Pipeline:
+    """The pipeline a bundle's family kind calls for: DecoderPipeline for a decoder bundle,
+    EncoderPipeline for an encoder one. ``bundle`` is a path (opened and verified here) or an
+    already opened Bundle (not re-read). The kind is the manifest's ``family_kind``, else the
+    family's own kind (the same rule the pipelines use to refuse the wrong verb)."""
+    if isinstance(bundle, Bundle):
+        b, path = bundle, str(bundle.path)
+    else:
+        b, path = open_bundle(bundle), os.fspath(bundle)
+    m = b.manifest
+    check_runnable(m, str(b.path))
+    kind = m.get("family_kind") or get_family(m["family"]).kind
+    cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
+    return cls(path, kernel_bindings=kernel_bindings, device=device, engine=engine, progress=progress,
+               announce=announce, bundle=b)
