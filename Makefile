@@ -23,10 +23,11 @@ demo-cli: setup
 
 test: setup
 	$(VENV)/bin/ruff check mcore workbench tests bench kernels
+	$(VENV)/bin/mypy  # [tool.mypy] in pyproject.toml names the package (mcore)
 	$(PY) -m pytest -q
 
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu
 
 clean:
-	rm -rf artifacts .pytest_cache
+	rm -rf artifacts .pytest_cache .mypy_cache

@@ -206,15 +206,15 @@ def bind_slots(manifest_path: Optional[str | os.PathLike], slots: list[dict],
             raise UserError(f"{manifest_path}: unknown binding {b.id}: the bundle has no slot with that ID "
                             f"(its slots: {known}); remove the entry or use the matching bundle")
     for sid, slot in by_id.items():
-        b = entries.get(sid)
-        if b is None:
+        entry = entries.get(sid)
+        if entry is None:
             raise UserError(f"slot {_slots_named(groups[sid])} (engine role {slot['engine_role']}) is not bound; pass "
                             f"--kernel-bindings with an entry for it (id {sid}, abi_sha256 {slot['abi_sha256']})")
-        if b.abi_sha256 != slot["abi_sha256"]:
-            raise UserError(f"slot {_slots_named(groups[sid])}: ABI hash mismatch: manifest has {b.abi_sha256} but the bundle slot "
+        if entry.abi_sha256 != slot["abi_sha256"]:
+            raise UserError(f"slot {_slots_named(groups[sid])}: ABI hash mismatch: manifest has {entry.abi_sha256} but the bundle slot "
                             f"expects {slot['abi_sha256']}; use the abi_sha256 from the selection receipt")
-        if not b.library_path.is_file():
-            raise UserError(f"{b.library_path}: DSO for slot {sid} not found; copy the kernel library there "
+        if not entry.library_path.is_file():
+            raise UserError(f"{entry.library_path}: DSO for slot {sid} not found; copy the kernel library there "
                             f"or fix field library in {manifest_path}")
 
     bound: dict[str, BoundKernel] = {}

@@ -79,8 +79,10 @@ def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str
                             f"{family.name} (roles: {', '.join(family.roles)}); select on a snapshot of this model")
     caps: dict[str, Captured] = {}
     for i, role in enumerate(family.roles):
-        sub = Progress(lambda s, f, i=i: progress.report(f"[{role}] {s}", 0.05 + 0.5 * (i + f) / len(family.roles)),
-                       progress.token)
+        def report(s: str, f: float, i: int = i) -> None:
+            progress.report(f"[{role}] {s}", 0.05 + 0.5 * (i + f) / len(family.roles))
+
+        sub = Progress(report, progress.token)
         caps[role] = capture(args, role, sub, resolved=(source, family, gargs))
     receipts: list[dict[str, Any]] = []
     if recipe:

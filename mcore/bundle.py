@@ -178,7 +178,7 @@ _MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
     "graph_args": (dict,), "device": (str, type(None)), "roles": (dict,), "weights": (dict,),
     "special_tokens": (dict,), "tool_versions": (dict,), "built_on": (dict,),
 }
-_TYPE_WORDS = {str: "a string", dict: "an object", list: "a list"}
+_TYPE_WORDS: dict[type, str] = {str: "a string", dict: "an object", list: "a list"}
 
 
 class _HashingWriter:

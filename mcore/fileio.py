@@ -9,7 +9,7 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import AbstractSet, Any, Callable
 
 from .errors import UserError
 
@@ -23,7 +23,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: 
     fd, tmp = _temp_beside(path)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it (mkstemp's 0600 is for secrets)
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -181,7 +181,11 @@ def install_file(path: str | os.PathLike, data: bytes | Path, overwrite: bool = 
 
 
 def write_json(path: str | os.PathLike, data: Any) -> Path:
-    return atomic_write(path, lambda f: (json.dump(data, f, indent=2, sort_keys=False), f.write("\n")))
+    def write(f: Any) -> None:
+        json.dump(data, f, indent=2, sort_keys=False)
+        f.write("\n")
+
+    return atomic_write(path, write)
 
 
 def canonical_json(data: Any) -> str:
@@ -224,7 +228,7 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
     return parse_json(read_input_text(path, what), str(path), what)
 
 
-def check_fields(obj: Any, where: str, required: set[str], optional: set[str] = frozenset()) -> None:
+def check_fields(obj: Any, where: str, required: set[str], optional: AbstractSet[str] = frozenset()) -> None:
     """Missing or unknown fields fail with a message naming them."""
     if not isinstance(obj, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}")

@@ -123,7 +123,7 @@ class Pipeline:
                 raise UserError(f"{bundle_path}: the {role} graph this mcore captures ({cap.snapshot['fingerprint'][:12]}…) "
                                 f"differs from the bundle's ({expected[:12]}…); rebuild the bundle with this mcore")
             module = self.family.role_module(self.core, role)
-            state = dict(module.named_parameters(remove_duplicate=False))
+            state: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
             state.update(dict(module.named_buffers(remove_duplicate=False)))
             slots = []
             for slot in m["kernel_slots"]:

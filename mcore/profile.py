@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 import torch
 from torch import fx
@@ -102,19 +102,20 @@ class _TimedInterpreter(fx.Interpreter):
         if n.op != "call_function":
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
+        target = cast(Callable[..., Any], n.target)  # a call_function node's target is the callable itself
         if self.ranges:
             with torch.profiler.record_function(_RANGE + n.name):
-                out = n.target(*args, **kwargs)
+                out = target(*args, **kwargs)
         else:
             _sync(self.device)
             t = time.perf_counter()
-            out = n.target(*args, **kwargs)  # only the op itself: the interpreter's own work stays outside
+            out = target(*args, **kwargs)  # only the op itself: the interpreter's own work stays outside
             _sync(self.device)
             self.seconds[n.name] += time.perf_counter() - t
         if n.name not in self.bytes:
-            args = [self.env[a] for a in n.all_input_nodes if a in self.env]
-            self.bytes[n.name] = _node_bytes(n, args, out)
-            self.flops[n.name] = _node_flops(n, args, out)
+            inputs = [self.env[a] for a in n.all_input_nodes if a in self.env]
+            self.bytes[n.name] = _node_bytes(n, inputs, out)
+            self.flops[n.name] = _node_flops(n, inputs, out)
         return out
 
 
@@ -256,7 +257,7 @@ def _attribute(pipe: Any, role: str, gm: fx.GraphModule, node_s: dict[str, float
     by_name = {n["name"]: n for n in snap["nodes"]}
     bw = copy_bandwidth(pipe.device)
     fx_nodes = {n.name: n for n in gm.graph.nodes}
-    nodes = []
+    nodes: list[dict[str, Any]] = []
     for name, s in node_s.items():
         sn = by_name.get(name)
         fxn = fx_nodes.get(name)
@@ -290,13 +291,13 @@ def _attribute(pipe: Any, role: str, gm: fx.GraphModule, node_s: dict[str, float
                "flops": sum(m["flops"] for m in members), "calls": len(members)}
         row["output_shape_input"] = r.get("output_shape_input")
         recipes.append(_rates(row, total, bw))
-    slots = defaultdict(lambda: {"seconds": 0.0, "bytes": 0, "flops": 0, "calls": 0})
+    slots: dict[str, dict[str, Any]] = defaultdict(lambda: {"seconds": 0.0, "bytes": 0, "flops": 0, "calls": 0})
     for n in nodes:
         if n["binding_id"]:
-            s = slots[n["binding_id"]]
-            s["seconds"] += n["seconds"]
-            s["bytes"] += n["bytes"]
-            s["calls"] += 1
+            slot = slots[n["binding_id"]]
+            slot["seconds"] += n["seconds"]
+            slot["bytes"] += n["bytes"]
+            slot["calls"] += 1
     slot_rows = [_rates(dict(binding_id=b, **r), total, bw) for b, r in slots.items()]
     m = pipe.manifest
     return {

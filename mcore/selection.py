@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
-from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from .errors import UserError
@@ -331,7 +331,7 @@ def check_slot_types(slot: Any, where: str) -> None:
     rec = slot.get("recipe")
     need(rec is None or (isinstance(rec, dict) and isinstance(rec.get("id"), str)
                          and isinstance(rec.get("instance"), str)), "recipe", "null or {id, instance}")
-    abi = slot.get("abi")
+    abi: Any = slot.get("abi")  # a dict once need() below has passed
     need(isinstance(abi, dict) and isinstance(abi.get("call"), str), "abi", "an object with call, inputs and outputs")
     for side in ("inputs", "outputs"):
         entries = abi.get(side)
@@ -366,5 +366,5 @@ def check_receipt(receipt: Any, where: str) -> dict[str, Any]:
     return receipt
 
 
-def load_receipt(path: str | Path) -> dict[str, Any]:
+def load_receipt(path: str | os.PathLike) -> dict[str, Any]:
     return check_receipt(read_json(path, "selection receipt"), str(path))

@@ -108,7 +108,9 @@ class TextTokenizer:
         """The text of a special token (`bos_token`, `cls_token`, ...) from tokenizer_config.json."""
         return token_text(self.config.get(name)) if name in self.config else default
 
-    def _id(self, text: str, field: str) -> int:
+    def _id(self, text: Optional[str], field: str) -> int:
+        if text is None:  # `"cls_token": null` or a non-string in tokenizer_config.json
+            raise UserError(f"{self.where}: tokenizer_config.json field {field!r} must be a token string")
         i = self.tok.token_to_id(text)
         if i is None:
             raise UserError(f"{self.where}: {field} {text!r} is not in tokenizer.json's vocabulary; fix tokenizer_config.json")

@@ -178,8 +178,8 @@ def compare_embeddings(a: Any, b: Any, max_abs: float = 0.02, min_cosine: float 
                           [f"values={len(native)} max_abs={max_abs_value:.6g} cosine=undefined (an embedding is all zeros)"])
     cosine = sum(x * y for x, y in zip(native, byok)) / denominator
     stats = f"values={len(native)} max_abs={max_abs_value:.6g} cosine={cosine:.9f}"
-    details = {"values": len(native), "max_abs": max_abs_value, "cosine": cosine,
-               "max_abs_limit": max_abs, "min_cosine": min_cosine}
+    details: dict[str, Any] = {"values": len(native), "max_abs": max_abs_value, "cosine": cosine,
+                               "max_abs_limit": max_abs, "min_cosine": min_cosine}
     if max_abs_value > max_abs or cosine < min_cosine:
         reasons = []
         if max_abs_value > max_abs:

@@ -30,13 +30,13 @@ def cmd_build(ns: argparse.Namespace) -> int:
     print(f"bundle written to {res.bundle_path}")
     for role, r in m["roles"].items():
         print(f"role {role}: fingerprint={r['fingerprint']}")
-    if res.receipt:
+    if res.receipt:  # the first kernel slot's receipt: present whenever there are slots
         for line in abi_lines(res.receipt):
             print(line)
-    if len(m["kernel_slots"]) > 1:
-        print(f"kernel slots: {len(m['kernel_slots'])} of binding {res.receipt['binding_id']} "
-              f"(one bindings-manifest entry binds them all): "
-              + ", ".join(s["recipe"]["instance"] for s in m["kernel_slots"] if s.get("recipe")))
+        if len(m["kernel_slots"]) > 1:
+            print(f"kernel slots: {len(m['kernel_slots'])} of binding {res.receipt['binding_id']} "
+                  f"(one bindings-manifest entry binds them all): "
+                  + ", ".join(s["recipe"]["instance"] for s in m["kernel_slots"] if s.get("recipe")))
     for path in res.receipt_paths:
         print(f"selection receipt written to {path}")
     if not m["kernel_slots"]:

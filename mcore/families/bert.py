@@ -103,6 +103,7 @@ class Embeddings(nn.Module):
         kw = dict(dtype=dtype, device=device)
         self.word_embeddings = nn.Embedding(d.vocab_size, d.hidden_size, **kw)
         self.position_embeddings = nn.Embedding(d.max_position_embeddings, d.hidden_size, **kw)
+        self.token_type_embeddings: Optional[nn.Embedding]
         if d.type_vocab_size:
             self.token_type_embeddings = nn.Embedding(d.type_vocab_size, d.hidden_size, **kw)
         else:
@@ -188,6 +189,8 @@ class EncoderCore(nn.Module):
 
 class EncoderRole(nn.Module):
     """The `encoder` role: forward(input_ids, attention_mask) -> hidden_states."""
+
+    encoder: nn.Module  # the EncoderCore, set by role_module
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.encoder(input_ids, attention_mask)

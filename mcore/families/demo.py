@@ -126,13 +126,13 @@ def build_tokenizer(specials_first: list[str], specials_last: list[str], vocab_s
     n_merges = vocab_size - len(specials_first) - 256 - len(specials_last)
     merges = train_bpe(DEMO_TEXT, n_merges)
     vocab: dict[str, int] = {}
-    for tok in specials_first + alphabet:
-        vocab[tok] = len(vocab)
+    for text in specials_first + alphabet:
+        vocab[text] = len(vocab)
     for a, b in merges:
         if a + b not in vocab:
             vocab[a + b] = len(vocab)
-    for tok in specials_last:
-        vocab[tok] = len(vocab)
+    for text in specials_last:
+        vocab[text] = len(vocab)
     model = models.BPE(vocab=vocab, merges=merges, unk_token="[UNK]" if encoder else None)
     tok = Tokenizer(model)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -170,7 +170,10 @@ class _Draw:
         return self.uniform(shape, scale) + 1.0
 
 
-def _weights(spec: list[tuple[str, tuple[int, ...], str, float]], seed: int) -> dict[str, torch.Tensor]:
+WeightSpec = list[tuple[str, tuple[int, ...], str, float]]  # (name, shape, "w" or "one", scale)
+
+
+def _weights(spec: WeightSpec, seed: int) -> dict[str, torch.Tensor]:
     """spec: (name, shape, kind in {'w', 'one'}, scale); drawn in sorted-name order."""
     d = _Draw(seed)
     out: dict[str, torch.Tensor] = {}
@@ -216,7 +219,7 @@ def _qwen3_tiny() -> dict:
         "pad_token_id": None,
         "dtype": "float32",
     }
-    spec = [("model.embed_tokens.weight", (vocab, HID), "w", 1.0), ("lm_head.weight", (vocab, HID), "w", 0.3)]
+    spec: WeightSpec = [("model.embed_tokens.weight", (vocab, HID), "w", 1.0), ("lm_head.weight", (vocab, HID), "w", 0.3)]
     spec.append(("model.norm.weight", (HID,), "one", 0.1))
     for i in range(L):
         p = f"model.layers.{i}."

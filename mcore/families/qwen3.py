@@ -17,7 +17,7 @@ attends over the updated caches through mcore::decode_attention (see mcore/ops.p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -238,6 +238,9 @@ class DecoderLayer(nn.Module):
 class Qwen3Core(nn.Module):
     """The Qwen3 model. forward(input_ids, cache_length or None, caches) -> FP32 logits [1, vocab]."""
 
+    rope_cos: torch.Tensor  # buffers registered in __init__
+    rope_sin: torch.Tensor
+
     def __init__(self, d: Qwen3Dims, dtype: torch.dtype, max_cache_length: int, device) -> None:
         super().__init__()
         self.dims = d
@@ -359,7 +362,7 @@ class Qwen3Family(Family):
 
     def role_module(self, core: nn.Module, role: str) -> nn.Module:
         self._check_role(role)
-        m = _role_class(role, core.dims.num_layers)()
+        m = _role_class(role, cast(Qwen3Core, core).dims.num_layers)()
         m.decoder = core
         return m
 
@@ -397,7 +400,7 @@ class Qwen3Family(Family):
     def load_checkpoint(self, core: nn.Module, source: ModelSource) -> None:
         if source.path is None:
             raise UserError(f"{source.spec}: no checkpoint folder; use --weights random")
-        tied = core.dims.tie_word_embeddings
+        tied = cast(Qwen3Core, core).dims.tie_word_embeddings
 
         def map_name(n: str) -> Optional[str]:
             if n == "lm_head.weight":

@@ -53,7 +53,7 @@ def _hub_snapshot(repo_id: str, revision: Optional[str]) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:  # pragma: no cover - a declared dependency
-        snapshot_download = None
+        snapshot_download = None  # type: ignore[assignment]  # an optional import, checked below
     rev = f" at revision {revision}" if revision else ""
     how = (
         f"{repo_id}{rev} is not in the local Hugging Face cache; download it where the hub is reachable "

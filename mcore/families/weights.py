@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import AbstractSet, Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -121,7 +121,7 @@ def load_into(
     folder: str | Path,
     map_name: Callable[[str], Optional[str]],
     what: str,
-    optional: set[str] = frozenset(),
+    optional: AbstractSet[str] = frozenset(),
 ) -> None:
     """Copy checkpoint tensors into `core`'s parameters (cast to each parameter's dtype/device).
 

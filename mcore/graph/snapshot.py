@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
-from pathlib import Path
+import os
 from typing import Any
 
 import torch
@@ -260,7 +260,7 @@ _NODE_FIELDS = {"id", "op", "name", "module_path", "inputs", "outputs"}
 _TENSOR_FIELDS = {"id", "dtype", "shape", "location", "is_shape_tensor", "producer", "consumers"}
 
 
-def load_snapshot(path: str | Path) -> dict[str, Any]:
+def load_snapshot(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check a snapshot file; errors name the file and the field."""
     snap = read_json(path, "graph snapshot")
     where = str(path)
