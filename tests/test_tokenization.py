@@ -152,3 +152,16 @@ def test_chat_without_template_is_a_clear_error(ckpts, tmp_path, mcore):
     assert mcore("build", ckpts["qwen3"], "--max-cache-length", "64", "-o", bundle).code == 0
     res = mcore("run", bundle, "--prompt", "hi", "--chat", "--max-new-tokens", "2")
     assert_user_error(res, "no chat template", "run without --chat")
+
+
+@pytest.mark.parametrize("field,value", [("cls_token", None), ("sep_token", 7)])
+def test_bert_special_token_of_the_wrong_type_is_one_line(ckpts, field, value):
+    # a published BERT tokenizer_config names its special tokens as strings; null or a number is a
+    # damaged file, said in one line (it was a TypeError from the tokenizers library)
+    from mcore.errors import UserError
+    from mcore.tokenization import TextTokenizer
+
+    folder = ckpts["bert"]
+    config = {**json.loads((folder / "tokenizer_config.json").read_text()), field: value}
+    with pytest.raises(UserError, match=f"tokenizer_config.json field '{field}' must be a token string"):
+        TextTokenizer((folder / "tokenizer.json").read_text(), config, "bert", where=str(folder))
