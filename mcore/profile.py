@@ -174,11 +174,14 @@ def _node_flops(n: fx.Node, args: list[Any], out: Any) -> int:
 # ------------------------------------------------------------------------------------ profile
 
 def profile_pipeline(pipe: Any, role: str, context: int, steps: int, prompt: Optional[str] = None,
-                     progress: Progress = NO_PROGRESS, timing: str = "auto") -> dict[str, Any]:
+                     progress: Progress = NO_PROGRESS, timing: str = "auto",
+                     on_partial: Optional[Callable[[dict[str, Any]], None]] = None) -> dict[str, Any]:
     """Profile one role of a pipeline built with the `torch` engine: `steps` timed runs at `context`.
 
     `timing`: "auto" (kernel time on CUDA, wall clock on CPU), "kernel", "profiler-cpu" (the
-    profiler's CPU time per node range: the kernel path's bookkeeping, testable without a GPU) or "wall"."""
+    profiler's CPU time per node range: the kernel path's bookkeeping, testable without a GPU) or "wall".
+    `on_partial`, if given, receives after each step the nodes and modules attributed so far
+    (medians over the steps done; no recipes or candidates), for views that fill in live."""
     if pipe.engine_name != "torch":
         raise UserError("profiling attributes time node by node: build the pipeline with engine='torch'")
     if role not in pipe.runners:
@@ -217,10 +220,14 @@ def profile_pipeline(pipe: Any, role: str, context: int, steps: int, prompt: Opt
                 interp.run(*prepared.state_args, *inputs)
                 node_s = dict(interp.seconds)
             per_step.append(node_s)
+            if on_partial is not None:
+                part = _attribute(pipe, role, prepared.gm, _medians(per_step), interp.bytes, interp.flops,
+                                  statistics.median(step_totals), partial=True)
+                part.update(step=i + 1, steps=steps)
+                on_partial(part)
     progress.report("attributing", 0.95)
-    names = {name for s in per_step for name in s}
-    node_s = {name: statistics.median(s.get(name, 0.0) for s in per_step) for name in names}
-    report = _attribute(pipe, role, prepared.gm, node_s, interp.bytes, interp.flops, statistics.median(step_totals))
+    report = _attribute(pipe, role, prepared.gm, _medians(per_step), interp.bytes, interp.flops,
+                        statistics.median(step_totals))
     report["timing"] = {"kernel": "device time of each node's kernels and copies (CUDA profiler)",
                         "profiler-cpu": "CPU time inside each node's profiler range",
                         "wall": "wall clock per node between device synchronisations"}[timing]
@@ -251,8 +258,13 @@ def _role_inputs(pipe: Any, role: str, context: int, prompt: Optional[str]) -> t
     return (pipe.step_ids, pipe.cache_length, *caches)
 
 
+def _medians(per_step: list[dict[str, float]]) -> dict[str, float]:
+    names = {name for s in per_step for name in s}
+    return {name: statistics.median(s.get(name, 0.0) for s in per_step) for name in names}
+
+
 def _attribute(pipe: Any, role: str, gm: fx.GraphModule, node_s: dict[str, float], node_bytes: dict[str, int],
-               node_flops: dict[str, int], step_s: float) -> dict[str, Any]:
+               node_flops: dict[str, int], step_s: float, partial: bool = False) -> dict[str, Any]:
     snap = pipe.snapshots[role]
     by_name = {n["name"]: n for n in snap["nodes"]}
     bw = copy_bandwidth(pipe.device)
@@ -282,6 +294,15 @@ def _attribute(pipe: Any, role: str, gm: fx.GraphModule, node_s: dict[str, float
     module_rows = [dict(path=p, **r) for p, r in modules.items()]
     for r in module_rows:
         _rates(r, total, bw)
+    m = pipe.manifest
+    head = {"schema_version": SCHEMA_VERSION, "kind": "mcore-profile", "role": role,
+            "bundle": {"model": m["model"]["spec"], "fingerprint": m["roles"][role]["fingerprint"],
+                       "build_args": m["build_args"]},
+            "device": device_facts(pipe.device)}
+    if partial:  # what a live view needs; recipes and candidates come with the whole report
+        return {**head, "partial": True, "step_seconds": step_s, "attributed_seconds": total,
+                "nodes": sorted(nodes, key=lambda n: -n["seconds"]),
+                "modules": sorted(module_rows, key=lambda r: -r["seconds"])}
     by_id = {n["id"]: n for n in nodes if n["id"]}
     recipes = []
     for r in snap.get("recipes", []):
@@ -299,12 +320,8 @@ def _attribute(pipe: Any, role: str, gm: fx.GraphModule, node_s: dict[str, float
             slot["bytes"] += n["bytes"]
             slot["calls"] += 1
     slot_rows = [_rates(dict(binding_id=b, **r), total, bw) for b, r in slots.items()]
-    m = pipe.manifest
     return {
-        "schema_version": SCHEMA_VERSION, "kind": "mcore-profile", "role": role,
-        "bundle": {"model": m["model"]["spec"], "fingerprint": m["roles"][role]["fingerprint"],
-                   "build_args": m["build_args"]},
-        "device": device_facts(pipe.device),
+        **head,
         "versions": {"mcore": __version__, "torch": torch.__version__,
                      "cuda": torch.version.cuda if pipe.device.type == "cuda" else None},
         "engine": "torch (op by op; the compiled engine fuses these nodes into fewer kernels)",

@@ -152,3 +152,19 @@ def test_gpu_profile_charges_kernel_time_not_launch_latency(bundles):
     assert 0 < p["attributed_seconds"] < p["step_seconds"]
     att = [n for n in p["nodes"] if n["op"] == "mcore.decode_attention.default"]
     assert att and all(n["seconds"] > 0 for n in att)
+
+
+def test_partial_views_fill_in_step_by_step(bundles):
+    """`on_partial` sees the attribution grow one step at a time; the last view is the report's."""
+    from mcore.pipeline import DecoderPipeline
+    from mcore.profile import profile_pipeline
+
+    qwen, _ = bundles
+    pipe = DecoderPipeline(qwen.bundle_path, device="cpu", engine="torch")
+    seen = []
+    report = profile_pipeline(pipe, "decode", 30, 3, on_partial=seen.append)
+    assert [(p["step"], p["steps"], p["partial"]) for p in seen] == [(1, 3, True), (2, 3, True), (3, 3, True)]
+    assert all("candidates" not in p and p["modules"] and p["nodes"] for p in seen)
+    last = seen[-1]
+    assert {n["name"]: n["seconds"] for n in last["nodes"]} == {n["name"]: n["seconds"] for n in report["nodes"]}
+    assert last["attributed_seconds"] == pytest.approx(report["attributed_seconds"])

@@ -71,9 +71,22 @@ async def test_profile_lists_candidates_and_selects_one_into_the_region_screen(b
         await pilot.pause(0.1)
         assert app.screen.SCREEN_NAME == "profile"
         assert "Press r to profile" in text_of(app, "#profile-empty")
+        # while it runs, the bars fill in step by step (labelled live) before the candidates come
+        live: list[str] = []
+        real = app.screen.refresh_view
+
+        def watch() -> None:
+            real()
+            if app.busy == "profile" and app.state.profile_partial is not None:
+                live.append(text_of(app, "#profile-head") + "\n" + text_of(app, "#bars-modules"))
+
+        app.screen.refresh_view = watch
         await pilot.press("r")
         await wait(pilot, lambda: app.last_outcome is not None and not app.busy)
         assert app.last_outcome.kind == "ok", app.last_outcome.error
+        assert any("live: step 1/3" in t for t in live) and any("live: step 3/3" in t for t in live)
+        assert all("time by module" in t for t in live)
+        assert "live:" not in text_of(app, "#profile-head") and table_names(app)
         report = json.loads((tmp_path / "profile-decode.json").read_text())
         assert report["kind"] == "mcore-profile" and report["role"] == "decode"
         assert report["bundle"]["fingerprint"] == app.state.snapshot["fingerprint"]

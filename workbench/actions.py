@@ -37,6 +37,7 @@ class ActionContext:
     workdir   folder that relative paths in params resolve against (created if missing)
     progress  mcore Progress (report + cancellation); long actions report through it
     on_sample optional (arm, index, value) callback: the perf gate streams each measured run
+    on_partial optional callback: the profile streams what it has attributed after each step
     log       optional one-line text log (also receives the "loading native code" notice)
     device    optional device for pipelines ("cpu", "cuda", "cuda:N"); None = the bundle's, else auto
     confined  the params are someone else's (a replayed session): every path must stay inside the
@@ -50,6 +51,7 @@ class ActionContext:
     workdir: Path
     progress: Progress = field(default_factory=Progress)
     on_sample: Optional[SampleFn] = None
+    on_partial: Optional[Callable[[dict], None]] = None
     log: Optional[LogFn] = None
     device: Optional[str] = None
     confined: bool = False
@@ -535,7 +537,7 @@ def profile(ctx: ActionContext, bundle: str, output: str, role: Optional[str] = 
     if role is None:
         role = "decode" if pipe.KIND == "decoder" else "encoder"
     report = profile_pipeline(pipe, role, _int(context, "context", 1), _int(steps, "steps", 1), prompt,
-                              progress=ctx.progress)
+                              progress=ctx.progress, on_partial=ctx.on_partial)
     write_json(out, report)
     ctx.say(f"profile written: {ctx.rel(out)} ({len(report['candidates'])} candidate regions)")
     ident = [_candidate_ident(c) for c in report["candidates"]]

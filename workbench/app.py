@@ -76,6 +76,7 @@ class WorkbenchState:
     logits: Optional[dict[str, Any]] = None  # the last gate_logits results (decoders)
     profile: Optional[dict[str, Any]] = None  # the last profile report (mcore.profile's JSON)
     profile_path: Optional[str] = None
+    profile_partial: Optional[dict[str, Any]] = None  # what a running profile has attributed so far
     chat: bool = False  # generate through the checkpoint's chat template
     trusted: set[str] = field(default_factory=set)
     samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})
@@ -511,6 +512,8 @@ class WorkbenchApp(App):
         self.busy_label = label or action.replace("_", " ")
         if action == "gate_perf":
             self.state.samples = {"native": [], "external": []}
+        if action == "profile":
+            self.state.profile_partial = None
         self.progress_step = "starting"
         self.progress_fraction = 0.0
         self.last_error = None
@@ -557,10 +560,14 @@ class WorkbenchApp(App):
         def log(line: str) -> None:
             self._call_ui(self._on_log, line)
 
+        def on_partial(data: dict) -> None:
+            self._call_ui(self._on_partial, action, data)
+
         outcome = ActionOutcome(action, params)
         try:
             ctx = actions.ActionContext(workdir=self.state.workdir, progress=Progress(progress, token),
-                                        on_sample=on_sample, log=log, device=self.state.device)
+                                        on_sample=on_sample, on_partial=on_partial, log=log,
+                                        device=self.state.device)
             results, error = actions.run_action(ctx, action, params)
             if error is not None:
                 outcome.kind, outcome.error = "user", error
@@ -600,6 +607,11 @@ class WorkbenchApp(App):
         else:
             ys.append(float(value))
         self._hook("on_action_sample", arm, index, value)
+
+    def _on_partial(self, action: str, data: dict) -> None:
+        if self.busy == action == "profile":
+            self.state.profile_partial = data
+            self._hook("refresh_view")
 
     def _on_log(self, line: str) -> None:
         self.state.log.append(line)

@@ -83,6 +83,9 @@ class ProfileScreen(WorkbenchScreen):
         if not self.is_mounted:
             return
         p = self.state.profile
+        live = self.state.profile_partial if self.wb.busy == "profile" else None
+        if live is not None:  # a running profile: its bars fill in step by step
+            p = live
         self.query_one("#profile-main").display = p is not None
         empty = self.query_one("#profile-empty", Static)
         empty.display = p is None
@@ -101,6 +104,13 @@ class ProfileScreen(WorkbenchScreen):
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append(f"Profile {p['role']}{ctx}", style="bold")
         head.append(f" · {p['bundle']['model']} · {len(p['nodes'])} nodes timed op by op on {p['device']['name']}")
+        if p.get("partial"):
+            head.append(f" · live: step {p['step']}/{p['steps']}, candidates when done (x cancels)", style="yellow")
+            self.query_one("#profile-head", Static).update(head)
+            self.query_one("#bars-modules", Static).update(share_bars(module_rows(p, top), half, "time by module"))
+            self.query_one("#bars-ops", Static).update(share_bars(op_rows(p, top), half, "time by op"))
+            self.query_one("#candidates", DataTable).clear()
+            return
         if self.state.profile_path:
             head.append(f" · {self.state.show_path(self.state.profile_path)}", style="dim")
         self.query_one("#profile-head", Static).update(head)
