@@ -9,7 +9,7 @@ import os
 from typing import Callable, Optional, Union
 
 from .bundle import Bundle, check_runnable, open_bundle
-from .families import get_family
+from .families import bundle_kind
 from .pipeline import DecoderPipeline, EncoderPipeline, Pipeline
 from .progress import NO_PROGRESS, Progress
 
@@ -27,7 +27,7 @@ def open_pipeline(bundle: Union[str, os.PathLike, Bundle], kernel_bindings: Opti
         b, path = open_bundle(bundle), os.fspath(bundle)
     m = b.manifest
     check_runnable(m, str(b.path))
-    kind = m.get("family_kind") or get_family(m["family"]).kind
+    kind = bundle_kind(m)
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
     return cls(path, kernel_bindings=kernel_bindings, device=device, engine=engine, progress=progress,
                announce=announce, bundle=b)

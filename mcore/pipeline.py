@@ -18,7 +18,7 @@ from .bundle import check_runnable, open_bundle
 from .bindings import bind_slots
 from .engines import get_engine, resolve_engine_name
 from .errors import UserError
-from .families import get_family
+from .families import bundle_kind, get_family
 from .families.base import ModelSource
 from .graph.capture import capture_cached
 from .graph.snapshot import TORCH_DTYPES
@@ -85,7 +85,7 @@ class Pipeline:
         self.manifest = m
         check_runnable(m, str(self.bundle.path))
         # the wrong verb is an input error: say so before any DSO is bound or weights load
-        kind = m.get("family_kind") or get_family(m["family"]).kind
+        kind = bundle_kind(m)
         if self.KIND is not None and kind != self.KIND:
             article, verb = ("an", "mcore embed") if kind == "encoder" else ("a", "mcore run")
             raise UserError(f"{self.bundle.path}: a {m.get('family')} bundle is {article} {kind}; use `{verb}`")

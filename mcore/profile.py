@@ -90,10 +90,10 @@ class _TimedInterpreter(fx.Interpreter):
     """Runs the graph node by node, adding each call_function node's time to `seconds` (wall clock
     between syncs), or, with `ranges`, marking each node as a profiler range for `profiled_seconds`."""
 
-    def __init__(self, gm: fx.GraphModule, device: torch.device, ranges: bool = False):
+    def __init__(self, gm: fx.GraphModule, device: torch.device):
         super().__init__(gm)
         self.device = device
-        self.ranges = ranges
+        self.ranges = False
         self.seconds: dict[str, float] = defaultdict(float)
         self.bytes: dict[str, int] = {}
         self.flops: dict[str, int] = {}
@@ -135,10 +135,8 @@ def profiled_seconds(interp: _TimedInterpreter, run: Callable[[], Any], device_t
     out: dict[str, float] = defaultdict(float)
     for ev in prof.events():
         if ev.name.startswith(_RANGE):
-            us = getattr(ev, "device_time_total", None)
-            if us is None:  # older torch
-                us = ev.cuda_time_total
-            out[ev.name[len(_RANGE):]] += (us if device_time else ev.cpu_time_total) / 1e6
+            us = ev.device_time_total if device_time else ev.cpu_time_total
+            out[ev.name[len(_RANGE):]] += us / 1e6
     return dict(out) if any(out.values()) else {}
 
 

@@ -21,23 +21,25 @@ def lockstep_logits(native_bundle: str, external_bundle: str, kernel_bindings: O
                     device: Optional[str] = None, engine: str = "auto",
                     progress: Progress = NO_PROGRESS, announce=None) -> GateResult:
     """PASS when every step's max |native - external| over the vocabulary is at most `max_abs`."""
+    from .bundle import open_bundle
     from .pipeline import DecoderPipeline, check_fits
 
     max_abs = check_threshold("--max-abs", max_abs, 0.0)
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {max_new_tokens} must be at least 1")
+    nb, eb = open_bundle(native_bundle), open_bundle(external_bundle)
+    cap = [(b.manifest.get("graph_args") or {}).get("max_cache_length") for b in (nb, eb)]
+    if eb.manifest["model"] != nb.manifest["model"] or cap[0] != cap[1]:  # before any DSO loads
+        raise UserError(f"{external_bundle} is not built from the same model and KV capacity as {native_bundle}; "
+                        "compare a slot bundle with its native twin")
     progress.report("loading the native pipeline", 0.0)
-    native = DecoderPipeline(native_bundle, device=device, engine=engine, progress=progress.part(0.0, 0.4))
+    native = DecoderPipeline(native_bundle, device=device, engine=engine, progress=progress.part(0.0, 0.4), bundle=nb)
     native.chat = chat
     ids = native.encode(prompt)
     check_fits(len(ids), max_new_tokens, native.capacity)
     progress.report("loading the external pipeline", 0.4)
-    kw = {"announce": announce} if announce else {}
     external = DecoderPipeline(external_bundle, kernel_bindings=kernel_bindings, device=device, engine=engine,
-                               progress=progress.part(0.4, 0.8), **kw)
-    if external.manifest["model"] != native.manifest["model"] or external.capacity != native.capacity:
-        raise UserError(f"{external_bundle} is not built from the same model and KV capacity as {native_bundle}; "
-                        "compare a slot bundle with its native twin")
+                               progress=progress.part(0.4, 0.8), announce=announce, bundle=eb)
     progress.report("native greedy run", 0.8)
     tokens = native.generate(prompt, max_new_tokens, greedy=True, stop_at_eos=False).tokens
     forced = tokens[:-1]  # the logits after the prompt pick tokens[0], after tokens[k-1] pick tokens[k]

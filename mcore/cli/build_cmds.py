@@ -47,19 +47,19 @@ def cmd_build(ns: argparse.Namespace) -> int:
 def _pipeline(ns: argparse.Namespace, kind: str, prompts: tuple[str, ...] = ()):
     from ..pipeline import DecoderPipeline, EncoderPipeline, bundle_tokenizer, check_fits, encode_prompt
     from ..bundle import check_runnable, open_bundle
-    from ..families import get_family
+    from ..families import bundle_kind
 
     bundle = open_bundle(ns.bundle)
     chat = getattr(ns, "chat", False)
     m = bundle.manifest
-    if kind == "decoder" and (m.get("family_kind") or get_family(m["family"]).kind) != "decoder":
+    if kind == "decoder" and bundle_kind(m) != "decoder":
         prompts = ()  # the wrong verb: the pipeline says which one to use
     if chat or prompts:  # no chat template, a prompt too long: the clear error before any DSO or weight loads
-        check_runnable(bundle.manifest, str(ns.bundle))
+        check_runnable(m, str(ns.bundle))
         tok = bundle_tokenizer(bundle, json.loads(bundle.read("config.json")), ns.bundle)
         if chat:
             tok.render_chat("")
-        capacity = (bundle.manifest.get("graph_args") or {}).get("max_cache_length")
+        capacity = (m.get("graph_args") or {}).get("max_cache_length")
         if isinstance(capacity, int):
             for p in prompts:
                 check_fits(len(encode_prompt(tok, p, chat)), ns.max_new_tokens, capacity)

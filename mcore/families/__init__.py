@@ -28,6 +28,11 @@ def get_family(name: str) -> Family:
         raise UserError(f"unknown model family {name!r}; supported: {', '.join(_FAMILIES)}") from None
 
 
+def bundle_kind(manifest: dict) -> str:
+    """decoder or encoder: the manifest's family_kind, else (older bundles) its family's kind."""
+    return manifest.get("family_kind") or get_family(manifest["family"]).kind
+
+
 def family_for_config(config: dict) -> Family:
     mt = config.get("model_type") if isinstance(config, dict) else None
     if not isinstance(mt, str) or mt not in _MODEL_TYPES:

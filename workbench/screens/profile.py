@@ -106,19 +106,14 @@ class ProfileScreen(WorkbenchScreen):
         head.append(f" · {p['bundle']['model']} · {len(p['nodes'])} nodes timed op by op on {p['device']['name']}")
         if p.get("partial"):
             head.append(f" · live: step {p['step']}/{p['steps']}, candidates when done (x cancels)", style="yellow")
-            self.query_one("#profile-head", Static).update(head)
-            self.query_one("#bars-modules", Static).update(share_bars(module_rows(p, top), half, "time by module"))
-            self.query_one("#bars-ops", Static).update(share_bars(op_rows(p, top), half, "time by op"))
-            self.query_one("#candidates", DataTable).clear()
-            return
-        if self.state.profile_path:
+        elif self.state.profile_path:
             head.append(f" · {self.state.show_path(self.state.profile_path)}", style="dim")
         self.query_one("#profile-head", Static).update(head)
         self.query_one("#bars-modules", Static).update(share_bars(module_rows(p, top), half, "time by module"))
         self.query_one("#bars-ops", Static).update(share_bars(op_rows(p, top), half, "time by op"))
         t = self.query_one("#candidates", DataTable)
         t.clear()
-        for i, c in enumerate(p["candidates"]):
+        for i, c in enumerate(p.get("candidates", [])):  # a live view has none yet
             # headroom as a share of the step: what a kernel at the copy limit could save at most
             room = c["headroom_seconds"] / (p["attributed_seconds"] or 1e-12)
             t.add_row(str(i + 1), f"{c['share']:.1%}", f"≤{room:.1%}", str(len(c["node_ids"])), c["kind"],
