@@ -345,7 +345,9 @@ def _rates(row: dict[str, Any], total: float, bw: float) -> dict[str, Any]:
 
 def candidates(snap: dict[str, Any], nodes: list[dict], recipes: list[dict], total: float, bw: float,
                manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """Recipe instances first, then module subtrees whose nodes select_region() accepts, by headroom."""
+    """Recipe instances and module subtrees whose nodes select_region() accepts, ranked by headroom
+    together (a recipe first where they tie: its command is ready to build). One ranking, because on
+    a large model dozens of small recipe instances would otherwise bury the regions worth a kernel."""
     from .selection import select_region
 
     args = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in manifest["build_args"].items()
@@ -360,9 +362,11 @@ def candidates(snap: dict[str, Any], nodes: list[dict], recipes: list[dict], tot
                     "command": f"mcore build {model} {args} --recipe {r['recipe']} {r['instance']} -o slot.bundle"})
         covered.add(tuple(r["node_ids"]))
     by_module: dict[str, list[dict]] = defaultdict(list)
-    for n in nodes:
+    for n in nodes:  # each module subtree: a module's own nodes and those of every module below it
         if n["id"] and n["module_path"]:
-            by_module[n["module_path"]].append(n)
+            parts = n["module_path"].split(".")
+            for k in range(2, len(parts) + 1):  # not the whole model ("decoder")
+                by_module[".".join(parts[:k])].append(n)
     for path, members in by_module.items():
         ids = sorted((m["id"] for m in members), key=lambda i: int(i.split(":")[1]))
         if tuple(ids) in covered or not any(m["seconds"] for m in members):
@@ -384,10 +388,7 @@ def candidates(snap: dict[str, Any], nodes: list[dict], recipes: list[dict], tot
                     "share": row["share"], "headroom_seconds": row["headroom_seconds"],
                     "command": f"mcore graph select SNAPSHOT --nodes {' '.join(ids)} --binding-id {CANDIDATE_BINDING} "
                                f"--workspace-bytes 0{flag} -o selection.json"})
-    recipes_first = [c for c in out if c["kind"] == "recipe"]
-    regions = [c for c in out if c["kind"] == "region"]
-    return (sorted(recipes_first, key=lambda c: -c["headroom_seconds"])
-            + sorted(regions, key=lambda c: -c["headroom_seconds"]))
+    return sorted(out, key=lambda c: (-c["headroom_seconds"], c["kind"] != "recipe"))
 
 
 def top_lines(report: dict[str, Any], top: int) -> list[str]:
