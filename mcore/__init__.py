@@ -18,7 +18,8 @@ The groups:
 - selection: select_region, load_receipt, RegionError; recipes: find_recipe, recipe_rows, select_recipe
 - build: BuildArgs (and its LAYOUTS, PRECISIONS, WEIGHTS), build_bundle; open_bundle
 - run: open_pipeline (the class from the bundle's family kind), DecoderPipeline, EncoderPipeline
-- kernels: build_kernel, write_exporter; load_bindings_manifest, BINDINGS_SCHEMA_VERSION
+- kernels: build_kernel, write_exporter, run_exporter, shipped_exporter, SHIPPED_EXPORTERS;
+  load_bindings_manifest, BINDINGS_SCHEMA_VERSION
 - verify gates: compare_tokens, compare_embeddings, perf_gate, reference_check, lockstep_logits
 - profile: profile_pipeline, CANDIDATE_BINDING
 - files: atomic_write, check_fields, read_json, write_json, stdout_failed
@@ -74,6 +75,9 @@ _EXPORTS: dict[str, str] = {
     # kernels and bindings
     "build_kernel": "kernels",
     "write_exporter": "stubgen",
+    "run_exporter": "exporters",
+    "shipped_exporter": "exporters",
+    "SHIPPED_EXPORTERS": "exporters",
     "load_bindings_manifest": "bindings",
     "BINDINGS_SCHEMA_VERSION": "bindings",
     # verify gates
@@ -97,13 +101,14 @@ _EXPORTS: dict[str, str] = {
 
 # the public names (the keys of _EXPORTS; tests/test_public_api.py checks they agree)
 __all__ = [
-    "BINDINGS_SCHEMA_VERSION", "CANDIDATE_BINDING", "LAYOUTS", "NO_PROGRESS", "PRECISIONS", "WEIGHTS",
+    "BINDINGS_SCHEMA_VERSION", "CANDIDATE_BINDING", "LAYOUTS", "NO_PROGRESS", "PRECISIONS", "SHIPPED_EXPORTERS",
+    "WEIGHTS",
     "BuildArgs", "CancelToken", "Cancelled", "DecoderPipeline", "EncoderPipeline", "Progress", "RegionError",
     "SnapshotIndex", "UserError", "abi_lines", "atomic_write", "build_bundle", "build_kernel", "capture",
     "check_fields", "compare_embeddings", "compare_tokens", "demo_names", "find_recipe",
     "load_bindings_manifest", "load_receipt", "load_snapshot", "lockstep_logits", "module_tree",
     "node_matches", "node_row", "open_bundle", "open_pipeline", "perf_gate", "profile_pipeline", "read_json",
-    "recipe_rows", "reference_check", "resolve", "select_recipe", "select_region", "stdout_failed",
+    "recipe_rows", "reference_check", "resolve", "run_exporter", "select_recipe", "select_region", "shipped_exporter", "stdout_failed",
     "tool_versions", "write_exporter", "write_json",
 ]
 
@@ -133,6 +138,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .graph.capture import capture, resolve, tool_versions
     from .graph.display import abi_lines, module_tree, node_matches, node_row
     from .graph.snapshot import SnapshotIndex, load_snapshot
+    from .exporters import SHIPPED_EXPORTERS, run_exporter, shipped_exporter
     from .kernels import build_kernel
     from .pipeline import DecoderPipeline, EncoderPipeline
     from .profile import CANDIDATE_BINDING, profile_pipeline

@@ -15,12 +15,13 @@ from mcore.families.source import load_tokenizer, resolve_model, special_tokens
 
 transformers = pytest.importorskip("transformers")
 
-NAMES = ["qwen3-tiny", "distilbert-tiny", "bert-tiny"]
+NAMES = ["qwen3-tiny", "qwen3-tiny-hd64", "distilbert-tiny", "bert-tiny"]
 
 # The weights are part of the "same bytes on any machine" contract: a change here means every
 # demo-based snapshot fingerprint and bundle changes too (bump demo.GENERATOR_VERSION).
 PINNED_WEIGHTS_SHA256 = {
     "qwen3-tiny": "e8b7c4e0c8ea1e0d36eae641f3432fa687f47b72be20a7f2b2bd4fe482214e2c",
+    "qwen3-tiny-hd64": "10b8259bde7e053059e1acb6ecccdafe040071178e323e7c7d1a3679e415ec0b",
     "distilbert-tiny": "816b57493eb14a530e9dc648c8239b5763a3049c9a618e5db5765d3e25ae4e65",
     "bert-tiny": "da9640f2ca23ab44c0f6998638353675894ce587875b48ac5eca382c7d379446",
 }

@@ -403,12 +403,13 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
         await wait_idle(app, pilot)
         stub = app.screen.query_one("#stub-view", TextArea).text
         assert expected in stub and str(tmp_path) not in stub
-        await pilot.press("e")
-        for _ in range(600):
-            await pilot.pause(0.1)
-            if not app.screen._exporting:
-                break
-        assert "exporter:" in static_text(app, "#error")
+        await pilot.press("e")  # the stub is a script in the work folder: asked before it runs
+        await pilot.pause(0.3)
+        assert "runs a Python script" in str(app.screen.query_one("#trust-text", Static).render())
+        await pilot.press("y")
+        await wait_idle(app, pilot)
+        assert "exporter export_" in static_text(app, "#error")
+        assert app.session.steps[-1].action == "export_kernel" and app.session.steps[-1].status == "error"
         await pilot.press("escape", "i")
         await wait_idle(app, pilot)
         assert app.state.library == "kernel.so" and (tmp_path / "kernel.so").is_file()
@@ -417,7 +418,8 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
         manifest = json.loads((tmp_path / "kernel-bindings.json").read_text())
         assert manifest["bindings"] == [{"id": "my.bias_copy@1", "abi_sha256": expected, "library": "./kernel.so",
                                          "function": "run"}]
-        assert [s.action for s in app.session.steps[-3:]] == ["kernel_stub", "build_kernel", "write_bindings"]
+        assert [s.action for s in app.session.steps[-4:]] == ["kernel_stub", "export_kernel", "build_kernel",
+                                                             "write_bindings"]
         # a long build is cancellable with x (nothing half-written)
         await pilot.press("f5", "b")
         await pilot.press("x")

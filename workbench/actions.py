@@ -94,6 +94,20 @@ class ActionContext:
                                 f"trusted folder {self.rel(trusted)}; pass {TRUST_FLAG} naming its folder "
                                 f"if you trust it") from None
 
+    def check_code(self, script: Path, what: str) -> None:
+        """Before a step runs a Python script from the workdir (an exporter): in a replayed session,
+        only from inside the trusted folder, and only when one was named."""
+        if not self.confined:
+            return
+        if self.trusted_libraries is None:
+            raise UserError(f"{self.where}runs code through field {what} ({self.rel(script)}); pass {TRUST_FLAG} DIR "
+                            f"naming the folder (inside the workdir) of code you trust")
+        try:
+            script.resolve().relative_to(self.trusted_libraries.resolve())
+        except ValueError:
+            raise UserError(f"{self.where}field {what}: {self.rel(script)} is outside the trusted folder "
+                            f"{self.rel(self.trusted_libraries)}; pass {TRUST_FLAG} naming its folder if you trust it") from None
+
     def rel(self, p: Any) -> Optional[str]:
         """A path as recorded in results: relative to the workdir when inside it."""
         if p is None:
@@ -329,6 +343,26 @@ def kernel_stub(ctx: ActionContext, receipt: str, snapshot: str, output: str, ov
             + (f": {r.known.summary})" if r.known is not None else f"; {r.reason})"))
     return {"path": ctx.rel(r.path), "binding_id": r.binding_id, "abi_sha256": r.abi_sha256, "body": body,
             "op": r.known.summary if r.known is not None else None, "reason": ctx.strip(r.reason)}
+
+
+def export_kernel(ctx: ActionContext, exporter: str, receipt: str, output: str, snapshot: Optional[str] = None) -> dict:
+    """`mcore kernel export`: run an exporter (a shipped one by name, or a script such as kernel_stub
+    writes) for the receipt; it compiles the kernel and writes one TVM-FFI DSO. A script in a
+    replayed session is someone else's code: it runs only from the trusted folder."""
+    from mcore import run_exporter, shipped_exporter
+
+    exporter = _str(exporter, "exporter")
+    if shipped_exporter(exporter) is None:
+        script = ctx.path(exporter, "exporter")
+        ctx.check_code(script, "exporter")
+        exporter_arg: str = str(script)
+    else:
+        exporter_arg = exporter
+    r = run_exporter(exporter_arg, ctx.path(receipt, "receipt"), ctx.path(output, "output"),
+                     snapshot=_opt_path(ctx, snapshot, "snapshot"), progress=ctx.progress, log=ctx.log,
+                     cwd=ctx.workdir)
+    ctx.say(f"exported {ctx.rel(r.library)} ({r.arch or 'arch not printed'})")
+    return {"library": ctx.rel(r.library), "binding_id": r.binding_id, "abi_sha256": r.abi_sha256, "arch": r.arch}
 
 
 def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str, function: str = "run") -> dict:

@@ -487,9 +487,10 @@ class WorkbenchApp(App):
             self.say(f"{self.busy_label} is still running; wait or press x to cancel", "yellow")
             return False
         # an action that loads the native code its bindings manifest names asks before it runs
-        native = REGISTRY[action].native_param if action in REGISTRY else None
+        native = REGISTRY[action].trust_needed(params) if action in REGISTRY else None
         if native and params.get(native) and not trusted:
-            lib = self._library_of(params[native])
+            lib = (self._library_of(params[native]) if native == REGISTRY[action].native_param
+                   else self.state.show_path(params[native]))
             if lib not in self.state.trusted:
                 from .screens.dialogs import TrustModal
 

@@ -40,6 +40,8 @@ class ActionSpec:
     native_param the param naming a kernel bindings manifest, whose libraries it loads, or None
     shown        what the guide panel shows of its results, in order
     apply        ``apply(state, params, results)``: its results into the TUI's state (UI thread)
+    code_param   the param naming a Python script it runs (an exporter), unless the value is a
+                 shipped exporter's name; asked for like native code
     """
 
     name: str
@@ -50,6 +52,18 @@ class ActionSpec:
     native_param: Optional[str]
     shown: tuple[str, ...]
     apply: ApplyFn
+    code_param: Optional[str] = None
+
+    def trust_needed(self, params: Params) -> Optional[str]:
+        """The param whose value this step would run as someone's native code or script, or None."""
+        if self.native_param and params.get(self.native_param) is not None:
+            return self.native_param
+        if self.code_param and params.get(self.code_param) is not None:
+            from mcore import shipped_exporter
+
+            if shipped_exporter(str(params[self.code_param])) is None:
+                return self.code_param
+        return None
 
 
 # ---------------------------------------------------------------------------- results -> state
@@ -97,6 +111,10 @@ def _apply_kernel_stub(st: WorkbenchState, params: Params, results: Params) -> N
         st.stub_text = Path(st.path(st.stub_path)).read_text(encoding="utf-8")
     except OSError:
         st.stub_text = None
+
+
+def _apply_export_kernel(st: WorkbenchState, params: Params, results: Params) -> None:
+    st.library = results.get("library")
 
 
 def _apply_write_bindings(st: WorkbenchState, params: Params, results: Params) -> None:
@@ -190,6 +208,10 @@ _SPECS = (
     ActionSpec("kernel_stub", A.kernel_stub, "kernel",
                stable_keys=("binding_id", "abi_sha256", "body"), path_params=("receipt", "snapshot", "output"),
                native_param=None, shown=("path", "abi_sha256"), apply=_apply_kernel_stub),
+    ActionSpec("export_kernel", A.export_kernel, "kernel",
+               stable_keys=("binding_id", "abi_sha256"), path_params=("exporter", "receipt", "snapshot", "output"),
+               native_param=None, shown=("library", "binding_id", "arch"), apply=_apply_export_kernel,
+               code_param="exporter"),
     ActionSpec("write_bindings", A.write_bindings, "kernel",
                stable_keys=("binding_id", "abi_sha256"), path_params=("receipt", "library", "manifest"),
                native_param=None, shown=("manifest", "abi_sha256"), apply=_apply_write_bindings),

@@ -251,11 +251,12 @@ def check_session(session: Session, workdir: Path, trust_libraries: Optional[Pat
     for i, step in enumerate(session.steps, 1):
         where = f"{name}: step {i} ({step.action})"
         check_step_paths(step.action, step.params, workdir, where)
-        native = REGISTRY[step.action].native_param
-        if native and step.params.get(native) is not None and trust_libraries is None and not native_confirmed:
-            raise UserError(f"{where} loads native code through field {native} ({step.params[native]}); "
+        field_ = REGISTRY[step.action].trust_needed(step.params)
+        if field_ and trust_libraries is None and not native_confirmed:
+            what = "loads native code" if field_ == REGISTRY[step.action].native_param else "runs a script"
+            raise UserError(f"{where} {what} through field {field_} ({step.params[field_]}); "
                             f"pass {TRUST_FLAG} DIR naming the folder (inside the workdir, e.g. `.`) "
-                            f"whose libraries you trust")
+                            f"whose libraries and scripts you trust")
 
 
 def trusted_folder(workdir: Path, trust_libraries: Union[str, os.PathLike, None]) -> Optional[Path]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..exporters import SHIPPED_EXPORTERS, run_exporter
 from ..kernels import CUDA_MODES, KERNELS, build_kernel
 from ..stubgen import write_exporter
 
@@ -38,6 +39,17 @@ def register(subparsers) -> None:
     s.add_argument("-o", "--output", required=True, metavar="PATH", help="exporter to write, e.g. kernels/my_kernel.py")
     s.add_argument("--force", action="store_true", help="replace an existing output")
     s.set_defaults(func=cmd_stub)
+
+    e = sub.add_parser("export", help="run a kernel exporter (a shipped one or a stub) for a selection receipt",
+                       description="Run a kernel exporter for a selection receipt: it compiles the kernel and writes "
+                                   "one TVM-FFI DSO. EXPORTER is a shipped exporter's name "
+                                   f"({', '.join(SHIPPED_EXPORTERS)}) or an exporter script such as "
+                                   "`mcore kernel stub` writes.")
+    e.add_argument("exporter", metavar="EXPORTER", help="shipped exporter name or exporter script (.py)")
+    e.add_argument("--selection", required=True, metavar="RECEIPT", help="selection receipt (.selection.json)")
+    e.add_argument("--snapshot", metavar="SNAPSHOT", help="graph snapshot the receipt was made from (also checked)")
+    e.add_argument("-o", "--output", required=True, metavar="PATH", help="DSO to write (never replaced)")
+    e.set_defaults(func=cmd_export)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -76,4 +88,12 @@ def cmd_stub(args: argparse.Namespace) -> int:
         print(f"worked example: {res.example} implements this kind of region; try it first: "
               f"python {res.example} --selection {args.selection} --snapshot {args.snapshot} --output KERNEL.so")
     print(f"next: python {res.path} --snapshot {args.snapshot} --selection {args.selection} --output KERNEL.so")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    res = run_exporter(args.exporter, args.selection, args.output, snapshot=args.snapshot,
+                       log=lambda line: print(line, flush=True))
+    print(f"exported {res.library}")
+    print(TRUST_NOTE)
     return 0

@@ -187,10 +187,19 @@ STD = 0.035
 
 
 def _qwen3_tiny() -> dict:
+    return _qwen3_demo(L=2, H=4, KV=2, D=16, HID=64, FF=128, seed=1001)
+
+
+def _qwen3_tiny_hd64() -> dict:
+    """Head dim 64 (a size the Qwen3 family uses, which attention kernels such as the CuTe DSL
+    decode attention in kernels/ are written for), GQA 4, still small enough for CPU tests."""
+    return _qwen3_demo(L=2, H=8, KV=2, D=64, HID=128, FF=256, seed=1004)
+
+
+def _qwen3_demo(L: int, H: int, KV: int, D: int, HID: int, FF: int, seed: int) -> dict:
     tok = build_tokenizer([], ["<|endoftext|>"], 512, encoder=False)
     vocab = tok.get_vocab_size(with_added_tokens=True)
     eos = tok.token_to_id("<|endoftext|>")
-    L, H, KV, D, HID, FF = 2, 4, 2, 16, 64, 128
     config = {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
@@ -244,7 +253,7 @@ def _qwen3_tiny() -> dict:
         "clean_up_tokenization_spaces": False,
     }
     gen = {"bos_token_id": eos, "eos_token_id": [eos], "do_sample": False}
-    return {"config": config, "weights": _weights(spec, seed=1001), "tokenizer": tok, "tokenizer_config": tok_cfg,
+    return {"config": config, "weights": _weights(spec, seed=seed), "tokenizer": tok, "tokenizer_config": tok_cfg,
             "generation_config": gen}
 
 
@@ -364,6 +373,7 @@ def _bert_tiny() -> dict:
 
 DEMOS: dict[str, Callable[[], dict]] = {
     "qwen3-tiny": _qwen3_tiny,
+    "qwen3-tiny-hd64": _qwen3_tiny_hd64,
     "distilbert-tiny": _distilbert_tiny,
     "bert-tiny": _bert_tiny,
 }

@@ -34,13 +34,20 @@ class TrustModal(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         t = Text()
         t.append("Trusted native code only\n\n", style="bold yellow")
-        t.append("This step loads a kernel library into this process. Loading a DSO runs its native code "
-                 "with your permissions; the workbench cannot check what it does.\n\n")
-        t.append("library:  ", style="dim")
-        t.append(f"{self.library}\n")
-        t.append("manifest: ", style="dim")
-        t.append(f"{self.manifest}\n\n")
-        t.append("Load it only if you built it or trust its source.")
+        if self.library == self.manifest:  # a script (an exporter), not a bindings manifest
+            t.append("This step runs a Python script (a kernel exporter) with your permissions; the workbench "
+                     "cannot check what it does.\n\n")
+            t.append("script:   ", style="dim")
+            t.append(f"{self.library}\n\n")
+            t.append("Run it only if you wrote or generated it or trust its source.")
+        else:
+            t.append("This step loads a kernel library into this process. Loading a DSO runs its native code "
+                     "with your permissions; the workbench cannot check what it does.\n\n")
+            t.append("library:  ", style="dim")
+            t.append(f"{self.library}\n")
+            t.append("manifest: ", style="dim")
+            t.append(f"{self.manifest}\n\n")
+            t.append("Load it only if you built it or trust its source.")
         with Vertical(id="trust-box", classes="modal-box"):
             yield Static(t, id="trust-text")
             yield Static("", id="trust-hint")

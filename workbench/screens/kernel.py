@@ -6,13 +6,11 @@ bindings manifest (write_bindings). Native code is loaded only later, after a tr
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from rich.text import Text
-from textual import on, work
+from textual import on
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widget import Widget
@@ -54,7 +52,6 @@ class KernelScreen(WorkbenchScreen):
     def __init__(self) -> None:
         super().__init__()
         self._shown_stub: Optional[str] = None
-        self._exporting = False
 
     def compose_body(self) -> Iterable[Widget]:
         with Horizontal(id="dso-row"):
@@ -183,64 +180,35 @@ class KernelScreen(WorkbenchScreen):
 
     # ------------------------------------------------------------------ exporter run
     def action_export(self) -> None:
+        """Run the stub (the export_kernel step: recorded and replayed like every step); its output
+        streams into the log below the stub."""
         st = self.state
         if st.stub_path is None:
             self.wb.report_error("no stub yet: press s to generate the exporter stub first")
-            return
-        if self._exporting:
-            self.wb.say("the exporter is already running", "yellow")
             return
         stem = Path(st.stub_path).stem.replace("export_", "") or "kernel"
         n, out = 1, f"{stem}.cute.so"
         while st.path(out).exists():
             n += 1
             out = f"{stem}.cute-{n}.so"
-        cmd = [sys.executable, str(st.path(st.stub_path)), "--snapshot", st.snapshot_path or "",
-               "--selection", st.receipt_path or "", "--output", out]
         log = self.query_one("#export-log", RichLog)
         log.display = True
         log.clear()
-        log.write(Text(f"$ python {st.show_path(st.stub_path)} --snapshot {st.snapshot_path} "
-                       f"--selection {st.receipt_path} --output {out}", style="dim"))
-        self._exporting = True
-        self.wb.say("running the exporter…", "yellow")  # the status line never says "done" for this run
-        self.run_export(cmd, str(st.workdir), out)
+        log.write(Text(f"$ mcore kernel export {st.stub_path} --selection {st.receipt_path} "
+                       f"--snapshot {st.snapshot_path} -o {out}", style="dim"))
 
-    @work(thread=True, exclusive=True, group="export")
-    def run_export(self, cmd: list[str], cwd: str, out: str) -> None:
-        lines: list[str] = []
-        try:
-            proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                line = line.rstrip("\n")
-                lines.append(line)
-                self.app.call_from_thread(self._export_line, line)
-            rc = proc.wait()
-        except OSError as e:
-            rc = -1
-            lines.append(f"could not start the exporter: {e}")
-            self.app.call_from_thread(self._export_line, lines[-1])
-        self.app.call_from_thread(self._export_done, rc, lines, out)
-
-    def _export_line(self, line: str) -> None:
-        style = "red" if "error" in line.lower() else ""
-        self.query_one("#export-log", RichLog).write(Text(line, style=style))
-
-    def _export_done(self, rc: int, lines: list[str], out: str) -> None:
-        self._exporting = False
-        log = self.query_one("#export-log", RichLog)
-        if rc == 0:
-            dso = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("dso=")), None)
-            if dso:
-                self.state.library = out
+        def finished(outcome) -> None:
+            if outcome.kind == "ok":
                 self.query_one("#dso-path", Input).value = out
-            log.write(Text(f"exported {out}; w binds it", style="green"))
-            self.wb.say(f"✓ exported {out}; w binds it", "green")
-            self.refresh_view()
-        else:
-            last = next((ln for ln in reversed(lines) if ln.strip()), f"exit code {rc}")
-            log.write(Text(f"export failed (exit {rc})", style="bold red"))
-            self.wb.say(f"✗ exporter failed (exit {rc})", "red")
-            self.wb.report_error(f"exporter: {last} — run it on a GPU box with the CuTe DSL "
-                                 "(pip install nvidia-cutlass-dsl)")
+                log.write(Text(f"exported {out}; w binds it", style="green"))
+            elif outcome.error:
+                log.write(Text(outcome.error, style="bold red"))
+
+        self.wb.perform("export_kernel", {"exporter": st.stub_path, "receipt": st.receipt_path,
+                                          "snapshot": st.snapshot_path, "output": out},
+                        on_finish=finished, label="run the exporter")
+
+    def on_action_log(self, line: str) -> None:
+        if self.wb.busy == "export_kernel":
+            style = "red" if "error" in line.lower() else ""
+            self.query_one("#export-log", RichLog).write(Text(line, style=style))
