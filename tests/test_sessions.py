@@ -18,7 +18,7 @@ from workbench.session import SESSION_KIND, Session, list_tutorials
 from .conftest import REPO, CliResult, assert_user_error
 
 SESSIONS = REPO / "sessions"
-SHIPPED = ("qwen-recipe", "qwen-manual", "distilbert-residual")
+SHIPPED = ("qwen-recipe", "qwen-attention", "qwen-manual", "distilbert-residual")
 
 
 def sample_session() -> Session:
@@ -120,6 +120,9 @@ BAD = {
     "error without text": (lambda d: d["steps"][1].update(error=None), ["step 2", "error"]),
     "ok with error text": (lambda d: d["steps"][0].update(error="boom"), ["step 1", "error must be null"]),
     "bad guide": (lambda d: d["steps"][0]["guide"].pop("text"), ["step 1", "guide", "text"]),
+    "bad requirement": (lambda d: d["steps"][0].update(requires="tpu"), ["step 1", "requires 'tpu'", "cuda"]),
+    "not_run without a requirement": (lambda d: d["steps"][0].update(status="not_run", error="no GPU", results={}),
+                                      ["step 1", "not_run"]),
     "steps not a list": (lambda d: d.update(steps={}), ["steps"]),
     "guided not bool": (lambda d: d["header"].update(guided="yes"), ["header.guided"]),
 }
@@ -208,7 +211,7 @@ def test_tutorial_list(workbench):
     assert res.code == 0, res
     lines = res.out.strip().splitlines()
     assert lines[0].split() == ["NAME", "TITLE"]
-    assert [l.split()[0] for l in lines[1:4]] == list(SHIPPED)
+    assert [l.split()[0] for l in lines[1:1 + len(SHIPPED)]] == list(SHIPPED)
     titles = {n: t for n, t, _ in list_tutorials()}
     for name in SHIPPED:
         assert titles[name] == shipped(name)["header"]["title"]
@@ -220,7 +223,8 @@ def test_shipped_session_is_a_guided_recorded_tutorial(name):
     s = Session.load(SESSIONS / f"{name}.json")
     assert s.guided and s.header["name"] == name
     assert all(st.guide and st.guide["title"] and len(st.guide["text"]) > 40 for st in s.steps)
-    assert all(st.status == "ok" for st in s.steps if st.action != "select_nodes")
+    assert all(st.status == ("not_run" if st.requires and st.status == "not_run" else "ok")
+               for st in s.steps if st.action != "select_nodes")
     for st in s.steps:  # portable: no absolute paths recorded in params
         for v in st.params.values():
             assert not (isinstance(v, str) and os.path.isabs(v)), (st.action, v)
@@ -228,12 +232,16 @@ def test_shipped_session_is_a_guided_recorded_tutorial(name):
             assert set(REGISTRY[st.action].stable_keys) <= set(st.results), st.action
     actions = [st.action for st in s.steps]
     gates = {"qwen-recipe": ["gate_tokens", "gate_perf"], "qwen-manual": ["gate_tokens"],
+             "qwen-attention": ["gate_logits", "gate_perf"],
              "distilbert-residual": ["gate_embeddings", "gate_perf"]}[name]
     for g in gates:
         assert g in actions
         gate = s.steps[actions.index(g)]
-        if g != "gate_perf":
+        if g != "gate_perf" and gate.status == "ok":
             assert gate.results["passed"] is True
+    if name == "qwen-attention":  # what runs only on a GPU says so; the rest was recorded here
+        assert [st.action for st in s.steps if st.requires == "cuda"] == ["generate", "generate", "gate_logits",
+                                                                          "gate_perf"]
 
 
 def test_manual_tutorial_takes_node_ids_from_the_capture():

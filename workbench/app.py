@@ -443,6 +443,16 @@ class WorkbenchApp(App):
 
         # checked when the session opened and again now: a link made in the work folder since must not lead out
         check_step_paths(step.action, step.params, self.state.workdir, f"step {index + 1} ({step.action})")
+        from .replay import SKIP_NOTE, cuda_here
+
+        if step.requires == "cuda" and not cuda_here(self.state.device):
+            g.finish(index, None, SKIP_NOTE, "skipped")
+            self.say(f"step {index + 1} skipped: {SKIP_NOTE} ({step.title})", "yellow")
+            self.refresh_screen()
+            if g.done and not self.summary_shown:
+                self.summary_shown = True
+                self.action_summary()
+            return
         screen = REGISTRY[step.action].screen
         if screen and self.current and self.current.SCREEN_NAME != screen:
             await self.go(screen)

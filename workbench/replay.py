@@ -47,8 +47,12 @@ class StepOutcome:
         return not self.differences
 
     @property
+    def skipped(self) -> bool:
+        return self.status == "skipped"
+
+    @property
     def verdict(self) -> str:
-        return "OK" if self.matched else "DIFF"
+        return "SKIP" if self.skipped else "OK" if self.matched else "DIFF"
 
     @property
     def gate(self) -> Optional[bool]:
@@ -93,6 +97,9 @@ class ReplayReport:
         """(#, action, status, field, expected, actual): a row per differing field, else one OK row."""
         out = []
         for o in self.outcomes:
+            if o.skipped:
+                out.append((str(o.index), o.action, "SKIP", "requires", "", o.error or ""))
+                continue
             if o.matched:
                 if o.status == "error":
                     fieldname, actual = "error", o.error or ""
@@ -142,7 +149,11 @@ class ReplayReport:
         if failed:
             gate_text += " (" + "; ".join(failed) + ")"
         tail = "" if done == self.total_steps else f", stopped after {done} of {self.total_steps}"
-        return (f"{verdict}: {matched}/{self.total_steps} steps matched, {ndiff} difference(s){gate_text}{tail} "
+        skipped = sum(o.skipped for o in self.outcomes)
+        if skipped:
+            gate_text += f", {skipped} skipped (they need CUDA, which this machine lacks)"
+            matched -= skipped
+        return (f"{verdict}: {matched}/{self.total_steps - skipped} steps matched, {ndiff} difference(s){gate_text}{tail} "
                 f"(session {self.title!r}, workdir {self.workdir})")
 
 
@@ -223,6 +234,8 @@ def compare_step(step: Step, status: str, results: Optional[dict], error: Option
 
 
 def _compare_step(step: Step, status: str, results: Optional[dict], error: Optional[str]) -> list[Difference]:
+    if step.status == "not_run":  # nothing recorded to compare with: it must run (its gate is checked apart)
+        return [Difference("status", f"ok (not recorded: {step.error})", f"error: {error}")] if status == "error" else []
     if step.status == "error" or status == "error":
         if step.status != status:
             exp = "ok" if step.status == "ok" else f"error: {step.error}"
@@ -244,13 +257,16 @@ def require_empty_workdir(wd: Path) -> None:
 
 
 def check_session(session: Session, workdir: Path, trust_libraries: Optional[Path] = None,
-                  native_confirmed: bool = False) -> None:
+                  native_confirmed: bool = False, device: Optional[str] = None) -> None:
     """Before any step runs: every path the session names stays inside `workdir`, and a step that
-    would load native code has the user's say-so (a trusted library folder, or the TUI's prompt)."""
+    would load native code has the user's say-so (a trusted library folder, or the TUI's prompt);
+    a step this machine skips (it needs CUDA) loads nothing."""
     name = str(session.path) if session.path is not None else "session"
     for i, step in enumerate(session.steps, 1):
         where = f"{name}: step {i} ({step.action})"
         check_step_paths(step.action, step.params, workdir, where)
+        if step.requires == "cuda" and not cuda_here(device):
+            continue
         field_ = REGISTRY[step.action].trust_needed(step.params)
         if field_ and trust_libraries is None and not native_confirmed:
             what = "loads native code" if field_ == REGISTRY[step.action].native_param else "runs a script"
@@ -272,7 +288,19 @@ def trusted_folder(workdir: Path, trust_libraries: Union[str, os.PathLike, None]
     return p
 
 
-GATES = ("gate_tokens", "gate_embeddings", "gate_perf")
+GATES = ("gate_tokens", "gate_embeddings", "gate_logits", "gate_perf")
+
+
+def cuda_here(device: Optional[str]) -> bool:
+    """Whether a step that requires CUDA can run here (with `device` as the replay forces it)."""
+    if device is not None and not str(device).startswith("cuda"):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+SKIP_NOTE = "needs CUDA; skipped on this machine"
 
 OnStep = Callable[[int, Step, Optional[StepOutcome]], None]
 
@@ -301,7 +329,7 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
     if require_empty:
         require_empty_workdir(wd)
     trusted = trusted_folder(wd, trust_libraries)
-    check_session(session, wd, trusted)
+    check_session(session, wd, trusted, device=device)
     prog = progress or NO_PROGRESS
     n = len(session.steps)
     report = ReplayReport(session.title, session.path, wd, total_steps=n)
@@ -310,6 +338,13 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
         prog.check()
         if on_step is not None:
             on_step(i, step, None)
+        if step.requires == "cuda" and not cuda_here(device):
+            outcome = StepOutcome(index=i, action=step.action, title=step.title, recorded_status=step.status,
+                                  status="skipped", error=SKIP_NOTE)
+            report.outcomes.append(outcome)
+            if on_step is not None:
+                on_step(i, step, outcome)
+            continue
         sub = Progress(lambda s, f, i=i: prog.report(f"step {i}/{n} {step.action}: {s}", (i - 1 + f) / n), prog.token)
         ctx = ActionContext(workdir=wd, progress=sub, on_sample=on_sample, log=log, device=device,
                             confined=True, where=f"step {i} ({step.action}): ", trusted_libraries=trusted)
@@ -329,7 +364,8 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
         outcome = StepOutcome(
             index=i, action=step.action, title=step.title, recorded_status=step.status, status=status,
             differences=compare_step(step, status, results, error, session.header),
-            compared=REGISTRY[step.action].stable_keys if status == "ok" else (), results=results, error=error,
+            compared=REGISTRY[step.action].stable_keys if status == "ok" and step.status == "ok" else (),
+            results=results, error=error,
             seconds=time.perf_counter() - t0)
         if step.action in GATES and step.status == "ok":
             outcome.recorded_passed = bool(step.results.get("passed"))

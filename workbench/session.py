@@ -4,7 +4,11 @@ File format (docs/workbench-actions.md)::
 
     {"schema_version": 1, "kind": "mcore.workbench_session",
      "header": {"title", "created", "tool_versions", "machine", "guided"[, "name", "description"]},
-     "steps": [{"action", "params", "results", "status", "error"[, "guide"]}]}
+     "steps": [{"action", "params", "results", "status", "error"[, "guide"][, "requires"]}]}
+
+A step with `"requires": "cuda"` runs only where CUDA is; made on a machine without it, it is
+recorded with status "not_run" (no results to compare: a replay with CUDA checks that it runs and
+that its gate passes); replayed without CUDA, it is skipped with a note.
 
 Loading is strict: a missing or unknown field, a wrong schema, an unknown action or a
 parameter the action does not take fails with one line naming the file, the step and the
@@ -32,9 +36,11 @@ _TOP_FIELDS = {"schema_version", "kind", "header", "steps"}
 _HEADER_REQUIRED = {"title", "created", "tool_versions", "machine", "guided"}
 _HEADER_OPTIONAL = {"name", "description"}
 _STEP_REQUIRED = {"action", "params", "results", "status", "error"}
-_STEP_OPTIONAL = {"guide"}
+_STEP_OPTIONAL = {"guide", "requires"}
 _GUIDE_REQUIRED = {"title", "text"}
-STATUSES = ("ok", "error")
+STATUSES = ("ok", "error", "not_run")
+REQUIREMENTS = ("cuda",)
+NOT_RUN = "made on a machine without CUDA"
 
 
 def _dist_version(name: str) -> Optional[str]:
@@ -103,12 +109,15 @@ class Step:
     status: str = "ok"
     error: Optional[str] = None
     guide: Optional[dict[str, str]] = None
+    requires: Optional[str] = None  # "cuda": runs only where CUDA is
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"action": self.action, "params": copy.deepcopy(self.params),
                              "results": copy.deepcopy(self.results), "status": self.status, "error": self.error}
         if self.guide is not None:
             d["guide"] = dict(self.guide)
+        if self.requires is not None:
+            d["requires"] = self.requires
         return d
 
     @property
@@ -151,8 +160,14 @@ def check_step(d: Any, where: str) -> Step:
         raise UserError(f"{where}: error must be null when status is ok")
     if status == "error" and (not isinstance(err, str) or not err):
         raise UserError(f"{where}: error must be the recorded error text when status is error")
+    requires = d.get("requires")
+    if requires is not None and requires not in REQUIREMENTS:
+        raise UserError(f"{where}: requires {requires!r} must be one of {', '.join(REQUIREMENTS)}")
+    if status == "not_run" and (requires is None or d["results"] or not isinstance(err, str)):
+        raise UserError(f"{where}: status not_run is for a step that requires what the recording machine lacked; "
+                        "it has empty results and says why in error")
     guide = check_guide(d.get("guide"), where)
-    return Step(action, dict(d["params"]), dict(d["results"]), status, err, guide)
+    return Step(action, dict(d["params"]), dict(d["results"]), status, err, guide, requires)
 
 
 def check_header(h: Any, where: str) -> dict[str, Any]:
@@ -226,9 +241,13 @@ class Session:
 
     # ------------------------------------------------------------ recording
     def record(self, action: str, params: dict[str, Any], results: Optional[dict[str, Any]] = None,
-               error: Optional[str | BaseException] = None, guide: Optional[dict[str, str]] = None) -> Step:
-        """Append a step: `results` for a success, or `error` (text or the UserError) for a failure."""
-        if error is not None:
+               error: Optional[str | BaseException] = None, guide: Optional[dict[str, str]] = None,
+               requires: Optional[str] = None, not_run: bool = False) -> Step:
+        """Append a step: `results` for a success, or `error` (text or the UserError) for a failure;
+        `not_run` for a step that `requires` what this machine lacks."""
+        if not_run:
+            d = {"action": action, "params": params, "results": {}, "status": "not_run", "error": NOT_RUN}
+        elif error is not None:
             text = str(error)
             d = {"action": action, "params": params, "results": dict(results or {}), "status": "error",
                  "error": text or type(error).__name__}
@@ -236,6 +255,8 @@ class Session:
             d = {"action": action, "params": params, "results": dict(results or {}), "status": "ok", "error": None}
         if guide is not None:
             d["guide"] = guide
+        if requires is not None:
+            d["requires"] = requires
         step = check_step(json.loads(json.dumps(d)), f"session step {len(self.steps) + 1}")
         self.steps.append(step)
         return step
@@ -255,7 +276,7 @@ class Session:
 
 # ---------------------------------------------------------------- shipped tutorials
 
-TUTORIAL_ORDER = ("qwen-recipe", "qwen-manual", "distilbert-residual")
+TUTORIAL_ORDER = ("qwen-recipe", "qwen-attention", "qwen-manual", "distilbert-residual")
 
 
 def tutorials_dir() -> Path:

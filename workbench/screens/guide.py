@@ -63,7 +63,7 @@ def result_lines(key: str, value: Any) -> list[tuple[str, str]]:
 class StepOutcome:
     results: Optional[dict[str, Any]]
     error: Optional[str]
-    kind: str  # ok | user | cancelled | bug
+    kind: str  # ok | user | cancelled | bug | skipped (needs CUDA, which this machine lacks)
     diffs: list[tuple[str, Any, Any]] = field(default_factory=list)
 
     @property
@@ -107,7 +107,7 @@ class GuideState:
         if self.mode == "replay":
             advance = kind != "cancelled"
         else:
-            advance = kind == "ok" or (kind == "user" and step.status == "error")
+            advance = kind in ("ok", "skipped") or (kind == "user" and step.status == "error")
         if advance and index == self.index:
             self.index += 1
         return out
@@ -142,9 +142,12 @@ class GuidePanel(VerticalScroll):
             st = steps[shown]
             ran = o.kind == "ok" or (o.kind == "user" and st.status == "error" and not o.diffs)
             ok = ran and not (g.mode == "replay" and o.diffs)
-            mark = "✓" if ok else ("≠" if ran else "✗")
-            t.append(f"\n{mark} step {shown + 1}: {st.title}\n", style="green" if ok else "red")
-            if o.kind == "ok" and (g.mode == "tutorial" or not stable_fields(st.action)):
+            mark = "–" if o.kind == "skipped" else "✓" if ok else ("≠" if ran else "✗")
+            t.append(f"\n{mark} step {shown + 1}: {st.title}\n",
+                     style="yellow" if o.kind == "skipped" else "green" if ok else "red")
+            if o.kind == "skipped":
+                t.append(f"  {o.error}\n", style="yellow")
+            elif o.kind == "ok" and (g.mode == "tutorial" or not stable_fields(st.action)):
                 for k in shown_fields(st.action):
                     if k in (o.results or {}):
                         for label, value in result_lines(k, o.results[k]):
@@ -152,7 +155,7 @@ class GuidePanel(VerticalScroll):
                             t.append(value + "\n")
             elif o.error:
                 t.append(f"  {o.error}\n", style="red")
-            if g.mode == "replay" and o.kind != "cancelled":
+            if g.mode == "replay" and o.kind not in ("cancelled", "skipped"):
                 t.append("  expected vs actual:\n", style="bold")
                 differing = {k.split(".")[0].split("[")[0].split(" ")[0] for k, _, _ in o.diffs}
                 if st.status == "error" and "error" not in differing and "status" not in differing:
@@ -197,8 +200,8 @@ class GuidePanel(VerticalScroll):
             t.append("\n\nsteps\n", style="bold")
             for i, st in enumerate(steps):
                 o = g.outcomes.get(i)
-                mark, style = ("·", "dim") if o is None else (("✓", "green") if not o.diffs and o.kind != "cancelled"
-                                                              else ("≠", "red"))
+                mark, style = ("·", "dim") if o is None else ("–", "yellow") if o.kind == "skipped" else (
+                    ("✓", "green") if not o.diffs and o.kind != "cancelled" else ("≠", "red"))
                 if i == g.index:
                     mark, style = "▸", "bold"
                 t.append(f" {mark} {i + 1:>2} {st.action}\n", style=style)
