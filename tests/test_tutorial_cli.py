@@ -1,4 +1,5 @@
-"""The tutorial, steps 1-4, 6 and 7, with `mcore` for `trtmc`, on CPU and the demo models.
+"""The tutorial, steps 1-7, with `mcore` for `trtmc`, on CPU and the demo models (step 5 up to the
+exported DSO bound to every layer: its kernel runs on sm_90 GPUs, tests/test_cutedsl_decode_attention.py).
 
 Each step uses the tutorial's flags, file names and printed fields; its Python snippets run
 unchanged on our outputs (tests/tutorial_snippets.py holds them verbatim).
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DISTIL_ARGS, QWEN_ARGS, assert_user_error
+from tests.conftest import DISTIL_ARGS, QWEN_ARGS, assert_user_error, needs_cute
 from tests.tutorial_snippets import STEP4_PERF_SNIPPET, STEP7_EMBEDDING_SNIPPET, run_snippet
 
 PROMPT = "Explain grouped-query attention in one sentence."
@@ -133,6 +134,25 @@ def test_slot_really_runs_and_pipelines_hold_their_own_binding(qwen, tmp_path):
     assert g == native.tokens
     assert b[0] == native.tokens[0]  # the first token comes from prefill, which has no slot
     assert b != native.tokens  # decode logits come from the (wrong) kernel
+
+
+@needs_cute
+def test_step5_attention_recipe_every_layer_one_binding(mcore, tmp_path):
+    args = ["demo:qwen3-tiny-hd64", "--precision", "bf16", "--max-cache-length", "256", "--decoder-engine-layout", "split"]
+    r = mcore("build", *args, "--recipe", "qwen.decode_attention_region@2", "all-instances",
+              "-o", tmp_path / "qwen3-attention-slot.bundle")
+    assert r.code == 0, r
+    sel = tmp_path / "qwen3-attention-slot.selection.decoder.layers.0.decode_attention.json"
+    receipt = json.loads(sel.read_text())
+    # the tutorial's printed boundary: scaled query, key and value caches, INT32[1] lengths -> context
+    abi = receipt["abi"]
+    shapes = [(t["dtype"], t["shape"]) for t in abi["inputs"] + abi["outputs"]]
+    assert shapes == [("BF16", [1, 8, -1, 64]), ("BF16", [1, 2, 256, 64]), ("BF16", [1, 2, 256, 64]),
+                      ("INT32", [1]), ("BF16", [1, 8, -1, 64])]
+    r = mcore("kernel", "export", "cutedsl-decode-attention", "--selection", sel, "-o", tmp_path / "attn.so")
+    assert r.code == 0 and f"abi_sha256={receipt['abi_sha256']}" in r.out, r
+    r = mcore("inspect", tmp_path / "qwen3-attention-slot.bundle")
+    assert f"kernel_binding qwen.decode_attention_region@2 abi_sha256={receipt['abi_sha256']} serves 2 slot(s)" in r.out
 
 
 def test_step6_manual_selection_same_tokens(mcore, qwen):
