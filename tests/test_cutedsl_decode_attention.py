@@ -3,7 +3,7 @@
 CPU (CI): the contract check accepts this recipe's ABI and refuses everything else with one line
 and exit 2; compile + export + link for sm_90a and load the DSO (no GPU needed).
 GPU (marked `gpu`, run on the device): numerics against mcore.ops.decode_attention_reference.
-GPU correctness is NOT yet verified: these GPU tests have not run on a device yet.
+They passed on the H200 (docs/gpu-results.md, 2026-12-01: the whole suite with the CuTe DSL carried).
 """
 
 from __future__ import annotations
