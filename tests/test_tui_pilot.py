@@ -223,6 +223,7 @@ async def test_tutorial_qwen_attention(tmp_path):
         assert seen["summary"] is not None
 
 
+@pytest.mark.asyncio
 async def test_tutorial_qwen_manual(tmp_path):
     session = Session.load(find_tutorial("qwen-manual"))
     app = WorkbenchApp(tutorial="qwen-manual", workdir=str(tmp_path))
