@@ -21,7 +21,7 @@ The groups:
 - kernels: build_kernel, write_exporter, run_exporter, shipped_exporter, SHIPPED_EXPORTERS;
   load_bindings_manifest, BINDINGS_SCHEMA_VERSION
 - verify gates: compare_tokens, compare_embeddings, perf_gate, reference_check, lockstep_logits
-- profile: profile_pipeline, CANDIDATE_BINDING
+- profile: profile_pipeline, CANDIDATE_BINDING; device facts: device_facts, describe_device
 - files: atomic_write, check_fields, read_json, write_json, stdout_failed
 - demo models: demo_names
 """
@@ -76,6 +76,8 @@ _EXPORTS: dict[str, str] = {
     "build_kernel": "kernels",
     "write_exporter": "stubgen",
     "run_exporter": "exporters",
+    "device_facts": "device",
+    "describe_device": "device",
     "shipped_exporter": "exporters",
     "SHIPPED_EXPORTERS": "exporters",
     "load_bindings_manifest": "bindings",
@@ -105,7 +107,8 @@ __all__ = [
     "WEIGHTS",
     "BuildArgs", "CancelToken", "Cancelled", "DecoderPipeline", "EncoderPipeline", "Progress", "RegionError",
     "SnapshotIndex", "UserError", "abi_lines", "atomic_write", "build_bundle", "build_kernel", "capture",
-    "check_fields", "compare_embeddings", "compare_tokens", "demo_names", "find_recipe",
+    "check_fields", "compare_embeddings", "compare_tokens", "demo_names", "describe_device", "device_facts",
+    "find_recipe",
     "load_bindings_manifest", "load_receipt", "load_snapshot", "lockstep_logits", "module_tree",
     "node_matches", "node_row", "open_bundle", "open_pipeline", "perf_gate", "profile_pipeline", "read_json",
     "recipe_rows", "reference_check", "resolve", "run_exporter", "select_recipe", "select_region", "shipped_exporter", "stdout_failed",
@@ -138,6 +141,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .graph.capture import capture, resolve, tool_versions
     from .graph.display import abi_lines, module_tree, node_matches, node_row
     from .graph.snapshot import SnapshotIndex, load_snapshot
+    from .device import describe_device, device_facts
     from .exporters import SHIPPED_EXPORTERS, run_exporter, shipped_exporter
     from .kernels import build_kernel
     from .pipeline import DecoderPipeline, EncoderPipeline

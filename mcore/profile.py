@@ -22,47 +22,13 @@ import torch
 from torch import fx
 
 from . import __version__
+from .device import device_facts
 from .errors import UserError
 from .progress import NO_PROGRESS, Progress
 
 SCHEMA_VERSION = 1
 CANDIDATE_BINDING = "my.kernel@1"
 _MATMULS = {"aten.linear.default", "aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.matmul.default"}
-
-
-# ------------------------------------------------------------------------------------ device facts
-
-_BANDWIDTH: dict[str, float] = {}
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Measured device-to-device copy rate in bytes/s (read plus written), once per device and process."""
-    key = str(device)
-    if key not in _BANDWIDTH:
-        n = (512 << 20) if device.type == "cuda" else (64 << 20)
-        src = torch.empty(n, dtype=torch.uint8, device=device).random_()
-        dst = torch.empty_like(src)
-        for _ in range(2):
-            dst.copy_(src)
-        _sync(device)
-        reps = 5
-        t = time.perf_counter()
-        for _ in range(reps):
-            dst.copy_(src)
-        _sync(device)
-        _BANDWIDTH[key] = 2 * n * reps / (time.perf_counter() - t)
-    return _BANDWIDTH[key]
-
-
-def device_facts(device: torch.device) -> dict[str, Any]:
-    facts: dict[str, Any] = {"type": device.type, "copy_bytes_per_s": copy_bandwidth(device)}
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        facts.update(name=p.name, sm_count=p.multi_processor_count, memory_bytes=p.total_memory,
-                     capability=f"{p.major}.{p.minor}")
-    else:
-        facts["name"] = "cpu"
-    return facts
 
 
 def _sync(device: torch.device) -> None:
@@ -265,7 +231,8 @@ def _attribute(pipe: Any, role: str, gm: fx.GraphModule, node_s: dict[str, float
                node_flops: dict[str, int], step_s: float, partial: bool = False) -> dict[str, Any]:
     snap = pipe.snapshots[role]
     by_name = {n["name"]: n for n in snap["nodes"]}
-    bw = copy_bandwidth(pipe.device)
+    facts = device_facts(pipe.device)  # the copy rate is measured once per device and cached
+    bw = facts["copy_bytes_per_s"]
     fx_nodes = {n.name: n for n in gm.graph.nodes}
     nodes: list[dict[str, Any]] = []
     for name, s in node_s.items():
@@ -296,7 +263,7 @@ def _attribute(pipe: Any, role: str, gm: fx.GraphModule, node_s: dict[str, float
     head = {"schema_version": SCHEMA_VERSION, "kind": "mcore-profile", "role": role,
             "bundle": {"model": m["model"]["spec"], "fingerprint": m["roles"][role]["fingerprint"],
                        "build_args": m["build_args"]},
-            "device": device_facts(pipe.device)}
+            "device": facts}
     if partial:  # what a live view needs; recipes and candidates come with the whole report
         return {**head, "partial": True, "step_seconds": step_s, "attributed_seconds": total,
                 "nodes": sorted(nodes, key=lambda n: -n["seconds"]),
@@ -397,7 +364,8 @@ def top_lines(report: dict[str, Any], top: int) -> list[str]:
     ctx = f", context {report['context']}" if report.get("context") else ""
     lines = [f"profile {report['role']} on {dev['name']} ({dev['type']}){ctx}: step "
              f"{report['step_seconds'] * 1e3:.3f} ms, attributed {report['attributed_seconds'] * 1e3:.3f} ms over "
-             f"{len(report['nodes'])} nodes; limit: copy {dev['copy_bytes_per_s'] / 1e9:.1f} GB/s"]
+             f"{len(report['nodes'])} nodes; limit: copy {dev['copy_bytes_per_s'] / 1e9:.1f} GB/s"
+             + (f" (peak {dev['theoretical_bytes_per_s'] / 1e9:.0f} GB/s)" if dev.get("theoretical_bytes_per_s") else "")]
     if report.get("timing"):
         lines.append(f"timing: {report['timing']}")
     lines.append("modules (time per step, share, bytes moved, achieved GB/s, share of the limit):")

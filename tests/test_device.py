@@ -21,7 +21,7 @@ def test_theoretical_bandwidth_from_clock_and_bus():
 def test_cpu_facts_say_what_they_are():
     f = D.device_facts(torch.device("cpu"))
     assert f["type"] == "cpu" and f["name"] == "cpu" and f["copy_bytes_per_s"] > 1e8
-    assert D.describe(f).startswith("cpu · copy ")
+    assert D.describe_device(f).startswith("cpu · copy ")
 
 
 def test_copy_rate_is_measured_once_per_device_and_kept(tmp_path, monkeypatch):
@@ -46,7 +46,7 @@ def test_copy_rate_is_measured_once_per_device_and_kept(tmp_path, monkeypatch):
 def test_describe_a_cuda_device():
     f = {"type": "cuda", "name": "NVIDIA H200", "sm_count": 132, "memory_bytes": 141 * 2**30,
          "copy_bytes_per_s": 4.29e12, "theoretical_bytes_per_s": 4.92e12}
-    assert D.describe(f) == "NVIDIA H200 · 132 SMs · 141 GiB · copy 4.29 TB/s of 4.92 TB/s peak"
+    assert D.describe_device(f) == "NVIDIA H200 · 132 SMs · 141 GiB · copy 4.29 TB/s of 4.92 TB/s peak"
 
 
 @pytest.mark.gpu

@@ -100,10 +100,12 @@ class ProfileScreen(WorkbenchScreen):
         self._shown = p
         top = 10 if self.app.size.height >= ROOMY_HEIGHT else 5
         half = max(20, (self.query_one("#profile-bars").size.width or self.app.size.width) // 2 - 1)
+        from mcore import describe_device
+
         ctx = f" · context {p['context']}" if p.get("context") else ""
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append(f"Profile {p['role']}{ctx}", style="bold")
-        head.append(f" · {p['bundle']['model']} · {len(p['nodes'])} nodes timed op by op on {p['device']['name']}")
+        head.append(f" · {p['bundle']['model']} · {len(p['nodes'])} nodes timed op by op on {describe_device(p['device'])}")
         if p.get("partial"):
             head.append(f" · live: step {p['step']}/{p['steps']}, candidates when done (x cancels)", style="yellow")
         elif self.state.profile_path:
