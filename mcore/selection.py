@@ -7,7 +7,7 @@ import hashlib
 import math
 import os
 import re
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence, TypeVar
 
 from .errors import UserError
 from .fileio import canonical_json, check_fields, read_json
@@ -88,6 +88,22 @@ def abi_contract(inputs: Sequence[dict], outputs: Sequence[dict], workspace_byte
         "extra_args": list(extra_args),
         "output_shape_input": output_shape_input,
     }
+
+
+T = TypeVar("T")
+
+
+def call_order(inputs: Sequence[T], workspace: Optional[T], outputs: Sequence[T], extras: Sequence[T]) -> list[T]:
+    """The one place that knows the ABI's argument order (DESIGN.md §3): boundary inputs, the
+    workspace when there is one, boundary outputs, then the fixed extra args. Used for the
+    parameter names a receipt prints, the stubs generated from it and the values a slot passes."""
+    return [*inputs, *([] if workspace is None else [workspace]), *outputs, *extras]
+
+
+def call_params(n_inputs: int, workspace_bytes: int, n_outputs: int, n_extras: int) -> list[str]:
+    """`run(...)`'s parameter names in ABI order."""
+    return call_order([f"input{i}" for i in range(n_inputs)], "workspace" if workspace_bytes else None,
+                      [f"output{i}" for i in range(n_outputs)], [f"extra{i}" for i in range(n_extras)])
 
 
 def abi_sha256(contract: dict[str, Any]) -> str:
@@ -266,10 +282,7 @@ def make_receipt(snapshot, ix, node_ids, inputs, outputs, binding_id, workspace_
     ins = [entry(i, t) for i, t in enumerate(inputs)]
     outs = [entry(i, t) for i, t in enumerate(outputs)]
     contract = abi_contract(ins, outs, workspace_bytes, extras, output_shape_input)
-    args = [f"input{i}" for i in range(len(ins))]
-    if workspace_bytes:
-        args.append("workspace")
-    args += [f"output{i}" for i in range(len(outs))] + [f"extra{i}" for i in range(len(extras))]
+    args = call_params(len(ins), workspace_bytes, len(outs), len(extras))
     meta = snapshot["metadata"]
     return {
         "schema_version": RECEIPT_SCHEMA_VERSION,

@@ -26,7 +26,7 @@ from .errors import UserError
 from .fileio import check_output_path, install_file
 from .graph.snapshot import UNHASHED_METADATA
 from .graph.snapshot import load_snapshot
-from .selection import ABI_FORMAT, check_receipt, load_receipt
+from .selection import ABI_FORMAT, call_order, call_params, check_receipt, load_receipt
 
 TEMPLATE_NAME = "templates/cutedsl_exporter.py.tmpl"
 THREADS = 256
@@ -182,12 +182,7 @@ class _Ctx:
 
     # ABI-ordered run() parameters
     def params(self) -> list[str]:
-        ps = [e["param"] for e in self.inputs]
-        if self.workspace:
-            ps.append("workspace")
-        ps += [e["param"] for e in self.outputs]
-        ps += [f"extra{i}" for i in range(len(self.extras))]
-        return ps
+        return call_params(len(self.inputs), self.workspace, len(self.outputs), len(self.extras))
 
     def node_lines(self) -> list[str]:
         lines = []
@@ -333,20 +328,21 @@ def _fake_arguments(c: _Ctx) -> list[str]:
     lines = []
     for name, used in users.items():
         lines.append(f"{name} = cute.sym_int()  # dynamic: {', '.join(used)}")
-    lines.append("return [")
-    for e in c.inputs:
-        lines.append(f"    tensor({CUTE_TYPES[e['dtype']]}, {shape(e)}),  # {e['param']}  {e['tensor_id']}")
-    if c.workspace:
-        lines.append(f"    tensor(cutlass.Uint8, ({c.workspace},)),  # workspace: WORKSPACE_BYTES bytes")
-    for e in c.outputs:
-        lines.append(f"    tensor({CUTE_TYPES[e['dtype']]}, {shape(e)}),  # {e['param']}  {e['tensor_id']}")
-    for i, a in enumerate(c.extras):
+    def tensor_line(e: dict) -> str:
+        return f"    tensor({CUTE_TYPES[e['dtype']]}, {shape(e)}),  # {e['param']}  {e['tensor_id']}"
+
+    def extra_line(i: int, a: dict) -> str:
         if a["type"] == "int":
-            lines.append(f"    cutlass.Int32({a['value']}),  # extra{i}: int32 scalar")
-        elif a["type"] == "float":
-            lines.append(f"    cutlass.Float32({a['value']!r}),  # extra{i}: float32 scalar")
-        else:
-            lines.append(f"    None,  # extra{i}: {'null ptr' if a['type'] == 'ptr' else 'none'}, passed as None")
+            return f"    cutlass.Int32({a['value']}),  # extra{i}: int32 scalar"
+        if a["type"] == "float":
+            return f"    cutlass.Float32({a['value']!r}),  # extra{i}: float32 scalar"
+        return f"    None,  # extra{i}: {'null ptr' if a['type'] == 'ptr' else 'none'}, passed as None"
+
+    lines.append("return [")
+    lines += call_order([tensor_line(e) for e in c.inputs],
+                        f"    tensor(cutlass.Uint8, ({c.workspace},)),  # workspace: WORKSPACE_BYTES bytes"
+                        if c.workspace else None,
+                        [tensor_line(e) for e in c.outputs], [extra_line(i, a) for i, a in enumerate(c.extras)])
     lines.append("    make_fake_stream(use_tvm_ffi_env_stream=True),  # stream: the TVM-FFI env stream, not a run() argument")
     lines.append("]")
     return lines

@@ -23,6 +23,7 @@ from torch import fx
 
 from ..errors import UserError
 from ..graph.snapshot import TORCH_DTYPES, SnapshotIndex
+from ..selection import call_order
 
 _registry: dict[str, "SlotCall"] = {}
 _registry_lock = threading.Lock()
@@ -66,12 +67,8 @@ class SlotCall:
         if self.fn is None:
             raise RuntimeError(f"slot {self.binding_id} is unbound")
         out = self.output_like(list(inputs))
-        args: list[Any] = [x if x.is_contiguous() else x.contiguous() for x in inputs]
-        if self._workspace is not None:
-            args.append(self._workspace)
-        args.append(out)
-        args.extend(self.extras)
-        self.fn(*args)
+        self.fn(*call_order([x if x.is_contiguous() else x.contiguous() for x in inputs], self._workspace, [out],
+                            self.extras))
         return out
 
 

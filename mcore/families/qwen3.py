@@ -16,6 +16,7 @@ attends over the updated caches through mcore::decode_attention (see mcore/ops.p
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, cast
 
@@ -31,6 +32,9 @@ from .base import DTYPES, Family, ModelSource, RecipeSpec, RoleIO
 from .config import cfg_bool, cfg_choice, cfg_float, cfg_int
 
 DEFAULT_MAX_CACHE_LENGTH = 4096
+
+
+_DIMS: dict[str, "Qwen3Dims"] = {}  # config JSON -> its parsed dims
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,16 @@ class Qwen3Dims:
     @classmethod
     def from_config(cls, config: dict) -> "Qwen3Dims":
         """Every field the qwen3 graph uses, type- and range-checked; fields that would change the
-        numerics in a way this family does not implement are errors naming the field."""
+        numerics in a way this family does not implement are errors naming the field. Parsed once
+        per config content (a build asks for them from several places)."""
+        key = json.dumps(config, sort_keys=True, default=str)
+        dims = _DIMS.get(key)
+        if dims is None:
+            dims = _DIMS[key] = cls._parse(config)
+        return dims
+
+    @classmethod
+    def _parse(cls, config: dict) -> "Qwen3Dims":
         what = "the qwen3 family"
         hidden = cfg_int(config, "hidden_size")
         heads = cfg_int(config, "num_attention_heads")
