@@ -139,8 +139,13 @@ def _node_flops(n: fx.Node, args: list[Any], out: Any) -> int:
 
 def profile_pipeline(pipe: Any, role: str, context: int, steps: int, prompt: Optional[str] = None,
                      progress: Progress = NO_PROGRESS, timing: str = "auto",
-                     on_partial: Optional[Callable[[dict[str, Any]], None]] = None) -> dict[str, Any]:
+                     on_partial: Optional[Callable[[dict[str, Any]], None]] = None,
+                     fusion: bool = False) -> dict[str, Any]:
     """Profile one role of a pipeline built with the `torch` engine: `steps` timed runs at `context`.
+
+    `fusion`: also compile the role graph with Inductor once more and report which nodes the
+    compiled engine fuses into which kernel, and per candidate region the fused kernels a slot
+    there would split (engines/kernel_map.py).
 
     `timing`: "auto" (kernel time on CUDA, wall clock on CPU), "kernel", "profiler-cpu" (the
     profiler's CPU time per node range: the kernel path's bookkeeping, testable without a GPU) or "wall".
@@ -197,8 +202,24 @@ def profile_pipeline(pipe: Any, role: str, context: int, steps: int, prompt: Opt
                         "wall": "wall clock per node between device synchronisations"}[timing]
     report["context"] = context if pipe.kind == "decoder" else None
     report["steps"] = steps
+    if fusion:
+        progress.report("compiling the graph once more to see what the compiled engine fuses", 0.96)
+        _add_fusion(report, pipe.snapshots[role], prepared, inputs)
     progress.report("profiled", 1.0)
     return report
+
+
+def _add_fusion(report: dict[str, Any], snap: dict[str, Any], prepared: Any, inputs: tuple) -> None:
+    from .engines.kernel_map import fused_kernels, split_by
+
+    kernels = fused_kernels(prepared, inputs)
+    to_id = {n["name"]: n["id"] for n in snap["nodes"] if n.get("id")}
+    to_name = {i: name for name, i in to_id.items()}
+    report["fusion"] = {
+        "engine": "compiled (Inductor), this device; the engine also merges sibling projections (q/k/v, gate/up)",
+        "kernels": [{"kernel": k["kernel"], "nodes": [to_id.get(n, n) for n in k["nodes"]]} for k in kernels]}
+    for c in report["candidates"]:
+        c["splits"] = split_by(kernels, {to_name[i] for i in c["node_ids"] if i in to_name})
 
 
 def _role_inputs(pipe: Any, role: str, context: int, prompt: Optional[str]) -> tuple:
@@ -380,6 +401,15 @@ def top_lines(report: dict[str, Any], top: int) -> list[str]:
         lines.append(f"  {i:2}. {what}: {c['seconds'] * 1e3:.3f} ms {c['share']:.1%}, headroom "
                      f"{c['headroom_seconds'] * 1e3:.3f} ms")
         lines.append(f"      {c['command']}")
+        if c.get("splits"):
+            parts = [f"{k['kernel']} ({k['inside']} inside, {k['outside']} outside)" for k in c["splits"]]
+            lines.append(f"      a slot here splits {len(parts)} fused kernel(s): {', '.join(parts)}")
+    fusion = report.get("fusion")
+    if fusion:
+        ks = fusion["kernels"]
+        fused = [k for k in ks if len(k["nodes"]) > 1]
+        lines.append(f"fusion ({fusion['engine']}): {len(ks)} kernels for "
+                     f"{sum(len(k['nodes']) for k in ks)} nodes, {len(fused)} of them fusing several nodes")
     return lines
 
 

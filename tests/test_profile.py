@@ -170,3 +170,20 @@ def test_partial_views_fill_in_step_by_step(bundles):
     last = seen[-1]
     assert {n["name"]: n["seconds"] for n in last["nodes"]} == {n["name"]: n["seconds"] for n in report["nodes"]}
     assert last["attributed_seconds"] == pytest.approx(report["attributed_seconds"])
+
+
+def test_fusion_report_names_the_kernels_a_slot_would_split(mcore, tmp_path, bundles):
+    qwen, _ = bundles
+    r, p = _profile(mcore, tmp_path, qwen.bundle_path, "--top", "20", "--fusion")
+    kernels = p["fusion"]["kernels"]
+    node_ids = {n["id"] for n in p["nodes"] if n["id"]}
+    covered = [i for k in kernels for i in k["nodes"]]
+    # every computing node of the graph lands in some kernel, each node's IDs are the graph's
+    assert set(covered) <= node_ids and len(set(covered)) > len(node_ids) // 2
+    assert any(len(k["nodes"]) > 1 for k in kernels)  # Inductor fused something on this CPU
+    for c in p["candidates"]:  # against a brute-force check of each kernel against the region
+        region = set(c["node_ids"])
+        want = [(k["kernel"], len(set(k["nodes"]) & region), len(set(k["nodes"]) - region)) for k in kernels
+                if set(k["nodes"]) & region and set(k["nodes"]) - region]
+        assert [(s["kernel"], s["inside"], s["outside"]) for s in c["splits"]] == want
+    assert "a slot here splits" in r.out and "fusion (compiled (Inductor)" in r.out

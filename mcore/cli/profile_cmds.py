@@ -33,7 +33,8 @@ def cmd_profile(ns: argparse.Namespace) -> int:
     role = ns.role or ("encoder" if cls is EncoderPipeline else "decode")
     pipe = cls(ns.bundle, kernel_bindings=ns.kernel_bindings, device=ns.device, engine="torch",
                progress=stderr_progress(), bundle=bundle)
-    report = profile_pipeline(pipe, role, ns.context, ns.steps, ns.prompt, progress=stderr_progress())
+    report = profile_pipeline(pipe, role, ns.context, ns.steps, ns.prompt, progress=stderr_progress(),
+                              fusion=ns.fusion)
     for line in top_lines(report, ns.top):
         print(line)
     if ns.output:
@@ -54,5 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=int, default=128, help="cached tokens for decode; prompt length for prefill")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=10)
+    p.add_argument("--fusion", action="store_true",
+                   help="also compile the graph once more and report what the compiled engine fuses, and which "
+                        "fused kernels a slot over each candidate region would split")
     p.add_argument("-o", "--output", default=None, help="write the profile JSON here")
     p.set_defaults(func=cmd_profile)
