@@ -22,7 +22,8 @@ demo-cli: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash bench/tutorial_cli.sh artifacts/demo-cli
 
 test: setup
-	$(VENV)/bin/ruff check mcore workbench tests bench kernels
+	$(VENV)/bin/ruff check mcore workbench tests bench kernels sessions
+	$(VENV)/bin/ruff format --check mcore workbench tests bench kernels sessions
 	$(VENV)/bin/mypy  # [tool.mypy] in pyproject.toml names the package (mcore)
 	$(PY) -m pytest -q
 

@@ -29,8 +29,14 @@ from mcore.verify import compare_embeddings, compare_tokens
 def bindings(out: Path, name: str, binding_id: str, abi: str, dso: Path) -> Path:
     shutil.copy(dso, out / dso.name)
     path = out / name
-    path.write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": binding_id, "abi_sha256": abi, "library": f"./{dso.name}", "function": "run"}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "bindings": [{"id": binding_id, "abi_sha256": abi, "library": f"./{dso.name}", "function": "run"}],
+            }
+        )
+    )
     return path
 
 
@@ -53,25 +59,30 @@ def main() -> None:
     for _ in range(5):
         nat.hidden_states(prompt), byok.hidden_states(prompt)
     for i in range(200):
-        for name, p in ((("native", nat), ("byok", byok)) if i % 2 == 0 else (("byok", byok), ("native", nat))):
+        for name, p in (("native", nat), ("byok", byok)) if i % 2 == 0 else (("byok", byok), ("native", nat)):
             torch.cuda.synchronize()
             t = time.perf_counter()
             p.hidden_states(prompt)
             torch.cuda.synchronize()
             times[name].append((time.perf_counter() - t) * 1e3)
     mn, mb = statistics.median(times["native"]), statistics.median(times["byok"])
-    print(f"distilbert-base engine time median native={mn:.3f} ms byok={mb:.3f} ms "
-          f"(byok/native time {mb / mn:.4f}; throughput ratio {mn / mb:.4f}; 200 alternating iterations each)")
+    print(
+        f"distilbert-base engine time median native={mn:.3f} ms byok={mb:.3f} ms "
+        f"(byok/native time {mb / mn:.4f}; throughput ratio {mn / mb:.4f}; 200 alternating iterations each)"
+    )
     # Qwen3 tiny logits copy through the generated (hand-completed) exporter
     qa = BuildArgs(model="demo:qwen3-tiny", precision="bf16", max_cache_length=256, decoder_engine_layout="split")
     build_bundle(qa, out / "q-native.bundle", device="cuda")
-    qslot = build_bundle(qa, out / "q-slot.bundle", recipe=("qwen.decode_logits_copy@1", "decoder.logits_zero_bias"),
-                         device="cuda").receipt
+    qslot = build_bundle(
+        qa, out / "q-slot.bundle", recipe=("qwen.decode_logits_copy@1", "decoder.logits_zero_bias"), device="cuda"
+    ).receipt
     print(f"logits copy abi_sha256={qslot['abi_sha256']}")
     qm = bindings(out, "q-bindings.json", qslot["binding_id"], qslot["abi_sha256"], ev / "logits-cutedsl.so")
     p = "Explain grouped-query attention, KV caching, and decode latency."
     a = DecoderPipeline(str(out / "q-native.bundle"), device="cuda").generate(p, 64, stop_at_eos=False)
-    b = DecoderPipeline(str(out / "q-slot.bundle"), kernel_bindings=str(qm), device="cuda").generate(p, 64, stop_at_eos=False)
+    b = DecoderPipeline(str(out / "q-slot.bundle"), kernel_bindings=str(qm), device="cuda").generate(
+        p, 64, stop_at_eos=False
+    )
     rec = lambda r: [{"prompt": r.prompt, "tokens": r.tokens, "text": r.text}]  # noqa: E731
     print("logits copy (CuTe DSO) tokens:", compare_tokens(rec(a), rec(b)).line)
 

@@ -7,10 +7,21 @@ import sys
 from pathlib import Path
 
 DISTILBERT_BASE = {
-    "architectures": ["DistilBertModel"], "model_type": "distilbert", "dim": 768, "hidden_dim": 3072,
-    "n_layers": 6, "n_heads": 12, "vocab_size": 30522, "max_position_embeddings": 512, "dropout": 0.1,
-    "attention_dropout": 0.1, "activation": "gelu", "initializer_range": 0.02, "pad_token_id": 0,
-    "sinusoidal_pos_embds": False, "tie_weights_": True,
+    "architectures": ["DistilBertModel"],
+    "model_type": "distilbert",
+    "dim": 768,
+    "hidden_dim": 3072,
+    "n_layers": 6,
+    "n_heads": 12,
+    "vocab_size": 30522,
+    "max_position_embeddings": 512,
+    "dropout": 0.1,
+    "attention_dropout": 0.1,
+    "activation": "gelu",
+    "initializer_range": 0.02,
+    "pad_token_id": 0,
+    "sinusoidal_pos_embds": False,
+    "tie_weights_": True,
 }
 
 

@@ -53,6 +53,7 @@ def _emit(rec: dict) -> None:
 
 # ------------------------------------------------------------------------------------------ parts
 
+
 def part_roofline(a) -> None:
     import torch
 
@@ -105,8 +106,9 @@ def part_mcore(a) -> None:
         if fuse_projections():
             fuse_sibling_projections(prepared)
         runner = CompiledRoleRunner(prepared, pipe.device, f"variant-{os.getpid()}")
-        runner.prepare(pipe.step_ids, pipe.cache_length, *[pipe.caches[n] for n in pipe.cache_names],
-                       progress=Progress(note))
+        runner.prepare(
+            pipe.step_ids, pipe.cache_length, *[pipe.caches[n] for n in pipe.cache_names], progress=Progress(note)
+        )
         pipe.runners["decode"] = runner
         pipe.engine_name = "compiled-decode-only"
     else:
@@ -118,8 +120,14 @@ def part_mcore(a) -> None:
     for c in caches:  # never time on zeros
         c.normal_(generator=g)
     dec = pipe.runners["decode"]
-    rec = {"part": f"mcore-{pipe.engine_name}", "capacity": a.capacity, "load_s": load_s, "compile_s": compile_s,
-           "engine": pipe.engine_lines(), "decode_ms": {}}
+    rec = {
+        "part": f"mcore-{pipe.engine_name}",
+        "capacity": a.capacity,
+        "load_s": load_s,
+        "compile_s": compile_s,
+        "engine": pipe.engine_lines(),
+        "decode_ms": {},
+    }
     tok = [1234]
 
     def step():
@@ -180,8 +188,12 @@ def part_hf_eager(a) -> None:
             pos = [n]
 
             def step():
-                o = model(input_ids=torch.tensor([[tok]], device=DEV), past_key_values=cache, use_cache=True,
-                          cache_position=torch.tensor([pos[0]], device=DEV))
+                o = model(
+                    input_ids=torch.tensor([[tok]], device=DEV),
+                    past_key_values=cache,
+                    use_cache=True,
+                    cache_position=torch.tensor([pos[0]], device=DEV),
+                )
                 int(o.logits[0, -1].argmax().item())
                 pos[0] += 1
 
@@ -203,8 +215,14 @@ def part_hf_compiled(a) -> None:
         cache = StaticCache(config=model.config, max_cache_len=a.capacity)
 
         def decode_one(ids, pos):  # the documented static-cache recipe: one step and its greedy pick
-            logits = model(ids, position_ids=pos[None], cache_position=pos, past_key_values=cache, use_cache=True,
-                           return_dict=False)[0]
+            logits = model(
+                ids,
+                position_ids=pos[None],
+                cache_position=pos,
+                past_key_values=cache,
+                use_cache=True,
+                return_dict=False,
+            )[0]
             return torch.argmax(logits[:, -1], dim=-1)
 
         with torch.no_grad():  # one eager step allocates the cache's lazily made tensors outside any CUDA graph
@@ -241,10 +259,25 @@ PARTS = {"roofline": part_roofline, "mcore": part_mcore, "hf-eager": part_hf_eag
 
 # ------------------------------------------------------------------------------------------ driver
 
+
 def run_part(a, name: str, *extra: str, env: dict | None = None, timeout: int = 900) -> list[dict]:
-    tag = "-".join(f"{k}{v}" for k, v in sorted((env or {}).items()) if k.startswith("MCORE_") and k != "MCORE_CACHE_DIR")
-    cmd = [sys.executable, __file__, a.out, "--part", name, "--contexts", ",".join(map(str, a.contexts)),
-           "--capacity", str(a.capacity), "--steps", str(a.steps), *extra]
+    tag = "-".join(
+        f"{k}{v}" for k, v in sorted((env or {}).items()) if k.startswith("MCORE_") and k != "MCORE_CACHE_DIR"
+    )
+    cmd = [
+        sys.executable,
+        __file__,
+        a.out,
+        "--part",
+        name,
+        "--contexts",
+        ",".join(map(str, a.contexts)),
+        "--capacity",
+        str(a.capacity),
+        "--steps",
+        str(a.steps),
+        *extra,
+    ]
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
     wall = time.perf_counter() - t
@@ -278,11 +311,16 @@ def table(recs: list[dict], contexts: list[int]) -> str:
     lines = []
     if roof:
         floor = roof["weight_bytes"] / (roof["copy_TBps"] * 1e12) * 1e3
-        lines.append(f"roofline: copy {roof['copy_TBps']:.2f} TB/s; weights {roof['weight_bytes'] / 1e9:.2f} GB "
-                     f"-> {floor:.2f} ms/token ({1e3 / floor:.0f} tok/s) plus KV "
-                     f"{roof['kv_bytes_per_position'] / 1e3:.0f} kB per cached position")
-    head = f"{'engine':34} {'cap':>6} " + " ".join(f"{'ctx ' + str(n):>16}" for n in contexts) + \
-        f" {'ttft 1k':>9} {'compile':>8} {'load':>7}"
+        lines.append(
+            f"roofline: copy {roof['copy_TBps']:.2f} TB/s; weights {roof['weight_bytes'] / 1e9:.2f} GB "
+            f"-> {floor:.2f} ms/token ({1e3 / floor:.0f} tok/s) plus KV "
+            f"{roof['kv_bytes_per_position'] / 1e3:.0f} kB per cached position"
+        )
+    head = (
+        f"{'engine':34} {'cap':>6} "
+        + " ".join(f"{'ctx ' + str(n):>16}" for n in contexts)
+        + f" {'ttft 1k':>9} {'compile':>8} {'load':>7}"
+    )
     lines += [head, "-" * len(head)]
     for r in recs:
         if r.get("part") == "roofline":
@@ -304,8 +342,11 @@ def table(recs: list[dict], contexts: list[int]) -> str:
         ttft = f"{r['ttft_1k_ms']:7.1f}ms" if "ttft_1k_ms" in r else f"{'-':>9}"
         comp = f"{r['compile_s']:6.1f}s" if r.get("compile_s") else f"{'-':>7}"
         load = f"{r['load_s']:6.1f}s" if "load_s" in r else f"{'-':>7}"
-        lines.append(f"{r.get('label', r['part']):34} {r.get('capacity', ''):>6} " + " ".join(cells) +
-                     f" {ttft:>9} {comp:>8} {load:>7}")
+        lines.append(
+            f"{r.get('label', r['part']):34} {r.get('capacity', ''):>6} "
+            + " ".join(cells)
+            + f" {ttft:>9} {comp:>8} {load:>7}"
+        )
     lines.append("cells: ms/token, tokens/s, share of the roofline (weights + the context's KV at the copy rate)")
     return "\n".join(lines)
 
@@ -315,7 +356,9 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--contexts", default="128,1024,8192,32768")
     ap.add_argument("--capacity", type=int, default=40960)
-    ap.add_argument("--extra-capacity", default="4096", help="compiled engine and peer also at these capacities (ctx 1k)")
+    ap.add_argument(
+        "--extra-capacity", default="4096", help="compiled engine and peer also at these capacities (ctx 1k)"
+    )
     ap.add_argument("--parts", default="roofline,compiled,torch,hf-eager,hf-compiled")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--peer-capacities", default=None, help="transformers static cache capacities (default: as ours)")
@@ -323,8 +366,12 @@ def main() -> None:
     ap.add_argument("--engine", default="compiled", help=argparse.SUPPRESS)
     ap.add_argument("--ttft", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--decode-only", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--variants", default="", help="decode-only compiled variants: env settings, ';'-separated "
-                    "(e.g. 'MCORE_COMPILE_TUNING=0;MCORE_FUSE_PROJECTIONS=0')")
+    ap.add_argument(
+        "--variants",
+        default="",
+        help="decode-only compiled variants: env settings, ';'-separated "
+        "(e.g. 'MCORE_COMPILE_TUNING=0;MCORE_FUSE_PROJECTIONS=0')",
+    )
     a = ap.parse_args()
     a.contexts = [int(x) for x in a.contexts.split(",") if x]
     Path(a.out).mkdir(parents=True, exist_ok=True)
@@ -359,8 +406,10 @@ def main() -> None:
     if "compiled" in parts:
         shutil.rmtree(cache, ignore_errors=True)
         env = {"MCORE_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
-        for label, cap, ctx in (("mcore compiled (cold compile)", a.capacity, a.contexts),
-                                ("mcore compiled (cached reload)", a.capacity, a.contexts)):
+        for label, cap, ctx in (
+            ("mcore compiled (cold compile)", a.capacity, a.contexts),
+            ("mcore compiled (cached reload)", a.capacity, a.contexts),
+        ):
             b = argparse.Namespace(**{**vars(a), "capacity": cap, "contexts": ctx})
             for r in run_part(b, "mcore", "--engine", "compiled", env=env):
                 r["label"] = label

@@ -49,8 +49,13 @@ def main() -> None:
     a = ap.parse_args()
     ctxs = [int(x) for x in a.contexts.split(",")]
     h, kv, d = 32, 8, 128
-    caches = [(torch.randn(1, kv, a.capacity, d, device="cuda", dtype=torch.bfloat16),
-               torch.randn(1, kv, a.capacity, d, device="cuda", dtype=torch.bfloat16)) for _ in range(a.layers)]
+    caches = [
+        (
+            torch.randn(1, kv, a.capacity, d, device="cuda", dtype=torch.bfloat16),
+            torch.randn(1, kv, a.capacity, d, device="cuda", dtype=torch.bfloat16),
+        )
+        for _ in range(a.layers)
+    ]
     q = torch.randn(1, h, 1, d, device="cuda", dtype=torch.bfloat16) * 0.1
     lens = torch.zeros(1, dtype=torch.int32, device="cuda")
     results = []
@@ -72,12 +77,19 @@ def main() -> None:
             print(f"BLOCK_N={bn} split/SM={split} warps={warps} stages={stages}: {type(e).__name__}")
             continue
         results.append(((bn, split, warps, stages), row))
-        print(f"BLOCK_N={bn:3} split/SM={split} warps={warps} stages={stages}: " +
-              "  ".join(f"ctx {n}: {ms * 1e3:6.1f} us {bw:4.2f} TB/s" for n, (ms, bw) in zip(ctxs, row)), flush=True)
+        print(
+            f"BLOCK_N={bn:3} split/SM={split} warps={warps} stages={stages}: "
+            + "  ".join(f"ctx {n}: {ms * 1e3:6.1f} us {bw:4.2f} TB/s" for n, (ms, bw) in zip(ctxs, row)),
+            flush=True,
+        )
     best = min(results, key=lambda r: sum(ms for ms, _ in r[1]))
     print("best (sum over contexts):", best[0], " ".join(f"{ms * 1e3:.1f}us/{bw:.2f}TB/s" for ms, bw in best[1]))
     best_long = min(results, key=lambda r: r[1][-1][0])
-    print("best at the longest context:", best_long[0], " ".join(f"{ms * 1e3:.1f}us/{bw:.2f}TB/s" for ms, bw in best_long[1]))
+    print(
+        "best at the longest context:",
+        best_long[0],
+        " ".join(f"{ms * 1e3:.1f}us/{bw:.2f}TB/s" for ms, bw in best_long[1]),
+    )
 
 
 if __name__ == "__main__":

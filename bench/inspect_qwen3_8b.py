@@ -27,8 +27,24 @@ TARGET_GIB = 2.0
 
 
 def one_run(model: Path, out: Path) -> tuple[float, float]:
-    cmd = [sys.executable, "-m", "mcore", "graph", "inspect", "--engine-role", "decode", "--snapshot", str(out),
-           str(model), "--precision", "bf16", "--max-cache-length", "40960", "--decoder-engine-layout", "split"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mcore",
+        "graph",
+        "inspect",
+        "--engine-role",
+        "decode",
+        "--snapshot",
+        str(out),
+        str(model),
+        "--precision",
+        "bf16",
+        "--max-cache-length",
+        "40960",
+        "--decoder-engine-layout",
+        "split",
+    ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -54,9 +70,13 @@ def main() -> None:
         snap = json.loads(out.read_text())
     med = statistics.median(times)
     peak = max(peaks)
-    print(f"cores={os.cpu_count()} nodes={len(snap['nodes'])} tensors={len(snap['tensors'])} "
-          f"recipes={len(snap.get('recipes', []))}")
-    print(f"inspect_seconds median={med:.2f} runs={[round(t, 2) for t in times]} target<{TARGET_S} ratio={med / TARGET_S:.2f}")
+    print(
+        f"cores={os.cpu_count()} nodes={len(snap['nodes'])} tensors={len(snap['tensors'])} "
+        f"recipes={len(snap.get('recipes', []))}"
+    )
+    print(
+        f"inspect_seconds median={med:.2f} runs={[round(t, 2) for t in times]} target<{TARGET_S} ratio={med / TARGET_S:.2f}"
+    )
     print(f"peak_rss_gib={peak:.2f} target<{TARGET_GIB} ratio={peak / TARGET_GIB:.2f}")
 
 

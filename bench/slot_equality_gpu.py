@@ -36,8 +36,11 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--cache", type=int, default=40960)
-    ap.add_argument("--deterministic", action="store_true",
-                    help="torch.use_deterministic_algorithms(warn_only) + CUBLAS_WORKSPACE_CONFIG: names the culprits")
+    ap.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="torch.use_deterministic_algorithms(warn_only) + CUBLAS_WORKSPACE_CONFIG: names the culprits",
+    )
     a = ap.parse_args()
     if a.deterministic:
         import os
@@ -50,23 +53,39 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg = write_config_folder(out / "qwen3-8b-config")
     shutil.copy(materialize("qwen3-tiny") / "tokenizer.json", cfg)
-    args = BuildArgs(model=str(cfg), weights="random", precision="bf16", max_cache_length=a.cache,
-                     decoder_engine_layout="split")
+    args = BuildArgs(
+        model=str(cfg), weights="random", precision="bf16", max_cache_length=a.cache, decoder_engine_layout="split"
+    )
     build_bundle(args, out / "native.bundle", device="cuda")
-    res = build_bundle(args, out / "slot.bundle", recipe=("qwen.decode_logits_copy@1", "decoder.logits_zero_bias"),
-                       device="cuda")
+    res = build_bundle(
+        args, out / "slot.bundle", recipe=("qwen.decode_logits_copy@1", "decoder.logits_zero_bias"), device="cuda"
+    )
     build_kernel("identity-copy", out / "kernel.so", cuda="on", overwrite=True)
-    (out / "bindings.json").write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": "qwen.decode_logits_copy@1", "abi_sha256": res.receipt["abi_sha256"], "library": "./kernel.so",
-         "function": "run"}]}))
+    (out / "bindings.json").write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "bindings": [
+                    {
+                        "id": "qwen.decode_logits_copy@1",
+                        "abi_sha256": res.receipt["abi_sha256"],
+                        "library": "./kernel.so",
+                        "function": "run",
+                    }
+                ],
+            }
+        )
+    )
     nat = DecoderPipeline(str(out / "native.bundle"), device="cuda")
     ext = DecoderPipeline(str(out / "slot.bundle"), kernel_bindings=str(out / "bindings.json"), device="cuda")
     runs = {}
     for name, p in (("native", nat), ("external", ext)):
         runs[name] = [p.generate(PROMPT, a.tokens, stop_at_eos=False).tokens for _ in range(2)]
         print(f"{name}: run1 == run2: {runs[name][0] == runs[name][1]} first diff {first_diff(*runs[name])}")
-    print(f"native run1 == external run1: {runs['native'][0] == runs['external'][0]} "
-          f"first diff {first_diff(runs['native'][0], runs['external'][0])}")
+    print(
+        f"native run1 == external run1: {runs['native'][0] == runs['external'][0]} "
+        f"first diff {first_diff(runs['native'][0], runs['external'][0])}"
+    )
     # lockstep: the same token stream into both; compare logits bit for bit
     seq = nat.encode(PROMPT) + runs["native"][0]
     n0 = len(nat.encode(PROMPT))

@@ -25,8 +25,13 @@ def main() -> None:
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     ids = torch.tensor([[1000, 2000, 3000]], device="cuda")
-    kw = dict(max_new_tokens=a.tokens, min_new_tokens=a.tokens, do_sample=False, pad_token_id=0,
-              attention_mask=torch.ones_like(ids))
+    kw = dict(
+        max_new_tokens=a.tokens,
+        min_new_tokens=a.tokens,
+        do_sample=False,
+        pad_token_id=0,
+        attention_mask=torch.ones_like(ids),
+    )
     with torch.no_grad():
         model.generate(ids, **kw)  # warm-up
         rates = []
@@ -36,8 +41,10 @@ def main() -> None:
             out = model.generate(ids, **kw)
             torch.cuda.synchronize()
             rates.append((out.shape[1] - ids.shape[1]) / (time.perf_counter() - t))
-    print(f"transformers_eager generated_tokens_mean={a.tokens:.2f} tokens_per_sec={statistics.median(rates):.2f} "
-          f"runs={[round(r, 2) for r in rates]}")
+    print(
+        f"transformers_eager generated_tokens_mean={a.tokens:.2f} tokens_per_sec={statistics.median(rates):.2f} "
+        f"runs={[round(r, 2) for r in rates]}"
+    )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,8 @@ HEAD_DIMS = (64, 128)
 # Snapshot metadata recorded but not fingerprinted (mcore.graph.snapshot.UNHASHED_METADATA).
 UNHASHED_METADATA = ["tool_versions"]
 
-EXIT_CONTRACT = 2   # a selection/snapshot that does not match, an existing output
-EXIT_EXPORT = 1     # compile, export or link failed
+EXIT_CONTRACT = 2  # a selection/snapshot that does not match, an existing output
+EXIT_EXPORT = 1  # compile, export or link failed
 PROG = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "exporter"
 
 
@@ -124,8 +124,10 @@ def _is_int(v):
 
 
 PATTERN = "query T [1,H,-1,D], key and value caches T [1,KV,C,D], INT32 [1] -> T [1,H,-1,D]"
-RESELECT = ("select the region with `mcore build --recipe qwen.decode_attention_region@2 INSTANCE` "
-            "on a BF16 or FP16 Qwen3 build")
+RESELECT = (
+    "select the region with `mcore build --recipe qwen.decode_attention_region@2 INSTANCE` "
+    "on a BF16 or FP16 Qwen3 build"
+)
 
 
 def check_selection(receipt, where):
@@ -133,58 +135,87 @@ def check_selection(receipt, where):
     {"dtype", "heads", "kv_heads", "capacity", "head_dim"}."""
     if not isinstance(receipt, dict) or receipt.get("kind") != "mcore.selection_receipt":
         raise ContractError(f"{where}: not a selection receipt; pass the .selection.json from `mcore build --recipe`")
-    required = ("abi", "abi_sha256", "graph_fingerprint", "binding_id", "node_ids", "workspace_bytes",
-                "extra_args", "output_shape_input")
+    required = (
+        "abi",
+        "abi_sha256",
+        "graph_fingerprint",
+        "binding_id",
+        "node_ids",
+        "workspace_bytes",
+        "extra_args",
+        "output_shape_input",
+    )
     missing = [k for k in required if k not in receipt]
     if missing:
         raise ContractError(f"{where}: the selection receipt lacks {', '.join(missing)}; {RESELECT}")
     abi = receipt["abi"]
     try:
         ins, outs = abi["inputs"], abi["outputs"]
-        own_hash = _sha256(abi_contract(ins, outs, receipt["workspace_bytes"], receipt["extra_args"],
-                                        receipt["output_shape_input"]))
+        own_hash = _sha256(
+            abi_contract(ins, outs, receipt["workspace_bytes"], receipt["extra_args"], receipt["output_shape_input"])
+        )
     except (KeyError, TypeError, ValueError, AttributeError):
         raise ContractError(f"{where}: the receipt's abi section is incomplete; {RESELECT}") from None
     if own_hash != receipt["abi_sha256"]:
-        raise ContractError(f"{where}: abi_sha256 does not match the receipt's own ABI (the file was edited); {RESELECT}")
+        raise ContractError(
+            f"{where}: abi_sha256 does not match the receipt's own ABI (the file was edited); {RESELECT}"
+        )
     if abi.get("format") != ABI_FORMAT:
         raise ContractError(f"{where}: ABI format {abi.get('format')!r} is not {ABI_FORMAT!r}; {RESELECT}")
     if receipt["binding_id"] != BINDING_ID:
         raise ContractError(f"{where}: binding ID {receipt['binding_id']!r} is not {BINDING_ID!r}; {RESELECT}")
     shapes = [list(t.get("shape", [])) for t in ins + outs]
     dts = [t.get("dtype") for t in ins + outs]
-    ok = (len(ins) == 4 and len(outs) == 1 and all(len(s) == r for s, r in zip(shapes, (4, 4, 4, 1, 4))))
+    ok = len(ins) == 4 and len(outs) == 1 and all(len(s) == r for s, r in zip(shapes, (4, 4, 4, 1, 4)))
     if ok:
         q, k, v, n, o = shapes
-        ok = (q[0] == 1 and q[2] == -1 and k[0] == 1 and k == v and n == [1] and o == q and q[3] == k[3]
-              and all(_is_int(x) and x > 0 for x in (q[1], k[1], k[2], q[3])))
+        ok = (
+            q[0] == 1
+            and q[2] == -1
+            and k[0] == 1
+            and k == v
+            and n == [1]
+            and o == q
+            and q[3] == k[3]
+            and all(_is_int(x) and x > 0 for x in (q[1], k[1], k[2], q[3]))
+        )
     if not ok:
         got = ", ".join(f"{d} {s}" for d, s in zip(dts, shapes))
         raise ContractError(f"{where}: the boundary ({got}) is not decode attention ({PATTERN}); {RESELECT}")
     t = dts[0]
     if t not in DTYPES or dts != [t, t, t, "INT32", t]:
-        raise ContractError(f"{where}: dtypes {', '.join(map(str, dts))} are not supported; this kernel takes BF16 or "
-                            "FP16 query, caches and context with INT32 lengths (build with --precision bf16 or fp16)")
+        raise ContractError(
+            f"{where}: dtypes {', '.join(map(str, dts))} are not supported; this kernel takes BF16 or "
+            "FP16 query, caches and context with INT32 lengths (build with --precision bf16 or fp16)"
+        )
     heads, kv_heads, capacity, head_dim = q[1], k[1], k[2], q[3]
     if head_dim not in HEAD_DIMS:
-        raise ContractError(f"{where}: head_dim {head_dim} is not supported (this kernel takes "
-                            f"{' or '.join(map(str, HEAD_DIMS))})")
+        raise ContractError(
+            f"{where}: head_dim {head_dim} is not supported (this kernel takes {' or '.join(map(str, HEAD_DIMS))})"
+        )
     if heads % kv_heads:
         raise ContractError(f"{where}: {heads} query heads are not a multiple of {kv_heads} KV heads")
-    if kv_heads * capacity * head_dim >= 2 ** 31:
-        raise ContractError(f"{where}: a cache of {kv_heads}x{capacity}x{head_dim} elements is too large for 32-bit "
-                            "offsets")
+    if kv_heads * capacity * head_dim >= 2**31:
+        raise ContractError(
+            f"{where}: a cache of {kv_heads}x{capacity}x{head_dim} elements is too large for 32-bit offsets"
+        )
     if receipt["workspace_bytes"] != 0 or receipt["extra_args"] != [] or receipt["output_shape_input"] != 0:
-        raise ContractError(f"{where}: this kernel takes no workspace and no extra args, and its output is shaped like "
-                            f"input 0 (the receipt has workspace {receipt['workspace_bytes']}, extra args "
-                            f"{json.dumps(receipt['extra_args'])}, output like input {receipt['output_shape_input']}); "
-                            f"{RESELECT}")
+        raise ContractError(
+            f"{where}: this kernel takes no workspace and no extra args, and its output is shaped like "
+            f"input 0 (the receipt has workspace {receipt['workspace_bytes']}, extra args "
+            f"{json.dumps(receipt['extra_args'])}, output like input {receipt['output_shape_input']}); "
+            f"{RESELECT}"
+        )
     return {"dtype": t, "heads": heads, "kv_heads": kv_heads, "capacity": capacity, "head_dim": head_dim}
 
 
 def check_snapshot(snapshot, receipt, where):
     """Refuse a snapshot that is damaged or is not the graph the receipt was made from."""
-    if not isinstance(snapshot, dict) or snapshot.get("kind") != "mcore.graph_snapshot" or "fingerprint" not in snapshot:
+    if (
+        not isinstance(snapshot, dict)
+        or snapshot.get("kind") != "mcore.graph_snapshot"
+        or "fingerprint" not in snapshot
+    ):
         raise ContractError(f"{where}: not a graph snapshot; pass the file from `mcore graph inspect --snapshot`")
     try:
         payload = {k: v for k, v in snapshot.items() if k != "fingerprint"}
@@ -194,18 +225,24 @@ def check_snapshot(snapshot, receipt, where):
     except (TypeError, ValueError):
         own = None
     if own != snapshot["fingerprint"]:
-        raise ContractError(f"{where}: the snapshot's fingerprint does not match its content (edited or damaged); "
-                            "recapture it with `mcore graph inspect`")
+        raise ContractError(
+            f"{where}: the snapshot's fingerprint does not match its content (edited or damaged); "
+            "recapture it with `mcore graph inspect`"
+        )
     if snapshot["fingerprint"] != receipt["graph_fingerprint"]:
-        raise ContractError(f"{where}: this is another graph (fingerprint {snapshot['fingerprint'][:16]}..., the "
-                            f"selection's is {str(receipt['graph_fingerprint'])[:16]}...); pass the snapshot the "
-                            "selection was made from")
+        raise ContractError(
+            f"{where}: this is another graph (fingerprint {snapshot['fingerprint'][:16]}..., the "
+            f"selection's is {str(receipt['graph_fingerprint'])[:16]}...); pass the snapshot the "
+            "selection was made from"
+        )
     tensors = {t.get("id"): t for t in snapshot.get("tensors", []) if isinstance(t, dict)}
     for e in receipt["abi"]["inputs"] + receipt["abi"]["outputs"]:
         t = tensors.get(e.get("tensor_id"), {})
         if t.get("dtype") != e["dtype"] or t.get("shape") != e["shape"]:
-            raise ContractError(f"{where}: {e.get('tensor_id')} is not {e['dtype']} {e['shape']} in this snapshot; "
-                                "recapture and select again")
+            raise ContractError(
+                f"{where}: {e.get('tensor_id')} is not {e['dtype']} {e['shape']} in this snapshot; "
+                "recapture and select again"
+            )
 
 
 def check_contract(selection_path, snapshot_path=None):
@@ -218,6 +255,7 @@ def check_contract(selection_path, snapshot_path=None):
 
 
 # ---------------------------------------------------------------- CuTe DSL kernel
+
 
 def _gpu_visible():
     if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
@@ -244,12 +282,13 @@ try:
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
     CUTE_IMPORT_ERROR = None
 except (ImportError, RuntimeError) as e:  # no CuTe DSL, or no CUDA flavour of it: --check-only still works
     cute = None
     CUTE_IMPORT_ERROR = e
 
-NUM_WARPS = 8   # KV splits per block (one warp each); fixed, so the merge order is fixed
+NUM_WARPS = 8  # KV splits per block (one warp each); fixed, so the merge order is fixed
 WARP = 32
 
 
@@ -259,13 +298,19 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
     Everything but the token count s is a compile-time constant; s comes from query's shape."""
     element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
     group = heads // kv_heads
-    per_lane = head_dim // WARP       # columns each lane owns: lane, lane + 32, ...
+    per_lane = head_dim // WARP  # columns each lane owns: lane, lane + 32, ...
     threads = NUM_WARPS * WARP
     neg_inf = -math.inf
 
     @cute.kernel
-    def attention_kernel(query: cute.Tensor, key_cache: cute.Tensor, value_cache: cute.Tensor,
-                         kv_lengths: cute.Tensor, context: cute.Tensor, new_tokens: cutlass.Int32):
+    def attention_kernel(
+        query: cute.Tensor,
+        key_cache: cute.Tensor,
+        value_cache: cute.Tensor,
+        kv_lengths: cute.Tensor,
+        context: cute.Tensor,
+        new_tokens: cutlass.Int32,
+    ):
         tidx, _, _ = cute.arch.thread_idx()
         row, _, _ = cute.arch.block_idx()
         warp = tidx // WARP
@@ -273,9 +318,9 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         head = row // new_tokens
         token = row - head * new_tokens
         kv_head = head // group
-        length = kv_lengths[0]                        # read on the device: no host sync
+        length = kv_lengths[0]  # read on the device: no host sync
         end = cutlass.min(length - new_tokens + token + 1, capacity)  # causal: keys [0, end)
-        share = (end + NUM_WARPS - 1) // NUM_WARPS    # the fixed split schedule
+        share = (end + NUM_WARPS - 1) // NUM_WARPS  # the fixed split schedule
         start = warp * share
         stop = cutlass.min(start + share, end)
 
@@ -290,19 +335,21 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
             partial = cutlass.Float32(0.0)
             for e in cutlass.range_constexpr(per_lane):
                 partial = partial + q[e] * key_cache[0, kv_head, pos, lane + WARP * e].to(cutlass.Float32)
-            score = cute.arch.warp_reduction_sum(partial)   # butterfly: every lane gets the same sum
+            score = cute.arch.warp_reduction_sum(partial)  # butterfly: every lane gets the same sum
             m_new = cute.arch.fmax(m, score)
-            alpha = cute.math.exp(m - m_new)                 # 0 on the first key (m = -inf)
+            alpha = cute.math.exp(m - m_new)  # 0 on the first key (m = -inf)
             p = cute.math.exp(score - m_new)
             denom = denom * alpha + p
-            p_rounded = p.to(element).to(cutlass.Float32)    # as fused attention kernels feed P @ V
+            p_rounded = p.to(element).to(cutlass.Float32)  # as fused attention kernels feed P @ V
             for e in cutlass.range_constexpr(per_lane):
                 acc[e] = acc[e] * alpha + p_rounded * value_cache[0, kv_head, pos, lane + WARP * e].to(cutlass.Float32)
             m = m_new
 
         # Merge the warps' partials in warp order (deterministic; an empty share has m = -inf, weight 0).
         smem = cutlass.utils.SmemAllocator()
-        part_acc = smem.allocate_tensor(cutlass.Float32, cute.make_layout((NUM_WARPS, head_dim), stride=(head_dim, 1)), 16)
+        part_acc = smem.allocate_tensor(
+            cutlass.Float32, cute.make_layout((NUM_WARPS, head_dim), stride=(head_dim, 1)), 16
+        )
         part_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout(NUM_WARPS), 16)
         part_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout(NUM_WARPS), 16)
         for e in cutlass.range_constexpr(per_lane):
@@ -312,7 +359,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
             part_l[warp] = denom
         cute.arch.sync_threads()
         if tidx < head_dim:
-            m_all = part_m[0]   # warp 0's share always holds key 0, so m_all is finite
+            m_all = part_m[0]  # warp 0's share always holds key 0, so m_all is finite
             for w in cutlass.range_constexpr(1, NUM_WARPS):
                 m_all = cute.arch.fmax(m_all, part_m[w])
             num = cutlass.Float32(0.0)
@@ -324,10 +371,16 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
             context[0, head, token, tidx] = (num / den).to(element)
 
     @cute.jit
-    def run(query: cute.Tensor, key_cache: cute.Tensor, value_cache: cute.Tensor, kv_lengths: cute.Tensor,
-            context: cute.Tensor, stream: cuda.CUstream):
+    def run(
+        query: cute.Tensor,
+        key_cache: cute.Tensor,
+        value_cache: cute.Tensor,
+        kv_lengths: cute.Tensor,
+        context: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
         """The exported run(query, key_cache, value_cache, kv_lengths, context); `stream` is the TVM-FFI env stream."""
-        new_tokens = cute.size(query, mode=[2])   # s: dynamic, from the tensor the engine passes
+        new_tokens = cute.size(query, mode=[2])  # s: dynamic, from the tensor the engine passes
         attention_kernel(query, key_cache, value_cache, kv_lengths, context, new_tokens).launch(
             grid=(heads * new_tokens, 1, 1),
             block=(threads, 1, 1),
@@ -347,16 +400,17 @@ def fake_arguments(dtype, heads, kv_heads, capacity, head_dim):
 
     tokens = cute.sym_int()  # dynamic: query[2], context[2]
     return [
-        tensor(element, (1, heads, tokens, head_dim)),           # query
-        tensor(element, (1, kv_heads, capacity, head_dim)),      # key_cache
-        tensor(element, (1, kv_heads, capacity, head_dim)),      # value_cache
-        tensor(cutlass.Int32, (1,)),                             # kv_lengths
-        tensor(element, (1, heads, tokens, head_dim)),           # context
-        make_fake_stream(use_tvm_ffi_env_stream=True),           # the TVM-FFI env stream, not a run() argument
+        tensor(element, (1, heads, tokens, head_dim)),  # query
+        tensor(element, (1, kv_heads, capacity, head_dim)),  # key_cache
+        tensor(element, (1, kv_heads, capacity, head_dim)),  # value_cache
+        tensor(cutlass.Int32, (1,)),  # kv_lengths
+        tensor(element, (1, heads, tokens, head_dim)),  # context
+        make_fake_stream(use_tvm_ffi_env_stream=True),  # the TVM-FFI env stream, not a run() argument
     ]
 
 
 # ---------------------------------------------------------------- compile, export, link
+
 
 class ExportError(Exception):
     """Compile, export or link failed."""
@@ -372,6 +426,7 @@ def cute_runtime_libdir():
         candidates.append(Path(os.environ["CUTE_DSL_RUNTIME_DIR"]))
     try:
         from cutlass.cute.export.aot_config import get_libdir
+
         if get_libdir():
             candidates.append(Path(get_libdir()))
     except Exception:  # older CuTe DSL: search the package below
@@ -381,8 +436,10 @@ def cute_runtime_libdir():
     for d in candidates:
         if (d / STATIC_RUNTIME).is_file():
             return d
-    raise ExportError(f"{STATIC_RUNTIME} not found in the installed nvidia-cutlass-dsl; install its CUDA 13 libs "
-                      "(pip install 'nvidia-cutlass-dsl[cu13]') or set CUTE_DSL_RUNTIME_DIR")
+    raise ExportError(
+        f"{STATIC_RUNTIME} not found in the installed nvidia-cutlass-dsl; install its CUDA 13 libs "
+        "(pip install 'nvidia-cutlass-dsl[cu13]') or set CUTE_DSL_RUNTIME_DIR"
+    )
 
 
 def cudart_libdir():
@@ -430,6 +487,7 @@ def link(obj, dso, with_dsl_runtime=False):
     CuTe DSL whose wrapper needs more of it than the error helper above.
     """
     import tvm_ffi.libinfo
+
     cc = os.environ.get("CC", "gcc")
     runtime = cute_runtime_libdir()
     tvm_ffi_dir = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
@@ -438,8 +496,11 @@ def link(obj, dso, with_dsl_runtime=False):
     shim_c.write_text(ERROR_SHIM_C)
     shim_o = shim_c.with_suffix(".o")
     _run([cc, "-c", "-fPIC", "-O2", "-o", shim_o, shim_c], "compiling the error helper")
-    cmd = [cc, "-shared", "-o", dso, obj] + ([] if with_dsl_runtime else [shim_o]) + [
-        runtime / STATIC_RUNTIME, "-Wl,--exclude-libs,ALL", "-Wl,--as-needed"]
+    cmd = (
+        [cc, "-shared", "-o", dso, obj]
+        + ([] if with_dsl_runtime else [shim_o])
+        + [runtime / STATIC_RUNTIME, "-Wl,--exclude-libs,ALL", "-Wl,--as-needed"]
+    )
     rpath = [str(d) for d in (cudart, tvm_ffi_dir) if d]
     if with_dsl_runtime:
         cmd += [f"-L{runtime}", "-lcute_dsl_runtime"]
@@ -450,12 +511,15 @@ def link(obj, dso, with_dsl_runtime=False):
     try:
         _run(cmd, "linking")
     except ExportError as e:
-        raise ExportError(f"{e}" + ("" if cudart else "; set CUDA_HOME to the CUDA toolkit so libcudart is found")) from None
+        raise ExportError(
+            f"{e}" + ("" if cudart else "; set CUDA_HOME to the CUDA toolkit so libcudart is found")
+        ) from None
 
 
 def _load_check(dso):
     """Load the DSO we just built (our own code) and look up run; returns the error text, or None."""
     import tvm_ffi
+
     try:
         tvm_ffi.load_module(str(dso))["run"]
     except Exception as e:
@@ -466,8 +530,10 @@ def _load_check(dso):
 def export(output, shapes):
     """Compile run for `shapes`, export it for the TVM-FFI ABI, link it and put the DSO at `output` (never replaced)."""
     if cute is None:
-        raise ExportError(f"the CuTe DSL is not importable ({CUTE_IMPORT_ERROR}); "
-                          "pip install 'nvidia-cutlass-dsl[cu13]' apache-tvm-ffi")
+        raise ExportError(
+            f"the CuTe DSL is not importable ({CUTE_IMPORT_ERROR}); "
+            "pip install 'nvidia-cutlass-dsl[cu13]' apache-tvm-ffi"
+        )
     try:
         run = make_run(**shapes)
         compiled = cute.compile(run, *fake_arguments(**shapes), options="--enable-tvm-ffi")
@@ -485,12 +551,18 @@ def export(output, shapes):
         try:
             link(obj, staged)
             problem = _load_check(staged)
-            if problem and "undefined symbol" in problem and (cute_runtime_libdir() / "libcute_dsl_runtime.so").exists():
+            if (
+                problem
+                and "undefined symbol" in problem
+                and (cute_runtime_libdir() / "libcute_dsl_runtime.so").exists()
+            ):
                 link(obj, staged, with_dsl_runtime=True)
                 problem = _load_check(staged)
                 if not problem:
-                    print(f"note: this DSO needs libcute_dsl_runtime.so at run time (rpath: {cute_runtime_libdir()})",
-                          file=sys.stderr)
+                    print(
+                        f"note: this DSO needs libcute_dsl_runtime.so at run time (rpath: {cute_runtime_libdir()})",
+                        file=sys.stderr,
+                    )
             if problem:
                 raise ExportError(f"the linked DSO does not load: {problem}")
             os.chmod(staged, 0o755)
@@ -504,9 +576,12 @@ def export(output, shapes):
 
 # ---------------------------------------------------------------- command line
 
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog=PROG, description=f"Export the CuTe DSL decode attention for {BINDING_ID} "
-                                                            "as a TVM-FFI DSO (GPU-tested on the H200).")
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=f"Export the CuTe DSL decode attention for {BINDING_ID} as a TVM-FFI DSO (GPU-tested on the H200).",
+    )
     parser.add_argument("--selection", required=True, help="selection receipt (.selection.json) of the recipe")
     parser.add_argument("--snapshot", default=None, help="graph snapshot the selection was made from (optional check)")
     parser.add_argument("--output", help="DSO to write (.so); never overwritten")
@@ -517,8 +592,10 @@ def main(argv=None):
     except ContractError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_CONTRACT
-    described = (f"{shapes['dtype']} heads={shapes['heads']} kv_heads={shapes['kv_heads']} "
-                 f"capacity={shapes['capacity']} head_dim={shapes['head_dim']}")
+    described = (
+        f"{shapes['dtype']} heads={shapes['heads']} kv_heads={shapes['kv_heads']} "
+        f"capacity={shapes['capacity']} head_dim={shapes['head_dim']}"
+    )
     if args.check_only:
         print(f"contract OK: {args.selection} is decode attention ({described})")
         print(f"binding_id={BINDING_ID}")
@@ -529,8 +606,10 @@ def main(argv=None):
         return EXIT_CONTRACT
     output = Path(args.output)
     if output.exists():
-        print(f"{PROG}: error: {output} exists; choose a fresh path (the exporter never overwrites a DSO)",
-              file=sys.stderr)
+        print(
+            f"{PROG}: error: {output} exists; choose a fresh path (the exporter never overwrites a DSO)",
+            file=sys.stderr,
+        )
         return EXIT_CONTRACT
     if not output.parent.is_dir():
         print(f"{PROG}: error: folder {output.parent} does not exist; create it first", file=sys.stderr)

@@ -14,9 +14,15 @@ from .pipeline import DecoderPipeline, EncoderPipeline, Pipeline
 from .progress import NO_PROGRESS, Progress
 
 
-def open_pipeline(bundle: Union[str, os.PathLike, Bundle], kernel_bindings: Optional[str] = None, *,
-                  device: Optional[str] = None, engine: str = "auto", progress: Progress = NO_PROGRESS,
-                  announce: Optional[Callable[[str], None]] = None) -> Pipeline:
+def open_pipeline(
+    bundle: Union[str, os.PathLike, Bundle],
+    kernel_bindings: Optional[str] = None,
+    *,
+    device: Optional[str] = None,
+    engine: str = "auto",
+    progress: Progress = NO_PROGRESS,
+    announce: Optional[Callable[[str], None]] = None,
+) -> Pipeline:
     """The pipeline a bundle's family kind calls for: DecoderPipeline for a decoder bundle,
     EncoderPipeline for an encoder one. ``bundle`` is a path (opened and verified here) or an
     already opened Bundle (not re-read). The kind is the manifest's ``family_kind``, else the
@@ -29,5 +35,12 @@ def open_pipeline(bundle: Union[str, os.PathLike, Bundle], kernel_bindings: Opti
     check_runnable(m, str(b.path))
     kind = bundle_kind(m)
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
-    return cls(path, kernel_bindings=kernel_bindings, device=device, engine=engine, progress=progress,
-               announce=announce, bundle=b)
+    return cls(
+        path,
+        kernel_bindings=kernel_bindings,
+        device=device,
+        engine=engine,
+        progress=progress,
+        announce=announce,
+        bundle=b,
+    )

@@ -71,20 +71,27 @@ class BoundKernel:
 
 # ---------------------------------------------------------------- manifest
 
+
 def _resolve_library(library: str, manifest_dir: Path, where: str) -> Path:
     if os.path.isabs(library) or library.startswith("~"):
-        raise UserError(f"{where}: library {library!r} is an absolute path; give a path relative to the "
-                        f"manifest's folder (e.g. ./kernel.so) and copy the DSO there")
+        raise UserError(
+            f"{where}: library {library!r} is an absolute path; give a path relative to the "
+            f"manifest's folder (e.g. ./kernel.so) and copy the DSO there"
+        )
     norm = os.path.normpath(library)
     if norm == ".." or norm.startswith(".." + os.sep):
-        raise UserError(f"{where}: library {library!r} leaves the manifest's folder; copy the DSO into "
-                        f"{manifest_dir} and name it relative to it")
+        raise UserError(
+            f"{where}: library {library!r} leaves the manifest's folder; copy the DSO into "
+            f"{manifest_dir} and name it relative to it"
+        )
     resolved = (manifest_dir / norm).resolve()
     try:
         resolved.relative_to(manifest_dir)
     except ValueError:
-        raise UserError(f"{where}: library {library!r} resolves to {resolved} (through a symlink), outside the "
-                        f"manifest's folder {manifest_dir}; copy the DSO into that folder") from None
+        raise UserError(
+            f"{where}: library {library!r} resolves to {resolved} (through a symlink), outside the "
+            f"manifest's folder {manifest_dir}; copy the DSO into that folder"
+        ) from None
     return resolved
 
 
@@ -111,13 +118,15 @@ def load_bindings_manifest(path: str | os.PathLike) -> list[Binding]:
         except UserError as e:
             raise UserError(f"{ew}: field id: {e}") from None
         if bid in seen:
-            raise UserError(f"{ew}: binding {bid!r} is listed twice (also bindings[{seen[bid]}]); "
-                            f"bind every slot exactly once")
+            raise UserError(
+                f"{ew}: binding {bid!r} is listed twice (also bindings[{seen[bid]}]); bind every slot exactly once"
+            )
         seen[bid] = i
         abi = entry["abi_sha256"]
         if not isinstance(abi, str) or not _HEX64_RE.match(abi):
-            raise UserError(f"{ew}: field abi_sha256 must be 64 lowercase hex digits; copy abi_sha256 "
-                            f"from the selection receipt")
+            raise UserError(
+                f"{ew}: field abi_sha256 must be 64 lowercase hex digits; copy abi_sha256 from the selection receipt"
+            )
         lib = entry["library"]
         if not isinstance(lib, str) or not lib.strip():
             raise UserError(f"{ew}: field library must be a non-empty relative path such as ./kernel.so")
@@ -130,6 +139,7 @@ def load_bindings_manifest(path: str | os.PathLike) -> list[Binding]:
 
 
 # ---------------------------------------------------------------- binding
+
 
 def _announce_once(library: Path, binding_id: str, announce: Callable[[str], None]) -> None:
     key = str(library)
@@ -151,8 +161,10 @@ def _load_function(library: Path, function: str, binding_id: str) -> tuple[Any, 
         note_loaded(library)
     except Exception as e:  # noqa: BLE001 - tvm_ffi raises RuntimeError with the dlopen message
         detail = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise UserError(f"{library}: cannot load DSO for binding {binding_id} ({detail}); "
-                        f"give a TVM-FFI shared library built for this machine") from None
+        raise UserError(
+            f"{library}: cannot load DSO for binding {binding_id} ({detail}); "
+            f"give a TVM-FFI shared library built for this machine"
+        ) from None
     try:
         present = module.implements_function(function)
     except Exception:  # noqa: BLE001
@@ -164,8 +176,10 @@ def _load_function(library: Path, function: str, binding_id: str) -> tuple[Any, 
         except (AttributeError, RuntimeError):
             func = None
     if func is None:
-        raise UserError(f"{library}: function {function!r} not found in the DSO for binding {binding_id}; "
-                        f"export it with TVM_FFI_DLL_EXPORT_TYPED_FUNC or fix field function in the manifest")
+        raise UserError(
+            f"{library}: function {function!r} not found in the DSO for binding {binding_id}; "
+            f"export it with TVM_FFI_DLL_EXPORT_TYPED_FUNC or fix field function in the manifest"
+        )
     return module, func
 
 
@@ -175,8 +189,9 @@ def _slots_named(group: list[dict]) -> str:
     return f"{group[0]['binding_id']} ({len(group)} slots: {', '.join(slot_label(s) for s in group)})"
 
 
-def bind_slots(manifest_path: Optional[str | os.PathLike], slots: list[dict],
-               announce: Callable[[str], None] = print_to_stderr) -> dict[str, BoundKernel]:
+def bind_slots(
+    manifest_path: Optional[str | os.PathLike], slots: list[dict], announce: Callable[[str], None] = print_to_stderr
+) -> dict[str, BoundKernel]:
     """Bind every slot of a bundle exactly once; return {binding_id: BoundKernel}.
 
     `slots` are the bundle's `kernel_slots` (each with at least binding_id, abi_sha256,
@@ -185,8 +200,10 @@ def bind_slots(manifest_path: Optional[str | os.PathLike], slots: list[dict],
     """
     for i, slot in enumerate(slots):
         if not isinstance(slot, dict) or not {"binding_id", "abi_sha256", "engine_role"} <= slot.keys():
-            raise UserError(f"bundle kernel_slots[{i}] is malformed (needs binding_id, abi_sha256, engine_role); "
-                            f"rebuild the bundle with `mcore build`")
+            raise UserError(
+                f"bundle kernel_slots[{i}] is malformed (needs binding_id, abi_sha256, engine_role); "
+                f"rebuild the bundle with `mcore build`"
+            )
     # One entry binds every slot sharing its binding ID and ABI hash (e.g. all layers' attention).
     groups = slot_groups(slots)
     by_id = {bid: group[0] for bid, group in groups.items()}
@@ -194,8 +211,10 @@ def bind_slots(manifest_path: Optional[str | os.PathLike], slots: list[dict],
     if manifest_path is None:
         if by_id:
             sid, slot = next(iter(by_id.items()))
-            raise UserError(f"slot {_slots_named(groups[sid])} (engine role {slot['engine_role']}) is not bound; pass "
-                            f"--kernel-bindings with an entry for it (id {sid}, abi_sha256 {slot['abi_sha256']})")
+            raise UserError(
+                f"slot {_slots_named(groups[sid])} (engine role {slot['engine_role']}) is not bound; pass "
+                f"--kernel-bindings with an entry for it (id {sid}, abi_sha256 {slot['abi_sha256']})"
+            )
         return {}
 
     bindings = load_bindings_manifest(manifest_path)
@@ -203,19 +222,27 @@ def bind_slots(manifest_path: Optional[str | os.PathLike], slots: list[dict],
     for b in bindings:
         if b.id not in by_id:
             known = ", ".join(sorted(by_id)) or "none"
-            raise UserError(f"{manifest_path}: unknown binding {b.id}: the bundle has no slot with that ID "
-                            f"(its slots: {known}); remove the entry or use the matching bundle")
+            raise UserError(
+                f"{manifest_path}: unknown binding {b.id}: the bundle has no slot with that ID "
+                f"(its slots: {known}); remove the entry or use the matching bundle"
+            )
     for sid, slot in by_id.items():
         entry = entries.get(sid)
         if entry is None:
-            raise UserError(f"slot {_slots_named(groups[sid])} (engine role {slot['engine_role']}) is not bound; pass "
-                            f"--kernel-bindings with an entry for it (id {sid}, abi_sha256 {slot['abi_sha256']})")
+            raise UserError(
+                f"slot {_slots_named(groups[sid])} (engine role {slot['engine_role']}) is not bound; pass "
+                f"--kernel-bindings with an entry for it (id {sid}, abi_sha256 {slot['abi_sha256']})"
+            )
         if entry.abi_sha256 != slot["abi_sha256"]:
-            raise UserError(f"slot {_slots_named(groups[sid])}: ABI hash mismatch: manifest has {entry.abi_sha256} but the bundle slot "
-                            f"expects {slot['abi_sha256']}; use the abi_sha256 from the selection receipt")
+            raise UserError(
+                f"slot {_slots_named(groups[sid])}: ABI hash mismatch: manifest has {entry.abi_sha256} but the bundle slot "
+                f"expects {slot['abi_sha256']}; use the abi_sha256 from the selection receipt"
+            )
         if not entry.library_path.is_file():
-            raise UserError(f"{entry.library_path}: DSO for slot {sid} not found; copy the kernel library there "
-                            f"or fix field library in {manifest_path}")
+            raise UserError(
+                f"{entry.library_path}: DSO for slot {sid} not found; copy the kernel library there "
+                f"or fix field library in {manifest_path}"
+            )
 
     bound: dict[str, BoundKernel] = {}
     for sid in by_id:

@@ -25,11 +25,11 @@ from .selection import check_receipt
 @dataclass
 class BuildResult:
     bundle_path: Path
-    receipt_path: Optional[Path]          # the first receipt written (the only one for one slot)
-    receipt: Optional[dict[str, Any]]     # the first slot's receipt
+    receipt_path: Optional[Path]  # the first receipt written (the only one for one slot)
+    receipt: Optional[dict[str, Any]]  # the first slot's receipt
     manifest: dict[str, Any]
-    receipts: list[dict[str, Any]] = field(default_factory=list)   # one per slot, in slot order
-    receipt_paths: list[Path] = field(default_factory=list)        # written beside the bundle (recipe builds)
+    receipts: list[dict[str, Any]] = field(default_factory=list)  # one per slot, in slot order
+    receipt_paths: list[Path] = field(default_factory=list)  # written beside the bundle (recipe builds)
 
 
 def receipt_path_for(bundle_path: Path, instance: Optional[str] = None) -> Path:
@@ -60,9 +60,14 @@ def _weights_member(core: torch.nn.Module) -> tuple[bytes, dict[str, str]]:
     return save(dict(sorted(kept.items()))), aliases
 
 
-def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str, ...]] = None,
-                 graph_patch: Optional[str | Path] = None, device: Optional[str] = None,
-                 progress: Progress = NO_PROGRESS) -> BuildResult:
+def build_bundle(
+    args: BuildArgs,
+    output: str | Path,
+    recipe: Optional[tuple[str, ...]] = None,
+    graph_patch: Optional[str | Path] = None,
+    device: Optional[str] = None,
+    progress: Progress = NO_PROGRESS,
+) -> BuildResult:
     """`recipe` is (RECIPE_ID, INSTANCE, ...): each instance becomes its own slot of the one binding
     (recipes.ALL_INSTANCES names every instance)."""
     if recipe and graph_patch:
@@ -75,10 +80,13 @@ def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str
     if graph_patch:  # read and check the file before the (slower) captures
         receipt_file = check_receipt(read_json(graph_patch, "selection receipt"), str(graph_patch))
         if receipt_file["engine_role"] not in family.roles:
-            raise UserError(f"{graph_patch}: engine role {receipt_file['engine_role']!r} does not exist for family "
-                            f"{family.name} (roles: {', '.join(family.roles)}); select on a snapshot of this model")
+            raise UserError(
+                f"{graph_patch}: engine role {receipt_file['engine_role']!r} does not exist for family "
+                f"{family.name} (roles: {', '.join(family.roles)}); select on a snapshot of this model"
+            )
     caps: dict[str, Captured] = {}
     for i, role in enumerate(family.roles):
+
         def report(s: str, f: float, i: int = i) -> None:
             progress.report(f"[{role}] {s}", 0.05 + 0.5 * (i + f) / len(family.roles))
 
@@ -124,8 +132,10 @@ def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str
         "build_args": args.to_dict(),
         "graph_args": gargs,
         "device": device,
-        "roles": {r: {"fingerprint": c.snapshot["fingerprint"], "inputs": list(c.io.inputs),
-                      "outputs": list(c.io.outputs)} for r, c in caps.items()},
+        "roles": {
+            r: {"fingerprint": c.snapshot["fingerprint"], "inputs": list(c.io.inputs), "outputs": list(c.io.outputs)}
+            for r, c in caps.items()
+        },
         "kernel_slots": [slot_record(r) for r in receipts],
         "weights": weights,
         "special_tokens": special_tokens(source),
@@ -142,8 +152,14 @@ def build_bundle(args: BuildArgs, output: str | Path, recipe: Optional[tuple[str
             write_json(p, r)
             receipt_paths.append(p)
     progress.report("bundle written", 1.0)
-    return BuildResult(path, receipt_paths[0] if receipt_paths else None, receipts[0] if receipts else None, manifest,
-                       receipts, receipt_paths)
+    return BuildResult(
+        path,
+        receipt_paths[0] if receipt_paths else None,
+        receipts[0] if receipts else None,
+        manifest,
+        receipts,
+        receipt_paths,
+    )
 
 
 def _recipe_role(caps: dict[str, Captured], recipe_id: str) -> str:
@@ -151,5 +167,7 @@ def _recipe_role(caps: dict[str, Captured], recipe_id: str) -> str:
         if any(r["id"] == recipe_id for r in cap.snapshot.get("recipes", [])):
             return role
     known = sorted({r["id"] for c in caps.values() for r in c.snapshot.get("recipes", [])})
-    raise UserError(f"recipe {recipe_id!r} is not published for this model (recipes: {', '.join(known) or 'none'}); "
-                    "list them with `mcore graph recipes SNAPSHOT`")
+    raise UserError(
+        f"recipe {recipe_id!r} is not published for this model (recipes: {', '.join(known) or 'none'}); "
+        "list them with `mcore graph recipes SNAPSHOT`"
+    )

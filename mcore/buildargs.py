@@ -65,7 +65,9 @@ def add_build_args(p: argparse.ArgumentParser, model_required: bool = True) -> N
     p.add_argument("--max-cache-length", type=int, default=None, help="decoder KV cache capacity in tokens")
     p.add_argument("--decoder-engine-layout", default=None, help="decoder engine layout (split)")
     p.add_argument("--max-seq-length", type=int, default=None, help="encoder padded sequence length (default 256)")
-    p.add_argument("--weights", default="checkpoint", help="checkpoint | random (seeded random weights from the config)")
+    p.add_argument(
+        "--weights", default="checkpoint", help="checkpoint | random (seeded random weights from the config)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for --weights random")
 
 

@@ -66,16 +66,22 @@ Member = Union[bytes, bytearray, memoryview, str, os.PathLike]
 
 # ---------------------------------------------------------------- helpers
 
+
 def check_member_name(name: Any) -> str:
     """A simple relative name: parts of letters, digits and `_ . @ + -`, joined by `/`, never
     `.` or `..`, at most 100 bytes (one plain tar header)."""
     if not isinstance(name, str) or not name:
         raise UserError(f"bundle member name {name!r} is invalid; use a simple relative file name")
     parts = name.split("/")
-    if (len(name.encode("utf-8")) > 100 or name.startswith("/")
-            or any(p in ("", ".", "..") or not _NAME_PART_RE.match(p) for p in parts)):
-        raise UserError(f"bundle member name {name!r} is invalid; use a simple relative name "
-                        f"(letters, digits, _ . @ + -, optional sub/folder, no '..', at most 100 bytes)")
+    if (
+        len(name.encode("utf-8")) > 100
+        or name.startswith("/")
+        or any(p in ("", ".", "..") or not _NAME_PART_RE.match(p) for p in parts)
+    ):
+        raise UserError(
+            f"bundle member name {name!r} is invalid; use a simple relative name "
+            f"(letters, digits, _ . @ + -, optional sub/folder, no '..', at most 100 bytes)"
+        )
     if name in RESERVED_NAMES:
         raise UserError(f"bundle member name {name!r} is reserved; choose another name")
     return name
@@ -100,8 +106,12 @@ def _padding(size: int) -> bytes:
 
 def _integrity_tail(record_bytes: bytes) -> bytes:
     """Everything from the integrity.json header to the end of the file."""
-    return (_tar_header(INTEGRITY_NAME, len(record_bytes)) + record_bytes + _padding(len(record_bytes))
-            + b"\0" * (2 * BLOCK))
+    return (
+        _tar_header(INTEGRITY_NAME, len(record_bytes))
+        + record_bytes
+        + _padding(len(record_bytes))
+        + b"\0" * (2 * BLOCK)
+    )
 
 
 def _check_manifest_shape(manifest: Any, where: str) -> None:
@@ -111,23 +121,30 @@ def _check_manifest_shape(manifest: Any, where: str) -> None:
         if field not in manifest:
             raise UserError(f"{where}: bundle manifest lacks field {field!r}; rebuild it with `mcore build`")
     if manifest["kind"] != BUNDLE_KIND:
-        raise UserError(f"{where}: not an mcore bundle (manifest kind is {manifest['kind']!r}, "
-                        f"expected {BUNDLE_KIND!r}); give a bundle written by `mcore build`")
+        raise UserError(
+            f"{where}: not an mcore bundle (manifest kind is {manifest['kind']!r}, "
+            f"expected {BUNDLE_KIND!r}); give a bundle written by `mcore build`"
+        )
     sv = manifest["schema_version"]
     if isinstance(sv, bool) or sv != BUNDLE_SCHEMA_VERSION:
-        raise UserError(f"{where}: bundle schema_version {sv!r} is not supported (this mcore reads "
-                        f"{BUNDLE_SCHEMA_VERSION}); rebuild it with `mcore build`")
+        raise UserError(
+            f"{where}: bundle schema_version {sv!r} is not supported (this mcore reads "
+            f"{BUNDLE_SCHEMA_VERSION}); rebuild it with `mcore build`"
+        )
     if not isinstance(manifest["kernel_slots"], list):
         raise UserError(f"{where}: bundle manifest field kernel_slots must be a list; rebuild it with `mcore build`")
     rebuild = "; rebuild it with `mcore build`"
     for name, types in _MANIFEST_TYPES.items():
         if name in manifest and not isinstance(manifest[name], types):
             want = " or ".join("null" if t is type(None) else _TYPE_WORDS[t] for t in types)
-            raise UserError(f"{where}: bundle manifest field {name} must be {want}, got "
-                            f"{type(manifest[name]).__name__}{rebuild}")
+            raise UserError(
+                f"{where}: bundle manifest field {name} must be {want}, got {type(manifest[name]).__name__}{rebuild}"
+            )
     if "family_kind" in manifest and manifest["family_kind"] not in ("decoder", "encoder"):
-        raise UserError(f"{where}: bundle manifest field family_kind {manifest['family_kind']!r} must be decoder or "
-                        f"encoder{rebuild}")
+        raise UserError(
+            f"{where}: bundle manifest field family_kind {manifest['family_kind']!r} must be decoder or "
+            f"encoder{rebuild}"
+        )
     roles = manifest.get("roles")
     if roles is not None and not all(isinstance(r, dict) for r in roles.values()):
         raise UserError(f"{where}: bundle manifest field roles must map each engine role to an object{rebuild}")
@@ -140,8 +157,10 @@ def _check_manifest_shape(manifest: Any, where: str) -> None:
                 raise UserError(f"{sw}: field {k} must be a string{rebuild}")
         # a slot in a role the bundle does not have could never run: refuse it at load, not at bind
         if roles is not None and slot["engine_role"] not in roles:
-            raise UserError(f"{sw} (binding {slot['binding_id']}): engine role {slot['engine_role']!r} does not "
-                            f"exist in this bundle (roles: {', '.join(roles) or 'none'}){rebuild}")
+            raise UserError(
+                f"{sw} (binding {slot['binding_id']}): engine role {slot['engine_role']!r} does not "
+                f"exist in this bundle (roles: {', '.join(roles) or 'none'}){rebuild}"
+            )
 
 
 def check_runnable(manifest: dict, where: str) -> None:
@@ -153,30 +172,49 @@ def check_runnable(manifest: dict, where: str) -> None:
             raise UserError(f"{where}: bundle manifest lacks field {name}{rebuild}")
     _check_manifest_shape(manifest, where)
     model, weights = manifest["model"], manifest["weights"]
-    if not isinstance(model.get("spec"), str) or "revision" not in model \
-            or not isinstance(model["revision"], (str, type(None))):
+    if (
+        not isinstance(model.get("spec"), str)
+        or "revision" not in model
+        or not isinstance(model["revision"], (str, type(None)))
+    ):
         raise UserError(f"{where}: bundle manifest field model needs spec (a string) and revision{rebuild}")
     kind = weights.get("kind")
-    if not (kind == "random" and isinstance(weights.get("seed"), int) and not isinstance(weights["seed"], bool)) \
-            and not (kind == "checkpoint" and isinstance(weights.get("member"), str)):
-        raise UserError(f"{where}: bundle manifest field weights.kind must be random (with an integer seed) or "
-                        f"checkpoint (with its member){rebuild}")
+    if not (
+        kind == "random" and isinstance(weights.get("seed"), int) and not isinstance(weights["seed"], bool)
+    ) and not (kind == "checkpoint" and isinstance(weights.get("member"), str)):
+        raise UserError(
+            f"{where}: bundle manifest field weights.kind must be random (with an integer seed) or "
+            f"checkpoint (with its member){rebuild}"
+        )
     from .selection import check_slot_types
 
     for i, slot in enumerate(manifest["kernel_slots"]):
         check_slot_types(slot, f"{where}: bundle manifest kernel_slots[{i}]")
     for role, r in manifest["roles"].items():
-        if not isinstance(r.get("fingerprint"), str) or not isinstance(r.get("inputs"), list) \
-                or not isinstance(r.get("outputs"), list) or not all(isinstance(o, str) for o in r["outputs"]):
+        if (
+            not isinstance(r.get("fingerprint"), str)
+            or not isinstance(r.get("inputs"), list)
+            or not isinstance(r.get("outputs"), list)
+            or not all(isinstance(o, str) for o in r["outputs"])
+        ):
             raise UserError(f"{where}: bundle manifest roles.{role} needs fingerprint, inputs and outputs{rebuild}")
 
 
 # The manifest fields a reader relies on, type-checked when present (the container itself needs
 # only kind, schema_version and kernel_slots).
 _MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
-    "engine": (str,), "family": (str,), "family_kind": (str,), "model": (dict,), "build_args": (dict,),
-    "graph_args": (dict,), "device": (str, type(None)), "roles": (dict,), "weights": (dict,),
-    "special_tokens": (dict,), "tool_versions": (dict,), "built_on": (dict,),
+    "engine": (str,),
+    "family": (str,),
+    "family_kind": (str,),
+    "model": (dict,),
+    "build_args": (dict,),
+    "graph_args": (dict,),
+    "device": (str, type(None)),
+    "roles": (dict,),
+    "weights": (dict,),
+    "special_tokens": (dict,),
+    "tool_versions": (dict,),
+    "built_on": (dict,),
 }
 _TYPE_WORDS: dict[type, str] = {str: "a string", dict: "an object", list: "a list"}
 
@@ -197,8 +235,10 @@ class _HashingWriter:
 
 # ---------------------------------------------------------------- writing
 
-def write_bundle(path: str | os.PathLike, manifest: dict, members: Mapping[str, Member],
-                 progress: Optional[Progress] = None) -> Path:
+
+def write_bundle(
+    path: str | os.PathLike, manifest: dict, members: Mapping[str, Member], progress: Optional[Progress] = None
+) -> Path:
     """Write a bundle atomically (temp file beside `path`, fsync, rename) and return its path.
 
     `members` maps a name to bytes or to a file path (streamed from disk in chunks).
@@ -249,11 +289,12 @@ def write_bundle(path: str | os.PathLike, manifest: dict, members: Mapping[str, 
                         done += len(chunk)
                         prog.report(f"writing {name}", done / total)
                     if written != size or inp.read(1):
-                        raise UserError(f"{src}: file changed while it was being written into the bundle; "
-                                        f"run the build again")
+                        raise UserError(
+                            f"{src}: file changed while it was being written into the bundle; run the build again"
+                        )
             else:
                 for start in range(0, size, CHUNK):
-                    chunk = src[start:start + CHUNK]
+                    chunk = src[start : start + CHUNK]
                     out.write(chunk)
                     sha.update(chunk)
                     done += len(chunk)
@@ -301,6 +342,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 # ---------------------------------------------------------------- reading
+
 
 @dataclass(frozen=True)
 class _Entry:
@@ -369,8 +411,11 @@ def _parse_integrity(raw: bytes) -> dict:
         raise ValueError("integrity record is not in canonical form")
     if set(record) != {"algorithm", "kind", "schema_version", "members", "prefix_bytes", "prefix_sha256"}:
         raise ValueError("integrity record has unexpected fields")
-    if (record["algorithm"] != "sha256" or record["kind"] != INTEGRITY_KIND
-            or record["schema_version"] != INTEGRITY_SCHEMA_VERSION):
+    if (
+        record["algorithm"] != "sha256"
+        or record["kind"] != INTEGRITY_KIND
+        or record["schema_version"] != INTEGRITY_SCHEMA_VERSION
+    ):
         raise ValueError("integrity record kind/version/algorithm not recognized")
     pb = record["prefix_bytes"]
     if isinstance(pb, bool) or not isinstance(pb, int) or pb < 0 or pb % BLOCK:
@@ -381,9 +426,16 @@ def _parse_integrity(raw: bytes) -> dict:
     if not isinstance(members, list) or not members:
         raise ValueError("integrity record has no member list")
     for m in members:
-        if (not isinstance(m, dict) or set(m) != {"name", "size", "sha256"} or not isinstance(m["name"], str)
-                or isinstance(m["size"], bool) or not isinstance(m["size"], int) or m["size"] < 0
-                or not isinstance(m["sha256"], str) or not _HEX64_RE.match(m["sha256"])):
+        if (
+            not isinstance(m, dict)
+            or set(m) != {"name", "size", "sha256"}
+            or not isinstance(m["name"], str)
+            or isinstance(m["size"], bool)
+            or not isinstance(m["size"], int)
+            or m["size"] < 0
+            or not isinstance(m["sha256"], str)
+            or not _HEX64_RE.match(m["sha256"])
+        ):
             raise ValueError("integrity record has a malformed member entry")
     return record
 

@@ -43,9 +43,13 @@ def cuda_runtime_facts(index: int) -> Optional[dict[str, Any]]:
     except Exception:  # noqa: BLE001 - an older or newer binding without these names
         return None
     name = props.name.decode(errors="replace").rstrip("\x00") if isinstance(props.name, bytes) else str(props.name)
-    facts: dict[str, Any] = {"name": name, "sm_count": int(props.multiProcessorCount),
-                             "memory_bytes": int(props.totalGlobalMem),
-                             "capability": f"{props.major}.{props.minor}", "source": "cuda.bindings"}
+    facts: dict[str, Any] = {
+        "name": name,
+        "sm_count": int(props.multiProcessorCount),
+        "memory_bytes": int(props.totalGlobalMem),
+        "capability": f"{props.major}.{props.minor}",
+        "source": "cuda.bindings",
+    }
     uuid = getattr(props, "uuid", None)
     raw = getattr(uuid, "bytes", None)
     if isinstance(raw, (bytes, bytearray)):
@@ -74,9 +78,13 @@ def device_facts(device: torch.device) -> dict[str, Any]:
             facts.update(rt)
         else:
             p = torch.cuda.get_device_properties(index)
-            facts.update(name=p.name, sm_count=p.multi_processor_count, memory_bytes=p.total_memory,
-                         capability=f"{p.major}.{p.minor}", source="torch (install cuda-python for the memory clock "
-                                                                   "and bus width)")
+            facts.update(
+                name=p.name,
+                sm_count=p.multi_processor_count,
+                memory_bytes=p.total_memory,
+                capability=f"{p.major}.{p.minor}",
+                source="torch (install cuda-python for the memory clock and bus width)",
+            )
     else:
         facts.update(name="cpu", source="cpu")
     facts["copy_bytes_per_s"] = copy_bandwidth(device, facts)
@@ -104,8 +112,14 @@ def copy_bandwidth(device: torch.device, facts: Optional[dict[str, Any]] = None)
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_json(path, {"copy_bytes_per_s": _BANDWIDTH[key], "name": facts.get("name") if facts else None,
-                              "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            write_json(
+                path,
+                {
+                    "copy_bytes_per_s": _BANDWIDTH[key],
+                    "name": facts.get("name") if facts else None,
+                    "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                },
+            )
         except Exception:  # noqa: BLE001 - the cache is a convenience; the measurement stands
             pass
     return _BANDWIDTH[key]

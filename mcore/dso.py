@@ -32,6 +32,7 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
 
 def check_elf(path: Path, what: str) -> None:
     """A one-line UserError unless `path` is a whole ELF shared object for this machine."""
+
     def bad(why: str) -> UserError:
         return UserError(f"{path}: {why}; {what}: give a complete TVM-FFI shared library built for this machine")
 
@@ -59,13 +60,16 @@ def check_elf(path: Path, what: str) -> None:
             want = _ELF_MACHINES.get(platform.machine().lower())
             if want is not None and e_machine != want:
                 raise bad(f"built for another machine (ELF machine {e_machine}, this is {platform.machine()})")
-            if (is64 != (sys.maxsize > 2 ** 32)):
+            if is64 != (sys.maxsize > 2**32):
                 raise bad("built for another word size (32/64-bit)")
-            for name, off, n, entsize in (("program header", e_phoff, e_phnum, e_phentsize),
-                                          ("section header", e_shoff, e_shnum, e_shentsize)):
+            for name, off, n, entsize in (
+                ("program header", e_phoff, e_phnum, e_phentsize),
+                ("section header", e_shoff, e_shnum, e_shentsize),
+            ):
                 if n and off + n * entsize > size:
-                    raise bad(f"truncated: its {name} table ends at byte {off + n * entsize} but the file has "
-                              f"{size} bytes")
+                    raise bad(
+                        f"truncated: its {name} table ends at byte {off + n * entsize} but the file has {size} bytes"
+                    )
             # every loadable segment's bytes must be in the file (the loader maps them)
             f.seek(e_phoff)
             table = f.read(e_phnum * e_phentsize)
@@ -75,8 +79,10 @@ def check_elf(path: Path, what: str) -> None:
                 else:
                     p_type, p_offset, _, _, p_filesz = struct.unpack_from(end + "IIIII", table, i * e_phentsize)
                 if p_type == _PT_LOAD and p_offset + p_filesz > size:
-                    raise bad(f"truncated: a loadable segment ends at byte {p_offset + p_filesz} but the file has "
-                              f"{size} bytes")
+                    raise bad(
+                        f"truncated: a loadable segment ends at byte {p_offset + p_filesz} but the file has "
+                        f"{size} bytes"
+                    )
     except OSError as e:
         raise UserError(f"{path}: cannot read the DSO ({e.strerror or e}); {what}") from None
     except struct.error:
@@ -93,8 +99,10 @@ def check_before_load(path: Path, what: str) -> None:
     with _lock:
         before = _loaded.get(str(path))
     if before is not None and before != _identity(st):
-        raise UserError(f"{path}: the library changed on disk after this process loaded it; the loader would "
-                        f"run the old code ({what}); restart the process (or the workbench) to load the new build")
+        raise UserError(
+            f"{path}: the library changed on disk after this process loaded it; the loader would "
+            f"run the old code ({what}); restart the process (or the workbench) to load the new build"
+        )
     if before is None:
         check_elf(path, what)
 

@@ -1,8 +1,7 @@
 """User-facing errors: one line naming what is wrong and what to do; the CLI exits 2."""
 
-
 # C0, DEL and C1 controls (ESC, CSI, OSC, BEL, CR, VT, FF, NEL...) and the Unicode line separators
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7f, 0xa0)]}
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)]}
 _CONTROL.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
 
 

@@ -54,21 +54,31 @@ def exporter_script(exporter: PathArg) -> Path:
     p = Path(exporter).expanduser()
     if p.suffix != ".py":
         names = ", ".join(SHIPPED_EXPORTERS)
-        raise UserError(f"exporter {exporter}: name a shipped exporter ({names}) or an exporter script (.py), "
-                        "such as one `mcore kernel stub` wrote")
+        raise UserError(
+            f"exporter {exporter}: name a shipped exporter ({names}) or an exporter script (.py), "
+            "such as one `mcore kernel stub` wrote"
+        )
     if not p.is_file():
         raise UserError(f"exporter {p}: no such file; generate one with `mcore kernel stub`")
     return p
 
 
-def run_exporter(exporter: PathArg, selection: PathArg, output: PathArg, snapshot: Optional[PathArg] = None,
-                 progress: Progress = NO_PROGRESS, log: Optional[Callable[[str], None]] = None,
-                 cwd: Optional[PathArg] = None) -> ExportResult:
+def run_exporter(
+    exporter: PathArg,
+    selection: PathArg,
+    output: PathArg,
+    snapshot: Optional[PathArg] = None,
+    progress: Progress = NO_PROGRESS,
+    log: Optional[Callable[[str], None]] = None,
+    cwd: Optional[PathArg] = None,
+) -> ExportResult:
     """Run `exporter` for the receipt `selection`, writing the DSO `output` (never over a file)."""
     script = exporter_script(exporter)
     sel, out = Path(selection), Path(output)
     if not sel.is_file():
-        raise UserError(f"{sel}: selection receipt not found; make one with `mcore graph select` or `mcore build --recipe`")
+        raise UserError(
+            f"{sel}: selection receipt not found; make one with `mcore graph select` or `mcore build --recipe`"
+        )
     if out.exists() or out.is_symlink():
         raise UserError(f"{out} already exists; exporters never replace a file: choose another --output or remove it")
     if not out.parent.is_dir():
@@ -94,13 +104,13 @@ def run_exporter(exporter: PathArg, selection: PathArg, output: PathArg, snapsho
     return ExportResult(dso, fields.get("binding_id"), fields.get("abi_sha256"), fields.get("arch"), text)
 
 
-def _stream(cmd: list[str], progress: Progress, log: Optional[Callable[[str], None]],
-            cwd: Optional[PathArg]) -> list:
+def _stream(cmd: list[str], progress: Progress, log: Optional[Callable[[str], None]], cwd: Optional[PathArg]) -> list:
     """Run `cmd`, passing each output line to `log`; kill it when `progress` is cancelled.
     Returns the lines followed by the exit status."""
     try:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace")
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
     except OSError as e:
         raise UserError(f"could not start the exporter: {e}") from None
     out = proc.stdout

@@ -23,7 +23,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: 
     fd, tmp = _temp_beside(path)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it (mkstemp's 0600 is for secrets)
-        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as f:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -60,7 +60,7 @@ def _temp_beside(path: Path) -> tuple[int, str]:
     prefix = f".{path.name}."
     try:
         for old in parent.glob(f"{_glob_escape(prefix)}*.tmp"):
-            parts = old.name[len(prefix):-len(".tmp")].split(".")  # exactly PID.RANDOM: ours, not `NAME.x`'s
+            parts = old.name[len(prefix) : -len(".tmp")].split(".")  # exactly PID.RANDOM: ours, not `NAME.x`'s
             if len(parts) == 2 and parts[0].isdigit() and not _alive(int(parts[0])):
                 try:
                     old.unlink()
@@ -98,15 +98,19 @@ def stdout_failed(prog: str, e: OSError) -> int:
     if e.errno not in _OUTPUT_ERRNOS:
         raise e
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    print(f"{prog}: error: cannot write the output ({e.strerror or e}); free some space or redirect stdout "
-          f"elsewhere and rerun", file=sys.stderr)
+    print(
+        f"{prog}: error: cannot write the output ({e.strerror or e}); free some space or redirect stdout "
+        f"elsewhere and rerun",
+        file=sys.stderr,
+    )
     return 2
 
 
 def write_error(path: Path, e: OSError) -> UserError:
     """The one-line error for a failed write (disk full, permissions, I/O)."""
-    return UserError(f"{path}: cannot write ({e.strerror or e}); nothing was written there; "
-                     f"free some space or choose another path")
+    return UserError(
+        f"{path}: cannot write ({e.strerror or e}); nothing was written there; free some space or choose another path"
+    )
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
@@ -123,8 +127,10 @@ def check_output_path(path: str | os.PathLike) -> Path:
     if st is not None and stat.S_ISLNK(st.st_mode):
         raise UserError(f"{path}: is a symbolic link; refusing to write over it, give the path of a regular file")
     if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
-        raise UserError(f"{path}: is a {_file_kind(st.st_mode)}, not a regular file; refusing to write over it, "
-                        f"give the path of a regular file")
+        raise UserError(
+            f"{path}: is a {_file_kind(st.st_mode)}, not a regular file; refusing to write over it, "
+            f"give the path of a regular file"
+        )
     if path.is_dir():
         raise UserError(f"{path}: is a directory; give a file path for the output")
     parent = path.parent if str(path.parent) else Path(".")
@@ -212,6 +218,7 @@ def read_input_text(path: str | os.PathLike, what: str, hint: str = "check the p
 def parse_json(text: str, where: str, what: str, constants: bool = False) -> Any:
     """json.loads with one-line errors; NaN/Infinity refused unless `constants` (the tutorial's own
     json.load accepts them in embeddings); too deep a nesting is an error, not a RecursionError."""
+
     def no_constants(name: str):
         raise ValueError(f"non-standard JSON constant {name}")
 

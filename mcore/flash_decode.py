@@ -34,8 +34,23 @@ NUM_STAGES = 3
 
 
 @triton.jit
-def _attend_block(q, K, V, base, n0, end, qpos, cols, m, l, acc,
-                  BLOCK_N: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr, UPCAST: tl.constexpr):
+def _attend_block(
+    q,
+    K,
+    V,
+    base,
+    n0,
+    end,
+    qpos,
+    cols,
+    m,
+    l,
+    acc,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    WIDE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """One block of BLOCK_N cache positions folded into the running (max, sum, accumulator)."""
     pos = n0 + tl.arange(0, BLOCK_N)
     pos_ok = pos < end
@@ -64,10 +79,24 @@ def _attend_block(q, K, V, base, n0, end, qpos, cols, m, l, acc,
 
 
 @triton.jit
-def _split_kernel(Q, K, V, LEN, PACC, PML, C,
-                  S: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr, WIDE: tl.constexpr,
-                  UPCAST: tl.constexpr, INTERP: tl.constexpr):
+def _split_kernel(
+    Q,
+    K,
+    V,
+    LEN,
+    PACC,
+    PML,
+    C,
+    S: tl.constexpr,
+    ROWS: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NSPLIT: tl.constexpr,
+    WIDE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INTERP: tl.constexpr,
+):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     length = tl.load(LEN)
@@ -100,8 +129,7 @@ def _split_kernel(Q, K, V, LEN, PACC, PML, C,
 
 
 @triton.jit
-def _merge_kernel(PACC, PML, OUT, ROWS: tl.constexpr, D: tl.constexpr, NSPLIT: tl.constexpr,
-                  NSPLIT_P2: tl.constexpr):
+def _merge_kernel(PACC, PML, OUT, ROWS: tl.constexpr, D: tl.constexpr, NSPLIT: tl.constexpr, NSPLIT_P2: tl.constexpr):
     kvh = tl.program_id(0)
     row = tl.program_id(1)
     splits = tl.arange(0, NSPLIT_P2)
@@ -128,12 +156,19 @@ def _nsplit(device_index: int, kv_heads: int) -> int:
 
 def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     d = q.shape[-1]
-    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16, torch.float32) and k_cache.dtype == q.dtype
-            and d >= 16 and d & (d - 1) == 0 and q.shape[0] == 1)
+    return (
+        q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and k_cache.dtype == q.dtype
+        and d >= 16
+        and d & (d - 1) == 0
+        and q.shape[0] == 1
+    )
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     kv_lengths: torch.Tensor, nsplit: int | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor, nsplit: int | None = None
+) -> torch.Tensor:
     """q [1, H, s, D] (scaled), caches [1, KV, C, D], kv_lengths INT32[1] on the device -> [1, H, s, D].
 
     `nsplit` (programs per KV head) defaults to about two programs per SM; tests pass their own."""
@@ -149,11 +184,27 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q)
     block_m = max(16, triton.next_power_of_2(rows))
     interp = os.environ.get("TRITON_INTERPRET") == "1"
-    _split_kernel[(kvh, nsplit)](q, k_cache, v_cache, kv_lengths, pacc, pml, cap,
-                                 S=s, ROWS=rows, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, NSPLIT=nsplit,
-                                 WIDE=q.dtype == torch.float32,
-                                 UPCAST=q.dtype == torch.bfloat16 and interp, INTERP=interp,
-                                 num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    _merge_kernel[(kvh, rows)](pacc, pml, out, ROWS=rows, D=d, NSPLIT=nsplit,
-                               NSPLIT_P2=triton.next_power_of_2(nsplit), num_warps=4)
+    _split_kernel[(kvh, nsplit)](
+        q,
+        k_cache,
+        v_cache,
+        kv_lengths,
+        pacc,
+        pml,
+        cap,
+        S=s,
+        ROWS=rows,
+        D=d,
+        BLOCK_M=block_m,
+        BLOCK_N=BLOCK_N,
+        NSPLIT=nsplit,
+        WIDE=q.dtype == torch.float32,
+        UPCAST=q.dtype == torch.bfloat16 and interp,
+        INTERP=interp,
+        num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+    )
+    _merge_kernel[(kvh, rows)](
+        pacc, pml, out, ROWS=rows, D=d, NSPLIT=nsplit, NSPLIT_P2=triton.next_power_of_2(nsplit), num_warps=4
+    )
     return out

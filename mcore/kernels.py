@@ -35,13 +35,13 @@ DEFAULT_CUDA_ARCHS = ("8.0", "9.0")
 @dataclass(frozen=True)
 class KernelSpec:
     name: str
-    cpp_sources: tuple[str, ...]      # relative to the kernels folder
-    cuda_sources: tuple[str, ...]     # compiled only for the CUDA variant
+    cpp_sources: tuple[str, ...]  # relative to the kernels folder
+    cuda_sources: tuple[str, ...]  # compiled only for the CUDA variant
     description: str
-    abi: str                          # the exported call, in ABI order
+    abi: str  # the exported call, in ABI order
     dtypes: tuple[str, ...]
     function: str = KERNEL_FUNCTION
-    defines: tuple[str, ...] = ()     # -D flags for every source
+    defines: tuple[str, ...] = ()  # -D flags for every source
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -55,7 +55,7 @@ KERNELS: dict[str, KernelSpec] = {
         cuda_sources=(),
         description="copies input to output byte for byte (the tutorial's logits + zero-bias region)",
         abi="run(input, output): same dtype and element count, contiguous; "
-            "CUDA: cudaMemcpyAsync on the TVM-FFI env stream",
+        "CUDA: cudaMemcpyAsync on the TVM-FFI env stream",
         dtypes=("any",),
     ),
     "slow-copy": KernelSpec(
@@ -63,7 +63,7 @@ KERNELS: dict[str, KernelSpec] = {
         cpp_sources=("identity_copy.cc",),
         cuda_sources=(),
         description="identity-copy that repeats its copy 512 times: correct but slow, for checking that the "
-                    "perf gate rejects a regression",
+        "perf gate rejects a regression",
         abi="run(input, output): as identity-copy",
         dtypes=("any",),
         defines=("MCORE_COPY_REPEAT=512",),
@@ -74,7 +74,7 @@ KERNELS: dict[str, KernelSpec] = {
         cuda_sources=("residual_add.cu",),
         description="out = a + b elementwise (the tutorial's DistilBERT residual-add region)",
         abi="run(a, b, out): one dtype (FP16/BF16/FP32), equal element counts, contiguous; "
-            "CUDA: kernel on the TVM-FFI env stream",
+        "CUDA: kernel on the TVM-FFI env stream",
         dtypes=("FP16", "BF16", "FP32"),
     ),
 }
@@ -85,8 +85,10 @@ def kernels_dir() -> Path:
     env = os.environ.get("MCORE_KERNELS_DIR")
     d = Path(env) if env else Path(__file__).resolve().parent.parent / "kernels"
     if not d.is_dir():
-        raise UserError(f"kernel sources folder {d} not found; run from a checkout of the repository "
-                        "or set MCORE_KERNELS_DIR to its kernels/ folder")
+        raise UserError(
+            f"kernel sources folder {d} not found; run from a checkout of the repository "
+            "or set MCORE_KERNELS_DIR to its kernels/ folder"
+        )
     return d
 
 
@@ -94,19 +96,21 @@ def get_kernel(name: str) -> KernelSpec:
     try:
         return KERNELS[name]
     except KeyError:
-        raise UserError(f"unknown kernel {name!r}; known kernels: {', '.join(sorted(KERNELS))} "
-                        "(see `mcore kernel list`)") from None
+        raise UserError(
+            f"unknown kernel {name!r}; known kernels: {', '.join(sorted(KERNELS))} (see `mcore kernel list`)"
+        ) from None
 
 
 # ---------------------------------------------------------------- CUDA toolkit detection
 
+
 @dataclass(frozen=True)
 class CudaToolkit:
-    home: Path          # the toolkit root (CUDA_HOME)
+    home: Path  # the toolkit root (CUDA_HOME)
     nvcc: Path
-    include_dir: Path   # holds cuda_runtime.h
-    lib_dir: Path       # holds libcudart.so
-    version: str        # "13.0", or "" when nvcc did not say
+    include_dir: Path  # holds cuda_runtime.h
+    lib_dir: Path  # holds libcudart.so
+    version: str  # "13.0", or "" when nvcc did not say
 
     def describe(self) -> str:
         return f"CUDA {self.version or '?'} at {self.home}"
@@ -115,8 +119,12 @@ class CudaToolkit:
 def _nvcc_top(nvcc: str) -> Optional[Path]:
     """The toolkit root as nvcc itself sees it (works through wrapper scripts)."""
     try:
-        r = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     m = re.search(r"^#\$ TOP=(.+)$", r.stdout + r.stderr, re.M)
@@ -156,8 +164,9 @@ def detect_cuda_toolkit() -> tuple[Optional[CudaToolkit], str]:
         nvcc = home / "bin" / "nvcc"
         if not nvcc.exists():
             nvcc = Path(found)
-    include = _first_dir(home, ("include", "targets/x86_64-linux/include", "targets/sbsa-linux/include"),
-                         "cuda_runtime.h")
+    include = _first_dir(
+        home, ("include", "targets/x86_64-linux/include", "targets/sbsa-linux/include"), "cuda_runtime.h"
+    )
     if include is None:
         return None, f"cuda_runtime.h not found under {home}"
     lib = _first_dir(home, ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"), "libcudart.so")
@@ -183,6 +192,7 @@ def cuda_arch_list() -> list[str]:
 
 # ---------------------------------------------------------------- the build
 
+
 class BuiltKernel(type(Path())):  # type: ignore[misc]
     """The path of a built DSO, plus what was built (`variant` is "cpu" or "cpu+cuda")."""
 
@@ -202,7 +212,7 @@ class BuiltKernel(type(Path())):  # type: ignore[misc]
         return f"cpu+cuda (CPU path and CUDA kernels for {archs} + PTX; {toolkit})"
 
 
-_BUILD_LOCK = threading.Lock()   # build_kernel adjusts os.environ for tvm_ffi while it builds
+_BUILD_LOCK = threading.Lock()  # build_kernel adjusts os.environ for tvm_ffi while it builds
 
 ProgressArg = Union[Progress, Callable[[str, float], None], None]
 
@@ -226,8 +236,13 @@ def _check_output(output: Path, overwrite: bool) -> Path:
     return parent
 
 
-def build_kernel(name: str, output: Union[str, os.PathLike], cuda: str = "auto", progress: ProgressArg = None,
-                 overwrite: bool = False) -> BuiltKernel:
+def build_kernel(
+    name: str,
+    output: Union[str, os.PathLike],
+    cuda: str = "auto",
+    progress: ProgressArg = None,
+    overwrite: bool = False,
+) -> BuiltKernel:
     """Build kernel `name` (see KERNELS) into a TVM-FFI DSO at `output` exporting `run`.
 
     Returns the output path (a Path) carrying `.variant` ("cpu" or "cpu+cuda") and `.describe()`.
@@ -252,8 +267,10 @@ def build_kernel(name: str, output: Union[str, os.PathLike], cuda: str = "auto",
     if cuda != "off":
         toolkit, why = detect_cuda_toolkit()
         if toolkit is None and cuda == "on":
-            raise UserError(f"--cuda on: no usable CUDA toolkit ({why}); install the CUDA toolkit or set CUDA_HOME, "
-                            "or build the CPU variant with --cuda off")
+            raise UserError(
+                f"--cuda on: no usable CUDA toolkit ({why}); install the CUDA toolkit or set CUDA_HOME, "
+                "or build the CPU variant with --cuda off"
+            )
     with_cuda = toolkit is not None
     archs = tuple(cuda_arch_list()) if with_cuda and spec.cuda_sources else ()
     variant = "cpu+cuda" if with_cuda else "cpu"
@@ -300,8 +317,10 @@ def build_kernel(name: str, output: Union[str, os.PathLike], cuda: str = "auto",
             except Exception as e:  # the compiler's output is in the message
                 log = Path(tempfile.mkstemp(prefix=f"mcore-build-{name}-", suffix=".log")[1])
                 log.write_text(str(e), encoding="utf-8")
-                first_error = next((ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()),
-                                   str(e).splitlines()[0] if str(e) else type(e).__name__)
+                first_error = next(
+                    (ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()),
+                    str(e).splitlines()[0] if str(e) else type(e).__name__,
+                )
                 raise UserError(f"building {name} ({variant}) failed: {first_error[:300]}; full log: {log}") from None
             finally:
                 for k, v in saved.items():
@@ -321,5 +340,3 @@ def build_kernel(name: str, output: Union[str, os.PathLike], cuda: str = "auto",
     result.cuda_archs = archs
     prog.report(f"{name}: built {variant} variant at {output}", 1.0)
     return result
-
-

@@ -35,7 +35,9 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_len
     if q.shape[0] != k_cache.shape[0] or q.shape[3] != k_cache.shape[3]:
         raise ValueError(f"decode_attention: q {tuple(q.shape)} does not fit the cache {tuple(k_cache.shape)}")
     if q.shape[1] % k_cache.shape[1] != 0:
-        raise ValueError(f"decode_attention: {q.shape[1]} query heads are not a multiple of {k_cache.shape[1]} KV heads")
+        raise ValueError(
+            f"decode_attention: {q.shape[1]} query heads are not a multiple of {k_cache.shape[1]} KV heads"
+        )
     if kv_lengths.dtype != torch.int32 or kv_lengths.numel() != 1:
         raise ValueError("decode_attention: kv_lengths must be an INT32 tensor with one element")
 
@@ -69,14 +71,18 @@ def _flash_decode():
     return flash_decode
 
 
-def _device_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor) -> torch.Tensor:
+def _device_impl(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor
+) -> torch.Tensor:
     fd = _flash_decode()
     if fd is not None and fd.supported(q, k_cache):
         return fd.decode_attention(q, k_cache, v_cache, kv_lengths)  # cost follows the active length
     return _masked_sdpa(q, k_cache, v_cache, kv_lengths)
 
 
-def _masked_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor) -> torch.Tensor:
+def _masked_sdpa(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor
+) -> torch.Tensor:
     # No host sync: attend over the full capacity with a mask built on the device from kv_lengths.
     # Cost follows the capacity, not the active length. Masked cache entries get zero weight, so
     # they must hold finite values (caches are allocated zeroed and only ever hold written keys).

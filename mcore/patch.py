@@ -24,9 +24,17 @@ def check_receipt_against(receipt: dict[str, Any], snapshot: dict[str, Any], whe
         raise UserError(
             f"{where}: graph fingerprint {receipt['graph_fingerprint'][:12]}… does not match the graph these build args "
             f"produce ({snapshot['fingerprint'][:12]}…); recapture with `mcore graph inspect` using the same BUILD_ARGS "
-            "and select again")
-    live = select_region(snapshot, receipt["node_ids"], receipt["binding_id"], receipt["workspace_bytes"],
-                         receipt["extra_args"], receipt["output_shape_input"], receipt.get("recipe"))
+            "and select again"
+        )
+    live = select_region(
+        snapshot,
+        receipt["node_ids"],
+        receipt["binding_id"],
+        receipt["workspace_bytes"],
+        receipt["extra_args"],
+        receipt["output_shape_input"],
+        receipt.get("recipe"),
+    )
     for field in ("input_tensor_ids", "output_tensor_ids", "abi_sha256"):
         if live[field] != receipt[field]:
             raise UserError(f"{where}: {field} differs from the live graph; recapture and select again")
@@ -35,15 +43,31 @@ def check_receipt_against(receipt: dict[str, Any], snapshot: dict[str, Any], whe
 
 def slot_record(receipt: dict[str, Any]) -> dict[str, Any]:
     """What a bundle records per kernel slot."""
-    keys = ("binding_id", "abi_sha256", "engine_role", "graph_fingerprint", "node_ids", "input_tensor_ids",
-            "output_tensor_ids", "output_shape_input", "workspace_bytes", "extra_args", "abi", "recipe")
+    keys = (
+        "binding_id",
+        "abi_sha256",
+        "engine_role",
+        "graph_fingerprint",
+        "node_ids",
+        "input_tensor_ids",
+        "output_tensor_ids",
+        "output_shape_input",
+        "workspace_bytes",
+        "extra_args",
+        "abi",
+        "recipe",
+    )
     return {k: receipt[k] for k in keys}
 
 
 def slot_label(slot: dict[str, Any]) -> str:
     """A slot's name in messages: its recipe instance when it has one, else its binding ID."""
     rec = slot.get("recipe")
-    return f"{slot['binding_id']} [{rec['instance']}]" if isinstance(rec, dict) and rec.get("instance") else slot["binding_id"]
+    return (
+        f"{slot['binding_id']} [{rec['instance']}]"
+        if isinstance(rec, dict) and rec.get("instance")
+        else slot["binding_id"]
+    )
 
 
 def slot_groups(slots: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -53,7 +77,9 @@ def slot_groups(slots: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     for slot in slots:
         group = groups.setdefault(slot["binding_id"], [])
         if group and group[0]["abi_sha256"] != slot["abi_sha256"]:
-            raise UserError(f"bundle slots {slot_label(group[0])} and {slot_label(slot)} share binding ID "
-                            f"{slot['binding_id']} but not the ABI hash; one entry cannot bind both, rebuild the bundle")
+            raise UserError(
+                f"bundle slots {slot_label(group[0])} and {slot_label(slot)} share binding ID "
+                f"{slot['binding_id']} but not the ABI hash; one entry cannot bind both, rebuild the bundle"
+            )
         group.append(slot)
     return groups

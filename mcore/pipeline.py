@@ -41,8 +41,10 @@ def resolve_device(name: Optional[str]) -> torch.device:
         if not torch.cuda.is_available():
             raise UserError(f"--device {name}: no CUDA GPU is available here; use --device cpu")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s); "
-                            f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+            raise UserError(
+                f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                f"use cuda:0..cuda:{torch.cuda.device_count() - 1}"
+            )
     return dev
 
 
@@ -66,8 +68,12 @@ def bundle_tokenizer(bundle: Any, config: dict, where: str):
 
     names = set(bundle.names())
     tok_config = json.loads(bundle.read(TOKENIZER_CONFIG)) if TOKENIZER_CONFIG in names else {}
-    return TextTokenizer(bundle.read(TOKENIZER_JSON).decode("utf-8"), tok_config, config.get("model_type", ""),
-                         f"{where}: {TOKENIZER_JSON}")
+    return TextTokenizer(
+        bundle.read(TOKENIZER_JSON).decode("utf-8"),
+        tok_config,
+        config.get("model_type", ""),
+        f"{where}: {TOKENIZER_JSON}",
+    )
 
 
 class Pipeline:
@@ -76,9 +82,16 @@ class Pipeline:
     KIND: Optional[str] = None  # "decoder" / "encoder": the bundles a subclass runs
     chat = False  # encode prompts through the checkpoint's chat template (`mcore run --chat`)
 
-    def __init__(self, bundle_path: str, kernel_bindings: Optional[str] = None, device: Optional[str] = None,
-                 engine: str = "auto", progress: Progress = NO_PROGRESS,
-                 announce: Optional[Callable[[str], None]] = None, bundle: Any = None):
+    def __init__(
+        self,
+        bundle_path: str,
+        kernel_bindings: Optional[str] = None,
+        device: Optional[str] = None,
+        engine: str = "auto",
+        progress: Progress = NO_PROGRESS,
+        announce: Optional[Callable[[str], None]] = None,
+        bundle: Any = None,
+    ):
         progress.report("checking bundle integrity", 0.0)
         self.bundle = bundle if bundle is not None else open_bundle(bundle_path)
         m = self.bundle.manifest
@@ -98,8 +111,9 @@ class Pipeline:
         self.config = json.loads(self.bundle.read("config.json"))
         self.gargs = m["graph_args"]
         args = BuildArgs.from_dict(m["build_args"])
-        source = ModelSource(spec=m["model"]["spec"], family=m["family"], config=self.config, path=None,
-                             revision=m["model"]["revision"])
+        source = ModelSource(
+            spec=m["model"]["spec"], family=m["family"], config=self.config, path=None, revision=m["model"]["revision"]
+        )
         self.tokenizer = bundle_tokenizer(self.bundle, self.config, bundle_path)
         self.special = m.get("special_tokens", {})
         progress.report("loading weights", 0.15)
@@ -108,7 +122,9 @@ class Pipeline:
         if w["kind"] == "random":
             self.family.random_init(dtype_core, w["seed"])
         else:
-            dtype_core.load_state_dict(load_weights_state(self.bundle.read(w["member"]), w.get("aliases", {})), strict=True)
+            dtype_core.load_state_dict(
+                load_weights_state(self.bundle.read(w["member"]), w.get("aliases", {})), strict=True
+            )
         self.core = dtype_core.eval()
         engine_ = get_engine(self.engine_name, self.device)
         self.runners: dict[str, Any] = {}
@@ -120,8 +136,10 @@ class Pipeline:
             expected = m["roles"][role]["fingerprint"]
             cap = capture_cached(args, role, expected, (source, self.family, self.gargs))
             if cap.snapshot["fingerprint"] != expected:
-                raise UserError(f"{bundle_path}: the {role} graph this mcore captures ({cap.snapshot['fingerprint'][:12]}…) "
-                                f"differs from the bundle's ({expected[:12]}…); rebuild the bundle with this mcore")
+                raise UserError(
+                    f"{bundle_path}: the {role} graph this mcore captures ({cap.snapshot['fingerprint'][:12]}…) "
+                    f"differs from the bundle's ({expected[:12]}…); rebuild the bundle with this mcore"
+                )
             module = self.family.role_module(self.core, role)
             state: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
             state.update(dict(module.named_buffers(remove_duplicate=False)))
@@ -186,9 +204,11 @@ def check_fits(prompt_tokens: int, max_new_tokens: int, capacity: int) -> None:
         raise UserError(f"--max-new-tokens {max_new_tokens} must be at least 1")
     need = prompt_tokens + max_new_tokens - 1
     if need > capacity:
-        raise UserError(f"prompt ({prompt_tokens} tokens) + --max-new-tokens {max_new_tokens} need {need} cache slots "
-                        f"but the KV cache holds {capacity}; ask for fewer tokens or rebuild with a larger "
-                        "--max-cache-length")
+        raise UserError(
+            f"prompt ({prompt_tokens} tokens) + --max-new-tokens {max_new_tokens} need {need} cache slots "
+            f"but the KV cache holds {capacity}; ask for fewer tokens or rebuild with a larger "
+            "--max-cache-length"
+        )
 
 
 @dataclass
@@ -225,14 +245,24 @@ class DecoderPipeline(Pipeline):
         caches = tuple(self.caches[n] for n in self.cache_names)
         prompt = torch.zeros(1, min(2, self.capacity), dtype=torch.int32, device=self.device)
         # Prefill varies in length (compiled with a dynamic token count); a decode step is fixed.
-        self._ready({"prefill": ((prompt, *caches), False),
-                     "decode": ((self.step_ids, self.cache_length, *caches), True)})
+        self._ready(
+            {"prefill": ((prompt, *caches), False), "decode": ((self.step_ids, self.cache_length, *caches), True)}
+        )
         for c in caches:  # compiling ran the roles once on these buffers
             c.zero_()
 
-    def generate(self, prompt: str, max_new_tokens: int, greedy: bool = True, stop_at_eos: bool = True,
-                 temperature: float = 1.0, top_k: int = 0, seed: int = 0, timed: bool = False,
-                 progress: Progress = NO_PROGRESS) -> GenerationResult:
+    def generate(
+        self,
+        prompt: str,
+        max_new_tokens: int,
+        greedy: bool = True,
+        stop_at_eos: bool = True,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        seed: int = 0,
+        timed: bool = False,
+        progress: Progress = NO_PROGRESS,
+    ) -> GenerationResult:
         ids = self.encode(prompt)
         check_fits(len(ids), max_new_tokens, self.capacity)
         gen = None if greedy else torch.Generator(device=self.device).manual_seed(seed)
@@ -265,11 +295,15 @@ class DecoderPipeline(Pipeline):
         """Logits (fp32, on the CPU) after the prompt and after each forced token: the lockstep view that
         gates compare bit for bit. Starts from an empty cache."""
         if len(prompt_ids) + len(tokens) > self.capacity:
-            raise UserError(f"{len(prompt_ids)} prompt + {len(tokens)} forced tokens exceed the KV cache ({self.capacity})")
+            raise UserError(
+                f"{len(prompt_ids)} prompt + {len(tokens)} forced tokens exceed the KV cache ({self.capacity})"
+            )
         caches = [self.caches[n] for n in self.cache_names]
         for c in caches:
             c.zero_()
-        (logits,) = self.runners["prefill"](torch.tensor([list(prompt_ids)], dtype=torch.int32, device=self.device), *caches)
+        (logits,) = self.runners["prefill"](
+            torch.tensor([list(prompt_ids)], dtype=torch.int32, device=self.device), *caches
+        )
         out = [logits.float().cpu()]
         for pos, tok in enumerate(tokens, start=len(prompt_ids)):
             self.step_ids.fill_(int(tok))
@@ -304,13 +338,18 @@ class EncoderPipeline(Pipeline):
     def inputs(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor, int]:
         ids = self.encode(prompt)
         if len(ids) > self.seq:
-            raise UserError(f"the prompt is {len(ids)} tokens but this bundle's --max-seq-length is {self.seq}; "
-                            "shorten it or rebuild with a larger --max-seq-length")
+            raise UserError(
+                f"the prompt is {len(ids)} tokens but this bundle's --max-seq-length is {self.seq}; "
+                "shorten it or rebuild with a larger --max-seq-length"
+            )
         n = len(ids)
         padded = ids + [self.pad_id] * (self.seq - n)
         mask = [1] * n + [0] * (self.seq - n)
-        return (torch.tensor(padded, dtype=torch.int32, device=self.device),
-                torch.tensor(mask, dtype=torch.int32, device=self.device), n)
+        return (
+            torch.tensor(padded, dtype=torch.int32, device=self.device),
+            torch.tensor(mask, dtype=torch.int32, device=self.device),
+            n,
+        )
 
     def hidden_states(self, prompt: str) -> tuple[torch.Tensor, int]:
         ids, mask, n = self.inputs(prompt)

@@ -37,14 +37,18 @@ def _pooling_mode(path: Path) -> str:
     if isinstance(cfg.get("pooling_mode"), str):  # newer sentence-transformers spell the mode out
         mode = {"mean": "mean", "cls": "cls", "max": "max"}.get(cfg["pooling_mode"])
         if mode is None:
-            raise UserError(f"{path}: pooling_mode {cfg['pooling_mode']!r} is not supported; mcore pools with "
-                            "mean, cls or max (choose one with --pooling)")
+            raise UserError(
+                f"{path}: pooling_mode {cfg['pooling_mode']!r} is not supported; mcore pools with "
+                "mean, cls or max (choose one with --pooling)"
+            )
         return mode
     on = [k for k in (*_MODE_KEYS, *_UNSUPPORTED_KEYS) if cfg.get(k) is True]
     if len(on) != 1 or on[0] not in _MODE_KEYS:
-        raise UserError(f"{path}: pooling {', '.join(on) or 'none'} is not supported; mcore pools with exactly one "
-                        "of pooling_mode_mean_tokens, pooling_mode_cls_token, pooling_mode_max_tokens "
-                        "(choose one with --pooling)")
+        raise UserError(
+            f"{path}: pooling {', '.join(on) or 'none'} is not supported; mcore pools with exactly one "
+            "of pooling_mode_mean_tokens, pooling_mode_cls_token, pooling_mode_max_tokens "
+            "(choose one with --pooling)"
+        )
     return _MODE_KEYS[on[0]]
 
 
@@ -71,8 +75,10 @@ def sentence_embedding(folder: Optional[Path]) -> Optional[dict[str, Any]]:
         elif kind == "Normalize":
             normalize = True
         else:
-            raise UserError(f"{path}: module {m.get('type')!r} is not supported (mcore runs Transformer, Pooling "
-                            "and Normalize); the embedding would differ from the checkpoint's")
+            raise UserError(
+                f"{path}: module {m.get('type')!r} is not supported (mcore runs Transformer, Pooling "
+                "and Normalize); the embedding would differ from the checkpoint's"
+            )
     if pooling is None:
         return None
     return {"pooling": pooling, "normalize": normalize, "source": MODULES_FILE}
@@ -86,8 +92,11 @@ def choose(pooling: Optional[str], normalize: Optional[bool], default: Optional[
             raise UserError(f"--pooling {pooling!r} is not supported; use one of {', '.join(POOLINGS)}")
         return pooling, bool(normalize), "--pooling"
     if default:
-        return default["pooling"], default["normalize"] if normalize is None else normalize, \
-            f"the checkpoint's {default.get('source', MODULES_FILE)}"
+        return (
+            default["pooling"],
+            default["normalize"] if normalize is None else normalize,
+            f"the checkpoint's {default.get('source', MODULES_FILE)}",
+        )
     return "none", bool(normalize), "no pooling declared by the checkpoint"
 
 

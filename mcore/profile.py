@@ -38,6 +38,7 @@ def _sync(device: torch.device) -> None:
 
 # ------------------------------------------------------------------------------------ timing
 
+
 def _nbytes(x: Any) -> int:
     return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
 
@@ -102,7 +103,7 @@ def profiled_seconds(interp: _TimedInterpreter, run: Callable[[], Any], device_t
     for ev in prof.events():
         if ev.name.startswith(_RANGE):
             us = ev.device_time_total if device_time else ev.cpu_time_total
-            out[ev.name[len(_RANGE):]] += us / 1e6
+            out[ev.name[len(_RANGE) :]] += us / 1e6
     return dict(out) if any(out.values()) else {}
 
 
@@ -115,9 +116,18 @@ def _node_bytes(n: fx.Node, args: list[Any], out: Any) -> int:
         active = int(lengths.reshape(-1)[0]) if isinstance(lengths, torch.Tensor) else k.shape[2]
         kv = 2 * k.shape[0] * k.shape[1] * active * k.shape[3] * k.element_size()
         return 2 * _nbytes(q) + kv
-    if op in ("aten.view.default", "aten.reshape.default", "aten.transpose.int", "aten.slice.Tensor",
-              "aten.select.int", "aten.unsqueeze.default", "aten.expand.default", "aten.sym_size.int",
-              "operator.getitem", "getitem"):
+    if op in (
+        "aten.view.default",
+        "aten.reshape.default",
+        "aten.transpose.int",
+        "aten.slice.Tensor",
+        "aten.select.int",
+        "aten.unsqueeze.default",
+        "aten.expand.default",
+        "aten.sym_size.int",
+        "operator.getitem",
+        "getitem",
+    ):
         return 0  # views move nothing
     outs = out if isinstance(out, (tuple, list)) else [out]
     seen: set[int] = set()
@@ -137,10 +147,18 @@ def _node_flops(n: fx.Node, args: list[Any], out: Any) -> int:
 
 # ------------------------------------------------------------------------------------ profile
 
-def profile_pipeline(pipe: Any, role: str, context: int, steps: int, prompt: Optional[str] = None,
-                     progress: Progress = NO_PROGRESS, timing: str = "auto",
-                     on_partial: Optional[Callable[[dict[str, Any]], None]] = None,
-                     fusion: bool = False) -> dict[str, Any]:
+
+def profile_pipeline(
+    pipe: Any,
+    role: str,
+    context: int,
+    steps: int,
+    prompt: Optional[str] = None,
+    progress: Progress = NO_PROGRESS,
+    timing: str = "auto",
+    on_partial: Optional[Callable[[dict[str, Any]], None]] = None,
+    fusion: bool = False,
+) -> dict[str, Any]:
     """Profile one role of a pipeline built with the `torch` engine: `steps` timed runs at `context`.
 
     `fusion`: also compile the role graph with Inductor once more and report which nodes the
@@ -181,8 +199,9 @@ def profile_pipeline(pipe: Any, role: str, context: int, steps: int, prompt: Opt
             interp.seconds.clear()
             node_s: dict[str, float] = {}
             if timing != "wall":
-                node_s = profiled_seconds(interp, lambda: interp.run(*prepared.state_args, *inputs),
-                                          device_time=timing == "kernel")
+                node_s = profiled_seconds(
+                    interp, lambda: interp.run(*prepared.state_args, *inputs), device_time=timing == "kernel"
+                )
                 if not node_s:  # no profiler activity (no CUPTI here): fall back to the wall clock
                     timing = "wall"
             if timing == "wall":
@@ -190,16 +209,27 @@ def profile_pipeline(pipe: Any, role: str, context: int, steps: int, prompt: Opt
                 node_s = dict(interp.seconds)
             per_step.append(node_s)
             if on_partial is not None:
-                part = _attribute(pipe, role, prepared.gm, _medians(per_step), interp.bytes, interp.flops,
-                                  statistics.median(step_totals), partial=True)
+                part = _attribute(
+                    pipe,
+                    role,
+                    prepared.gm,
+                    _medians(per_step),
+                    interp.bytes,
+                    interp.flops,
+                    statistics.median(step_totals),
+                    partial=True,
+                )
                 part.update(step=i + 1, steps=steps)
                 on_partial(part)
     progress.report("attributing", 0.95)
-    report = _attribute(pipe, role, prepared.gm, _medians(per_step), interp.bytes, interp.flops,
-                        statistics.median(step_totals))
-    report["timing"] = {"kernel": "device time of each node's kernels and copies (CUDA profiler)",
-                        "profiler-cpu": "CPU time inside each node's profiler range",
-                        "wall": "wall clock per node between device synchronisations"}[timing]
+    report = _attribute(
+        pipe, role, prepared.gm, _medians(per_step), interp.bytes, interp.flops, statistics.median(step_totals)
+    )
+    report["timing"] = {
+        "kernel": "device time of each node's kernels and copies (CUDA profiler)",
+        "profiler-cpu": "CPU time inside each node's profiler range",
+        "wall": "wall clock per node between device synchronisations",
+    }[timing]
     report["context"] = context if pipe.kind == "decoder" else None
     report["steps"] = steps
     if fusion:
@@ -217,7 +247,8 @@ def _add_fusion(report: dict[str, Any], snap: dict[str, Any], prepared: Any, inp
     to_name = {i: name for name, i in to_id.items()}
     report["fusion"] = {
         "engine": "compiled (Inductor), this device; the engine also merges sibling projections (q/k/v, gate/up)",
-        "kernels": [{"kernel": k["kernel"], "nodes": [to_id.get(n, n) for n in k["nodes"]]} for k in kernels]}
+        "kernels": [{"kernel": k["kernel"], "nodes": [to_id.get(n, n) for n in k["nodes"]]} for k in kernels],
+    }
     for c in report["candidates"]:
         c["splits"] = split_by(kernels, {to_name[i] for i in c["node_ids"] if i in to_name})
 
@@ -229,14 +260,16 @@ def _role_inputs(pipe: Any, role: str, context: int, prompt: Optional[str]) -> t
         ids, mask, _ = pipe.inputs(prompt or "the quick brown fox")
         return ids, mask
     if not 1 <= context < pipe.capacity:
-        raise UserError(f"--context {context} must lie in 1..{pipe.capacity - 1} (the bundle's KV cache holds "
-                        f"{pipe.capacity})")
+        raise UserError(
+            f"--context {context} must lie in 1..{pipe.capacity - 1} (the bundle's KV cache holds {pipe.capacity})"
+        )
     caches = [pipe.caches[n] for n in pipe.cache_names]
     for c in caches:  # never time on zeros
         c.normal_(generator=g)
     if role == "prefill":
-        ids = torch.randint(0, int(pipe.config.get("vocab_size", 2)), (1, context), dtype=torch.int32, device=dev,
-                            generator=g)
+        ids = torch.randint(
+            0, int(pipe.config.get("vocab_size", 2)), (1, context), dtype=torch.int32, device=dev, generator=g
+        )
         return (ids, *caches)
     pipe.cache_length.fill_(context)
     pipe.step_ids.fill_(0)
@@ -248,8 +281,16 @@ def _medians(per_step: list[dict[str, float]]) -> dict[str, float]:
     return {name: statistics.median(s.get(name, 0.0) for s in per_step) for name in names}
 
 
-def _attribute(pipe: Any, role: str, gm: fx.GraphModule, node_s: dict[str, float], node_bytes: dict[str, int],
-               node_flops: dict[str, int], step_s: float, partial: bool = False) -> dict[str, Any]:
+def _attribute(
+    pipe: Any,
+    role: str,
+    gm: fx.GraphModule,
+    node_s: dict[str, float],
+    node_bytes: dict[str, int],
+    node_flops: dict[str, int],
+    step_s: float,
+    partial: bool = False,
+) -> dict[str, Any]:
     snap = pipe.snapshots[role]
     by_name = {n["name"]: n for n in snap["nodes"]}
     facts = device_facts(pipe.device)  # the copy rate is measured once per device and cached
@@ -260,11 +301,18 @@ def _attribute(pipe: Any, role: str, gm: fx.GraphModule, node_s: dict[str, float
         sn = by_name.get(name)
         fxn = fx_nodes.get(name)
         binding = fxn.meta.get("mcore_binding_id") if fxn is not None else None
-        nodes.append({
-            "id": sn["id"] if sn else None, "name": name, "op": sn["op"] if sn else (_op(fxn) if fxn else name),
-            "module_path": sn["module_path"] if sn else "", "binding_id": binding,
-            "seconds": s, "bytes": node_bytes.get(name, 0), "flops": node_flops.get(name, 0),
-        })
+        nodes.append(
+            {
+                "id": sn["id"] if sn else None,
+                "name": name,
+                "op": sn["op"] if sn else (_op(fxn) if fxn else name),
+                "module_path": sn["module_path"] if sn else "",
+                "binding_id": binding,
+                "seconds": s,
+                "bytes": node_bytes.get(name, 0),
+                "flops": node_flops.get(name, 0),
+            }
+        )
     total = sum(n["seconds"] for n in nodes) or 1e-12
     for n in nodes:
         _rates(n, total, bw)
@@ -281,21 +329,39 @@ def _attribute(pipe: Any, role: str, gm: fx.GraphModule, node_s: dict[str, float
     for r in module_rows:
         _rates(r, total, bw)
     m = pipe.manifest
-    head = {"schema_version": SCHEMA_VERSION, "kind": "mcore-profile", "role": role,
-            "bundle": {"model": m["model"]["spec"], "fingerprint": m["roles"][role]["fingerprint"],
-                       "build_args": m["build_args"]},
-            "device": facts}
+    head = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "mcore-profile",
+        "role": role,
+        "bundle": {
+            "model": m["model"]["spec"],
+            "fingerprint": m["roles"][role]["fingerprint"],
+            "build_args": m["build_args"],
+        },
+        "device": facts,
+    }
     if partial:  # what a live view needs; recipes and candidates come with the whole report
-        return {**head, "partial": True, "step_seconds": step_s, "attributed_seconds": total,
-                "nodes": sorted(nodes, key=lambda n: -n["seconds"]),
-                "modules": sorted(module_rows, key=lambda r: -r["seconds"])}
+        return {
+            **head,
+            "partial": True,
+            "step_seconds": step_s,
+            "attributed_seconds": total,
+            "nodes": sorted(nodes, key=lambda n: -n["seconds"]),
+            "modules": sorted(module_rows, key=lambda r: -r["seconds"]),
+        }
     by_id = {n["id"]: n for n in nodes if n["id"]}
     recipes = []
     for r in snap.get("recipes", []):
         members = [by_id[i] for i in r["node_ids"] if i in by_id]
-        row = {"recipe": r["id"], "instance": r["instance"], "node_ids": r["node_ids"],
-               "seconds": sum(m["seconds"] for m in members), "bytes": sum(m["bytes"] for m in members),
-               "flops": sum(m["flops"] for m in members), "calls": len(members)}
+        row = {
+            "recipe": r["id"],
+            "instance": r["instance"],
+            "node_ids": r["node_ids"],
+            "seconds": sum(m["seconds"] for m in members),
+            "bytes": sum(m["bytes"] for m in members),
+            "flops": sum(m["flops"] for m in members),
+            "calls": len(members),
+        }
         row["output_shape_input"] = r.get("output_shape_input")
         recipes.append(_rates(row, total, bw))
     slots: dict[str, dict[str, Any]] = defaultdict(lambda: {"seconds": 0.0, "bytes": 0, "flops": 0, "calls": 0})
@@ -308,10 +374,14 @@ def _attribute(pipe: Any, role: str, gm: fx.GraphModule, node_s: dict[str, float
     slot_rows = [_rates(dict(binding_id=b, **r), total, bw) for b, r in slots.items()]
     return {
         **head,
-        "versions": {"mcore": __version__, "torch": torch.__version__,
-                     "cuda": torch.version.cuda if pipe.device.type == "cuda" else None},
+        "versions": {
+            "mcore": __version__,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda if pipe.device.type == "cuda" else None,
+        },
         "engine": "torch (op by op; the compiled engine fuses these nodes into fewer kernels)",
-        "step_seconds": step_s, "attributed_seconds": total,
+        "step_seconds": step_s,
+        "attributed_seconds": total,
         "nodes": sorted(nodes, key=lambda n: -n["seconds"]),
         "modules": sorted(module_rows, key=lambda r: -r["seconds"]),
         "recipes": sorted(recipes, key=lambda r: -r["seconds"]),
@@ -331,23 +401,34 @@ def _rates(row: dict[str, Any], total: float, bw: float) -> dict[str, Any]:
     return row
 
 
-def candidates(snap: dict[str, Any], nodes: list[dict], recipes: list[dict], total: float, bw: float,
-               manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def candidates(
+    snap: dict[str, Any], nodes: list[dict], recipes: list[dict], total: float, bw: float, manifest: dict[str, Any]
+) -> list[dict[str, Any]]:
     """Recipe instances and module subtrees whose nodes select_region() accepts, ranked by headroom
     together (a recipe first where they tie: its command is ready to build). One ranking, because on
     a large model dozens of small recipe instances would otherwise bury the regions worth a kernel."""
     from .selection import select_region
 
-    args = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in manifest["build_args"].items()
-                    if v is not None and k != "model")
+    args = " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in manifest["build_args"].items() if v is not None and k != "model"
+    )
     model = manifest["build_args"]["model"]
     out = []
     covered = set()
     for r in recipes:
-        out.append({"kind": "recipe", "recipe": r["recipe"], "instance": r["instance"], "node_ids": r["node_ids"],
-                    "output_shape_input": r["output_shape_input"],
-                    "seconds": r["seconds"], "share": r["share"], "headroom_seconds": r["headroom_seconds"],
-                    "command": f"mcore build {model} {args} --recipe {r['recipe']} {r['instance']} -o slot.bundle"})
+        out.append(
+            {
+                "kind": "recipe",
+                "recipe": r["recipe"],
+                "instance": r["instance"],
+                "node_ids": r["node_ids"],
+                "output_shape_input": r["output_shape_input"],
+                "seconds": r["seconds"],
+                "share": r["share"],
+                "headroom_seconds": r["headroom_seconds"],
+                "command": f"mcore build {model} {args} --recipe {r['recipe']} {r['instance']} -o slot.bundle",
+            }
+        )
         covered.add(tuple(r["node_ids"]))
     by_module: dict[str, list[dict]] = defaultdict(list)
     for n in nodes:  # each module subtree: a module's own nodes and those of every module below it
@@ -368,14 +449,33 @@ def candidates(snap: dict[str, Any], nodes: list[dict], recipes: list[dict], tot
                 continue
         if receipt is None:
             continue
-        row = _rates({"seconds": sum(m["seconds"] for m in members), "bytes": sum(m["bytes"] for m in members),
-                      "flops": sum(m["flops"] for m in members)}, total, bw)
-        flag = "" if receipt["output_shape_input"] is None else f" --output-shape-like-input {receipt['output_shape_input']}"
-        out.append({"kind": "region", "module_path": path, "node_ids": ids,
-                    "output_shape_input": receipt["output_shape_input"], "seconds": row["seconds"],
-                    "share": row["share"], "headroom_seconds": row["headroom_seconds"],
-                    "command": f"mcore graph select SNAPSHOT --nodes {' '.join(ids)} --binding-id {CANDIDATE_BINDING} "
-                               f"--workspace-bytes 0{flag} -o selection.json"})
+        row = _rates(
+            {
+                "seconds": sum(m["seconds"] for m in members),
+                "bytes": sum(m["bytes"] for m in members),
+                "flops": sum(m["flops"] for m in members),
+            },
+            total,
+            bw,
+        )
+        flag = (
+            ""
+            if receipt["output_shape_input"] is None
+            else f" --output-shape-like-input {receipt['output_shape_input']}"
+        )
+        out.append(
+            {
+                "kind": "region",
+                "module_path": path,
+                "node_ids": ids,
+                "output_shape_input": receipt["output_shape_input"],
+                "seconds": row["seconds"],
+                "share": row["share"],
+                "headroom_seconds": row["headroom_seconds"],
+                "command": f"mcore graph select SNAPSHOT --nodes {' '.join(ids)} --binding-id {CANDIDATE_BINDING} "
+                f"--workspace-bytes 0{flag} -o selection.json",
+            }
+        )
     return sorted(out, key=lambda c: (-c["headroom_seconds"], c["kind"] != "recipe"))
 
 
@@ -383,23 +483,31 @@ def top_lines(report: dict[str, Any], top: int) -> list[str]:
     """The printed view: step time, the hottest modules and the ranked candidate regions."""
     dev = report["device"]
     ctx = f", context {report['context']}" if report.get("context") else ""
-    lines = [f"profile {report['role']} on {dev['name']} ({dev['type']}){ctx}: step "
-             f"{report['step_seconds'] * 1e3:.3f} ms, attributed {report['attributed_seconds'] * 1e3:.3f} ms over "
-             f"{len(report['nodes'])} nodes; limit: copy {dev['copy_bytes_per_s'] / 1e9:.1f} GB/s"
-             + (f" (peak {dev['theoretical_bytes_per_s'] / 1e9:.0f} GB/s)" if dev.get("theoretical_bytes_per_s") else "")]
+    lines = [
+        f"profile {report['role']} on {dev['name']} ({dev['type']}){ctx}: step "
+        f"{report['step_seconds'] * 1e3:.3f} ms, attributed {report['attributed_seconds'] * 1e3:.3f} ms over "
+        f"{len(report['nodes'])} nodes; limit: copy {dev['copy_bytes_per_s'] / 1e9:.1f} GB/s"
+        + (f" (peak {dev['theoretical_bytes_per_s'] / 1e9:.0f} GB/s)" if dev.get("theoretical_bytes_per_s") else "")
+    ]
     if report.get("timing"):
         lines.append(f"timing: {report['timing']}")
     lines.append("modules (time per step, share, bytes moved, achieved GB/s, share of the limit):")
     for r in [r for r in report["modules"] if r["path"] != "<root>"][:top]:
-        lines.append(f"  {r['path']:<48} {r['seconds'] * 1e3:9.3f} ms {r['share']:6.1%} {r['bytes'] / 1e6:9.2f} MB "
-                     f"{r['bytes_per_s'] / 1e9:7.2f} GB/s {r['ratio_to_limit']:6.1%}")
+        lines.append(
+            f"  {r['path']:<48} {r['seconds'] * 1e3:9.3f} ms {r['share']:6.1%} {r['bytes'] / 1e6:9.2f} MB "
+            f"{r['bytes_per_s'] / 1e9:7.2f} GB/s {r['ratio_to_limit']:6.1%}"
+        )
     for s in report["slots"]:
         lines.append(f"slot {s['binding_id']}: {s['seconds'] * 1e3:.3f} ms {s['share']:.1%} over {s['calls']} call(s)")
-    lines.append(f"top {top} candidate regions (headroom = time minus time at the limit: the most a kernel could save):")
+    lines.append(
+        f"top {top} candidate regions (headroom = time minus time at the limit: the most a kernel could save):"
+    )
     for i, c in enumerate(report["candidates"][:top], 1):
         what = f"{c['recipe']} {c['instance']}" if c["kind"] == "recipe" else f"region {c['module_path']}"
-        lines.append(f"  {i:2}. {what}: {c['seconds'] * 1e3:.3f} ms {c['share']:.1%}, headroom "
-                     f"{c['headroom_seconds'] * 1e3:.3f} ms")
+        lines.append(
+            f"  {i:2}. {what}: {c['seconds'] * 1e3:.3f} ms {c['share']:.1%}, headroom "
+            f"{c['headroom_seconds'] * 1e3:.3f} ms"
+        )
         lines.append(f"      {c['command']}")
         if c.get("splits"):
             parts = [f"{k['kernel']} ({k['inside']} inside, {k['outside']} outside)" for k in c["splits"]]
@@ -408,8 +516,10 @@ def top_lines(report: dict[str, Any], top: int) -> list[str]:
     if fusion:
         ks = fusion["kernels"]
         fused = [k for k in ks if len(k["nodes"]) > 1]
-        lines.append(f"fusion ({fusion['engine']}): {len(ks)} kernels for "
-                     f"{sum(len(k['nodes']) for k in ks)} nodes, {len(fused)} of them fusing several nodes")
+        lines.append(
+            f"fusion ({fusion['engine']}): {len(ks)} kernels for "
+            f"{sum(len(k['nodes']) for k in ks)} nodes, {len(fused)} of them fusing several nodes"
+        )
     return lines
 
 
@@ -417,10 +527,14 @@ def diff_lines(a: dict[str, Any], b: dict[str, Any], labels: Sequence[str] = ("a
     """Two profiles (say native and with a kernel bound), per recipe instance and module, b minus a."""
     for p, label in zip((a, b), labels):
         if p.get("kind") != "mcore-profile" or p.get("schema_version") != SCHEMA_VERSION:
-            raise UserError(f"{label}: not an mcore profile (schema_version {SCHEMA_VERSION}); make one with "
-                            "`mcore profile BUNDLE -o FILE`")
-    lines = [f"step: {labels[0]} {a['step_seconds'] * 1e3:.3f} ms, {labels[1]} {b['step_seconds'] * 1e3:.3f} ms "
-             f"({(b['step_seconds'] - a['step_seconds']) * 1e3:+.3f} ms)"]
+            raise UserError(
+                f"{label}: not an mcore profile (schema_version {SCHEMA_VERSION}); make one with "
+                "`mcore profile BUNDLE -o FILE`"
+            )
+    lines = [
+        f"step: {labels[0]} {a['step_seconds'] * 1e3:.3f} ms, {labels[1]} {b['step_seconds'] * 1e3:.3f} ms "
+        f"({(b['step_seconds'] - a['step_seconds']) * 1e3:+.3f} ms)"
+    ]
 
     def rows(p: dict, key: Callable[[dict], str], field: str) -> dict[str, float]:
         return {key(r): r["seconds"] for r in p[field]}
@@ -430,5 +544,7 @@ def diff_lines(a: dict[str, Any], b: dict[str, Any], labels: Sequence[str] = ("a
         changed = sorted(set(ra) | set(rb), key=lambda k: -abs(rb.get(k, 0.0) - ra.get(k, 0.0)))
         for k in changed[:10]:
             d = rb.get(k, 0.0) - ra.get(k, 0.0)
-            lines.append(f"  {field[:-1]} {k}: {ra.get(k, 0.0) * 1e3:.3f} -> {rb.get(k, 0.0) * 1e3:.3f} ms ({d * 1e3:+.3f})")
+            lines.append(
+                f"  {field[:-1]} {k}: {ra.get(k, 0.0) * 1e3:.3f} -> {rb.get(k, 0.0) * 1e3:.3f} ms ({d * 1e3:+.3f})"
+            )
     return lines

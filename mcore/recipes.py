@@ -16,8 +16,7 @@ from .selection import select_region
 
 
 def _nodes_under(snapshot: dict[str, Any], path: str) -> list[str]:
-    return [n["id"] for n in snapshot["nodes"]
-            if n["module_path"] == path or n["module_path"].startswith(path + ".")]
+    return [n["id"] for n in snapshot["nodes"] if n["module_path"] == path or n["module_path"].startswith(path + ".")]
 
 
 def annotate_recipes(snapshot: dict[str, Any], specs: Sequence[RecipeSpec]) -> None:
@@ -30,12 +29,19 @@ def annotate_recipes(snapshot: dict[str, Any], specs: Sequence[RecipeSpec]) -> N
             node_ids = _nodes_under(snapshot, path)
             if not node_ids:
                 raise RuntimeError(f"recipe {spec.id} instance {instance}: no graph nodes under {path}")
-            rows.append({
-                "id": spec.id, "instance": instance, "engine_role": spec.engine_role,
-                "description": spec.description, "module_path": path, "node_ids": node_ids,
-                "workspace_bytes": spec.workspace_bytes, "extra_args": list(spec.extra_args),
-                "output_shape_input": spec.output_shape_input,
-            })
+            rows.append(
+                {
+                    "id": spec.id,
+                    "instance": instance,
+                    "engine_role": spec.engine_role,
+                    "description": spec.description,
+                    "module_path": path,
+                    "node_ids": node_ids,
+                    "workspace_bytes": spec.workspace_bytes,
+                    "extra_args": list(spec.extra_args),
+                    "output_shape_input": spec.output_shape_input,
+                }
+            )
     snapshot["recipes"] = rows
     snapshot["fingerprint"] = fingerprint(snapshot)
 
@@ -51,14 +57,18 @@ def find_recipe(snapshot: dict[str, Any], recipe_id: str, instance: str) -> dict
     ids = sorted({r["id"] for r in rows})
     if recipe_id not in ids:
         known = ", ".join(ids) or "none"
-        raise UserError(f"recipe {recipe_id!r} is not published for the {role} role of this model (recipes: {known}); "
-                        "list them with `mcore graph recipes SNAPSHOT`")
+        raise UserError(
+            f"recipe {recipe_id!r} is not published for the {role} role of this model (recipes: {known}); "
+            "list them with `mcore graph recipes SNAPSHOT`"
+        )
     for r in rows:
         if r["id"] == recipe_id and r["instance"] == instance:
             return r
     examples = [r["instance"] for r in rows if r["id"] == recipe_id][:3]
-    raise UserError(f"recipe {recipe_id} has no instance {instance!r} (e.g. {', '.join(examples)}); "
-                    "name one exact instance from `mcore graph recipes`")
+    raise UserError(
+        f"recipe {recipe_id} has no instance {instance!r} (e.g. {', '.join(examples)}); "
+        "name one exact instance from `mcore graph recipes`"
+    )
 
 
 # The one explicit way to name every instance of a recipe (`mcore build --recipe ID all-instances`).
@@ -86,11 +96,20 @@ def expand_instances(snapshot: dict[str, Any], recipe_id: str, instances: Sequen
     return list(instances)
 
 
-def select_recipe(snapshot: dict[str, Any], recipe_id: str, instance: str, binding_id: str | None = None) -> dict[str, Any]:
+def select_recipe(
+    snapshot: dict[str, Any], recipe_id: str, instance: str, binding_id: str | None = None
+) -> dict[str, Any]:
     """Resolve a recipe instance and validate it exactly like a manual selection."""
     r = find_recipe(snapshot, recipe_id, instance)
-    return select_region(snapshot, r["node_ids"], binding_id or recipe_id, r["workspace_bytes"], r["extra_args"],
-                         r["output_shape_input"], recipe={"id": recipe_id, "instance": instance})
+    return select_region(
+        snapshot,
+        r["node_ids"],
+        binding_id or recipe_id,
+        r["workspace_bytes"],
+        r["extra_args"],
+        r["output_shape_input"],
+        recipe={"id": recipe_id, "instance": instance},
+    )
 
 
 def select_recipe_instances(snapshot: dict[str, Any], recipe_id: str, instances: Sequence[str]) -> list[dict[str, Any]]:
@@ -100,7 +119,9 @@ def select_recipe_instances(snapshot: dict[str, Any], recipe_id: str, instances:
     first = receipts[0]
     for r in receipts[1:]:
         if r["abi_sha256"] != first["abi_sha256"]:
-            raise UserError(f"recipe {recipe_id}: instance {r['recipe']['instance']} has ABI {r['abi_sha256'][:16]}… but "
-                            f"{first['recipe']['instance']} has {first['abi_sha256'][:16]}…; one binding serves slots of "
-                            "one ABI, so build these instances into separate bundles")
+            raise UserError(
+                f"recipe {recipe_id}: instance {r['recipe']['instance']} has ABI {r['abi_sha256'][:16]}… but "
+                f"{first['recipe']['instance']} has {first['abi_sha256'][:16]}…; one binding serves slots of "
+                "one ABI, so build these instances into separate bundles"
+            )
     return receipts

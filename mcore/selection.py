@@ -35,17 +35,31 @@ class RegionError(UserError):
 
 # ---------------------------------------------------------------- parameters
 
+
 def check_binding_id(binding_id: Any) -> str:
-    if not isinstance(binding_id, str) or not binding_id or not BINDING_ID_RE.match(binding_id) or len(binding_id) > 200:
-        raise RegionError("binding_id", None,
-                          f"binding ID {binding_id!r} is invalid; use letters, digits and _ . @ - only (e.g. my.kernel@1)")
+    if (
+        not isinstance(binding_id, str)
+        or not binding_id
+        or not BINDING_ID_RE.match(binding_id)
+        or len(binding_id) > 200
+    ):
+        raise RegionError(
+            "binding_id",
+            None,
+            f"binding ID {binding_id!r} is invalid; use letters, digits and _ . @ - only (e.g. my.kernel@1)",
+        )
     return binding_id
 
 
 def check_workspace(workspace_bytes: Any) -> int:
-    if isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, int) or not 0 <= workspace_bytes <= MAX_WORKSPACE:
-        raise RegionError("workspace", None,
-                          f"workspace bytes {workspace_bytes!r} is out of range; use an integer 0..{MAX_WORKSPACE}")
+    if (
+        isinstance(workspace_bytes, bool)
+        or not isinstance(workspace_bytes, int)
+        or not 0 <= workspace_bytes <= MAX_WORKSPACE
+    ):
+        raise RegionError(
+            "workspace", None, f"workspace bytes {workspace_bytes!r} is out of range; use an integer 0..{MAX_WORKSPACE}"
+        )
     return workspace_bytes
 
 
@@ -56,7 +70,9 @@ def normalize_extra_arg(arg: Any, index: int) -> dict[str, Any]:
         raise RegionError("extra_args", None, f'{where}: expected a JSON object like {{"type":"int","value":32}}')
     kind = arg["type"]
     if kind not in EXTRA_ARG_TYPES:
-        raise RegionError("extra_args", None, f"{where}: type {kind!r} is not allowed; use one of {', '.join(EXTRA_ARG_TYPES)}")
+        raise RegionError(
+            "extra_args", None, f"{where}: type {kind!r} is not allowed; use one of {', '.join(EXTRA_ARG_TYPES)}"
+        )
     try:
         check_fields(arg, where, {"type"} if kind == "none" else {"type", "value"})
     except UserError as e:
@@ -77,8 +93,13 @@ def normalize_extra_arg(arg: Any, index: int) -> dict[str, Any]:
     return {"type": "ptr", "value": None}
 
 
-def abi_contract(inputs: Sequence[dict], outputs: Sequence[dict], workspace_bytes: int,
-                 extra_args: Sequence[dict], output_shape_input: Optional[int]) -> dict[str, Any]:
+def abi_contract(
+    inputs: Sequence[dict],
+    outputs: Sequence[dict],
+    workspace_bytes: int,
+    extra_args: Sequence[dict],
+    output_shape_input: Optional[int],
+) -> dict[str, Any]:
     """Exactly what abi_sha256 covers: the call contract, nothing model-specific."""
     return {
         "format": ABI_FORMAT,
@@ -102,8 +123,12 @@ def call_order(inputs: Sequence[T], workspace: Optional[T], outputs: Sequence[T]
 
 def call_params(n_inputs: int, workspace_bytes: int, n_outputs: int, n_extras: int) -> list[str]:
     """`run(...)`'s parameter names in ABI order."""
-    return call_order([f"input{i}" for i in range(n_inputs)], "workspace" if workspace_bytes else None,
-                      [f"output{i}" for i in range(n_outputs)], [f"extra{i}" for i in range(n_extras)])
+    return call_order(
+        [f"input{i}" for i in range(n_inputs)],
+        "workspace" if workspace_bytes else None,
+        [f"output{i}" for i in range(n_outputs)],
+        [f"extra{i}" for i in range(n_extras)],
+    )
 
 
 def abi_sha256(contract: dict[str, Any]) -> str:
@@ -188,9 +213,15 @@ def _describe(t: dict) -> str:
     return f"{t['dtype']} {t['shape']}"
 
 
-def select_region(snapshot: dict[str, Any], node_ids: Iterable[str], binding_id: str, workspace_bytes: int = 0,
-                  extra_args: Sequence[Any] = (), output_shape_input: Optional[int] = None,
-                  recipe: Optional[dict[str, str]] = None) -> dict[str, Any]:
+def select_region(
+    snapshot: dict[str, Any],
+    node_ids: Iterable[str],
+    binding_id: str,
+    workspace_bytes: int = 0,
+    extra_args: Sequence[Any] = (),
+    output_shape_input: Optional[int] = None,
+    recipe: Optional[dict[str, str]] = None,
+) -> dict[str, Any]:
     """Validate a region against every rule and return its selection receipt.
 
     Recipes and manual selections both come through here; nothing else validates a region.
@@ -205,79 +236,138 @@ def select_region(snapshot: dict[str, Any], node_ids: Iterable[str], binding_id:
     seen: set[str] = set()
     for nid in ids:
         if not isinstance(nid, str) or not NODE_ID_RE.match(nid):
-            raise RegionError("nodes", str(nid), f"{nid!r} is not a node ID; node IDs look like node:42 (see `mcore graph list`)")
+            raise RegionError(
+                "nodes", str(nid), f"{nid!r} is not a node ID; node IDs look like node:42 (see `mcore graph list`)"
+            )
         if nid in seen:
             raise RegionError("nodes", nid, f"{nid} is selected twice; name each node once")
         if nid not in ix.nodes:
-            raise RegionError("nodes", nid, f"{nid} does not exist in this graph; copy IDs from `mcore graph list` of this snapshot")
+            raise RegionError(
+                "nodes", nid, f"{nid} does not exist in this graph; copy IDs from `mcore graph list` of this snapshot"
+            )
         seen.add(nid)
     region = set(ids)
     for nid in sorted(region, key=ix.order.__getitem__):
         what = _forbidden(ix.nodes[nid])
         if what:
-            raise RegionError(what.replace(" ", "_"), nid,
-                              f"{nid} ({ix.nodes[nid]['op']}) is a {what} node; a region cannot contain one")
+            raise RegionError(
+                what.replace(" ", "_"),
+                nid,
+                f"{nid} ({ix.nodes[nid]['op']}) is a {what} node; a region cannot contain one",
+            )
     if not is_connected(ix, region):
-        raise RegionError("connected", None,
-                          "the selected nodes are not connected by tensor edges; select one connected region")
+        raise RegionError(
+            "connected", None, "the selected nodes are not connected by tensor edges; select one connected region"
+        )
     bad = convexity_violation(ix, region)
     if bad:
-        raise RegionError("convex", bad[1],
-                          f"region is not convex: a path leaves it through {bad[0]} and re-enters at {bad[1]}; "
-                          f"add the nodes on that path or select fewer")
+        raise RegionError(
+            "convex",
+            bad[1],
+            f"region is not convex: a path leaves it through {bad[0]} and re-enters at {bad[1]}; "
+            f"add the nodes on that path or select fewer",
+        )
     inputs, outputs, internal = region_boundary(ix, region)
     for t in outputs:
         if t in ix.outputs:
-            raise RegionError("network_output", t,
-                              f"{t} ({ix.tensor_label(t)}) is a network output produced inside the region; "
-                              "leave the node that produces it out of the selection")
+            raise RegionError(
+                "network_output",
+                t,
+                f"{t} ({ix.tensor_label(t)}) is a network output produced inside the region; "
+                "leave the node that produces it out of the selection",
+            )
     if not outputs:
         raise RegionError("one_output", None, "the region has no output used by the rest of the graph")
     if len(outputs) > 1:
-        raise RegionError("one_output", outputs[1],
-                          f"the region has {len(outputs)} outputs ({', '.join(outputs)}); a region must expose exactly one")
+        raise RegionError(
+            "one_output",
+            outputs[1],
+            f"the region has {len(outputs)} outputs ({', '.join(outputs)}); a region must expose exactly one",
+        )
     for t in inputs + internal + outputs:
         tensor = ix.tensors[t]
         if tensor["is_shape_tensor"] or tensor["location"] != "device":
-            raise RegionError("shape_or_host_tensor", t,
-                              f"{t} is a {'shape' if tensor['is_shape_tensor'] else 'host'} tensor; "
-                              "a region may only touch device tensors")
+            raise RegionError(
+                "shape_or_host_tensor",
+                t,
+                f"{t} is a {'shape' if tensor['is_shape_tensor'] else 'host'} tensor; "
+                "a region may only touch device tensors",
+            )
     for t in inputs + outputs:
         tensor = ix.tensors[t]
         if tensor["dtype"] not in BOUNDARY_DTYPES:
-            raise RegionError("boundary_dtype", t,
-                              f"boundary tensor {t} has dtype {tensor['dtype']}; allowed: {', '.join(BOUNDARY_DTYPES)}")
+            raise RegionError(
+                "boundary_dtype",
+                t,
+                f"boundary tensor {t} has dtype {tensor['dtype']}; allowed: {', '.join(BOUNDARY_DTYPES)}",
+            )
         if len(tensor["shape"]) > MAX_RANK:
-            raise RegionError("boundary_rank", t, f"boundary tensor {t} has rank {len(tensor['shape'])}; at most {MAX_RANK}")
+            raise RegionError(
+                "boundary_rank", t, f"boundary tensor {t} has rank {len(tensor['shape'])}; at most {MAX_RANK}"
+            )
         if tensor.get("format", "linear") != "linear":
-            raise RegionError("boundary_linear", t,
-                              f"boundary tensor {t} is not linear (a strided view); extend the region to the op that made it")
+            raise RegionError(
+                "boundary_linear",
+                t,
+                f"boundary tensor {t} is not linear (a strided view); extend the region to the op that made it",
+            )
     out = ix.tensors[outputs[0]]
     if output_shape_input is not None:
-        if isinstance(output_shape_input, bool) or not isinstance(output_shape_input, int) or not 0 <= output_shape_input < len(inputs):
-            raise RegionError("output_shape", None,
-                              f"--output-shape-like-input {output_shape_input!r} is not an input index; use 0..{len(inputs) - 1}")
+        if (
+            isinstance(output_shape_input, bool)
+            or not isinstance(output_shape_input, int)
+            or not 0 <= output_shape_input < len(inputs)
+        ):
+            raise RegionError(
+                "output_shape",
+                None,
+                f"--output-shape-like-input {output_shape_input!r} is not an input index; use 0..{len(inputs) - 1}",
+            )
         src = ix.tensors[inputs[output_shape_input]]
         if src["dtype"] != out["dtype"] or list(src["shape"]) != list(out["shape"]):
-            raise RegionError("output_shape", inputs[output_shape_input],
-                              f"input {output_shape_input} ({inputs[output_shape_input]}, {_describe(src)}) does not match "
-                              f"the output ({outputs[0]}, {_describe(out)}); name an input with the same dtype and shape")
+            raise RegionError(
+                "output_shape",
+                inputs[output_shape_input],
+                f"input {output_shape_input} ({inputs[output_shape_input]}, {_describe(src)}) does not match "
+                f"the output ({outputs[0]}, {_describe(out)}); name an input with the same dtype and shape",
+            )
     elif -1 in out["shape"]:
-        raise RegionError("output_shape", outputs[0],
-                          f"the output {outputs[0]} has a dynamic shape {out['shape']}; add --output-shape-like-input INDEX "
-                          "naming an input with the same dtype and shape")
-    return make_receipt(snapshot, ix, [n for n in sorted(region, key=ix.order.__getitem__)], inputs, outputs,
-                        binding_id, workspace_bytes, extras, output_shape_input, recipe)
+        raise RegionError(
+            "output_shape",
+            outputs[0],
+            f"the output {outputs[0]} has a dynamic shape {out['shape']}; add --output-shape-like-input INDEX "
+            "naming an input with the same dtype and shape",
+        )
+    return make_receipt(
+        snapshot,
+        ix,
+        [n for n in sorted(region, key=ix.order.__getitem__)],
+        inputs,
+        outputs,
+        binding_id,
+        workspace_bytes,
+        extras,
+        output_shape_input,
+        recipe,
+    )
 
 
-def make_receipt(snapshot, ix, node_ids, inputs, outputs, binding_id, workspace_bytes, extras,
-                 output_shape_input, recipe) -> dict[str, Any]:
+def make_receipt(
+    snapshot, ix, node_ids, inputs, outputs, binding_id, workspace_bytes, extras, output_shape_input, recipe
+) -> dict[str, Any]:
     def entry(i: int, t: str) -> dict[str, Any]:
         tensor = ix.tensors[t]
         producer = tensor["producer"]
-        return {"index": i, "tensor_id": t, "name": ix.tensor_label(t), "dtype": tensor["dtype"],
-                "shape": list(tensor["shape"]), "location": tensor["location"],
-                "producer": producer, "producer_op": ix.nodes[producer]["op"] if producer else None}
+        return {
+            "index": i,
+            "tensor_id": t,
+            "name": ix.tensor_label(t),
+            "dtype": tensor["dtype"],
+            "shape": list(tensor["shape"]),
+            "location": tensor["location"],
+            "producer": producer,
+            "producer_op": ix.nodes[producer]["op"] if producer else None,
+        }
 
     ins = [entry(i, t) for i, t in enumerate(inputs)]
     outs = [entry(i, t) for i, t in enumerate(outputs)]
@@ -312,9 +402,23 @@ def make_receipt(snapshot, ix, node_ids, inputs, outputs, binding_id, workspace_
     }
 
 
-_RECEIPT_FIELDS = {"schema_version", "kind", "graph_fingerprint", "engine_role", "binding_id", "abi_sha256",
-                   "workspace_bytes", "extra_args", "node_ids", "input_tensor_ids", "output_tensor_ids",
-                   "output_shape_input", "abi", "recipe", "graph"}
+_RECEIPT_FIELDS = {
+    "schema_version",
+    "kind",
+    "graph_fingerprint",
+    "engine_role",
+    "binding_id",
+    "abi_sha256",
+    "workspace_bytes",
+    "extra_args",
+    "node_ids",
+    "input_tensor_ids",
+    "output_tensor_ids",
+    "output_shape_input",
+    "abi",
+    "recipe",
+    "graph",
+}
 
 
 _ABI_ENTRY = {"index": int, "tensor_id": str, "name": str, "dtype": str, "location": str, "shape": list}
@@ -335,25 +439,38 @@ def check_slot_types(slot: Any, where: str) -> None:
     for k in ("node_ids", "input_tensor_ids", "output_tensor_ids"):
         v = slot.get(k)
         need(isinstance(v, list) and all(isinstance(x, str) for x in v), k, "a list of strings")
-    need(isinstance(slot.get("extra_args"), list) and all(isinstance(a, dict) for a in slot["extra_args"]),
-         "extra_args", "a list of objects")
+    need(
+        isinstance(slot.get("extra_args"), list) and all(isinstance(a, dict) for a in slot["extra_args"]),
+        "extra_args",
+        "a list of objects",
+    )
     osi = slot.get("output_shape_input")
-    need(osi is None or (isinstance(osi, int) and not isinstance(osi, bool)), "output_shape_input", "an integer or null")
+    need(
+        osi is None or (isinstance(osi, int) and not isinstance(osi, bool)), "output_shape_input", "an integer or null"
+    )
     ws = slot.get("workspace_bytes")
     need(isinstance(ws, int) and not isinstance(ws, bool), "workspace_bytes", "an integer")
     rec = slot.get("recipe")
-    need(rec is None or (isinstance(rec, dict) and isinstance(rec.get("id"), str)
-                         and isinstance(rec.get("instance"), str)), "recipe", "null or {id, instance}")
+    need(
+        rec is None
+        or (isinstance(rec, dict) and isinstance(rec.get("id"), str) and isinstance(rec.get("instance"), str)),
+        "recipe",
+        "null or {id, instance}",
+    )
     abi: Any = slot.get("abi")  # a dict once need() below has passed
     need(isinstance(abi, dict) and isinstance(abi.get("call"), str), "abi", "an object with call, inputs and outputs")
     for side in ("inputs", "outputs"):
         entries = abi.get(side)
         need(isinstance(entries, list), f"abi.{side}", "a list")
         for i, e in enumerate(entries):
-            ok = isinstance(e, dict) and all(isinstance(e.get(k), t) and not isinstance(e.get(k), bool)
-                                             for k, t in _ABI_ENTRY.items())
-            need(ok and all(isinstance(d, int) and not isinstance(d, bool) for d in e["shape"]),
-                 f"abi.{side}[{i}]", "an object with index, tensor_id, name, dtype, location and shape (integers)")
+            ok = isinstance(e, dict) and all(
+                isinstance(e.get(k), t) and not isinstance(e.get(k), bool) for k, t in _ABI_ENTRY.items()
+            )
+            need(
+                ok and all(isinstance(d, int) and not isinstance(d, bool) for d in e["shape"]),
+                f"abi.{side}[{i}]",
+                "an object with index, tensor_id, name, dtype, location and shape (integers)",
+            )
 
 
 def check_receipt(receipt: Any, where: str) -> dict[str, Any]:
@@ -361,20 +478,35 @@ def check_receipt(receipt: Any, where: str) -> dict[str, Any]:
     check_fields(receipt, where, _RECEIPT_FIELDS)
     check_slot_types(receipt, where)
     if receipt["kind"] != RECEIPT_KIND:
-        raise UserError(f"{where}: kind is {receipt['kind']!r}, not a selection receipt; pass a file from `mcore graph select` or `mcore build --recipe`")
+        raise UserError(
+            f"{where}: kind is {receipt['kind']!r}, not a selection receipt; pass a file from `mcore graph select` or `mcore build --recipe`"
+        )
     if receipt["schema_version"] != RECEIPT_SCHEMA_VERSION:
-        raise UserError(f"{where}: schema_version {receipt['schema_version']!r} is not supported (expected {RECEIPT_SCHEMA_VERSION})")
+        raise UserError(
+            f"{where}: schema_version {receipt['schema_version']!r} is not supported (expected {RECEIPT_SCHEMA_VERSION})"
+        )
     check_binding_id(receipt["binding_id"])
     check_workspace(receipt["workspace_bytes"])
     abi = receipt["abi"]
-    check_fields(abi, f"{where}: abi", {"format", "call", "stream", "inputs", "workspace_bytes", "outputs", "extra_args", "output_shape_input"})
-    contract = abi_contract(abi["inputs"], abi["outputs"], receipt["workspace_bytes"],
-                            [normalize_extra_arg(a, i) for i, a in enumerate(receipt["extra_args"])],
-                            receipt["output_shape_input"])
+    check_fields(
+        abi,
+        f"{where}: abi",
+        {"format", "call", "stream", "inputs", "workspace_bytes", "outputs", "extra_args", "output_shape_input"},
+    )
+    contract = abi_contract(
+        abi["inputs"],
+        abi["outputs"],
+        receipt["workspace_bytes"],
+        [normalize_extra_arg(a, i) for i, a in enumerate(receipt["extra_args"])],
+        receipt["output_shape_input"],
+    )
     if abi_sha256(contract) != receipt["abi_sha256"]:
-        raise UserError(f"{where}: abi_sha256 does not match the receipt's ABI (the file was edited); recreate it with `mcore graph select`")
-    if [e["tensor_id"] for e in abi["inputs"]] != receipt["input_tensor_ids"] or \
-            [e["tensor_id"] for e in abi["outputs"]] != receipt["output_tensor_ids"]:
+        raise UserError(
+            f"{where}: abi_sha256 does not match the receipt's ABI (the file was edited); recreate it with `mcore graph select`"
+        )
+    if [e["tensor_id"] for e in abi["inputs"]] != receipt["input_tensor_ids"] or [
+        e["tensor_id"] for e in abi["outputs"]
+    ] != receipt["output_tensor_ids"]:
         raise UserError(f"{where}: input/output tensor IDs disagree with the abi section; recreate the receipt")
     return receipt
 

@@ -31,8 +31,12 @@ from .selection import ABI_FORMAT, call_order, call_params, check_receipt, load_
 TEMPLATE_NAME = "templates/cutedsl_exporter.py.tmpl"
 THREADS = 256
 
-CUTE_TYPES = {"FP16": "cutlass.Float16", "BF16": "cutlass.BFloat16", "FP32": "cutlass.Float32",
-              "INT32": "cutlass.Int32"}
+CUTE_TYPES = {
+    "FP16": "cutlass.Float16",
+    "BF16": "cutlass.BFloat16",
+    "FP32": "cutlass.Float32",
+    "INT32": "cutlass.Int32",
+}
 FLOAT_DTYPES = ("FP16", "BF16", "FP32")
 
 # The single ops the generator writes a body for. Bodies follow PyTorch: inputs are first
@@ -46,17 +50,17 @@ CAST_OPS = ("aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "p
 
 @dataclass(frozen=True)
 class KnownOp:
-    kind: str      # "copy" | "cast" | "add" | "sub" | "mul"
-    op: str        # the node's op, e.g. "aten.add.Tensor"
+    kind: str  # "copy" | "cast" | "add" | "sub" | "mul"
+    op: str  # the node's op, e.g. "aten.add.Tensor"
     node_id: str
-    summary: str   # "output0 = input0 + input1"
+    summary: str  # "output0 = input0 + input1"
 
 
 @dataclass(frozen=True)
 class StubResult:
     path: Path
-    known: Optional[KnownOp]   # None: the body is a scaffold the author must fill in
-    reason: str                # why the body was not generated ("" when it was)
+    known: Optional[KnownOp]  # None: the body is a scaffold the author must fill in
+    reason: str  # why the body was not generated ("" when it was)
     binding_id: str
     abi_sha256: str
     example: Optional[str] = None  # a hand-written kernel for this kind of region, to start from
@@ -76,12 +80,16 @@ def worked_example(receipt: dict[str, Any], snapshot: dict[str, Any]) -> Optiona
             return WORKED_EXAMPLES[ops[nid]]
     return None
 
+
 def classify_region(receipt: dict[str, Any], snapshot: dict[str, Any]) -> tuple[Optional[KnownOp], str]:
     """(KnownOp, "") when the generator can write the body, else (None, why not)."""
     nodes = {n["id"]: n for n in snapshot["nodes"]}
     ids = receipt["node_ids"]
     if len(ids) != 1:
-        return None, f"the region has {len(ids)} nodes; bodies are generated only for one copy, cast, add, sub or mul node"
+        return (
+            None,
+            f"the region has {len(ids)} nodes; bodies are generated only for one copy, cast, add, sub or mul node",
+        )
     node = nodes[ids[0]]
     op = node["op"]
     ins, outs = receipt["abi"]["inputs"], receipt["abi"]["outputs"]
@@ -113,6 +121,7 @@ def classify_region(receipt: dict[str, Any], snapshot: dict[str, Any]) -> tuple[
 
 
 # ---------------------------------------------------------------- code generation helpers
+
 
 def _py(obj: Any) -> str:
     """A Python literal for JSON-like data (strings double-quoted, None/True/False)."""
@@ -169,10 +178,26 @@ class _Ctx:
         self.receipt = receipt
         self.snapshot = snapshot
         abi = receipt["abi"]
-        self.inputs = [{"param": f"input{i}", "tensor_id": e["tensor_id"], "name": e.get("name"), "dtype": e["dtype"],
-                        "shape": list(e["shape"])} for i, e in enumerate(abi["inputs"])]
-        self.outputs = [{"param": f"output{i}", "tensor_id": e["tensor_id"], "name": e.get("name"),
-                         "dtype": e["dtype"], "shape": list(e["shape"])} for i, e in enumerate(abi["outputs"])]
+        self.inputs = [
+            {
+                "param": f"input{i}",
+                "tensor_id": e["tensor_id"],
+                "name": e.get("name"),
+                "dtype": e["dtype"],
+                "shape": list(e["shape"]),
+            }
+            for i, e in enumerate(abi["inputs"])
+        ]
+        self.outputs = [
+            {
+                "param": f"output{i}",
+                "tensor_id": e["tensor_id"],
+                "name": e.get("name"),
+                "dtype": e["dtype"],
+                "shape": list(e["shape"]),
+            }
+            for i, e in enumerate(abi["outputs"])
+        ]
         self.workspace = receipt["workspace_bytes"]
         self.extras = list(receipt["extra_args"])
         self.rule = receipt["output_shape_input"]
@@ -188,7 +213,9 @@ class _Ctx:
         lines = []
         for nid in self.receipt["node_ids"]:
             n = self.nodes[nid]
-            lines.append(f"{nid:<10} {_doc(n['op'])}  {', '.join(n['inputs']) or '-'} -> {', '.join(n['outputs']) or '-'}")
+            lines.append(
+                f"{nid:<10} {_doc(n['op'])}  {', '.join(n['inputs']) or '-'} -> {', '.join(n['outputs']) or '-'}"
+            )
         return lines
 
     def dynamic(self) -> bool:
@@ -201,43 +228,59 @@ class _Ctx:
         ws = f"{self.workspace} bytes (uint8 tensor `workspace`)" if self.workspace else "none"
         extras = "; ".join(_extra_text(i, a) for i, a in enumerate(self.extras)) or "none"
         example = worked_example(self.receipt, {"nodes": list(self.nodes.values())})
-        hint = (f" (worked example for this region: {example}, a split-KV decode attention that takes this "
-                "recipe's receipt directly)") if example else ""
-        return (f"write the body of region_kernel in this file so that it computes {outs} from {ins} as the region "
-                f"does ({_doc(region)}); workspace: {ws}; extra args: {extras}; then set KERNEL_IMPLEMENTED = True"
-                + hint)
+        hint = (
+            (
+                f" (worked example for this region: {example}, a split-KV decode attention that takes this "
+                "recipe's receipt directly)"
+            )
+            if example
+            else ""
+        )
+        return (
+            f"write the body of region_kernel in this file so that it computes {outs} from {ins} as the region "
+            f"does ({_doc(region)}); workspace: {ws}; extra args: {extras}; then set KERNEL_IMPLEMENTED = True" + hint
+        )
 
 
 def _docstring(c: _Ctx, selection_name: str, snapshot_name: str, exporter_name: str, note: str) -> str:
     r = c.receipt
     meta = c.snapshot.get("metadata", {})
     lines = [f'"""CuTe DSL exporter for the selection {_doc(r["binding_id"])}.', ""]
-    lines += ["Generated by `mcore kernel stub` from",
-              f"    selection: {_doc(selection_name)}",
-              f"    snapshot:  {_doc(snapshot_name)}",
-              "Edit it freely: it does not import mcore. To start over, run `mcore kernel stub` again."]
+    lines += [
+        "Generated by `mcore kernel stub` from",
+        f"    selection: {_doc(selection_name)}",
+        f"    snapshot:  {_doc(snapshot_name)}",
+        "Edit it freely: it does not import mcore. To start over, run `mcore kernel stub` again.",
+    ]
     lines += [_doc(ln) for ln in note.splitlines()] + [""]
     graph = " ".join(f"{k}={_doc(meta[k])}" for k in ("family", "model", "engine_role") if meta.get(k))
     lines += [f"Region ({graph or 'graph'}; fingerprint {r['graph_fingerprint'][:16]}...):"]
     lines += [f"    {ln}" for ln in c.node_lines()]
     if c.known:
-        lines += [f"Kernel body: generated: {c.known.summary}, elementwise ({c.known.op}).",
-                  "    FP16/BF16 math runs in FP32 and is rounded once; INT32 math wraps; inputs are first",
-                  "    converted to the output dtype, as in PyTorch."]
+        lines += [
+            f"Kernel body: generated: {c.known.summary}, elementwise ({c.known.op}).",
+            "    FP16/BF16 math runs in FP32 and is rounded once; INT32 math wraps; inputs are first",
+            "    converted to the output dtype, as in PyTorch.",
+        ]
         if c.known.kind in ("add", "sub"):
             lines += [f"    The snapshot does not record {c.known.op}'s alpha; this body assumes alpha=1."]
     else:
-        lines += ["Kernel body: NOT generated: " + _doc(c.reason) + ".",
-                  "    Write region_kernel below, then set KERNEL_IMPLEMENTED = True; until then export stops."]
+        lines += [
+            "Kernel body: NOT generated: " + _doc(c.reason) + ".",
+            "    Write region_kernel below, then set KERNEL_IMPLEMENTED = True; until then export stops.",
+        ]
         example = worked_example(r, c.snapshot)
         if example:
-            lines += [f"    Worked example for this region: {example} (split-KV decode attention, BF16/FP16,",
-                      "    head_dim 64/128, GQA); it takes this receipt directly: --selection RECEIPT --output KERNEL.so."]
-    lines += ["", "Exported TVM-FFI function `run`, arguments in ABI call order:",
-              f"    run({', '.join(c.params())})"]
+            lines += [
+                f"    Worked example for this region: {example} (split-KV decode attention, BF16/FP16,",
+                "    head_dim 64/128, GQA); it takes this receipt directly: --selection RECEIPT --output KERNEL.so.",
+            ]
+    lines += ["", "Exported TVM-FFI function `run`, arguments in ABI call order:", f"    run({', '.join(c.params())})"]
     lines += [f"    {_tensor_line(e)}" for e in c.inputs]
     if c.workspace:
-        lines += [f"    {'workspace':<9} UINT8 [{c.workspace}]  scratch, {c.workspace} bytes, contents undefined on entry"]
+        lines += [
+            f"    {'workspace':<9} UINT8 [{c.workspace}]  scratch, {c.workspace} bytes, contents undefined on entry"
+        ]
     lines += [f"    {_tensor_line(e)}" for e in c.outputs]
     lines += [f"    {_extra_text(i, a)}" for i, a in enumerate(c.extras)]
     if not c.workspace:
@@ -247,8 +290,10 @@ def _docstring(c: _Ctx, selection_name: str, snapshot_name: str, exporter_name: 
     if c.rule is None:
         lines += ["Output shape: fixed by the ABI."]
     else:
-        lines += [f"Output shape: output0 has the runtime shape of input{c.rule} (the engine allocates it so;",
-                  f"    OUTPUT_SHAPE_INPUT = {c.rule}); fake_arguments() gives both the same dynamic dims."]
+        lines += [
+            f"Output shape: output0 has the runtime shape of input{c.rule} (the engine allocates it so;",
+            f"    OUTPUT_SHAPE_INPUT = {c.rule}); fake_arguments() gives both the same dynamic dims.",
+        ]
     lines += [
         "Runtime shapes: a -1 dimension is dynamic. The kernel gets it from the tensor it is passed",
         "    (cute.size(tensor), tensor.shape) at run time, never from a constant; the TVM-FFI wrapper",
@@ -285,21 +330,28 @@ def _constants(c: _Ctx) -> str:
         "NODE_OPS = {",
     ]
     out += [f"    {_py(nid)}: {_py(c.nodes[nid]['op'])}," for nid in r["node_ids"]]
-    out += ["}", "# Boundary tensors in call order; -1 marks a dynamic dimension (read from the tensor at run time).",
-            "INPUTS = ["]
+    out += [
+        "}",
+        "# Boundary tensors in call order; -1 marks a dynamic dimension (read from the tensor at run time).",
+        "INPUTS = [",
+    ]
     out += [f"    {_py(e)}," for e in c.inputs]
-    out += ["]",
-            f"WORKSPACE_BYTES = {c.workspace}  # > 0: a uint8 tensor of this many bytes follows the inputs",
-            "OUTPUTS = ["]
+    out += [
+        "]",
+        f"WORKSPACE_BYTES = {c.workspace}  # > 0: a uint8 tensor of this many bytes follows the inputs",
+        "OUTPUTS = [",
+    ]
     out += [f"    {_py(e)}," for e in c.outputs]
-    out += ["]",
-            "# Fixed arguments after the outputs: int -> int32 scalar, float -> float32 scalar, none / null ptr -> None.",
-            f"EXTRA_ARGS = {_py(c.extras)}",
-            f"OUTPUT_SHAPE_INPUT = {_py(c.rule)}  # output 0 has the runtime shape of this input, or None (fixed)",
-            "",
-            f"KERNEL_BODY = {_py(c.known.kind if c.known else None)}  # what the generated body computes; None: you write it",
-            f"KERNEL_IMPLEMENTED = {c.known is not None}",
-            f"TODO = {_py('' if c.known else c.todo())}"]
+    out += [
+        "]",
+        "# Fixed arguments after the outputs: int -> int32 scalar, float -> float32 scalar, none / null ptr -> None.",
+        f"EXTRA_ARGS = {_py(c.extras)}",
+        f"OUTPUT_SHAPE_INPUT = {_py(c.rule)}  # output 0 has the runtime shape of this input, or None (fixed)",
+        "",
+        f"KERNEL_BODY = {_py(c.known.kind if c.known else None)}  # what the generated body computes; None: you write it",
+        f"KERNEL_IMPLEMENTED = {c.known is not None}",
+        f"TODO = {_py('' if c.known else c.todo())}",
+    ]
     return "\n".join(out)
 
 
@@ -328,6 +380,7 @@ def _fake_arguments(c: _Ctx) -> list[str]:
     lines = []
     for name, used in users.items():
         lines.append(f"{name} = cute.sym_int()  # dynamic: {', '.join(used)}")
+
     def tensor_line(e: dict) -> str:
         return f"    tensor({CUTE_TYPES[e['dtype']]}, {shape(e)}),  # {e['param']}  {e['tensor_id']}"
 
@@ -339,11 +392,15 @@ def _fake_arguments(c: _Ctx) -> list[str]:
         return f"    None,  # extra{i}: {'null ptr' if a['type'] == 'ptr' else 'none'}, passed as None"
 
     lines.append("return [")
-    lines += call_order([tensor_line(e) for e in c.inputs],
-                        f"    tensor(cutlass.Uint8, ({c.workspace},)),  # workspace: WORKSPACE_BYTES bytes"
-                        if c.workspace else None,
-                        [tensor_line(e) for e in c.outputs], [extra_line(i, a) for i, a in enumerate(c.extras)])
-    lines.append("    make_fake_stream(use_tvm_ffi_env_stream=True),  # stream: the TVM-FFI env stream, not a run() argument")
+    lines += call_order(
+        [tensor_line(e) for e in c.inputs],
+        f"    tensor(cutlass.Uint8, ({c.workspace},)),  # workspace: WORKSPACE_BYTES bytes" if c.workspace else None,
+        [tensor_line(e) for e in c.outputs],
+        [extra_line(i, a) for i, a in enumerate(c.extras)],
+    )
+    lines.append(
+        "    make_fake_stream(use_tvm_ffi_env_stream=True),  # stream: the TVM-FFI env stream, not a run() argument"
+    )
     lines.append("]")
     return lines
 
@@ -354,8 +411,13 @@ def _run_signature(c: _Ctx) -> str:
         ps.append("workspace: cute.Tensor")
     ps += [f"{e['param']}: cute.Tensor" for e in c.outputs]
     for i, a in enumerate(c.extras):
-        ps.append(f"extra{i}: cutlass.Int32" if a["type"] == "int" else
-                  f"extra{i}: cutlass.Float32" if a["type"] == "float" else f"extra{i}")
+        ps.append(
+            f"extra{i}: cutlass.Int32"
+            if a["type"] == "int"
+            else f"extra{i}: cutlass.Float32"
+            if a["type"] == "float"
+            else f"extra{i}"
+        )
     ps.append("stream: cuda.CUstream")
     return ", ".join(ps)
 
@@ -363,13 +425,21 @@ def _run_signature(c: _Ctx) -> str:
 def _kernel(c: _Ctx) -> str:
     out_e = c.outputs[0]
     dyn = c.dynamic()
-    count_note = ("read from output0's runtime shape" if -1 in out_e["shape"]
-                  else f"{math.prod(out_e['shape'])}, fixed by the ABI")
-    L = [f"THREADS = {THREADS}  # threads per block; one thread per output element", "",
-         "if cute is not None:", "",
-         "    def flat(tensor):",
-         '        """A 1-D view of a contiguous tensor: the same memory, cute.size(tensor) elements."""',
-         "        return cute.make_tensor(tensor.iterator, cute.make_layout(cute.size(tensor)))", ""]
+    count_note = (
+        "read from output0's runtime shape"
+        if -1 in out_e["shape"]
+        else f"{math.prod(out_e['shape'])}, fixed by the ABI"
+    )
+    L = [
+        f"THREADS = {THREADS}  # threads per block; one thread per output element",
+        "",
+        "if cute is not None:",
+        "",
+        "    def flat(tensor):",
+        '        """A 1-D view of a contiguous tensor: the same memory, cute.size(tensor) elements."""',
+        "        return cute.make_tensor(tensor.iterator, cute.make_layout(cute.size(tensor)))",
+        "",
+    ]
     if c.known:
         k = c.known
         kparams = [f"{e['param']}: cute.Tensor" for e in c.inputs] + ["output0: cute.Tensor", "count: cutlass.Int32"]
@@ -381,16 +451,20 @@ def _kernel(c: _Ctx) -> str:
         else:
             C = "FP32" if D in FLOAT_DTYPES else "INT32"
             sym = BINARY_OPS[k.op][1]
-            body = [f"a = {_convert(_convert('input0[index]', c.inputs[0]['dtype'], D), D, C)}",
-                    f"b = {_convert(_convert('input1[index]', c.inputs[1]['dtype'], D), D, C)}",
-                    f"output0[index] = {_convert(f'(a {sym} b)', C, D)}"]
-        L += ["    @cute.kernel",
-              f"    def region_kernel({', '.join(kparams)}):",
-              f'        """{k.summary}, elementwise over `count` elements ({k.node_id} {_doc(k.op)})."""',
-              "        thread_x, _, _ = cute.arch.thread_idx()",
-              "        block_x, _, _ = cute.arch.block_idx()",
-              "        index = block_x * THREADS + thread_x",
-              "        if index < count:"]
+            body = [
+                f"a = {_convert(_convert('input0[index]', c.inputs[0]['dtype'], D), D, C)}",
+                f"b = {_convert(_convert('input1[index]', c.inputs[1]['dtype'], D), D, C)}",
+                f"output0[index] = {_convert(f'(a {sym} b)', C, D)}",
+            ]
+        L += [
+            "    @cute.kernel",
+            f"    def region_kernel({', '.join(kparams)}):",
+            f'        """{k.summary}, elementwise over `count` elements ({k.node_id} {_doc(k.op)})."""',
+            "        thread_x, _, _ = cute.arch.thread_idx()",
+            "        block_x, _, _ = cute.arch.block_idx()",
+            "        index = block_x * THREADS + thread_x",
+            "        if index < count:",
+        ]
         L += [f"            {ln}" for ln in body]
         kargs = [f"flat({e['param']})" for e in c.inputs] + ["flat(output0)", "count"]
     else:
@@ -407,46 +481,57 @@ def _kernel(c: _Ctx) -> str:
                 kargs.append(f"extra{i}")
         kparams.append("count: cutlass.Int32")
         kargs.append("count")
-        L += ["    @cute.kernel",
-              f"    def region_kernel({', '.join(kparams)}):",
-              '        """TODO: compute the output from the inputs as the region does:']
+        L += [
+            "    @cute.kernel",
+            f"    def region_kernel({', '.join(kparams)}):",
+            '        """TODO: compute the output from the inputs as the region does:',
+        ]
         L += [f"            {ln}" for ln in c.node_lines()]
-        L += ["        This scaffold gives each thread one element index of the flattened output0; pass the",
-              "        tensors unflattened from run() (drop flat()) for their row-major shaped views.",
-              '        """',
-              "        thread_x, _, _ = cute.arch.thread_idx()",
-              "        block_x, _, _ = cute.arch.block_idx()",
-              "        index = block_x * THREADS + thread_x",
-              "        if index < count:",
-              "            pass  # TODO: output0[index] = ..."]
-    launch = [f"region_kernel({', '.join(kargs)}).launch(",
-              "    grid=((count + THREADS - 1) // THREADS, 1, 1),",
-              "    block=(THREADS, 1, 1),",
-              "    stream=stream,",
-              ")"]
-    L += ["",
-          "    @cute.jit",
-          f"    def run({_run_signature(c)}):",
-          f'        """The exported function run({", ".join(c.params())}); `stream` is the TVM-FFI env stream."""',
-          f"        count = cute.size(output0)  # element count: {count_note}"]
+        L += [
+            "        This scaffold gives each thread one element index of the flattened output0; pass the",
+            "        tensors unflattened from run() (drop flat()) for their row-major shaped views.",
+            '        """',
+            "        thread_x, _, _ = cute.arch.thread_idx()",
+            "        block_x, _, _ = cute.arch.block_idx()",
+            "        index = block_x * THREADS + thread_x",
+            "        if index < count:",
+            "            pass  # TODO: output0[index] = ...",
+        ]
+    launch = [
+        f"region_kernel({', '.join(kargs)}).launch(",
+        "    grid=((count + THREADS - 1) // THREADS, 1, 1),",
+        "    block=(THREADS, 1, 1),",
+        "    stream=stream,",
+        ")",
+    ]
+    L += [
+        "",
+        "    @cute.jit",
+        f"    def run({_run_signature(c)}):",
+        f'        """The exported function run({", ".join(c.params())}); `stream` is the TVM-FFI env stream."""',
+        f"        count = cute.size(output0)  # element count: {count_note}",
+    ]
     if dyn:
         L += ["        if count > 0:  # an empty tensor needs no launch"]
         L += [f"            {ln}" for ln in launch]
     else:
         L += [f"        {ln}" for ln in launch]
-    L += ["",
-          "    def fake_arguments():",
-          '        """Compile-time stand-ins for run()\'s arguments, in ABI order (-1 dims are cute.sym_int())."""',
-          "",
-          "        def tensor(dtype, shape):  # contiguous row-major, like the engine's linear tensors",
-          "            return make_fake_compact_tensor(dtype, shape, stride_order=tuple(reversed(range(len(shape)))))",
-          ""]
+    L += [
+        "",
+        "    def fake_arguments():",
+        '        """Compile-time stand-ins for run()\'s arguments, in ABI order (-1 dims are cute.sym_int())."""',
+        "",
+        "        def tensor(dtype, shape):  # contiguous row-major, like the engine's linear tensors",
+        "            return make_fake_compact_tensor(dtype, shape, stride_order=tuple(reversed(range(len(shape)))))",
+        "",
+    ]
     L += [f"        {ln}" for ln in _fake_arguments(c)]
     return "\n".join(L)
 
 
 def _template() -> str:
     from .kernels import kernels_dir
+
     path = kernels_dir() / TEMPLATE_NAME
     if not path.is_file():
         raise UserError(f"stub template {path} is missing; restore it from the repository")
@@ -455,17 +540,27 @@ def _template() -> str:
 
 # ---------------------------------------------------------------- public API
 
-def generate_exporter(receipt: dict[str, Any], snapshot: dict[str, Any], *, selection_name: str = "SELECTION",
-                      snapshot_name: str = "SNAPSHOT", exporter_name: str = "THIS_FILE", note: str = "") -> str:
+
+def generate_exporter(
+    receipt: dict[str, Any],
+    snapshot: dict[str, Any],
+    *,
+    selection_name: str = "SELECTION",
+    snapshot_name: str = "SNAPSHOT",
+    exporter_name: str = "THIS_FILE",
+    note: str = "",
+) -> str:
     """The exporter's Python source for a checked receipt and the snapshot it was made from.
 
     The names only appear in the generated docstring; `note` adds lines of provenance there.
     """
     check_receipt(receipt, selection_name)
     if receipt["graph_fingerprint"] != snapshot.get("fingerprint"):
-        raise UserError(f"{selection_name} was made from another graph than {snapshot_name} (fingerprints "
-                        f"{receipt['graph_fingerprint'][:12]}... and {str(snapshot.get('fingerprint'))[:12]}...); "
-                        "pass the snapshot the selection was made from")
+        raise UserError(
+            f"{selection_name} was made from another graph than {snapshot_name} (fingerprints "
+            f"{receipt['graph_fingerprint'][:12]}... and {str(snapshot.get('fingerprint'))[:12]}...); "
+            "pass the snapshot the selection was made from"
+        )
     nodes = {n["id"] for n in snapshot["nodes"]}
     tensors = {t["id"] for t in snapshot["tensors"]}
     for nid in receipt["node_ids"]:
@@ -476,16 +571,22 @@ def generate_exporter(receipt: dict[str, Any], snapshot: dict[str, Any], *, sele
             raise UserError(f"{selection_name}: {tid} is not in {snapshot_name}; recreate the selection")
     c = _Ctx(receipt, snapshot)
     text = _template()
-    for key, value in (("@@DOCSTRING@@", _docstring(c, selection_name, snapshot_name, exporter_name, note)),
-                       ("@@CONSTANTS@@", _constants(c)),
-                       ("@@KERNEL@@", _kernel(c))):
+    for key, value in (
+        ("@@DOCSTRING@@", _docstring(c, selection_name, snapshot_name, exporter_name, note)),
+        ("@@CONSTANTS@@", _constants(c)),
+        ("@@KERNEL@@", _kernel(c)),
+    ):
         text = text.replace(key, value)
     compile(text, "<generated exporter>", "exec")  # a generator bug must not reach the user's disk
     return text
 
 
-def write_exporter(selection: Union[str, os.PathLike], snapshot: Union[str, os.PathLike],
-                   output: Union[str, os.PathLike], overwrite: bool = False) -> StubResult:
+def write_exporter(
+    selection: Union[str, os.PathLike],
+    snapshot: Union[str, os.PathLike],
+    output: Union[str, os.PathLike],
+    overwrite: bool = False,
+) -> StubResult:
     """Generate the exporter for a receipt file and its snapshot file and write it to `output`.
 
     The file is written atomically and never replaces an existing one unless `overwrite`.
@@ -495,13 +596,26 @@ def write_exporter(selection: Union[str, os.PathLike], snapshot: Union[str, os.P
         raise UserError(f"{output} already exists; choose a new path or pass --force to replace it")
     receipt = load_receipt(selection)
     snap = load_snapshot(snapshot)
-    text = generate_exporter(receipt, snap, selection_name=str(selection), snapshot_name=str(snapshot),
-                             exporter_name=str(output))
+    text = generate_exporter(
+        receipt, snap, selection_name=str(selection), snapshot_name=str(snapshot), exporter_name=str(output)
+    )
     install_file(output, text.encode("utf-8"), overwrite)
     known, reason = classify_region(receipt, snap)
-    return StubResult(path=output, known=known, reason=reason, binding_id=receipt["binding_id"],
-                      abi_sha256=receipt["abi_sha256"], example=worked_example(receipt, snap))
+    return StubResult(
+        path=output,
+        known=known,
+        reason=reason,
+        binding_id=receipt["binding_id"],
+        abi_sha256=receipt["abi_sha256"],
+        example=worked_example(receipt, snap),
+    )
 
 
-__all__: Sequence[str] = ("KnownOp", "StubResult", "classify_region", "generate_exporter", "worked_example",
-                          "write_exporter")
+__all__: Sequence[str] = (
+    "KnownOp",
+    "StubResult",
+    "classify_region",
+    "generate_exporter",
+    "worked_example",
+    "write_exporter",
+)

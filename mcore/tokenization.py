@@ -35,9 +35,11 @@ def check_prompt(text: Any, what: str = "--prompt") -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise UserError(f"{what} is not valid UTF-8 (bad byte at character {e.start}); pass the prompt as "
-                        f"UTF-8 text") from None
+        raise UserError(
+            f"{what} is not valid UTF-8 (bad byte at character {e.start}); pass the prompt as UTF-8 text"
+        ) from None
     return text
+
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -113,7 +115,9 @@ class TextTokenizer:
             raise UserError(f"{self.where}: tokenizer_config.json field {field!r} must be a token string")
         i = self.tok.token_to_id(text)
         if i is None:
-            raise UserError(f"{self.where}: {field} {text!r} is not in tokenizer.json's vocabulary; fix tokenizer_config.json")
+            raise UserError(
+                f"{self.where}: {field} {text!r} is not in tokenizer.json's vocabulary; fix tokenizer_config.json"
+            )
         return i
 
     def _as_bert(self) -> None:
@@ -123,19 +127,26 @@ class TextTokenizer:
         c = self.config
         for key in ("do_lower_case", "tokenize_chinese_chars"):
             if key in c and not isinstance(c[key], bool):
-                raise UserError(f"{self.where}: tokenizer_config.json field {key!r} must be true or false (got {c[key]!r})")
+                raise UserError(
+                    f"{self.where}: tokenizer_config.json field {key!r} must be true or false (got {c[key]!r})"
+                )
         strip = c.get("strip_accents")
         if strip is not None and not isinstance(strip, bool):
             raise UserError(f"{self.where}: tokenizer_config.json field 'strip_accents' must be true, false or null")
         self.tok.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=c.get("tokenize_chinese_chars", True), strip_accents=strip,
-            lowercase=c.get("do_lower_case", True))
+            clean_text=True,
+            handle_chinese_chars=c.get("tokenize_chinese_chars", True),
+            strip_accents=strip,
+            lowercase=c.get("do_lower_case", True),
+        )
         self.tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         cls, sep = self.special("cls_token", "[CLS]"), self.special("sep_token", "[SEP]")
         cls_id, sep_id = self._id(cls, "cls_token"), self._id(sep, "sep_token")
         self.tok.post_processor = processors.TemplateProcessing(
-            single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
-            special_tokens=[(cls, cls_id), (sep, sep_id)])
+            single=f"{cls}:0 $A:0 {sep}:0",
+            pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls, cls_id), (sep, sep_id)],
+        )
 
     # ------------------------------------------------------------ use
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -157,8 +168,10 @@ class TextTokenizer:
         prompt added (transformers: apply_chat_template(..., add_generation_prompt=True))."""
         template = self.chat_template
         if template is None:
-            raise UserError(f"{self.where}: this checkpoint has no chat template (tokenizer_config.json "
-                            "chat_template); run without --chat")
+            raise UserError(
+                f"{self.where}: this checkpoint has no chat template (tokenizer_config.json "
+                "chat_template); run without --chat"
+            )
         from jinja2 import TemplateError
         from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -166,19 +179,24 @@ class TextTokenizer:
         def raise_exception(message: str):
             raise TemplateError(message)
 
-        def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-                   sort_keys: bool = False) -> str:
+        def tojson(
+            x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+        ) -> str:
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        specials = {k: self.special(k) for k in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token",
-                                                  "cls_token", "mask_token") if self.special(k) is not None}
+        specials = {
+            k: self.special(k)
+            for k in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+            if self.special(k) is not None
+        }
         try:
             return env.from_string(template).render(
-                messages=[{"role": "user", "content": prompt}], add_generation_prompt=True, **specials)
+                messages=[{"role": "user", "content": prompt}], add_generation_prompt=True, **specials
+            )
         except TemplateError as e:
             raise UserError(f"{self.where}: the chat template failed: {e}") from None
 

@@ -41,6 +41,7 @@ class GateResult:
 
 # ---------------------------------------------------------------- tokens
 
+
 def load_token_records(path: str | os.PathLike) -> list[dict]:
     """Records written by `mcore run --output` (JSONL; each with a `tokens` list of ints)."""
     path = Path(path)
@@ -89,24 +90,33 @@ def compare_tokens(a: Any, b: Any, labels: Sequence[str] = ("native", "external"
             vb = tb[pos] if pos < len(tb) else "<end>"
             prompt = x.get("prompt")
             about = f" (prompt {prompt[:40]!r}{'...' if len(prompt) > 40 else ''})" if isinstance(prompt, str) else ""
-            line = (f"FAIL: record {i + 1}{about} differs at token position {pos}: {la}={va} {lb}={vb} "
-                    f"({la} {len(ta)} tokens, {lb} {len(tb)} tokens)")
-            return GateResult(False, line, {"records": min(len(ra), len(rb)), "first_record": i + 1,
-                                            "first_position": pos, la: va, lb: vb})
+            line = (
+                f"FAIL: record {i + 1}{about} differs at token position {pos}: {la}={va} {lb}={vb} "
+                f"({la} {len(ta)} tokens, {lb} {len(tb)} tokens)"
+            )
+            return GateResult(
+                False,
+                line,
+                {"records": min(len(ra), len(rb)), "first_record": i + 1, "first_position": pos, la: va, lb: vb},
+            )
         total += len(ta)
     if len(ra) != len(rb):
-        return GateResult(False, f"FAIL: {la} has {len(ra)} records but {lb} has {len(rb)}; "
-                                 f"run both with the same prompts",
-                          {"records": min(len(ra), len(rb)), f"{la}_records": len(ra), f"{lb}_records": len(rb)})
+        return GateResult(
+            False,
+            f"FAIL: {la} has {len(ra)} records but {lb} has {len(rb)}; run both with the same prompts",
+            {"records": min(len(ra), len(rb)), f"{la}_records": len(ra), f"{lb}_records": len(rb)},
+        )
     info = []
     for i, (x, y) in enumerate(zip(ra, rb)):
         if x.get("prompt") != y.get("prompt"):
             info.append(f"warning: record {i + 1} has different prompts in the two files")
-    return GateResult(True, f"PASS: tokens identical ({len(ra)} records, {total} tokens)",
-                      {"records": len(ra), "tokens": total}, info)
+    return GateResult(
+        True, f"PASS: tokens identical ({len(ra)} records, {total} tokens)", {"records": len(ra), "tokens": total}, info
+    )
 
 
 # ---------------------------------------------------------------- embeddings
+
 
 def load_embedding(path: str | os.PathLike) -> list[float]:
     """`{"embedding": [floats]}` as `mcore embed` writes to stdout."""
@@ -134,8 +144,13 @@ def _embedding_src(src: Any, where: str) -> list[float]:
 
 def check_threshold(flag: str, value: Any, lo: float, hi: float = math.inf, lo_open: bool = False) -> float:
     """The one rule for gate thresholds: a finite number in range (NaN would pass every comparison)."""
-    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-          and (value > lo if lo_open else value >= lo) and value <= hi)
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and (value > lo if lo_open else value >= lo)
+        and value <= hi
+    )
     if not ok:
         rng = f"> {lo:g}" if lo_open else (f">= {lo:g}" if hi == math.inf else f"in [{lo:g}, {hi:g}]")
         raise UserError(f"{flag} {value!r} must be a finite number {rng}")
@@ -149,8 +164,9 @@ def check_limits(min_cosine: Any, max_abs: Any) -> None:
         check_threshold("--max-abs", max_abs, 0.0)
 
 
-def compare_embeddings(a: Any, b: Any, max_abs: float = 0.02, min_cosine: float = 0.999,
-                       labels: Sequence[str] = ("native", "byok")) -> GateResult:
+def compare_embeddings(
+    a: Any, b: Any, max_abs: float = 0.02, min_cosine: float = 0.999, labels: Sequence[str] = ("native", "byok")
+) -> GateResult:
     """The tutorial's step-7 numerical gate, computed exactly like its snippet.
 
     `a`/`b`: JSON paths, `{"embedding": [...]}` dicts or lists of numbers. The stats line
@@ -162,24 +178,37 @@ def compare_embeddings(a: Any, b: Any, max_abs: float = 0.02, min_cosine: float 
     native = _embedding_src(a, la)
     byok = _embedding_src(b, lb)
     if not native or len(native) != len(byok):
-        return GateResult(False, f"FAIL: embedding lengths differ ({la} {len(native)} values, {lb} {len(byok)} values)",
-                          {"values": len(native), f"{la}_values": len(native), f"{lb}_values": len(byok)})
+        return GateResult(
+            False,
+            f"FAIL: embedding lengths differ ({la} {len(native)} values, {lb} {len(byok)} values)",
+            {"values": len(native), f"{la}_values": len(native), f"{lb}_values": len(byok)},
+        )
     if not all(math.isfinite(v) for v in native) or not all(math.isfinite(v) for v in byok):
-        return GateResult(False, "FAIL: numerical gate", {"values": len(native), "reason": "non-finite values"},
-                          [f"values={len(native)} embedding contains NaN or infinite values"])
+        return GateResult(
+            False,
+            "FAIL: numerical gate",
+            {"values": len(native), "reason": "non-finite values"},
+            [f"values={len(native)} embedding contains NaN or infinite values"],
+        )
     # Same expressions, same order as the tutorial's snippet, so the numbers agree to the bit.
     max_abs_value = max(abs(x - y) for x, y in zip(native, byok))
-    denominator = math.sqrt(
-        sum(value * value for value in native) * sum(value * value for value in byok)
-    )
+    denominator = math.sqrt(sum(value * value for value in native) * sum(value * value for value in byok))
     if denominator == 0:
-        return GateResult(False, "FAIL: numerical gate",
-                          {"values": len(native), "max_abs": max_abs_value, "reason": "zero-norm embedding"},
-                          [f"values={len(native)} max_abs={max_abs_value:.6g} cosine=undefined (an embedding is all zeros)"])
+        return GateResult(
+            False,
+            "FAIL: numerical gate",
+            {"values": len(native), "max_abs": max_abs_value, "reason": "zero-norm embedding"},
+            [f"values={len(native)} max_abs={max_abs_value:.6g} cosine=undefined (an embedding is all zeros)"],
+        )
     cosine = sum(x * y for x, y in zip(native, byok)) / denominator
     stats = f"values={len(native)} max_abs={max_abs_value:.6g} cosine={cosine:.9f}"
-    details: dict[str, Any] = {"values": len(native), "max_abs": max_abs_value, "cosine": cosine,
-                               "max_abs_limit": max_abs, "min_cosine": min_cosine}
+    details: dict[str, Any] = {
+        "values": len(native),
+        "max_abs": max_abs_value,
+        "cosine": cosine,
+        "max_abs_limit": max_abs,
+        "min_cosine": min_cosine,
+    }
     if max_abs_value > max_abs or cosine < min_cosine:
         reasons = []
         if max_abs_value > max_abs:
@@ -192,6 +221,7 @@ def compare_embeddings(a: Any, b: Any, max_abs: float = 0.02, min_cosine: float 
 
 
 # ---------------------------------------------------------------- perf
+
 
 @dataclass
 class BenchmarkReading:
@@ -223,8 +253,14 @@ def parse_benchmark(text: str) -> Optional[BenchmarkReading]:
 def run_shell(cmd: str, progress: Optional[Progress] = None, poll_s: float = 0.2) -> tuple[int, str, str]:
     """Run `cmd` through the shell in a fresh process group; return (rc, stdout, stderr).
     Cancellation (through `progress`) or Ctrl-C kills the whole group."""
-    proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        shell=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         while True:
             try:
@@ -248,9 +284,16 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def perf_gate(native_cmd: str, external_cmd: str, pairs: int = 6, min_ratio: float = 0.98, warmup: int = 1,
-              on_sample: Optional[Callable[[str, int, float], None]] = None, progress: Optional[Progress] = None,
-              on_line: Optional[Callable[[str], None]] = None) -> GateResult:
+def perf_gate(
+    native_cmd: str,
+    external_cmd: str,
+    pairs: int = 6,
+    min_ratio: float = 0.98,
+    warmup: int = 1,
+    on_sample: Optional[Callable[[str, int, float], None]] = None,
+    progress: Optional[Progress] = None,
+    on_line: Optional[Callable[[str], None]] = None,
+) -> GateResult:
     """The no-regression gate: `warmup` runs of each command, then `pairs` fresh-process pairs
     alternating which arm goes first (pair 0: native first, pair 1: external first, ...).
 
@@ -274,9 +317,15 @@ def perf_gate(native_cmd: str, external_cmd: str, pairs: int = 6, min_ratio: flo
     samples: dict[str, list[float]] = {"native": [], "external": []}
     ratios: list[float] = []
     gens: list[float] = []
-    details: dict[str, Any] = {"pairs": pairs, "warmup": warmup, "min_ratio": min_ratio,
-                               "native": samples["native"], "external": samples["external"], "ratios": ratios,
-                               "order": []}
+    details: dict[str, Any] = {
+        "pairs": pairs,
+        "warmup": warmup,
+        "min_ratio": min_ratio,
+        "native": samples["native"],
+        "external": samples["external"],
+        "ratios": ratios,
+        "order": [],
+    }
     total_runs = 2 * (warmup + pairs)
     runs_done = 0
 
@@ -316,9 +365,11 @@ def perf_gate(native_cmd: str, external_cmd: str, pairs: int = 6, min_ratio: flo
             if problem:
                 return fail(problem)
             if reading is None:
-                return fail(f"{arm} run ({label}) reported no benchmark line (expected "
-                            f"'generated_tokens_mean=X ... tokens_per_sec=Y' or 'embeddings_per_sec=Y'); "
-                            f"run it with --benchmark")
+                return fail(
+                    f"{arm} run ({label}) reported no benchmark line (expected "
+                    f"'generated_tokens_mean=X ... tokens_per_sec=Y' or 'embeddings_per_sec=Y'); "
+                    f"run it with --benchmark"
+                )
             if reading.throughput <= 0:
                 return fail(f"throughput must be positive ({arm}={reading.throughput:g} in {label})")
             readings[arm] = reading
@@ -330,24 +381,38 @@ def perf_gate(native_cmd: str, external_cmd: str, pairs: int = 6, min_ratio: flo
             return fail(f"native reports {n.unit} but external reports {e.unit}; compare like with like")
         unit = n.unit
         if n.generated_tokens_mean != e.generated_tokens_mean:
-            return fail(f"generated_tokens_mean differs in {label} (native={n.generated_tokens_mean:g} "
-                        f"external={e.generated_tokens_mean:g})")
+            return fail(
+                f"generated_tokens_mean differs in {label} (native={n.generated_tokens_mean:g} "
+                f"external={e.generated_tokens_mean:g})"
+            )
         if n.generated_tokens_mean is not None:
             gens.append(n.generated_tokens_mean)
         ratio = e.throughput / n.throughput
         ratios.append(ratio)
-        say(f"{label}: native={n.throughput:.2f} external={e.throughput:.2f} {unit} ratio={ratio:.4f} "
-            f"({order[0]} first)")
+        say(
+            f"{label}: native={n.throughput:.2f} external={e.throughput:.2f} {unit} ratio={ratio:.4f} "
+            f"({order[0]} first)"
+        )
 
     median_ratio = statistics.median(ratios)
     native_median = statistics.median(samples["native"])
     external_median = statistics.median(samples["external"])
-    details.update(median_ratio=median_ratio, native_median=native_median, external_median=external_median,
-                   unit=unit, generated_tokens_mean=gens[0] if gens else None)
+    details.update(
+        median_ratio=median_ratio,
+        native_median=native_median,
+        external_median=external_median,
+        unit=unit,
+        generated_tokens_mean=gens[0] if gens else None,
+    )
     summary = f"(native={native_median:.2f} external={external_median:.2f} {unit} over {pairs} pairs)"
     prog.report("done", 1.0)
     if median_ratio < min_ratio:
-        return GateResult(False, f"FAIL: external/native throughput median ratio {median_ratio:.4f} is below "
-                                 f"{min_ratio:g} {summary}", details, info)
-    return GateResult(True, f"PASS: external/native throughput median ratio {median_ratio:.4f} {summary}",
-                      details, info)
+        return GateResult(
+            False,
+            f"FAIL: external/native throughput median ratio {median_ratio:.4f} is below {min_ratio:g} {summary}",
+            details,
+            info,
+        )
+    return GateResult(
+        True, f"PASS: external/native throughput median ratio {median_ratio:.4f} {summary}", details, info
+    )

@@ -16,10 +16,19 @@ from .progress import NO_PROGRESS, Progress
 from .verify import GateResult, check_threshold
 
 
-def lockstep_logits(native_bundle: str, external_bundle: str, kernel_bindings: Optional[str], prompt: str,
-                    max_new_tokens: int = 16, max_abs: float = 0.0, chat: bool = False,
-                    device: Optional[str] = None, engine: str = "auto",
-                    progress: Progress = NO_PROGRESS, announce=None) -> GateResult:
+def lockstep_logits(
+    native_bundle: str,
+    external_bundle: str,
+    kernel_bindings: Optional[str],
+    prompt: str,
+    max_new_tokens: int = 16,
+    max_abs: float = 0.0,
+    chat: bool = False,
+    device: Optional[str] = None,
+    engine: str = "auto",
+    progress: Progress = NO_PROGRESS,
+    announce=None,
+) -> GateResult:
     """PASS when every step's max |native - external| over the vocabulary is at most `max_abs`."""
     from .bundle import open_bundle
     from .pipeline import DecoderPipeline, check_fits
@@ -30,16 +39,25 @@ def lockstep_logits(native_bundle: str, external_bundle: str, kernel_bindings: O
     nb, eb = open_bundle(native_bundle), open_bundle(external_bundle)
     cap = [(b.manifest.get("graph_args") or {}).get("max_cache_length") for b in (nb, eb)]
     if eb.manifest["model"] != nb.manifest["model"] or cap[0] != cap[1]:  # before any DSO loads
-        raise UserError(f"{external_bundle} is not built from the same model and KV capacity as {native_bundle}; "
-                        "compare a slot bundle with its native twin")
+        raise UserError(
+            f"{external_bundle} is not built from the same model and KV capacity as {native_bundle}; "
+            "compare a slot bundle with its native twin"
+        )
     progress.report("loading the native pipeline", 0.0)
     native = DecoderPipeline(native_bundle, device=device, engine=engine, progress=progress.part(0.0, 0.4), bundle=nb)
     native.chat = chat
     ids = native.encode(prompt)
     check_fits(len(ids), max_new_tokens, native.capacity)
     progress.report("loading the external pipeline", 0.4)
-    external = DecoderPipeline(external_bundle, kernel_bindings=kernel_bindings, device=device, engine=engine,
-                               progress=progress.part(0.4, 0.8), announce=announce, bundle=eb)
+    external = DecoderPipeline(
+        external_bundle,
+        kernel_bindings=kernel_bindings,
+        device=device,
+        engine=engine,
+        progress=progress.part(0.4, 0.8),
+        announce=announce,
+        bundle=eb,
+    )
     progress.report("native greedy run", 0.8)
     tokens = native.generate(prompt, max_new_tokens, greedy=True, stop_at_eos=False).tokens
     forced = tokens[:-1]  # the logits after the prompt pick tokens[0], after tokens[k-1] pick tokens[k]
@@ -56,13 +74,25 @@ def lockstep_logits(native_bundle: str, external_bundle: str, kernel_bindings: O
         if first is None and pick_a != pick_b:
             first = k
     worst = max(s["max_abs"] for s in steps)
-    details = {"steps": steps, "max_abs": worst, "first_divergence": first, "tokens": tokens,
-               "limit": max_abs, "engine": native.engine_name, "device": str(native.device)}
-    info = [f"step {s['step']}: max_abs {s['max_abs']:.6g} greedy native={s['native']} external={s['external']}"
-            + ("  <- first divergence" if s["step"] == first else "") for s in steps]
+    details = {
+        "steps": steps,
+        "max_abs": worst,
+        "first_divergence": first,
+        "tokens": tokens,
+        "limit": max_abs,
+        "engine": native.engine_name,
+        "device": str(native.device),
+    }
+    info = [
+        f"step {s['step']}: max_abs {s['max_abs']:.6g} greedy native={s['native']} external={s['external']}"
+        + ("  <- first divergence" if s["step"] == first else "")
+        for s in steps
+    ]
     where = "no greedy divergence" if first is None else f"greedy picks first differ at step {first}"
     verdict = "PASS" if worst <= max_abs else "FAIL"
     limit = "bit-identical" if max_abs == 0 else f"<= {max_abs:g}"
-    line = (f"{verdict}: logits over {len(steps)} steps in lockstep: worst max_abs {worst:.6g} (limit {limit}); "
-            f"{where} (engine {native.engine_name}, {native.device})")
+    line = (
+        f"{verdict}: logits over {len(steps)} steps in lockstep: worst max_abs {worst:.6g} (limit {limit}); "
+        f"{where} (engine {native.engine_name}, {native.device})"
+    )
     return GateResult(worst <= max_abs, line, details, info)

@@ -64,15 +64,25 @@ def _reference_folder(bundle_config: dict, manifest: dict, checkpoint: str) -> s
         raise UserError("this bundle was built with --weights random; there is no checkpoint to compare with")
     source = resolve_model(checkpoint)
     if json.dumps(source.config, sort_keys=True) != json.dumps(bundle_config, sort_keys=True):
-        raise UserError(f"{checkpoint}: its config.json differs from the bundle's; pass the checkpoint the bundle "
-                        "was built from")
+        raise UserError(
+            f"{checkpoint}: its config.json differs from the bundle's; pass the checkpoint the bundle was built from"
+        )
     return str(source.path)
 
 
-def reference_check(bundle_path: str, checkpoint: str, prompt: str, max_new_tokens: int = 8, chat: bool = False,
-                    kernel_bindings: Optional[str] = None, device: Optional[str] = None,
-                    min_cosine: float = 0.999, max_abs: Optional[float] = None,
-                    progress: Progress = NO_PROGRESS, announce=None) -> GateResult:
+def reference_check(
+    bundle_path: str,
+    checkpoint: str,
+    prompt: str,
+    max_new_tokens: int = 8,
+    chat: bool = False,
+    kernel_bindings: Optional[str] = None,
+    device: Optional[str] = None,
+    min_cosine: float = 0.999,
+    max_abs: Optional[float] = None,
+    progress: Progress = NO_PROGRESS,
+    announce=None,
+) -> GateResult:
     """Run the bundle's engine and transformers on `checkpoint` with `prompt`; PASS when the prompt's
     token IDs agree, no greedy token diverges and every step's cosine >= min_cosine (and max_abs
     <= the limit, when one is given)."""
@@ -101,29 +111,43 @@ def reference_check(bundle_path: str, checkpoint: str, prompt: str, max_new_toke
     ref_tok = tf.AutoTokenizer.from_pretrained(folder)
     ids = pipe.encode(prompt, chat=chat)
     if chat:
-        text = ref_tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                           tokenize=False)
+        text = ref_tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
         ref_ids = list(ref_tok(text, add_special_tokens=False)["input_ids"])
     else:
         ref_ids = list(ref_tok(prompt)["input_ids"])
-    info = [f"reference: transformers {tf.__version__} on {pipe.device}, {pipe.gargs['precision']}, checkpoint {checkpoint}"]
+    info = [
+        f"reference: transformers {tf.__version__} on {pipe.device}, {pipe.gargs['precision']}, checkpoint {checkpoint}"
+    ]
     details: dict[str, Any] = {"prompt_tokens": len(ids), "steps": []}
     if ids != ref_ids:
         at = next((i for i, (a, b) in enumerate(zip(ids, ref_ids)) if a != b), min(len(ids), len(ref_ids)))
-        info.append(f"prompt token IDs differ from transformers' tokenizer at position {at} "
-                    f"(engine {ids[at:at + 4]}, transformers {ref_ids[at:at + 4]}; lengths {len(ids)} and {len(ref_ids)})")
+        info.append(
+            f"prompt token IDs differ from transformers' tokenizer at position {at} "
+            f"(engine {ids[at : at + 4]}, transformers {ref_ids[at : at + 4]}; lengths {len(ids)} and {len(ref_ids)})"
+        )
         details["token_mismatch_at"] = at
         return GateResult(False, "FAIL: reference check (tokenization differs)", details, info)
     info.append(f"prompt_tokens={len(ids)} (token IDs equal to transformers' tokenizer)")
 
     auto = tf.AutoModelForCausalLM if decoder else tf.AutoModel
     model = auto.from_pretrained(folder, dtype=dtype).to(pipe.device).eval()
-    steps = _decoder_steps(pipe, model, ids, max_new_tokens, progress) if decoder else [_encoder_step(pipe, model, prompt)]
+    steps = (
+        _decoder_steps(pipe, model, ids, max_new_tokens, progress) if decoder else [_encoder_step(pipe, model, prompt)]
+    )
     first_div = next((s.step for s in steps if s.engine_token != s.reference_token), None)
     for s in steps:
         info.append(s.line())
-        details["steps"].append({"step": s.step, "max_abs": s.max_abs, "cosine": s.cosine,
-                                 "engine_token": s.engine_token, "reference_token": s.reference_token})
+        details["steps"].append(
+            {
+                "step": s.step,
+                "max_abs": s.max_abs,
+                "cosine": s.cosine,
+                "engine_token": s.engine_token,
+                "reference_token": s.reference_token,
+            }
+        )
     worst_cos = min(s.cosine for s in steps)
     worst_abs = max(s.max_abs for s in steps)
     details.update({"first_diverging_step": first_div, "min_cosine": worst_cos, "max_abs": worst_abs})
@@ -138,8 +162,10 @@ def _decoder_steps(pipe: Any, model: Any, ids: list[int], n: int, progress: Prog
     """Prefill then n-1 decode steps on both sides, each fed the reference's greedy token."""
     need = len(ids) + n - 1
     if need > pipe.capacity:
-        raise UserError(f"prompt ({len(ids)} tokens) + --max-new-tokens {n} need {need} cache slots but the "
-                        f"bundle's KV cache holds {pipe.capacity}; ask for fewer tokens")
+        raise UserError(
+            f"prompt ({len(ids)} tokens) + --max-new-tokens {n} need {need} cache slots but the "
+            f"bundle's KV cache holds {pipe.capacity}; ask for fewer tokens"
+        )
     import inspect
 
     # transformers renamed past_key_values to cache (5.x); use whichever this version takes.
@@ -163,8 +189,9 @@ def _decoder_steps(pipe: Any, model: Any, ids: list[int], n: int, progress: Prog
             if step == n - 1:
                 break
             pipe.cache_length.fill_(pos)
-            (logits,) = pipe.runners["decode"](torch.tensor([[r_tok]], dtype=torch.int32, device=dev),
-                                               pipe.cache_length, *caches)
+            (logits,) = pipe.runners["decode"](
+                torch.tensor([[r_tok]], dtype=torch.int32, device=dev), pipe.cache_length, *caches
+            )
             ref = model(torch.tensor([[r_tok]], device=dev), use_cache=True, **{key: past})
             past = getattr(ref, key)
             ref_logits = ref.logits[0, -1].float()
@@ -177,7 +204,9 @@ def _encoder_step(pipe: Any, model: Any, prompt: str) -> StepStats:
     hidden, n = pipe.hidden_states(prompt)
     ids, _, _ = pipe.inputs(prompt)
     with torch.no_grad():
-        ref = model(input_ids=ids[:n].to(torch.int64)[None], attention_mask=torch.ones(1, n, dtype=torch.int64,
-                                                                                         device=ids.device))
+        ref = model(
+            input_ids=ids[:n].to(torch.int64)[None],
+            attention_mask=torch.ones(1, n, dtype=torch.int64, device=ids.device),
+        )
     m, c = stats(hidden[:n], ref.last_hidden_state[0])
     return StepStats(0, m, c)

@@ -141,21 +141,30 @@ def build_wordpiece_tokenizer(vocab_size: int = ENCODER_VOCAB, lowercase: bool =
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
-                                        show_progress=False)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False
+    )
     tok.train_from_iterator(DEMO_TEXT.splitlines(), trainer)
     v = tok.get_vocab()
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", v["[CLS]"]), ("[SEP]", v["[SEP]"])])
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", v["[CLS]"]), ("[SEP]", v["[SEP]"])],
+    )
     tok.decoder = decoders.WordPiece()
     tok.enable_padding(length=pad_to, pad_id=v["[PAD]"], pad_token="[PAD]")
     tok.enable_truncation(max_length=pad_to)
     return tok
 
 
-def make_sentence_encoder_checkpoint(dir: str | Path, family: str = "bert", pooling: str = "mean",
-                                     normalize: bool = True, do_lower_case: bool = True, seed: int = 0) -> Path:
+def make_sentence_encoder_checkpoint(
+    dir: str | Path,
+    family: str = "bert",
+    pooling: str = "mean",
+    normalize: bool = True,
+    do_lower_case: bool = True,
+    seed: int = 0,
+) -> Path:
     """A sentence-embedding checkpoint as published (e.g. a MiniLM): BERT or DistilBERT weights, the
     WordPiece tokenizer above (fixed padding to 128, truncation on), tokenizer_config.json with
     do_lower_case, and modules.json with a Pooling module (and Normalize)."""
@@ -168,26 +177,46 @@ def make_sentence_encoder_checkpoint(dir: str | Path, family: str = "bert", pool
     else:
         make_distilbert_checkpoint(folder, seed=seed, vocab_size=vocab, max_position_embeddings=256)
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "BertTokenizer" if family == "bert" else "DistilBertTokenizer",
-        "do_lower_case": do_lower_case, "model_max_length": 512,
-        "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]", "mask_token": "[MASK]",
-    }))
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "BertTokenizer" if family == "bert" else "DistilBertTokenizer",
+                "do_lower_case": do_lower_case,
+                "model_max_length": 512,
+                "cls_token": "[CLS]",
+                "sep_token": "[SEP]",
+                "pad_token": "[PAD]",
+                "unk_token": "[UNK]",
+                "mask_token": "[MASK]",
+            }
+        )
+    )
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
     if normalize:
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
     (folder / "modules.json").write_text(json.dumps(modules))
     (folder / "1_Pooling").mkdir(exist_ok=True)
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": 64, "pooling_mode_cls_token": pooling == "cls",
-        "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": pooling == "max",
-        "pooling_mode_mean_sqrt_len_tokens": False}))
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": 64,
+                "pooling_mode_cls_token": pooling == "cls",
+                "pooling_mode_mean_tokens": pooling == "mean",
+                "pooling_mode_max_tokens": pooling == "max",
+                "pooling_mode_mean_sqrt_len_tokens": False,
+            }
+        )
+    )
     return folder
 
 
-CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def make_qwen3_bos_checkpoint(dir: str | Path, chat_template: bool = True, seed: int = 0) -> Path:
@@ -199,16 +228,23 @@ def make_qwen3_bos_checkpoint(dir: str | Path, chat_template: bool = True, seed:
     folder = Path(dir)
     tok = build_tokenizer([], ["<|endoftext|>", "<s>", "<|im_start|>", "<|im_end|>"], QWEN3_VOCAB, encoder=False)
     bos = tok.token_to_id("<s>")
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", bos)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
     tok.enable_padding(length=64, pad_id=tok.token_to_id("<|endoftext|>"), pad_token="<|endoftext|>")
     tok.enable_truncation(max_length=64)
     eos = tok.token_to_id("<|endoftext|>")
-    make_qwen3_checkpoint(folder, seed=seed, vocab_size=tok.get_vocab_size(with_added_tokens=True), bos_token_id=bos,
-                          eos_token_id=eos)
+    make_qwen3_checkpoint(
+        folder, seed=seed, vocab_size=tok.get_vocab_size(with_added_tokens=True), bos_token_id=bos, eos_token_id=eos
+    )
     tok.save(str(folder / "tokenizer.json"))
-    cfg = {"tokenizer_class": "Qwen2Tokenizer", "bos_token": "<s>", "eos_token": "<|endoftext|>",
-           "pad_token": "<|endoftext|>", "model_max_length": 256}
+    cfg = {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": "<s>",
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 256,
+    }
     if chat_template:
         cfg["chat_template"] = CHAT_TEMPLATE
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))

@@ -19,12 +19,17 @@ def _cute_usable() -> bool:
 
     if importlib.util.find_spec("cutlass") is None:
         return False
-    return subprocess.run([sys.executable, "-c", "import cutlass.cute"], capture_output=True, timeout=300).returncode == 0
+    return (
+        subprocess.run([sys.executable, "-c", "import cutlass.cute"], capture_output=True, timeout=300).returncode == 0
+    )
 
 
 HAVE_CUTE = _cute_usable()
-needs_cute = pytest.mark.skipif(not HAVE_CUTE, reason="the CuTe DSL (nvidia-cutlass-dsl with its cu12/cu13 libs) is "
-                                                      "not usable here; pip install 'nvidia-cutlass-dsl[cu13]'")
+needs_cute = pytest.mark.skipif(
+    not HAVE_CUTE,
+    reason="the CuTe DSL (nvidia-cutlass-dsl with its cu12/cu13 libs) is "
+    "not usable here; pip install 'nvidia-cutlass-dsl[cu13]'",
+)
 
 # Demo models materialize once per test session into a cache (offline, deterministic).
 os.environ.setdefault("MCORE_CACHE_DIR", str(REPO / ".ci-cache" / "mcore"))
@@ -72,8 +77,13 @@ def workbench(capsys):
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> CliResult:
     """Run `python -m mcore` in a fresh process (for tests about the process boundary)."""
-    r = subprocess.run([sys.executable, "-m", "mcore", *map(str, args)], capture_output=True, text=True,
-                       cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    r = subprocess.run(
+        [sys.executable, "-m", "mcore", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
     return CliResult(r.returncode, r.stdout, r.stderr)
 
 

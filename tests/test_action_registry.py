@@ -39,7 +39,11 @@ def _returned_keys(fn) -> Optional[set[str]]:
         return None
 
     def follow(node: ast.expr) -> bool:
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and callable(getattr(actions, node.func.id, None)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and callable(getattr(actions, node.func.id, None))
+        ):
             sub = _returned_keys(getattr(actions, node.func.id))
             if sub is None:
                 return False
@@ -62,9 +66,14 @@ def _returned_keys(fn) -> Optional[set[str]]:
 
 def test_every_action_function_is_registered_once_under_its_name():
     assert all(name == spec.name for name, spec in REGISTRY.items())
-    funcs = {n for n, f in inspect.getmembers(actions, inspect.isfunction)
-             if f.__module__ == actions.__name__ and not n.startswith("_")
-             and list(inspect.signature(f).parameters)[:1] == ["ctx"] and inspect.signature(f).return_annotation == "dict"}
+    funcs = {
+        n
+        for n, f in inspect.getmembers(actions, inspect.isfunction)
+        if f.__module__ == actions.__name__
+        and not n.startswith("_")
+        and list(inspect.signature(f).parameters)[:1] == ["ctx"]
+        and inspect.signature(f).return_annotation == "dict"
+    }
     assert funcs == set(REGISTRY)
     assert all(spec.fn is getattr(actions, name) for name, spec in REGISTRY.items())
 

@@ -76,12 +76,15 @@ def test_inspect_shows_how_many_slots_the_binding_serves(built, mcore):
     assert "serves 1 slot(s)" in r1.out
 
 
-@pytest.mark.parametrize("instances, fragments", [
-    (["all-instances", LAYERS[0]], ["all-instances already names every instance; give it alone"]),
-    ([LAYERS[0], LAYERS[0]], [f"instance {LAYERS[0]} is named twice"]),
-    (["decoder.layers.7.decode_attention"], ["has no instance 'decoder.layers.7.decode_attention'"]),
-    ([], ["--recipe needs RECIPE_ID and at least one INSTANCE"]),
-])
+@pytest.mark.parametrize(
+    "instances, fragments",
+    [
+        (["all-instances", LAYERS[0]], ["all-instances already names every instance; give it alone"]),
+        ([LAYERS[0], LAYERS[0]], [f"instance {LAYERS[0]} is named twice"]),
+        (["decoder.layers.7.decode_attention"], ["has no instance 'decoder.layers.7.decode_attention'"]),
+        ([], ["--recipe needs RECIPE_ID and at least one INSTANCE"]),
+    ],
+)
 def test_bad_instances_are_one_line_errors(built, mcore, instances, fragments):
     out = built / "bad.bundle"
     r = mcore("build", *QWEN_ARGS, "--recipe", RECIPE, *instances, "-o", str(out))
@@ -106,8 +109,14 @@ class AttentionStandIn:
 def bind_manifest(work: Path, abi: str) -> Path:
     (work / "attention.so").write_bytes(b"stand-in: the test replaces the DSO's function")
     p = work / "attention-bindings.json"
-    p.write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": RECIPE, "abi_sha256": abi, "library": "./attention.so", "function": "run"}]}))
+    p.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "bindings": [{"id": RECIPE, "abi_sha256": abi, "library": "./attention.so", "function": "run"}],
+            }
+        )
+    )
     return p
 
 
@@ -120,9 +129,11 @@ def test_one_entry_binds_both_layers_and_every_slot_runs(built, monkeypatch):
     abi = manifest_of(built, "both.bundle")["kernel_slots"][0]["abi_sha256"]
     m = bind_manifest(built, abi)
     native = DecoderPipeline(str(built / "native.bundle"), device="cpu", engine="torch").generate(
-        PROMPT, 6, stop_at_eos=False)
-    pipe = DecoderPipeline(str(built / "both.bundle"), kernel_bindings=str(m), device="cpu", engine="torch",
-                           announce=lambda line: None)
+        PROMPT, 6, stop_at_eos=False
+    )
+    pipe = DecoderPipeline(
+        str(built / "both.bundle"), kernel_bindings=str(m), device="cpu", engine="torch", announce=lambda line: None
+    )
     got = pipe.generate(PROMPT, 6, stop_at_eos=False)
     assert got.tokens == native.tokens
     # 5 decode steps (the first token comes from prefill), two layers each, two distinct caches
@@ -137,8 +148,18 @@ def test_unbound_and_mismatched_attention_slots_fail_closed_naming_them(built, m
     r = mcore("run", str(built / "both.bundle"), "--prompt", "hi", "--max-new-tokens", "2", "--device", "cpu")
     assert_user_error(r, f"slot {RECIPE} (2 slots: {RECIPE} [{LAYERS[0]}], {RECIPE} [{LAYERS[1]}])", "is not bound")
     m = bind_manifest(built, "0" * 64)
-    r = mcore("run", str(built / "both.bundle"), "--kernel-bindings", str(m), "--prompt", "hi",
-              "--max-new-tokens", "2", "--device", "cpu")
+    r = mcore(
+        "run",
+        str(built / "both.bundle"),
+        "--kernel-bindings",
+        str(m),
+        "--prompt",
+        "hi",
+        "--max-new-tokens",
+        "2",
+        "--device",
+        "cpu",
+    )
     assert_user_error(r, "ABI hash mismatch", LAYERS[0], LAYERS[1])
 
 
@@ -161,10 +182,16 @@ def test_compiled_engine_keeps_both_slots_opaque_and_calls_them(built, monkeypat
     kernel = AttentionStandIn()
     monkeypatch.setattr(bindings, "_load_function", lambda library, function, bid: (None, kernel))
     abi = manifest_of(built, "both.bundle")["kernel_slots"][0]["abi_sha256"]
-    pipe = DecoderPipeline(str(built / "both.bundle"), kernel_bindings=str(bind_manifest(built, abi)), device="cpu",
-                           engine="compiled", announce=lambda line: None)
+    pipe = DecoderPipeline(
+        str(built / "both.bundle"),
+        kernel_bindings=str(bind_manifest(built, abi)),
+        device="cpu",
+        engine="compiled",
+        announce=lambda line: None,
+    )
     native = DecoderPipeline(str(built / "native.bundle"), device="cpu", engine="torch").generate(
-        PROMPT, 4, stop_at_eos=False)
+        PROMPT, 4, stop_at_eos=False
+    )
     assert pipe.generate(PROMPT, 4, stop_at_eos=False).tokens == native.tokens
     assert len({ptr for ptr, _ in kernel.calls}) == 2 and len(kernel.calls) >= 3 * 2
     assert any("2 opaque slot(s)" in line for line in pipe.engine_lines())
@@ -183,9 +210,20 @@ def two_instance_snapshot(shape_b=(4, 8)) -> dict:
     g.output(g.op("aten.relu.default", [a], "FP32", [4, 8]))
     g.output(g.op("aten.relu.default", [b], "FP32", list(shape_b)))
     snap = g.snapshot()
-    snap["recipes"] = [{"id": "t.r@1", "instance": inst, "engine_role": "decode", "description": "", "module_path": inst,
-                        "node_ids": [node_of(snap, t)], "workspace_bytes": 0, "extra_args": [],
-                        "output_shape_input": None} for inst, t in (("a", a), ("b", b))]
+    snap["recipes"] = [
+        {
+            "id": "t.r@1",
+            "instance": inst,
+            "engine_role": "decode",
+            "description": "",
+            "module_path": inst,
+            "node_ids": [node_of(snap, t)],
+            "workspace_bytes": 0,
+            "extra_args": [],
+            "output_shape_input": None,
+        }
+        for inst, t in (("a", a), ("b", b))
+    ]
     snap["fingerprint"] = fingerprint(snap)
     return snap
 
@@ -197,8 +235,10 @@ def test_instances_select_through_select_region_and_must_share_one_abi():
     snap = two_instance_snapshot()
     receipts = select_recipe_instances(snap, "t.r@1", ["all-instances"])
     assert [r["recipe"]["instance"] for r in receipts] == ["a", "b"]
-    assert [r["node_ids"] for r in select_recipe_instances(snap, "t.r@1", ["b", "a"])] == \
-        [receipts[1]["node_ids"], receipts[0]["node_ids"]]  # the order given
+    assert [r["node_ids"] for r in select_recipe_instances(snap, "t.r@1", ["b", "a"])] == [
+        receipts[1]["node_ids"],
+        receipts[0]["node_ids"],
+    ]  # the order given
     with pytest.raises(UserError, match=r"instance b has ABI .* but a has .*; one binding serves slots of one ABI"):
         select_recipe_instances(two_instance_snapshot((2, 8)), "t.r@1", ["all-instances"])
     with pytest.raises(UserError, match=r"recipe 'u@1' is not published"):

@@ -31,7 +31,9 @@ size_t Bytes(const tvm::ffi::TensorView& t) {
 }
 """
 
-COPY_SRC = COMMON + r"""
+COPY_SRC = (
+    COMMON
+    + r"""
 namespace {
 // run(input, output): output = input (a CPU identity copy)
 void Run(tvm::ffi::TensorView in, tvm::ffi::TensorView out) {
@@ -42,8 +44,11 @@ void Run(tvm::ffi::TensorView in, tvm::ffi::TensorView out) {
 }
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, Run);
 """
+)
 
-FILL_SRC = COMMON + r"""
+FILL_SRC = (
+    COMMON
+    + r"""
 namespace {
 // run(input, output): output = 7 (float32), ignoring the input
 void Run(tvm::ffi::TensorView in, tvm::ffi::TensorView out) {
@@ -55,6 +60,7 @@ void Run(tvm::ffi::TensorView in, tvm::ffi::TensorView out) {
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, Run);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fill, Run);
 """
+)
 
 
 @pytest.fixture(scope="session")
@@ -105,6 +111,7 @@ class Lines:
 
 # ---------------------------------------------------------------- success
 
+
 def test_bind_and_run_on_cpu_tensors(work):
     m = write_manifest(work, [entry()])
     said = Lines()
@@ -121,8 +128,9 @@ def test_bind_and_run_on_cpu_tensors(work):
     y2 = torch.zeros_like(x)
     k(x, y2)  # BoundKernel is callable too
     assert torch.equal(x, y2)
-    assert said.lines == [f"loading native code from {(work / 'kernel.so').resolve()} (demo.copy@1): "
-                          f"load only DSOs you trust"]
+    assert said.lines == [
+        f"loading native code from {(work / 'kernel.so').resolve()} (demo.copy@1): load only DSOs you trust"
+    ]
 
 
 def test_two_slots_two_libraries_other_function_name(work):
@@ -203,9 +211,13 @@ def test_zero_slots_with_empty_manifest(tmp_path):
 
 # ---------------------------------------------------------------- failures
 
+
 def test_unbound_slot_without_manifest():
-    with pytest.raises(UserError, match=r"slot demo.copy@1 \(engine role decode\) is not bound; pass "
-                                        r"--kernel-bindings with an entry for it"):
+    with pytest.raises(
+        UserError,
+        match=r"slot demo.copy@1 \(engine role decode\) is not bound; pass "
+        r"--kernel-bindings with an entry for it",
+    ):
         bind_slots(None, [slot()])
 
 
@@ -297,14 +309,17 @@ def test_missing_function(work):
     assert "function 'launch' not found" in msg and str((work / "kernel.so").resolve()) in msg
 
 
-@pytest.mark.parametrize("mutate,match", [
-    (lambda d: d.pop("schema_version"), r"missing field\(s\) schema_version"),
-    (lambda d: d.pop("bindings"), r"missing field\(s\) bindings"),
-    (lambda d: d.update(extra=1), r"unknown field\(s\) extra"),
-    (lambda d: d.update(schema_version=2), "schema_version 2 is not supported; use 1"),
-    (lambda d: d.update(schema_version=True), "schema_version True is not supported"),
-    (lambda d: d.update(bindings={}), "bindings must be a list"),
-])
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda d: d.pop("schema_version"), r"missing field\(s\) schema_version"),
+        (lambda d: d.pop("bindings"), r"missing field\(s\) bindings"),
+        (lambda d: d.update(extra=1), r"unknown field\(s\) extra"),
+        (lambda d: d.update(schema_version=2), "schema_version 2 is not supported; use 1"),
+        (lambda d: d.update(schema_version=True), "schema_version True is not supported"),
+        (lambda d: d.update(bindings={}), "bindings must be a list"),
+    ],
+)
 def test_top_level_fields(work, mutate, match):
     data = {"schema_version": 1, "bindings": [entry()]}
     mutate(data)
@@ -383,6 +398,7 @@ def test_malformed_slots():
 
 # ---------------------------------------------------------------- one entry, several slots (one per layer)
 
+
 def layer_slot(i: int, bid="qwen.decode_attention_region@2", abi=ABI_A):
     s = slot(bid, abi)
     s["recipe"] = {"id": bid, "instance": f"decoder.layers.{i}.decode_attention"}
@@ -400,10 +416,13 @@ def test_one_entry_binds_every_slot_of_its_binding_id(work):
 
 def test_unbound_slots_are_all_named(work):
     m = write_manifest(work, [entry()])  # binds demo.copy@1, not the attention slots
-    with pytest.raises(UserError, match=r"^slot qwen.decode_attention_region@2 \(2 slots: "
-                                        r"qwen.decode_attention_region@2 \[decoder.layers.0.decode_attention\], "
-                                        r"qwen.decode_attention_region@2 \[decoder.layers.1.decode_attention\]\) "
-                                        r"\(engine role decode\) is not bound"):
+    with pytest.raises(
+        UserError,
+        match=r"^slot qwen.decode_attention_region@2 \(2 slots: "
+        r"qwen.decode_attention_region@2 \[decoder.layers.0.decode_attention\], "
+        r"qwen.decode_attention_region@2 \[decoder.layers.1.decode_attention\]\) "
+        r"\(engine role decode\) is not bound",
+    ):
         bind_slots(str(m), [slot(), layer_slot(0), layer_slot(1)], announce=Lines())
     with pytest.raises(UserError, match=r"2 slots: .* is not bound"):
         bind_slots(None, [layer_slot(0), layer_slot(1)])
@@ -411,16 +430,22 @@ def test_unbound_slots_are_all_named(work):
 
 def test_abi_mismatch_names_every_slot_of_the_binding(work):
     m = write_manifest(work, [entry("qwen.decode_attention_region@2", ABI_B)])
-    with pytest.raises(UserError, match=r"layers.0.decode_attention\], .*layers.1.decode_attention\]\): ABI hash "
-                                        r"mismatch"):
+    with pytest.raises(
+        UserError,
+        match=r"layers.0.decode_attention\], .*layers.1.decode_attention\]\): ABI hash "
+        r"mismatch",
+    ):
         bind_slots(str(m), [layer_slot(0), layer_slot(1)], announce=Lines())
 
 
 def test_slots_of_one_binding_id_with_two_abis_fail_closed(work):
     m = write_manifest(work, [entry("qwen.decode_attention_region@2")])
-    with pytest.raises(UserError, match=r"slots qwen.decode_attention_region@2 \[decoder.layers.0.decode_attention\] "
-                                        r"and qwen.decode_attention_region@2 \[decoder.layers.1.decode_attention\] "
-                                        r"share binding ID"):
+    with pytest.raises(
+        UserError,
+        match=r"slots qwen.decode_attention_region@2 \[decoder.layers.0.decode_attention\] "
+        r"and qwen.decode_attention_region@2 \[decoder.layers.1.decode_attention\] "
+        r"share binding ID",
+    ):
         bind_slots(str(m), [layer_slot(0), layer_slot(1, abi=ABI_B)], announce=Lines())
 
 
@@ -428,7 +453,9 @@ def test_only_named_libraries_are_loaded(work, monkeypatch):
     """A failing later check loads nothing; a success loads exactly the named libraries."""
     loaded = []
     real = bindings_mod._load_function
-    monkeypatch.setattr(bindings_mod, "_load_function", lambda lib, fn, bid: (loaded.append(lib), real(lib, fn, bid))[1])
+    monkeypatch.setattr(
+        bindings_mod, "_load_function", lambda lib, fn, bid: (loaded.append(lib), real(lib, fn, bid))[1]
+    )
     m = write_manifest(work, [entry(), entry("f@1", ABI_B, "./fill.so")])
     with pytest.raises(UserError, match="ABI hash mismatch"):
         bind_slots(m, [slot(), slot("f@1", ABI_A)], announce=Lines())

@@ -17,10 +17,14 @@ from mcore.progress import CancelToken, Progress
 
 
 def manifest(**extra):
-    m = {"schema_version": BUNDLE_SCHEMA_VERSION, "kind": BUNDLE_KIND,
-         "kernel_slots": [{"binding_id": "demo.copy@1", "abi_sha256": "a" * 64, "engine_role": "decode",
-                           "abi": {"inputs": []}}],
-         "build_args": {"model": "demo:qwen3-tiny"}}
+    m = {
+        "schema_version": BUNDLE_SCHEMA_VERSION,
+        "kind": BUNDLE_KIND,
+        "kernel_slots": [
+            {"binding_id": "demo.copy@1", "abi_sha256": "a" * 64, "engine_role": "decode", "abi": {"inputs": []}}
+        ],
+        "build_args": {"model": "demo:qwen3-tiny"},
+    }
     m.update(extra)
     return m
 
@@ -37,8 +41,9 @@ def weights(tmp_path) -> Path:
 def small_bundle(tmp_path, weights) -> Path:
     out = tmp_path / "out" / "model.bundle"
     out.parent.mkdir()
-    write_bundle(out, manifest(), {"graph/decode.pt2": b"\x00graph bytes\xff" * 7, "weights.bin": weights,
-                                   "empty.txt": b""})
+    write_bundle(
+        out, manifest(), {"graph/decode.pt2": b"\x00graph bytes\xff" * 7, "weights.bin": weights, "empty.txt": b""}
+    )
     return out
 
 
@@ -99,8 +104,24 @@ def test_output_folder_must_exist(tmp_path):
         write_bundle(tmp_path / "nope" / "x.bundle", manifest(), {})
 
 
-@pytest.mark.parametrize("name", ["", "/abs", "../up", "a/../../b", "a//b", ".", "a/./b", "sp ace", "manifest.json",
-                                  "integrity.json", "x" * 101, "back\\slash", "é"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "/abs",
+        "../up",
+        "a/../../b",
+        "a//b",
+        ".",
+        "a/./b",
+        "sp ace",
+        "manifest.json",
+        "integrity.json",
+        "x" * 101,
+        "back\\slash",
+        "é",
+    ],
+)
 def test_bad_member_names(tmp_path, name):
     with pytest.raises(UserError, match="member name"):
         write_bundle(tmp_path / "x.bundle", manifest(), {name: b"1"})
@@ -113,9 +134,14 @@ def test_missing_member_file(tmp_path):
     assert leftovers(tmp_path) == []
 
 
-@pytest.mark.parametrize("bad,match", [({"kind": "other"}, "not an mcore bundle"),
-                                       ({"schema_version": 2}, "schema_version 2"),
-                                       ({"kernel_slots": {}}, "kernel_slots must be a list")])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"kind": "other"}, "not an mcore bundle"),
+        ({"schema_version": 2}, "schema_version 2"),
+        ({"kernel_slots": {}}, "kernel_slots must be a list"),
+    ],
+)
 def test_writer_checks_manifest(tmp_path, bad, match):
     with pytest.raises(UserError, match=match):
         write_bundle(tmp_path / "x.bundle", manifest(**bad), {})
@@ -175,7 +201,9 @@ def test_cancel_leaves_nothing(tmp_path, weights, monkeypatch):
 
 def test_progress_reaches_one(tmp_path, weights):
     seen = []
-    write_bundle(tmp_path / "x.bundle", manifest(), {"weights.bin": weights}, progress=Progress(lambda s, f: seen.append(f)))
+    write_bundle(
+        tmp_path / "x.bundle", manifest(), {"weights.bin": weights}, progress=Progress(lambda s, f: seen.append(f))
+    )
     assert seen[-1] == 1.0 and seen == sorted(seen)
     seen.clear()
     open_bundle(tmp_path / "x.bundle", progress=Progress(lambda s, f: seen.append(f)))
@@ -237,7 +265,9 @@ def test_appended_bytes(small_bundle):
         open_bundle(small_bundle)
 
 
-@pytest.mark.parametrize("content", [b"", b"hello, not a bundle\n", b"\0" * 4096, json.dumps({"kind": "mcore.bundle"}).encode()])
+@pytest.mark.parametrize(
+    "content", [b"", b"hello, not a bundle\n", b"\0" * 4096, json.dumps({"kind": "mcore.bundle"}).encode()]
+)
 def test_not_a_bundle(tmp_path, content):
     p = tmp_path / "x.bundle"
     p.write_bytes(content)

@@ -75,7 +75,9 @@ def test_logits_tail_matches_tutorial_shape(decode):
 def test_recipes_recorded(decode):
     rows = decode["recipes"]
     assert [r["instance"] for r in rows if r["id"] == "qwen.decode_attention_region@2"] == [
-        "decoder.layers.0.decode_attention", "decoder.layers.1.decode_attention"]
+        "decoder.layers.0.decode_attention",
+        "decoder.layers.1.decode_attention",
+    ]
     logits = [r for r in rows if r["id"] == "qwen.decode_logits_copy@1"]
     assert len(logits) == 1 and logits[0]["node_ids"] == [n["id"] for n in decode["nodes"][-4:-1]]
 
@@ -105,6 +107,9 @@ def test_encoder_capture():
         out = ix.tensors[snap["outputs"][0]]
         assert out["dtype"] == "FP16" and out["shape"] == [256, 64]
         adds = [r for r in snap["recipes"]]
-        assert [r["instance"] for r in adds] == ["encoder.layers.0.attention_residual", "encoder.layers.1.attention_residual"]
+        assert [r["instance"] for r in adds] == [
+            "encoder.layers.0.attention_residual",
+            "encoder.layers.1.attention_residual",
+        ]
         node = ix.nodes[adds[0]["node_ids"][0]]
         assert node["category"] == "LayerType.ELEMENTWISE/ElementWiseOperation.SUM" and len(adds[0]["node_ids"]) == 1

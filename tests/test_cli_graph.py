@@ -13,9 +13,16 @@ def snaps(tmp_path_factory):
     from mcore.cli.main import main
 
     d = tmp_path_factory.mktemp("snaps")
-    assert main(["graph", "inspect", "--engine-role", "decode", "--snapshot", str(d / "decode.graph.json"), *QWEN_ARGS]) == 0
-    assert main(["graph", "inspect", "--engine-role", "encoder", "--snapshot", str(d / "encoder.graph.json"),
-                 *DISTIL_ARGS]) == 0
+    assert (
+        main(["graph", "inspect", "--engine-role", "decode", "--snapshot", str(d / "decode.graph.json"), *QWEN_ARGS])
+        == 0
+    )
+    assert (
+        main(
+            ["graph", "inspect", "--engine-role", "encoder", "--snapshot", str(d / "encoder.graph.json"), *DISTIL_ARGS]
+        )
+        == 0
+    )
     return d
 
 
@@ -48,12 +55,31 @@ def test_tree_and_recipes(mcore, snaps):
 def test_manual_select_equals_recipe(mcore, snaps, tmp_path):
     snap = json.loads((snaps / "decode.graph.json").read_text())
     row = next(r for r in snap["recipes"] if r["id"] == "qwen.decode_logits_copy@1")
-    r = mcore("graph", "select", snaps / "decode.graph.json", "--nodes", *row["node_ids"], "--binding-id",
-              "my.kernel@1", "--workspace-bytes", "0", "-o", tmp_path / "sel.json")
+    r = mcore(
+        "graph",
+        "select",
+        snaps / "decode.graph.json",
+        "--nodes",
+        *row["node_ids"],
+        "--binding-id",
+        "my.kernel@1",
+        "--workspace-bytes",
+        "0",
+        "-o",
+        tmp_path / "sel.json",
+    )
     assert r.code == 0, r
     manual = json.loads((tmp_path / "sel.json").read_text())
-    r = mcore("graph", "select", snaps / "decode.graph.json", "--recipe", "qwen.decode_logits_copy@1",
-              "decoder.logits_zero_bias", "-o", tmp_path / "rec.json")
+    r = mcore(
+        "graph",
+        "select",
+        snaps / "decode.graph.json",
+        "--recipe",
+        "qwen.decode_logits_copy@1",
+        "decoder.logits_zero_bias",
+        "-o",
+        tmp_path / "rec.json",
+    )
     assert r.code == 0, r
     recipe = json.loads((tmp_path / "rec.json").read_text())
     assert manual["abi_sha256"] == recipe["abi_sha256"]
@@ -64,8 +90,16 @@ def test_manual_select_equals_recipe(mcore, snaps, tmp_path):
 
 
 def test_attention_recipe_contract(mcore, snaps, tmp_path):
-    r = mcore("graph", "select", snaps / "decode.graph.json", "--recipe", "qwen.decode_attention_region@2",
-              "decoder.layers.1.decode_attention", "-o", tmp_path / "attn.json")
+    r = mcore(
+        "graph",
+        "select",
+        snaps / "decode.graph.json",
+        "--recipe",
+        "qwen.decode_attention_region@2",
+        "decoder.layers.1.decode_attention",
+        "-o",
+        tmp_path / "attn.json",
+    )
     assert r.code == 0, r
     rec = json.loads((tmp_path / "attn.json").read_text())
     ins = [(e["dtype"], e["shape"]) for e in rec["abi"]["inputs"]]
@@ -106,10 +140,14 @@ def test_bad_inputs_exit_2_one_line_no_file(mcore, snaps, tmp_path):
         (sel("--nodes", *logits_nodes, "--binding-id", "bad id!"), ["binding ID"]),
         (sel("--nodes", *logits_nodes, "--binding-id", "k@1", "--workspace-bytes", "2147483648"), ["workspace"]),
         (sel("--nodes", *logits_nodes, "--binding-id", "k@1", "--workspace-bytes", "-1"), ["workspace"]),
-        (sel("--nodes", *logits_nodes, "--binding-id", "k@1", "--extra-arg", '{"type":"float","value":Infinity}'),
-         ["--extra-arg"]),
-        (sel("--nodes", *logits_nodes, "--binding-id", "k@1", "--extra-arg", '{"type":"float","value":1e999}'),
-         ["finite"]),
+        (
+            sel("--nodes", *logits_nodes, "--binding-id", "k@1", "--extra-arg", '{"type":"float","value":Infinity}'),
+            ["--extra-arg"],
+        ),
+        (
+            sel("--nodes", *logits_nodes, "--binding-id", "k@1", "--extra-arg", '{"type":"float","value":1e999}'),
+            ["finite"],
+        ),
         (sel("--nodes", *attn, "--binding-id", "k@1"), ["dynamic shape", "--output-shape-like-input"]),
         (sel("--nodes", *attn, "--binding-id", "k@1", "--output-shape-like-input", "1"), ["does not match"]),
         (sel("--nodes", *attn, "--binding-id", "k@1", "--output-shape-like-input", "3"), ["does not match"]),
@@ -117,11 +155,15 @@ def test_bad_inputs_exit_2_one_line_no_file(mcore, snaps, tmp_path):
         (sel("--recipe", "qwen.decode_logits_copy@1", "decoder.nope"), ["no instance"]),
         (("graph", "inspect", "--engine-role", "encoder", "--snapshot", out, *QWEN_ARGS), ["engine role 'encoder'"]),
         (("graph", "inspect", "--engine-role", "decode", "--snapshot", out, "demo:nope"), ["demo"]),
-        (("graph", "inspect", "--engine-role", "decode", "--snapshot", out, *QWEN_ARGS[:1], "--precision", "fp8"),
-         ["--precision"]),
+        (
+            ("graph", "inspect", "--engine-role", "decode", "--snapshot", out, *QWEN_ARGS[:1], "--precision", "fp8"),
+            ["--precision"],
+        ),
         (("graph", "inspect", "--engine-role", "decode", "--snapshot", out, str(tmp_path / "nofolder")), []),
-        (("graph", "select", dec, "--nodes", "node:1", "--binding-id", "k@1", "-o", tmp_path / "no" / "x.json"),
-         ["does not exist"]),
+        (
+            ("graph", "select", dec, "--nodes", "node:1", "--binding-id", "k@1", "-o", tmp_path / "no" / "x.json"),
+            ["does not exist"],
+        ),
     ]
     for args, frags in cases:
         res = mcore(*args)

@@ -34,8 +34,21 @@ def _bundles(folder: Path, precision: str, device: str) -> tuple[Path, Path, Pat
     res = build_bundle(args, folder / "slot.bundle", recipe=RECIPE, device=device)
     build_kernel("identity-copy", folder / "kernel.so", cuda="on" if device == "cuda" else "off", overwrite=True)
     manifest = folder / "bindings.json"
-    manifest.write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": RECIPE[0], "abi_sha256": res.receipt["abi_sha256"], "library": "./kernel.so", "function": "run"}]}))
+    manifest.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "bindings": [
+                    {
+                        "id": RECIPE[0],
+                        "abi_sha256": res.receipt["abi_sha256"],
+                        "library": "./kernel.so",
+                        "function": "run",
+                    }
+                ],
+            }
+        )
+    )
     return native, res.bundle_path, manifest
 
 
@@ -60,9 +73,11 @@ def test_cpu_compiled_matches_the_reference_engine(cpu_bundles):
     caches = [comp.caches[n] for n in comp.cache_names]
     seq = a.prompt_tokens + a.tokens
     comp.step_logits(a.prompt_tokens[:-1], [])
-    (lg,) = comp.runners["decode"](torch.tensor([seq[len(a.prompt_tokens) - 1: len(a.prompt_tokens) + 2]],
-                                                dtype=torch.int32),
-                                   torch.tensor([len(a.prompt_tokens) - 1], dtype=torch.int32), *caches)
+    (lg,) = comp.runners["decode"](
+        torch.tensor([seq[len(a.prompt_tokens) - 1 : len(a.prompt_tokens) + 2]], dtype=torch.int32),
+        torch.tensor([len(a.prompt_tokens) - 1], dtype=torch.int32),
+        *caches,
+    )
     torch.testing.assert_close(lg.float(), la[2], atol=2e-5, rtol=2e-5)
     lines = comp.engine_lines()
     assert any("decode: compiled (Inductor)" in line for line in lines), lines
@@ -75,8 +90,11 @@ def test_cpu_slot_stays_one_opaque_node_and_runs(cpu_bundles):
     slots = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.mcore.slot.default]
     assert len(slots) == 1 and slots[0].meta["mcore_binding_id"] == RECIPE[0]
     # the slot node replaced the region: no zero-bias add is left in the graph
-    assert not any("logits_zero_bias" in str(n.meta.get("nn_module_stack", "")) for n in gm.graph.nodes
-                   if n.op == "call_function" and n is not slots[0])
+    assert not any(
+        "logits_zero_bias" in str(n.meta.get("nn_module_stack", ""))
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n is not slots[0]
+    )
     calls = []
     call = pipe.slot_calls[0]
     inner = call.fn
@@ -120,8 +138,21 @@ def test_engine_choice_errors(cpu_bundles, mcore):
 
 def test_cpu_run_names_the_engine(cpu_bundles, mcore):
     native, _, _ = cpu_bundles
-    r = mcore("run", native, "--prompt", "x y", "--max-new-tokens", "3", "--greedy", "--engine", "compiled",
-              "--warmup", "1", "--benchmark", "2")
+    r = mcore(
+        "run",
+        native,
+        "--prompt",
+        "x y",
+        "--max-new-tokens",
+        "3",
+        "--greedy",
+        "--engine",
+        "compiled",
+        "--warmup",
+        "1",
+        "--benchmark",
+        "2",
+    )
     assert r.code == 0, r
     assert "engine=compiled" in r.out and "tokens_per_sec=" in r.out
     assert "[engine] compiled: decode: compiled (Inductor)" in r.err

@@ -23,8 +23,11 @@ transformers = pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     base = tmp_path_factory.mktemp("cfg")
-    return {"qwen3": make_qwen3_checkpoint(base / "qwen3"), "bert": make_bert_checkpoint(base / "bert"),
-            "distilbert": make_distilbert_checkpoint(base / "distilbert")}
+    return {
+        "qwen3": make_qwen3_checkpoint(base / "qwen3"),
+        "bert": make_bert_checkpoint(base / "bert"),
+        "distilbert": make_distilbert_checkpoint(base / "distilbert"),
+    }
 
 
 def _edited(src, tmp_path, **fields):
@@ -54,10 +57,14 @@ QWEN_BAD = [
     ({"attention_bias": "no"}, "attention_bias"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}}, "yarn"),
     ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "linear"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
-     "partial_rotary_factor"),
-    ({"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1, "layer_types": _DROP},
-     "use_sliding_window"),
+    (
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+        "partial_rotary_factor",
+    ),
+    (
+        {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1, "layer_types": _DROP},
+        "use_sliding_window",
+    ),
     ({"layer_types": ["full_attention", "sliding_attention"]}, "layer_types"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"num_hidden_layers": 2.0}, "num_hidden_layers"),
@@ -143,10 +150,21 @@ def test_published_qwen3_field_set_loads(tmp_path):
     """The fields a published Qwen3 config.json carries (v4 and v5 spellings) are accepted."""
     folder = make_qwen3_checkpoint(tmp_path / "pub", tie_word_embeddings=False, seed=4)
     cfg = json.loads((folder / "config.json").read_text())
-    cfg.update({"architectures": ["Qwen3ForCausalLM"], "attention_dropout": 0.0, "initializer_range": 0.02,
-                "max_window_layers": 28, "sliding_window": None, "use_sliding_window": False, "use_cache": True,
-                "torch_dtype": "bfloat16", "rope_scaling": None, "rope_theta": 1000000.0,
-                "transformers_version": "4.51.0"})
+    cfg.update(
+        {
+            "architectures": ["Qwen3ForCausalLM"],
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "max_window_layers": 28,
+            "sliding_window": None,
+            "use_sliding_window": False,
+            "use_cache": True,
+            "torch_dtype": "bfloat16",
+            "rope_scaling": None,
+            "rope_theta": 1000000.0,
+            "transformers_version": "4.51.0",
+        }
+    )
     cfg.pop("rope_parameters", None)
     cfg.pop("layer_types", None)
     (folder / "config.json").write_text(json.dumps(cfg))
@@ -158,14 +176,33 @@ def test_published_qwen3_field_set_loads(tmp_path):
 
 
 PUBLISHED_ENCODER_FIELDS = {
-    "bert": {"architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "classifier_dropout": None,
-             "gradient_checkpointing": False, "hidden_dropout_prob": 0.1, "initializer_range": 0.02,
-             "position_embedding_type": "absolute", "torch_dtype": "float32", "transformers_version": "4.8.2",
-             "use_cache": True, "is_decoder": False, "add_cross_attention": False, "layer_norm_eps": 1e-12},
-    "distilbert": {"architectures": ["DistilBertModel"], "attention_dropout": 0.1, "dropout": 0.1,
-                   "initializer_range": 0.02, "qa_dropout": 0.1, "seq_classif_dropout": 0.2,
-                   "sinusoidal_pos_embds": False, "tie_weights_": True, "activation": "gelu",
-                   "transformers_version": "4.6.0.dev0"},
+    "bert": {
+        "architectures": ["BertModel"],
+        "attention_probs_dropout_prob": 0.1,
+        "classifier_dropout": None,
+        "gradient_checkpointing": False,
+        "hidden_dropout_prob": 0.1,
+        "initializer_range": 0.02,
+        "position_embedding_type": "absolute",
+        "torch_dtype": "float32",
+        "transformers_version": "4.8.2",
+        "use_cache": True,
+        "is_decoder": False,
+        "add_cross_attention": False,
+        "layer_norm_eps": 1e-12,
+    },
+    "distilbert": {
+        "architectures": ["DistilBertModel"],
+        "attention_dropout": 0.1,
+        "dropout": 0.1,
+        "initializer_range": 0.02,
+        "qa_dropout": 0.1,
+        "seq_classif_dropout": 0.2,
+        "sinusoidal_pos_embds": False,
+        "tie_weights_": True,
+        "activation": "gelu",
+        "transformers_version": "4.6.0.dev0",
+    },
 }
 
 

@@ -29,16 +29,22 @@ SCRIPT = REPO / "kernels" / "cutedsl_decode_attention.py"
 BINDING = "qwen.decode_attention_region@2"
 
 
-def attention_pair(dtype="BF16", heads=32, kv_heads=8, capacity=4096, head_dim=128, binding=BINDING,
-                   **select: Any) -> tuple[dict, dict]:
+def attention_pair(
+    dtype="BF16", heads=32, kv_heads=8, capacity=4096, head_dim=128, binding=BINDING, **select: Any
+) -> tuple[dict, dict]:
     """A stand-in decode graph around one mcore.decode_attention node, and its receipt."""
     g = Graph(role="decode", family="qwen3", model="stand-in")
     q = g.input(dtype, [1, heads, -1, head_dim], "query")
     k = g.input(dtype, [1, kv_heads, capacity, head_dim], "key_cache")
     v = g.input(dtype, [1, kv_heads, capacity, head_dim], "value_cache")
     n = g.input("INT32", [1], "kv_lengths")
-    a = g.op("mcore.decode_attention.default", [q, k, v, n], dtype, [1, heads, -1, head_dim],
-             module_path="decoder.layers.0.self_attn.decode_attention")
+    a = g.op(
+        "mcore.decode_attention.default",
+        [q, k, v, n],
+        dtype,
+        [1, heads, -1, head_dim],
+        module_path="decoder.layers.0.self_attn.decode_attention",
+    )
     g.output(g.op("aten.relu.default", [a], dtype, [1, heads, -1, head_dim]))
     snap = g.snapshot()
     return snap, select_region(snap, [node_of(snap, a)], binding, output_shape_input=0, **select)
@@ -61,14 +67,17 @@ def exporter():
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"}
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 # ---------------------------------------------------------------- contract (no CuTe DSL needed)
 
-@pytest.mark.parametrize("dtype, heads, kv_heads, head_dim", [("BF16", 32, 8, 128), ("FP16", 8, 8, 64),
-                                                              ("BF16", 16, 2, 64)])
+
+@pytest.mark.parametrize(
+    "dtype, heads, kv_heads, head_dim", [("BF16", 32, 8, 128), ("FP16", 8, 8, 64), ("BF16", 16, 2, 64)]
+)
 def test_check_only_accepts_every_fitting_shape(exporter, tmp_path, capsys, dtype, heads, kv_heads, head_dim):
     snap, receipt = attention_pair(dtype, heads, kv_heads, 1024, head_dim)
     rp, sp = write_pair(tmp_path, snap, receipt)
@@ -131,6 +140,7 @@ def test_command_line_exit_codes(tmp_path):
 
 # ---------------------------------------------------------------- compile + export + link (no GPU needed)
 
+
 @needs_cute
 def test_export_links_a_loadable_tvm_ffi_dso(tmp_path):
     import torch
@@ -160,9 +170,12 @@ def test_export_links_a_loadable_tvm_ffi_dso(tmp_path):
 # ---------------------------------------------------------------- GPU numerics (run on the device: pytest -m gpu)
 
 GPU_SHAPES = [  # (dtype, heads, kv_heads, capacity, head_dim): GQA 1, 4 and 8; both head dims and dtypes
-    ("BF16", 8, 8, 256, 128), ("FP16", 8, 8, 256, 64),
-    ("BF16", 16, 4, 256, 64), ("FP16", 16, 4, 256, 128),
-    ("BF16", 32, 4, 256, 128), ("FP16", 32, 4, 256, 64),
+    ("BF16", 8, 8, 256, 128),
+    ("FP16", 8, 8, 256, 64),
+    ("BF16", 16, 4, 256, 64),
+    ("FP16", 16, 4, 256, 128),
+    ("BF16", 32, 4, 256, 128),
+    ("FP16", 32, 4, 256, 64),
 ]
 GPU_LENGTHS = [1, 2, 127, 128, 129, 255, 256]  # ..., capacity - 1, capacity
 
@@ -199,7 +212,7 @@ def test_gpu_matches_the_reference(gpu_kernels, shape, new_tokens):
     tdt = {"BF16": torch.bfloat16, "FP16": torch.float16}[dtype]
     fn = gpu_kernels[shape]
     gen = torch.Generator().manual_seed(heads * 1000 + head_dim + new_tokens)
-    q = (torch.randn(1, heads, new_tokens, head_dim, generator=gen) * head_dim ** -0.5).to(tdt)
+    q = (torch.randn(1, heads, new_tokens, head_dim, generator=gen) * head_dim**-0.5).to(tdt)
     k = torch.randn(1, kv_heads, capacity, head_dim, generator=gen).to(tdt)
     v = torch.randn(1, kv_heads, capacity, head_dim, generator=gen).to(tdt)
     qd, kd, vd = q.cuda(), k.cuda(), v.cuda()
@@ -249,6 +262,7 @@ def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels):
 
 # ---------------------------------------------------------------- the stub generator points here
 
+
 def test_stub_on_an_attention_receipt_points_at_this_kernel(tmp_path, mcore):
     snap, receipt = attention_pair()
     rp, sp = write_pair(tmp_path, snap, receipt)
@@ -276,7 +290,7 @@ def test_stub_on_other_regions_names_no_example(tmp_path, mcore):
 
 # ---------------------------------------------------------------- a real recipe receipt (Qwen3 layout, head_dim 64)
 
-WIDE_HEADS, WIDE_KV, WIDE_D = 8, 2, 64   # GQA 4
+WIDE_HEADS, WIDE_KV, WIDE_D = 8, 2, 64  # GQA 4
 
 
 @pytest.fixture(scope="module")
@@ -297,8 +311,19 @@ def wide_qwen(tmp_path_factory):
     config = json.loads((demo / "config.json").read_text())
     config.update(num_attention_heads=WIDE_HEADS, num_key_value_heads=WIDE_KV, head_dim=WIDE_D)
     (model / "config.json").write_text(json.dumps(config, indent=2))
-    args = [str(model), "--precision", "bf16", "--max-cache-length", "256", "--decoder-engine-layout", "split",
-            "--weights", "random", "--seed", "3"]
+    args = [
+        str(model),
+        "--precision",
+        "bf16",
+        "--max-cache-length",
+        "256",
+        "--decoder-engine-layout",
+        "split",
+        "--weights",
+        "random",
+        "--seed",
+        "3",
+    ]
     assert main(["build", *args, "--recipe", BINDING, "all-instances", "-o", str(work / "attn.bundle")]) == 0
     assert main(["build", *args, "-o", str(work / "native.bundle")]) == 0
     return work
@@ -309,8 +334,7 @@ def test_the_recipe_receipts_of_a_qwen3_build_pass_the_contract(wide_qwen, expor
     assert [p.name for p in receipts] == [f"attn.selection.decoder.layers.{i}.decode_attention.json" for i in (0, 1)]
     for rp in receipts:
         assert exporter.main(["--selection", str(rp), "--check-only"]) == 0
-        assert (f"(BF16 heads={WIDE_HEADS} kv_heads={WIDE_KV} capacity=256 head_dim={WIDE_D})"
-                in capsys.readouterr().out)
+        assert f"(BF16 heads={WIDE_HEADS} kv_heads={WIDE_KV} capacity=256 head_dim={WIDE_D})" in capsys.readouterr().out
 
 
 def _wide_bindings(wide_qwen: Path) -> Path:
@@ -321,9 +345,21 @@ def _wide_bindings(wide_qwen: Path) -> Path:
         r = run_script("--selection", rp, "--output", dso)
         assert r.returncode == 0, r.stderr[-3000:]
     manifest = wide_qwen / "kernel-bindings.json"
-    manifest.write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": BINDING, "abi_sha256": json.loads(rp.read_text())["abi_sha256"], "library": "./attention.so",
-         "function": "run"}]}))
+    manifest.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "bindings": [
+                    {
+                        "id": BINDING,
+                        "abi_sha256": json.loads(rp.read_text())["abi_sha256"],
+                        "library": "./attention.so",
+                        "function": "run",
+                    }
+                ],
+            }
+        )
+    )
     return manifest
 
 
@@ -332,8 +368,13 @@ def test_one_exported_dso_binds_both_layers(wide_qwen):
     from mcore.pipeline import DecoderPipeline
 
     manifest = _wide_bindings(wide_qwen)
-    pipe = DecoderPipeline(str(wide_qwen / "attn.bundle"), kernel_bindings=str(manifest), device="cpu",
-                           engine="torch", announce=lambda line: None)
+    pipe = DecoderPipeline(
+        str(wide_qwen / "attn.bundle"),
+        kernel_bindings=str(manifest),
+        device="cpu",
+        engine="torch",
+        announce=lambda line: None,
+    )
     assert len(pipe.slot_calls) == 2 and len(pipe.kernels) == 1
 
 
@@ -349,12 +390,17 @@ def test_gpu_pipeline_with_every_layer_bound_matches_native(wide_qwen, engine):
     manifest = _wide_bindings(wide_qwen)
     prompt = "Explain grouped-query attention, KV caching, and decode latency."
     native = DecoderPipeline(str(wide_qwen / "native.bundle"), device="cuda", engine=engine)
-    byok = DecoderPipeline(str(wide_qwen / "attn.bundle"), kernel_bindings=str(manifest), device="cuda",
-                           engine=engine, announce=lambda line: None)
+    byok = DecoderPipeline(
+        str(wide_qwen / "attn.bundle"),
+        kernel_bindings=str(manifest),
+        device="cuda",
+        engine=engine,
+        announce=lambda line: None,
+    )
     prompt_ids = native.encode(prompt)
     tokens = native.generate(prompt, 24, stop_at_eos=False).tokens
     # Lockstep on the same forced tokens (random weights leave near-ties, so greedy tokens could flip).
-    want = torch.stack(native.step_logits(prompt_ids, tokens)[1:])   # decode steps only: the slots run there
+    want = torch.stack(native.step_logits(prompt_ids, tokens)[1:])  # decode steps only: the slots run there
     got = torch.stack(byok.step_logits(prompt_ids, tokens)[1:])
     assert torch.isfinite(got).all()
     scale = want.abs().max().item()

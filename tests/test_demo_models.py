@@ -28,9 +28,7 @@ PINNED_WEIGHTS_SHA256 = {
 
 
 def _hashes(folder) -> dict[str, str]:
-    return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()
-    }
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +109,12 @@ def test_qwen3_tiny_config_sizes(demo_root):
     c = s.config
     tok = load_tokenizer(s)
     assert c["vocab_size"] == tok.get_vocab_size(with_added_tokens=True)
-    assert (c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]) == (2, 64, 4, 2)
+    assert (c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]) == (
+        2,
+        64,
+        4,
+        2,
+    )
     assert (c["head_dim"], c["intermediate_size"], c["max_position_embeddings"]) == (16, 128, 512)
     assert c["tie_word_embeddings"] is False
 
@@ -142,9 +145,10 @@ def test_qwen3_tiny_matches_transformers_and_generates(demo_root):
                 torch.tensor([[t]], dtype=torch.int32), torch.tensor([len(prompt) + step], dtype=torch.int32), *caches
             )
         ref = transformers.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
-        gen = ref.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None,
-                           pad_token_id=0)
-    assert out == gen[0, len(prompt):].tolist()
+        gen = ref.generate(
+            torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    assert out == gen[0, len(prompt) :].tolist()
     assert len(set(out)) >= 5, f"greedy output is degenerate: {out}"
 
 
@@ -163,7 +167,11 @@ def test_encoder_demo_matches_transformers(demo_root, name):
     mask = torch.tensor([1] * n + [0] * (S - n), dtype=torch.int32)
     with torch.no_grad():
         hidden = fam.role_module(core, "encoder")(inp, mask)
-        ref = transformers.AutoModel.from_pretrained(str(folder)).eval()(input_ids=torch.tensor([ids])).last_hidden_state[0]
+        ref = (
+            transformers.AutoModel.from_pretrained(str(folder))
+            .eval()(input_ids=torch.tensor([ids]))
+            .last_hidden_state[0]
+        )
     assert hidden.shape == (S, 64)
     torch.testing.assert_close(hidden[:n], ref, atol=1e-4, rtol=0)
 

@@ -44,8 +44,14 @@ def test_copy_rate_is_measured_once_per_device_and_kept(tmp_path, monkeypatch):
 
 
 def test_describe_a_cuda_device():
-    f = {"type": "cuda", "name": "NVIDIA H200", "sm_count": 132, "memory_bytes": 141 * 2**30,
-         "copy_bytes_per_s": 4.29e12, "theoretical_bytes_per_s": 4.92e12}
+    f = {
+        "type": "cuda",
+        "name": "NVIDIA H200",
+        "sm_count": 132,
+        "memory_bytes": 141 * 2**30,
+        "copy_bytes_per_s": 4.29e12,
+        "theoretical_bytes_per_s": 4.92e12,
+    }
     assert D.describe_device(f) == "NVIDIA H200 · 132 SMs · 141 GiB · copy 4.29 TB/s of 4.92 TB/s peak"
 
 

@@ -28,11 +28,14 @@ def test_a_truncated_library_is_refused_before_dlopen(work, keep):
         _bind(work, "cut.so")
 
 
-@pytest.mark.parametrize("content,fragment", [
-    (b"#!/bin/sh\necho hi\n", "not an ELF shared library"),
-    (b"\x7fELF\x02", "truncated or malformed ELF header"),
-    (b"", "not an ELF shared library"),
-])
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        (b"#!/bin/sh\necho hi\n", "not an ELF shared library"),
+        (b"\x7fELF\x02", "truncated or malformed ELF header"),
+        (b"", "not an ELF shared library"),
+    ],
+)
 def test_a_file_that_is_not_a_library_is_refused(work, content, fragment):
     (work / "bad.so").write_bytes(content)
     with pytest.raises(UserError, match=fragment):

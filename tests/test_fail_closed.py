@@ -25,13 +25,17 @@ def encoder_bundle(tmp_path_factory):
 
 # ---------------------------------------------------------------- gate thresholds (item 6)
 
-@pytest.mark.parametrize("flag,value,fragment", [
-    ("--max-abs", "nan", "--max-abs nan must be a finite number >= 0"),
-    ("--max-abs", "inf", "--max-abs inf must be a finite number >= 0"),
-    ("--max-abs", "-0.1", "--max-abs -0.1"),
-    ("--min-cosine", "nan", "--min-cosine nan must be a finite number in [-1, 1]"),
-    ("--min-cosine", "1.5", "--min-cosine 1.5"),
-])
+
+@pytest.mark.parametrize(
+    "flag,value,fragment",
+    [
+        ("--max-abs", "nan", "--max-abs nan must be a finite number >= 0"),
+        ("--max-abs", "inf", "--max-abs inf must be a finite number >= 0"),
+        ("--max-abs", "-0.1", "--max-abs -0.1"),
+        ("--min-cosine", "nan", "--min-cosine nan must be a finite number in [-1, 1]"),
+        ("--min-cosine", "1.5", "--min-cosine 1.5"),
+    ],
+)
 def test_embedding_gate_thresholds_are_finite_and_in_range(flag, value, fragment, tmp_path, mcore):
     for name in ("a.json", "b.json"):
         (tmp_path / name).write_text(json.dumps({"embedding": [1.0, 2.0]}))
@@ -40,10 +44,24 @@ def test_embedding_gate_thresholds_are_finite_and_in_range(flag, value, fragment
 
 
 def test_perf_and_reference_thresholds_use_the_same_rule(mcore, tmp_path):
-    assert_user_error(mcore("verify", "perf", "--native", "true", "--external", "true", "--min-ratio", "nan"),
-                      "--min-ratio nan must be a finite number > 0")
-    assert_user_error(mcore("verify", "reference", tmp_path / "x.bundle", "--checkpoint", "demo:qwen3-tiny",
-                            "--prompt", "hi", "--min-cosine", "inf"), "--min-cosine inf")
+    assert_user_error(
+        mcore("verify", "perf", "--native", "true", "--external", "true", "--min-ratio", "nan"),
+        "--min-ratio nan must be a finite number > 0",
+    )
+    assert_user_error(
+        mcore(
+            "verify",
+            "reference",
+            tmp_path / "x.bundle",
+            "--checkpoint",
+            "demo:qwen3-tiny",
+            "--prompt",
+            "hi",
+            "--min-cosine",
+            "inf",
+        ),
+        "--min-cosine inf",
+    )
 
 
 def test_session_gate_thresholds_are_checked(tmp_path):
@@ -52,22 +70,25 @@ def test_session_gate_thresholds_are_checked(tmp_path):
     ctx = ActionContext(workdir=tmp_path)
     for name in ("a.json", "b.json"):
         (tmp_path / name).write_text(json.dumps({"embedding": [1.0, 2.0]}))
-    results, error = run_action(ctx, "gate_embeddings", {"native": "a.json", "external": "b.json",
-                                                          "max_abs": math.inf})
+    results, error = run_action(ctx, "gate_embeddings", {"native": "a.json", "external": "b.json", "max_abs": math.inf})
     assert results is None and "--max-abs inf must be a finite number" in error
 
 
 # ---------------------------------------------------------------- CLI values that crashed (item 4)
 
-@pytest.mark.parametrize("extra,fragment", [
-    (["--temperature", "nan"], "--temperature must be a finite number > 0"),
-    (["--temperature", "0"], "--temperature must be a finite number > 0"),
-    (["--seed", str(2 ** 70)], "--seed must be in 0.."),
-    (["--seed", "-1"], "--seed must be in 0.."),
-    (["--top-k", "-3"], "--top-k must be >= 0"),
-    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
-    (["--prompt", "caf\udce9"], "--prompt is not valid UTF-8"),
-])
+
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        (["--temperature", "nan"], "--temperature must be a finite number > 0"),
+        (["--temperature", "0"], "--temperature must be a finite number > 0"),
+        (["--seed", str(2**70)], "--seed must be in 0.."),
+        (["--seed", "-1"], "--seed must be in 0.."),
+        (["--top-k", "-3"], "--top-k must be >= 0"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["--prompt", "caf\udce9"], "--prompt is not valid UTF-8"),
+    ],
+)
 def test_run_values_that_would_crash_are_refused_before_loading(extra, fragment, tmp_path, mcore):
     # the bundle does not exist: these are refused before anything is read
     assert_user_error(mcore("run", tmp_path / "missing.bundle", "--prompt", "hi", *extra), fragment)
@@ -77,12 +98,15 @@ def test_non_utf8_prompt_for_embed(tmp_path, mcore):
     assert_user_error(mcore("embed", tmp_path / "missing.bundle", "--prompt", "\udcff"), "not valid UTF-8")
 
 
-@pytest.mark.parametrize("device,fragment", [
-    ("meta", "the engines run on cpu or cuda"),
-    ("mps", "the engines run on cpu or cuda"),
-    ("banana", "is not a device"),
-    ("cuda:99", "cuda"),
-])
+@pytest.mark.parametrize(
+    "device,fragment",
+    [
+        ("meta", "the engines run on cpu or cuda"),
+        ("mps", "the engines run on cpu or cuda"),
+        ("banana", "is not a device"),
+        ("cuda:99", "cuda"),
+    ],
+)
 def test_device_must_be_cpu_or_cuda(device, fragment):
     from mcore.pipeline import resolve_device
 
@@ -92,14 +116,21 @@ def test_device_must_be_cpu_or_cuda(device, fragment):
 
 # ---------------------------------------------------------------- checks before native code (item 9)
 
+
 def test_run_on_an_encoder_says_embed_before_binding(encoder_bundle, tmp_path, mcore, monkeypatch):
     import mcore.bindings as bindings
 
     bound = []
     monkeypatch.setattr(bindings, "_load_function", lambda *a: bound.append(a))
     (tmp_path / "k.so").write_bytes(b"\x7fELF")
-    (tmp_path / "kb.json").write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": "k@1", "abi_sha256": HEX, "library": "./k.so", "function": "run"}]}))
+    (tmp_path / "kb.json").write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "bindings": [{"id": "k@1", "abi_sha256": HEX, "library": "./k.so", "function": "run"}],
+            }
+        )
+    )
     res = mcore("run", encoder_bundle, "--prompt", "hi", "--kernel-bindings", tmp_path / "kb.json")
     assert_user_error(res, "is an encoder", "use `mcore embed`")
     assert bound == []
@@ -114,8 +145,14 @@ def test_a_prompt_too_long_is_refused_before_binding(tmp_path, mcore, monkeypatc
     bound = []
     monkeypatch.setattr(bindings, "_load_function", lambda *a: bound.append(a))
     (tmp_path / "k.so").write_bytes(b"\x7fELF")
-    (tmp_path / "kb.json").write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": "k@1", "abi_sha256": HEX, "library": "./k.so", "function": "run"}]}))
+    (tmp_path / "kb.json").write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "bindings": [{"id": "k@1", "abi_sha256": HEX, "library": "./k.so", "function": "run"}],
+            }
+        )
+    )
     res = mcore("run", out, "--prompt", "x " * 40, "--max-new-tokens", "4", "--kernel-bindings", tmp_path / "kb.json")
     assert_user_error(res, "need", "cache slots", "KV cache holds 32", "--max-cache-length")
     assert bound == [] and "loading native code" not in res.err
@@ -125,6 +162,7 @@ def test_a_prompt_too_long_is_refused_before_binding(tmp_path, mcore, monkeypatc
 
 
 # ---------------------------------------------------------------- bundle manifests (items 10, 11)
+
 
 def _write_unchecked(tmp_path, monkeypatch, manifest):
     import mcore.bundle as bundle
@@ -137,11 +175,19 @@ def _write_unchecked(tmp_path, monkeypatch, manifest):
 def _manifest(**extra):
     from mcore.bundle import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION
 
-    m = {"schema_version": BUNDLE_SCHEMA_VERSION, "kind": BUNDLE_KIND, "engine": "torch", "family": "distilbert",
-         "family_kind": "encoder", "model": {"spec": "demo:distilbert-tiny", "revision": None},
-         "build_args": {"model": "demo:distilbert-tiny"}, "graph_args": {}, "weights": {"kind": "random", "seed": 0},
-         "roles": {"encoder": {"fingerprint": HEX, "inputs": [], "outputs": ["hidden"]}},
-         "kernel_slots": []}
+    m = {
+        "schema_version": BUNDLE_SCHEMA_VERSION,
+        "kind": BUNDLE_KIND,
+        "engine": "torch",
+        "family": "distilbert",
+        "family_kind": "encoder",
+        "model": {"spec": "demo:distilbert-tiny", "revision": None},
+        "build_args": {"model": "demo:distilbert-tiny"},
+        "graph_args": {},
+        "weights": {"kind": "random", "seed": 0},
+        "roles": {"encoder": {"fingerprint": HEX, "inputs": [], "outputs": ["hidden"]}},
+        "kernel_slots": [],
+    }
     m.update(extra)
     return m
 
@@ -149,26 +195,32 @@ def _manifest(**extra):
 def test_a_slot_in_a_role_the_bundle_lacks_is_refused_at_load(tmp_path, monkeypatch, mcore):
     m = _manifest(kernel_slots=[{"binding_id": "k@1", "abi_sha256": HEX, "engine_role": "decode"}])
     path = _write_unchecked(tmp_path, monkeypatch, m)
-    assert_user_error(mcore("inspect", path), "kernel_slots[0] (binding k@1)", "engine role 'decode' does not exist",
-                      "roles: encoder")
+    assert_user_error(
+        mcore("inspect", path), "kernel_slots[0] (binding k@1)", "engine role 'decode' does not exist", "roles: encoder"
+    )
     from mcore.bundle import write_bundle
 
     with pytest.raises(UserError, match="engine role 'decode' does not exist"):
         write_bundle(tmp_path / "w.bundle", m, {})
 
 
-@pytest.mark.parametrize("extra,fragment", [
-    ({"roles": []}, "field roles must be an object, got list"),
-    ({"family": 3}, "field family must be a string, got int"),
-    ({"family_kind": "vision"}, "family_kind 'vision' must be decoder or encoder"),
-    ({"kernel_slots": [{"binding_id": 1, "abi_sha256": HEX, "engine_role": "encoder"}]},
-     "kernel_slots[0]: field binding_id must be a string"),
-    ({"kernel_slots": ["x"]}, "kernel_slots[0] must be an object"),
-    ({"weights": "all"}, "field weights must be an object"),
-    ({"weights": {"kind": "pickle"}}, "weights.kind must be random"),
-    ({"model": {"spec": 1, "revision": None}}, "field model needs spec"),
-    ({"roles": {"encoder": {"fingerprint": HEX}}}, "roles.encoder needs fingerprint, inputs and outputs"),
-])
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        ({"roles": []}, "field roles must be an object, got list"),
+        ({"family": 3}, "field family must be a string, got int"),
+        ({"family_kind": "vision"}, "family_kind 'vision' must be decoder or encoder"),
+        (
+            {"kernel_slots": [{"binding_id": 1, "abi_sha256": HEX, "engine_role": "encoder"}]},
+            "kernel_slots[0]: field binding_id must be a string",
+        ),
+        ({"kernel_slots": ["x"]}, "kernel_slots[0] must be an object"),
+        ({"weights": "all"}, "field weights must be an object"),
+        ({"weights": {"kind": "pickle"}}, "weights.kind must be random"),
+        ({"model": {"spec": 1, "revision": None}}, "field model needs spec"),
+        ({"roles": {"encoder": {"fingerprint": HEX}}}, "roles.encoder needs fingerprint, inputs and outputs"),
+    ],
+)
 def test_bundle_manifest_field_types(extra, fragment, tmp_path, monkeypatch, mcore):
     path = _write_unchecked(tmp_path, monkeypatch, _manifest(**extra))
     assert_user_error(mcore("inspect", path), "bad.bundle", fragment)
@@ -210,6 +262,7 @@ def test_graph_views_show_no_terminal_escapes(tmp_path, mcore):
 
 # ---------------------------------------------------------------- malformed inputs (items 3, 11, 12)
 
+
 def test_deeply_nested_json_is_one_line(tmp_path, mcore):
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100000 + "]" * 100000)
@@ -229,6 +282,7 @@ def test_a_fifo_as_input_does_not_hang(tmp_path, mcore):
 
 
 # ---------------------------------------------------------------- disk full during run --output (item 5)
+
 
 def test_run_output_on_a_full_disk_says_how_to_rerun(tmp_path, mcore, monkeypatch):
     import errno

@@ -208,9 +208,7 @@ def test_encoder_recipes_and_io(encoder_dirs):
         assert io.inputs == ("input_ids", "attention_mask") and io.outputs == ("hidden_states",)
         (r,) = fam.recipes(source.config, g)
         assert r.id == f"{family}.attention_residual_add@1" and r.engine_role == "encoder"
-        assert r.instances == tuple(
-            (f"encoder.layers.{i}.attention_residual",) * 2 for i in range(2)
-        )
+        assert r.instances == tuple((f"encoder.layers.{i}.attention_residual",) * 2 for i in range(2))
         assert r.output_shape_input is None
 
 
@@ -219,8 +217,15 @@ def test_encoder_recipes_and_io(encoder_dirs):
 
 @pytest.mark.parametrize(
     "h,kv,s,cap,kv_len",
-    [(4, 2, 1, 16, 1), (4, 2, 1, 16, 9), (4, 2, 3, 16, 3), (4, 2, 3, 16, 16), (6, 2, 5, 24, 11), (2, 2, 2, 8, 5),
-     (8, 1, 4, 12, 7)],
+    [
+        (4, 2, 1, 16, 1),
+        (4, 2, 1, 16, 9),
+        (4, 2, 3, 16, 3),
+        (4, 2, 3, 16, 16),
+        (6, 2, 5, 24, 11),
+        (2, 2, 2, 8, 5),
+        (8, 1, 4, 12, 7),
+    ],
 )
 @pytest.mark.parametrize("impl", ["op", "device_path"])
 def test_decode_attention_matches_float64_reference(h, kv, s, cap, kv_len, impl):
@@ -312,7 +317,9 @@ def test_qwen3_exports_on_meta(qwen3_dirs, role, precision):
         assert rl.id == "qwen.decode_logits_copy@1" and rl.output_shape_input is None
         assert rl.instances == (("decoder.logits_zero_bias", "decoder.logits_zero_bias"),)
         # The attention op's inputs: scaled query, the updated caches, kv_lengths.
-        n_attn = [n for n, p in nodes if n.op == "call_function" and n.target == torch.ops.mcore.decode_attention.default][0]
+        n_attn = [
+            n for n, p in nodes if n.op == "call_function" and n.target == torch.ops.mcore.decode_attention.default
+        ][0]
         assert n_attn.args[1].target == torch.ops.aten.index_copy_.default
         assert n_attn.args[2].target == torch.ops.aten.index_copy_.default
         assert n_attn.args[0].meta["val"].dtype == core.dtype
@@ -352,7 +359,9 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("h,kv,s,cap,kv_len", [(4, 2, 1, 64, 1), (8, 2, 3, 64, 40), (32, 8, 1, 4096, 3000), (4, 4, 7, 32, 32)])
+@pytest.mark.parametrize(
+    "h,kv,s,cap,kv_len", [(4, 2, 1, 64, 1), (8, 2, 3, 64, 40), (32, 8, 1, 4096, 3000), (4, 4, 7, 32, 32)]
+)
 def test_decode_attention_cuda_matches_reference_without_host_sync(dtype, h, kv, s, cap, kv_len):
     g = torch.Generator().manual_seed(kv_len)
     d = 64
@@ -407,10 +416,21 @@ def test_random_init_qwen3_8b_sized_on_cuda():
     import time
 
     config = {
-        "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
-        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-        "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "rope_scaling": None,
-        "tie_word_embeddings": False, "attention_bias": False, "hidden_act": "silu",
+        "model_type": "qwen3",
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "hidden_act": "silu",
     }
     fam = get_family("qwen3")
     gargs = fam.graph_args(config, BuildArgs(model="x", precision="bf16", max_cache_length=40960))

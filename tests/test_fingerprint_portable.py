@@ -77,7 +77,11 @@ def test_receipt_from_another_torch_still_applies(other_torch, tmp_path, mcore, 
     data = json.loads(snap.read_text())
     assert data["metadata"]["tool_versions"] == OTHER
     sel = tmp_path / "sel.json"
-    node = next(n["id"] for n in data["nodes"] if n["module_path"] == "decoder.logits_zero_bias" and n["op"].startswith("aten.add"))
+    node = next(
+        n["id"]
+        for n in data["nodes"]
+        if n["module_path"] == "decoder.logits_zero_bias" and n["op"].startswith("aten.add")
+    )
     assert mcore("graph", "select", snap, "--nodes", node, "--binding-id", "x@1", "-o", sel).code == 0
     here = {"mcore": "0.1.0", "torch": "2.13.0"}
     monkeypatch.setattr(capture_mod, "tool_versions", lambda: dict(here))
@@ -87,7 +91,9 @@ def test_receipt_from_another_torch_still_applies(other_torch, tmp_path, mcore, 
     shown = mcore("inspect", tmp_path / "b.bundle")
     assert "tool_versions: mcore=0.1.0 torch=2.13.0" in shown.out
     # a graph that really differs still asks for a recapture
-    res = mcore("build", "demo:qwen3-tiny", "--max-cache-length", "128", "--graph-patch", sel, "-o", tmp_path / "c.bundle")
+    res = mcore(
+        "build", "demo:qwen3-tiny", "--max-cache-length", "128", "--graph-patch", sel, "-o", tmp_path / "c.bundle"
+    )
     assert_user_error(res, "does not match the graph", "recapture")
 
 
@@ -96,8 +102,11 @@ def test_shipped_fingerprint_steps_replay_clean_on_another_torch(other_torch, tm
     clean when the replaying box reports torch 2.11."""
     for name in ("qwen-recipe", "qwen-manual", "distilbert-residual"):
         steps = json.loads((REPO / "sessions" / f"{name}.json").read_text())["steps"]
-        upto = max(i for i, s in enumerate(steps, 1) if s["action"] in ("capture_graph", "build_bundle", "select_nodes",
-                                                                          "select_recipe"))
+        upto = max(
+            i
+            for i, s in enumerate(steps, 1)
+            if s["action"] in ("capture_graph", "build_bundle", "select_nodes", "select_recipe")
+        )
         path = slice_session(name, list(range(1, upto + 1)), tmp_path)
         res = workbench("replay", path, "--headless", "--workdir", tmp_path / f"wd-{name}")
         assert res.code == 0, res.out + res.err

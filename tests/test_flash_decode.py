@@ -18,11 +18,11 @@ from .conftest import REPO
 
 # (heads, kv heads, head_dim, capacity, length, new tokens, dtype, splits per kv head)
 CASES = [
-    (8, 8, 64, 64, 1, 1, "float32", 3),        # length 1
-    (8, 2, 64, 300, 2, 2, "float32", 5),       # GQA 4, all cache positions are new tokens
-    (8, 1, 64, 300, 129, 1, "bfloat16", 5),    # GQA 8, one past a block, some splits empty
-    (4, 4, 128, 200, 199, 3, "float16", 4),    # capacity - 1, several new tokens (causal among them)
-    (16, 2, 64, 130, 130, 1, "float32", 7),    # length == capacity
+    (8, 8, 64, 64, 1, 1, "float32", 3),  # length 1
+    (8, 2, 64, 300, 2, 2, "float32", 5),  # GQA 4, all cache positions are new tokens
+    (8, 1, 64, 300, 129, 1, "bfloat16", 5),  # GQA 8, one past a block, some splits empty
+    (4, 4, 128, 200, 199, 3, "float16", 4),  # capacity - 1, several new tokens (causal among them)
+    (16, 2, 64, 130, 130, 1, "float32", 7),  # length == capacity
     (8, 2, 128, 512, 128, 1, "bfloat16", 64),  # more splits than blocks of work
 ]
 
@@ -52,8 +52,9 @@ print(json.dumps(out))
 def test_kernels_match_the_float64_reference_under_the_triton_interpreter():
     pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-c", _INTERP, json.dumps(CASES)], capture_output=True, text=True, env=env,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", _INTERP, json.dumps(CASES)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     results = json.loads(r.stdout.strip().splitlines()[-1])
     for case, res in zip(CASES, results):

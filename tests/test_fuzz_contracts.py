@@ -20,13 +20,24 @@ from .conftest import assert_user_error
 from .graphs import dag_snapshot
 
 # FUZZ_EXAMPLES=500 for a longer local hunt; CI keeps the small fixed budget
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "40")), deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "40")),
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
-SCALARS = (st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats(allow_nan=True)
-           | st.text(max_size=6) | st.sampled_from(["node:0", "tensor:1", "FP32", "decode", "encoder", "ab" * 32]))
-VALUES = st.recursive(SCALARS, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3),
-                      max_leaves=5)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=6)
+    | st.sampled_from(["node:0", "tensor:1", "FP32", "decode", "encoder", "ab" * 32])
+)
+VALUES = st.recursive(
+    SCALARS, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3), max_leaves=5
+)
 
 
 def _slots(doc: Any, out: list) -> list:
@@ -110,8 +121,10 @@ def test_fuzz_receipt(data, tmp_path, mcore):
 
 # ---------------------------------------------------------------- bindings manifest
 
-MANIFEST = {"schema_version": 1, "bindings": [{"id": "k@1", "abi_sha256": "ab" * 32, "library": "./k.so",
-                                               "function": "run"}]}
+MANIFEST = {
+    "schema_version": 1,
+    "bindings": [{"id": "k@1", "abi_sha256": "ab" * 32, "library": "./k.so", "function": "run"}],
+}
 
 
 @given(data=mutated(MANIFEST))
@@ -129,16 +142,31 @@ def test_fuzz_bindings_manifest(data, tmp_path):
 
 # ---------------------------------------------------------------- bundle manifest
 
+
 def _bundle_manifest() -> dict:
     from mcore.bundle import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION
 
-    return {"schema_version": BUNDLE_SCHEMA_VERSION, "kind": BUNDLE_KIND, "engine": "torch", "family": "distilbert",
-            "family_kind": "encoder", "model": {"spec": "demo:distilbert-tiny", "revision": None},
-            "build_args": {"model": "demo:distilbert-tiny"}, "graph_args": {"max_seq_length": 8},
-            "weights": {"kind": "random", "seed": 0}, "tool_versions": {"torch": "2.13.0"},
-            "roles": {"encoder": {"fingerprint": "ab" * 32, "inputs": ["input_ids"], "outputs": ["hidden"]}},
-            "kernel_slots": [{"binding_id": "k@1", "abi_sha256": "ab" * 32, "engine_role": "encoder",
-                              "abi": {"inputs": [], "outputs": []}}]}
+    return {
+        "schema_version": BUNDLE_SCHEMA_VERSION,
+        "kind": BUNDLE_KIND,
+        "engine": "torch",
+        "family": "distilbert",
+        "family_kind": "encoder",
+        "model": {"spec": "demo:distilbert-tiny", "revision": None},
+        "build_args": {"model": "demo:distilbert-tiny"},
+        "graph_args": {"max_seq_length": 8},
+        "weights": {"kind": "random", "seed": 0},
+        "tool_versions": {"torch": "2.13.0"},
+        "roles": {"encoder": {"fingerprint": "ab" * 32, "inputs": ["input_ids"], "outputs": ["hidden"]}},
+        "kernel_slots": [
+            {
+                "binding_id": "k@1",
+                "abi_sha256": "ab" * 32,
+                "engine_role": "encoder",
+                "abi": {"inputs": [], "outputs": []},
+            }
+        ],
+    }
 
 
 @given(data=mutated(_bundle_manifest()))
@@ -189,14 +217,21 @@ def test_fuzz_bundle_bytes(tmp_path, mcore):
 
 # ---------------------------------------------------------------- session
 
+
 def _session() -> dict:
     from workbench.session import Session
 
     s = Session.new("fuzz", device="cpu")
-    s.record("list_recipes", {"snapshot": "missing.graph.json"},
-             error="missing.graph.json: graph snapshot not found; check the path")
-    s.record("gate_tokens", {"native": "a.jsonl", "external": "b.jsonl"},
-             error="a.jsonl: token records not found; write them with `mcore run --output`")
+    s.record(
+        "list_recipes",
+        {"snapshot": "missing.graph.json"},
+        error="missing.graph.json: graph snapshot not found; check the path",
+    )
+    s.record(
+        "gate_tokens",
+        {"native": "a.jsonl", "external": "b.jsonl"},
+        error="a.jsonl: token records not found; write them with `mcore run --output`",
+    )
     return s.to_dict()
 
 
@@ -213,6 +248,7 @@ def test_fuzz_session(data, tmp_path, workbench):
 
 
 # ---------------------------------------------------------------- config.json
+
 
 def _config() -> dict:
     from mcore.families.demo import materialize

@@ -26,13 +26,14 @@ def built(tmp_path_factory):
 @pytest.fixture(scope="session")
 def fns(built):
     import tvm_ffi
+
     return {name: tvm_ffi.load_module(str(path))["run"] for name, path in built.items()}
 
 
 def random_tensor(dtype: torch.dtype, shape, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     if dtype == torch.int32:
-        return torch.randint(-2**31, 2**31 - 1, shape, generator=g, dtype=torch.int32)
+        return torch.randint(-(2**31), 2**31 - 1, shape, generator=g, dtype=torch.int32)
     return (torch.randn(shape, generator=g, dtype=torch.float32) * 3).to(dtype)
 
 
@@ -44,19 +45,22 @@ def poisoned_like(t: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- build
 
+
 def test_variant_follows_the_toolkit(built):
     want = "cpu+cuda" if HAVE_TOOLKIT else "cpu"
     for name, path in built.items():
         assert isinstance(path, Path) and path.is_file()
         assert path.variant == want and path.function == "run" and path.kernel == name
         assert want in path.describe()
-    assert built["residual-add"].cuda_archs == (tuple(os.environ.get("TVM_FFI_CUDA_ARCH_LIST", "8.0 9.0").split())
-                                                if HAVE_TOOLKIT else ())
+    assert built["residual-add"].cuda_archs == (
+        tuple(os.environ.get("TVM_FFI_CUDA_ARCH_LIST", "8.0 9.0").split()) if HAVE_TOOLKIT else ()
+    )
     assert [p.name for p in built["identity-copy"].parent.iterdir() if p.name.startswith(".")] == []
 
 
 def test_cpu_only_build(tmp_path, fns):
     import tvm_ffi
+
     path = build_kernel("identity-copy", tmp_path / "id.so", cuda="off")
     assert path.variant == "cpu"
     fn = tvm_ffi.load_module(str(path))["run"]
@@ -120,8 +124,9 @@ def test_cuda_on_without_a_toolkit(tmp_path, monkeypatch, mcore):
     ninja = shutil.which("ninja")
     if ninja:  # keep the build tool: only the toolkit is missing (on GPU boxes ninja sits beside python)
         (bare / "ninja").symlink_to(ninja)
-    monkeypatch.setenv("PATH", f"{bare}:/usr/bin:/bin" if shutil.which("nvcc", path="/usr/bin:/bin") is None
-                       else str(bare))
+    monkeypatch.setenv(
+        "PATH", f"{bare}:/usr/bin:/bin" if shutil.which("nvcc", path="/usr/bin:/bin") is None else str(bare)
+    )
     toolkit, why = detect_cuda_toolkit()
     assert toolkit is None and "nvcc" in why
     r = mcore("kernel", "build", "identity-copy", "-o", tmp_path / "k.so", "--cuda", "on")
@@ -139,6 +144,7 @@ def test_toolkit_detection_finds_the_runtime():
 
 
 # ---------------------------------------------------------------- identity copy (CPU path)
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32])
 def test_identity_copy_is_bit_exact(fns, dtype):
@@ -218,6 +224,7 @@ def test_residual_add_rejects_mismatches(fns):
 
 
 # ---------------------------------------------------------------- CLI
+
 
 def test_cli_list(mcore):
     r = mcore("kernel", "list")

@@ -21,6 +21,7 @@ def gpu_fns(tmp_path_factory):
         pytest.skip("needs a CUDA GPU")
     import tvm_ffi
     from mcore.kernels import build_kernel
+
     d = tmp_path_factory.mktemp("gpu-kernels")
     fns = {}
     for name in ("identity-copy", "residual-add"):
@@ -43,8 +44,8 @@ def check_runs_on_the_current_stream(call, produce, check) -> None:
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
         _sleep()
-        produce()       # queued behind the sleep on `side`
-        call()          # must wait for produce()
+        produce()  # queued behind the sleep on `side`
+        call()  # must wait for produce()
     side.synchronize()
     check()
     # not on the default stream: with the default stream busy, work on `side` still finishes
@@ -62,15 +63,23 @@ def check_runs_on_the_current_stream(call, produce, check) -> None:
 def test_identity_copy_on_the_current_stream(gpu_fns, dtype):
     run = gpu_fns["identity-copy"]
     shape = (4, 151936)
-    src = (torch.randn(shape, device="cuda") * 3).to(dtype) if dtype != torch.int32 else \
-        torch.randint(-2**31, 2**31 - 1, shape, device="cuda", dtype=torch.int32)
+    src = (
+        (torch.randn(shape, device="cuda") * 3).to(dtype)
+        if dtype != torch.int32
+        else torch.randint(-(2**31), 2**31 - 1, shape, device="cuda", dtype=torch.int32)
+    )
     x = torch.zeros_like(src)
     y = torch.empty_like(x)
     run(x, y)  # warm-up
     y.view(torch.uint8).fill_(0xFF)
-    check_runs_on_the_current_stream(lambda: run(x, y), lambda: x.copy_(src),
-                                     lambda: torch.equal(src.view(torch.uint8), y.view(torch.uint8)) or
-                                     pytest.fail("the copy did not see the data produced before it on its stream"))
+    check_runs_on_the_current_stream(
+        lambda: run(x, y),
+        lambda: x.copy_(src),
+        lambda: (
+            torch.equal(src.view(torch.uint8), y.view(torch.uint8))
+            or pytest.fail("the copy did not see the data produced before it on its stream")
+        ),
+    )
 
 
 @needs_cuda
@@ -101,8 +110,11 @@ def test_residual_add_on_gpu(gpu_fns, dtype):
     run(x, x, x.clone())  # warm-up
     src = torch.randn(256, 768, device="cuda").to(dtype)
     a, b, out = torch.zeros_like(src), torch.ones_like(src), torch.empty_like(src)
-    check_runs_on_the_current_stream(lambda: run(a, b, out), lambda: a.copy_(src),
-                                     lambda: torch.equal(out, src + b) or pytest.fail("wrong sum or order"))
+    check_runs_on_the_current_stream(
+        lambda: run(a, b, out),
+        lambda: a.copy_(src),
+        lambda: torch.equal(out, src + b) or pytest.fail("wrong sum or order"),
+    )
     for shape in [(256, 768), (3, 5, 7), (1,), (1000003,)]:
         a = (torch.randn(shape, device="cuda") * 3).to(dtype)
         b = torch.randn(shape, device="cuda").to(dtype)
@@ -135,12 +147,18 @@ def test_residual_add_errors_on_gpu(gpu_fns):
 
 # ---------------------------------------------------------------- the generated CuTe DSL exporter on the GPU
 
+
 def _export(script, rp, sp, out):
-    r = subprocess.run([sys.executable, str(script), "--snapshot", str(sp), "--selection", str(rp),
-                        "--output", str(out)], capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, str(script), "--snapshot", str(sp), "--selection", str(rp), "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"dso={out.resolve()}" in r.stdout
     import tvm_ffi
+
     return tvm_ffi.load_module(str(out))["run"]
 
 
@@ -149,6 +167,7 @@ def _export(script, rp, sp, out):
 def test_generated_cutedsl_residual_add_runs(tmp_path):
     from mcore.stubgen import write_exporter
     from tests.test_stubgen import receipts, write_pair
+
     snap, receipt = receipts()["tutorial"]
     rp, sp = write_pair(tmp_path, snap, receipt)
     res = write_exporter(rp, sp, tmp_path / "my_residual_add.py")
@@ -158,8 +177,11 @@ def test_generated_cutedsl_residual_add_runs(tmp_path):
     b = torch.randn(256, 768, device="cuda", dtype=torch.float16)
     out = torch.full_like(a, float("nan"))
     run(a, b, out)  # warm-up
-    check_runs_on_the_current_stream(lambda: run(a, b, out), lambda: a.copy_(src),
-                                     lambda: torch.equal(out, src + b) or pytest.fail("wrong sum or order"))
+    check_runs_on_the_current_stream(
+        lambda: run(a, b, out),
+        lambda: a.copy_(src),
+        lambda: torch.equal(out, src + b) or pytest.fail("wrong sum or order"),
+    )
     with pytest.raises(Exception):
         run(a, b, torch.empty(128, 768, device="cuda", dtype=torch.float16))  # the wrapper checks shapes
 
@@ -169,6 +191,7 @@ def test_generated_cutedsl_residual_add_runs(tmp_path):
 def test_generated_cutedsl_dynamic_and_cast_run(tmp_path):
     from mcore.stubgen import write_exporter
     from tests.test_stubgen import receipts, write_pair
+
     cases = receipts()
     snap, receipt = cases["dynamic_sub"]  # FP16 [-1, 8, 64] - [-1, 8, 64]
     rp, sp = write_pair(tmp_path, snap, receipt, "sub")

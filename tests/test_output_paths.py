@@ -23,8 +23,9 @@ def snap(tmp_path):
 
 
 def select(mcore, snap, out):
-    return mcore("graph", "select", snap, "--nodes", "node:0", "--binding-id", "k@1", "--workspace-bytes", "0",
-                 "-o", out)
+    return mcore(
+        "graph", "select", snap, "--nodes", "node:0", "--binding-id", "k@1", "--workspace-bytes", "0", "-o", out
+    )
 
 
 def test_a_regular_file_is_replaced(mcore, snap, tmp_path):
@@ -53,8 +54,7 @@ def test_a_fifo_or_device_is_refused(mcore, snap, tmp_path):
     assert_user_error(select(mcore, snap, fifo), "named pipe (FIFO)", "regular file")
     assert_user_error(select(mcore, snap, "/dev/null"), "/dev/null", "device node")
     # `mcore run --output` checks before it loads anything (the bundle here does not even exist)
-    assert_user_error(mcore("run", tmp_path / "missing.bundle", "--prompt", "x", "--output", fifo),
-                      "named pipe (FIFO)")
+    assert_user_error(mcore("run", tmp_path / "missing.bundle", "--prompt", "x", "--output", fifo), "named pipe (FIFO)")
 
 
 def test_disk_full_is_one_line_and_leaves_nothing(mcore, snap, tmp_path, monkeypatch):
@@ -71,8 +71,13 @@ def test_disk_full_is_one_line_and_leaves_nothing(mcore, snap, tmp_path, monkeyp
 
 def test_stdout_on_a_full_disk_is_one_line(snap):
     with open("/dev/full", "w") as full:
-        r = subprocess.run([sys.executable, "-m", "mcore", "graph", "list", str(snap)], stdout=full,
-                           stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        r = subprocess.run(
+            [sys.executable, "-m", "mcore", "graph", "list", str(snap)],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
     assert_user_error(CliResult(r.returncode, "", r.stderr), "cannot write the output", "No space left")
 
 
@@ -114,8 +119,12 @@ def test_kill_9_mid_write_leaves_the_old_file_and_the_next_write_cleans_up(tmp_p
     out.write_text('{"old": true}\n')
     other = tmp_path / ".r.json.5.999999999.abcd.tmp"  # a temp of output r.json.5: not ours to remove
     other.write_text("x")
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(out)], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.stdout.readline().strip() == "writing"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -130,6 +139,11 @@ def test_kill_9_mid_write_leaves_the_old_file_and_the_next_write_cleans_up(tmp_p
 
 def test_workbench_stdout_on_a_full_disk_is_one_line(tmp_path):
     with open("/dev/full", "w") as full:
-        r = subprocess.run([sys.executable, "-m", "workbench.cli", "tutorial", "--list"], stdout=full,
-                           stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        r = subprocess.run(
+            [sys.executable, "-m", "workbench.cli", "tutorial", "--list"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
     assert_user_error(CliResult(r.returncode, "", r.stderr), "workbench: error: cannot write the output")

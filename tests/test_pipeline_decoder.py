@@ -20,8 +20,9 @@ PROMPT = "the quick brown fox jumps"
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    return make_qwen3_checkpoint(tmp_path_factory.mktemp("qwen3ckpt") / "model", tie_word_embeddings=True,
-                                 max_position_embeddings=4096)
+    return make_qwen3_checkpoint(
+        tmp_path_factory.mktemp("qwen3ckpt") / "model", tie_word_embeddings=True, max_position_embeddings=4096
+    )
 
 
 def _bundle(ckpt, out, cache=64, **kw):
@@ -39,9 +40,15 @@ def transformers_greedy(ckpt, ids, n):
 
     model = Qwen3ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             attention_mask=torch.ones(1, len(ids), dtype=torch.long), pad_token_id=0)
-    return out[0, len(ids):].tolist()
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            pad_token_id=0,
+        )
+    return out[0, len(ids) :].tolist()
 
 
 def test_greedy_tokens_equal_transformers(ckpt, native):
@@ -66,12 +73,14 @@ def test_logits_match_transformers_each_step(ckpt, native):
     (lg,) = pipe.runners["prefill"](torch.tensor([r.prompt_tokens], dtype=torch.int32), *caches)
     torch.testing.assert_close(lg[0], ref[n0 - 1], atol=1e-4, rtol=1e-4)
     for i, tok in enumerate(r.tokens[:-1]):
-        (lg,) = pipe.runners["decode"](torch.tensor([[tok]], dtype=torch.int32),
-                                       torch.tensor([n0 + i], dtype=torch.int32), *caches)
+        (lg,) = pipe.runners["decode"](
+            torch.tensor([[tok]], dtype=torch.int32), torch.tensor([n0 + i], dtype=torch.int32), *caches
+        )
         torch.testing.assert_close(lg[0], ref[n0 + i], atol=1e-4, rtol=1e-4)
     # a multi-token decode call (s=3) matches too
-    (lg,) = pipe.runners["decode"](torch.tensor([seq[n0 - 1: n0 + 2]], dtype=torch.int32),
-                                   torch.tensor([n0 - 1], dtype=torch.int32), *caches)
+    (lg,) = pipe.runners["decode"](
+        torch.tensor([seq[n0 - 1 : n0 + 2]], dtype=torch.int32), torch.tensor([n0 - 1], dtype=torch.int32), *caches
+    )
     torch.testing.assert_close(lg[0], ref[n0 + 1], atol=1e-4, rtol=1e-4)
 
 
@@ -84,8 +93,11 @@ class AllocationLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        ins = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs))
-               if isinstance(a, torch.Tensor)}
+        ins = {
+            a.untyped_storage().data_ptr()
+            for a in torch.utils._pytree.tree_leaves((args, kwargs))
+            if isinstance(a, torch.Tensor)
+        }
         for o in torch.utils._pytree.tree_leaves(out):
             if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in ins:
                 self.sizes.append((str(func), o.untyped_storage().nbytes()))

@@ -100,11 +100,22 @@ def test_bound_slot_is_attributed_by_binding_id(mcore, tmp_path):
     from mcore.kernels import build_kernel
 
     rid = "qwen.decode_logits_copy@1"
-    res = build_bundle(BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=128),
-                       tmp_path / "s.bundle", recipe=(rid, "decoder.logits_zero_bias"))
+    res = build_bundle(
+        BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=128),
+        tmp_path / "s.bundle",
+        recipe=(rid, "decoder.logits_zero_bias"),
+    )
     build_kernel("identity-copy", tmp_path / "kernel.so", cuda="off")
-    (tmp_path / "b.json").write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": rid, "abi_sha256": res.receipt["abi_sha256"], "library": "./kernel.so", "function": "run"}]}))
+    (tmp_path / "b.json").write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "bindings": [
+                    {"id": rid, "abi_sha256": res.receipt["abi_sha256"], "library": "./kernel.so", "function": "run"}
+                ],
+            }
+        )
+    )
     r, p = _profile(mcore, tmp_path, res.bundle_path, "--kernel-bindings", tmp_path / "b.json", "--context", "10")
     assert [(s["binding_id"], s["calls"]) for s in p["slots"]] == [(rid, 1)]
     assert p["slots"][0]["seconds"] > 0 and f"slot {rid}:" in r.out
@@ -183,7 +194,10 @@ def test_fusion_report_names_the_kernels_a_slot_would_split(mcore, tmp_path, bun
     assert any(len(k["nodes"]) > 1 for k in kernels)  # Inductor fused something on this CPU
     for c in p["candidates"]:  # against a brute-force check of each kernel against the region
         region = set(c["node_ids"])
-        want = [(k["kernel"], len(set(k["nodes"]) & region), len(set(k["nodes"]) - region)) for k in kernels
-                if set(k["nodes"]) & region and set(k["nodes"]) - region]
+        want = [
+            (k["kernel"], len(set(k["nodes"]) & region), len(set(k["nodes"]) - region))
+            for k in kernels
+            if set(k["nodes"]) & region and set(k["nodes"]) - region
+        ]
         assert [(s["kernel"], s["inside"], s["outside"]) for s in c["splits"]] == want
     assert "a slot here splits" in r.out and "fusion (compiled (Inductor)" in r.out

@@ -31,8 +31,9 @@ def _imports(path: Path):
 def test_workbench_imports_only_the_public_api():
     files = sorted((ROOT / "workbench").rglob("*.py"))
     assert files
-    bad = [f"{f.relative_to(ROOT)}:{line}: {mod}" for f in files for line, mod in _imports(f)
-           if mod.startswith("mcore.")]
+    bad = [
+        f"{f.relative_to(ROOT)}:{line}: {mod}" for f in files for line, mod in _imports(f) if mod.startswith("mcore.")
+    ]
     assert not bad, "workbench must import from `mcore` only (add the name to mcore.__all__):\n" + "\n".join(bad)
 
 
@@ -43,14 +44,21 @@ def test_workbench_names_are_public():
     for f in sorted((ROOT / "workbench").rglob("*.py")):
         for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "mcore":
-                bad += [f"{f.relative_to(ROOT)}:{node.lineno}: {a.name}" for a in node.names
-                        if a.name not in public and a.name != "__version__"]
+                bad += [
+                    f"{f.relative_to(ROOT)}:{node.lineno}: {a.name}"
+                    for a in node.names
+                    if a.name not in public and a.name != "__version__"
+                ]
     assert not bad, "\n".join(bad)
 
 
 def test_mcore_never_imports_workbench():
-    bad = [f"{f.relative_to(ROOT)}:{line}: {mod}" for f in sorted((ROOT / "mcore").rglob("*.py"))
-           for line, mod in _imports(f) if mod == "workbench" or mod.startswith("workbench.")]
+    bad = [
+        f"{f.relative_to(ROOT)}:{line}: {mod}"
+        for f in sorted((ROOT / "mcore").rglob("*.py"))
+        for line, mod in _imports(f)
+        if mod == "workbench" or mod.startswith("workbench.")
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -84,14 +92,22 @@ def test_dir_lists_the_public_names():
 def test_import_mcore_is_cheap():
     """A fresh `import mcore` loads no torch (and nothing from the workbench); touching a light
     name still loads no torch."""
-    code = ("import sys, mcore\n"
-            "assert 'torch' not in sys.modules, 'import mcore imported torch'\n"
-            "assert not any(m == 'workbench' or m.startswith('workbench.') for m in sys.modules)\n"
-            "from mcore import UserError, Progress, NO_PROGRESS, open_bundle, write_json\n"
-            "assert 'torch' not in sys.modules, 'a light name imported torch'\n"
-            "print(mcore.__version__)\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import sys, mcore\n"
+        "assert 'torch' not in sys.modules, 'import mcore imported torch'\n"
+        "assert not any(m == 'workbench' or m.startswith('workbench.') for m in sys.modules)\n"
+        "from mcore import UserError, Progress, NO_PROGRESS, open_bundle, write_json\n"
+        "assert 'torch' not in sys.modules, 'a light name imported torch'\n"
+        "print(mcore.__version__)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == mcore.__version__
 

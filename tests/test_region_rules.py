@@ -57,12 +57,15 @@ def test_input_order_is_first_use():
     assert r["input_tensor_ids"] == ["tensor:2", "tensor:1"]
 
 
-@pytest.mark.parametrize("ids,rule", [
-    ([], "nodes"),
-    (["node:1", "node:1"], "nodes"),
-    (["node:99"], "nodes"),
-    (["n1"], "nodes"),
-])
+@pytest.mark.parametrize(
+    "ids,rule",
+    [
+        ([], "nodes"),
+        (["node:1", "node:1"], "nodes"),
+        (["node:99"], "nodes"),
+        (["n1"], "nodes"),
+    ],
+)
 def test_bad_node_lists(ids, rule):
     with pytest.raises(RegionError) as e:
         select_region(chain_snapshot(4), ids, "k@1")
@@ -108,13 +111,16 @@ def test_network_output_inside():
     assert "tensor:4" in str(e.value)
 
 
-@pytest.mark.parametrize("override,rule", [
-    ({"is_shape_tensor": True, "location": "host", "dtype": "INT64", "shape": []}, "shape_or_host_tensor"),
-    ({"location": "host"}, "shape_or_host_tensor"),
-    ({"dtype": "INT64"}, "boundary_dtype"),
-    ({"shape": [1] * 9}, "boundary_rank"),
-    ({"format": "strided"}, "boundary_linear"),
-])
+@pytest.mark.parametrize(
+    "override,rule",
+    [
+        ({"is_shape_tensor": True, "location": "host", "dtype": "INT64", "shape": []}, "shape_or_host_tensor"),
+        ({"location": "host"}, "shape_or_host_tensor"),
+        ({"dtype": "INT64"}, "boundary_dtype"),
+        ({"shape": [1] * 9}, "boundary_rank"),
+        ({"format": "strided"}, "boundary_linear"),
+    ],
+)
 def test_tensor_rules(override, rule):
     snap = chain_snapshot(4, tensor_overrides={2: override})  # tensor:2 = boundary input of node:2
     with pytest.raises(RegionError) as e:
@@ -130,11 +136,14 @@ def test_internal_shape_tensor_rejected():
     assert rule_of(e) == "shape_or_host_tensor"
 
 
-@pytest.mark.parametrize("op,rule", [
-    ("higher_order.cond", "control_flow"),
-    ("_c10d_functional.all_reduce.default", "collective"),
-    ("mcore.slot.default", "existing_slot"),
-])
+@pytest.mark.parametrize(
+    "op,rule",
+    [
+        ("higher_order.cond", "control_flow"),
+        ("_c10d_functional.all_reduce.default", "collective"),
+        ("mcore.slot.default", "existing_slot"),
+    ],
+)
 def test_forbidden_ops(op, rule):
     snap = chain_snapshot(4, ops={1: op})
     with pytest.raises(RegionError) as e:
@@ -161,18 +170,21 @@ def test_workspace_bounds_ok():
         assert select_region(chain_snapshot(3), ["node:1"], "k@1", workspace_bytes=ws)["workspace_bytes"] == ws
 
 
-@pytest.mark.parametrize("arg", [
-    {"type": "float", "value": float("inf")},
-    {"type": "float", "value": float("nan")},
-    {"type": "int", "value": 2**31},
-    {"type": "int", "value": 1.5},
-    {"type": "int", "value": True},
-    {"type": "ptr", "value": 4096},
-    {"type": "string", "value": "x"},
-    {"type": "int"},
-    {"type": "int", "value": 1, "extra": 2},
-    [1, 2],
-])
+@pytest.mark.parametrize(
+    "arg",
+    [
+        {"type": "float", "value": float("inf")},
+        {"type": "float", "value": float("nan")},
+        {"type": "int", "value": 2**31},
+        {"type": "int", "value": 1.5},
+        {"type": "int", "value": True},
+        {"type": "ptr", "value": 4096},
+        {"type": "string", "value": "x"},
+        {"type": "int"},
+        {"type": "int", "value": 1, "extra": 2},
+        [1, 2],
+    ],
+)
 def test_bad_extra_args(arg):
     with pytest.raises(RegionError) as e:
         select_region(chain_snapshot(3), ["node:1"], "k@1", extra_args=[arg])
@@ -180,10 +192,23 @@ def test_bad_extra_args(arg):
 
 
 def test_good_extra_args_normalized():
-    r = select_region(chain_snapshot(3), ["node:1"], "k@1", extra_args=[
-        {"type": "int", "value": 32}, {"type": "float", "value": 0.5}, {"type": "none"}, {"type": "ptr", "value": None}])
-    assert r["extra_args"] == [{"type": "int", "value": 32}, {"type": "float", "value": 0.5}, {"type": "none"},
-                               {"type": "ptr", "value": None}]
+    r = select_region(
+        chain_snapshot(3),
+        ["node:1"],
+        "k@1",
+        extra_args=[
+            {"type": "int", "value": 32},
+            {"type": "float", "value": 0.5},
+            {"type": "none"},
+            {"type": "ptr", "value": None},
+        ],
+    )
+    assert r["extra_args"] == [
+        {"type": "int", "value": 32},
+        {"type": "float", "value": 0.5},
+        {"type": "none"},
+        {"type": "ptr", "value": None},
+    ]
 
 
 def test_dynamic_output_needs_rule():
@@ -221,6 +246,7 @@ def test_receipt_tamper_detected():
 
 
 # ---------------------------------------------------------------- property: brute force on random DAGs
+
 
 def all_paths_convex(succ: dict[int, set[int]], region: set[int]) -> bool:
     """Brute force: no path a -> ... -> b with a, b in region passes through a node outside."""

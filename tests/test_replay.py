@@ -33,8 +33,11 @@ def slice_session(name: str, indices: list[int], tmp_path: Path, tamper=None) ->
 
 def step_index(name: str, action: str, nth: int = 0, **params) -> int:
     """1-based index of the nth step of `action` in a shipped session whose params match."""
-    hits = [i for i, st in enumerate(shipped(name)["steps"], 1)
-            if st["action"] == action and all(st["params"].get(k) == v for k, v in params.items())]
+    hits = [
+        i
+        for i, st in enumerate(shipped(name)["steps"], 1)
+        if st["action"] == action and all(st["params"].get(k) == v for k, v in params.items())
+    ]
     return hits[nth]
 
 
@@ -48,10 +51,18 @@ def diff_rows(out: str) -> list[list[str]]:
 
 # ---------------------------------------------------------------- the shipped tutorials
 
+
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_session_replays_clean(name, tmp_path, workbench):  # noqa: F811
-    res = workbench("replay", REPO / "sessions" / f"{name}.json", "--headless", "--workdir", tmp_path / "wd",
-                    "--trust-libraries", ".")
+    res = workbench(
+        "replay",
+        REPO / "sessions" / f"{name}.json",
+        "--headless",
+        "--workdir",
+        tmp_path / "wd",
+        "--trust-libraries",
+        ".",
+    )
     assert res.code in (0, 1), res.out + res.err
     rows = table_rows(res.out)
     steps = shipped(name)["steps"]
@@ -68,8 +79,9 @@ def test_shipped_session_replays_clean(name, tmp_path, workbench):  # noqa: F811
     m = re.search(r"gates (\d+)/(\d+) passed", headline)
     assert (m and int(m.group(2)) == len(gates)) if gates else not m, headline
     all_passed = not gates or m.group(1) == m.group(2)
-    assert headline.startswith(f"PASS: {ran}/{ran} steps matched, 0 difference(s)") or \
-        (not all_passed and headline.startswith(f"FAIL: {ran}/{ran} steps matched") and res.code == 1), headline
+    assert headline.startswith(f"PASS: {ran}/{ran} steps matched, 0 difference(s)") or (
+        not all_passed and headline.startswith(f"FAIL: {ran}/{ran} steps matched") and res.code == 1
+    ), headline
     assert (f"{len(skipped)} skipped (they need CUDA" in headline) == bool(skipped), headline
     assert res.code == (0 if all_passed or "as recorded" in headline else 1), headline
     # the artifacts the tutorial talks about were written in the workdir
@@ -99,6 +111,7 @@ def test_a_step_recorded_without_cuda_runs_where_cuda_is_and_its_gate_decides(tm
 
 
 # ---------------------------------------------------------------- tampered recordings
+
 
 def test_tampered_fingerprint_is_named(tmp_path, workbench):  # noqa: F811
     def tamper(steps):
@@ -139,8 +152,12 @@ def test_tampered_token_is_named(tmp_path):
     path = slice_session(name, [native, gen], tmp_path, tamper)
     seen = []
     report = replay(path, tmp_path / "wd", on_step=lambda i, st, o: seen.append((i, st.action, o is None)))
-    assert seen == [(1, "build_bundle", True), (1, "build_bundle", False), (2, "generate", True),
-                    (2, "generate", False)]
+    assert seen == [
+        (1, "build_bundle", True),
+        (1, "build_bundle", False),
+        (2, "generate", True),
+        (2, "generate", False),
+    ]
     assert not report.ok
     assert [(i, a, d.field) for i, a, d in report.differences] == [(2, "generate", "tokens[3]")]
     table = report.render_table()
@@ -174,9 +191,14 @@ def test_recorded_error_that_now_succeeds_is_a_difference(tmp_path):
 
     report = replay(slice_session(name, [1, good], tmp_path, as_error), tmp_path / "wd")
     assert not report.ok
-    (i, action, d), = report.differences
-    assert (i, action, d.field, d.expected, d.actual) == (2, "select_nodes", "status",
-                                                         "error: was rejected when recorded", "ok")
+    ((i, action, d),) = report.differences
+    assert (i, action, d.field, d.expected, d.actual) == (
+        2,
+        "select_nodes",
+        "status",
+        "error: was rejected when recorded",
+        "ok",
+    )
 
 
 def test_replay_stops_at_the_first_failing_step(tmp_path, workbench):  # noqa: F811
@@ -207,9 +229,16 @@ def test_a_failed_gate_fails_the_replay_even_when_every_step_matched(tmp_path, m
 
     @functools.wraps(real)
     def failing_gate(ctx, **params):
-        return {"passed": False, "ratio": 0.5, "native": 40.0, "external": 20.0, "unit": "tokens/s",
-                "line": "FAIL: external/native throughput median ratio 0.5000 is below 0.98", "info": [],
-                "samples": {"native": [40.0], "external": [20.0]}}
+        return {
+            "passed": False,
+            "ratio": 0.5,
+            "native": 40.0,
+            "external": 20.0,
+            "unit": "tokens/s",
+            "line": "FAIL: external/native throughput median ratio 0.5000 is below 0.98",
+            "info": [],
+            "samples": {"native": [40.0], "external": [20.0]},
+        }
 
     path = slice_session("qwen-recipe", [step_index("qwen-recipe", "gate_perf")], tmp_path)
     monkeypatch.setitem(REGISTRY, "gate_perf", dataclasses.replace(REGISTRY["gate_perf"], fn=failing_gate))
@@ -233,7 +262,7 @@ def test_keep_going_reports_every_step(tmp_path):
     good = step_index(name, "select_nodes", 1)
 
     def break_capture(steps):
-        steps[0]["params"]["engine_role"] = "nonsense"   # capture now fails with a one-line error
+        steps[0]["params"]["engine_role"] = "nonsense"  # capture now fails with a one-line error
 
     report = replay(slice_session(name, [1, good], tmp_path, break_capture), tmp_path / "wd", keep_going=True)
     assert [o.status for o in report.outcomes] == ["error", "error"]

@@ -23,12 +23,17 @@ SHIPPED = ("qwen-recipe", "qwen-attention", "qwen-manual", "distilbert-residual"
 
 def sample_session() -> Session:
     s = Session.new("a test session", device="cpu")
-    s.record("capture_graph", {"build_args": {"model": "demo:qwen3-tiny"}, "engine_role": "decode",
-                               "snapshot": "decode.graph.json"},
-             {"fingerprint": "ab" * 32, "nodes": 3, "tensors": 4, "recipes": 0, "snapshot": "decode.graph.json"},
-             guide={"title": "Capture", "text": "Capture the graph."})
-    s.record("select_nodes", {"snapshot": "decode.graph.json", "node_ids": ["node:1"], "binding_id": "k@1",
-                              "receipt": "r.json"}, error=UserError("node:1 is a shape op; leave it out"))
+    s.record(
+        "capture_graph",
+        {"build_args": {"model": "demo:qwen3-tiny"}, "engine_role": "decode", "snapshot": "decode.graph.json"},
+        {"fingerprint": "ab" * 32, "nodes": 3, "tensors": 4, "recipes": 0, "snapshot": "decode.graph.json"},
+        guide={"title": "Capture", "text": "Capture the graph."},
+    )
+    s.record(
+        "select_nodes",
+        {"snapshot": "decode.graph.json", "node_ids": ["node:1"], "binding_id": "k@1", "receipt": "r.json"},
+        error=UserError("node:1 is a shape op; leave it out"),
+    )
     return s
 
 
@@ -43,6 +48,7 @@ def write(tmp_path: Path, data, name: str = "s.json") -> Path:
 
 
 # ---------------------------------------------------------------- model
+
 
 def test_round_trip(tmp_path):
     s = sample_session()
@@ -77,8 +83,11 @@ def test_record_rejects_bad_steps():
     with pytest.raises(UserError, match="unknown field.*colour"):
         s.record("embed", {"bundle": "b", "prompt": "p", "colour": "red"}, {})
     with pytest.raises(UserError, match="non-finite"):
-        s.record("gate_perf", {"native_bundle": "a", "external_bundle": "b", "kernel_bindings": None,
-                               "prompt": "p"}, {"ratio": float("nan")})
+        s.record(
+            "gate_perf",
+            {"native_bundle": "a", "external_bundle": "b", "kernel_bindings": None, "prompt": "p"},
+            {"ratio": float("nan")},
+        )
     assert len(s) == 0
 
 
@@ -99,6 +108,7 @@ def test_action_paths_are_workdir_relative(tmp_path):
 
 
 # ---------------------------------------------------------------- strict validation through the CLI
+
 
 def _bad(name: str, mutate) -> dict:
     data = sample_session().to_dict()
@@ -121,8 +131,10 @@ BAD = {
     "ok with error text": (lambda d: d["steps"][0].update(error="boom"), ["step 1", "error must be null"]),
     "bad guide": (lambda d: d["steps"][0]["guide"].pop("text"), ["step 1", "guide", "text"]),
     "bad requirement": (lambda d: d["steps"][0].update(requires="tpu"), ["step 1", "requires 'tpu'", "cuda"]),
-    "not_run without a requirement": (lambda d: d["steps"][0].update(status="not_run", error="no GPU", results={}),
-                                      ["step 1", "not_run"]),
+    "not_run without a requirement": (
+        lambda d: d["steps"][0].update(status="not_run", error="no GPU", results={}),
+        ["step 1", "not_run"],
+    ),
     "steps not a list": (lambda d: d.update(steps={}), ["steps"]),
     "guided not bool": (lambda d: d["header"].update(guided="yes"), ["header.guided"]),
 }
@@ -137,12 +149,17 @@ def test_invalid_session_is_one_line_exit_2(case, tmp_path, workbench):
     assert not (tmp_path / "wd").exists()  # nothing ran
 
 
-@pytest.mark.parametrize("content,fragment", [
-    ("{not json", "malformed JSON"),
-    ("[]", "expected a JSON object"),
-    ('{"schema_version": 1, "kind": "mcore.workbench_session", "header": {}, "steps": [], "x": NaN}',
-     "malformed JSON"),
-])
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        ("{not json", "malformed JSON"),
+        ("[]", "expected a JSON object"),
+        (
+            '{"schema_version": 1, "kind": "mcore.workbench_session", "header": {}, "steps": [], "x": NaN}',
+            "malformed JSON",
+        ),
+    ],
+)
 def test_malformed_file_is_one_line_exit_2(content, fragment, tmp_path, workbench):
     path = write(tmp_path, content)
     assert_user_error(workbench("replay", path, "--headless"), fragment)
@@ -184,8 +201,12 @@ async def test_tui_replay_into_a_used_folder_is_refused(tmp_path):
 
 def test_cli_process_has_no_traceback(tmp_path):
     path = write(tmp_path, _bad("x", lambda d: d["steps"][0].update(action="nope")))
-    r = subprocess.run([sys.executable, "-m", "workbench.cli", "replay", str(path), "--headless"],
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "replay", str(path), "--headless"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert_user_error(CliResult(r.returncode, r.stdout, r.stderr), "step 1", "nope")
 
 
@@ -199,19 +220,24 @@ def test_tui_commands_open_the_app(tmp_path, workbench, monkeypatch):
     assert workbench("tutorial").code == 0
     assert workbench("tutorial", "qwen-manual", "--workdir", tmp_path / "w").code == 0
     assert workbench("replay", path).code == 0
-    assert calls == [{}, {"tutorial": "qwen-recipe"}, {"tutorial": "qwen-manual", "workdir": str(tmp_path / "w")},
-                     {"replay": str(path)}]
+    assert calls == [
+        {},
+        {"tutorial": "qwen-recipe"},
+        {"tutorial": "qwen-manual", "workdir": str(tmp_path / "w")},
+        {"replay": str(path)},
+    ]
     assert_user_error(workbench("tutorial", "qwen-recipe", "--list"), "not both")
 
 
 # ---------------------------------------------------------------- shipped tutorials
+
 
 def test_tutorial_list(workbench):
     res = workbench("tutorial", "--list")
     assert res.code == 0, res
     lines = res.out.strip().splitlines()
     assert lines[0].split() == ["NAME", "TITLE"]
-    assert [l.split()[0] for l in lines[1:1 + len(SHIPPED)]] == list(SHIPPED)
+    assert [l.split()[0] for l in lines[1 : 1 + len(SHIPPED)]] == list(SHIPPED)
     titles = {n: t for n, t, _ in list_tutorials()}
     for name in SHIPPED:
         assert titles[name] == shipped(name)["header"]["title"]
@@ -223,25 +249,35 @@ def test_shipped_session_is_a_guided_recorded_tutorial(name):
     s = Session.load(SESSIONS / f"{name}.json")
     assert s.guided and s.header["name"] == name
     assert all(st.guide and st.guide["title"] and len(st.guide["text"]) > 40 for st in s.steps)
-    assert all(st.status == ("not_run" if st.requires and st.status == "not_run" else "ok")
-               for st in s.steps if st.action != "select_nodes")
+    assert all(
+        st.status == ("not_run" if st.requires and st.status == "not_run" else "ok")
+        for st in s.steps
+        if st.action != "select_nodes"
+    )
     for st in s.steps:  # portable: no absolute paths recorded in params
         for v in st.params.values():
             assert not (isinstance(v, str) and os.path.isabs(v)), (st.action, v)
         if st.status == "ok":
             assert set(REGISTRY[st.action].stable_keys) <= set(st.results), st.action
     actions = [st.action for st in s.steps]
-    gates = {"qwen-recipe": ["gate_tokens", "gate_perf"], "qwen-manual": ["gate_tokens"],
-             "qwen-attention": ["gate_logits", "gate_perf"],
-             "distilbert-residual": ["gate_embeddings", "gate_perf"]}[name]
+    gates = {
+        "qwen-recipe": ["gate_tokens", "gate_perf"],
+        "qwen-manual": ["gate_tokens"],
+        "qwen-attention": ["gate_logits", "gate_perf"],
+        "distilbert-residual": ["gate_embeddings", "gate_perf"],
+    }[name]
     for g in gates:
         assert g in actions
         gate = s.steps[actions.index(g)]
         if g != "gate_perf" and gate.status == "ok":
             assert gate.results["passed"] is True
     if name == "qwen-attention":  # what runs only on a GPU says so; the rest was recorded here
-        assert [st.action for st in s.steps if st.requires == "cuda"] == ["generate", "generate", "gate_logits",
-                                                                          "gate_perf"]
+        assert [st.action for st in s.steps if st.requires == "cuda"] == [
+            "generate",
+            "generate",
+            "gate_logits",
+            "gate_perf",
+        ]
 
 
 def test_manual_tutorial_takes_node_ids_from_the_capture():

@@ -27,6 +27,7 @@ EXAMPLE = REPO / "kernels" / "export_cutedsl_residual_add.py"
 
 # ---------------------------------------------------------------- a tiny snapshot builder
 
+
 class Graph:
     """Builds a valid snapshot dict: nodes get IDs in creation (topological) order."""
 
@@ -39,8 +40,19 @@ class Graph:
 
     def _tensor(self, dtype: str, shape: Sequence[int], name: str, producer: Optional[str]) -> str:
         tid = f"tensor:{len(self.tensors)}"
-        self.tensors.append({"id": tid, "name": name, "dtype": dtype, "shape": list(shape), "location": "device",
-                             "is_shape_tensor": False, "format": "linear", "producer": producer, "consumers": []})
+        self.tensors.append(
+            {
+                "id": tid,
+                "name": name,
+                "dtype": dtype,
+                "shape": list(shape),
+                "location": "device",
+                "is_shape_tensor": False,
+                "format": "linear",
+                "producer": producer,
+                "consumers": [],
+            }
+        )
         return tid
 
     def input(self, dtype: str, shape: Sequence[int], name: str = "x") -> str:
@@ -48,15 +60,31 @@ class Graph:
         self.inputs.append(tid)
         return tid
 
-    def op(self, op: str, ins: Sequence[str], dtype: str, shape: Sequence[int], name: Optional[str] = None,
-           module_path: str = "layer") -> str:
+    def op(
+        self,
+        op: str,
+        ins: Sequence[str],
+        dtype: str,
+        shape: Sequence[int],
+        name: Optional[str] = None,
+        module_path: str = "layer",
+    ) -> str:
         nid = f"node:{len(self.nodes)}"
         name = name or f"{op.split('.')[1]}_{len(self.nodes)}"
         out = self._tensor(dtype, shape, name, nid)
         for t in ins:
             self.tensors[int(t.split(":")[1])]["consumers"].append(nid)
-        self.nodes.append({"id": nid, "op": op, "category": "LayerType.OTHER", "name": name,
-                           "module_path": module_path, "inputs": list(ins), "outputs": [out]})
+        self.nodes.append(
+            {
+                "id": nid,
+                "op": op,
+                "category": "LayerType.OTHER",
+                "name": name,
+                "module_path": module_path,
+                "inputs": list(ins),
+                "outputs": [out],
+            }
+        )
         return out
 
     def output(self, tid: str) -> None:
@@ -64,11 +92,22 @@ class Graph:
         self.tensors[int(tid.split(":")[1])]["is_network_output"] = True
 
     def snapshot(self) -> dict[str, Any]:
-        snap = {"schema_version": SCHEMA_VERSION, "kind": KIND,
-                "metadata": {"family": self.family, "model": self.model, "revision": None,
-                             "engine_role": self.role, "build_args": {}, "tool_versions": {}},
-                "nodes": copy.deepcopy(self.nodes), "tensors": copy.deepcopy(self.tensors),
-                "inputs": list(self.inputs), "outputs": list(self.outputs)}
+        snap = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "family": self.family,
+                "model": self.model,
+                "revision": None,
+                "engine_role": self.role,
+                "build_args": {},
+                "tool_versions": {},
+            },
+            "nodes": copy.deepcopy(self.nodes),
+            "tensors": copy.deepcopy(self.tensors),
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+        }
         snap["fingerprint"] = fingerprint(snap)
         return snap
 
@@ -77,8 +116,14 @@ def node_of(snap: dict, tid: str) -> str:
     return next(t["producer"] for t in snap["tensors"] if t["id"] == tid)
 
 
-def binary_graph(op: str = "aten.add.Tensor", dtype: str = "FP16", shape=(256, 768), dtype_b: Optional[str] = None,
-                 out_dtype: Optional[str] = None, note: str = "") -> tuple[dict, str]:
+def binary_graph(
+    op: str = "aten.add.Tensor",
+    dtype: str = "FP16",
+    shape=(256, 768),
+    dtype_b: Optional[str] = None,
+    out_dtype: Optional[str] = None,
+    note: str = "",
+) -> tuple[dict, str]:
     """x, y -> relu(x), relu(y) -> OP -> relu -> out; returns (snapshot, the OP node)."""
     g = Graph()
     x = g.input(dtype, shape, "x")
@@ -100,36 +145,60 @@ def tutorial_snapshot() -> dict[str, Any]:
     h = g.op("aten.embedding.default", [ids], "FP16", [256, 768], name="embeddings", module_path="embeddings")
     for i in range(1, 20):
         h = g.op("aten.mul.Tensor", [h], "FP16", [256, 768], name=f"embeddings_{i}", module_path="embeddings")
-    hidden = g.op("aten.layer_norm.default", [h], "FP16", [256, 768], name="layer_norm",
-                  module_path="embeddings.LayerNorm")
+    hidden = g.op(
+        "aten.layer_norm.default", [h], "FP16", [256, 768], name="layer_norm", module_path="embeddings.LayerNorm"
+    )
     assert hidden == "tensor:22"
-    a = g.op("aten.linear.default", [hidden, mask], "FP16", [256, 768], name="linear",
-             module_path="transformer.layer.0.attention")
+    a = g.op(
+        "aten.linear.default",
+        [hidden, mask],
+        "FP16",
+        [256, 768],
+        name="linear",
+        module_path="transformer.layer.0.attention",
+    )
     for i in range(22, 49):
-        a = g.op("aten.mul.Tensor", [a], "FP16", [256, 768], name=f"linear_{i}",
-                 module_path="transformer.layer.0.attention")
+        a = g.op(
+            "aten.mul.Tensor", [a], "FP16", [256, 768], name=f"linear_{i}", module_path="transformer.layer.0.attention"
+        )
     assert a == "tensor:50"
     res = g.op("aten.add.Tensor", [hidden, a], "FP16", [256, 768], name="add", module_path="transformer.layer.0")
     assert res == "tensor:51" and node_of(g.snapshot(), res) == "node:49"
-    h = g.op("aten.layer_norm.default", [res], "FP16", [256, 768], name="layer_norm_1",
-             module_path="transformer.layer.0.sa_layer_norm")
+    h = g.op(
+        "aten.layer_norm.default",
+        [res],
+        "FP16",
+        [256, 768],
+        name="layer_norm_1",
+        module_path="transformer.layer.0.sa_layer_norm",
+    )
     f = g.op("aten.linear.default", [h], "FP16", [256, 768], name="linear_4", module_path="transformer.layer.0.ffn")
     res2 = g.op("aten.add.Tensor", [h, f], "FP16", [256, 768], name="add_1", module_path="transformer.layer.0")
     assert node_of(g.snapshot(), res2) == "node:52"  # the FFN residual add: the same ABI, another region
-    g.output(g.op("aten.layer_norm.default", [res2], "FP16", [256, 768], name="layer_norm_2",
-                  module_path="transformer.layer.0.output_layer_norm"))
+    g.output(
+        g.op(
+            "aten.layer_norm.default",
+            [res2],
+            "FP16",
+            [256, 768],
+            name="layer_norm_2",
+            module_path="transformer.layer.0.output_layer_norm",
+        )
+    )
     return g.snapshot()
 
 
 TUTORIAL_BINDING = "distilbert.layer0.attention_residual_add.cutedsl@1"
 EXAMPLE_NAMES = dict(
-    selection_name="work/residual-add.selection.json", snapshot_name="work/encoder.graph.json",
+    selection_name="work/residual-add.selection.json",
+    snapshot_name="work/encoder.graph.json",
     exporter_name="kernels/export_cutedsl_residual_add.py",
     note="This is the committed tutorial example (step 7). It was generated from a stand-in snapshot that\n"
-         "reproduces the tutorial's DistilBERT residual-add boundary (tests/test_stubgen.py: tutorial_snapshot),\n"
-         "so GRAPH_FINGERPRINT is the stand-in's and the contract check refuses any real graph: for yours, run\n"
-         "    mcore kernel stub work/residual-add.selection.json --snapshot work/encoder.graph.json -o my_add.py\n"
-         "To refresh this file after a generator change: python -m tests.test_stubgen")
+    "reproduces the tutorial's DistilBERT residual-add boundary (tests/test_stubgen.py: tutorial_snapshot),\n"
+    "so GRAPH_FINGERPRINT is the stand-in's and the contract check refuses any real graph: for yours, run\n"
+    "    mcore kernel stub work/residual-add.selection.json --snapshot work/encoder.graph.json -o my_add.py\n"
+    "To refresh this file after a generator change: python -m tests.test_stubgen",
+)
 
 
 def write_example() -> None:
@@ -156,6 +225,7 @@ def load_module(path: Path, name: str):
 
 
 # ---------------------------------------------------------------- the receipts the tests use
+
 
 def receipts() -> dict[str, tuple[dict, dict]]:
     out = {}
@@ -189,10 +259,22 @@ def receipts() -> dict[str, tuple[dict, dict]]:
     a = g.op("mcore.decode_attention.default", [q, k, n], "BF16", [1, 32, -1, 128])
     g.output(g.op("aten.relu.default", [a], "BF16", [1, 32, -1, 128]))
     snap = g.snapshot()
-    out["workspace_extras"] = (snap, select_region(
-        snap, [node_of(snap, a)], "t.attn@2", workspace_bytes=1024, output_shape_input=0,
-        extra_args=[{"type": "int", "value": 32}, {"type": "float", "value": 0.5}, {"type": "none"},
-                    {"type": "ptr", "value": None}]))
+    out["workspace_extras"] = (
+        snap,
+        select_region(
+            snap,
+            [node_of(snap, a)],
+            "t.attn@2",
+            workspace_bytes=1024,
+            output_shape_input=0,
+            extra_args=[
+                {"type": "int", "value": 32},
+                {"type": "float", "value": 0.5},
+                {"type": "none"},
+                {"type": "ptr", "value": None},
+            ],
+        ),
+    )
     snap = tutorial_snapshot()
     out["tutorial"] = (snap, select_region(snap, ["node:49"], TUTORIAL_BINDING))
     return out
@@ -204,6 +286,7 @@ def cases():
 
 
 # ---------------------------------------------------------------- classification
+
 
 def test_known_single_ops(cases):
     assert classify_region(cases["add"][1], cases["add"][0])[0].kind == "add"
@@ -257,6 +340,7 @@ def test_unknown_regions_get_a_reason(cases):
 
 # ---------------------------------------------------------------- generated code
 
+
 @pytest.mark.parametrize("case", ["add", "multi", "dynamic_sub", "cast", "workspace_extras", "tutorial"])
 def test_generated_exporter_is_valid_python(cases, case):
     snap, receipt = cases[case]
@@ -282,11 +366,15 @@ def test_generated_body_text(cases):
     assert "dim0 = cute.sym_int()  # dynamic: input0[0], input1[0], output0[0]" in text
     assert "if count > 0:" in text
     text = generate_exporter(*reversed(cases["workspace_extras"]))
-    for needle in ("def run(input0: cute.Tensor, input1: cute.Tensor, input2: cute.Tensor, workspace: cute.Tensor, "
-                   "output0: cute.Tensor, extra0: cutlass.Int32, extra1: cutlass.Float32, extra2, extra3, "
-                   "stream: cuda.CUstream)",
-                   "tensor(cutlass.Uint8, (1024,)),", "cutlass.Int32(32),", "cutlass.Float32(0.5),",
-                   "dim0 = cute.sym_int()  # dynamic: input0[2], output0[2]"):
+    for needle in (
+        "def run(input0: cute.Tensor, input1: cute.Tensor, input2: cute.Tensor, workspace: cute.Tensor, "
+        "output0: cute.Tensor, extra0: cutlass.Int32, extra1: cutlass.Float32, extra2, extra3, "
+        "stream: cuda.CUstream)",
+        "tensor(cutlass.Uint8, (1024,)),",
+        "cutlass.Int32(32),",
+        "cutlass.Float32(0.5),",
+        "dim0 = cute.sym_int()  # dynamic: input0[2], output0[2]",
+    ):
         assert needle in text, needle
     # mixed dtypes follow PyTorch's promotion: convert to the output dtype first, then math in FP32
     snap, n = binary_graph(dtype="FP16", dtype_b="FP32", out_dtype="FP32")
@@ -309,11 +397,13 @@ def test_committed_example_is_what_the_generator_writes(cases):
     snap, receipt = cases["tutorial"]
     assert receipt["input_tensor_ids"] == ["tensor:22", "tensor:50"] and receipt["output_tensor_ids"] == ["tensor:51"]
     text = generate_exporter(receipt, snap, **EXAMPLE_NAMES)
-    assert EXAMPLE.read_text(encoding="utf-8") == text, \
+    assert EXAMPLE.read_text(encoding="utf-8") == text, (
         "kernels/export_cutedsl_residual_add.py is stale; regenerate it (see its header)"
+    )
 
 
 # ---------------------------------------------------------------- the contract check of the generated script
+
 
 @pytest.fixture(scope="module")
 def add_stub(cases, tmp_path_factory):
@@ -334,8 +424,13 @@ def run_main(mod, capsys, *args) -> tuple[int, str, str]:
 
 def test_check_only_accepts_the_matching_pair(add_stub):
     tmp, script, rp, sp, mod = add_stub
-    r = subprocess.run([sys.executable, str(script), "--snapshot", str(sp), "--selection", str(rp), "--check-only"],
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""}, cwd=tmp)
+    r = subprocess.run(
+        [sys.executable, str(script), "--snapshot", str(sp), "--selection", str(rp), "--check-only"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ""},
+        cwd=tmp,
+    )
     assert r.returncode == 0, r.stderr
     assert f"binding_id={TUTORIAL_BINDING}" in r.stdout
     receipt = json.loads(rp.read_text())
@@ -356,7 +451,9 @@ def _variant_pairs(tmp: Path) -> dict[str, tuple[Path, Path, str]]:
     other = copy.deepcopy(base_snap)
     other["nodes"][-1]["name"] = "renamed"
     other["fingerprint"] = fingerprint(other)
-    add("fingerprint", other, select_region(other, ["node:49"], TUTORIAL_BINDING), "selection was made on another graph")
+    add(
+        "fingerprint", other, select_region(other, ["node:49"], TUTORIAL_BINDING), "selection was made on another graph"
+    )
     add("binding", base_snap, select_region(base_snap, ["node:49"], "other.binding@1"), "binding ID")
     # same graph and ABI, another region with the same contract
     add("region", base_snap, select_region(base_snap, ["node:52"], TUTORIAL_BINDING), "selected region")
@@ -375,12 +472,24 @@ def _variant_pairs(tmp: Path) -> dict[str, tuple[Path, Path, str]]:
     add("input_count", snap, select_region(snap, [node_of(snap, c)], TUTORIAL_BINDING), "selection has 1 inputs")
     snap, n = binary_graph(out_dtype="FP32")
     add("output_dtype", snap, select_region(snap, [n], TUTORIAL_BINDING), "output 0 is FP32")
-    add("workspace", base_snap, select_region(base_snap, ["node:49"], TUTORIAL_BINDING, workspace_bytes=64),
-        "workspace is 64 bytes")
-    add("extra_args", base_snap, select_region(base_snap, ["node:49"], TUTORIAL_BINDING,
-                                               extra_args=[{"type": "int", "value": 1}]), "extra args")
-    add("output_rule", base_snap, select_region(base_snap, ["node:49"], TUTORIAL_BINDING, output_shape_input=0),
-        "output shape rule")
+    add(
+        "workspace",
+        base_snap,
+        select_region(base_snap, ["node:49"], TUTORIAL_BINDING, workspace_bytes=64),
+        "workspace is 64 bytes",
+    )
+    add(
+        "extra_args",
+        base_snap,
+        select_region(base_snap, ["node:49"], TUTORIAL_BINDING, extra_args=[{"type": "int", "value": 1}]),
+        "extra args",
+    )
+    add(
+        "output_rule",
+        base_snap,
+        select_region(base_snap, ["node:49"], TUTORIAL_BINDING, output_shape_input=0),
+        "output shape rule",
+    )
     # snapshots: the right selection with the wrong graph, or a damaged one
     rp = tmp / "tutorial.selection.json"
     rp.write_text(json.dumps(base))
@@ -421,8 +530,12 @@ def test_mismatch_exit_code_from_the_command_line(add_stub):
     other = receipts()["add"][1]
     orp = tmp / "add.selection.json"
     orp.write_text(json.dumps(other))
-    r = subprocess.run([sys.executable, str(script), "--snapshot", str(sp), "--selection", str(orp), "--check-only"],
-                       capture_output=True, text=True, cwd=tmp)
+    r = subprocess.run(
+        [sys.executable, str(script), "--snapshot", str(sp), "--selection", str(orp), "--check-only"],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "regenerate" in r.stderr, r.stderr
 
 
@@ -442,9 +555,16 @@ def test_export_refuses_existing_output_and_missing_body(add_stub, cases, tmp_pa
     m = load_module(res.path, "generated_attn_exporter")
     code, _, err = run_main(m, capsys, "--snapshot", msp, "--selection", mrp, "--output", tmp_path / "a.so")
     assert code == 2 and not (tmp_path / "a.so").exists()
-    for words in ("write the body of region_kernel", "output0 (BF16 [1, 32, -1, 128])",
-                  "input0 (BF16 [1, 32, -1, 128])", "input1 (BF16 [1, 8, 4096, 128])", "input2 (INT32 [1])",
-                  "workspace: 1024 bytes", "extra0  int32 32", "KERNEL_IMPLEMENTED = True"):
+    for words in (
+        "write the body of region_kernel",
+        "output0 (BF16 [1, 32, -1, 128])",
+        "input0 (BF16 [1, 32, -1, 128])",
+        "input1 (BF16 [1, 8, 4096, 128])",
+        "input2 (INT32 [1])",
+        "workspace: 1024 bytes",
+        "extra0  int32 32",
+        "KERNEL_IMPLEMENTED = True",
+    ):
         assert words in err, words
 
 
@@ -481,10 +601,16 @@ def test_cli_stub(cases, tmp_path, mcore):
 
 # ---------------------------------------------------------------- CuTe DSL compile + export + link (no GPU needed)
 
+
 def _export(script: Path, rp: Path, sp: Path, out: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"}
-    return subprocess.run([sys.executable, str(script), "--snapshot", str(sp), "--selection", str(rp),
-                           "--output", str(out)], capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(script), "--snapshot", str(sp), "--selection", str(rp), "--output", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 @needs_cute
@@ -500,10 +626,13 @@ def test_cutedsl_export_of_the_residual_add(add_stub, tmp_path):
     if shutil.which("readelf"):  # self-contained: at run time only libcudart and libtvm_ffi
         dyn = subprocess.run(["readelf", "-d", str(out)], capture_output=True, text=True).stdout
         needed = sorted(ln.split("[")[1].rstrip("]") for ln in dyn.splitlines() if "(NEEDED)" in ln)
-        assert [n for n in needed if not n.startswith(("libc.", "libm.", "libdl.", "libpthread.", "librt."))] == \
-            ["libcudart.so.13", "libtvm_ffi.so"] or "libcudart.so.12" in needed, needed
+        assert [n for n in needed if not n.startswith(("libc.", "libm.", "libdl.", "libpthread.", "librt."))] == [
+            "libcudart.so.13",
+            "libtvm_ffi.so",
+        ] or "libcudart.so.12" in needed, needed
     import torch
     import tvm_ffi
+
     fn = tvm_ffi.load_module(str(out))["run"]
     a = torch.zeros(256, 768, dtype=torch.float16)
     with pytest.raises(ValueError, match="cuda"):  # the wrapper checks every argument before any launch
@@ -518,6 +647,7 @@ def test_cutedsl_export_of_the_residual_add(add_stub, tmp_path):
 @needs_cute
 def test_cutedsl_export_dynamic_sub_cast_and_filled_scaffold(cases, tmp_path):
     import tvm_ffi
+
     snap, receipt = cases["cast"]
     rp, sp = write_pair(tmp_path, snap, receipt, "cast1")
     res = write_exporter(rp, sp, tmp_path / "cast1.py")
@@ -537,11 +667,21 @@ def test_cutedsl_export_dynamic_sub_cast_and_filled_scaffold(cases, tmp_path):
     r = _export(res.path, rp, sp, tmp_path / "attn.so")
     assert r.returncode == 0, r.stderr[-3000:]
     import torch
+
     fn = tvm_ffi.load_module(str(tmp_path / "attn.so"))["run"]
     q = torch.zeros(1, 32, 5, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="cuda"):
-        fn(q, torch.zeros(1, 8, 4096, 128, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int32),
-           torch.zeros(1024, dtype=torch.uint8), q.clone(), 32, 0.5, None, None)
+        fn(
+            q,
+            torch.zeros(1, 8, 4096, 128, dtype=torch.bfloat16),
+            torch.zeros(1, dtype=torch.int32),
+            torch.zeros(1024, dtype=torch.uint8),
+            q.clone(),
+            32,
+            0.5,
+            None,
+            None,
+        )
 
 
 if __name__ == "__main__":

@@ -12,13 +12,18 @@ import torch
 
 from mcore.tokenization import load_tokenizer_from_folder
 
-from .checkpoints import (make_qwen3_bos_checkpoint, make_qwen3_checkpoint, make_sentence_encoder_checkpoint)
+from .checkpoints import make_qwen3_bos_checkpoint, make_qwen3_checkpoint, make_sentence_encoder_checkpoint
 from .conftest import assert_user_error
 
 transformers = pytest.importorskip("transformers")
 
-TEXTS = ["The Quick brown FOX jumps over the lazy dog!", "Ünïcode naïve café: 12345 + 67 = 12412?",
-         "def add(a, b):\n    return a + b", "  spaces   and\ttabs  ", "x " * 150]
+TEXTS = [
+    "The Quick brown FOX jumps over the lazy dog!",
+    "Ünïcode naïve café: 12345 + 67 = 12412?",
+    "def add(a, b):\n    return a + b",
+    "  spaces   and\ttabs  ",
+    "x " * 150,
+]
 
 
 def reference_ids(folder, text):
@@ -30,7 +35,9 @@ def ckpts(tmp_path_factory):
     base = tmp_path_factory.mktemp("tok")
     return {
         "bert": make_sentence_encoder_checkpoint(base / "bert", "bert", pooling="mean", normalize=True),
-        "distilbert": make_sentence_encoder_checkpoint(base / "distilbert", "distilbert", pooling="cls", normalize=False),
+        "distilbert": make_sentence_encoder_checkpoint(
+            base / "distilbert", "distilbert", pooling="cls", normalize=False
+        ),
         "bert-cased-config": make_sentence_encoder_checkpoint(base / "cased", "bert", do_lower_case=False),
         "qwen3-bos": make_qwen3_bos_checkpoint(base / "qwen3-bos"),
         "qwen3": make_qwen3_checkpoint(base / "qwen3"),
@@ -120,9 +127,15 @@ def test_unsupported_sentence_module_is_refused(ckpts, tmp_path, mcore):
 def _reference_generate(folder, ids, n):
     model = transformers.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                             pad_token_id=0, attention_mask=torch.ones(1, len(ids), dtype=torch.int64))
-    return out[0, len(ids):].tolist()
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
+        )
+    return out[0, len(ids) :].tolist()
 
 
 def test_generation_with_bos_and_chat_matches_transformers(ckpts, tmp_path, mcore):
@@ -133,8 +146,9 @@ def test_generation_with_bos_and_chat_matches_transformers(ckpts, tmp_path, mcor
     tok = transformers.AutoTokenizer.from_pretrained(str(folder))
     for chat in (False, True):
         if chat:
-            text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                           tokenize=False)
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            )
             assert text.endswith("<|im_start|>assistant\n")
             ids = tok(text, add_special_tokens=False)["input_ids"]
         else:

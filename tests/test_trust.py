@@ -23,12 +23,15 @@ def session_with(action: str, params: dict, results: dict | None = None) -> Sess
     return s
 
 
-@pytest.mark.parametrize("field,value,fragment", [
-    ("snapshot", "/etc/passwd", "absolute path"),
-    ("snapshot", "~/decode.graph.json", "absolute path"),
-    ("snapshot", "../outside.graph.json", "leaves the workdir"),
-    ("snapshot", "a/../../outside.graph.json", "leaves the workdir"),
-])
+@pytest.mark.parametrize(
+    "field,value,fragment",
+    [
+        ("snapshot", "/etc/passwd", "absolute path"),
+        ("snapshot", "~/decode.graph.json", "absolute path"),
+        ("snapshot", "../outside.graph.json", "leaves the workdir"),
+        ("snapshot", "a/../../outside.graph.json", "leaves the workdir"),
+    ],
+)
 def test_session_paths_outside_the_workdir_are_refused(field, value, fragment, tmp_path, workbench):
     path = session_with("list_recipes", {field: value}).save(tmp_path / "s.json")
     wd = tmp_path / "wd"
@@ -41,12 +44,20 @@ def test_every_path_field_is_confined(tmp_path, workbench):
     s = Session.new("trust test", device="cpu")
     s.record("gate_tokens", {"native": "native.jsonl", "external": "../../x.jsonl"}, {"passed": True})
     path = s.save(tmp_path / "s.json")
-    assert_user_error(workbench("replay", path, "--headless", "--workdir", tmp_path / "wd"),
-                      "step 1 (gate_tokens)", "field external", "leaves the workdir")
+    assert_user_error(
+        workbench("replay", path, "--headless", "--workdir", tmp_path / "wd"),
+        "step 1 (gate_tokens)",
+        "field external",
+        "leaves the workdir",
+    )
     s = session_with("build_bundle", {"build_args": {"model": "/models/qwen"}, "output": "x.bundle"})
     path = s.save(tmp_path / "s2.json")
-    assert_user_error(workbench("replay", path, "--headless", "--workdir", tmp_path / "wd2"),
-                      "step 1 (build_bundle)", "field build_args.model", "absolute path")
+    assert_user_error(
+        workbench("replay", path, "--headless", "--workdir", tmp_path / "wd2"),
+        "step 1 (build_bundle)",
+        "field build_args.model",
+        "absolute path",
+    )
 
 
 def test_a_symlink_out_of_the_workdir_is_refused_at_run_time(tmp_path):
@@ -65,8 +76,11 @@ def test_a_symlink_out_of_the_workdir_is_refused_at_run_time(tmp_path):
 def _native_session(tmp_path: Path) -> Path:
     s = Session.new("trust test", device="cpu")
     s.record("list_recipes", {"snapshot": "decode.graph.json"}, {"recipes": []})
-    s.record("generate", {"bundle": "b.bundle", "kernel_bindings": "kernel-bindings.json", "prompt": "hi",
-                          "max_new_tokens": 1}, {"tokens": [1], "text": "x"})
+    s.record(
+        "generate",
+        {"bundle": "b.bundle", "kernel_bindings": "kernel-bindings.json", "prompt": "hi", "max_new_tokens": 1},
+        {"tokens": [1], "text": "x"},
+    )
     return s.save(tmp_path / "native.json")
 
 
@@ -87,11 +101,20 @@ def test_only_libraries_in_the_trusted_folder_load(tmp_path):
     wd = tmp_path / "wd"
     (wd / "trusted").mkdir(parents=True)
     (wd / "kernel.so").write_bytes(b"\x7fELF")
-    (wd / "kernel-bindings.json").write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": "k@1", "abi_sha256": HEX, "library": "./kernel.so", "function": "run"}]}))
+    (wd / "kernel-bindings.json").write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "bindings": [{"id": "k@1", "abi_sha256": HEX, "library": "./kernel.so", "function": "run"}],
+            }
+        )
+    )
     ctx = ActionContext(workdir=wd, confined=True, where="step 5 (generate): ", trusted_libraries=wd / "trusted")
-    with pytest.raises(UserError, match=r"step 5 \(generate\): field kernel_bindings: library kernel.so is outside "
-                                        r"the trusted folder trusted"):
+    with pytest.raises(
+        UserError,
+        match=r"step 5 \(generate\): field kernel_bindings: library kernel.so is outside "
+        r"the trusted folder trusted",
+    ):
         ctx.check_native("kernel-bindings.json")
     ActionContext(workdir=wd, confined=True, trusted_libraries=wd).check_native("kernel-bindings.json")
     with pytest.raises(UserError, match="--trust-libraries"):

@@ -56,6 +56,7 @@ async def idle(app, pilot, timeout: float = 120) -> None:
 
 # ------------------------------------------------------------------ item 1: keys that fired where they should not
 
+
 @pytest.mark.asyncio
 async def test_graph_search_enter_then_n_steps_through_matches_not_the_tutorial(captured, tmp_path):
     wd, steps = captured
@@ -138,6 +139,7 @@ async def test_kernel_dso_field_enter_uses_it_and_esc_tab_and_f_keys_leave_it(tm
 
 
 # ------------------------------------------------------------------ item 2: conventions
+
 
 @pytest.mark.asyncio
 async def test_q_quits_at_once_without_unsaved_steps(tmp_path):
@@ -265,6 +267,7 @@ async def test_footer_keeps_help_visible_at_80_columns(captured, tmp_path):
 
 # ------------------------------------------------------------------ items 3-5: layout, notices, graph finding
 
+
 @pytest.mark.asyncio
 async def test_step_notices_go_to_the_status_line_not_toasts(captured, tmp_path):
     wd, steps = captured
@@ -345,7 +348,9 @@ async def test_graph_tree_keys_and_search(captured, tmp_path):
         await pilot.pause(0.1)
         assert graph.scope == "" and all(
             "logits" in " ".join((n["name"], n["module_path"], graph.recipes.get(n["id"], ""))).lower()
-            for n in app.state.snapshot["nodes"] if n["id"] in graph._rows)
+            for n in app.state.snapshot["nodes"]
+            if n["id"] in graph._rows
+        )
 
 
 @pytest.mark.asyncio
@@ -373,8 +378,10 @@ async def test_layer_1_decode_attention_in_a_few_keys_with_its_recipe_in_full(ca
         await pilot.press("f2", "slash", *"decode_attention")  # words, not an exact glob: both layers
         await pilot.pause(0.1)
         graph = app.screen
-        assert {graph.recipes.get(r) for r in graph._rows} == {"decoder.layers.0.decode_attention",
-                                                               "decoder.layers.1.decode_attention"}
+        assert {graph.recipes.get(r) for r in graph._rows} == {
+            "decoder.layers.0.decode_attention",
+            "decoder.layers.1.decode_attention",
+        }
         await pilot.press("escape", "escape")
         await pilot.press("slash", *"layers.1 attention", "enter")  # layer 1: one search and enter
         await pilot.pause(0.1)
@@ -391,6 +398,7 @@ async def test_layer_1_decode_attention_in_a_few_keys_with_its_recipe_in_full(ca
 
 
 # ------------------------------------------------------------------ item 8: guidance
+
 
 @pytest.mark.asyncio
 async def test_capture_pressed_while_the_model_is_checked_is_queued(tmp_path, monkeypatch):

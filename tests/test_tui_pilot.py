@@ -241,8 +241,9 @@ async def test_tutorial_qwen_manual(tmp_path):
         # the hand-made receipt has the recipe's ABI hash (same call contract), and no recipe
         assert st.receipt["recipe"] is None
         assert st.receipt["binding_id"] == "qwen3.decode.logits_copy.manual@1"
-        recipe_hash = next(s for s in load_qwen_recipe().steps if s.action == "build_bundle"
-                           and s.params.get("recipe")).results["kernel_slots"][0]["abi_sha256"]
+        recipe_hash = next(
+            s for s in load_qwen_recipe().steps if s.action == "build_bundle" and s.params.get("recipe")
+        ).results["kernel_slots"][0]["abi_sha256"]
         assert st.receipt["abi_sha256"] == recipe_hash
         assert st.outputs["native"]["tokens"] == st.outputs["external"]["tokens"]
         assert st.correctness["passed"] is True and st.perf is None
@@ -381,8 +382,11 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
         await pilot.press("enter")
         await pilot.pause(0.2)
         rows = list(graph._rows)
-        assert rows and all("logits_zero_bias" in n["module_path"] or "logits_zero_bias" in n["name"]
-                            for n in snap["nodes"] if n["id"] in rows)
+        assert rows and all(
+            "logits_zero_bias" in n["module_path"] or "logits_zero_bias" in n["name"]
+            for n in snap["nodes"]
+            if n["id"] in rows
+        )
         start = graph.current
         for nid in rows:  # mark the bias nodes by hand with space
             graph.goto(nid)
@@ -437,10 +441,15 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
         await pilot.press("w")
         await wait_idle(app, pilot)
         manifest = json.loads((tmp_path / "kernel-bindings.json").read_text())
-        assert manifest["bindings"] == [{"id": "my.bias_copy@1", "abi_sha256": expected, "library": "./kernel.so",
-                                         "function": "run"}]
-        assert [s.action for s in app.session.steps[-4:]] == ["kernel_stub", "export_kernel", "build_kernel",
-                                                             "write_bindings"]
+        assert manifest["bindings"] == [
+            {"id": "my.bias_copy@1", "abi_sha256": expected, "library": "./kernel.so", "function": "run"}
+        ]
+        assert [s.action for s in app.session.steps[-4:]] == [
+            "kernel_stub",
+            "export_kernel",
+            "build_kernel",
+            "write_bindings",
+        ]
         # a long build is cancellable with x (nothing half-written)
         await pilot.press("f5", "b")
         await pilot.press("x")

@@ -28,9 +28,10 @@ def built(tmp_path_factory):
     """The free-mode build arguments: the decode graph captured and the native bundle built, once."""
     wd = tmp_path_factory.mktemp("profile-work")
     ctx = ActionContext(workdir=wd)
-    steps = [("capture_graph", {"build_args": DEFAULT_BUILD_ARGS, "engine_role": "decode",
-                                "snapshot": "decode.graph.json"}),
-             ("build_bundle", {"build_args": DEFAULT_BUILD_ARGS, "output": "native.bundle"})]
+    steps = [
+        ("capture_graph", {"build_args": DEFAULT_BUILD_ARGS, "engine_role": "decode", "snapshot": "decode.graph.json"}),
+        ("build_bundle", {"build_args": DEFAULT_BUILD_ARGS, "output": "native.bundle"}),
+    ]
     out = []
     for action, params in steps:
         results, error = run_action(ctx, action, params)
@@ -170,31 +171,79 @@ def test_palette_lists_the_profile_screen():
 
 # ------------------------------------------------------------------ snapshots: a fixed, hand-made report
 
+
 def _row(seconds: float, total: float, **kw) -> dict:
     return dict(kw, seconds=seconds, share=seconds / total, headroom_seconds=seconds * 0.6, bytes=0)
 
 
 def fixed_report() -> dict:
     total = 1.0
-    modules = [_row(s, total, path=p) for p, s in (
-        ("<root>", 1.0), ("decoder", 1.0), ("decoder.layers", 0.8), ("decoder.layers.0", 0.41),
-        ("decoder.layers.1", 0.39), ("decoder.layers.0.mlp", 0.22), ("decoder.layers.1.mlp", 0.21),
-        ("decoder.layers.0.self_attn", 0.15), ("decoder.layers.1.self_attn", 0.14), ("decoder.lm_head", 0.12),
-        ("decoder.norm", 0.03), ("decoder.embed_tokens", 0.02))]
-    nodes = [_row(s, total, id=f"node:{i}", name=f"n{i}", op=op, module_path="decoder")
-             for i, (op, s) in enumerate((("aten.linear.default", 0.55), ("mcore.decode_attention.default", 0.2),
-                                          ("aten.mul.Tensor", 0.1), ("aten.add.Tensor", 0.08),
-                                          ("aten.rsqrt.default", 0.04), ("aten.silu.default", 0.03)))]
-    cands = [_row(0.10, total, kind="recipe", recipe="qwen.decode_attention_region@2",
-                  instance=f"decoder.layers.{i}.decode_attention", node_ids=[f"node:{i}"]) for i in (0, 1)]
-    cands += [_row(s, total, kind="region", module_path=p, node_ids=[f"node:{k}" for k in range(n)])
-              for p, s, n in (("decoder.layers.0.mlp", 0.22, 7), ("decoder.layers.1.mlp", 0.21, 7),
-                              ("decoder.lm_head", 0.12, 2), ("decoder.layers.0.input_layernorm", 0.02, 6))]
-    return {"schema_version": 1, "kind": "mcore-profile", "role": "decode", "context": 128, "steps": 3,
-            "bundle": {"model": "demo:qwen3-tiny", "fingerprint": "0" * 64, "build_args": {}},
-            "device": {"type": "cpu", "name": "cpu", "copy_bytes_per_s": 1e10},
-            "step_seconds": 1.0, "attributed_seconds": total,
-            "nodes": nodes, "modules": modules, "recipes": [], "slots": [], "candidates": cands}
+    modules = [
+        _row(s, total, path=p)
+        for p, s in (
+            ("<root>", 1.0),
+            ("decoder", 1.0),
+            ("decoder.layers", 0.8),
+            ("decoder.layers.0", 0.41),
+            ("decoder.layers.1", 0.39),
+            ("decoder.layers.0.mlp", 0.22),
+            ("decoder.layers.1.mlp", 0.21),
+            ("decoder.layers.0.self_attn", 0.15),
+            ("decoder.layers.1.self_attn", 0.14),
+            ("decoder.lm_head", 0.12),
+            ("decoder.norm", 0.03),
+            ("decoder.embed_tokens", 0.02),
+        )
+    ]
+    nodes = [
+        _row(s, total, id=f"node:{i}", name=f"n{i}", op=op, module_path="decoder")
+        for i, (op, s) in enumerate(
+            (
+                ("aten.linear.default", 0.55),
+                ("mcore.decode_attention.default", 0.2),
+                ("aten.mul.Tensor", 0.1),
+                ("aten.add.Tensor", 0.08),
+                ("aten.rsqrt.default", 0.04),
+                ("aten.silu.default", 0.03),
+            )
+        )
+    ]
+    cands = [
+        _row(
+            0.10,
+            total,
+            kind="recipe",
+            recipe="qwen.decode_attention_region@2",
+            instance=f"decoder.layers.{i}.decode_attention",
+            node_ids=[f"node:{i}"],
+        )
+        for i in (0, 1)
+    ]
+    cands += [
+        _row(s, total, kind="region", module_path=p, node_ids=[f"node:{k}" for k in range(n)])
+        for p, s, n in (
+            ("decoder.layers.0.mlp", 0.22, 7),
+            ("decoder.layers.1.mlp", 0.21, 7),
+            ("decoder.lm_head", 0.12, 2),
+            ("decoder.layers.0.input_layernorm", 0.02, 6),
+        )
+    ]
+    return {
+        "schema_version": 1,
+        "kind": "mcore-profile",
+        "role": "decode",
+        "context": 128,
+        "steps": 3,
+        "bundle": {"model": "demo:qwen3-tiny", "fingerprint": "0" * 64, "build_args": {}},
+        "device": {"type": "cpu", "name": "cpu", "copy_bytes_per_s": 1e10},
+        "step_seconds": 1.0,
+        "attributed_seconds": total,
+        "nodes": nodes,
+        "modules": modules,
+        "recipes": [],
+        "slots": [],
+        "candidates": cands,
+    }
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=lambda s: f"{s[0]}x{s[1]}")

@@ -25,9 +25,15 @@ SCREENS = ["model", "graph", "region", "kernel", "build", "verify"]
 KEYS = {name: f"f{i + 1}" for i, name in enumerate(SCREENS)}
 
 # A deterministic stand-in for measured throughput (the real gate is exercised by the pilot tests).
-PERF = {"passed": True, "ratio": 0.9975, "native": 41.2, "external": 41.1, "unit": "tokens/s",
-        "line": "PASS: external/native throughput median ratio 0.9975 (native=41.20 external=41.10 tokens/s "
-                "over 6 pairs)", "params": {"pairs": 6, "warmup": 1}}
+PERF = {
+    "passed": True,
+    "ratio": 0.9975,
+    "native": 41.2,
+    "external": 41.1,
+    "unit": "tokens/s",
+    "line": "PASS: external/native throughput median ratio 0.9975 (native=41.20 external=41.10 tokens/s over 6 pairs)",
+    "params": {"pairs": 6, "warmup": 1},
+}
 SAMPLES = {"native": [40.1, 41.5, 41.2, 40.8, 41.9, 41.2], "external": [39.8, 41.0, 41.1, 41.3, 41.6, 40.9]}
 
 
@@ -48,8 +54,11 @@ def recorded(tmp_path_factory) -> tuple[Path, list[tuple[str, dict, dict]]]:
         results, error = run_action(ctx, st.action, st.params)
         assert error is None, f"{st.action}: {error}"
         steps.append((st.action, st.params, results))
-    stub = {"receipt": "qwen3-slot-ready.selection.json", "snapshot": "decode.graph.json",
-            "output": "export_logits_copy.py"}
+    stub = {
+        "receipt": "qwen3-slot-ready.selection.json",
+        "snapshot": "decode.graph.json",
+        "output": "export_logits_copy.py",
+    }
     results, error = run_action(ctx, "kernel_stub", stub)
     assert error is None, error
     steps.append(("kernel_stub", stub, results))
@@ -101,6 +110,7 @@ def test_screen(snap_compare, recorded, screen, size):
 
 def test_graph_follow_edge(snap_compare, recorded):
     """The node details after following a tensor edge into the zero-bias add."""
+
     async def go(pilot) -> None:
         graph = pilot.app.screen
         graph.goto("node:188")
@@ -112,6 +122,7 @@ def test_graph_follow_edge(snap_compare, recorded):
 
 def test_graph_search(snap_compare, recorded):
     """80x24: a words search; the results take the tree's width and show the recipe instance in full."""
+
     async def search(pilot) -> None:
         await pilot.press("slash", *"decode_attention", "enter")
 
@@ -121,6 +132,7 @@ def test_graph_search(snap_compare, recorded):
 
 def test_verify_verdict_with_plot(snap_compare, recorded):
     """Both gates passed (fixed numbers): the throughput plot and PROMOTE."""
+
     async def perf(pilot) -> None:
         st = pilot.app.state
         st.perf = dict(PERF)
@@ -134,9 +146,13 @@ def test_verify_verdict_with_plot(snap_compare, recorded):
 def test_verify_reject(snap_compare, recorded):
     async def perf(pilot) -> None:
         st = pilot.app.state
-        st.perf = dict(PERF, passed=False, ratio=0.81,
-                       line="FAIL: external/native throughput median ratio 0.8100 is below 0.98 "
-                            "(native=41.20 external=33.37 tokens/s over 6 pairs)")
+        st.perf = dict(
+            PERF,
+            passed=False,
+            ratio=0.81,
+            line="FAIL: external/native throughput median ratio 0.8100 is below 0.98 "
+            "(native=41.20 external=33.37 tokens/s over 6 pairs)",
+        )
         st.samples = {"native": SAMPLES["native"], "external": [v * 0.81 for v in SAMPLES["external"]]}
 
     app = WorkbenchApp(workdir=str(recorded[0]))
@@ -162,11 +178,20 @@ def test_verify_embeddings_correctness(snap_compare, recorded, tmp_path):
         st = pilot.app.state
         st.family_kind = "encoder"
         st.perf, st.samples = None, {"native": [], "external": []}
-        st.correctness = {"kind": "gate_embeddings", "passed": True, "values": 64, "max_abs": 0.006,
-                          "cosine": 0.99998, "line": "PASS: numerical gate",
-                          "params": {"native": str(tmp_path / "native.json"),
-                                     "external": str(tmp_path / "external.json"), "max_abs": 0.02,
-                                     "min_cosine": 0.999}}
+        st.correctness = {
+            "kind": "gate_embeddings",
+            "passed": True,
+            "values": 64,
+            "max_abs": 0.006,
+            "cosine": 0.99998,
+            "line": "PASS: numerical gate",
+            "params": {
+                "native": str(tmp_path / "native.json"),
+                "external": str(tmp_path / "external.json"),
+                "max_abs": 0.02,
+                "min_cosine": 0.999,
+            },
+        }
 
     app = WorkbenchApp(workdir=str(recorded[0]))
     assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(recorded, "verify", gate))
@@ -189,6 +214,7 @@ def test_trust_prompt(snap_compare, recorded):
 def test_tutorial_summary(snap_compare, recorded, monkeypatch):
     """The end of a tutorial: what was built, the verdicts with numbers, how to save and replay."""
     monkeypatch.chdir(recorded[0].parent)  # the work folder is shown relative to here
+
     async def finish(pilot) -> None:
         app = pilot.app
         app.state.perf = dict(PERF)
@@ -208,6 +234,7 @@ def test_help(snap_compare, recorded):
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_tutorial_start(snap_compare, tmp_path, size):
     """Guided mode: the side panel explains step 1 of the shipped qwen-recipe tutorial."""
+
     async def ready(pilot) -> None:
         await settle(pilot, lambda: model_checked(pilot.app))
         pilot.app.clear_notifications()
@@ -218,6 +245,7 @@ def test_tutorial_start(snap_compare, tmp_path, size):
 
 def test_tutorial_after_first_step(snap_compare, tmp_path):
     """Guided mode after n: the real capture's results in the panel, the Graph screen shown."""
+
     async def step(pilot) -> None:
         app = pilot.app
         await settle(pilot, lambda: model_checked(app))

@@ -36,13 +36,21 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, Run);
 
 
 def abi_of(path: Path) -> str:
-    return subprocess.run([sys.executable, "-c", ABI_SNIPPET, str(path)], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", ABI_SNIPPET, str(path)], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def write_bindings(path: Path, binding_id: str, abi: str, library: str) -> Path:
-    path.write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": binding_id, "abi_sha256": abi, "library": library, "function": "run"}]}, indent=2))
+    path.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "bindings": [{"id": binding_id, "abi_sha256": abi, "library": library, "function": "run"}],
+            },
+            indent=2,
+        )
+    )
     return path
 
 
@@ -57,26 +65,60 @@ def qwen(work):
     from mcore.cli.main import main
 
     binding = "qwen.decode_logits_copy@1"
-    assert main(["build", *QWEN_ARGS, "--recipe", binding, "decoder.logits_zero_bias",
-                 "-o", str(work / "qwen3-slot-ready.bundle")]) == 0
+    assert (
+        main(
+            [
+                "build",
+                *QWEN_ARGS,
+                "--recipe",
+                binding,
+                "decoder.logits_zero_bias",
+                "-o",
+                str(work / "qwen3-slot-ready.bundle"),
+            ]
+        )
+        == 0
+    )
     assert main(["kernel", "build", "identity-copy", "-o", str(work / "kernel.so")]) == 0
-    write_bindings(work / "kernel-bindings.json", binding, abi_of(work / "qwen3-slot-ready.selection.json"), "./kernel.so")
+    write_bindings(
+        work / "kernel-bindings.json", binding, abi_of(work / "qwen3-slot-ready.selection.json"), "./kernel.so"
+    )
     assert main(["build", *QWEN_ARGS, "-o", str(work / "qwen3-native.bundle")]) == 0
     return work
 
 
 def test_step1_recipe_build_writes_bundle_and_receipt(qwen):
     sel = json.loads((qwen / "qwen3-slot-ready.selection.json").read_text())
-    for field in ("schema_version", "graph_fingerprint", "engine_role", "binding_id", "abi_sha256", "workspace_bytes",
-                  "extra_args", "node_ids", "input_tensor_ids", "output_tensor_ids", "output_shape_input"):
+    for field in (
+        "schema_version",
+        "graph_fingerprint",
+        "engine_role",
+        "binding_id",
+        "abi_sha256",
+        "workspace_bytes",
+        "extra_args",
+        "node_ids",
+        "input_tensor_ids",
+        "output_tensor_ids",
+        "output_shape_input",
+    ):
         assert field in sel
     assert sel["binding_id"] == "qwen.decode_logits_copy@1" and sel["engine_role"] == "decode"
     assert (qwen / "qwen3-slot-ready.bundle").is_file()
 
 
 def test_step3_run_with_binding(mcore, qwen):
-    r = mcore("run", qwen / "qwen3-slot-ready.bundle", "--kernel-bindings", qwen / "kernel-bindings.json",
-              "--prompt", PROMPT, "--max-new-tokens", "32", "--greedy")
+    r = mcore(
+        "run",
+        qwen / "qwen3-slot-ready.bundle",
+        "--kernel-bindings",
+        qwen / "kernel-bindings.json",
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        "32",
+        "--greedy",
+    )
     assert r.code == 0, r
     assert r.out.strip()
 
@@ -89,11 +131,33 @@ def test_step3_slot_ready_bundle_needs_its_binding(mcore, qwen):
 def test_step4_tokens_equal_and_perf_snippet(mcore, qwen):
     for name, extra in (("native", []), ("external", ["--kernel-bindings", qwen / "kernel-bindings.json"])):
         bundle = qwen / ("qwen3-native.bundle" if name == "native" else "qwen3-slot-ready.bundle")
-        r = mcore("run", bundle, *extra, "--prompt", TEST_PROMPT, "--max-new-tokens", "64", "--greedy",
-                  "--output", qwen / f"{name}.jsonl")
+        r = mcore(
+            "run",
+            bundle,
+            *extra,
+            "--prompt",
+            TEST_PROMPT,
+            "--max-new-tokens",
+            "64",
+            "--greedy",
+            "--output",
+            qwen / f"{name}.jsonl",
+        )
         assert r.code == 0, r
-        r = mcore("run", bundle, *extra, "--prompt", TEST_PROMPT, "--max-new-tokens", "64", "--greedy",
-                  "--warmup", "1", "--benchmark", "3")
+        r = mcore(
+            "run",
+            bundle,
+            *extra,
+            "--prompt",
+            TEST_PROMPT,
+            "--max-new-tokens",
+            "64",
+            "--greedy",
+            "--warmup",
+            "1",
+            "--benchmark",
+            "3",
+        )
         assert r.code == 0, r
         (qwen / f"{name}.perf.log").write_text(r.out + r.err)
     native = (qwen / "native.jsonl").read_text()
@@ -121,7 +185,9 @@ def test_slot_really_runs_and_pipelines_hold_their_own_binding(qwen, tmp_path):
     abi = abi_of(qwen / "qwen3-slot-ready.selection.json")
     good_m = qwen / "kernel-bindings.json"
     bad_m = write_bindings(qwen / "wrong-bindings.json", "qwen.decode_logits_copy@1", abi, "./wrong.so")
-    native = DecoderPipeline(str(qwen / "qwen3-native.bundle"), device="cpu").generate(TEST_PROMPT, 12, stop_at_eos=False)
+    native = DecoderPipeline(str(qwen / "qwen3-native.bundle"), device="cpu").generate(
+        TEST_PROMPT, 12, stop_at_eos=False
+    )
     good = DecoderPipeline(str(qwen / "qwen3-slot-ready.bundle"), kernel_bindings=str(good_m), device="cpu")
     bad = DecoderPipeline(str(qwen / "qwen3-slot-ready.bundle"), kernel_bindings=str(bad_m), device="cpu")
     # editing the manifest after load changes nothing in the running pipelines
@@ -138,17 +204,37 @@ def test_slot_really_runs_and_pipelines_hold_their_own_binding(qwen, tmp_path):
 
 @needs_cute
 def test_step5_attention_recipe_every_layer_one_binding(mcore, tmp_path):
-    args = ["demo:qwen3-tiny-hd64", "--precision", "bf16", "--max-cache-length", "256", "--decoder-engine-layout", "split"]
-    r = mcore("build", *args, "--recipe", "qwen.decode_attention_region@2", "all-instances",
-              "-o", tmp_path / "qwen3-attention-slot.bundle")
+    args = [
+        "demo:qwen3-tiny-hd64",
+        "--precision",
+        "bf16",
+        "--max-cache-length",
+        "256",
+        "--decoder-engine-layout",
+        "split",
+    ]
+    r = mcore(
+        "build",
+        *args,
+        "--recipe",
+        "qwen.decode_attention_region@2",
+        "all-instances",
+        "-o",
+        tmp_path / "qwen3-attention-slot.bundle",
+    )
     assert r.code == 0, r
     sel = tmp_path / "qwen3-attention-slot.selection.decoder.layers.0.decode_attention.json"
     receipt = json.loads(sel.read_text())
     # the tutorial's printed boundary: scaled query, key and value caches, INT32[1] lengths -> context
     abi = receipt["abi"]
     shapes = [(t["dtype"], t["shape"]) for t in abi["inputs"] + abi["outputs"]]
-    assert shapes == [("BF16", [1, 8, -1, 64]), ("BF16", [1, 2, 256, 64]), ("BF16", [1, 2, 256, 64]),
-                      ("INT32", [1]), ("BF16", [1, 8, -1, 64])]
+    assert shapes == [
+        ("BF16", [1, 8, -1, 64]),
+        ("BF16", [1, 2, 256, 64]),
+        ("BF16", [1, 2, 256, 64]),
+        ("INT32", [1]),
+        ("BF16", [1, 8, -1, 64]),
+    ]
     r = mcore("kernel", "export", "cutedsl-decode-attention", "--selection", sel, "-o", tmp_path / "attn.so")
     assert r.code == 0 and f"abi_sha256={receipt['abi_sha256']}" in r.out, r
     r = mcore("inspect", tmp_path / "qwen3-attention-slot.bundle")
@@ -163,28 +249,73 @@ def test_step6_manual_selection_same_tokens(mcore, qwen):
     nodes = [l.split()[0] for l in tail[:3]]
     assert "LayerType.CONSTANT" in tail[0] and "(logits)" in tail[3]
     binding = "qwen3.decode.logits_copy.manual@1"
-    r = mcore("graph", "select", qwen / "decode.graph.json", "--nodes", *nodes, "--binding-id", binding,
-              "--workspace-bytes", "0", "-o", qwen / "manual.selection.json")
+    r = mcore(
+        "graph",
+        "select",
+        qwen / "decode.graph.json",
+        "--nodes",
+        *nodes,
+        "--binding-id",
+        binding,
+        "--workspace-bytes",
+        "0",
+        "-o",
+        qwen / "manual.selection.json",
+    )
     assert r.code == 0, r
-    r = mcore("build", *QWEN_ARGS, "--graph-patch", qwen / "manual.selection.json",
-              "-o", qwen / "qwen3-manual-slot-ready.bundle")
+    r = mcore(
+        "build",
+        *QWEN_ARGS,
+        "--graph-patch",
+        qwen / "manual.selection.json",
+        "-o",
+        qwen / "qwen3-manual-slot-ready.bundle",
+    )
     assert r.code == 0, r
     manual_abi = abi_of(qwen / "manual.selection.json")
     assert manual_abi == abi_of(qwen / "qwen3-slot-ready.selection.json")  # same contract, same hash
     write_bindings(qwen / "manual-bindings.json", binding, manual_abi, "./kernel.so")
-    r = mcore("run", qwen / "qwen3-manual-slot-ready.bundle", "--kernel-bindings", qwen / "manual-bindings.json",
-              "--prompt", TEST_PROMPT, "--max-new-tokens", "64", "--greedy", "--output", qwen / "manual.jsonl")
+    r = mcore(
+        "run",
+        qwen / "qwen3-manual-slot-ready.bundle",
+        "--kernel-bindings",
+        qwen / "manual-bindings.json",
+        "--prompt",
+        TEST_PROMPT,
+        "--max-new-tokens",
+        "64",
+        "--greedy",
+        "--output",
+        qwen / "manual.jsonl",
+    )
     assert r.code == 0, r
-    r = mcore("run", qwen / "qwen3-native.bundle", "--prompt", TEST_PROMPT, "--max-new-tokens", "64", "--greedy",
-              "--output", qwen / "native6.jsonl")
+    r = mcore(
+        "run",
+        qwen / "qwen3-native.bundle",
+        "--prompt",
+        TEST_PROMPT,
+        "--max-new-tokens",
+        "64",
+        "--greedy",
+        "--output",
+        qwen / "native6.jsonl",
+    )
     assert (qwen / "manual.jsonl").read_text() == (qwen / "native6.jsonl").read_text()
 
 
 def test_graph_patch_with_other_build_args_says_recapture(mcore, qwen):
     snap = qwen / "decode.graph.json"
     assert mcore("graph", "inspect", "--engine-role", "decode", "--snapshot", snap, *QWEN_ARGS).code == 0
-    r = mcore("graph", "select", snap, "--recipe", "qwen.decode_logits_copy@1", "decoder.logits_zero_bias",
-              "-o", qwen / "again.json")
+    r = mcore(
+        "graph",
+        "select",
+        snap,
+        "--recipe",
+        "qwen.decode_logits_copy@1",
+        "decoder.logits_zero_bias",
+        "-o",
+        qwen / "again.json",
+    )
     assert r.code == 0, r
     other = [a if a != "256" else "128" for a in QWEN_ARGS]
     r = mcore("build", *other, "--graph-patch", qwen / "again.json", "-o", qwen / "x.bundle")
@@ -213,15 +344,32 @@ def test_step7_distilbert_residual_add(mcore, cute_work):
     r = mcore("graph", "list", w / "decode.graph.json", "--match", "*ElementWiseOperation.SUM*")
     first = next(l for l in r.out.splitlines() if "encoder.layers.0.attention_residual" in l)
     node = first.split()[0]
-    r = mcore("graph", "select", w / "decode.graph.json", "--nodes", node, "--binding-id", binding,
-              "--workspace-bytes", "0", "-o", w / "residual-add.selection.json")
+    r = mcore(
+        "graph",
+        "select",
+        w / "decode.graph.json",
+        "--nodes",
+        node,
+        "--binding-id",
+        binding,
+        "--workspace-bytes",
+        "0",
+        "-o",
+        w / "residual-add.selection.json",
+    )
     assert r.code == 0, r
     sel = json.loads((w / "residual-add.selection.json").read_text())
     assert [(e["dtype"], e["shape"]) for e in sel["abi"]["inputs"]] == [("FP32", [256, 64])] * 2
     assert sel["abi"]["inputs"][0]["name"] != sel["abi"]["inputs"][1]["name"]
     assert mcore("kernel", "build", "residual-add", "-o", w / "residual-add.so").code == 0
-    r = mcore("build", *DISTIL_ARGS, "--graph-patch", w / "residual-add.selection.json",
-              "-o", w / "distilbert-slot-ready.bundle")
+    r = mcore(
+        "build",
+        *DISTIL_ARGS,
+        "--graph-patch",
+        w / "residual-add.selection.json",
+        "-o",
+        w / "distilbert-slot-ready.bundle",
+    )
     assert r.code == 0, r
     assert mcore("build", *DISTIL_ARGS, "-o", w / "distilbert-native.bundle").code == 0
     write_bindings(w / "kernel-bindings.json", binding, abi_of(w / "residual-add.selection.json"), "./residual-add.so")
@@ -229,8 +377,9 @@ def test_step7_distilbert_residual_add(mcore, cute_work):
     r = mcore("embed", w / "distilbert-native.bundle", "--prompt", prompt)
     assert r.code == 0, r
     (w / "native.json").write_text(r.out)
-    r = mcore("embed", w / "distilbert-slot-ready.bundle", "--kernel-bindings", w / "kernel-bindings.json",
-              "--prompt", prompt)
+    r = mcore(
+        "embed", w / "distilbert-slot-ready.bundle", "--kernel-bindings", w / "kernel-bindings.json", "--prompt", prompt
+    )
     assert r.code == 0, r
     (w / "byok.json").write_text(r.out)
     assert len(json.loads(r.out)["embedding"]) == 256 * 64

@@ -16,7 +16,7 @@ import pytest
 from mcore.cli.main import main
 from mcore.errors import Cancelled, UserError
 from mcore.progress import CancelToken, Progress
-from mcore.verify import (GateResult, compare_embeddings, compare_tokens, parse_benchmark, perf_gate)
+from mcore.verify import GateResult, compare_embeddings, compare_tokens, parse_benchmark, perf_gate
 from tests.tutorial_snippets import STEP4_PERF_SNIPPET, STEP7_EMBEDDING_SNIPPET, run_snippet, tutorial_path
 
 PY = shlex.quote(sys.executable)
@@ -33,6 +33,7 @@ def rec(tokens, prompt="Explain grouped-query attention."):
 
 # ---------------------------------------------------------------- snippets are verbatim
 
+
 def test_snippets_are_verbatim_from_tutorial():
     p = tutorial_path()
     if p is None:
@@ -43,6 +44,7 @@ def test_snippets_are_verbatim_from_tutorial():
 
 
 # ---------------------------------------------------------------- tokens
+
 
 def test_tokens_equal(tmp_path, capsys):
     a = write_jsonl(tmp_path / "native.jsonl", [rec([1, 2, 3]), rec([4, 5], "second")])
@@ -92,14 +94,17 @@ def test_tokens_ignores_blank_lines(tmp_path):
     assert compare_tokens(a, b).passed
 
 
-@pytest.mark.parametrize("content,match", [
-    ('{"prompt": "a", "tokens": [1]}\n{"prompt": "b", "tokens": [1\n', r"line 2: malformed JSON"),
-    ('{"prompt": "a", "text": "x"}\n', r"line 1: missing field tokens"),
-    ('{"tokens": [1, "2"]}\n', r"line 1: field tokens must be a list of integers"),
-    ('{"tokens": [true]}\n', r"line 1: field tokens must be a list of integers"),
-    ('[1, 2]\n', r"line 1: expected a JSON object"),
-    ("", r"no token records"),
-])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        ('{"prompt": "a", "tokens": [1]}\n{"prompt": "b", "tokens": [1\n', r"line 2: malformed JSON"),
+        ('{"prompt": "a", "text": "x"}\n', r"line 1: missing field tokens"),
+        ('{"tokens": [1, "2"]}\n', r"line 1: field tokens must be a list of integers"),
+        ('{"tokens": [true]}\n', r"line 1: field tokens must be a list of integers"),
+        ('[1, 2]\n', r"line 1: expected a JSON object"),
+        ("", r"no token records"),
+    ],
+)
 def test_tokens_bad_input(tmp_path, capsys, content, match):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(content)
@@ -118,6 +123,7 @@ def test_tokens_missing_file(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- embeddings vs the tutorial snippet
+
 
 def _vec(seed: int, n: int = 768, scale: float = 1.0) -> list[float]:
     rng = random.Random(seed)
@@ -192,13 +198,16 @@ def test_embeddings_degenerate():
     assert not r.passed and r.details["reason"] == "non-finite values"
 
 
-@pytest.mark.parametrize("content,match", [
-    ("{", "malformed JSON"),
-    ('{"vector": [1.0]}', "missing field embedding"),
-    ('{"embedding": [[1.0]]}', "flat list of numbers"),
-    ('{"embedding": "1.0"}', "flat list of numbers"),
-    ('{"embedding": [true]}', "flat list of numbers"),
-])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        ("{", "malformed JSON"),
+        ('{"vector": [1.0]}', "missing field embedding"),
+        ('{"embedding": [[1.0]]}', "flat list of numbers"),
+        ('{"embedding": "1.0"}', "flat list of numbers"),
+        ('{"embedding": [true]}', "flat list of numbers"),
+    ],
+)
 def test_embeddings_bad_files(tmp_path, capsys, content, match):
     good = tmp_path / "good.json"
     good.write_text('{"embedding": [1.0]}')
@@ -214,7 +223,9 @@ def test_embeddings_bad_files(tmp_path, capsys, content, match):
 
 # ---------------------------------------------------------------- perf: the tutorial's step-4 snippet
 
-BENCH_LINE = "run: prompts=1 warmup=3 iterations=10 generated_tokens_mean={gen} latency_ms_mean=12.5 tokens_per_sec={tps}"
+BENCH_LINE = (
+    "run: prompts=1 warmup=3 iterations=10 generated_tokens_mean={gen} latency_ms_mean=12.5 tokens_per_sec={tps}"
+)
 
 
 def perf_log(path: Path, gen, tps, extra_before=None) -> Path:
@@ -228,13 +239,16 @@ def perf_log(path: Path, gen, tps, extra_before=None) -> Path:
     return path
 
 
-@pytest.mark.parametrize("native,external,verdict", [
-    ((64.0, 100.0), (64.0, 99.0), "PASS"),
-    ((64.0, 100.0), (64.0, 110.0), "PASS"),
-    ((64.0, 100.0), (64.0, 97.0), "FAIL: external/native throughput is 0.9700, below 0.98"),
-    ((64.0, 100.0), (63.5, 100.0), "FAIL: generated-token means differ"),
-    ((64.0, 0.0), (64.0, 100.0), "FAIL: throughput must be positive"),
-])
+@pytest.mark.parametrize(
+    "native,external,verdict",
+    [
+        ((64.0, 100.0), (64.0, 99.0), "PASS"),
+        ((64.0, 100.0), (64.0, 110.0), "PASS"),
+        ((64.0, 100.0), (64.0, 97.0), "FAIL: external/native throughput is 0.9700, below 0.98"),
+        ((64.0, 100.0), (63.5, 100.0), "FAIL: generated-token means differ"),
+        ((64.0, 0.0), (64.0, 100.0), "FAIL: throughput must be positive"),
+    ],
+)
 def test_step4_snippet_on_synthetic_logs_and_agreement(tmp_path, native, external, verdict):
     a = perf_log(tmp_path / "native.perf.log", *native)
     b = perf_log(tmp_path / "external.perf.log", *external)
@@ -309,24 +323,49 @@ def fake(tmp_path):
 
 def test_perf_pass(fake):
     samples = []
-    r = perf_gate(fake("native"), fake("external", tps="99"), pairs=4, min_ratio=0.98, warmup=1,
-                  on_sample=lambda *a: samples.append(a))
+    r = perf_gate(
+        fake("native"),
+        fake("external", tps="99"),
+        pairs=4,
+        min_ratio=0.98,
+        warmup=1,
+        on_sample=lambda *a: samples.append(a),
+    )
     assert r.passed, r.line
-    assert r.line == ("PASS: external/native throughput median ratio 0.9900 "
-                      "(native=100.00 external=99.00 tokens/s over 4 pairs)")
+    assert r.line == (
+        "PASS: external/native throughput median ratio 0.9900 (native=100.00 external=99.00 tokens/s over 4 pairs)"
+    )
     assert r.details["median_ratio"] == pytest.approx(0.99)
     assert r.details["generated_tokens_mean"] == 32.0
     assert len([l for l in r.info if l.startswith("pair ")]) == 4
-    assert samples == [("native", 0, 100.0), ("external", 0, 99.0), ("external", 1, 99.0), ("native", 1, 100.0),
-                       ("native", 2, 100.0), ("external", 2, 99.0), ("external", 3, 99.0), ("native", 3, 100.0)]
+    assert samples == [
+        ("native", 0, 100.0),
+        ("external", 0, 99.0),
+        ("external", 1, 99.0),
+        ("native", 1, 100.0),
+        ("native", 2, 100.0),
+        ("external", 2, 99.0),
+        ("external", 3, 99.0),
+        ("native", 3, 100.0),
+    ]
 
 
 def test_perf_alternation_order(fake):
     r = perf_gate(fake("native"), fake("external"), pairs=4, min_ratio=0.98, warmup=1)
     assert r.passed
     order = fake.log.read_text().split()
-    assert order == ["native", "external",  # warm-up
-                     "native", "external", "external", "native", "native", "external", "external", "native"]
+    assert order == [
+        "native",
+        "external",  # warm-up
+        "native",
+        "external",
+        "external",
+        "native",
+        "native",
+        "external",
+        "external",
+        "native",
+    ]
     assert r.details["order"] == [["native", "external"], ["external", "native"]] * 2
 
 
@@ -341,8 +380,10 @@ def test_perf_warmup_count(fake):
 def test_perf_fail_on_ratio(fake):
     r = perf_gate(fake("native"), fake("external", tps="90"), pairs=2, min_ratio=0.98, warmup=0)
     assert not r.passed
-    assert r.line == ("FAIL: external/native throughput median ratio 0.9000 is below 0.98 "
-                      "(native=100.00 external=90.00 tokens/s over 2 pairs)")
+    assert r.line == (
+        "FAIL: external/native throughput median ratio 0.9000 is below 0.98 "
+        "(native=100.00 external=90.00 tokens/s over 2 pairs)"
+    )
 
 
 def test_perf_median_not_mean(fake):
@@ -350,8 +391,13 @@ def test_perf_median_not_mean(fake):
     r = perf_gate(fake("native"), fake("external", tps="50,100"), pairs=5, min_ratio=0.98, warmup=0)
     assert r.details["ratios"] == [0.5, 1.0, 1.0, 1.0, 1.0]
     assert r.passed and r.details["median_ratio"] == 1.0  # the mean (0.9) would fail
-    r = perf_gate(fake("native"), fake("external", tps="100,100,100,50,50,50,50,50,50,50,50,50,50,50"), pairs=3,
-                  min_ratio=0.98, warmup=0)
+    r = perf_gate(
+        fake("native"),
+        fake("external", tps="100,100,100,50,50,50,50,50,50,50,50,50,50,50"),
+        pairs=3,
+        min_ratio=0.98,
+        warmup=0,
+    )
     assert not r.passed  # external log already holds 5 runs: now 50, 50, 50
 
 
@@ -364,8 +410,7 @@ def test_perf_fail_on_generated_tokens(fake):
 def test_perf_fail_on_nonzero_exit(fake):
     r = perf_gate(fake("native"), fake("external", rc=3), pairs=2, min_ratio=0.98, warmup=1)
     assert not r.passed
-    assert r.line == ("FAIL: external command exited with status 3 (warmup 1/1): "
-                      "external: CUDA error: out of memory")
+    assert r.line == ("FAIL: external command exited with status 3 (warmup 1/1): external: CUDA error: out of memory")
     r = perf_gate(fake("native", rc=1), fake("external"), pairs=2, min_ratio=0.98, warmup=0)
     assert r.line.startswith("FAIL: native command exited with status 1 (pair 1/2)")
 
@@ -381,8 +426,13 @@ def test_perf_no_benchmark_line(tmp_path):
 
 
 def test_perf_encoders(fake):
-    r = perf_gate(fake("native", gen="embed", tps="50"), fake("external", gen="embed", tps="51"), pairs=2,
-                  min_ratio=0.98, warmup=0)
+    r = perf_gate(
+        fake("native", gen="embed", tps="50"),
+        fake("external", gen="embed", tps="51"),
+        pairs=2,
+        min_ratio=0.98,
+        warmup=0,
+    )
     assert r.passed and r.line.endswith("(native=50.00 external=51.00 embeddings/s over 2 pairs)")
     r = perf_gate(fake("native", gen="embed", tps="50"), fake("external", tps="51"), pairs=1, min_ratio=0.98, warmup=0)
     assert not r.passed and "compare like with like" in r.line
@@ -393,10 +443,17 @@ def test_perf_tutorial_style_command():
     assert perf_gate(cmd, cmd, pairs=2, min_ratio=0.98, warmup=1).passed
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({"pairs": 0}, "--pairs"), ({"warmup": -1}, "--warmup"), ({"min_ratio": 0}, "--min-ratio"),
-    ({"min_ratio": float("nan")}, "--min-ratio"), ({"native_cmd": " "}, "--native"), ({"external_cmd": ""}, "--external"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"pairs": 0}, "--pairs"),
+        ({"warmup": -1}, "--warmup"),
+        ({"min_ratio": 0}, "--min-ratio"),
+        ({"min_ratio": float("nan")}, "--min-ratio"),
+        ({"native_cmd": " "}, "--native"),
+        ({"external_cmd": ""}, "--external"),
+    ],
+)
 def test_perf_bad_args(kw, match):
     args = {"native_cmd": "true", "external_cmd": "true", "pairs": 1, "min_ratio": 0.98, "warmup": 0}
     args.update(kw)
@@ -417,8 +474,22 @@ def test_perf_progress_and_cancel(tmp_path):
 
 
 def test_perf_cli(fake, capsys):
-    rc = main(["verify", "perf", "--native", fake("native"), "--external", fake("external", tps="99"),
-               "--pairs", "2", "--min-ratio", "0.98", "--warmup", "1"])
+    rc = main(
+        [
+            "verify",
+            "perf",
+            "--native",
+            fake("native"),
+            "--external",
+            fake("external", tps="99"),
+            "--pairs",
+            "2",
+            "--min-ratio",
+            "0.98",
+            "--warmup",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out.splitlines()
     assert rc == 0
     assert out[0] == "warmup 1/1: done"

@@ -21,12 +21,22 @@ def bundles(tmp_path_factory):
     d = tmp_path_factory.mktemp("lockstep")
     args = dict(model="demo:qwen3-tiny", max_cache_length=64)
     native = build_bundle(BuildArgs(precision="fp32", **args), d / "native.bundle")
-    slot = build_bundle(BuildArgs(precision="fp32", **args), d / "slot.bundle", recipe=(RID, "decoder.logits_zero_bias"))
+    slot = build_bundle(
+        BuildArgs(precision="fp32", **args), d / "slot.bundle", recipe=(RID, "decoder.logits_zero_bias")
+    )
     bf16 = build_bundle(BuildArgs(precision="bf16", **args), d / "bf16.bundle")
     small = build_bundle(BuildArgs(precision="fp32", model="demo:qwen3-tiny", max_cache_length=32), d / "small.bundle")
     build_kernel("identity-copy", d / "kernel.so", cuda="off")
-    (d / "kb.json").write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": RID, "abi_sha256": slot.receipt["abi_sha256"], "library": "./kernel.so", "function": "run"}]}))
+    (d / "kb.json").write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "bindings": [
+                    {"id": RID, "abi_sha256": slot.receipt["abi_sha256"], "library": "./kernel.so", "function": "run"}
+                ],
+            }
+        )
+    )
     return d, native, slot, bf16, small
 
 
@@ -36,8 +46,20 @@ def _steps(out: str) -> list[float]:
 
 def test_identity_copy_slot_is_bit_identical_in_lockstep(bundles, mcore):
     d, native, slot, _, _ = bundles
-    r = mcore("verify", "logits", native.bundle_path, slot.bundle_path, "--kernel-bindings", d / "kb.json",
-              "--prompt", "hello world", "--max-new-tokens", "5", "--device", "cpu")
+    r = mcore(
+        "verify",
+        "logits",
+        native.bundle_path,
+        slot.bundle_path,
+        "--kernel-bindings",
+        d / "kb.json",
+        "--prompt",
+        "hello world",
+        "--max-new-tokens",
+        "5",
+        "--device",
+        "cpu",
+    )
     assert r.code == 0, r
     assert _steps(r.out) == [0.0] * 5
     assert "PASS: logits over 5 steps in lockstep: worst max_abs 0 (limit bit-identical); no greedy divergence" in r.out
@@ -49,37 +71,67 @@ def test_a_real_difference_fails_with_the_measured_max_abs(bundles, mcore):
     from mcore.pipeline import DecoderPipeline
 
     _, native, _, bf16, _ = bundles
-    r = mcore("verify", "logits", native.bundle_path, bf16.bundle_path, "--prompt", "hello world",
-              "--max-new-tokens", "4", "--device", "cpu")
+    r = mcore(
+        "verify",
+        "logits",
+        native.bundle_path,
+        bf16.bundle_path,
+        "--prompt",
+        "hello world",
+        "--max-new-tokens",
+        "4",
+        "--device",
+        "cpu",
+    )
     assert r.code == 1 and "FAIL: logits over 4 steps" in r.out, r
     # the reported numbers are the plain difference of the two pipelines' logits on the same tokens
     a, b = DecoderPipeline(native.bundle_path, device="cpu"), DecoderPipeline(bf16.bundle_path, device="cpu")
     ids = a.encode("hello world")
     toks = a.generate("hello world", 4, stop_at_eos=False).tokens
-    want = [float((x.reshape(-1) - y.reshape(-1)).abs().max()) for x, y in
-            zip(a.step_logits(ids, toks[:-1]), b.step_logits(ids, toks[:-1]))]
+    want = [
+        float((x.reshape(-1) - y.reshape(-1)).abs().max())
+        for x, y in zip(a.step_logits(ids, toks[:-1]), b.step_logits(ids, toks[:-1]))
+    ]
     got = _steps(r.out)
     assert len(got) == 4 and min(want) > 0
     assert got == pytest.approx(want, rel=1e-5)
     assert torch.tensor(got).max().item() == pytest.approx(float(re.search(r"worst max_abs (\S+)", r.out)[1]), rel=1e-5)
     # a loose enough limit passes the same pair
-    r = mcore("verify", "logits", native.bundle_path, bf16.bundle_path, "--prompt", "hello world",
-              "--max-new-tokens", "4", "--device", "cpu", "--max-abs", str(max(want) * 2))
+    r = mcore(
+        "verify",
+        "logits",
+        native.bundle_path,
+        bf16.bundle_path,
+        "--prompt",
+        "hello world",
+        "--max-new-tokens",
+        "4",
+        "--device",
+        "cpu",
+        "--max-abs",
+        str(max(want) * 2),
+    )
     assert r.code == 0 and "PASS" in r.out
 
 
-@pytest.mark.parametrize("extra,fragment", [
-    (("--max-abs", "nan"), "--max-abs nan must be a finite number >= 0"),
-    (("--max-abs", "-1"), "--max-abs -1.0 must be a finite number >= 0"),
-    (("--max-new-tokens", "0"), "--max-new-tokens 0 must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        (("--max-abs", "nan"), "--max-abs nan must be a finite number >= 0"),
+        (("--max-abs", "-1"), "--max-abs -1.0 must be a finite number >= 0"),
+        (("--max-new-tokens", "0"), "--max-new-tokens 0 must be at least 1"),
+    ],
+)
 def test_bad_values_are_one_line_errors(bundles, mcore, extra, fragment):
     _, native, _, bf16, _ = bundles
-    assert_user_error(mcore("verify", "logits", native.bundle_path, bf16.bundle_path, "--prompt", "hi", *extra),
-                      fragment)
+    assert_user_error(
+        mcore("verify", "logits", native.bundle_path, bf16.bundle_path, "--prompt", "hi", *extra), fragment
+    )
 
 
 def test_bundles_that_are_not_twins_are_refused(bundles, mcore):
     _, native, _, _, small = bundles
-    assert_user_error(mcore("verify", "logits", native.bundle_path, small.bundle_path, "--prompt", "hi",
-                            "--device", "cpu"), "not built from the same model and KV capacity")
+    assert_user_error(
+        mcore("verify", "logits", native.bundle_path, small.bundle_path, "--prompt", "hi", "--device", "cpu"),
+        "not built from the same model and KV capacity",
+    )

@@ -33,8 +33,18 @@ def _steps(out: str) -> list[tuple[int, float, float, int, int]]:
 @pytest.mark.parametrize("chat", [False, True])
 def test_decoder_matches_transformers_step_by_step(built, mcore, chat):
     ckpt, bundle = built["q"]
-    res = mcore("verify", "reference", bundle, "--checkpoint", ckpt, "--prompt", "The quick brown fox",
-                "--max-new-tokens", "6", *(["--chat"] if chat else []))
+    res = mcore(
+        "verify",
+        "reference",
+        bundle,
+        "--checkpoint",
+        ckpt,
+        "--prompt",
+        "The quick brown fox",
+        "--max-new-tokens",
+        "6",
+        *(["--chat"] if chat else []),
+    )
     assert res.code == 0, res
     steps = _steps(res.out)
     assert [s[0] for s in steps] == list(range(6))
@@ -67,11 +77,13 @@ def test_a_wrong_engine_is_caught(built, mcore, monkeypatch):
         def broken(ids, cl, *caches):
             (logits,) = dec(ids, cl, *caches)
             return (logits.flip(-1),)
+
         self.runners["decode"] = broken
 
     monkeypatch.setattr(P.DecoderPipeline, "__init__", init)
-    res = mcore("verify", "reference", bundle, "--checkpoint", ckpt, "--prompt", "The quick brown fox",
-                "--max-new-tokens", "3")
+    res = mcore(
+        "verify", "reference", bundle, "--checkpoint", ckpt, "--prompt", "The quick brown fox", "--max-new-tokens", "3"
+    )
     assert res.code == 1, res
     assert "first_diverging_token=step 1" in res.out
     assert res.out.strip().splitlines()[-1].startswith("FAIL: reference check")
@@ -80,8 +92,10 @@ def test_a_wrong_engine_is_caught(built, mcore, monkeypatch):
 def test_checkpoint_must_be_the_bundles(built, mcore):
     ckpt, _ = built["e"]
     _, qbundle = built["q"]
-    assert_user_error(mcore("verify", "reference", qbundle, "--checkpoint", ckpt, "--prompt", "hi"),
-                      "config.json differs from the bundle's")
+    assert_user_error(
+        mcore("verify", "reference", qbundle, "--checkpoint", ckpt, "--prompt", "hi"),
+        "config.json differs from the bundle's",
+    )
 
 
 def test_without_transformers_says_how_to_install(built, mcore, monkeypatch):
@@ -94,5 +108,6 @@ def test_without_transformers_says_how_to_install(built, mcore, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_transformers)
     ckpt, bundle = built["q"]
-    assert_user_error(mcore("verify", "reference", bundle, "--checkpoint", ckpt, "--prompt", "hi"),
-                      "pip install transformers")
+    assert_user_error(
+        mcore("verify", "reference", bundle, "--checkpoint", ckpt, "--prompt", "hi"), "pip install transformers"
+    )

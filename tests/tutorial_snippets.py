@@ -74,5 +74,6 @@ def tutorial_path() -> Path | None:
 
 def run_snippet(snippet: str, *args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run a snippet exactly as the tutorial does: the code on stdin of `python -`, files as argv."""
-    return subprocess.run([sys.executable, "-", *map(str, args)], input=snippet, text=True,
-                          capture_output=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-", *map(str, args)], input=snippet, text=True, capture_output=True, timeout=timeout
+    )

@@ -83,16 +83,20 @@ class ActionContext:
         from mcore import load_bindings_manifest
 
         if self.trusted_libraries is None:
-            raise UserError(f"{self.where}loads native code through field {what} ({manifest}); pass "
-                            f"{TRUST_FLAG} DIR naming the folder (inside the workdir) of libraries you trust")
+            raise UserError(
+                f"{self.where}loads native code through field {what} ({manifest}); pass "
+                f"{TRUST_FLAG} DIR naming the folder (inside the workdir) of libraries you trust"
+            )
         trusted = self.trusted_libraries.resolve()
         for b in load_bindings_manifest(self.path(manifest, what)):
             try:
                 b.library_path.relative_to(trusted)
             except ValueError:
-                raise UserError(f"{self.where}field {what}: library {self.rel(b.library_path)} is outside the "
-                                f"trusted folder {self.rel(trusted)}; pass {TRUST_FLAG} naming its folder "
-                                f"if you trust it") from None
+                raise UserError(
+                    f"{self.where}field {what}: library {self.rel(b.library_path)} is outside the "
+                    f"trusted folder {self.rel(trusted)}; pass {TRUST_FLAG} naming its folder "
+                    f"if you trust it"
+                ) from None
 
     def check_code(self, script: Path, what: str) -> None:
         """Before a step runs a Python script from the workdir (an exporter): in a replayed session,
@@ -100,13 +104,17 @@ class ActionContext:
         if not self.confined:
             return
         if self.trusted_libraries is None:
-            raise UserError(f"{self.where}runs code through field {what} ({self.rel(script)}); pass {TRUST_FLAG} DIR "
-                            f"naming the folder (inside the workdir) of code you trust")
+            raise UserError(
+                f"{self.where}runs code through field {what} ({self.rel(script)}); pass {TRUST_FLAG} DIR "
+                f"naming the folder (inside the workdir) of code you trust"
+            )
         try:
             script.resolve().relative_to(self.trusted_libraries.resolve())
         except ValueError:
-            raise UserError(f"{self.where}field {what}: {self.rel(script)} is outside the trusted folder "
-                            f"{self.rel(self.trusted_libraries)}; pass {TRUST_FLAG} naming its folder if you trust it") from None
+            raise UserError(
+                f"{self.where}field {what}: {self.rel(script)} is outside the trusted folder "
+                f"{self.rel(self.trusted_libraries)}; pass {TRUST_FLAG} naming its folder if you trust it"
+            ) from None
 
     def rel(self, p: Any) -> Optional[str]:
         """A path as recorded in results: relative to the workdir when inside it."""
@@ -170,6 +178,7 @@ def _model_spec_where(spec: Any) -> Optional[str]:
         return f"{spec!r} leaves the workdir"
     return None
 
+
 def _build_args(d: Any):
     from mcore import BuildArgs
 
@@ -223,8 +232,9 @@ def _receipt_results(ctx: ActionContext, receipt: dict[str, Any], path: Path) ->
     }
 
 
-def _pipeline(ctx: ActionContext, kind: Optional[str], bundle: str, kernel_bindings: Optional[str],
-              engine: str = "auto"):
+def _pipeline(
+    ctx: ActionContext, kind: Optional[str], bundle: str, kernel_bindings: Optional[str], engine: str = "auto"
+):
     """The pipeline over `bundle`: the class for `kind` (the verb's: a wrong bundle is refused with
     the verb to use), or with kind None the class the bundle's family kind calls for."""
     from mcore import DecoderPipeline, EncoderPipeline, open_bundle, open_pipeline
@@ -232,8 +242,13 @@ def _pipeline(ctx: ActionContext, kind: Optional[str], bundle: str, kernel_bindi
     bpath = str(ctx.path(bundle, "bundle"))
     ctx.check_native(kernel_bindings)
     b = open_bundle(bpath)
-    kw = dict(kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"), device=ctx.device,
-              progress=ctx.progress, announce=ctx.announce, engine=engine)
+    kw = dict(
+        kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"),
+        device=ctx.device,
+        progress=ctx.progress,
+        announce=ctx.announce,
+        engine=engine,
+    )
     if kind is None:
         pipe = open_pipeline(b, **kw)
     else:
@@ -245,6 +260,7 @@ def _pipeline(ctx: ActionContext, kind: Optional[str], bundle: str, kernel_bindi
 
 
 # ---------------------------------------------------------------------------- actions
+
 
 def capture_graph(ctx: ActionContext, build_args: dict, engine_role: str, snapshot: str) -> dict:
     """`mcore graph inspect`: capture one engine role's graph and write its snapshot."""
@@ -260,8 +276,14 @@ def capture_graph(ctx: ActionContext, build_args: dict, engine_role: str, snapsh
     for n in snap["nodes"]:
         ops[n["op"]] = ops.get(n["op"], 0) + 1
     # `ops` is not compared; replay shows it when a fingerprint differs, to say what changed.
-    return {"fingerprint": snap["fingerprint"], "nodes": len(snap["nodes"]), "tensors": len(snap["tensors"]),
-            "recipes": len(snap.get("recipes", [])), "snapshot": ctx.rel(out), "ops": dict(sorted(ops.items()))}
+    return {
+        "fingerprint": snap["fingerprint"],
+        "nodes": len(snap["nodes"]),
+        "tensors": len(snap["tensors"]),
+        "recipes": len(snap.get("recipes", [])),
+        "snapshot": ctx.rel(out),
+        "ops": dict(sorted(ops.items())),
+    }
 
 
 def list_recipes(ctx: ActionContext, snapshot: str) -> dict:
@@ -283,16 +305,28 @@ def list_nodes(ctx: ActionContext, snapshot: str, match: Optional[str] = None, l
     ix = SnapshotIndex(snap)
     nodes = [n for n in snap["nodes"] if node_matches(n, match)]
     if last is not None:
-        nodes = nodes[-_int(last, "last", 1):]
-    return {"ids": [n["id"] for n in nodes], "count": len(nodes),
-            "nodes": [{"id": n["id"], "op": n["op"], "category": n.get("category", ""),
-                       "module_path": n["module_path"], "inputs": list(n["inputs"]),
-                       "outputs": list(n["outputs"])} for n in nodes],
-            "lines": [node_row(ix, n) for n in nodes]}
+        nodes = nodes[-_int(last, "last", 1) :]
+    return {
+        "ids": [n["id"] for n in nodes],
+        "count": len(nodes),
+        "nodes": [
+            {
+                "id": n["id"],
+                "op": n["op"],
+                "category": n.get("category", ""),
+                "module_path": n["module_path"],
+                "inputs": list(n["inputs"]),
+                "outputs": list(n["outputs"]),
+            }
+            for n in nodes
+        ],
+        "lines": [node_row(ix, n) for n in nodes],
+    }
 
 
-def select_recipe(ctx: ActionContext, snapshot: str, recipe_id: str, instance: str, receipt: str,
-                  binding_id: Optional[str] = None) -> dict:
+def select_recipe(
+    ctx: ActionContext, snapshot: str, recipe_id: str, instance: str, receipt: str, binding_id: Optional[str] = None
+) -> dict:
     """Resolve one recipe instance through select_region() and write its receipt."""
     from mcore import load_snapshot, select_recipe as _select, write_json
 
@@ -303,9 +337,16 @@ def select_recipe(ctx: ActionContext, snapshot: str, recipe_id: str, instance: s
     return _receipt_results(ctx, rec, out)
 
 
-def select_nodes(ctx: ActionContext, snapshot: str, node_ids: list, binding_id: str, receipt: str,
-                 workspace_bytes: int = 0, extra_args: Optional[list] = None,
-                 output_shape_input: Optional[int] = None) -> dict:
+def select_nodes(
+    ctx: ActionContext,
+    snapshot: str,
+    node_ids: list,
+    binding_id: str,
+    receipt: str,
+    workspace_bytes: int = 0,
+    extra_args: Optional[list] = None,
+    output_shape_input: Optional[int] = None,
+) -> dict:
     """`mcore graph select --nodes ...`: validate a hand-picked region and write its receipt."""
     from mcore import load_snapshot, select_region, write_json
 
@@ -327,8 +368,12 @@ def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto",
     variant = getattr(k, "variant", None)
     describe = k.describe() if hasattr(k, "describe") else str(variant)
     ctx.say(f"built {name}: {describe}")
-    return {"library": ctx.rel(k), "variant": variant, "function": getattr(k, "function", "run"),
-            "description": describe}
+    return {
+        "library": ctx.rel(k),
+        "variant": variant,
+        "function": getattr(k, "function", "run"),
+        "description": describe,
+    }
 
 
 def kernel_stub(ctx: ActionContext, receipt: str, snapshot: str, output: str, overwrite: bool = False) -> dict:
@@ -339,10 +384,18 @@ def kernel_stub(ctx: ActionContext, receipt: str, snapshot: str, output: str, ov
     out = ctx.path(output, "output")
     r = write_exporter(ctx.path(receipt, "receipt"), ctx.path(snapshot, "snapshot"), out, overwrite=bool(overwrite))
     body = "generated" if r.known is not None else "scaffold"
-    ctx.say(f"exporter written: {ctx.rel(r.path)} (kernel body {body}"
-            + (f": {r.known.summary})" if r.known is not None else f"; {r.reason})"))
-    return {"path": ctx.rel(r.path), "binding_id": r.binding_id, "abi_sha256": r.abi_sha256, "body": body,
-            "op": r.known.summary if r.known is not None else None, "reason": ctx.strip(r.reason)}
+    ctx.say(
+        f"exporter written: {ctx.rel(r.path)} (kernel body {body}"
+        + (f": {r.known.summary})" if r.known is not None else f"; {r.reason})")
+    )
+    return {
+        "path": ctx.rel(r.path),
+        "binding_id": r.binding_id,
+        "abi_sha256": r.abi_sha256,
+        "body": body,
+        "op": r.known.summary if r.known is not None else None,
+        "reason": ctx.strip(r.reason),
+    }
 
 
 def export_kernel(ctx: ActionContext, exporter: str, receipt: str, output: str, snapshot: Optional[str] = None) -> dict:
@@ -358,9 +411,15 @@ def export_kernel(ctx: ActionContext, exporter: str, receipt: str, output: str, 
         exporter_arg: str = str(script)
     else:
         exporter_arg = exporter
-    r = run_exporter(exporter_arg, ctx.path(receipt, "receipt"), ctx.path(output, "output"),
-                     snapshot=_opt_path(ctx, snapshot, "snapshot"), progress=ctx.progress, log=ctx.log,
-                     cwd=ctx.workdir)
+    r = run_exporter(
+        exporter_arg,
+        ctx.path(receipt, "receipt"),
+        ctx.path(output, "output"),
+        snapshot=_opt_path(ctx, snapshot, "snapshot"),
+        progress=ctx.progress,
+        log=ctx.log,
+        cwd=ctx.workdir,
+    )
     ctx.say(f"exported {ctx.rel(r.library)} ({r.arch or 'arch not printed'})")
     return {"library": ctx.rel(r.library), "binding_id": r.binding_id, "abi_sha256": r.abi_sha256, "arch": r.arch}
 
@@ -377,30 +436,59 @@ def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str
     except ValueError:  # other drive (Windows)
         rel_lib = str(lib)
     if rel_lib == ".." or rel_lib.startswith(".." + os.sep) or os.path.isabs(rel_lib):
-        raise UserError(f"library {library} is outside the manifest's folder {ctx.rel(mpath.parent) or '.'}; "
-                        "copy the DSO next to the manifest")
+        raise UserError(
+            f"library {library} is outside the manifest's folder {ctx.rel(mpath.parent) or '.'}; "
+            "copy the DSO next to the manifest"
+        )
     rel_lib = "./" + Path(rel_lib).as_posix()
-    data = {"schema_version": BINDINGS_SCHEMA_VERSION,
-            "bindings": [{"id": rec["binding_id"], "abi_sha256": rec["abi_sha256"], "library": rel_lib,
-                          "function": _str(function, "function")}]}
+    data = {
+        "schema_version": BINDINGS_SCHEMA_VERSION,
+        "bindings": [
+            {
+                "id": rec["binding_id"],
+                "abi_sha256": rec["abi_sha256"],
+                "library": rel_lib,
+                "function": _str(function, "function"),
+            }
+        ],
+    }
     write_json(mpath, data)
     load_bindings_manifest(mpath)  # the same strict check a pipeline applies (loads no DSO)
-    return {"manifest": ctx.rel(mpath), "binding_id": rec["binding_id"], "abi_sha256": rec["abi_sha256"],
-            "library": rel_lib}
+    return {
+        "manifest": ctx.rel(mpath),
+        "binding_id": rec["binding_id"],
+        "abi_sha256": rec["abi_sha256"],
+        "library": rel_lib,
+    }
 
 
-def build_bundle(ctx: ActionContext, build_args: dict, output: str, recipe: Optional[list] = None,
-                 graph_patch: Optional[str] = None, device: Optional[str] = None) -> dict:
+def build_bundle(
+    ctx: ActionContext,
+    build_args: dict,
+    output: str,
+    recipe: Optional[list] = None,
+    graph_patch: Optional[str] = None,
+    device: Optional[str] = None,
+) -> dict:
     """`mcore build`: native (no recipe/patch) or slot-ready (recipe or graph_patch) bundle."""
     from mcore import abi_lines, build_bundle as _build
 
     args = _build_args(build_args)
-    if recipe is not None and (not isinstance(recipe, (list, tuple)) or len(recipe) < 2
-                               or not all(isinstance(x, str) for x in recipe)):
-        raise UserError(f"recipe must be [RECIPE_ID, INSTANCE, ...] (or [RECIPE_ID, \"all-instances\"]), got {recipe!r}")
+    if recipe is not None and (
+        not isinstance(recipe, (list, tuple)) or len(recipe) < 2 or not all(isinstance(x, str) for x in recipe)
+    ):
+        raise UserError(
+            f"recipe must be [RECIPE_ID, INSTANCE, ...] (or [RECIPE_ID, \"all-instances\"]), got {recipe!r}"
+        )
     out = ctx.path(output, "output")
-    res = _build(args, out, recipe=tuple(recipe) if recipe else None,
-                 graph_patch=_opt_path(ctx, graph_patch, "graph_patch"), device=device, progress=ctx.progress)
+    res = _build(
+        args,
+        out,
+        recipe=tuple(recipe) if recipe else None,
+        graph_patch=_opt_path(ctx, graph_patch, "graph_patch"),
+        device=device,
+        progress=ctx.progress,
+    )
     m = res.manifest
     receipt_path = res.receipt_path or (ctx.path(graph_patch) if graph_patch else None)
     ctx.say(f"bundle written: {ctx.rel(res.bundle_path)} ({len(m['kernel_slots'])} kernel slot(s))")
@@ -413,8 +501,15 @@ def build_bundle(ctx: ActionContext, build_args: dict, output: str, recipe: Opti
     }
 
 
-def generate(ctx: ActionContext, bundle: str, prompt: str, max_new_tokens: int, output: Optional[str] = None,
-             kernel_bindings: Optional[str] = None, chat: bool = False) -> dict:
+def generate(
+    ctx: ActionContext,
+    bundle: str,
+    prompt: str,
+    max_new_tokens: int,
+    output: Optional[str] = None,
+    kernel_bindings: Optional[str] = None,
+    chat: bool = False,
+) -> dict:
     """`mcore run --greedy [--chat] [--output FILE]`: greedy generation; writes JSONL {prompt, tokens, text}."""
     from mcore import atomic_write
 
@@ -432,8 +527,14 @@ def generate(ctx: ActionContext, bundle: str, prompt: str, max_new_tokens: int, 
     return {"tokens": list(r.tokens), "text": r.text, "output": ctx.rel(out), "seconds": round(seconds, 4)}
 
 
-def embed(ctx: ActionContext, bundle: str, prompt: str, output: Optional[str] = None,
-          kernel_bindings: Optional[str] = None, pooling: Optional[str] = None) -> dict:
+def embed(
+    ctx: ActionContext,
+    bundle: str,
+    prompt: str,
+    output: Optional[str] = None,
+    kernel_bindings: Optional[str] = None,
+    pooling: Optional[str] = None,
+) -> dict:
     """`mcore embed [--pooling P]`: the embedding (pooled as the checkpoint declares unless `pooling`
     says otherwise); writes {"embedding": [...]} like the CLI's stdout."""
     from mcore import atomic_write
@@ -446,42 +547,79 @@ def embed(ctx: ActionContext, bundle: str, prompt: str, output: Optional[str] = 
     if out is not None:
         text = json.dumps({"embedding": values}) + "\n"
         atomic_write(out, lambda f: f.write(text))
-    return {"values": len(values), "output": ctx.rel(out), "pooling": mode, "normalize": normalize,
-            "pooling_from": why}
+    return {"values": len(values), "output": ctx.rel(out), "pooling": mode, "normalize": normalize, "pooling_from": why}
 
 
-def verify_reference(ctx: ActionContext, bundle: str, checkpoint: str, prompt: str, max_new_tokens: int = 8,
-                     chat: bool = False, kernel_bindings: Optional[str] = None) -> dict:
+def verify_reference(
+    ctx: ActionContext,
+    bundle: str,
+    checkpoint: str,
+    prompt: str,
+    max_new_tokens: int = 8,
+    chat: bool = False,
+    kernel_bindings: Optional[str] = None,
+) -> dict:
     """`mcore verify reference`: the engine against transformers on the same checkpoint, per step."""
     from mcore import reference_check
 
     ctx.check_native(kernel_bindings)
-    r = reference_check(str(ctx.path(bundle, "bundle")), _str(checkpoint, "checkpoint"), _str(prompt, "prompt"),
-                        max_new_tokens=_int(max_new_tokens, "max_new_tokens", 1), chat=_bool(chat, "chat"),
-                        kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"), device=ctx.device,
-                        progress=ctx.progress, announce=ctx.announce)
+    r = reference_check(
+        str(ctx.path(bundle, "bundle")),
+        _str(checkpoint, "checkpoint"),
+        _str(prompt, "prompt"),
+        max_new_tokens=_int(max_new_tokens, "max_new_tokens", 1),
+        chat=_bool(chat, "chat"),
+        kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"),
+        device=ctx.device,
+        progress=ctx.progress,
+        announce=ctx.announce,
+    )
     for line in r.info + [r.line]:
         ctx.say(ctx.strip(line))
     d = r.details
-    return {**_gate_results(ctx, r), "first_diverging_step": d.get("first_diverging_step"),
-            "max_abs": d.get("max_abs"), "min_cosine": d.get("min_cosine")}
+    return {
+        **_gate_results(ctx, r),
+        "first_diverging_step": d.get("first_diverging_step"),
+        "max_abs": d.get("max_abs"),
+        "min_cosine": d.get("min_cosine"),
+    }
 
 
-def gate_logits(ctx: ActionContext, native_bundle: str, external_bundle: str, prompt: str, max_new_tokens: int = 16,
-                kernel_bindings: Optional[str] = None, chat: bool = False, max_abs: float = 0.0) -> dict:
+def gate_logits(
+    ctx: ActionContext,
+    native_bundle: str,
+    external_bundle: str,
+    prompt: str,
+    max_new_tokens: int = 16,
+    kernel_bindings: Optional[str] = None,
+    chat: bool = False,
+    max_abs: float = 0.0,
+) -> dict:
     """`mcore verify logits`: both bundles stepped on the native greedy tokens, logits compared per step."""
     from mcore import lockstep_logits
 
     ctx.check_native(kernel_bindings)
-    r = lockstep_logits(str(ctx.path(native_bundle, "native_bundle")), str(ctx.path(external_bundle, "external_bundle")),
-                        _opt_path(ctx, kernel_bindings, "kernel_bindings"), _str(prompt, "prompt"),
-                        max_new_tokens=_int(max_new_tokens, "max_new_tokens", 1), max_abs=_num(max_abs, "max_abs"),
-                        chat=_bool(chat, "chat"), device=ctx.device, progress=ctx.progress, announce=ctx.announce)
+    r = lockstep_logits(
+        str(ctx.path(native_bundle, "native_bundle")),
+        str(ctx.path(external_bundle, "external_bundle")),
+        _opt_path(ctx, kernel_bindings, "kernel_bindings"),
+        _str(prompt, "prompt"),
+        max_new_tokens=_int(max_new_tokens, "max_new_tokens", 1),
+        max_abs=_num(max_abs, "max_abs"),
+        chat=_bool(chat, "chat"),
+        device=ctx.device,
+        progress=ctx.progress,
+        announce=ctx.announce,
+    )
     for line in r.info + [r.line]:
         ctx.say(ctx.strip(line))
     d = r.details
-    return {**_gate_results(ctx, r), "steps": [s["max_abs"] for s in d["steps"]], "max_abs": d["max_abs"],
-            "first_divergence": d["first_divergence"]}
+    return {
+        **_gate_results(ctx, r),
+        "steps": [s["max_abs"] for s in d["steps"]],
+        "max_abs": d["max_abs"],
+        "first_divergence": d["first_divergence"],
+    }
 
 
 def _gate_results(ctx: ActionContext, r: Any) -> dict:
@@ -497,22 +635,33 @@ def gate_tokens(ctx: ActionContext, native: str, external: str) -> dict:
     return _gate_results(ctx, r)
 
 
-def gate_embeddings(ctx: ActionContext, native: str, external: str, max_abs: float = 0.02,
-                    min_cosine: float = 0.999) -> dict:
+def gate_embeddings(
+    ctx: ActionContext, native: str, external: str, max_abs: float = 0.02, min_cosine: float = 0.999
+) -> dict:
     """max |a-b| and cosine similarity of two embeddings against the tutorial's thresholds."""
     from mcore import compare_embeddings
 
-    r = compare_embeddings(ctx.path(native, "native"), ctx.path(external, "external"),
-                           max_abs=_num(max_abs, "max_abs"), min_cosine=_num(min_cosine, "min_cosine"))
+    r = compare_embeddings(
+        ctx.path(native, "native"),
+        ctx.path(external, "external"),
+        max_abs=_num(max_abs, "max_abs"),
+        min_cosine=_num(min_cosine, "min_cosine"),
+    )
     for line in r.info + [r.line]:
         ctx.say(line)
     d = r.details
-    return {**_gate_results(ctx, r), "values": d.get("values"), "max_abs": d.get("max_abs"),
-            "cosine": d.get("cosine")}
+    return {**_gate_results(ctx, r), "values": d.get("values"), "max_abs": d.get("max_abs"), "cosine": d.get("cosine")}
 
 
-def _mcore_cmd(kind: str, bundle: Path, kernel_bindings: Optional[str], prompt: str,
-               max_new_tokens: Optional[int], bench_warmup: int, bench_runs: int) -> str:
+def _mcore_cmd(
+    kind: str,
+    bundle: Path,
+    kernel_bindings: Optional[str],
+    prompt: str,
+    max_new_tokens: Optional[int],
+    bench_warmup: int,
+    bench_runs: int,
+) -> str:
     """The fresh-process benchmark command for one arm (`mcore run|embed ... --benchmark N`)."""
     prefix = ""
     try:
@@ -531,9 +680,19 @@ def _mcore_cmd(kind: str, bundle: Path, kernel_bindings: Optional[str], prompt: 
     return prefix + " ".join(shlex.quote(c) for c in cmd)
 
 
-def gate_perf(ctx: ActionContext, native_bundle: str, external_bundle: str, kernel_bindings: Optional[str],
-              prompt: str, max_new_tokens: Optional[int] = None, pairs: int = 6, min_ratio: float = 0.98,
-              warmup: int = 1, bench_warmup: int = 2, bench_runs: int = 5) -> dict:
+def gate_perf(
+    ctx: ActionContext,
+    native_bundle: str,
+    external_bundle: str,
+    kernel_bindings: Optional[str],
+    prompt: str,
+    max_new_tokens: Optional[int] = None,
+    pairs: int = 6,
+    min_ratio: float = 0.98,
+    warmup: int = 1,
+    bench_warmup: int = 2,
+    bench_runs: int = 5,
+) -> dict:
     """The no-regression gate: `warmup` runs of each arm, then `pairs` alternating fresh-process
     native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`).
     The verdict is measured, so replay shows it but never compares it."""
@@ -547,20 +706,41 @@ def gate_perf(ctx: ActionContext, native_bundle: str, external_bundle: str, kern
     _str(prompt, "prompt")
     bw, br = _int(bench_warmup, "bench_warmup", 0), _int(bench_runs, "bench_runs", 1)
     native_cmd = _mcore_cmd(kind, nb, None, prompt, max_new_tokens, bw, br)
-    external_cmd = _mcore_cmd(kind, eb, _opt_path(ctx, kernel_bindings, "kernel_bindings"), prompt,
-                              max_new_tokens, bw, br)
-    r = perf_gate(native_cmd, external_cmd, pairs=_int(pairs, "pairs", 1), min_ratio=_num(min_ratio, "min_ratio"),
-                  warmup=_int(warmup, "warmup", 0), on_sample=ctx.on_sample, progress=ctx.progress,
-                  on_line=lambda line: ctx.say(ctx.strip(line)))
+    external_cmd = _mcore_cmd(
+        kind, eb, _opt_path(ctx, kernel_bindings, "kernel_bindings"), prompt, max_new_tokens, bw, br
+    )
+    r = perf_gate(
+        native_cmd,
+        external_cmd,
+        pairs=_int(pairs, "pairs", 1),
+        min_ratio=_num(min_ratio, "min_ratio"),
+        warmup=_int(warmup, "warmup", 0),
+        on_sample=ctx.on_sample,
+        progress=ctx.progress,
+        on_line=lambda line: ctx.say(ctx.strip(line)),
+    )
     ctx.say(r.line)
     d = r.details
-    return {**_gate_results(ctx, r), "ratio": d.get("median_ratio"), "native": d.get("native_median"),
-            "external": d.get("external_median"), "unit": d.get("unit"),
-            "samples": {"native": list(d.get("native", [])), "external": list(d.get("external", []))}}
+    return {
+        **_gate_results(ctx, r),
+        "ratio": d.get("median_ratio"),
+        "native": d.get("native_median"),
+        "external": d.get("external_median"),
+        "unit": d.get("unit"),
+        "samples": {"native": list(d.get("native", [])), "external": list(d.get("external", []))},
+    }
 
 
-def profile(ctx: ActionContext, bundle: str, output: str, role: Optional[str] = None, context: int = 128,
-            steps: int = 3, prompt: Optional[str] = None, kernel_bindings: Optional[str] = None) -> dict:
+def profile(
+    ctx: ActionContext,
+    bundle: str,
+    output: str,
+    role: Optional[str] = None,
+    context: int = 128,
+    steps: int = 3,
+    prompt: Optional[str] = None,
+    kernel_bindings: Optional[str] = None,
+) -> dict:
     """`mcore profile -o OUTPUT`: device time per node, module, recipe instance and slot, and the
     ranked candidate regions. Timings are measured: replay compares only which candidates exist."""
     from mcore import profile_pipeline, write_json
@@ -570,15 +750,27 @@ def profile(ctx: ActionContext, bundle: str, output: str, role: Optional[str] = 
     pipe = _pipeline(ctx, None, bundle, kernel_bindings, engine="torch")  # the bundle's family kind decides
     if role is None:
         role = "decode" if pipe.KIND == "decoder" else "encoder"
-    report = profile_pipeline(pipe, role, _int(context, "context", 1), _int(steps, "steps", 1), prompt,
-                              progress=ctx.progress, on_partial=ctx.on_partial)
+    report = profile_pipeline(
+        pipe,
+        role,
+        _int(context, "context", 1),
+        _int(steps, "steps", 1),
+        prompt,
+        progress=ctx.progress,
+        on_partial=ctx.on_partial,
+    )
     write_json(out, report)
     ctx.say(f"profile written: {ctx.rel(out)} ({len(report['candidates'])} candidate regions)")
     ident = [_candidate_ident(c) for c in report["candidates"]]
-    return {"role": report["role"], "context": report["context"], "profile": ctx.rel(out),
-            # which candidates exist is a fact of the graph; their order follows measured headroom
-            "candidates": sorted(ident, key=lambda c: json.dumps(c, sort_keys=True)),
-            "ranked": ident, "step_seconds": report["step_seconds"]}
+    return {
+        "role": report["role"],
+        "context": report["context"],
+        "profile": ctx.rel(out),
+        # which candidates exist is a fact of the graph; their order follows measured headroom
+        "candidates": sorted(ident, key=lambda c: json.dumps(c, sort_keys=True)),
+        "ranked": ident,
+        "step_seconds": report["step_seconds"],
+    }
 
 
 def _candidate_ident(c: dict) -> dict:
@@ -598,6 +790,7 @@ def _jsonable(v: Any) -> Any:
 # workbench/registry.py declares each action once (its function, path and native params,
 # stable keys, screen); it imports this module, so these helpers import it when they run.
 
+
 def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: str) -> None:
     """Every path a step names stays inside `workdir` (before anything runs); model specs too."""
     from .registry import REGISTRY
@@ -607,9 +800,12 @@ def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: 
             if not isinstance(params[name], str) or not params[name].strip():
                 raise UserError(f"{where}: field {name} must be a non-empty path string, got {params[name]!r}")
             confine(workdir, params[name], f"{where}: field {name}")
-    specs = {"build_args.model": (params.get("build_args") or {}).get("model")
-             if isinstance(params.get("build_args"), dict) else None,
-             "checkpoint": params.get("checkpoint") if action == "verify_reference" else None}
+    specs = {
+        "build_args.model": (params.get("build_args") or {}).get("model")
+        if isinstance(params.get("build_args"), dict)
+        else None,
+        "checkpoint": params.get("checkpoint") if action == "verify_reference" else None,
+    }
     for name, spec in specs.items():
         why = _model_spec_where(spec)
         if why is not None:

@@ -32,8 +32,12 @@ from .screens.base import SCREEN_ORDER, SIDE_SCREENS, WorkbenchScreen
 from .screens.guide import GuideState
 
 DEFAULT_TUTORIAL = "qwen-recipe"
-DEFAULT_BUILD_ARGS = {"model": "demo:qwen3-tiny", "precision": "fp32", "max_cache_length": 256,
-                      "decoder_engine_layout": "split"}
+DEFAULT_BUILD_ARGS = {
+    "model": "demo:qwen3-tiny",
+    "precision": "fp32",
+    "max_cache_length": 256,
+    "decoder_engine_layout": "split",
+}
 
 
 def tutorial_path(name: str) -> Path:
@@ -148,9 +152,16 @@ class WorkbenchApp(App):
         Binding("ctrl+q", "request_quit", "quit", show=False, priority=True),
     ]
 
-    def __init__(self, tutorial: Optional[str] = None, replay: Optional[str] = None,
-                 workdir: Optional[str] = None, ansi: Optional[bool] = None, *,
-                 start_screen: Optional[str] = None, state: Optional[WorkbenchState] = None):
+    def __init__(
+        self,
+        tutorial: Optional[str] = None,
+        replay: Optional[str] = None,
+        workdir: Optional[str] = None,
+        ansi: Optional[bool] = None,
+        *,
+        start_screen: Optional[str] = None,
+        state: Optional[WorkbenchState] = None,
+    ):
         if ansi is None:
             ansi = os.environ.get("WORKBENCH_ANSI", "") not in ("", "0")
         super().__init__(ansi_color=True if ansi else None)
@@ -194,9 +205,15 @@ class WorkbenchApp(App):
         from .screens.region import RegionScreen
         from .screens.verify import VerifyScreen
 
-        for name, cls in (("model", ModelScreen), ("graph", GraphScreen), ("region", RegionScreen),
-                          ("kernel", KernelScreen), ("build", BuildScreen), ("verify", VerifyScreen),
-                          ("profile", ProfileScreen)):
+        for name, cls in (
+            ("model", ModelScreen),
+            ("graph", GraphScreen),
+            ("region", RegionScreen),
+            ("kernel", KernelScreen),
+            ("build", BuildScreen),
+            ("verify", VerifyScreen),
+            ("profile", ProfileScreen),
+        ):
             self.install_screen(cls(), name=name)
         try:
             if self._tutorial_arg is not None:
@@ -235,8 +252,10 @@ class WorkbenchApp(App):
             self.report_error(str(e))
         except Exception as e:  # noqa: BLE001
             where = self._write_crash_log(f"key action {action}", {})
-            self.report_error(f"unexpected error in {action}: {type(e).__name__}: {e}".replace("\n", " ")[:300]
-                              + f" (details in {where}; please report it)")
+            self.report_error(
+                f"unexpected error in {action}: {type(e).__name__}: {e}".replace("\n", " ")[:300]
+                + f" (details in {where}; please report it)"
+            )
         return True
 
     # ------------------------------------------------------------------ navigation
@@ -339,6 +358,7 @@ class WorkbenchApp(App):
         if not self.unsaved_steps:
             self.exit()
             return
+
         def answered(choice: Optional[str]) -> None:
             if choice == "quit":
                 self.exit()
@@ -387,13 +407,21 @@ class WorkbenchApp(App):
                 self.report_error(str(e))
                 return
             self.saved_steps = len(sess)
-            self.say(f"saved {len(sess)} step(s) to {self.state.show_path(str(out))}; "
-                     f"replay: workbench replay {out}", "green")
+            self.say(
+                f"saved {len(sess)} step(s) to {self.state.show_path(str(out))}; replay: workbench replay {out}",
+                "green",
+            )
             if then_quit:
                 self.exit()
 
-        self.push_screen(PathPrompt("Save the session (every step taken so far) to:", default,
-                                    f"relative to the work folder {self.state.workdir}"), done)
+        self.push_screen(
+            PathPrompt(
+                "Save the session (every step taken so far) to:",
+                default,
+                f"relative to the work folder {self.state.workdir}",
+            ),
+            done,
+        )
 
     def action_open_session(self) -> None:
         from .screens.dialogs import PathPrompt
@@ -419,12 +447,21 @@ class WorkbenchApp(App):
             except UserError as e:
                 self.report_error(str(e))
                 return
-            self.say(f"opened {path}; it replays in the new folder {fresh.name} inside the work folder: "
-                     "press n for each step", "green")
+            self.say(
+                f"opened {path}; it replays in the new folder {fresh.name} inside the work folder: "
+                "press n for each step",
+                "green",
+            )
             self.refresh_screen()
 
-        self.push_screen(PathPrompt("Open a session file to replay step by step (n performs the next step):",
-                                    "session.json", f"relative to the work folder {self.state.workdir}"), done)
+        self.push_screen(
+            PathPrompt(
+                "Open a session file to replay step by step (n performs the next step):",
+                "session.json",
+                f"relative to the work folder {self.state.workdir}",
+            ),
+            done,
+        )
 
     # ------------------------------------------------------------------ guided steps
     async def action_guide_next(self) -> None:
@@ -462,15 +499,19 @@ class WorkbenchApp(App):
             self.refresh_screen()
             if outcome.kind == "ok" or (outcome.kind == "user" and step.status == "error"):
                 left = len(g.session.steps) - g.index
-                self.say(f"✓ step {index + 1} done: {step.title}" + (f"; {left} to go (n)" if left else ""),
-                         "green")
+                self.say(f"✓ step {index + 1} done: {step.title}" + (f"; {left} to go (n)" if left else ""), "green")
             if g.done and not self.summary_shown:
                 self.summary_shown = True
                 self.action_summary()
 
-        self.perform(step.action, dict(step.params), guide=step.guide, on_finish=finished,
-                     label=f"step {index + 1}: {step.title}",
-                     expect_error=step.error if step.status == "error" else None)
+        self.perform(
+            step.action,
+            dict(step.params),
+            guide=step.guide,
+            on_finish=finished,
+            label=f"step {index + 1}: {step.title}",
+            expect_error=step.error if step.status == "error" else None,
+        )
 
     def action_summary(self) -> None:
         """The end of a guided session: what was built, the verdicts, how to save and replay."""
@@ -487,11 +528,18 @@ class WorkbenchApp(App):
             self.progress_step = "cancelling..."
             self.refresh_status()
 
-    def perform(self, action: str, params: dict[str, Any], *, guide: Optional[dict[str, str]] = None,
-                   on_done: Optional[Callable[[dict[str, Any]], None]] = None,
-                   on_finish: Optional[Callable[[ActionOutcome], None]] = None,
-                   label: Optional[str] = None, trusted: bool = False,
-                   expect_error: Optional[str] = None) -> bool:
+    def perform(
+        self,
+        action: str,
+        params: dict[str, Any],
+        *,
+        guide: Optional[dict[str, str]] = None,
+        on_done: Optional[Callable[[dict[str, Any]], None]] = None,
+        on_finish: Optional[Callable[[ActionOutcome], None]] = None,
+        label: Optional[str] = None,
+        trusted: bool = False,
+        expect_error: Optional[str] = None,
+    ) -> bool:
         """Run one action in a thread worker; record it, apply its results, then call back (UI thread)."""
         if self.busy:
             self.say(f"{self.busy_label} is still running; wait or press x to cancel", "yellow")
@@ -499,19 +547,31 @@ class WorkbenchApp(App):
         # an action that loads the native code its bindings manifest names asks before it runs
         native = REGISTRY[action].trust_needed(params) if action in REGISTRY else None
         if native and params.get(native) and not trusted:
-            lib = (self._library_of(params[native]) if native == REGISTRY[action].native_param
-                   else self.state.show_path(params[native]))
+            lib = (
+                self._library_of(params[native])
+                if native == REGISTRY[action].native_param
+                else self.state.show_path(params[native])
+            )
             if lib not in self.state.trusted:
                 from .screens.dialogs import TrustModal
 
                 def answered(ok: Optional[bool]) -> None:
                     if ok:
                         self.state.trusted.add(lib)
-                        self.perform(action, params, guide=guide, on_done=on_done, on_finish=on_finish,
-                                     label=label, trusted=True, expect_error=expect_error)
+                        self.perform(
+                            action,
+                            params,
+                            guide=guide,
+                            on_done=on_done,
+                            on_finish=on_finish,
+                            label=label,
+                            trusted=True,
+                            expect_error=expect_error,
+                        )
                     else:
-                        outcome = ActionOutcome(action, params, error="not run: loading the kernel was declined",
-                                                kind="cancelled")
+                        outcome = ActionOutcome(
+                            action, params, error="not run: loading the kernel was declined", kind="cancelled"
+                        )
                         self.say("not run: you declined to load the kernel", "yellow")
                         if on_finish:
                             on_finish(outcome)
@@ -535,8 +595,13 @@ class WorkbenchApp(App):
         self.refresh_screen()
         self._hook("on_action_started", action)
         self._expect_error = expect_error
-        self.run_worker(lambda: self._action_thread(action, params, token, guide, on_done, on_finish),
-                        thread=True, group="action", name=action, exit_on_error=False)
+        self.run_worker(
+            lambda: self._action_thread(action, params, token, guide, on_done, on_finish),
+            thread=True,
+            group="action",
+            name=action,
+            exit_on_error=False,
+        )
         return True
 
     def _library_of(self, manifest: str) -> str:
@@ -546,8 +611,10 @@ class WorkbenchApp(App):
             data = json.loads(Path(p).read_text(encoding="utf-8"))
             libs = [b.get("library") for b in data.get("bindings", []) if isinstance(b, dict)]
             if libs:
-                return ", ".join(self.state.show_path(str((Path(p).parent / lib))) if not Path(lib).is_absolute()
-                                 else lib for lib in libs)
+                return ", ".join(
+                    self.state.show_path(str((Path(p).parent / lib))) if not Path(lib).is_absolute() else lib
+                    for lib in libs
+                )
         except Exception:  # noqa: BLE001 - the action itself reports a bad manifest
             pass
         return self.state.show_path(manifest)
@@ -558,8 +625,15 @@ class WorkbenchApp(App):
         except Exception:  # noqa: BLE001 - the app is closing
             pass
 
-    def _action_thread(self, action: str, params: dict[str, Any], token: CancelToken,
-                       guide: Optional[dict[str, str]], on_done, on_finish) -> None:
+    def _action_thread(
+        self,
+        action: str,
+        params: dict[str, Any],
+        token: CancelToken,
+        guide: Optional[dict[str, str]],
+        on_done,
+        on_finish,
+    ) -> None:
         from . import actions
 
         def progress(step: str, fraction: float) -> None:
@@ -576,9 +650,14 @@ class WorkbenchApp(App):
 
         outcome = ActionOutcome(action, params)
         try:
-            ctx = actions.ActionContext(workdir=self.state.workdir, progress=Progress(progress, token),
-                                        on_sample=on_sample, on_partial=on_partial, log=log,
-                                        device=self.state.device)
+            ctx = actions.ActionContext(
+                workdir=self.state.workdir,
+                progress=Progress(progress, token),
+                on_sample=on_sample,
+                on_partial=on_partial,
+                log=log,
+                device=self.state.device,
+            )
             results, error = actions.run_action(ctx, action, params)
             if error is not None:
                 outcome.kind, outcome.error = "user", error
@@ -591,8 +670,10 @@ class WorkbenchApp(App):
         except Exception as e:  # noqa: BLE001 - shown in the UI, never a traceback screen
             outcome.kind = "bug"
             where = self._write_crash_log(action, params)
-            outcome.error = (f"unexpected error in {action}: {type(e).__name__}: {e}".replace("\n", " ")[:300]
-                             + f" (details in {where}; please report it)")
+            outcome.error = (
+                f"unexpected error in {action}: {type(e).__name__}: {e}".replace("\n", " ")[:300]
+                + f" (details in {where}; please report it)"
+            )
         self._call_ui(self._action_done, outcome, guide, on_done, on_finish)
 
     def _write_crash_log(self, action: str, params: dict[str, Any]) -> str:
@@ -650,7 +731,10 @@ class WorkbenchApp(App):
                 outcome.kind, outcome.error = "user", str(e)
                 self.report_error(str(e))
             except Exception as e:  # noqa: BLE001
-                outcome.kind, outcome.error = "bug", f"could not show the results of {outcome.action}: {type(e).__name__}: {e}"
+                outcome.kind, outcome.error = (
+                    "bug",
+                    f"could not show the results of {outcome.action}: {type(e).__name__}: {e}",
+                )
                 self.report_error(outcome.error)
         elif outcome.kind == "cancelled":
             self.progress_step = f"{outcome.action.replace('_', ' ')}: cancelled"

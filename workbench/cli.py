@@ -43,8 +43,9 @@ class Parser(argparse.ArgumentParser):
 def make_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    p = Parser(prog=PROG, description="Bring your own kernel into a model's graph: the guided TUI, "
-                                      "saved sessions and replay.")
+    p = Parser(
+        prog=PROG, description="Bring your own kernel into a model's graph: the guided TUI, saved sessions and replay."
+    )
     p.add_argument("--version", action="version", version=f"workbench {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
@@ -57,15 +58,25 @@ def make_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="re-run a saved session and compare its recorded results")
     r.add_argument("file", help="session JSON file")
     r.add_argument("--headless", action="store_true", help="no screen: print a table, exit 0 match / 1 differ")
-    r.add_argument("--keep-going", action="store_true",
-                   help="headless: run every step even after one fails (default: stop at the first)")
-    r.add_argument("--workdir", default=None,
-                   help="new or empty folder for the replayed artifacts (default: a temporary folder; "
-                        "with --headless it is removed after)")
-    r.add_argument("--trust-libraries", metavar="DIR", default=None,
-                   help="headless: load the DSOs the session's bindings name only from DIR, a folder inside "
-                        "the workdir (relative to it; `.` trusts every library the session builds); "
-                        "without it a step that would load native code is refused")
+    r.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="headless: run every step even after one fails (default: stop at the first)",
+    )
+    r.add_argument(
+        "--workdir",
+        default=None,
+        help="new or empty folder for the replayed artifacts (default: a temporary folder; "
+        "with --headless it is removed after)",
+    )
+    r.add_argument(
+        "--trust-libraries",
+        metavar="DIR",
+        default=None,
+        help="headless: load the DSOs the session's bindings name only from DIR, a folder inside "
+        "the workdir (relative to it; `.` trusts every library the session builds); "
+        "without it a step that would load native code is refused",
+    )
     r.set_defaults(func=cmd_replay)
     return p
 
@@ -74,8 +85,9 @@ def _run_app(**kw) -> int:
     try:
         from .app import run_app
     except ImportError as e:
-        raise UserError(f"the workbench TUI is not available in this build ({e}); "
-                        "use `workbench replay FILE --headless`") from None
+        raise UserError(
+            f"the workbench TUI is not available in this build ({e}); use `workbench replay FILE --headless`"
+        ) from None
     rc = run_app(**kw)
     return int(rc or 0)
 
@@ -114,8 +126,9 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     return headless_replay(session, ns.workdir, keep_going=ns.keep_going, trust_libraries=ns.trust_libraries)
 
 
-def headless_replay(session, workdir: Optional[str], keep_going: bool = False,
-                    trust_libraries: Optional[str] = None) -> int:
+def headless_replay(
+    session, workdir: Optional[str], keep_going: bool = False, trust_libraries: Optional[str] = None
+) -> int:
     from .replay import replay
 
     temp = None
@@ -131,8 +144,14 @@ def headless_replay(session, workdir: Optional[str], keep_going: bool = False,
             print(f"[{i}/{n}] {step.action} ...", file=sys.stderr, flush=True)
 
     try:
-        report = replay(session, wd, on_step=on_step, keep_going=keep_going, trust_libraries=trust_libraries,
-                        log=lambda line: print(f"    {line}", file=sys.stderr, flush=True))
+        report = replay(
+            session,
+            wd,
+            on_step=on_step,
+            keep_going=keep_going,
+            trust_libraries=trust_libraries,
+            log=lambda line: print(f"    {line}", file=sys.stderr, flush=True),
+        )
     finally:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)

@@ -26,8 +26,15 @@ def screen_classes() -> dict[str, type]:
     from .screens.region import RegionScreen
     from .screens.verify import VerifyScreen
 
-    return {"model": ModelScreen, "graph": GraphScreen, "region": RegionScreen, "kernel": KernelScreen,
-            "build": BuildScreen, "verify": VerifyScreen, "profile": ProfileScreen}
+    return {
+        "model": ModelScreen,
+        "graph": GraphScreen,
+        "region": RegionScreen,
+        "kernel": KernelScreen,
+        "build": BuildScreen,
+        "verify": VerifyScreen,
+        "profile": ProfileScreen,
+    }
 
 
 def palette_entries() -> list[tuple[str, str, str, str]]:

@@ -68,6 +68,7 @@ class ActionSpec:
 
 # ---------------------------------------------------------------------------- results -> state
 
+
 def _apply_capture_graph(st: WorkbenchState, params: Params, results: Params) -> None:
     from mcore import load_snapshot
 
@@ -142,18 +143,22 @@ def _apply_build_bundle(st: WorkbenchState, params: Params, results: Params) -> 
 
 def _apply_output(action: str) -> ApplyFn:
     """generate / embed: the output of one arm (the kind records which action made it)."""
+
     def apply(st: WorkbenchState, params: Params, results: Params) -> None:
         st.last_prompt = {"prompt": params.get("prompt"), "max_new_tokens": params.get("max_new_tokens")}
         arm = "external" if params.get("kernel_bindings") else "native"
         st.outputs[arm] = dict(results, params=params, kind=action)
         st.family_kind = "decoder" if action == "generate" else "encoder"
+
     return apply
 
 
 def _apply_correctness(action: str) -> ApplyFn:
     """gate_tokens / gate_embeddings: the last correctness verdict (the kind says which gate)."""
+
     def apply(st: WorkbenchState, params: Params, results: Params) -> None:
         st.correctness = dict(results, kind=action, params=params)
+
     return apply
 
 
@@ -186,69 +191,192 @@ _SELECTION_KEYS = ("binding_id", "abi_sha256", "node_ids", "input_tensor_ids", "
 _NATIVE = "kernel_bindings"
 
 _SPECS = (
-    ActionSpec("capture_graph", A.capture_graph, "graph",
-               stable_keys=("fingerprint", "nodes", "tensors", "recipes"), path_params=("snapshot",),
-               native_param=None, shown=("fingerprint", "nodes", "tensors", "recipes"),
-               apply=_apply_capture_graph),
-    ActionSpec("list_recipes", A.list_recipes, "region",
-               stable_keys=("recipes",), path_params=("snapshot",),
-               native_param=None, shown=("count",), apply=_apply_nothing),
-    ActionSpec("list_nodes", A.list_nodes, "graph",
-               stable_keys=("ids",), path_params=("snapshot",),
-               native_param=None, shown=("count", "ids"), apply=_apply_list_nodes),
-    ActionSpec("select_recipe", A.select_recipe, "region",
-               stable_keys=_SELECTION_KEYS, path_params=("snapshot", "receipt"),
-               native_param=None, shown=("binding_id", "abi_sha256", "node_ids"), apply=_apply_selection),
-    ActionSpec("select_nodes", A.select_nodes, "region",
-               stable_keys=_SELECTION_KEYS, path_params=("snapshot", "receipt"),
-               native_param=None, shown=("binding_id", "abi_sha256", "node_ids"), apply=_apply_selection),
-    ActionSpec("build_kernel", A.build_kernel, "kernel",
-               stable_keys=(), path_params=("output",),
-               native_param=None, shown=("library", "variant"), apply=_apply_build_kernel),
-    ActionSpec("kernel_stub", A.kernel_stub, "kernel",
-               stable_keys=("binding_id", "abi_sha256", "body"), path_params=("receipt", "snapshot", "output"),
-               native_param=None, shown=("path", "abi_sha256"), apply=_apply_kernel_stub),
-    ActionSpec("export_kernel", A.export_kernel, "kernel",
-               stable_keys=("binding_id", "abi_sha256"), path_params=("exporter", "receipt", "snapshot", "output"),
-               native_param=None, shown=("library", "binding_id", "arch"), apply=_apply_export_kernel,
-               code_param="exporter"),
-    ActionSpec("write_bindings", A.write_bindings, "kernel",
-               stable_keys=("binding_id", "abi_sha256"), path_params=("receipt", "library", "manifest"),
-               native_param=None, shown=("manifest", "abi_sha256"), apply=_apply_write_bindings),
-    ActionSpec("build_bundle", A.build_bundle, "build",
-               stable_keys=("fingerprints", "kernel_slots"), path_params=("output", "graph_patch"),
-               native_param=None, shown=("bundle", "fingerprints", "kernel_slots"), apply=_apply_build_bundle),
-    ActionSpec("generate", A.generate, "verify",
-               stable_keys=("tokens", "text"), path_params=("bundle", "output", _NATIVE),
-               native_param=_NATIVE, shown=("tokens", "text"), apply=_apply_output("generate")),
-    ActionSpec("embed", A.embed, "verify",
-               stable_keys=("values",), path_params=("bundle", "output", _NATIVE),
-               native_param=_NATIVE, shown=("values", "pooling"), apply=_apply_output("embed")),
-    ActionSpec("gate_tokens", A.gate_tokens, "verify",
-               stable_keys=("passed",), path_params=("native", "external"),
-               native_param=None, shown=("passed", "line"), apply=_apply_correctness("gate_tokens")),
-    ActionSpec("gate_embeddings", A.gate_embeddings, "verify",
-               stable_keys=("passed", "values"), path_params=("native", "external"),
-               native_param=None, shown=("passed", "max_abs", "cosine", "line"),
-               apply=_apply_correctness("gate_embeddings")),
+    ActionSpec(
+        "capture_graph",
+        A.capture_graph,
+        "graph",
+        stable_keys=("fingerprint", "nodes", "tensors", "recipes"),
+        path_params=("snapshot",),
+        native_param=None,
+        shown=("fingerprint", "nodes", "tensors", "recipes"),
+        apply=_apply_capture_graph,
+    ),
+    ActionSpec(
+        "list_recipes",
+        A.list_recipes,
+        "region",
+        stable_keys=("recipes",),
+        path_params=("snapshot",),
+        native_param=None,
+        shown=("count",),
+        apply=_apply_nothing,
+    ),
+    ActionSpec(
+        "list_nodes",
+        A.list_nodes,
+        "graph",
+        stable_keys=("ids",),
+        path_params=("snapshot",),
+        native_param=None,
+        shown=("count", "ids"),
+        apply=_apply_list_nodes,
+    ),
+    ActionSpec(
+        "select_recipe",
+        A.select_recipe,
+        "region",
+        stable_keys=_SELECTION_KEYS,
+        path_params=("snapshot", "receipt"),
+        native_param=None,
+        shown=("binding_id", "abi_sha256", "node_ids"),
+        apply=_apply_selection,
+    ),
+    ActionSpec(
+        "select_nodes",
+        A.select_nodes,
+        "region",
+        stable_keys=_SELECTION_KEYS,
+        path_params=("snapshot", "receipt"),
+        native_param=None,
+        shown=("binding_id", "abi_sha256", "node_ids"),
+        apply=_apply_selection,
+    ),
+    ActionSpec(
+        "build_kernel",
+        A.build_kernel,
+        "kernel",
+        stable_keys=(),
+        path_params=("output",),
+        native_param=None,
+        shown=("library", "variant"),
+        apply=_apply_build_kernel,
+    ),
+    ActionSpec(
+        "kernel_stub",
+        A.kernel_stub,
+        "kernel",
+        stable_keys=("binding_id", "abi_sha256", "body"),
+        path_params=("receipt", "snapshot", "output"),
+        native_param=None,
+        shown=("path", "abi_sha256"),
+        apply=_apply_kernel_stub,
+    ),
+    ActionSpec(
+        "export_kernel",
+        A.export_kernel,
+        "kernel",
+        stable_keys=("binding_id", "abi_sha256"),
+        path_params=("exporter", "receipt", "snapshot", "output"),
+        native_param=None,
+        shown=("library", "binding_id", "arch"),
+        apply=_apply_export_kernel,
+        code_param="exporter",
+    ),
+    ActionSpec(
+        "write_bindings",
+        A.write_bindings,
+        "kernel",
+        stable_keys=("binding_id", "abi_sha256"),
+        path_params=("receipt", "library", "manifest"),
+        native_param=None,
+        shown=("manifest", "abi_sha256"),
+        apply=_apply_write_bindings,
+    ),
+    ActionSpec(
+        "build_bundle",
+        A.build_bundle,
+        "build",
+        stable_keys=("fingerprints", "kernel_slots"),
+        path_params=("output", "graph_patch"),
+        native_param=None,
+        shown=("bundle", "fingerprints", "kernel_slots"),
+        apply=_apply_build_bundle,
+    ),
+    ActionSpec(
+        "generate",
+        A.generate,
+        "verify",
+        stable_keys=("tokens", "text"),
+        path_params=("bundle", "output", _NATIVE),
+        native_param=_NATIVE,
+        shown=("tokens", "text"),
+        apply=_apply_output("generate"),
+    ),
+    ActionSpec(
+        "embed",
+        A.embed,
+        "verify",
+        stable_keys=("values",),
+        path_params=("bundle", "output", _NATIVE),
+        native_param=_NATIVE,
+        shown=("values", "pooling"),
+        apply=_apply_output("embed"),
+    ),
+    ActionSpec(
+        "gate_tokens",
+        A.gate_tokens,
+        "verify",
+        stable_keys=("passed",),
+        path_params=("native", "external"),
+        native_param=None,
+        shown=("passed", "line"),
+        apply=_apply_correctness("gate_tokens"),
+    ),
+    ActionSpec(
+        "gate_embeddings",
+        A.gate_embeddings,
+        "verify",
+        stable_keys=("passed", "values"),
+        path_params=("native", "external"),
+        native_param=None,
+        shown=("passed", "max_abs", "cosine", "line"),
+        apply=_apply_correctness("gate_embeddings"),
+    ),
     # measurements: shown, never compared
-    ActionSpec("gate_perf", A.gate_perf, "verify",
-               stable_keys=(), path_params=("native_bundle", "external_bundle", _NATIVE),
-               native_param=_NATIVE, shown=("passed", "ratio", "line"), apply=_apply_gate_perf),
+    ActionSpec(
+        "gate_perf",
+        A.gate_perf,
+        "verify",
+        stable_keys=(),
+        path_params=("native_bundle", "external_bundle", _NATIVE),
+        native_param=_NATIVE,
+        shown=("passed", "ratio", "line"),
+        apply=_apply_gate_perf,
+    ),
     # screen None as before the registry (a guided step of it stays on the current screen);
     # the Verify screen is where it is run from
-    ActionSpec("verify_reference", A.verify_reference, None,
-               stable_keys=("passed", "first_diverging_step"), path_params=("bundle", _NATIVE),
-               native_param=_NATIVE, shown=("passed", "first_diverging_step", "line"),
-               apply=_apply_verify_reference),
+    ActionSpec(
+        "verify_reference",
+        A.verify_reference,
+        None,
+        stable_keys=("passed", "first_diverging_step"),
+        path_params=("bundle", _NATIVE),
+        native_param=_NATIVE,
+        shown=("passed", "first_diverging_step", "line"),
+        apply=_apply_verify_reference,
+    ),
     # the max_abs values may follow the torch build, so only the verdict and where it diverged compare
-    ActionSpec("gate_logits", A.gate_logits, "verify",
-               stable_keys=("passed", "first_divergence"), path_params=("native_bundle", "external_bundle", _NATIVE),
-               native_param=_NATIVE, shown=("passed", "first_divergence", "line"), apply=_apply_gate_logits),
+    ActionSpec(
+        "gate_logits",
+        A.gate_logits,
+        "verify",
+        stable_keys=("passed", "first_divergence"),
+        path_params=("native_bundle", "external_bundle", _NATIVE),
+        native_param=_NATIVE,
+        shown=("passed", "first_divergence", "line"),
+        apply=_apply_gate_logits,
+    ),
     # not "ranked": the rank follows measured times
-    ActionSpec("profile", A.profile, "profile",
-               stable_keys=("role", "context", "candidates"), path_params=("bundle", "output", _NATIVE),
-               native_param=_NATIVE, shown=("role", "context", "profile"), apply=_apply_profile),
+    ActionSpec(
+        "profile",
+        A.profile,
+        "profile",
+        stable_keys=("role", "context", "candidates"),
+        path_params=("bundle", "output", _NATIVE),
+        native_param=_NATIVE,
+        shown=("role", "context", "profile"),
+        apply=_apply_profile,
+    ),
 )
 
 REGISTRY: dict[str, ActionSpec] = {s.name: s for s in _SPECS}

@@ -31,11 +31,11 @@ class Difference:
 
 @dataclass
 class StepOutcome:
-    index: int                      # 1-based step number
+    index: int  # 1-based step number
     action: str
     title: str
-    recorded_status: str            # "ok" | "error"
-    status: str                     # what happened now: "ok" | "error"
+    recorded_status: str  # "ok" | "error"
+    status: str  # what happened now: "ok" | "error"
     differences: list[Difference] = field(default_factory=list)
     compared: tuple[str, ...] = ()  # the stable fields compared
     results: Optional[dict[str, Any]] = None
@@ -144,8 +144,11 @@ class ReplayReport:
         gates = self.gates
         passed = sum(1 for o in gates if o.gate)
         gate_text = f", gates {passed}/{len(gates)} passed" if gates else ""
-        failed = [f"step {o.index} {o.action}" + (" failed, as recorded" if o.gate_failed_as_recorded else " failed")
-                  for o in gates if not o.gate]
+        failed = [
+            f"step {o.index} {o.action}" + (" failed, as recorded" if o.gate_failed_as_recorded else " failed")
+            for o in gates
+            if not o.gate
+        ]
         if failed:
             gate_text += " (" + "; ".join(failed) + ")"
         tail = "" if done == self.total_steps else f", stopped after {done} of {self.total_steps}"
@@ -153,8 +156,10 @@ class ReplayReport:
         if skipped:
             gate_text += f", {skipped} skipped (they need CUDA, which this machine lacks)"
             matched -= skipped
-        return (f"{verdict}: {matched}/{self.total_steps - skipped} steps matched, {ndiff} difference(s){gate_text}{tail} "
-                f"(session {self.title!r}, workdir {self.workdir})")
+        return (
+            f"{verdict}: {matched}/{self.total_steps - skipped} steps matched, {ndiff} difference(s){gate_text}{tail} "
+            f"(session {self.title!r}, workdir {self.workdir})"
+        )
 
 
 def clip(text: str, width: int) -> str:
@@ -223,8 +228,9 @@ def graph_note(step: Step, results: Optional[dict], header: Optional[dict]) -> l
     return out
 
 
-def compare_step(step: Step, status: str, results: Optional[dict], error: Optional[str],
-                 header: Optional[dict] = None) -> list[Difference]:
+def compare_step(
+    step: Step, status: str, results: Optional[dict], error: Optional[str], header: Optional[dict] = None
+) -> list[Difference]:
     """Differences between a recorded step and what it did now; `header` (the session's) lets a
     fingerprint difference name the torch versions involved."""
     diffs = _compare_step(step, status, results, error)
@@ -235,7 +241,9 @@ def compare_step(step: Step, status: str, results: Optional[dict], error: Option
 
 def _compare_step(step: Step, status: str, results: Optional[dict], error: Optional[str]) -> list[Difference]:
     if step.status == "not_run":  # nothing recorded to compare with: it must run (its gate is checked apart)
-        return [Difference("status", f"ok (not recorded: {step.error})", f"error: {error}")] if status == "error" else []
+        return (
+            [Difference("status", f"ok (not recorded: {step.error})", f"error: {error}")] if status == "error" else []
+        )
     if step.status == "error" or status == "error":
         if step.status != status:
             exp = "ok" if step.status == "ok" else f"error: {step.error}"
@@ -256,8 +264,13 @@ def require_empty_workdir(wd: Path) -> None:
         raise UserError(f"{wd}: replay workdir must be a new or empty folder (recorded steps write fresh files)")
 
 
-def check_session(session: Session, workdir: Path, trust_libraries: Optional[Path] = None,
-                  native_confirmed: bool = False, device: Optional[str] = None) -> None:
+def check_session(
+    session: Session,
+    workdir: Path,
+    trust_libraries: Optional[Path] = None,
+    native_confirmed: bool = False,
+    device: Optional[str] = None,
+) -> None:
     """Before any step runs: every path the session names stays inside `workdir`, and a step that
     would load native code has the user's say-so (a trusted library folder, or the TUI's prompt);
     a step this machine skips (it needs CUDA) loads nothing."""
@@ -270,9 +283,11 @@ def check_session(session: Session, workdir: Path, trust_libraries: Optional[Pat
         field_ = REGISTRY[step.action].trust_needed(step.params)
         if field_ and trust_libraries is None and not native_confirmed:
             what = "loads native code" if field_ == REGISTRY[step.action].native_param else "runs a script"
-            raise UserError(f"{where} {what} through field {field_} ({step.params[field_]}); "
-                            f"pass {TRUST_FLAG} DIR naming the folder (inside the workdir, e.g. `.`) "
-                            f"whose libraries and scripts you trust")
+            raise UserError(
+                f"{where} {what} through field {field_} ({step.params[field_]}); "
+                f"pass {TRUST_FLAG} DIR naming the folder (inside the workdir, e.g. `.`) "
+                f"whose libraries and scripts you trust"
+            )
 
 
 def trusted_folder(workdir: Path, trust_libraries: Union[str, os.PathLike, None]) -> Optional[Path]:
@@ -283,8 +298,10 @@ def trusted_folder(workdir: Path, trust_libraries: Union[str, os.PathLike, None]
     p = (p if p.is_absolute() else Path(workdir) / p).resolve()
     root = Path(workdir).resolve()
     if p != root and root not in p.parents:
-        raise UserError(f"{TRUST_FLAG} {trust_libraries}: folder {p} is outside the replay workdir {root}, where "
-                        f"every library a session loads lives; name a folder inside it (e.g. `.`)")
+        raise UserError(
+            f"{TRUST_FLAG} {trust_libraries}: folder {p} is outside the replay workdir {root}, where "
+            f"every library a session loads lives; name a folder inside it (e.g. `.`)"
+        )
     return p
 
 
@@ -305,12 +322,19 @@ SKIP_NOTE = "needs CUDA; skipped on this machine"
 OnStep = Callable[[int, Step, Optional[StepOutcome]], None]
 
 
-def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, os.PathLike],
-           progress: Optional[Progress] = None, on_step: Optional[OnStep] = None, *,
-           log: Optional[Callable[[str], None]] = None,
-           on_sample: Optional[Callable[[str, int, float], None]] = None,
-           device: Optional[str] = None, require_empty: bool = True, keep_going: bool = False,
-           trust_libraries: Union[str, os.PathLike, None] = None) -> ReplayReport:
+def replay(
+    session_path: Union[str, os.PathLike, Session],
+    workdir: Union[str, os.PathLike],
+    progress: Optional[Progress] = None,
+    on_step: Optional[OnStep] = None,
+    *,
+    log: Optional[Callable[[str], None]] = None,
+    on_sample: Optional[Callable[[str, int, float], None]] = None,
+    device: Optional[str] = None,
+    require_empty: bool = True,
+    keep_going: bool = False,
+    trust_libraries: Union[str, os.PathLike, None] = None,
+) -> ReplayReport:
     """Re-execute the steps of a session in `workdir` and compare stable results.
 
     Stops after the first failing step (a difference, or a gate that failed where the recording
@@ -339,15 +363,29 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
         if on_step is not None:
             on_step(i, step, None)
         if step.requires == "cuda" and not cuda_here(device):
-            outcome = StepOutcome(index=i, action=step.action, title=step.title, recorded_status=step.status,
-                                  status="skipped", error=SKIP_NOTE)
+            outcome = StepOutcome(
+                index=i,
+                action=step.action,
+                title=step.title,
+                recorded_status=step.status,
+                status="skipped",
+                error=SKIP_NOTE,
+            )
             report.outcomes.append(outcome)
             if on_step is not None:
                 on_step(i, step, outcome)
             continue
         sub = Progress(lambda s, f, i=i: prog.report(f"step {i}/{n} {step.action}: {s}", (i - 1 + f) / n), prog.token)
-        ctx = ActionContext(workdir=wd, progress=sub, on_sample=on_sample, log=log, device=device,
-                            confined=True, where=f"step {i} ({step.action}): ", trusted_libraries=trusted)
+        ctx = ActionContext(
+            workdir=wd,
+            progress=sub,
+            on_sample=on_sample,
+            log=log,
+            device=device,
+            confined=True,
+            where=f"step {i} ({step.action}): ",
+            trusted_libraries=trusted,
+        )
         report.workdir = ctx.workdir
         t0 = time.perf_counter()
         results: Optional[dict] = None
@@ -362,11 +400,17 @@ def replay(session_path: Union[str, os.PathLike, Session], workdir: Union[str, o
         except Exception as e:  # noqa: BLE001 - a bug must show as a difference, not kill the report
             status, error = "error", ctx.error_text(Exception(f"internal error: {type(e).__name__}: {e}"))
         outcome = StepOutcome(
-            index=i, action=step.action, title=step.title, recorded_status=step.status, status=status,
+            index=i,
+            action=step.action,
+            title=step.title,
+            recorded_status=step.status,
+            status=status,
             differences=compare_step(step, status, results, error, session.header),
             compared=REGISTRY[step.action].stable_keys if status == "ok" and step.status == "ok" else (),
-            results=results, error=error,
-            seconds=time.perf_counter() - t0)
+            results=results,
+            error=error,
+            seconds=time.perf_counter() - t0,
+        )
         if step.action in GATES and step.status == "ok":
             outcome.recorded_passed = bool(step.results.get("passed"))
         report.outcomes.append(outcome)

@@ -30,8 +30,10 @@ def node_hit(node: dict[str, Any], query: str, recipe: Optional[str] = None) -> 
         return True
     if is_glob(query):
         return node_matches(node, query)
-    hay = " ".join(str(x) for x in (node["id"], node["op"], node.get("category", ""), node["name"],
-                                    node["module_path"], recipe or "")).lower()
+    hay = " ".join(
+        str(x)
+        for x in (node["id"], node["op"], node.get("category", ""), node["name"], node["module_path"], recipe or "")
+    ).lower()
     return all(w in hay for w in words(query))
 
 

@@ -112,8 +112,13 @@ class Step:
     requires: Optional[str] = None  # "cuda": runs only where CUDA is
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"action": self.action, "params": copy.deepcopy(self.params),
-                             "results": copy.deepcopy(self.results), "status": self.status, "error": self.error}
+        d: dict[str, Any] = {
+            "action": self.action,
+            "params": copy.deepcopy(self.params),
+            "results": copy.deepcopy(self.results),
+            "status": self.status,
+            "error": self.error,
+        }
         if self.guide is not None:
             d["guide"] = dict(self.guide)
         if self.requires is not None:
@@ -164,8 +169,10 @@ def check_step(d: Any, where: str) -> Step:
     if requires is not None and requires not in REQUIREMENTS:
         raise UserError(f"{where}: requires {requires!r} must be one of {', '.join(REQUIREMENTS)}")
     if status == "not_run" and (requires is None or d["results"] or not isinstance(err, str)):
-        raise UserError(f"{where}: status not_run is for a step that requires what the recording machine lacked; "
-                        "it has empty results and says why in error")
+        raise UserError(
+            f"{where}: status not_run is for a step that requires what the recording machine lacked; "
+            "it has empty results and says why in error"
+        )
     guide = check_guide(d.get("guide"), where)
     return Step(action, dict(d["params"]), dict(d["results"]), status, err, guide, requires)
 
@@ -194,10 +201,21 @@ class Session:
 
     # ------------------------------------------------------------ create / load / save
     @classmethod
-    def new(cls, title: str, guided: bool = False, device: Optional[str] = None, name: Optional[str] = None,
-            description: Optional[str] = None) -> "Session":
-        header: dict[str, Any] = {"title": title, "created": _now(), "tool_versions": tool_versions(),
-                                  "machine": machine_info(device), "guided": bool(guided)}
+    def new(
+        cls,
+        title: str,
+        guided: bool = False,
+        device: Optional[str] = None,
+        name: Optional[str] = None,
+        description: Optional[str] = None,
+    ) -> "Session":
+        header: dict[str, Any] = {
+            "title": title,
+            "created": _now(),
+            "tool_versions": tool_versions(),
+            "machine": machine_info(device),
+            "guided": bool(guided),
+        }
         if name is not None:
             header["name"] = name
         if description is not None:
@@ -226,8 +244,12 @@ class Session:
         return s
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": SESSION_SCHEMA_VERSION, "kind": SESSION_KIND, "header": copy.deepcopy(self.header),
-                "steps": [s.to_dict() for s in self.steps]}
+        return {
+            "schema_version": SESSION_SCHEMA_VERSION,
+            "kind": SESSION_KIND,
+            "header": copy.deepcopy(self.header),
+            "steps": [s.to_dict() for s in self.steps],
+        }
 
     def save(self, path: Optional[str | os.PathLike] = None) -> Path:
         target = Path(path) if path is not None else self.path
@@ -240,17 +262,29 @@ class Session:
         return out
 
     # ------------------------------------------------------------ recording
-    def record(self, action: str, params: dict[str, Any], results: Optional[dict[str, Any]] = None,
-               error: Optional[str | BaseException] = None, guide: Optional[dict[str, str]] = None,
-               requires: Optional[str] = None, not_run: bool = False) -> Step:
+    def record(
+        self,
+        action: str,
+        params: dict[str, Any],
+        results: Optional[dict[str, Any]] = None,
+        error: Optional[str | BaseException] = None,
+        guide: Optional[dict[str, str]] = None,
+        requires: Optional[str] = None,
+        not_run: bool = False,
+    ) -> Step:
         """Append a step: `results` for a success, or `error` (text or the UserError) for a failure;
         `not_run` for a step that `requires` what this machine lacks."""
         if not_run:
             d = {"action": action, "params": params, "results": {}, "status": "not_run", "error": NOT_RUN}
         elif error is not None:
             text = str(error)
-            d = {"action": action, "params": params, "results": dict(results or {}), "status": "error",
-                 "error": text or type(error).__name__}
+            d = {
+                "action": action,
+                "params": params,
+                "results": dict(results or {}),
+                "status": "error",
+                "error": text or type(error).__name__,
+            }
         else:
             d = {"action": action, "params": params, "results": dict(results or {}), "status": "ok", "error": None}
         if guide is not None:
@@ -289,8 +323,10 @@ def list_tutorials() -> list[tuple[str, str, Path]]:
     """(name, title, path) of every shipped session, the guided tutorials first in teaching order."""
     d = tutorials_dir()
     if not d.is_dir():
-        raise UserError(f"tutorial sessions folder {d} not found; run from a checkout of the repository "
-                        "or set WORKBENCH_SESSIONS_DIR")
+        raise UserError(
+            f"tutorial sessions folder {d} not found; run from a checkout of the repository "
+            "or set WORKBENCH_SESSIONS_DIR"
+        )
     paths = sorted(d.glob("*.json"))
     rank = {n: i for i, n in enumerate(TUTORIAL_ORDER)}
     paths.sort(key=lambda p: (rank.get(p.stem, len(rank)), p.stem))

@@ -24,8 +24,14 @@ def cmd_build(ns: argparse.Namespace) -> int:
     from ..build import build_bundle
 
     args = build_args_from_namespace(ns)
-    res = build_bundle(args, ns.output, recipe=tuple(ns.recipe) if ns.recipe else None, graph_patch=ns.graph_patch,
-                       device=ns.device, progress=stderr_progress())
+    res = build_bundle(
+        args,
+        ns.output,
+        recipe=tuple(ns.recipe) if ns.recipe else None,
+        graph_patch=ns.graph_patch,
+        device=ns.device,
+        progress=stderr_progress(),
+    )
     m = res.manifest
     print(f"bundle written to {res.bundle_path}")
     for role, r in m["roles"].items():
@@ -34,9 +40,11 @@ def cmd_build(ns: argparse.Namespace) -> int:
         for line in abi_lines(res.receipt):
             print(line)
         if len(m["kernel_slots"]) > 1:
-            print(f"kernel slots: {len(m['kernel_slots'])} of binding {res.receipt['binding_id']} "
-                  f"(one bindings-manifest entry binds them all): "
-                  + ", ".join(s["recipe"]["instance"] for s in m["kernel_slots"] if s.get("recipe")))
+            print(
+                f"kernel slots: {len(m['kernel_slots'])} of binding {res.receipt['binding_id']} "
+                f"(one bindings-manifest entry binds them all): "
+                + ", ".join(s["recipe"]["instance"] for s in m["kernel_slots"] if s.get("recipe"))
+            )
     for path in res.receipt_paths:
         print(f"selection receipt written to {path}")
     if not m["kernel_slots"]:
@@ -64,8 +72,14 @@ def _pipeline(ns: argparse.Namespace, kind: str, prompts: tuple[str, ...] = ()):
             for p in prompts:
                 check_fits(len(encode_prompt(tok, p, chat)), ns.max_new_tokens, capacity)
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
-    pipe = cls(ns.bundle, kernel_bindings=ns.kernel_bindings, device=ns.device, engine=ns.engine,
-               progress=stderr_progress(), bundle=bundle)
+    pipe = cls(
+        ns.bundle,
+        kernel_bindings=ns.kernel_bindings,
+        device=ns.device,
+        engine=ns.engine,
+        progress=stderr_progress(),
+        bundle=bundle,
+    )
     for line in pipe.engine_lines():
         log(line)
     return pipe
@@ -81,8 +95,8 @@ def check_sampling(ns: argparse.Namespace) -> None:
         raise UserError(f"--temperature must be a finite number > 0, got {ns.temperature}")
     if ns.top_k < 0:
         raise UserError(f"--top-k must be >= 0 (0: no top-k), got {ns.top_k}")
-    if not 0 <= ns.seed < 2 ** 63:
-        raise UserError(f"--seed must be in 0..{2 ** 63 - 1}, got {ns.seed}")
+    if not 0 <= ns.seed < 2**63:
+        raise UserError(f"--seed must be in 0..{2**63 - 1}, got {ns.seed}")
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -100,8 +114,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     pipe = _pipeline(ns, "decoder", tuple(ns.prompt))
     pipe.chat = ns.chat
     prompts = ns.prompt
-    kw = dict(greedy=ns.greedy, stop_at_eos=not ns.ignore_eos, temperature=ns.temperature, top_k=ns.top_k,
-              seed=ns.seed)
+    kw = dict(greedy=ns.greedy, stop_at_eos=not ns.ignore_eos, temperature=ns.temperature, top_k=ns.top_k, seed=ns.seed)
     if ns.benchmark:
         for _ in range(ns.warmup):
             pipe.generate(prompts[0], ns.max_new_tokens, timed=True, **kw)
@@ -110,16 +123,21 @@ def cmd_run(ns: argparse.Namespace) -> int:
         total_t = sum(r.total_s for r in runs)
         steps = [s * 1e3 for r in runs for s in r.step_s]
         ttft = [r.ttft_s * 1e3 for r in runs]
-        print(f"generated_tokens_mean={statistics.mean(gen):.2f} runs={len(runs)} "
-              f"tokens_per_sec={sum(gen) / total_t:.2f} ttft_ms_p50={percentile(ttft, 0.5):.3f} "
-              f"decode_ms_p50={percentile(steps, 0.5):.3f} decode_ms_p90={percentile(steps, 0.9):.3f} "
-              f"decode_ms_p99={percentile(steps, 0.99):.3f} device={pipe.device} engine={pipe.engine_name}", flush=True)
+        print(
+            f"generated_tokens_mean={statistics.mean(gen):.2f} runs={len(runs)} "
+            f"tokens_per_sec={sum(gen) / total_t:.2f} ttft_ms_p50={percentile(ttft, 0.5):.3f} "
+            f"decode_ms_p50={percentile(steps, 0.5):.3f} decode_ms_p90={percentile(steps, 0.9):.3f} "
+            f"decode_ms_p99={percentile(steps, 0.99):.3f} device={pipe.device} engine={pipe.engine_name}",
+            flush=True,
+        )
         return 0
     results = [pipe.generate(p, ns.max_new_tokens, **kw) for p in prompts]
     if ns.output:
+
         def write(f):
             for r in results:
                 f.write(json.dumps({"prompt": r.prompt, "tokens": r.tokens, "text": r.text}) + "\n")
+
         try:
             atomic_write(ns.output, write)
         except UserError as e:  # the generation is lost with the process: say how to get it again
@@ -145,8 +163,10 @@ def cmd_embed(ns: argparse.Namespace) -> int:
             pipe.hidden_states(ns.prompt)
             sync(pipe.device)
             lat.append(time.perf_counter() - t)
-        log(f"embeddings_per_sec={len(lat) / sum(lat):.2f} runs={len(lat)} latency_ms_p50={percentile(lat, 0.5) * 1e3:.3f} "
-            f"latency_ms_p90={percentile(lat, 0.9) * 1e3:.3f} device={pipe.device} engine={pipe.engine_name}")
+        log(
+            f"embeddings_per_sec={len(lat) / sum(lat):.2f} runs={len(lat)} latency_ms_p50={percentile(lat, 0.5) * 1e3:.3f} "
+            f"latency_ms_p90={percentile(lat, 0.9) * 1e3:.3f} device={pipe.device} engine={pipe.engine_name}"
+        )
     pooling, normalize, why = pipe.pooling(ns.pooling, ns.normalize)
     emb = pipe.embed(ns.prompt, pooling, normalize)
     log(f"embedding values={len(emb)} pooling={pooling} normalize={str(normalize).lower()} (from {why})")
@@ -171,11 +191,16 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
 
     out(f"bundle {ns.bundle}: integrity OK")
     out(f"engine={m['engine']} family={m['family']} model={m['model']['spec']} revision={m['model']['revision']}")
-    out("engines: graphs captured for the torch family of engines; `mcore run/embed --engine auto` (the default) "
-          "runs them compiled (Inductor, CUDA-graph replay) on CUDA and op by op on CPU; --engine torch|compiled picks one")
+    out(
+        "engines: graphs captured for the torch family of engines; `mcore run/embed --engine auto` (the default) "
+        "runs them compiled (Inductor, CUDA-graph replay) on CUDA and op by op on CPU; --engine torch|compiled picks one"
+    )
     out("build_args: " + " ".join(f"{k}={v}" for k, v in m["build_args"].items() if v is not None))
     out(versions_line(m.get("tool_versions", {})))
-    out(f"weights: {m['weights']['kind']}" + (f" (seed {m['weights']['seed']})" if m["weights"]["kind"] == "random" else ""))
+    out(
+        f"weights: {m['weights']['kind']}"
+        + (f" (seed {m['weights']['seed']})" if m["weights"]["kind"] == "random" else "")
+    )
     for role, r in m["roles"].items():
         out(f"role {role}: fingerprint={r['fingerprint']} inputs={len(r['inputs'])} outputs={','.join(r['outputs'])}")
     if not m["kernel_slots"]:
@@ -183,8 +208,10 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
     for bid, group in slot_groups(m["kernel_slots"]).items():
         out(f"kernel_binding {bid} abi_sha256={group[0]['abi_sha256']} serves {len(group)} slot(s)")
         for s in group:
-            out(f"kernel_slot {s['binding_id']} role={s['engine_role']} abi_sha256={s['abi_sha256']}"
-                + (f" recipe={s['recipe']['id']}:{s['recipe']['instance']}" if s.get("recipe") else ""))
+            out(
+                f"kernel_slot {s['binding_id']} role={s['engine_role']} abi_sha256={s['abi_sha256']}"
+                + (f" recipe={s['recipe']['id']}:{s['recipe']['instance']}" if s.get("recipe") else "")
+            )
         for line in abi_lines(group[0])[4:]:
             out("  " + line)
     out("members: " + ", ".join(b.names()))
@@ -195,8 +222,11 @@ def _runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle")
     p.add_argument("--kernel-bindings", default=None, help="bindings manifest binding every kernel slot")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the bundle's, else auto)")
-    p.add_argument("--engine", default="auto",
-                   help="auto (compiled on CUDA, torch on CPU) | compiled (Inductor + CUDA graphs) | torch (op by op)")
+    p.add_argument(
+        "--engine",
+        default="auto",
+        help="auto (compiled on CUDA, torch on CPU) | compiled (Inductor + CUDA graphs) | torch (op by op)",
+    )
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--benchmark", type=int, default=None, metavar="N")
 
@@ -204,9 +234,14 @@ def _runtime_flags(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="build a native or slot-ready bundle")
     add_build_args(p)
-    p.add_argument("--recipe", nargs="+", metavar=("RECIPE", "INSTANCE"), default=None,
-                   help="RECIPE INSTANCE [INSTANCE ...]: each instance becomes its own slot of one binding "
-                        "(same binding ID and ABI); the literal instance all-instances names every instance")
+    p.add_argument(
+        "--recipe",
+        nargs="+",
+        metavar=("RECIPE", "INSTANCE"),
+        default=None,
+        help="RECIPE INSTANCE [INSTANCE ...]: each instance becomes its own slot of one binding "
+        "(same binding ID and ABI); the literal instance all-instances names every instance",
+    )
     p.add_argument("--graph-patch", default=None, metavar="SELECTION_JSON")
     p.add_argument("--device", default=None, help="default device recorded for the bundle (cpu | cuda)")
     p.add_argument("-o", "--output", required=True)
@@ -222,17 +257,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     p.add_argument("--output", default=None, help="write JSONL records {prompt, tokens, text}")
-    p.add_argument("--chat", action="store_true",
-                   help="wrap each prompt in the checkpoint's chat template (tokenizer_config.json), as transformers does")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap each prompt in the checkpoint's chat template (tokenizer_config.json), as transformers does",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("embed", help="embed a prompt with an encoder bundle (JSON on stdout)")
     _runtime_flags(p)
     p.add_argument("--prompt", required=True)
-    p.add_argument("--pooling", default=None, choices=["none", "mean", "cls", "max"],
-                   help="default: the checkpoint's sentence-embedding pooling (modules.json), else none")
-    p.add_argument("--normalize", default=None, action=argparse.BooleanOptionalAction,
-                   help="L2-normalize the pooled vector (default: as the checkpoint declares; off with --pooling)")
+    p.add_argument(
+        "--pooling",
+        default=None,
+        choices=["none", "mean", "cls", "max"],
+        help="default: the checkpoint's sentence-embedding pooling (modules.json), else none",
+    )
+    p.add_argument(
+        "--normalize",
+        default=None,
+        action=argparse.BooleanOptionalAction,
+        help="L2-normalize the pooled vector (default: as the checkpoint declares; off with --pooling)",
+    )
     p.set_defaults(func=cmd_embed)
 
     p = sub.add_parser("inspect", help="show what a bundle holds (checks integrity)")

@@ -33,8 +33,10 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
     cap = capture(args, ns.engine_role, stderr_progress())
     write_json(ns.snapshot, cap.snapshot)
     snap = cap.snapshot
-    say(f"engine_role={ns.engine_role} nodes={len(snap['nodes'])} tensors={len(snap['tensors'])} "
-          f"recipes={len(snap.get('recipes', []))} fingerprint={snap['fingerprint']}")
+    say(
+        f"engine_role={ns.engine_role} nodes={len(snap['nodes'])} tensors={len(snap['tensors'])} "
+        f"recipes={len(snap.get('recipes', []))} fingerprint={snap['fingerprint']}"
+    )
     say(versions_line(snap["metadata"].get("tool_versions", {})))
     say(f"snapshot written to {ns.snapshot}")
     return 0
@@ -66,10 +68,13 @@ def cmd_recipes(ns: argparse.Namespace) -> int:
 def parse_extra_arg(text: str) -> object:
     def no_constants(name: str):
         raise ValueError(f"non-standard constant {name}")
+
     try:
         return json.loads(text, parse_constant=no_constants)
     except ValueError as e:
-        raise UserError(f"--extra-arg {text!r} is not strict JSON ({e}); e.g. '{{\"type\":\"int\",\"value\":32}}'") from None
+        raise UserError(
+            f"--extra-arg {text!r} is not strict JSON ({e}); e.g. '{{\"type\":\"int\",\"value\":32}}'"
+        ) from None
 
 
 def cmd_select(ns: argparse.Namespace) -> int:
@@ -106,14 +111,18 @@ def cmd_show(ns: argparse.Namespace) -> int:
                 for t in tids:
                     tensor = ix.tensors[t]
                     other = tensor["producer"] if label == "in " else ",".join(tensor["consumers"]) or "(graph output)"
-                    say(f"  {label} {t:<12} {tensor_desc(tensor):<32} {'from' if label == 'in ' else 'to'} {other or '(graph input)'}")
+                    say(
+                        f"  {label} {t:<12} {tensor_desc(tensor):<32} {'from' if label == 'in ' else 'to'} {other or '(graph input)'}"
+                    )
         elif ident in ix.tensors:
             t = ix.tensors[ident]
             say(f"{t['id']}  {tensor_desc(t)}  name={ix.tensor_label(ident)}")
             say(f"  producer: {t['producer'] or '(graph input)'}")
             say(f"  consumers: {','.join(t['consumers']) or '(none)'}")
         else:
-            raise UserError(f"{ident} is neither a node nor a tensor of {ns.snapshot}; IDs look like node:12 or tensor:34")
+            raise UserError(
+                f"{ident} is neither a node nor a tensor of {ns.snapshot}; IDs look like node:12 or tensor:34"
+            )
     return 0
 
 

@@ -15,36 +15,52 @@ TRUST_NOTE = "note: a DSO runs native code when it is loaded; bind only librarie
 def register(subparsers) -> None:
     from .main import Parser
 
-    p = subparsers.add_parser("kernel", help="build the shipped kernels, generate a CuTe DSL exporter stub",
-                              description="Build the shipped TVM-FFI kernels or generate a CuTe DSL exporter stub.")
+    p = subparsers.add_parser(
+        "kernel",
+        help="build the shipped kernels, generate a CuTe DSL exporter stub",
+        description="Build the shipped TVM-FFI kernels or generate a CuTe DSL exporter stub.",
+    )
     sub = p.add_subparsers(dest="kernel_verb", metavar="ACTION", parser_class=Parser)
     sub.required = True
 
     ls = sub.add_parser("list", help="list the kernels `mcore kernel build` can build")
     ls.set_defaults(func=cmd_list)
 
-    b = sub.add_parser("build", help="build a shipped kernel into a TVM-FFI DSO exporting `run`",
-                       description="Build a shipped kernel (see `mcore kernel list`) into a TVM-FFI DSO.")
+    b = sub.add_parser(
+        "build",
+        help="build a shipped kernel into a TVM-FFI DSO exporting `run`",
+        description="Build a shipped kernel (see `mcore kernel list`) into a TVM-FFI DSO.",
+    )
     b.add_argument("name", metavar="NAME", help=f"kernel name: {', '.join(sorted(KERNELS))}")
     b.add_argument("-o", "--output", required=True, metavar="PATH", help="DSO to write, e.g. work/kernel.so")
-    b.add_argument("--cuda", choices=CUDA_MODES, default="auto",
-                   help="auto: build the CUDA path when a CUDA toolkit is found (default); on: require it; off: CPU only")
+    b.add_argument(
+        "--cuda",
+        choices=CUDA_MODES,
+        default="auto",
+        help="auto: build the CUDA path when a CUDA toolkit is found (default); on: require it; off: CPU only",
+    )
     b.add_argument("--force", action="store_true", help="replace an existing output")
     b.set_defaults(func=cmd_build)
 
-    s = sub.add_parser("stub", help="generate a CuTe DSL exporter for a selection receipt",
-                       description="Generate a self-contained CuTe DSL exporter (Python) for a selection receipt.")
+    s = sub.add_parser(
+        "stub",
+        help="generate a CuTe DSL exporter for a selection receipt",
+        description="Generate a self-contained CuTe DSL exporter (Python) for a selection receipt.",
+    )
     s.add_argument("selection", metavar="RECEIPT", help="selection receipt (.selection.json)")
     s.add_argument("--snapshot", required=True, metavar="SNAPSHOT", help="the graph snapshot the receipt was made from")
     s.add_argument("-o", "--output", required=True, metavar="PATH", help="exporter to write, e.g. kernels/my_kernel.py")
     s.add_argument("--force", action="store_true", help="replace an existing output")
     s.set_defaults(func=cmd_stub)
 
-    e = sub.add_parser("export", help="run a kernel exporter (a shipped one or a stub) for a selection receipt",
-                       description="Run a kernel exporter for a selection receipt: it compiles the kernel and writes "
-                                   "one TVM-FFI DSO. EXPORTER is a shipped exporter's name "
-                                   f"({', '.join(SHIPPED_EXPORTERS)}) or an exporter script such as "
-                                   "`mcore kernel stub` writes.")
+    e = sub.add_parser(
+        "export",
+        help="run a kernel exporter (a shipped one or a stub) for a selection receipt",
+        description="Run a kernel exporter for a selection receipt: it compiles the kernel and writes "
+        "one TVM-FFI DSO. EXPORTER is a shipped exporter's name "
+        f"({', '.join(SHIPPED_EXPORTERS)}) or an exporter script such as "
+        "`mcore kernel stub` writes.",
+    )
     e.add_argument("exporter", metavar="EXPORTER", help="shipped exporter name or exporter script (.py)")
     e.add_argument("--selection", required=True, metavar="RECEIPT", help="selection receipt (.selection.json)")
     e.add_argument("--snapshot", metavar="SNAPSHOT", help="graph snapshot the receipt was made from (also checked)")
@@ -82,18 +98,23 @@ def cmd_stub(args: argparse.Namespace) -> int:
     if res.known:
         print(f"kernel body: generated ({res.known.summary}; {res.known.op})")
     else:
-        print(f"kernel body: not generated ({res.reason}); write region_kernel in {res.path}, "
-              "then set KERNEL_IMPLEMENTED = True")
+        print(
+            f"kernel body: not generated ({res.reason}); write region_kernel in {res.path}, "
+            "then set KERNEL_IMPLEMENTED = True"
+        )
     if res.example:
-        print(f"worked example: {res.example} implements this kind of region; try it first: "
-              f"python {res.example} --selection {args.selection} --snapshot {args.snapshot} --output KERNEL.so")
+        print(
+            f"worked example: {res.example} implements this kind of region; try it first: "
+            f"python {res.example} --selection {args.selection} --snapshot {args.snapshot} --output KERNEL.so"
+        )
     print(f"next: python {res.path} --snapshot {args.snapshot} --selection {args.selection} --output KERNEL.so")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    res = run_exporter(args.exporter, args.selection, args.output, snapshot=args.snapshot,
-                       log=lambda line: print(line, flush=True))
+    res = run_exporter(
+        args.exporter, args.selection, args.output, snapshot=args.snapshot, log=lambda line: print(line, flush=True)
+    )
     print(f"exported {res.library}")
     print(TRUST_NOTE)
     return 0

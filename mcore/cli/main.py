@@ -25,6 +25,7 @@ class Parser(argparse.ArgumentParser):
 def make_parser() -> argparse.ArgumentParser:
     p = Parser(prog="mcore", description="Bring your own kernel into a model's inference graph (TVM-FFI).")
     from .. import __version__
+
     p.add_argument("--version", action="version", version=f"mcore {__version__}")
     sub = p.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
     sub.required = True

@@ -31,10 +31,15 @@ def cmd_profile(ns: argparse.Namespace) -> int:
     bundle = open_bundle(ns.bundle)
     cls = EncoderPipeline if bundle.manifest["family"] in ("bert", "distilbert") else DecoderPipeline
     role = ns.role or ("encoder" if cls is EncoderPipeline else "decode")
-    pipe = cls(ns.bundle, kernel_bindings=ns.kernel_bindings, device=ns.device, engine="torch",
-               progress=stderr_progress(), bundle=bundle)
-    report = profile_pipeline(pipe, role, ns.context, ns.steps, ns.prompt, progress=stderr_progress(),
-                              fusion=ns.fusion)
+    pipe = cls(
+        ns.bundle,
+        kernel_bindings=ns.kernel_bindings,
+        device=ns.device,
+        engine="torch",
+        progress=stderr_progress(),
+        bundle=bundle,
+    )
+    report = profile_pipeline(pipe, role, ns.context, ns.steps, ns.prompt, progress=stderr_progress(), fusion=ns.fusion)
     for line in top_lines(report, ns.top):
         print(line)
     if ns.output:
@@ -44,8 +49,11 @@ def cmd_profile(ns: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("profile", help="attribute device time to nodes, modules, recipe instances and slots; "
-                                       "rank the regions worth a kernel (`mcore profile diff A B` compares two)")
+    p = sub.add_parser(
+        "profile",
+        help="attribute device time to nodes, modules, recipe instances and slots; "
+        "rank the regions worth a kernel (`mcore profile diff A B` compares two)",
+    )
     p.add_argument("bundle", help="a bundle, or `diff` followed by two profile files")
     p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     p.add_argument("--kernel-bindings", default=None)
@@ -55,8 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=int, default=128, help="cached tokens for decode; prompt length for prefill")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=10)
-    p.add_argument("--fusion", action="store_true",
-                   help="also compile the graph once more and report what the compiled engine fuses, and which "
-                        "fused kernels a slot over each candidate region would split")
+    p.add_argument(
+        "--fusion",
+        action="store_true",
+        help="also compile the graph once more and report what the compiled engine fuses, and which "
+        "fused kernels a slot over each candidate region would split",
+    )
     p.add_argument("-o", "--output", default=None, help="write the profile JSON here")
     p.set_defaults(func=cmd_profile)

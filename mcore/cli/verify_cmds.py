@@ -26,8 +26,14 @@ def cmd_embeddings(ns: argparse.Namespace) -> int:
 
 
 def cmd_perf(ns: argparse.Namespace) -> int:
-    result = perf_gate(ns.native, ns.external, pairs=ns.pairs, min_ratio=ns.min_ratio, warmup=ns.warmup,
-                       on_line=lambda line: print(line, flush=True))
+    result = perf_gate(
+        ns.native,
+        ns.external,
+        pairs=ns.pairs,
+        min_ratio=ns.min_ratio,
+        warmup=ns.warmup,
+        on_line=lambda line: print(line, flush=True),
+    )
     return _report(result, printed_info=True)
 
 
@@ -37,9 +43,20 @@ def cmd_reference(ns: argparse.Namespace) -> int:
     from .graph_cmds import stderr_progress
 
     check_prompt(ns.prompt)
-    return _report(reference_check(ns.bundle, ns.checkpoint, ns.prompt, max_new_tokens=ns.max_new_tokens,
-                                   chat=ns.chat, kernel_bindings=ns.kernel_bindings, device=ns.device,
-                                   min_cosine=ns.min_cosine, max_abs=ns.max_abs, progress=stderr_progress()))
+    return _report(
+        reference_check(
+            ns.bundle,
+            ns.checkpoint,
+            ns.prompt,
+            max_new_tokens=ns.max_new_tokens,
+            chat=ns.chat,
+            kernel_bindings=ns.kernel_bindings,
+            device=ns.device,
+            min_cosine=ns.min_cosine,
+            max_abs=ns.max_abs,
+            progress=stderr_progress(),
+        )
+    )
 
 
 def cmd_logits(ns: argparse.Namespace) -> int:
@@ -48,9 +65,20 @@ def cmd_logits(ns: argparse.Namespace) -> int:
     from .graph_cmds import stderr_progress
 
     check_prompt(ns.prompt)
-    return _report(lockstep_logits(ns.native, ns.external, ns.kernel_bindings, ns.prompt,
-                                   max_new_tokens=ns.max_new_tokens, max_abs=ns.max_abs, chat=ns.chat,
-                                   device=ns.device, engine=ns.engine, progress=stderr_progress()))
+    return _report(
+        lockstep_logits(
+            ns.native,
+            ns.external,
+            ns.kernel_bindings,
+            ns.prompt,
+            max_new_tokens=ns.max_new_tokens,
+            max_abs=ns.max_abs,
+            chat=ns.chat,
+            device=ns.device,
+            engine=ns.engine,
+            progress=stderr_progress(),
+        )
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,7 +102,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = vs.add_parser("perf", help="alternating fresh-process benchmark pairs; median external/native ratio")
     p.add_argument("--native", required=True, metavar="CMD", help="shell command printing the native benchmark line")
-    p.add_argument("--external", required=True, metavar="CMD", help="shell command printing the external benchmark line")
+    p.add_argument(
+        "--external", required=True, metavar="CMD", help="shell command printing the external benchmark line"
+    )
     p.add_argument("--pairs", type=int, default=6, help="measured pairs (default 6)")
     p.add_argument("--min-ratio", type=float, default=0.98, help="lowest allowed median ratio (default 0.98)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up runs of each command first (default 1)")
@@ -92,15 +122,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-abs", type=float, default=None, help="largest allowed abs difference (default: not gated)")
     p.set_defaults(func=cmd_reference)
 
-    p = vs.add_parser("logits", help="a native and a slot bundle in lockstep: per-step logit max_abs and the "
-                                     "first greedy divergence")
+    p = vs.add_parser(
+        "logits", help="a native and a slot bundle in lockstep: per-step logit max_abs and the first greedy divergence"
+    )
     p.add_argument("native", help="the native bundle")
     p.add_argument("external", help="its slot twin (same model and KV capacity)")
     p.add_argument("--kernel-bindings", default=None, help="the manifest binding the external bundle's slots")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=16, help="steps compared (default 16)")
-    p.add_argument("--max-abs", type=float, default=0.0,
-                   help="largest allowed abs difference at any step (default 0: bit-identical)")
+    p.add_argument(
+        "--max-abs",
+        type=float,
+        default=0.0,
+        help="largest allowed abs difference at any step (default 0: bit-identical)",
+    )
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the bundle's, else auto)")
     p.add_argument("--engine", default="auto", help="auto | compiled | torch (default auto)")

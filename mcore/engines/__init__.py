@@ -24,8 +24,10 @@ def resolve_engine_name(name: str, device: torch.device) -> str:
     if name == "auto":
         return "compiled" if device.type == "cuda" else "torch"
     if name == "tensorrt":
-        raise UserError("the tensorrt engine is not available here (TensorRT cannot be installed on these machines); "
-                        "use --engine compiled (CUDA) or --engine torch")
+        raise UserError(
+            "the tensorrt engine is not available here (TensorRT cannot be installed on these machines); "
+            "use --engine compiled (CUDA) or --engine torch"
+        )
     if name not in ENGINES:
         raise UserError(f"unknown engine {name!r}; use one of: {', '.join(ENGINES)}")
     return name

@@ -32,8 +32,9 @@ class RoleRunner(Protocol):
 class Engine(Protocol):
     name: str
 
-    def compile_role(self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, Any]],
-                     device: torch.device) -> RoleRunner:
+    def compile_role(
+        self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, Any]], device: torch.device
+    ) -> RoleRunner:
         """`captured`: mcore.graph.capture.Captured; `state`: FQN -> tensor for every lifted
         parameter/buffer; `slots`: (slot record, bound SlotCall) pairs for this role."""
         ...

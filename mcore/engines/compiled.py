@@ -122,7 +122,11 @@ class CompiledRoleRunner:
                     torch._dynamo.mark_dynamic(inputs[i], d)
         options = compile_options(self.device, fixed_shapes)
         self.fn = torch.compile(p.gm, fullgraph=True, options=options or None)
-        how = "reusing cached compiled code" if known else "first compile on this machine, about a minute for 8B-sized graphs"
+        how = (
+            "reusing cached compiled code"
+            if known
+            else "first compile on this machine, about a minute for 8B-sized graphs"
+        )
         progress.report(f"compiling {role} graph ({how})", 0.0)
         t0 = time.perf_counter()
         try:
@@ -131,13 +135,23 @@ class CompiledRoleRunner:
             raise
         except Exception as e:  # Inductor/Triton failures: say which engine to use instead
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"the compiled engine could not compile the {role} graph ({type(e).__name__}: {first[:200]}); "
-                            "run with --engine torch") from None
+            raise UserError(
+                f"the compiled engine could not compile the {role} graph ({type(e).__name__}: {first[:200]}); "
+                "run with --engine torch"
+            ) from None
         self.compile_s = time.perf_counter() - t0
         self.cached = known is not None
         if not known:
-            _write_marker(marker, {"role": role, "compile_s": round(self.compile_s, 3), "device": device_label(self.device),
-                                   "torch": torch.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            _write_marker(
+                marker,
+                {
+                    "role": role,
+                    "compile_s": round(self.compile_s, 3),
+                    "device": device_label(self.device),
+                    "torch": torch.__version__,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                },
+            )
         progress.report(f"compiled {role} graph in {self.compile_s:.1f} s", 0.8)
         if fixed_shapes and self.device.type == "cuda":
             progress.report(f"capturing {role} as a CUDA graph", 0.85)
@@ -222,8 +236,9 @@ class CompiledEngine:
     def __init__(self) -> None:
         _use_mcore_inductor_cache()
 
-    def compile_role(self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, Any]],
-                     device: torch.device) -> CompiledRoleRunner:
+    def compile_role(
+        self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, Any]], device: torch.device
+    ) -> CompiledRoleRunner:
         prepared = prepare_graph(captured, state, slots, device)
         if fuse_projections():
             fuse_sibling_projections(prepared)

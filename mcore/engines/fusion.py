@@ -23,8 +23,13 @@ def fuse_sibling_projections(p: PreparedGraph) -> int:
     state_index = {placeholders[i]: i for i in range(n_state)}
     groups: dict[fx.Node, list[fx.Node]] = defaultdict(list)
     for n in gm.graph.nodes:
-        if (n.op == "call_function" and n.target is torch.ops.aten.linear.default and not n.kwargs
-                and (len(n.args) == 2 or n.args[2] is None) and n.args[1] in state_index):
+        if (
+            n.op == "call_function"
+            and n.target is torch.ops.aten.linear.default
+            and not n.kwargs
+            and (len(n.args) == 2 or n.args[2] is None)
+            and n.args[1] in state_index
+        ):
             groups[n.args[0]].append(n)
     last_state = placeholders[n_state - 1] if n_state else None
     fused = 0
@@ -33,8 +38,10 @@ def fuse_sibling_projections(p: PreparedGraph) -> int:
         ws = [p.state_args[i] for i in idx]
         if len(lins) < 2 or len(set(idx)) < len(idx) or last_state is None:
             continue
-        if any(w.dim() != 2 or w.dtype != ws[0].dtype or w.device != ws[0].device or w.shape[1] != ws[0].shape[1]
-               for w in ws):
+        if any(
+            w.dim() != 2 or w.dtype != ws[0].dtype or w.device != ws[0].device or w.shape[1] != ws[0].shape[1]
+            for w in ws
+        ):
             continue
         weight = _adjacent(ws)  # another role of this pipeline fused the same weights already
         if weight is None:
@@ -42,7 +49,7 @@ def fuse_sibling_projections(p: PreparedGraph) -> int:
         bounds = []
         start = 0
         for i, w in zip(idx, ws):
-            view = weight[start:start + w.shape[0]]
+            view = weight[start : start + w.shape[0]]
             bounds.append((start, start + w.shape[0]))
             src = p.state_sources[i]
             if isinstance(src, torch.nn.Parameter):

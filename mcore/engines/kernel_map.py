@@ -27,16 +27,26 @@ def fused_kernels(prepared: PreparedGraph, inputs: Sequence[torch.Tensor]) -> li
     """[{"kernel": name, "nodes": [graph node names]}] in launch order, for this role's graph."""
     with tempfile.TemporaryDirectory(prefix="mcore-fusion-") as d:
         try:
-            patch = torch._inductor.config.patch({"trace.enabled": True, "trace.provenance_tracking_level": 1,
-                                                  "trace.debug_dir": d, "fx_graph_cache": False})
+            patch = torch._inductor.config.patch(
+                {
+                    "trace.enabled": True,
+                    "trace.provenance_tracking_level": 1,
+                    "trace.debug_dir": d,
+                    "fx_graph_cache": False,
+                }
+            )
         except (AttributeError, KeyError) as e:
-            raise UserError(f"this torch ({torch.__version__}) has no Inductor provenance tracking ({e}); "
-                            "the fusion report needs a newer torch") from None
+            raise UserError(
+                f"this torch ({torch.__version__}) has no Inductor provenance tracking ({e}); "
+                "the fusion report needs a newer torch"
+            ) from None
         with patch, torch.no_grad():
             fn = torch.compile(prepared.gm, fullgraph=True)
             prepared.run(fn, inputs)
-        maps = [json.loads(open(p).read()) for p in
-                sorted(glob.glob(f"{d}/**/inductor_provenance_tracking_node_mappings.json", recursive=True))]
+        maps = [
+            json.loads(open(p).read())
+            for p in sorted(glob.glob(f"{d}/**/inductor_provenance_tracking_node_mappings.json", recursive=True))
+        ]
     if not maps:
         raise UserError("Inductor wrote no provenance map for this graph; the fusion report is unavailable here")
     graph_names = {n.name for n in prepared.gm.graph.nodes}
@@ -50,8 +60,9 @@ def fused_kernels(prepared: PreparedGraph, inputs: Sequence[torch.Tensor]) -> li
                 name, _, order = handle.rpartition(":")
                 nodes = sorted({pre for post in posts for pre in post_to_pre.get(post, [post]) if pre in graph_names})
                 if nodes:
-                    out.append({"kernel": name or handle, "order": int(order) if order.isdigit() else len(out),
-                                "nodes": nodes})
+                    out.append(
+                        {"kernel": name or handle, "order": int(order) if order.isdigit() else len(out), "nodes": nodes}
+                    )
     out.sort(key=lambda k: k["order"])
     return out
 

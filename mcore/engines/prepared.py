@@ -37,8 +37,9 @@ class PreparedGraph:
         return tuple(outs[i] for i in self.output_index)
 
 
-def prepare_graph(captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, SlotCall]],
-                  device: torch.device) -> PreparedGraph:
+def prepare_graph(
+    captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, SlotCall]], device: torch.device
+) -> PreparedGraph:
     ep: torch.export.ExportedProgram = captured.exported
     gm = copy.deepcopy(ep.graph_module)  # the graph only: parameters are meta, values come from `state`
     sig = ep.graph_signature
@@ -49,7 +50,7 @@ def prepare_graph(captured: Any, state: dict[str, torch.Tensor], slots: Sequence
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     n_user = len(sig.user_inputs)
     lifted = placeholders[: len(placeholders) - n_user]
-    user = placeholders[len(placeholders) - n_user:]
+    user = placeholders[len(placeholders) - n_user :]
     missing = [targets[p.name] for p in lifted if targets[p.name] not in state]
     if missing:
         raise RuntimeError(f"no value for lifted tensors {missing[:4]}")
@@ -70,10 +71,14 @@ def prepare_graph(captured: Any, state: dict[str, torch.Tensor], slots: Sequence
     user_index = [i for i, s in enumerate(out_specs) if s.kind == torch.export.graph_signature.OutputKind.USER_OUTPUT]
     snap = captured.snapshot
     shapes = {t["id"]: t["shape"] for t in snap["tensors"]}
-    dynamic = {i: tuple(d for d, n in enumerate(shapes[tid]) if n == -1) for i, tid in enumerate(snap["inputs"])
-               if -1 in shapes[tid]}
-    return PreparedGraph(captured.role, gm, state_args, sources, user_index, _mutated(gm, user), dynamic,
-                         tuple(c.key for _, c in slots))
+    dynamic = {
+        i: tuple(d for d, n in enumerate(shapes[tid]) if n == -1)
+        for i, tid in enumerate(snap["inputs"])
+        if -1 in shapes[tid]
+    }
+    return PreparedGraph(
+        captured.role, gm, state_args, sources, user_index, _mutated(gm, user), dynamic, tuple(c.key for _, c in slots)
+    )
 
 
 def _mutated(gm: fx.GraphModule, user: list[fx.Node]) -> frozenset[int]:

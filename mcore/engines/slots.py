@@ -67,8 +67,11 @@ class SlotCall:
         if self.fn is None:
             raise RuntimeError(f"slot {self.binding_id} is unbound")
         out = self.output_like(list(inputs))
-        self.fn(*call_order([x if x.is_contiguous() else x.contiguous() for x in inputs], self._workspace, [out],
-                            self.extras))
+        self.fn(
+            *call_order(
+                [x if x.is_contiguous() else x.contiguous() for x in inputs], self._workspace, [out], self.extras
+            )
+        )
         return out
 
 
@@ -89,8 +92,9 @@ def _slot_fake(inputs: list[torch.Tensor], key: str) -> torch.Tensor:
     return slot_call(key).output_like(list(inputs))
 
 
-def apply_slot(gm: fx.GraphModule, snapshot: dict[str, Any], slot: dict[str, Any], call: SlotCall,
-               constants: dict[str, fx.Node]) -> None:
+def apply_slot(
+    gm: fx.GraphModule, snapshot: dict[str, Any], slot: dict[str, Any], call: SlotCall, constants: dict[str, fx.Node]
+) -> None:
     """Rewrite `gm` in place: the region's nodes out, one mcore::slot node over the boundary inputs in.
 
     `constants` maps a lifted parameter/buffer FQN (a snapshot `constant` node's name) to its placeholder.
@@ -98,7 +102,7 @@ def apply_slot(gm: fx.GraphModule, snapshot: dict[str, Any], slot: dict[str, Any
     ix = SnapshotIndex(snapshot)
     by_name = {n.name: n for n in gm.graph.nodes}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    user_placeholders = placeholders[len(placeholders) - len(snapshot["inputs"]):]
+    user_placeholders = placeholders[len(placeholders) - len(snapshot["inputs"]) :]
 
     def fx_value(tid: str) -> fx.Node:
         producer = ix.tensors[tid]["producer"]
@@ -131,7 +135,9 @@ def apply_slot(gm: fx.GraphModule, snapshot: dict[str, Any], slot: dict[str, Any
     for n in sorted(region, key=order.__getitem__, reverse=True):
         outside = [u.name for u in n.users if u not in region]
         if outside:
-            raise UserError(f"region node {n.name} still feeds {outside} after patching; the receipt does not match this graph")
+            raise UserError(
+                f"region node {n.name} still feeds {outside} after patching; the receipt does not match this graph"
+            )
         gm.graph.erase_node(n)
     gm.graph.lint()
     gm.recompile()

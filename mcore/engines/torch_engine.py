@@ -43,6 +43,7 @@ def _call_slots_directly(p: PreparedGraph) -> None:
 class TorchEngine:
     name = "torch"
 
-    def compile_role(self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, Any]],
-                     device: torch.device) -> TorchRoleRunner:
+    def compile_role(
+        self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, Any]], device: torch.device
+    ) -> TorchRoleRunner:
         return TorchRoleRunner(prepare_graph(captured, state, slots, device))

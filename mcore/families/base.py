@@ -78,8 +78,7 @@ class Family(ABC):
         parameter FQNs are stable."""
 
     @abstractmethod
-    def role_io(self, config: dict, gargs: dict[str, Any], role: str) -> RoleIO:
-        ...
+    def role_io(self, config: dict, gargs: dict[str, Any], role: str) -> RoleIO: ...
 
     @abstractmethod
     def example_inputs(
@@ -97,5 +96,4 @@ class Family(ABC):
         """Deterministic seeded random weights (for benchmarking configs with no checkpoint)."""
 
     @abstractmethod
-    def recipes(self, config: dict, gargs: dict[str, Any]) -> list[RecipeSpec]:
-        ...
+    def recipes(self, config: dict, gargs: dict[str, Any]) -> list[RecipeSpec]: ...

@@ -240,7 +240,11 @@ class EncoderFamily(Family):
         if args.precision not in DTYPES:
             raise UserError(f"--precision {args.precision!r} is not supported; use one of {', '.join(DTYPES)}")
         d = self.dims(config)
-        s = args.max_seq_length if args.max_seq_length is not None else min(DEFAULT_MAX_SEQ_LENGTH, d.max_position_embeddings)
+        s = (
+            args.max_seq_length
+            if args.max_seq_length is not None
+            else min(DEFAULT_MAX_SEQ_LENGTH, d.max_position_embeddings)
+        )
         if s > d.max_position_embeddings:
             raise UserError(
                 f"--max-seq-length {s} exceeds the model's max_position_embeddings {d.max_position_embeddings}; "
@@ -249,7 +253,9 @@ class EncoderFamily(Family):
         return {"precision": args.precision, "max_seq_length": int(s)}
 
     def build_core(self, config: dict, gargs: dict[str, Any], device: torch.device | str) -> nn.Module:
-        return EncoderCore(self.dims(config), DTYPES[gargs["precision"]], int(gargs["max_seq_length"]), torch.device(device))
+        return EncoderCore(
+            self.dims(config), DTYPES[gargs["precision"]], int(gargs["max_seq_length"]), torch.device(device)
+        )
 
     def role_module(self, core: nn.Module, role: str) -> nn.Module:
         self._check_role(role)
@@ -283,7 +289,7 @@ class EncoderFamily(Family):
             idx, rest = m.group(1), m.group(2)
             for ck, core in self.layer_map.items():
                 if rest.startswith(ck + "."):
-                    return f"layers.{idx}.{core}{rest[len(ck):]}"
+                    return f"layers.{idx}.{core}{rest[len(ck) :]}"
         return n
 
     def load_checkpoint(self, core: nn.Module, source: ModelSource) -> None:

@@ -50,6 +50,7 @@ def cfg_choice(config: dict, key: str, default: Any, supported: Iterable[Any], w
     v = config.get(key, default)
     allowed = list(supported)
     if v not in allowed:
-        raise UserError(f"config.json: {key} {v!r} is not supported by {what}; it implements "
-                        f"{', '.join(repr(a) for a in allowed)}")
+        raise UserError(
+            f"config.json: {key} {v!r} is not supported by {what}; it implements {', '.join(repr(a) for a in allowed)}"
+        )
     return v

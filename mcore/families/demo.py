@@ -228,7 +228,10 @@ def _qwen3_demo(L: int, H: int, KV: int, D: int, HID: int, FF: int, seed: int) -
         "pad_token_id": None,
         "dtype": "float32",
     }
-    spec: WeightSpec = [("model.embed_tokens.weight", (vocab, HID), "w", 1.0), ("lm_head.weight", (vocab, HID), "w", 0.3)]
+    spec: WeightSpec = [
+        ("model.embed_tokens.weight", (vocab, HID), "w", 1.0),
+        ("lm_head.weight", (vocab, HID), "w", 0.3),
+    ]
     spec.append(("model.norm.weight", (HID,), "one", 0.1))
     for i in range(L):
         p = f"model.layers.{i}."
@@ -253,8 +256,13 @@ def _qwen3_demo(L: int, H: int, KV: int, D: int, HID: int, FF: int, seed: int) -
         "clean_up_tokenization_spaces": False,
     }
     gen = {"bos_token_id": eos, "eos_token_id": [eos], "do_sample": False}
-    return {"config": config, "weights": _weights(spec, seed=seed), "tokenizer": tok, "tokenizer_config": tok_cfg,
-            "generation_config": gen}
+    return {
+        "config": config,
+        "weights": _weights(spec, seed=seed),
+        "tokenizer": tok,
+        "tokenizer_config": tok_cfg,
+        "generation_config": gen,
+    }
 
 
 _ENC_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -320,12 +328,24 @@ def _distilbert_tiny() -> dict:
         ("embeddings.LayerNorm.weight", (HID,), "one", 0.1),
         ("embeddings.LayerNorm.bias", (HID,), "w", 0.05),
     ]
-    names = {"q": "attention.q_lin", "k": "attention.k_lin", "v": "attention.v_lin", "o": "attention.out_lin",
-             "ln1": "sa_layer_norm", "ff1": "ffn.lin1", "ff2": "ffn.lin2", "ln2": "output_layer_norm"}
+    names = {
+        "q": "attention.q_lin",
+        "k": "attention.k_lin",
+        "v": "attention.v_lin",
+        "o": "attention.out_lin",
+        "ln1": "sa_layer_norm",
+        "ff1": "ffn.lin1",
+        "ff2": "ffn.lin2",
+        "ln2": "output_layer_norm",
+    }
     for i in range(L):
         spec += _encoder_layer_spec(f"transformer.layer.{i}.", names, HID, FF)
-    return {"config": config, "weights": _weights(spec, seed=2002), "tokenizer": tok,
-            "tokenizer_config": _encoder_tokenizer_config()}
+    return {
+        "config": config,
+        "weights": _weights(spec, seed=2002),
+        "tokenizer": tok,
+        "tokenizer_config": _encoder_tokenizer_config(),
+    }
 
 
 def _bert_tiny() -> dict:
@@ -362,13 +382,24 @@ def _bert_tiny() -> dict:
         ("pooler.dense.weight", (HID, HID), "w", 0.2),
         ("pooler.dense.bias", (HID,), "w", 0.05),
     ]
-    names = {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
-             "o": "attention.output.dense", "ln1": "attention.output.LayerNorm", "ff1": "intermediate.dense",
-             "ff2": "output.dense", "ln2": "output.LayerNorm"}
+    names = {
+        "q": "attention.self.query",
+        "k": "attention.self.key",
+        "v": "attention.self.value",
+        "o": "attention.output.dense",
+        "ln1": "attention.output.LayerNorm",
+        "ff1": "intermediate.dense",
+        "ff2": "output.dense",
+        "ln2": "output.LayerNorm",
+    }
     for i in range(L):
         spec += _encoder_layer_spec(f"encoder.layer.{i}.", names, HID, FF)
-    return {"config": config, "weights": _weights(spec, seed=3003), "tokenizer": tok,
-            "tokenizer_config": _encoder_tokenizer_config()}
+    return {
+        "config": config,
+        "weights": _weights(spec, seed=3003),
+        "tokenizer": tok,
+        "tokenizer_config": _encoder_tokenizer_config(),
+    }
 
 
 DEMOS: dict[str, Callable[[], dict]] = {
@@ -459,7 +490,9 @@ def materialize(name: str, root: Optional[str | Path] = None) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=base))
         os.chmod(tmp, 0o755)
     except OSError as e:
-        raise UserError(f"{base}: cannot create the demo cache folder ({e}); set MCORE_CACHE_DIR to a writable folder") from None
+        raise UserError(
+            f"{base}: cannot create the demo cache folder ({e}); set MCORE_CACHE_DIR to a writable folder"
+        ) from None
     try:
         write_demo(name, tmp)
         if final.exists():
@@ -477,7 +510,9 @@ def materialize(name: str, root: Optional[str | Path] = None) -> Path:
             if not _valid(final, name):
                 raise
     except OSError as e:
-        raise UserError(f"{final}: cannot write the demo model ({e}); set MCORE_CACHE_DIR to a writable folder") from None
+        raise UserError(
+            f"{final}: cannot write the demo model ({e}); set MCORE_CACHE_DIR to a writable folder"
+        ) from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -70,9 +70,7 @@ class Qwen3Dims:
         heads = cfg_int(config, "num_attention_heads")
         kv = cfg_int(config, "num_key_value_heads", heads)
         if heads % kv != 0:
-            raise UserError(
-                f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}"
-            )
+            raise UserError(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
         # transformers' Qwen3Config defaults head_dim to 128 when absent; null means hidden/heads.
         head_dim = cfg_int(config, "head_dim", 128) if config.get("head_dim", 0) is not None else hidden // heads
         if head_dim % 2:
@@ -104,15 +102,20 @@ def _check_full_attention(config: dict, num_layers: int) -> None:
     if layer_types is None:
         window = config.get("sliding_window", 4096) if use_sw else None
         first = cfg_int(config, "max_window_layers", 28, lo=0) if window is not None else num_layers
-        layer_types = ["sliding_attention" if window is not None and i >= first else "full_attention"
-                       for i in range(num_layers)]
+        layer_types = [
+            "sliding_attention" if window is not None and i >= first else "full_attention" for i in range(num_layers)
+        ]
     if not isinstance(layer_types, list) or len(layer_types) != num_layers:
-        raise UserError(f"config.json: field 'layer_types' must list one type per layer ({num_layers}); fix config.json")
+        raise UserError(
+            f"config.json: field 'layer_types' must list one type per layer ({num_layers}); fix config.json"
+        )
     for i, t in enumerate(layer_types):
         if t != "full_attention":
             field = "layer_types" if config.get("layer_types") is not None else "use_sliding_window"
-            raise UserError(f"config.json: {field} makes layer {i} {t!r}; sliding-window attention is not "
-                            "supported by the qwen3 family (only full attention)")
+            raise UserError(
+                f"config.json: {field} makes layer {i} {t!r}; sliding-window attention is not "
+                "supported by the qwen3 family (only full attention)"
+            )
 
 
 def rope_theta(config: dict) -> float:
@@ -130,11 +133,15 @@ def rope_theta(config: dict) -> float:
             raise UserError(f"config.json: field {key!r} must be an object (got {d!r}); fix config.json")
         kind = d.get("rope_type", d.get("type", "default"))
         if kind != "default":
-            raise UserError(f"config.json: {key} type {kind!r} is not supported by the qwen3 family; "
-                            "only the default RoPE is implemented")
+            raise UserError(
+                f"config.json: {key} type {kind!r} is not supported by the qwen3 family; "
+                "only the default RoPE is implemented"
+            )
         if d.get("partial_rotary_factor", 1.0) != 1.0:
-            raise UserError(f"config.json: {key} partial_rotary_factor {d['partial_rotary_factor']!r} is not "
-                            "supported by the qwen3 family; only full rotary embeddings are implemented")
+            raise UserError(
+                f"config.json: {key} partial_rotary_factor {d['partial_rotary_factor']!r} is not "
+                "supported by the qwen3 family; only full rotary embeddings are implemented"
+            )
         if d.get("rope_theta") is not None:
             theta_src = d
     return cfg_float(theta_src, "rope_theta", 10000.0)
@@ -340,9 +347,11 @@ def _check_tied_head(folder) -> None:
         return
     got = dict(W.iter_checkpoint(folder, names))
     if len(got) == 2 and not torch.equal(got["lm_head.weight"], got["model.embed_tokens.weight"]):
-        raise UserError(f"{folder}: config.json sets tie_word_embeddings true but the checkpoint stores an lm_head.weight "
-                        "that differs from the embedding (transformers would not tie them); set "
-                        "tie_word_embeddings to false in config.json")
+        raise UserError(
+            f"{folder}: config.json sets tie_word_embeddings true but the checkpoint stores an lm_head.weight "
+            "that differs from the embedding (transformers would not tie them); set "
+            "tie_word_embeddings to false in config.json"
+        )
 
 
 class Qwen3Family(Family):

@@ -34,7 +34,9 @@ def read_config(folder: str | Path) -> dict:
     folder = Path(folder)
     cfg = folder / "config.json"
     if not cfg.is_file():
-        raise UserError(f"{folder}: no config.json in this folder; pass a Hugging Face checkpoint folder (config.json + safetensors)")
+        raise UserError(
+            f"{folder}: no config.json in this folder; pass a Hugging Face checkpoint folder (config.json + safetensors)"
+        )
     data = _read_json_file(cfg, "config.json")
     if not isinstance(data, dict):
         raise UserError(f"{cfg}: expected a JSON object")
@@ -94,9 +96,7 @@ def resolve_model(spec: str, revision: Optional[str] = None) -> ModelSource:
         folder = _hub_snapshot(spec, revision)
         # Record what was resolved: the snapshot folder is named by its commit hash.
         return _from_folder(spec, folder, revision or folder.name)
-    raise UserError(
-        f"{spec}: no such folder, and not a demo (demo:NAME) or a hub ID (org/name); check the path"
-    )
+    raise UserError(f"{spec}: no such folder, and not a demo (demo:NAME) or a hub ID (org/name); check the path")
 
 
 def load_tokenizer(source: ModelSource):

@@ -52,7 +52,9 @@ def checkpoint_files(folder: str | Path) -> dict[str, Path]:
             if not isinstance(weight_map, dict):
                 raise TypeError("weight_map is not an object")
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise UserError(f"{index}: malformed checkpoint index ({e}); re-download or re-save the checkpoint") from None
+            raise UserError(
+                f"{index}: malformed checkpoint index ({e}); re-download or re-save the checkpoint"
+            ) from None
         out: dict[str, Path] = {}
         for name, fname in weight_map.items():
             p = folder / str(fname)

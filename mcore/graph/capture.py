@@ -70,8 +70,12 @@ def resolve(args: BuildArgs) -> tuple[ModelSource, Family, dict[str, Any]]:
     return source, family, gargs
 
 
-def capture(args: BuildArgs, role: str, progress: Progress = NO_PROGRESS,
-            resolved: Optional[tuple[ModelSource, Family, dict[str, Any]]] = None) -> Captured:
+def capture(
+    args: BuildArgs,
+    role: str,
+    progress: Progress = NO_PROGRESS,
+    resolved: Optional[tuple[ModelSource, Family, dict[str, Any]]] = None,
+) -> Captured:
     """Export the role's module on the meta device and turn it into a snapshot."""
     source, family, gargs = resolved or resolve(args)
     check_role(family, role)
@@ -88,8 +92,9 @@ def capture(args: BuildArgs, role: str, progress: Progress = NO_PROGRESS,
     return cap
 
 
-def captured_from(ep: torch.export.ExportedProgram, source: ModelSource, family: Family, gargs: dict[str, Any],
-                  role: str) -> Captured:
+def captured_from(
+    ep: torch.export.ExportedProgram, source: ModelSource, family: Family, gargs: dict[str, Any], role: str
+) -> Captured:
     """The snapshot of an exported role graph (fresh from torch.export, or loaded back from a cache)."""
     io = family.role_io(source.config, gargs, role)
     snap = snapshot_from_exported(ep, graph_metadata(source, family, gargs, role), list(io.inputs), list(io.outputs))
@@ -97,8 +102,9 @@ def captured_from(ep: torch.export.ExportedProgram, source: ModelSource, family:
     return Captured(source, family, gargs, role, io, ep, snap)
 
 
-def capture_cached(args: BuildArgs, role: str, fingerprint: str,
-                   resolved: tuple[ModelSource, Family, dict[str, Any]]) -> Captured:
+def capture_cached(
+    args: BuildArgs, role: str, fingerprint: str, resolved: tuple[ModelSource, Family, dict[str, Any]]
+) -> Captured:
     """capture(), reusing an ExportedProgram saved by an earlier load of the same graph on this machine.
 
     A loaded program counts only if its snapshot has exactly the expected fingerprint (which covers the

@@ -8,15 +8,37 @@ The category uses TensorRT's layer-type words (so the tutorial's filters such as
 from __future__ import annotations
 
 _ELEMENTWISE = {
-    "add": "SUM", "sub": "SUB", "mul": "PROD", "div": "DIV", "pow": "POW",
-    "maximum": "MAX", "minimum": "MIN", "eq": "EQUAL", "lt": "LESS", "gt": "GREATER",
-    "le": "LESS", "ge": "GREATER", "where": "SELECT", "bitwise_and": "AND",
+    "add": "SUM",
+    "sub": "SUB",
+    "mul": "PROD",
+    "div": "DIV",
+    "pow": "POW",
+    "maximum": "MAX",
+    "minimum": "MIN",
+    "eq": "EQUAL",
+    "lt": "LESS",
+    "gt": "GREATER",
+    "le": "LESS",
+    "ge": "GREATER",
+    "where": "SELECT",
+    "bitwise_and": "AND",
 }
 _UNARY = {"rsqrt", "sqrt", "exp", "log", "neg", "abs", "sin", "cos", "reciprocal", "tanh", "erf"}
 _ACTIVATION = {"silu", "gelu", "relu", "sigmoid", "softplus"}
 _SHUFFLE = {
-    "view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "expand", "contiguous",
-    "flatten", "unflatten", "t", "clone", "alias",
+    "view",
+    "reshape",
+    "transpose",
+    "permute",
+    "unsqueeze",
+    "squeeze",
+    "expand",
+    "contiguous",
+    "flatten",
+    "unflatten",
+    "t",
+    "clone",
+    "alias",
 }
 _SLICE = {"slice", "select", "narrow", "split", "chunk"}
 _GATHER = {"index_select", "embedding", "gather", "index"}
@@ -36,7 +58,13 @@ def category(op: str) -> str:
     parts = op.split(".")
     base = parts[1] if len(parts) > 1 else parts[0]
     if parts[0] == "mcore":
-        return "LayerType.PLUGIN_V3" if base == "slot" else "LayerType.ATTENTION" if "attention" in base else "LayerType.PLUGIN_V3"
+        return (
+            "LayerType.PLUGIN_V3"
+            if base == "slot"
+            else "LayerType.ATTENTION"
+            if "attention" in base
+            else "LayerType.PLUGIN_V3"
+        )
     b = base.rstrip("_") if base not in _SCATTER else base
     if base in ("_to_copy", "to", "type_as"):
         return "LayerType.CAST"

@@ -28,9 +28,11 @@ def tensor_refs(ix: SnapshotIndex, tids: Iterable[str]) -> str:
 
 
 def node_row(ix: SnapshotIndex, node: dict[str, Any]) -> str:
-    return (f"{node['id']:<10} {node['op']:<34} {node.get('category', ''):<48} "
-            f"{tensor_refs(ix, node['inputs'])} -> {tensor_refs(ix, node['outputs'])}"
-            + (f"  [{node['module_path']}]" if node["module_path"] else ""))
+    return (
+        f"{node['id']:<10} {node['op']:<34} {node.get('category', ''):<48} "
+        f"{tensor_refs(ix, node['inputs'])} -> {tensor_refs(ix, node['outputs'])}"
+        + (f"  [{node['module_path']}]" if node["module_path"] else "")
+    )
 
 
 def list_lines(snapshot: dict[str, Any], pattern: str | None = None) -> list[str]:
@@ -70,13 +72,21 @@ def tensor_desc(t: dict[str, Any]) -> str:
 
 def abi_lines(receipt: dict[str, Any]) -> list[str]:
     abi = receipt["abi"]
-    lines = [f"binding_id={receipt['binding_id']}", f"abi_sha256={receipt['abi_sha256']}",
-             f"engine_role={receipt['engine_role']}", f"graph_fingerprint={receipt['graph_fingerprint']}",
-             f"call: {abi['call']}"]
+    lines = [
+        f"binding_id={receipt['binding_id']}",
+        f"abi_sha256={receipt['abi_sha256']}",
+        f"engine_role={receipt['engine_role']}",
+        f"graph_fingerprint={receipt['graph_fingerprint']}",
+        f"call: {abi['call']}",
+    ]
     for e in abi["inputs"]:
-        lines.append(f"input[{e['index']}]  {e['tensor_id']:<12} {e['name']:<24} {e['dtype']} {e['location']} {e['shape']}")
+        lines.append(
+            f"input[{e['index']}]  {e['tensor_id']:<12} {e['name']:<24} {e['dtype']} {e['location']} {e['shape']}"
+        )
     for e in abi["outputs"]:
-        lines.append(f"output[{e['index']}] {e['tensor_id']:<12} {e['name']:<24} {e['dtype']} {e['location']} {e['shape']}")
+        lines.append(
+            f"output[{e['index']}] {e['tensor_id']:<12} {e['name']:<24} {e['dtype']} {e['location']} {e['shape']}"
+        )
     lines.append(f"workspace {receipt['workspace_bytes']} bytes")
     extras = receipt["extra_args"]
     lines.append("extra args " + (", ".join(f"{a['type']}={a.get('value')}" for a in extras) if extras else "none"))

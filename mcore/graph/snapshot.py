@@ -18,15 +18,28 @@ SCHEMA_VERSION = 1
 KIND = "mcore.graph_snapshot"
 
 DTYPE_NAMES = {
-    torch.float32: "FP32", torch.float16: "FP16", torch.bfloat16: "BF16", torch.float64: "FP64",
-    torch.int32: "INT32", torch.int64: "INT64", torch.int16: "INT16", torch.int8: "INT8",
-    torch.uint8: "UINT8", torch.bool: "BOOL",
+    torch.float32: "FP32",
+    torch.float16: "FP16",
+    torch.bfloat16: "BF16",
+    torch.float64: "FP64",
+    torch.int32: "INT32",
+    torch.int64: "INT64",
+    torch.int16: "INT16",
+    torch.int8: "INT8",
+    torch.uint8: "UINT8",
+    torch.bool: "BOOL",
 }
 TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 
 # Nodes that check or constrain but compute nothing the graph uses.
-_SKIP_TARGETS = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "sym_constrain_range",
-                 "_assert_async", "_functional_assert_async"}
+_SKIP_TARGETS = {
+    "_assert_tensor_metadata",
+    "_assert_scalar",
+    "sym_constrain_range_for_size",
+    "sym_constrain_range",
+    "_assert_async",
+    "_functional_assert_async",
+}
 
 
 def op_name(target: Any) -> str:
@@ -93,8 +106,9 @@ def _writes(node: fx.Node) -> list[int]:
     return out
 
 
-def snapshot_from_exported(ep: torch.export.ExportedProgram, metadata: dict[str, Any],
-                           input_names: list[str], output_names: list[str]) -> dict[str, Any]:
+def snapshot_from_exported(
+    ep: torch.export.ExportedProgram, metadata: dict[str, Any], input_names: list[str], output_names: list[str]
+) -> dict[str, Any]:
     """Turn an ExportedProgram into the snapshot dict (IDs in topological order).
 
     Lifted parameters/buffers/constants become `constant` nodes placed just before their
@@ -145,8 +159,17 @@ def snapshot_from_exported(ep: torch.export.ExportedProgram, metadata: dict[str,
         nid = f"node:{len(nodes)}"
         tid = new_tensor(ph.meta.get("val"), nid, target)
         owner = target.rsplit(".", 1)[0] if "." in target else ""
-        nodes.append({"id": nid, "op": "constant", "category": category("constant"), "name": target,
-                      "module_path": owner, "inputs": [], "outputs": [tid]})
+        nodes.append(
+            {
+                "id": nid,
+                "op": "constant",
+                "category": category("constant"),
+                "name": target,
+                "module_path": owner,
+                "inputs": [],
+                "outputs": [tid],
+            }
+        )
         current[ph] = [tid]
         const_node_of[ph] = nid
 
@@ -184,8 +207,17 @@ def snapshot_from_exported(ep: torch.export.ExportedProgram, metadata: dict[str,
                     outs.append(new_tensor(v, nid, f"{node.name}.{i}"))
         elif val is not None:
             outs.append(new_tensor(val, nid, node.name))
-        nodes.append({"id": nid, "op": op_name(node.target), "category": category(op_name(node.target)),
-                      "name": node.name, "module_path": module_path(node), "inputs": ins, "outputs": outs})
+        nodes.append(
+            {
+                "id": nid,
+                "op": op_name(node.target),
+                "category": category(op_name(node.target)),
+                "name": node.name,
+                "module_path": module_path(node),
+                "inputs": ins,
+                "outputs": outs,
+            }
+        )
         current[node] = outs
         # An in-place write makes a new version of the written value for every later reader.
         for i in _writes(node):
@@ -264,12 +296,20 @@ def load_snapshot(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check a snapshot file; errors name the file and the field."""
     snap = read_json(path, "graph snapshot")
     where = str(path)
-    check_fields(snap, where, {"schema_version", "kind", "metadata", "nodes", "tensors", "inputs", "outputs", "fingerprint"},
-                 {"recipes"})
+    check_fields(
+        snap,
+        where,
+        {"schema_version", "kind", "metadata", "nodes", "tensors", "inputs", "outputs", "fingerprint"},
+        {"recipes"},
+    )
     if snap["kind"] != KIND:
-        raise UserError(f"{where}: kind is {snap['kind']!r}, not a graph snapshot ({KIND}); pass the file written by `mcore graph inspect --snapshot`")
+        raise UserError(
+            f"{where}: kind is {snap['kind']!r}, not a graph snapshot ({KIND}); pass the file written by `mcore graph inspect --snapshot`"
+        )
     if snap["schema_version"] != SCHEMA_VERSION:
-        raise UserError(f"{where}: schema_version {snap['schema_version']!r} is not supported (expected {SCHEMA_VERSION}); recapture with this mcore")
+        raise UserError(
+            f"{where}: schema_version {snap['schema_version']!r} is not supported (expected {SCHEMA_VERSION}); recapture with this mcore"
+        )
     for i, n in enumerate(snap["nodes"]):
         if not isinstance(n, dict) or not _NODE_FIELDS <= n.keys():
             raise UserError(f"{where}: nodes[{i}] lacks one of {sorted(_NODE_FIELDS)}")
@@ -277,7 +317,9 @@ def load_snapshot(path: str | os.PathLike) -> dict[str, Any]:
         if not isinstance(t, dict) or not _TENSOR_FIELDS <= t.keys():
             raise UserError(f"{where}: tensors[{i}] lacks one of {sorted(_TENSOR_FIELDS)}")
     if fingerprint(snap) != snap["fingerprint"]:
-        raise UserError(f"{where}: fingerprint does not match the content (the file was edited or damaged); recapture with `mcore graph inspect`")
+        raise UserError(
+            f"{where}: fingerprint does not match the content (the file was edited or damaged); recapture with `mcore graph inspect`"
+        )
     return snap
 
 

@@ -23,8 +23,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..app import WorkbenchApp, WorkbenchState
 
 SCREEN_ORDER = ("model", "graph", "region", "kernel", "build", "verify")
-SCREEN_TITLES = {"model": "Model", "graph": "Graph", "region": "Region", "kernel": "Kernel", "build": "Build",
-                 "verify": "Verify", "profile": "Profile"}
+SCREEN_TITLES = {
+    "model": "Model",
+    "graph": "Graph",
+    "region": "Region",
+    "kernel": "Kernel",
+    "build": "Build",
+    "verify": "Verify",
+    "profile": "Profile",
+}
 # Screens off the F-key path, reached by a key on another screen (and the palette): name -> that key
 SIDE_SCREENS = {"profile": "p on Graph"}
 MIN_SIZE = (80, 24)  # below this the screens cannot show their content; say so instead
@@ -165,8 +172,7 @@ class WorkbenchScreen(Screen):
     # nothing grabs focus on its own: an Input focused by default would swallow n (next step)
     AUTO_FOCUS = ""
     # `?` first: the footer is cut from the right on narrow terminals
-    BINDINGS = [Binding("question_mark", "app.help", "keys"),
-                Binding("escape", "escape", "back", show=False)]
+    BINDINGS = [Binding("question_mark", "app.help", "keys"), Binding("escape", "escape", "back", show=False)]
 
     @property
     def wb(self) -> "WorkbenchApp":
@@ -184,8 +190,13 @@ class WorkbenchScreen(Screen):
             with Vertical(id="body", classes=f"body body-{self.SCREEN_NAME}"):
                 yield from self.compose_body()
             yield GuidePanel(id="guide")
-        yield Static(Text(f"terminal too small: the workbench needs {MIN_SIZE[0]}x{MIN_SIZE[1]}; "
-                          "enlarge the window (q quits)", style="bold yellow"), id="too-small")
+        yield Static(
+            Text(
+                f"terminal too small: the workbench needs {MIN_SIZE[0]}x{MIN_SIZE[1]}; enlarge the window (q quits)",
+                style="bold yellow",
+            ),
+            id="too-small",
+        )
         yield ErrorPanel(id="error")
         yield StepBar(id="stepbar")
         yield StatusLine(id="status")

@@ -27,8 +27,10 @@ def slot_lines(kernel_slots: list[dict[str, Any]]) -> list[str]:
     for s in kernel_slots:
         key = (s["binding_id"], s["abi_sha256"])
         groups[key] = groups.get(key, 0) + 1
-    return [f"slot {bid} abi {abi[:16]}…" + (f" ×{n} slots, one binding" if n > 1 else "")
-            for (bid, abi), n in groups.items()]
+    return [
+        f"slot {bid} abi {abi[:16]}…" + (f" ×{n} slots, one binding" if n > 1 else "")
+        for (bid, abi), n in groups.items()
+    ]
 
 
 class BuildScreen(WorkbenchScreen):
@@ -75,7 +77,8 @@ class BuildScreen(WorkbenchScreen):
         a = st.build_args
         shown = {k: v for k, v in a.items() if v not in (None, "") and k != "seed"}
         self.query_one("#build-args", Static).update(
-            Text("build args: " + "  ".join(f"{k}={v}" for k, v in shown.items()), style="dim"))
+            Text("build args: " + "  ".join(f"{k}={v}" for k, v in shown.items()), style="dim")
+        )
         for arm in ARMS:
             self.show_arm(arm)
 
@@ -140,8 +143,9 @@ class BuildScreen(WorkbenchScreen):
         if outcome.kind == "ok":
             self.step_text[arm] = ""
         else:
-            self.step_text[arm] = "cancelled: nothing was written" if outcome.kind == "cancelled" else \
-                f"failed: {outcome.error}"
+            self.step_text[arm] = (
+                "cancelled: nothing was written" if outcome.kind == "cancelled" else f"failed: {outcome.error}"
+            )
             self.query_one(f"#bar-{arm}", ProgressBar).update(progress=0)
         self.running = None
         self.show_arm(arm)

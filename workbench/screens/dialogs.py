@@ -35,14 +35,18 @@ class TrustModal(ModalScreen[bool]):
         t = Text()
         t.append("Trusted native code only\n\n", style="bold yellow")
         if self.library == self.manifest:  # a script (an exporter), not a bindings manifest
-            t.append("This step runs a Python script (a kernel exporter) with your permissions; the workbench "
-                     "cannot check what it does.\n\n")
+            t.append(
+                "This step runs a Python script (a kernel exporter) with your permissions; the workbench "
+                "cannot check what it does.\n\n"
+            )
             t.append("script:   ", style="dim")
             t.append(f"{self.library}\n\n")
             t.append("Run it only if you wrote or generated it or trust its source.")
         else:
-            t.append("This step loads a kernel library into this process. Loading a DSO runs its native code "
-                     "with your permissions; the workbench cannot check what it does.\n\n")
+            t.append(
+                "This step loads a kernel library into this process. Loading a DSO runs its native code "
+                "with your permissions; the workbench cannot check what it does.\n\n"
+            )
             t.append("library:  ", style="dim")
             t.append(f"{self.library}\n")
             t.append("manifest: ", style="dim")
@@ -60,7 +64,8 @@ class TrustModal(ModalScreen[bool]):
 
     def action_hint(self) -> None:
         self.query_one("#trust-hint", Static).update(
-            Text("n does nothing here: press y to load the kernel and run the step, esc not to", style="bold"))
+            Text("n does nothing here: press y to load the kernel and run the step, esc not to", style="bold")
+        )
 
     @on(Button.Pressed, "#trust-yes, #trust-no")
     def pressed(self, event: Button.Pressed) -> None:
@@ -84,8 +89,10 @@ class ConfirmQuit(ModalScreen[Optional[str]]):
     def compose(self) -> ComposeResult:
         t = Text()
         t.append("Quit the workbench?\n\n", style="bold")
-        t.append(f"{self.unsaved} step(s) of this session are not saved; a saved session replays with "
-                 "`workbench replay FILE`.")
+        t.append(
+            f"{self.unsaved} step(s) of this session are not saved; a saved session replays with "
+            "`workbench replay FILE`."
+        )
         with Vertical(id="quit-box", classes="modal-box"):
             yield Static(t)
             with Horizontal(classes="key-buttons"):
@@ -131,40 +138,68 @@ class PathPrompt(ModalScreen[Optional[str]]):
 
 
 HELP = [
-    ("Everywhere", [
-        ("F1..F6", "Model, Graph, Region, Kernel, Build, Verify (or click the tab)"),
-        ("ctrl+p", "command palette: every screen and action"),
-        ("tab / shift+tab", "move between fields, tables and buttons"),
-        ("esc", "leave a field; dismiss the error; end a search; back"),
-        ("/", "search the graph (from any screen)"),
-        ("n", "guided/replay: perform the current step"),
-        ("g", "guided/replay: step bar / guide panel"),
-        ("[ / ]", "guided/replay: scroll the guide panel"),
-        ("x", "cancel the running step"),
-        ("ctrl+s / ctrl+o", "save the session / open a session to replay"),
-        ("WORKBENCH_ANSI=1", "(environment) the 16-colour ANSI theme"),
-        ("?", "this help"),
-        ("q / ctrl+q", "quit (asks first if steps are unsaved)"),
-    ]),
-    ("Model", [("c", "capture the graph (queued while the model is checked)"),
-               ("r", "rescan the Hugging Face cache")]),
-    ("Graph", [("/", "search IDs, ops, names, module paths (words; * ? globs)"),
-               ("enter", "search: go to the results; tree: show that module"),
-               ("n / N", "while searching: next / previous match (table or tree)"),
-               ("right / left", "tree: expand / collapse"),
-               ("enter (edges)", "follow the highlighted tensor edge"),
-               ("backspace", "back along the followed edges"), ("space", "mark/unmark the node for a region"),
-               ("t", "tree / table focus"), ("p", "Profile: where the time goes")]),
-    ("Region", [("enter", "pick the highlighted recipe instance"), ("space", "unmark a node"),
-                ("s", "save the receipt"), ("m", "manual selection from marked nodes")]),
-    ("Kernel", [("i / a", "build the identity-copy / residual-add kernel"),
-                ("enter (DSO)", "use the DSO path typed (l outside the field)"),
-                ("s", "generate the CuTe DSL exporter stub"), ("e", "run the exporter"),
-                ("w", "write the bindings manifest")]),
+    (
+        "Everywhere",
+        [
+            ("F1..F6", "Model, Graph, Region, Kernel, Build, Verify (or click the tab)"),
+            ("ctrl+p", "command palette: every screen and action"),
+            ("tab / shift+tab", "move between fields, tables and buttons"),
+            ("esc", "leave a field; dismiss the error; end a search; back"),
+            ("/", "search the graph (from any screen)"),
+            ("n", "guided/replay: perform the current step"),
+            ("g", "guided/replay: step bar / guide panel"),
+            ("[ / ]", "guided/replay: scroll the guide panel"),
+            ("x", "cancel the running step"),
+            ("ctrl+s / ctrl+o", "save the session / open a session to replay"),
+            ("WORKBENCH_ANSI=1", "(environment) the 16-colour ANSI theme"),
+            ("?", "this help"),
+            ("q / ctrl+q", "quit (asks first if steps are unsaved)"),
+        ],
+    ),
+    ("Model", [("c", "capture the graph (queued while the model is checked)"), ("r", "rescan the Hugging Face cache")]),
+    (
+        "Graph",
+        [
+            ("/", "search IDs, ops, names, module paths (words; * ? globs)"),
+            ("enter", "search: go to the results; tree: show that module"),
+            ("n / N", "while searching: next / previous match (table or tree)"),
+            ("right / left", "tree: expand / collapse"),
+            ("enter (edges)", "follow the highlighted tensor edge"),
+            ("backspace", "back along the followed edges"),
+            ("space", "mark/unmark the node for a region"),
+            ("t", "tree / table focus"),
+            ("p", "Profile: where the time goes"),
+        ],
+    ),
+    (
+        "Region",
+        [
+            ("enter", "pick the highlighted recipe instance"),
+            ("space", "unmark a node"),
+            ("s", "save the receipt"),
+            ("m", "manual selection from marked nodes"),
+        ],
+    ),
+    (
+        "Kernel",
+        [
+            ("i / a", "build the identity-copy / residual-add kernel"),
+            ("enter (DSO)", "use the DSO path typed (l outside the field)"),
+            ("s", "generate the CuTe DSL exporter stub"),
+            ("e", "run the exporter"),
+            ("w", "write the bindings manifest"),
+        ],
+    ),
     ("Build", [("b", "build the native bundle"), ("s", "build the slot-ready bundle"), ("x", "cancel")]),
     ("Verify", [("c", "correctness gate"), ("p", "performance gate"), ("v", "both, then the verdict")]),
-    ("Profile", [("r", "profile the native bundle (torch engine, op by op)"),
-                 ("s / enter", "select the candidate: Region screen with its nodes marked"), ("x", "cancel")]),
+    (
+        "Profile",
+        [
+            ("r", "profile the native bundle (torch engine, op by op)"),
+            ("s / enter", "select the candidate: Region screen with its nodes marked"),
+            ("x", "cancel"),
+        ],
+    ),
     ("Trust prompt", [("y", "load the kernel and run the step"), ("esc / d", "do not load")]),
 ]
 
@@ -190,8 +225,7 @@ class HelpModal(ModalScreen[None]):
 class SummaryModal(ModalScreen[None]):
     """The end of a guided session: what was built, the verdicts with numbers, save and replay."""
 
-    BINDINGS = [Binding("escape,enter,q", "close", "close"),
-                Binding("ctrl+s", "save", "save the session")]
+    BINDINGS = [Binding("escape,enter,q", "close", "close"), Binding("ctrl+s", "save", "save the session")]
 
     def __init__(self, app) -> None:
         super().__init__()
@@ -220,7 +254,7 @@ def shown_folder(p) -> str:
     except ValueError:
         home = str(Path.home())
         s = str(p)
-        return "~" + s[len(home):] if s.startswith(home + os.sep) else s
+        return "~" + s[len(home) :] if s.startswith(home + os.sep) else s
 
 
 def summary_text(app) -> Text:
@@ -230,8 +264,10 @@ def summary_text(app) -> Text:
     st, g = app.state, app.guide
     t = Text()
     n = len(g.session.steps) if g else 0
-    t.append(f"{'Tutorial' if g and g.mode == 'tutorial' else 'Replay'} finished: {g.session.title if g else ''}\n",
-             style="bold")
+    t.append(
+        f"{'Tutorial' if g and g.mode == 'tutorial' else 'Replay'} finished: {g.session.title if g else ''}\n",
+        style="bold",
+    )
     if g is not None and g.mode == "replay":
         bad = g.mismatches
         t.append(f"{n - bad}/{n} steps matched the recording\n", style="red" if bad else "green")
@@ -239,8 +275,12 @@ def summary_text(app) -> Text:
         t.append(f"all {n} steps done\n", style="green")
     t.append("built, in the work folder ", style="bold")
     t.append(f"{shown_folder(st.workdir)}\n", style="")
-    rows = [("graph snapshot", st.snapshot_path), ("receipt", st.receipt_path), ("kernel", st.library),
-            ("bindings", st.manifest)]
+    rows = [
+        ("graph snapshot", st.snapshot_path),
+        ("receipt", st.receipt_path),
+        ("kernel", st.library),
+        ("bindings", st.manifest),
+    ]
     rows += [(f"{arm} bundle", (st.bundles.get(arm) or {}).get("bundle")) for arm in ("native", "slot")]
     for label, path in rows:
         if path:
@@ -257,8 +297,10 @@ def summary_text(app) -> Text:
     if p is not None:
         ratio = p.get("ratio")
         nums = f" median ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
-        t.append(f"  performance     {'PASS' if p.get('passed') else 'FAIL'}{nums}\n",
-                 style="green" if p.get("passed") else "red")
+        t.append(
+            f"  performance     {'PASS' if p.get('passed') else 'FAIL'}{nums}\n",
+            style="green" if p.get("passed") else "red",
+        )
     word, reason = verdict(c, p)
     t.append(f"  verdict         {word}: {reason}\n", style="bold")
     t.append("next\n", style="bold")

@@ -160,8 +160,9 @@ class GraphScreen(WorkbenchScreen):
         with Horizontal(id="graph-split"):
             yield ModuleTree("graph", id="module-tree")
             with Vertical(id="graph-right"):
-                yield Input(placeholder="/ search: words (layers.1 attention) or a glob", id="graph-filter",
-                            compact=True)
+                yield Input(
+                    placeholder="/ search: words (layers.1 attention) or a glob", id="graph-filter", compact=True
+                )
                 yield Static("", id="graph-listing")
                 table = DataTable(id="nodes", cursor_type="row", zebra_stripes=False)
                 yield table
@@ -199,8 +200,13 @@ class GraphScreen(WorkbenchScreen):
         if not has:
             self._fp, self._listing_seen = None, None  # a fresh state (an opened session) starts over
             if self.wb.busy == "capture_graph":
-                empty.update(Text("Capturing the graph… it appears here when the capture is done "
-                                  "(progress in the status line below; x cancels).", style="yellow"))
+                empty.update(
+                    Text(
+                        "Capturing the graph… it appears here when the capture is done "
+                        "(progress in the status line below; x cancels).",
+                        style="yellow",
+                    )
+                )
             else:
                 empty.update(Text("No graph yet. Capture one on the Model screen (F1, then c).", style="dim"))
             return
@@ -255,9 +261,13 @@ class GraphScreen(WorkbenchScreen):
     def visible_nodes(self) -> list[dict[str, Any]]:
         snap = self.state.snapshot
         only = set(self.only) if self.only is not None else None
-        return [n for n in snap["nodes"] if in_scope(n, self.scope)
-                and node_hit(n, self.pattern, self.recipes.get(n["id"]))
-                and (only is None or n["id"] in only)]
+        return [
+            n
+            for n in snap["nodes"]
+            if in_scope(n, self.scope)
+            and node_hit(n, self.pattern, self.recipes.get(n["id"]))
+            and (only is None or n["id"] in only)
+        ]
 
     def fill_table(self, keep: Optional[str] = None) -> None:
         t = self.query_one("#nodes", DataTable)
@@ -268,8 +278,14 @@ class GraphScreen(WorkbenchScreen):
         self._rows = []
         for n in self.visible_nodes():
             nid = n["id"]
-            t.add_row(MARK if nid in marked else "", nid, op_cell(n["op"]), self.recipes.get(nid, ""), n["module_path"],
-                      key=nid)
+            t.add_row(
+                MARK if nid in marked else "",
+                nid,
+                op_cell(n["op"]),
+                self.recipes.get(nid, ""),
+                n["module_path"],
+                key=nid,
+            )
             self._rows.append(nid)
         parts = []
         if self.pattern:
@@ -282,8 +298,11 @@ class GraphScreen(WorkbenchScreen):
         note.display = bool(parts)
         # a search covers the whole graph: the tree's column goes to the results (back on esc)
         self.query_one("#module-tree").display = not (self.searching and self.pattern)
-        hint = " · n/N next/previous · esc ends the search" if self.searching and self.pattern else \
-            " · / searches the whole graph"
+        hint = (
+            " · n/N next/previous · esc ends the search"
+            if self.searching and self.pattern
+            else " · / searches the whole graph"
+        )
         note.update(Text("showing " + ", ".join(parts) + hint, style="dim"))
         if keep in self._rows:
             t.move_cursor(row=self._rows.index(keep))
@@ -312,7 +331,8 @@ class GraphScreen(WorkbenchScreen):
             return
         self.current = nid
         self.query_one("#node-head", Static).update(
-            node_detail_text(self.ix, nid, self.recipes, nid in set(self.state.marked)))
+            node_detail_text(self.ix, nid, self.recipes, nid in set(self.state.marked))
+        )
         ol = self.query_one("#edges", OptionList)
         ol.clear_options()
         ol.add_options(edge_options(self.ix, nid))
@@ -424,7 +444,7 @@ class GraphScreen(WorkbenchScreen):
         if not oid.startswith("go:"):
             self.wb.say("this edge leads out of the graph (a graph input or output)", "dim")
             return
-        parts = oid[len("go:"):].split(":")  # node:N:tensor:M
+        parts = oid[len("go:") :].split(":")  # node:N:tensor:M
         self.follow(f"{parts[0]}:{parts[1]}")
 
     # ------------------------------------------------------------------ navigation

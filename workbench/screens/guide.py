@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+
 def stable_fields(action: str) -> tuple[str, ...]:
     from ..registry import REGISTRY
 
@@ -96,7 +97,9 @@ class GuideState:
         diffs: list[tuple[str, Any, Any]] = []
         if kind in ("ok", "user"):
             status = "ok" if kind == "ok" else "error"
-            diffs = [(d.field, d.expected, d.actual) for d in compare_step(step, status, results, error, self.session.header)]
+            diffs = [
+                (d.field, d.expected, d.actual) for d in compare_step(step, status, results, error, self.session.header)
+            ]
         elif kind == "bug":
             diffs = [("status", "ok" if step.status == "ok" else f"error: {step.error}", f"error: {error}")]
         out = StepOutcome(results, error, kind, diffs)
@@ -143,8 +146,10 @@ class GuidePanel(VerticalScroll):
             ran = o.kind == "ok" or (o.kind == "user" and st.status == "error" and not o.diffs)
             ok = ran and not (g.mode == "replay" and o.diffs)
             mark = "–" if o.kind == "skipped" else "✓" if ok else ("≠" if ran else "✗")
-            t.append(f"\n{mark} step {shown + 1}: {st.title}\n",
-                     style="yellow" if o.kind == "skipped" else "green" if ok else "red")
+            t.append(
+                f"\n{mark} step {shown + 1}: {st.title}\n",
+                style="yellow" if o.kind == "skipped" else "green" if ok else "red",
+            )
             if o.kind == "skipped":
                 t.append(f"  {o.error}\n", style="yellow")
             elif o.kind == "ok" and (g.mode == "tutorial" or not stable_fields(st.action)):
@@ -170,8 +175,7 @@ class GuidePanel(VerticalScroll):
                 if not o.diffs and not stable_fields(st.action) and st.status == "ok":
                     t.append("  (measured: shown, not compared)\n", style="dim")
             elif o.diffs and o.kind == "ok":
-                t.append("  differs from the recording: " + ", ".join(k for k, _, _ in o.diffs) + "\n",
-                         style="yellow")
+                t.append("  differs from the recording: " + ", ".join(k for k, _, _ in o.diffs) + "\n", style="yellow")
         step = g.current_step
         if step is None:
             t.append(f"\nAll {len(steps)} steps done.", style="bold")
@@ -200,8 +204,13 @@ class GuidePanel(VerticalScroll):
             t.append("\n\nsteps\n", style="bold")
             for i, st in enumerate(steps):
                 o = g.outcomes.get(i)
-                mark, style = ("·", "dim") if o is None else ("–", "yellow") if o.kind == "skipped" else (
-                    ("✓", "green") if not o.diffs and o.kind != "cancelled" else ("≠", "red"))
+                mark, style = (
+                    ("·", "dim")
+                    if o is None
+                    else ("–", "yellow")
+                    if o.kind == "skipped"
+                    else (("✓", "green") if not o.diffs and o.kind != "cancelled" else ("≠", "red"))
+                )
                 if i == g.index:
                     mark, style = "▸", "bold"
                 t.append(f" {mark} {i + 1:>2} {st.action}\n", style=style)

@@ -56,12 +56,20 @@ class KernelScreen(WorkbenchScreen):
     def compose_body(self) -> Iterable[Widget]:
         with Horizontal(id="dso-row"):
             yield Label("DSO", classes="lbl")
-            yield Input(placeholder="path to a TVM-FFI .so (enter uses it; esc leaves the field)",
-                        id="dso-path", compact=True)
+            yield Input(
+                placeholder="path to a TVM-FFI .so (enter uses it; esc leaves the field)", id="dso-path", compact=True
+            )
         # buttons for the mouse, and somewhere for tab to go from the field
-        yield KeyButtons([("i", "identity-copy", "build('identity-copy')"), ("a", "residual-add", "build('residual-add')"),
-                          ("s", "stub", "stub"), ("e", "export", "export"), ("w", "bind", "bindings")],
-                         id="kernel-buttons")
+        yield KeyButtons(
+            [
+                ("i", "identity-copy", "build('identity-copy')"),
+                ("a", "residual-add", "build('residual-add')"),
+                ("s", "stub", "stub"),
+                ("e", "export", "export"),
+                ("w", "bind", "bindings"),
+            ],
+            id="kernel-buttons",
+        )
         yield Static("", id="kernel-status")
         yield Static("", id="stub-title", classes="section")
         yield _text_area(id="stub-view")
@@ -90,8 +98,11 @@ class KernelScreen(WorkbenchScreen):
         t.append("manifest ", style="dim")
         if st.manifest:
             t.append(f"{st.show_path(st.manifest)}")
-            served = [k for k in ((st.bundles.get("slot") or {}).get("kernel_slots") or [])
-                      if rec and k["binding_id"] == rec["binding_id"] and k["abi_sha256"] == rec["abi_sha256"]]
+            served = [
+                k
+                for k in ((st.bundles.get("slot") or {}).get("kernel_slots") or [])
+                if rec and k["binding_id"] == rec["binding_id"] and k["abi_sha256"] == rec["abi_sha256"]
+            ]
             if len(served) > 1:  # one entry binds every slot of its binding ID (one per layer)
                 t.append(f"  (its entry binds all {len(served)} slots of the slot-ready bundle)", style="magenta")
         else:
@@ -102,8 +113,13 @@ class KernelScreen(WorkbenchScreen):
         title = self.query_one("#stub-title", Static)
         view = self.query_one("#stub-view", TextArea)
         if st.stub_text is not None:
-            title.update(Text.assemble(("CuTe DSL exporter stub ", "bold"), (st.show_path(st.stub_path), ""),
-                                       ("  (read-only, paths relative to the work folder; e runs it)", "dim")))
+            title.update(
+                Text.assemble(
+                    ("CuTe DSL exporter stub ", "bold"),
+                    (st.show_path(st.stub_path), ""),
+                    ("  (read-only, paths relative to the work folder; e runs it)", "dim"),
+                )
+            )
             if self._shown_stub != st.stub_text:
                 self._shown_stub = st.stub_text
                 view.load_text(relative_paths(st.stub_text, st.workdir))
@@ -111,8 +127,11 @@ class KernelScreen(WorkbenchScreen):
         else:
             view.display = False
             if rec:
-                head = Text.assemble(("The kernel must implement this call (", "dim"), ("s", "bold reverse"),
-                                     (" generates a CuTe DSL exporter stub for it):\n", "dim"))
+                head = Text.assemble(
+                    ("The kernel must implement this call (", "dim"),
+                    ("s", "bold reverse"),
+                    (" generates a CuTe DSL exporter stub for it):\n", "dim"),
+                )
                 title.update(Text.assemble(head, Text("\n".join(abi_lines(rec)[4:]), style="")))
             else:
                 title.update(Text("s generates a CuTe DSL exporter stub from the receipt", style="dim"))
@@ -128,8 +147,9 @@ class KernelScreen(WorkbenchScreen):
             self.query_one("#dso-path", Input).value = self.state.show_path(results.get("library"))
             self.wb.say(f"✓ built {name}: {results.get('description') or results.get('variant')}", "green")
 
-        self.wb.perform("build_kernel", {"name": name, "output": out, "overwrite": True}, on_done=done,
-                           label=f"build {name} kernel")
+        self.wb.perform(
+            "build_kernel", {"name": name, "output": out, "overwrite": True}, on_done=done, label=f"build {name} kernel"
+        )
 
     @on(Input.Submitted, "#dso-path")
     def path_submitted(self) -> None:
@@ -159,8 +179,11 @@ class KernelScreen(WorkbenchScreen):
             self.wb.report_error("no receipt yet: capture a graph (F1) and save a selection on the Region screen (F3)")
             return
         out = f"export_{st.receipt['binding_id'].split('@')[0].replace('.', '_')}.py"
-        self.wb.perform("kernel_stub", {"receipt": st.receipt_path, "snapshot": st.snapshot_path, "output": out},
-                           label="generate the CuTe DSL stub")
+        self.wb.perform(
+            "kernel_stub",
+            {"receipt": st.receipt_path, "snapshot": st.snapshot_path, "output": out},
+            label="generate the CuTe DSL stub",
+        )
 
     def action_bindings(self) -> None:
         st = self.state
@@ -168,15 +191,19 @@ class KernelScreen(WorkbenchScreen):
         if typed and typed != st.show_path(st.library):
             st.library = typed
         if st.receipt_path is None:
-            self.wb.report_error("no receipt yet: save a selection on the Region screen (F3) or build a slot-ready "
-                                 "bundle from a recipe (F5)")
+            self.wb.report_error(
+                "no receipt yet: save a selection on the Region screen (F3) or build a slot-ready "
+                "bundle from a recipe (F5)"
+            )
             return
         if not st.library:
             self.wb.report_error("no library yet: build one (i / a) or type a DSO path and press l")
             return
-        self.wb.perform("write_bindings", {"receipt": st.receipt_path, "library": st.show_path(st.library),
-                                              "manifest": "kernel-bindings.json"},
-                           label="write the bindings manifest")
+        self.wb.perform(
+            "write_bindings",
+            {"receipt": st.receipt_path, "library": st.show_path(st.library), "manifest": "kernel-bindings.json"},
+            label="write the bindings manifest",
+        )
 
     # ------------------------------------------------------------------ exporter run
     def action_export(self) -> None:
@@ -194,8 +221,13 @@ class KernelScreen(WorkbenchScreen):
         log = self.query_one("#export-log", RichLog)
         log.display = True
         log.clear()
-        log.write(Text(f"$ mcore kernel export {st.stub_path} --selection {st.receipt_path} "
-                       f"--snapshot {st.snapshot_path} -o {out}", style="dim"))
+        log.write(
+            Text(
+                f"$ mcore kernel export {st.stub_path} --selection {st.receipt_path} "
+                f"--snapshot {st.snapshot_path} -o {out}",
+                style="dim",
+            )
+        )
 
         def finished(outcome) -> None:
             if outcome.kind == "ok":
@@ -204,9 +236,12 @@ class KernelScreen(WorkbenchScreen):
             elif outcome.error:
                 log.write(Text(outcome.error, style="bold red"))
 
-        self.wb.perform("export_kernel", {"exporter": st.stub_path, "receipt": st.receipt_path,
-                                          "snapshot": st.snapshot_path, "output": out},
-                        on_finish=finished, label="run the exporter")
+        self.wb.perform(
+            "export_kernel",
+            {"exporter": st.stub_path, "receipt": st.receipt_path, "snapshot": st.snapshot_path, "output": out},
+            on_finish=finished,
+            label="run the exporter",
+        )
 
     def on_action_log(self, line: str) -> None:
         if self.wb.busy == "export_kernel":

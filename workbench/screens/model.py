@@ -88,25 +88,34 @@ class ModelScreen(WorkbenchScreen):
 
     def compose_body(self) -> Iterable[Widget]:
         with Vertical(id="model-pick"):
-            yield Static("Model: a demo, a checkpoint folder or a hub ID (press enter on a list entry)",
-                         classes="section")
+            yield Static(
+                "Model: a demo, a checkpoint folder or a hub ID (press enter on a list entry)", classes="section"
+            )
             yield Input(placeholder="demo:qwen3-tiny, /path/to/checkpoint or org/name", id="model-spec", compact=True)
             yield OptionList(id="model-list", compact=True)
         with Grid(id="args-form"):
             yield Label("revision", classes="lbl")
             yield Input(placeholder="(not pinned)", id="arg-revision", compact=True)
             yield Label("precision", classes="lbl")
-            yield Select([(p, p) for p in PRECISIONS], value="fp32", allow_blank=False, id="arg-precision", compact=True)
+            yield Select(
+                [(p, p) for p in PRECISIONS], value="fp32", allow_blank=False, id="arg-precision", compact=True
+            )
             yield Label("cache length", classes="lbl")
             yield Input(placeholder="decoders; default", id="arg-cache", compact=True, restrict=r"[0-9]*")
             yield Label("layout", classes="lbl")
-            yield Select([("default (split)", "")] + [(x, x) for x in LAYOUTS], value="", allow_blank=False,
-                         id="arg-layout", compact=True)
+            yield Select(
+                [("default (split)", "")] + [(x, x) for x in LAYOUTS],
+                value="",
+                allow_blank=False,
+                id="arg-layout",
+                compact=True,
+            )
             yield Label("max seq length", classes="lbl")
             yield Input(placeholder="encoders; default 256", id="arg-seq", compact=True, restrict=r"[0-9]*")
             yield Label("weights", classes="lbl")
-            yield Select([(w, w) for w in WEIGHTS], value="checkpoint", allow_blank=False, id="arg-weights",
-                         compact=True)
+            yield Select(
+                [(w, w) for w in WEIGHTS], value="checkpoint", allow_blank=False, id="arg-weights", compact=True
+            )
             yield Label("device", classes="lbl")
             yield Select([(d, d) for d in DEVICES], value="auto", allow_blank=False, id="arg-device", compact=True)
             yield Label("engine role", classes="lbl")
@@ -181,7 +190,7 @@ class ModelScreen(WorkbenchScreen):
         oid = event.option.id or ""
         if not oid.startswith("spec:"):
             return
-        spec, _, commit = oid[len("spec:"):].partition("|")
+        spec, _, commit = oid[len("spec:") :].partition("|")
         self._filling = True
         self.query_one("#model-spec", Input).value = spec
         self.query_one("#arg-revision", Input).value = commit
@@ -301,8 +310,11 @@ class ModelScreen(WorkbenchScreen):
         snap = self.state.snapshot
         if snap is not None:
             m = snap["metadata"]
-            t.append(f"\ncaptured: {m['model']} {m['engine_role']}  {len(snap['nodes'])} nodes  "
-                     f"fingerprint {snap['fingerprint'][:16]}…", style="dim")
+            t.append(
+                f"\ncaptured: {m['model']} {m['engine_role']}  {len(snap['nodes'])} nodes  "
+                f"fingerprint {snap['fingerprint'][:16]}…",
+                style="dim",
+            )
         self.query_one("#args-status", Static).update(t)
 
     # ------------------------------------------------------------------ capture
@@ -329,8 +341,9 @@ class ModelScreen(WorkbenchScreen):
         params = {"build_args": args.to_dict(), "engine_role": str(role), "snapshot": f"{role}.graph.json"}
 
         def done(results: dict[str, Any]) -> None:
-            self.wb.say(f"✓ captured {results.get('nodes')} nodes; fingerprint "
-                        f"{str(results.get('fingerprint'))[:16]}…", "green")
+            self.wb.say(
+                f"✓ captured {results.get('nodes')} nodes; fingerprint {str(results.get('fingerprint'))[:16]}…", "green"
+            )
             self.wb.go("graph")
 
         self.wb.perform("capture_graph", params, on_done=done, label=f"capture {role} graph")

@@ -63,8 +63,14 @@ class ProfileScreen(WorkbenchScreen):
     def on_mount(self) -> None:
         super().on_mount()
         t = self.query_one("#candidates", DataTable)
-        for label, key in (("#", "rank"), ("share", "share"), ("headroom", "headroom"), ("nodes", "nodes"),
-                           ("kind", "kind"), ("candidate", "name")):
+        for label, key in (
+            ("#", "rank"),
+            ("share", "share"),
+            ("headroom", "headroom"),
+            ("nodes", "nodes"),
+            ("kind", "kind"),
+            ("candidate", "name"),
+        ):
             t.add_column(label, key=key)
         self.refresh_view()
 
@@ -91,9 +97,14 @@ class ProfileScreen(WorkbenchScreen):
         empty.display = p is None
         if p is None:
             if self.wb.busy != "profile":
-                empty.update(Text("No profile yet. Press r to profile the native bundle (build it on the Build "
-                                  "screen, F5, first): each graph node is timed op by op and the time attributed "
-                                  "to modules, recipe instances and candidate regions.", style="dim"))
+                empty.update(
+                    Text(
+                        "No profile yet. Press r to profile the native bundle (build it on the Build "
+                        "screen, F5, first): each graph node is timed op by op and the time attributed "
+                        "to modules, recipe instances and candidate regions.",
+                        style="dim",
+                    )
+                )
             return
         if p is self._shown:
             return
@@ -105,7 +116,9 @@ class ProfileScreen(WorkbenchScreen):
         ctx = f" · context {p['context']}" if p.get("context") else ""
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append(f"Profile {p['role']}{ctx}", style="bold")
-        head.append(f" · {p['bundle']['model']} · {len(p['nodes'])} nodes timed op by op on {describe_device(p['device'])}")
+        head.append(
+            f" · {p['bundle']['model']} · {len(p['nodes'])} nodes timed op by op on {describe_device(p['device'])}"
+        )
         if p.get("partial"):
             head.append(f" · live: step {p['step']}/{p['steps']}, candidates when done (x cancels)", style="yellow")
         elif self.state.profile_path:
@@ -118,8 +131,15 @@ class ProfileScreen(WorkbenchScreen):
         for i, c in enumerate(p.get("candidates", [])):  # a live view has none yet
             # headroom as a share of the step: what a kernel at the copy limit could save at most
             room = c["headroom_seconds"] / (p["attributed_seconds"] or 1e-12)
-            t.add_row(str(i + 1), f"{c['share']:.1%}", f"≤{room:.1%}", str(len(c["node_ids"])), c["kind"],
-                      candidate_name(c), key=str(i))
+            t.add_row(
+                str(i + 1),
+                f"{c['share']:.1%}",
+                f"≤{room:.1%}",
+                str(len(c["node_ids"])),
+                c["kind"],
+                candidate_name(c),
+                key=str(i),
+            )
 
     def on_action_progress(self, action: str, step: str, fraction: float) -> None:
         if action == "profile" and self.state.profile is None:
@@ -134,8 +154,12 @@ class ProfileScreen(WorkbenchScreen):
             self.wb.report_error("no native bundle to profile yet: build one on the Build screen (F5, then b)")
             return
         role = st.engine_role if st.engine_role in b.get("fingerprints", {}) else None
-        params: dict[str, Any] = {"bundle": b["bundle"], "output": f"profile-{role or 'default'}.json",
-                                  "role": role, "steps": 3}
+        params: dict[str, Any] = {
+            "bundle": b["bundle"],
+            "output": f"profile-{role or 'default'}.json",
+            "role": role,
+            "steps": 3,
+        }
         self.wb.perform("profile", params, label="profile the native bundle")
 
     @on(DataTable.RowSelected, "#candidates")
@@ -150,8 +174,10 @@ class ProfileScreen(WorkbenchScreen):
         row = self.query_one("#candidates", DataTable).cursor_row
         c = p["candidates"][max(0, min(row, len(p["candidates"]) - 1))]
         if st.snapshot is None or st.snapshot["fingerprint"] != p["bundle"]["fingerprint"]:
-            self.wb.report_error(f"the captured graph is not the profiled {p['role']} graph: capture that role "
-                                 "(Model screen, F1) with the bundle's build arguments, then select again")
+            self.wb.report_error(
+                f"the captured graph is not the profiled {p['role']} graph: capture that role "
+                "(Model screen, F1) with the bundle's build arguments, then select again"
+            )
             return
         await self.wb.go("region")
         self.wb.get_screen("region").use_candidate(c)

@@ -48,8 +48,11 @@ def parse_extra_args(text: str) -> list[Any]:
     try:
         v = json.loads(text)
     except json.JSONDecodeError as e:
-        raise RegionError("extra_args", None,
-                          f'extra args: not JSON ({e.msg}); type a list like [{{"type":"int","value":32}}] or leave it empty')
+        raise RegionError(
+            "extra_args",
+            None,
+            f'extra args: not JSON ({e.msg}); type a list like [{{"type":"int","value":32}}] or leave it empty',
+        )
     if isinstance(v, dict):
         v = [v]
     if not isinstance(v, list):
@@ -134,8 +137,13 @@ class RegionScreen(WorkbenchScreen):
         empty.display = snap is None
         if snap is None:
             self._fp, self._receipt_seen = None, None  # a fresh state (an opened session) starts over
-            empty.update(Text("No graph yet. Capture one on the Model screen (F1, then c); then pick a recipe "
-                              "here or mark nodes with space on the Graph screen (F2).", style="dim"))
+            empty.update(
+                Text(
+                    "No graph yet. Capture one on the Model screen (F1, then c); then pick a recipe "
+                    "here or mark nodes with space on the Graph screen (F2).",
+                    style="dim",
+                )
+            )
             return
         if snap["fingerprint"] != self._fp:
             self._fp = snap["fingerprint"]
@@ -237,8 +245,13 @@ class RegionScreen(WorkbenchScreen):
             r = find_recipe(self.state.snapshot, *self.recipe)
         except UserError:
             return False
-        return (p["binding_id"] in ("", self.recipe[0]) and list(r["node_ids"]) == p["node_ids"] and r["workspace_bytes"] == p["workspace_bytes"]
-                and list(r["extra_args"]) == p["extra_args"] and r["output_shape_input"] == p["output_shape_input"])
+        return (
+            p["binding_id"] in ("", self.recipe[0])
+            and list(r["node_ids"]) == p["node_ids"]
+            and r["workspace_bytes"] == p["workspace_bytes"]
+            and list(r["extra_args"]) == p["extra_args"]
+            and r["output_shape_input"] == p["output_shape_input"]
+        )
 
     def validate(self) -> None:
         snap = self.state.snapshot
@@ -253,8 +266,9 @@ class RegionScreen(WorkbenchScreen):
             if self.recipe is not None:
                 self.preview = select_recipe(snap, self.recipe[0], self.recipe[1])
             else:
-                self.preview = select_region(snap, p["node_ids"], p["binding_id"], p["workspace_bytes"],
-                                             p["extra_args"], p["output_shape_input"])
+                self.preview = select_region(
+                    snap, p["node_ids"], p["binding_id"], p["workspace_bytes"], p["extra_args"], p["output_shape_input"]
+                )
         except UserError as e:  # RegionError included: it names the rule and the node or tensor
             self.error = e
         except Exception as e:  # noqa: BLE001 - a validator bug must not take the screen down
@@ -277,18 +291,30 @@ class RegionScreen(WorkbenchScreen):
         else:
             p = self.preview
             t.append("✓ ", style="bold green")
-            t.append(f"valid {mode}: {len(p['node_ids'])} node(s), {len(p['input_tensor_ids'])} input(s), "
-                     f"1 output · s saves the receipt", style="green")
+            t.append(
+                f"valid {mode}: {len(p['node_ids'])} node(s), {len(p['input_tensor_ids'])} input(s), "
+                f"1 output · s saves the receipt",
+                style="green",
+            )
         self.query_one("#region-check", Static).update(t)
         abi = self.query_one("#abi", Static)
         saved = self.state.receipt
         if self.preview is not None:
             lines = abi_lines(self.preview)
             head = Text()
-            is_saved = saved is not None and saved["abi_sha256"] == self.preview["abi_sha256"] and \
-                saved["node_ids"] == self.preview["node_ids"] and saved["binding_id"] == self.preview["binding_id"]
-            head.append("ABI (call order)" + ("  · saved as " + self.state.show_path(self.state.receipt_path)
-                                               if is_saved else "  · not saved yet"), style="bold")
+            is_saved = (
+                saved is not None
+                and saved["abi_sha256"] == self.preview["abi_sha256"]
+                and saved["node_ids"] == self.preview["node_ids"]
+                and saved["binding_id"] == self.preview["binding_id"]
+            )
+            head.append(
+                "ABI (call order)"
+                + (
+                    "  · saved as " + self.state.show_path(self.state.receipt_path) if is_saved else "  · not saved yet"
+                ),
+                style="bold",
+            )
             # the call contract first (what the kernel implements), then the identity lines
             body = Text("\n".join([lines[1]] + lines[4:] + [lines[0]] + lines[2:4]))
             abi.update(Text.assemble(head, "\n", body))
@@ -371,13 +397,23 @@ class RegionScreen(WorkbenchScreen):
         binding = self.preview["binding_id"]
         receipt = f"{binding}.selection.json"
         if self.recipe is not None:
-            params = {"snapshot": self.state.snapshot_path, "recipe_id": self.recipe[0], "instance": self.recipe[1],
-                      "receipt": receipt}
+            params = {
+                "snapshot": self.state.snapshot_path,
+                "recipe_id": self.recipe[0],
+                "instance": self.recipe[1],
+                "receipt": receipt,
+            }
             action = "select_recipe"
         else:
-            params = {"snapshot": self.state.snapshot_path, "node_ids": p["node_ids"], "binding_id": binding,
-                      "workspace_bytes": p["workspace_bytes"], "extra_args": p["extra_args"],
-                      "output_shape_input": p["output_shape_input"], "receipt": receipt}
+            params = {
+                "snapshot": self.state.snapshot_path,
+                "node_ids": p["node_ids"],
+                "binding_id": binding,
+                "workspace_bytes": p["workspace_bytes"],
+                "extra_args": p["extra_args"],
+                "output_shape_input": p["output_shape_input"],
+                "receipt": receipt,
+            }
             action = "select_nodes"
 
         def done(results: dict[str, Any]) -> None:

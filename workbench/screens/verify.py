@@ -60,13 +60,13 @@ def verdict(correctness: Optional[dict[str, Any]], perf: Optional[dict[str, Any]
     return "PROMOTE", f"correctness and performance gates passed{tail}"
 
 
-
 def _append_gate(t: Text, result: dict) -> None:
     """A gate's PASS/FAIL word, then its line without the repeated prefix."""
     passed = result.get("passed")
     t.append("PASS " if passed else "FAIL ", style="bold green" if passed else "bold red")
     line = _one_line(result.get("line", ""))
     t.append(line.split(": ", 1)[1] if line.startswith(("PASS: ", "FAIL: ")) else line)
+
 
 class VerifyScreen(WorkbenchScreen):
     SCREEN_NAME = "verify"
@@ -155,8 +155,13 @@ class VerifyScreen(WorkbenchScreen):
                 self.warmup = src["warmup"]
         w = self.warmup
         self.query_one("#pairs-note", Static).update(
-            Text(f"measured, after {w} warm-up pair{'s' if w != 1 else ''} (not counted)" if w
-                 else "measured (no warm-up: the first pair runs cold)", style="dim"))
+            Text(
+                f"measured, after {w} warm-up pair{'s' if w != 1 else ''} (not counted)"
+                if w
+                else "measured (no warm-up: the first pair runs cold)",
+                style="dim",
+            )
+        )
 
     def show_error_plot(self) -> None:
         st = self.state
@@ -175,8 +180,9 @@ class VerifyScreen(WorkbenchScreen):
             n, e = st.outputs.get("native"), st.outputs.get("external")
             if n and e and n.get("kind") == "generate" and e.get("kind") == "generate":
                 ep.tokens = (list(n.get("tokens") or []), list(e.get("tokens") or []))
-        ep.placeholder = ("the correctness view appears here after the gate (c): "
-                          + ("token by token" if st.is_decoder else "the error of every element"))
+        ep.placeholder = "the correctness view appears here after the gate (c): " + (
+            "token by token" if st.is_decoder else "the error of every element"
+        )
         ep.redraw()
 
     def show_correctness(self) -> None:
@@ -192,11 +198,17 @@ class VerifyScreen(WorkbenchScreen):
                 toks = o.get("tokens") or []
                 t.append(f"{len(toks)} tokens: " + " ".join(str(x) for x in toks))
             else:
-                pooled = f" ({o['pooling']} pooling from {o.get('pooling_from')})" if o.get("pooling") not in (None, "none") else ""
+                pooled = (
+                    f" ({o['pooling']} pooling from {o.get('pooling_from')})"
+                    if o.get("pooling") not in (None, "none")
+                    else ""
+                )
                 t.append(f"{o.get('values')} values{pooled} → {st.show_path(o.get('output'))}")
         if st.is_decoder:
             t.append("\n chat      ", style="dim")
-            t.append("on (checkpoint's chat template)" if st.chat else "off (h toggles)", style="" if st.chat else "dim")
+            t.append(
+                "on (checkpoint's chat template)" if st.chat else "off (h toggles)", style="" if st.chat else "dim"
+            )
         t.append("\n reference ", style="dim")
         if st.reference is None:
             t.append("r compares the native bundle with transformers", style="dim")
@@ -219,11 +231,15 @@ class VerifyScreen(WorkbenchScreen):
             t.append("\n logits    ", style="dim")
             steps = lg.get("steps") or []
             worst = lg.get("max_abs")
-            t.append("same bits at every step" if worst == 0 else f"worst max_abs {worst:.3g}",
-                     style="green" if worst == 0 else "yellow")  # information: the token gate decides
+            t.append(
+                "same bits at every step" if worst == 0 else f"worst max_abs {worst:.3g}",
+                style="green" if worst == 0 else "yellow",
+            )  # information: the token gate decides
             first = lg.get("first_divergence")
-            t.append(f" over {len(steps)} steps · " + ("greedy picks agree" if first is None
-                                                       else f"greedy picks first differ at step {first}"))
+            t.append(
+                f" over {len(steps)} steps · "
+                + ("greedy picks agree" if first is None else f"greedy picks first differ at step {first}")
+            )
             if worst:
                 t.append(" · per step " + " ".join(f"{v:.2g}" for v in steps), style="dim")
         self.query_one("#correctness", Static).update(t)
@@ -235,8 +251,7 @@ class VerifyScreen(WorkbenchScreen):
         if self.wb.busy == "gate_perf":
             t.append("measuring… (fresh processes, alternating native/external; x cancels)", style="yellow")
         elif p is None:
-            t.append("p measures native vs external throughput (no-regression gate, median ratio ≥ 0.98)",
-                     style="dim")
+            t.append("p measures native vs external throughput (no-regression gate, median ratio ≥ 0.98)", style="dim")
         else:
             _append_gate(t, p)
         self.query_one("#perf-line", Static).update(t)
@@ -300,20 +315,46 @@ class VerifyScreen(WorkbenchScreen):
                 return
             chat = {"chat": True} if st.chat else {}
             steps = [
-                ("generate", {"bundle": native, "prompt": prompt, "max_new_tokens": n, "output": "native.jsonl", **chat}),
-                ("generate", {"bundle": slot, "kernel_bindings": st.manifest, "prompt": prompt, "max_new_tokens": n,
-                              "output": "external.jsonl", **chat}),
+                (
+                    "generate",
+                    {"bundle": native, "prompt": prompt, "max_new_tokens": n, "output": "native.jsonl", **chat},
+                ),
+                (
+                    "generate",
+                    {
+                        "bundle": slot,
+                        "kernel_bindings": st.manifest,
+                        "prompt": prompt,
+                        "max_new_tokens": n,
+                        "output": "external.jsonl",
+                        **chat,
+                    },
+                ),
                 ("gate_tokens", {"native": "native.jsonl", "external": "external.jsonl"}),
                 # how far the logits drift per step, and where the greedy picks first part
-                ("gate_logits", {"native_bundle": native, "external_bundle": slot, "kernel_bindings": st.manifest,
-                                 "prompt": prompt, "max_new_tokens": n, **chat}),
+                (
+                    "gate_logits",
+                    {
+                        "native_bundle": native,
+                        "external_bundle": slot,
+                        "kernel_bindings": st.manifest,
+                        "prompt": prompt,
+                        "max_new_tokens": n,
+                        **chat,
+                    },
+                ),
             ]
         else:
             steps = [
                 ("embed", {"bundle": native, "prompt": prompt, "output": "native.json"}),
-                ("embed", {"bundle": slot, "kernel_bindings": st.manifest, "prompt": prompt, "output": "external.json"}),
-                ("gate_embeddings", {"native": "native.json", "external": "external.json", "max_abs": 0.02,
-                                     "min_cosine": 0.999}),
+                (
+                    "embed",
+                    {"bundle": slot, "kernel_bindings": st.manifest, "prompt": prompt, "output": "external.json"},
+                ),
+                (
+                    "gate_embeddings",
+                    {"native": "native.json", "external": "external.json", "max_abs": 0.02, "min_cosine": 0.999},
+                ),
             ]
         st.correctness = st.logits = None
         self.run_chain(steps, then)
@@ -326,10 +367,15 @@ class VerifyScreen(WorkbenchScreen):
         if prompt is None or pairs is None:
             return
         st = self.state
-        params: dict[str, Any] = {"native_bundle": st.bundles["native"]["bundle"],
-                                  "external_bundle": st.bundles["slot"]["bundle"],
-                                  "kernel_bindings": st.manifest, "prompt": prompt, "pairs": pairs,
-                                  "min_ratio": 0.98, "warmup": max(WARMUP_PAIRS, self.warmup)}
+        params: dict[str, Any] = {
+            "native_bundle": st.bundles["native"]["bundle"],
+            "external_bundle": st.bundles["slot"]["bundle"],
+            "kernel_bindings": st.manifest,
+            "prompt": prompt,
+            "pairs": pairs,
+            "min_ratio": 0.98,
+            "warmup": max(WARMUP_PAIRS, self.warmup),
+        }
         if st.is_decoder:
             n = self._int("#max-new-tokens", "tokens")
             if n is None:
@@ -347,8 +393,11 @@ class VerifyScreen(WorkbenchScreen):
         prompt = self._prompt()
         if prompt is None:
             return
-        params: dict[str, Any] = {"bundle": st.bundles["native"]["bundle"], "checkpoint": st.build_args["model"],
-                                  "prompt": prompt}
+        params: dict[str, Any] = {
+            "bundle": st.bundles["native"]["bundle"],
+            "checkpoint": st.build_args["model"],
+            "prompt": prompt,
+        }
         if st.is_decoder:
             n = self._int("#max-new-tokens", "tokens")
             if n is None:
@@ -370,8 +419,7 @@ class VerifyScreen(WorkbenchScreen):
                 then()
             return
         (action, params), rest = steps[0], steps[1:]
-        self.wb.perform(action, params, on_done=lambda _r: self.run_chain(rest, then),
-                           label=action.replace("_", " "))
+        self.wb.perform(action, params, on_done=lambda _r: self.run_chain(rest, then), label=action.replace("_", " "))
 
     def on_action_started(self, action: str) -> None:
         self.refresh_view()

@@ -61,6 +61,7 @@ def _scale(lo: float, hi: float, rows: int):
 
     def y_of(v: float) -> int:
         return int(round((hi - v) / span * (rows - 1)))
+
     return y_of
 
 
@@ -103,7 +104,9 @@ def throughput_plot(series: dict[str, Sequence[float]], width: int, height: int,
     for k, arm in enumerate(ARMS):
         ys = series.get(arm) or []
         for i, v in enumerate(ys):
-            c.put(xs[i] + (k * 2 - 1 if plot_w // n >= 4 else 0), top + y_of(v), ARM_MARK[arm], "bold " + ARM_STYLE[arm])
+            c.put(
+                xs[i] + (k * 2 - 1 if plot_w // n >= 4 else 0), top + y_of(v), ARM_MARK[arm], "bold " + ARM_STYLE[arm]
+            )
         if ys:  # spread: min..max of the arm, a tick at its median
             x = gutter + plot_w + 1 + k * 3
             y0, y1, ym = top + y_of(max(ys)), top + y_of(min(ys)), top + y_of(statistics.median(ys))
@@ -224,8 +227,9 @@ class ThroughputPlot(Static):
     def redraw(self) -> None:
         w, h = self.size.width, self.size.height
         if w < 30 or h < 6 or not any(self.series.values()):
-            msg = Text(f"throughput per measured pair ({self.unit}) appears here while the performance gate "
-                       "runs", style="dim")
+            msg = Text(
+                f"throughput per measured pair ({self.unit}) appears here while the performance gate runs", style="dim"
+            )
             if self.note:
                 msg.append("\n" + self.note, style="dim")
             self.update(msg)
@@ -306,7 +310,7 @@ def share_bars(rows: Sequence[tuple[str, float]], width: int, title: str) -> Tex
     pct_w, bar_w = 7, max(4, min(20, width // 3))
     label_w = max(6, width - bar_w - pct_w - 1)
     for label, share in rows:
-        shown = label if len(label) <= label_w else "…" + label[-(label_w - 1):]
+        shown = label if len(label) <= label_w else "…" + label[-(label_w - 1) :]
         filled = int(round(max(0.0, min(1.0, share)) * bar_w))
         t.append("\n" + shown.ljust(label_w) + " ")
         t.append("█" * filled, style="cyan")
