@@ -53,6 +53,23 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def device_seconds(run: Callable[[], Any], device: torch.device, reps: int = 200) -> Optional[float]:
+    """Device time of one call of `run`, from `reps` calls enqueued back to back between two CUDA
+    events: what a kernel in a slot changes, without the host's per-token work (which, on a small
+    model, varies more between processes than any kernel does). None off CUDA."""
+    if device.type != "cuda":
+        return None
+    for _ in range(3):
+        run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps
+
+
 def load_weights_state(blob: bytes, aliases: dict[str, str]) -> dict[str, torch.Tensor]:
     from safetensors.torch import load
 
@@ -291,6 +308,17 @@ class DecoderPipeline(Pipeline):
         t_end = time.perf_counter()
         return GenerationResult(prompt, ids, out, self.decode_text(out), t_first - t0, steps, t_end - t0)
 
+    def device_step_seconds(self, position: int, reps: int = 200) -> Optional[float]:
+        """Device time of one decode step at `position` (steps enqueued back to back; each writes the
+        same cache slot, so the cache is scratch afterwards). None off CUDA."""
+        if not 0 <= position < self.capacity:
+            raise UserError(f"position {position} is outside the KV cache (0..{self.capacity - 1})")
+        caches = [self.caches[n] for n in self.cache_names]
+        self.cache_length.fill_(position)
+        return device_seconds(
+            lambda: self.runners["decode"](self.step_ids, self.cache_length, *caches), self.device, reps
+        )
+
     def step_logits(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> list[torch.Tensor]:
         """Logits (fp32, on the CPU) after the prompt and after each forced token: the lockstep view that
         gates compare bit for bit. Starts from an empty cache."""
@@ -350,6 +378,11 @@ class EncoderPipeline(Pipeline):
             torch.tensor(mask, dtype=torch.int32, device=self.device),
             n,
         )
+
+    def device_call_seconds(self, prompt: str, reps: int = 200) -> Optional[float]:
+        """Device time of one encoder call on `prompt`'s inputs (calls enqueued back to back). None off CUDA."""
+        ids, mask, _ = self.inputs(prompt)
+        return device_seconds(lambda: self.runners["encoder"](ids, mask), self.device, reps)
 
     def hidden_states(self, prompt: str) -> tuple[torch.Tensor, int]:
         ids, mask, n = self.inputs(prompt)

@@ -25,6 +25,8 @@ from .progress import Progress
 # The `run --benchmark` and `embed --benchmark` lines (DESIGN.md §8); the first is the tutorial's.
 RUN_BENCH_RE = re.compile(r"generated_tokens_mean=([0-9.]+).*tokens_per_sec=([0-9.]+)")
 EMBED_BENCH_RE = re.compile(r"embeddings_per_sec=([0-9.]+)")
+DEVICE_MS_RE = re.compile(r"\bdevice_step_ms=([0-9.]+)")
+METRICS = ("throughput", "device")
 
 
 @dataclass
@@ -228,6 +230,7 @@ class BenchmarkReading:
     kind: str  # "tokens" | "embeddings"
     generated_tokens_mean: Optional[float]
     throughput: float
+    device_step_ms: Optional[float] = None  # CUDA: device time per decode step / encoder call
 
     @property
     def unit(self) -> str:
@@ -236,15 +239,20 @@ class BenchmarkReading:
 
 def parse_benchmark(text: str) -> Optional[BenchmarkReading]:
     """The LAST `generated_tokens_mean=... tokens_per_sec=...` line, else the last
-    `embeddings_per_sec=...`; None when neither is present (or a number does not parse)."""
+    `embeddings_per_sec=...`; None when neither is present (or a number does not parse). The
+    line's `device_step_ms=` (CUDA runs) comes with it."""
     try:
-        runs = RUN_BENCH_RE.findall(text)
-        if runs:
-            gen, tps = runs[-1]
-            return BenchmarkReading("tokens", float(gen), float(tps))
-        embeds = EMBED_BENCH_RE.findall(text)
-        if embeds:
-            return BenchmarkReading("embeddings", None, float(embeds[-1]))
+        for kind, rx in (("tokens", RUN_BENCH_RE), ("embeddings", EMBED_BENCH_RE)):
+            lines = [ln for ln in text.splitlines() if rx.search(ln)]
+            if not lines:
+                continue
+            m = rx.search(lines[-1])
+            assert m is not None
+            dev = DEVICE_MS_RE.search(lines[-1])
+            device_ms = float(dev.group(1)) if dev else None
+            if kind == "tokens":
+                return BenchmarkReading("tokens", float(m.group(1)), float(m.group(2)), device_ms)
+            return BenchmarkReading("embeddings", None, float(m.group(1)), device_ms)
     except ValueError:
         return None
     return None
@@ -293,9 +301,15 @@ def perf_gate(
     on_sample: Optional[Callable[[str, int, float], None]] = None,
     progress: Optional[Progress] = None,
     on_line: Optional[Callable[[str], None]] = None,
+    metric: str = "throughput",
 ) -> GateResult:
     """The no-regression gate: `warmup` runs of each command, then `pairs` fresh-process pairs
     alternating which arm goes first (pair 0: native first, pair 1: external first, ...).
+
+    `metric`: "throughput" (the benchmark line's wall-clock tokens/s or embeddings/s, as the
+    tutorial compares) or "device" (1000 / `device_step_ms`: the device time per step, CUDA
+    runs only; on a small model the host's per-token work varies more between processes than a
+    kernel changes the step, and this leaves it out).
 
     `on_sample(arm, pair_index, throughput)` is called after every measured run (arm is
     "native" or "external", pair_index 0-based); `on_line(text)` receives each info line as it
@@ -311,6 +325,8 @@ def perf_gate(
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise UserError(f"verify perf: --warmup must be 0 or more, got {warmup!r}")
     check_threshold("verify perf: --min-ratio", min_ratio, 0.0, lo_open=True)
+    if metric not in METRICS:
+        raise UserError(f"verify perf: --metric {metric!r} must be one of {', '.join(METRICS)}")
     prog = progress or Progress()
     cmds = {"native": native_cmd, "external": external_cmd}
     info: list[str] = []
@@ -370,6 +386,17 @@ def perf_gate(
                     f"'generated_tokens_mean=X ... tokens_per_sec=Y' or 'embeddings_per_sec=Y'); "
                     f"run it with --benchmark"
                 )
+            if metric == "device":
+                if reading.device_step_ms is None:
+                    return fail(
+                        f"{arm} run ({label}) reports no device_step_ms (device time is measured on CUDA "
+                        "only); use --metric throughput"
+                    )
+                if reading.device_step_ms <= 0:
+                    return fail(f"device_step_ms must be positive ({arm}={reading.device_step_ms:g} in {label})")
+                reading = BenchmarkReading(
+                    reading.kind, reading.generated_tokens_mean, 1e3 / reading.device_step_ms, reading.device_step_ms
+                )
             if reading.throughput <= 0:
                 return fail(f"throughput must be positive ({arm}={reading.throughput:g} in {label})")
             readings[arm] = reading
@@ -379,7 +406,7 @@ def perf_gate(
         n, e = readings["native"], readings["external"]
         if n.kind != e.kind:
             return fail(f"native reports {n.unit} but external reports {e.unit}; compare like with like")
-        unit = n.unit
+        unit = n.unit if metric == "throughput" else ("device steps/s" if n.kind == "tokens" else "device calls/s")
         if n.generated_tokens_mean != e.generated_tokens_mean:
             return fail(
                 f"generated_tokens_mean differs in {label} (native={n.generated_tokens_mean:g} "
@@ -402,17 +429,17 @@ def perf_gate(
         native_median=native_median,
         external_median=external_median,
         unit=unit,
+        metric=metric,
         generated_tokens_mean=gens[0] if gens else None,
     )
     summary = f"(native={native_median:.2f} external={external_median:.2f} {unit} over {pairs} pairs)"
+    what = "throughput" if metric == "throughput" else "device-time throughput"
     prog.report("done", 1.0)
     if median_ratio < min_ratio:
         return GateResult(
             False,
-            f"FAIL: external/native throughput median ratio {median_ratio:.4f} is below {min_ratio:g} {summary}",
+            f"FAIL: external/native {what} median ratio {median_ratio:.4f} is below {min_ratio:g} {summary}",
             details,
             info,
         )
-    return GateResult(
-        True, f"PASS: external/native throughput median ratio {median_ratio:.4f} {summary}", details, info
-    )
+    return GateResult(True, f"PASS: external/native {what} median ratio {median_ratio:.4f} {summary}", details, info)

@@ -196,6 +196,22 @@ def test_gpu_decode_replays_a_cuda_graph_and_is_deterministic(gpu_bundles):
 
 @gpu
 @needs_cuda
+def test_gpu_device_step_time_is_measured_and_repeatable(gpu_bundles):
+    """The device time per decode step (verify perf --metric device) is below the wall time per
+    token and agrees with itself across pipelines of one bundle within a few percent."""
+    native, _, _ = gpu_bundles
+    times = []
+    for _ in range(2):
+        pipe = DecoderPipeline(str(native), device="cuda")
+        r = pipe.generate(PROMPT, 16, stop_at_eos=False, timed=True)
+        times.append(pipe.device_step_seconds(len(r.prompt_tokens) + 8, reps=400))
+        wall = sorted(r.step_s)[len(r.step_s) // 2]
+        assert 0 < times[-1] <= wall * 1.05, (times[-1], wall)
+    assert abs(times[0] - times[1]) <= 0.05 * times[0], times
+
+
+@gpu
+@needs_cuda
 def test_gpu_identity_copy_slot_is_bit_identical_in_lockstep(gpu_bundles):
     native, slot, manifest = gpu_bundles
     nat = DecoderPipeline(str(native), device="cuda")

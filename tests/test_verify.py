@@ -499,3 +499,47 @@ def test_perf_cli(fake, capsys):
     rc = main(["verify", "perf", "--native", fake("native"), "--external", fake("external", tps="50"), "--pairs", "1"])
     assert rc == 1 and capsys.readouterr().out.splitlines()[-1].startswith("FAIL:")
     assert main(["verify", "perf", "--native", "true", "--external", "true", "--pairs", "0"]) == 2
+
+
+def _line_cmd(line: str) -> str:
+    return f"{PY} -c {shlex.quote(f'print({line!r})')}"
+
+
+def test_perf_device_metric_compares_device_time_not_wall_clock():
+    # the wall-clock arms differ by 30% (host noise), the device times by 1%: the device metric
+    # compares what a kernel changes
+    native = _line_cmd(
+        "generated_tokens_mean=8.00 runs=5 tokens_per_sec=10000.00 engine=compiled device_step_ms=0.02000"
+    )
+    external = _line_cmd(
+        "generated_tokens_mean=8.00 runs=5 tokens_per_sec=7000.00 engine=compiled device_step_ms=0.02020"
+    )
+    r = perf_gate(native, external, pairs=2, warmup=0, metric="device")
+    assert r.passed and r.details["median_ratio"] == pytest.approx(0.02 / 0.0202)
+    assert r.line.startswith("PASS: external/native device-time throughput median ratio 0.9901")
+    assert "device steps/s" in r.line
+    assert not perf_gate(native, external, pairs=2, warmup=0).passed  # the wall clock says 0.70
+    slow = _line_cmd("generated_tokens_mean=8.00 tokens_per_sec=9990.00 device_step_ms=0.03000")
+    r = perf_gate(native, slow, pairs=1, warmup=0, metric="device")
+    assert not r.passed and "ratio 0.6667 is below 0.98" in r.line
+    # a CPU run prints no device time: said, with what to use instead
+    cpu = _line_cmd("generated_tokens_mean=8.00 tokens_per_sec=100.00 device=cpu")
+    r = perf_gate(cpu, cpu, pairs=1, warmup=0, metric="device")
+    assert not r.passed and "no device_step_ms" in r.line and "--metric throughput" in r.line
+    with pytest.raises(UserError, match="--metric 'gpu'"):
+        perf_gate(cpu, cpu, metric="gpu")
+
+
+def test_benchmark_line_keeps_the_tutorials_throughput_field():
+    # the seed tutorial's own parser (tests/tutorial_snippets.py holds it) must still read the
+    # wall-clock tokens/s from a line that also carries device_step_ms
+    import re
+
+    line = (
+        "generated_tokens_mean=64.00 runs=10 tokens_per_sec=7888.61 ttft_ms_p50=1.805 decode_ms_p50=0.096 "
+        "device=cuda engine=compiled device_step_ms=0.03125"
+    )
+    gen, tps = re.findall(r"generated_tokens_mean=([0-9.]+).*tokens_per_sec=([0-9.]+)", line)[-1]
+    assert (gen, tps) == ("64.00", "7888.61")
+    r = parse_benchmark(line)
+    assert (r.throughput, r.device_step_ms) == (7888.61, 0.03125)

@@ -692,9 +692,11 @@ def gate_perf(
     warmup: int = 1,
     bench_warmup: int = 2,
     bench_runs: int = 5,
+    metric: str = "throughput",
 ) -> dict:
     """The no-regression gate: `warmup` runs of each arm, then `pairs` alternating fresh-process
-    native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`).
+    native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`), on
+    wall-clock throughput or (`metric="device"`, CUDA) device time per step.
     The verdict is measured, so replay shows it but never compares it."""
     from mcore import open_bundle, perf_gate
 
@@ -718,6 +720,7 @@ def gate_perf(
         on_sample=ctx.on_sample,
         progress=ctx.progress,
         on_line=lambda line: ctx.say(ctx.strip(line)),
+        metric=_str(metric, "metric"),
     )
     ctx.say(r.line)
     d = r.details

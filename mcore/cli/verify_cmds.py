@@ -33,6 +33,7 @@ def cmd_perf(ns: argparse.Namespace) -> int:
         min_ratio=ns.min_ratio,
         warmup=ns.warmup,
         on_line=lambda line: print(line, flush=True),
+        metric=ns.metric,
     )
     return _report(result, printed_info=True)
 
@@ -108,6 +109,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pairs", type=int, default=6, help="measured pairs (default 6)")
     p.add_argument("--min-ratio", type=float, default=0.98, help="lowest allowed median ratio (default 0.98)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up runs of each command first (default 1)")
+    p.add_argument(
+        "--metric",
+        choices=("throughput", "device"),
+        default="throughput",
+        help="throughput: the wall-clock tokens/s the tutorial compares (default); device: the device time per step "
+        "(device_step_ms, CUDA runs), without the host's per-token work",
+    )
     p.set_defaults(func=cmd_perf)
 
     p = vs.add_parser("reference", help="the engine against transformers on the same checkpoint and prompt")
