@@ -122,6 +122,26 @@ async def test_profile_lists_candidates_and_selects_one_into_the_region_screen(b
 
 
 @pytest.mark.asyncio
+async def test_profile_with_fusion_marks_the_candidates_a_slot_would_split(built, tmp_path):
+    wd, steps = built
+    app = WorkbenchApp(workdir=str(tmp_path))
+    async with app.run_test(size=(120, 40)) as pilot:
+        load(app, steps)
+        await pilot.press("f2", "p")
+        await pilot.pause(0.1)
+        await pilot.press("f")
+        await wait(pilot, lambda: app.last_outcome is not None and not app.busy)
+        assert app.last_outcome.kind == "ok", app.last_outcome.error
+        report = json.loads((tmp_path / "profile-decode.json").read_text())
+        assert report["fusion"]["kernels"] and app.session.steps[-1].params["fusion"] is True
+        t = app.screen.query_one("#candidates", DataTable)
+        cells = [str(t.get_row_at(i)[-1]) for i in range(t.row_count)]
+        want = [f"splits {len(c['splits'])} fused" if c["splits"] else None for c in report["candidates"]]
+        assert [w in cell if w else "splits" not in cell for w, cell in zip(want, cells)] == [True] * len(cells)
+        assert any(want)
+
+
+@pytest.mark.asyncio
 async def test_profile_cancels_with_x_and_writes_nothing(built, tmp_path):
     _, steps = built
     app = WorkbenchApp(workdir=str(tmp_path))

@@ -743,9 +743,11 @@ def profile(
     steps: int = 3,
     prompt: Optional[str] = None,
     kernel_bindings: Optional[str] = None,
+    fusion: bool = False,
 ) -> dict:
-    """`mcore profile -o OUTPUT`: device time per node, module, recipe instance and slot, and the
-    ranked candidate regions. Timings are measured: replay compares only which candidates exist."""
+    """`mcore profile -o OUTPUT [--fusion]`: device time per node, module, recipe instance and slot,
+    and the ranked candidate regions (with `fusion`, the fused kernels a slot over each would split).
+    Timings are measured: replay compares only which candidates exist."""
     from mcore import profile_pipeline, write_json
 
     out = ctx.path(output, "output")
@@ -761,6 +763,7 @@ def profile(
         prompt,
         progress=ctx.progress,
         on_partial=ctx.on_partial,
+        fusion=_bool(fusion, "fusion"),
     )
     write_json(out, report)
     ctx.say(f"profile written: {ctx.rel(out)} ({len(report['candidates'])} candidate regions)")

@@ -44,6 +44,7 @@ class ProfileScreen(WorkbenchScreen):
     SCREEN_NAME = "profile"
     BINDINGS = [
         Binding("r", "run_profile", "profile"),
+        Binding("f", "run_profile(True)", "profile + fusion"),
         Binding("s", "select_candidate", "select region"),
     ]
 
@@ -137,7 +138,7 @@ class ProfileScreen(WorkbenchScreen):
                 f"≤{room:.1%}",
                 str(len(c["node_ids"])),
                 c["kind"],
-                candidate_name(c),
+                candidate_name(c) + (f"  splits {len(c['splits'])} fused" if c.get("splits") else ""),
                 key=str(i),
             )
 
@@ -147,7 +148,9 @@ class ProfileScreen(WorkbenchScreen):
             empty.update(Text.assemble((bar_text(fraction, 30), "cyan"), f" {step}  ", ("x cancels", "dim")))
 
     # ------------------------------------------------------------------ keys
-    def action_run_profile(self) -> None:
+    def action_run_profile(self, fusion: bool = False) -> None:
+        """r: profile the native bundle; f: also compile once more and mark under each candidate how
+        many fused kernels a slot there would split (the compiled engine's fusion)."""
         st = self.state
         b = st.bundles.get("native")
         if b is None:
@@ -160,7 +163,9 @@ class ProfileScreen(WorkbenchScreen):
             "role": role,
             "steps": 3,
         }
-        self.wb.perform("profile", params, label="profile the native bundle")
+        if fusion:
+            params["fusion"] = True
+        self.wb.perform("profile", params, label="profile the native bundle" + (" and its fusion" if fusion else ""))
 
     @on(DataTable.RowSelected, "#candidates")
     async def candidate_chosen(self, event: DataTable.RowSelected) -> None:
