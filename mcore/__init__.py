@@ -43,9 +43,9 @@ _EXPORTS: dict[str, str] = {
     "CancelToken": "progress",
     "NO_PROGRESS": "progress",
     # graph capture and snapshots
-    "capture": "graph.capture",
-    "resolve": "graph.capture",
-    "tool_versions": "graph.capture",
+    "capture": "graph_capture",
+    "resolve": "graph_capture",
+    "tool_versions": "graph_capture",
     "load_snapshot": "graph.snapshot",
     "SnapshotIndex": "graph.snapshot",
     # display helpers
@@ -179,7 +179,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .errors import Cancelled, UserError
     from .families.demo import demo_names
     from .fileio import atomic_write, check_fields, read_json, stdout_failed, write_json
-    from .graph.capture import capture, resolve, tool_versions
+    from .graph_capture import capture, resolve, tool_versions
     from .graph.display import abi_lines, module_tree, node_matches, node_row
     from .graph.snapshot import SnapshotIndex, load_snapshot
     from .device import describe_device, device_facts

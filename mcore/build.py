@@ -15,7 +15,7 @@ from .buildargs import BuildArgs
 from .bundle import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION, write_bundle
 from .errors import UserError
 from .fileio import check_output_path, read_json, write_json
-from .graph.capture import Captured, capture, resolve, tool_versions
+from .graph_capture import Captured, capture, resolve, tool_versions
 from .patch import check_receipt_against, slot_record
 from .progress import NO_PROGRESS, Progress
 from .recipes import select_recipe_instances

@@ -20,7 +20,7 @@ from .engines import get_engine, resolve_engine_name
 from .errors import UserError
 from .families import bundle_kind, get_family
 from .families.base import ModelSource
-from .graph.capture import capture_cached
+from .graph_capture import capture_cached
 from .graph.snapshot import TORCH_DTYPES
 from .engines.slots import SlotCall
 from .progress import NO_PROGRESS, Progress

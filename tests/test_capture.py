@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mcore.buildargs import BuildArgs
-from mcore.graph.capture import capture
+from mcore.graph_capture import capture
 from mcore.graph.snapshot import SnapshotIndex, fingerprint
 from tests.conftest import QWEN_ARGS, run_cli
 

@@ -11,9 +11,9 @@ import json
 import pytest
 
 import mcore.build as mcore_build
-import mcore.graph.capture as capture_mod
+import mcore.graph_capture as capture_mod
 from mcore.buildargs import BuildArgs
-from mcore.graph.capture import capture
+from mcore.graph_capture import capture
 from mcore.graph.snapshot import fingerprint
 
 from .conftest import REPO, assert_user_error

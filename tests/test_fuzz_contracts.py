@@ -260,7 +260,7 @@ def _config() -> dict:
 @FUZZ
 def test_fuzz_config(data, tmp_path):
     from mcore.buildargs import BuildArgs
-    from mcore.graph.capture import resolve
+    from mcore.graph_capture import resolve
 
     (tmp_path / "m").mkdir(exist_ok=True)
     (tmp_path / "m" / "config.json").write_bytes(data)

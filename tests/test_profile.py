@@ -57,7 +57,7 @@ def test_decoder_profile_attributes_the_step(mcore, tmp_path, bundles):
 def test_candidates_are_regions_select_region_accepts(mcore, tmp_path, bundles):
     qwen, _ = bundles
     r, p = _profile(mcore, tmp_path, qwen.bundle_path, "--top", "20")
-    from mcore.graph.capture import capture
+    from mcore.graph_capture import capture
     from mcore.buildargs import BuildArgs
 
     snap = capture(BuildArgs.from_dict(qwen.manifest["build_args"]), "decode").snapshot

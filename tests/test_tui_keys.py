@@ -403,7 +403,7 @@ async def test_layer_1_decode_attention_in_a_few_keys_with_its_recipe_in_full(ca
 @pytest.mark.asyncio
 async def test_capture_pressed_while_the_model_is_checked_is_queued(tmp_path, monkeypatch):
     """A cold cache makes the first model check slow: c then waits for it instead of refusing."""
-    import mcore.graph.capture as capture_mod
+    import mcore.graph_capture as capture_mod
 
     real = capture_mod.resolve
 

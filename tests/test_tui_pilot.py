@@ -22,7 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static, TextArea
 
 from mcore.buildargs import BuildArgs
-from mcore.graph.capture import capture
+from mcore.graph_capture import capture
 from mcore.selection import load_receipt
 from workbench.app import DEFAULT_BUILD_ARGS, WorkbenchApp
 from workbench.registry import REGISTRY

@@ -26,7 +26,7 @@ def say(line: str) -> None:
 
 
 def cmd_inspect(ns: argparse.Namespace) -> int:
-    from ..graph.capture import capture
+    from ..graph_capture import capture
 
     check_output_path(ns.snapshot)
     args = build_args_from_namespace(ns)

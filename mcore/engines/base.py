@@ -35,6 +35,6 @@ class Engine(Protocol):
     def compile_role(
         self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, Any]], device: torch.device
     ) -> RoleRunner:
-        """`captured`: mcore.graph.capture.Captured; `state`: FQN -> tensor for every lifted
+        """`captured`: mcore.graph_capture.Captured; `state`: FQN -> tensor for every lifted
         parameter/buffer; `slots`: (slot record, bound SlotCall) pairs for this role."""
         ...

@@ -9,15 +9,15 @@ from typing import Any, Optional
 
 import torch
 
-from .. import __version__
-from ..buildargs import BuildArgs
-from ..errors import UserError
-from ..families import family_for_config
-from ..families.base import Family, ModelSource, RoleIO
-from ..families.source import resolve_model
-from ..progress import NO_PROGRESS, Progress
-from ..recipes import annotate_recipes
-from .snapshot import snapshot_from_exported
+from . import __version__
+from .buildargs import BuildArgs
+from .errors import UserError
+from .families import family_for_config
+from .families.base import Family, ModelSource, RoleIO
+from .families.source import resolve_model
+from .progress import NO_PROGRESS, Progress
+from .recipes import annotate_recipes
+from .graph.snapshot import snapshot_from_exported
 
 
 def tool_versions() -> dict[str, str]:
@@ -109,8 +109,8 @@ def capture_cached(
 
     A loaded program counts only if its snapshot has exactly the expected fingerprint (which covers the
     model, the role, the build args and every node and tensor), so a stale or foreign file is never used."""
-    from ..families.demo import cache_root
-    from ..fileio import atomic_write
+    from .families.demo import cache_root
+    from .fileio import atomic_write
 
     tag = "-".join(f"{k}{v}" for k, v in sorted(tool_versions().items()))
     path = cache_root() / "exported" / f"{fingerprint}-{tag}.pt2"
