@@ -5,11 +5,14 @@
 #   source .device/base/install.sh && bash bench/gpu_session.sh "$OUT" [suite,engine,gate,profile]
 # suite:   the whole test suite (names of failures printed: -rfE)          ~6 min with -n 16
 # engine:  bench/engine_gpu.py (roofline, compiled cold/cached, op by op, transformers peers)   ~9 min
-# gate:    bench/perf_gate_gpu.sh (native vs native, identity-copy, slow-copy; 6 pairs)         ~6 min
-# profile: mcore profile on the 8B-sized config, decode at 1k context (issue 14 evidence)        ~2 min
+# gate:    bench/perf_gate_gpu.sh (native vs native, identity-copy, slow-copy; 6 pairs) ~6 min a gate:
+#          each run is a fresh process (about 26 s on the H200); pass GATES=... to split over calls
+# profile: mcore profile --fusion on the 8B-sized config, decode at 1k context (issue 14)      ~3 min
+# attention: tutorial step 5 on the GPU (bench/tutorial_cli.sh, all steps) and the qwen-attention
+#          session replayed with its CUDA steps (needs the CuTe DSL carried: prepare.sh --cute)    ~8 min
 set -uo pipefail
 OUT=${1:?usage: gpu_session.sh OUT [stages]}
-STAGES=${2:-suite,engine,gate,profile}
+STAGES=${2:-suite,engine,gate,profile,attention}
 ENGINE_ARGS=${ENGINE_ARGS:---extra-capacity 4096 --peer-capacities 40960,4096 --steps 20}
 W=/tmp/gpu-session
 mkdir -p "$OUT" "$W"
@@ -45,9 +48,19 @@ from pathlib import Path; import shutil; from mcore.families.demo import materia
 d = write_config_folder(Path('$P/cfg')); shutil.copy(materialize('qwen3-tiny') / 'tokenizer.json', d)"
   python3 -m mcore build "$P/cfg" --weights random --precision bf16 --max-cache-length 40960 --device cuda \
     -o "$P/q8b.bundle" > "$P/build.log" 2>&1
-  python3 -m mcore profile "$P/q8b.bundle" --context 1024 --steps 3 --top 10 -o "$P/decode.json" \
+  python3 -m mcore profile "$P/q8b.bundle" --context 1024 --steps 3 --top 10 --fusion -o "$P/decode.json" \
     > "$P/top.txt" 2> "$P/profile.log"
   echo "== profile"; head -n 14 "$P/top.txt"
   rm -rf "$P/q8b.bundle" "$P/cfg"
   keep profile
+fi
+if has attention; then
+  A=$W/attention
+  mkdir -p "$A"
+  MCORE="python3 -m mcore" DEVICE=cuda PRECISION=bf16 PAIRS=2 bash "$here/tutorial_cli.sh" "$A/cli" > "$A/cli.log" 2>&1
+  python3 -m workbench replay "$here/../sessions/qwen-attention.json" --headless --workdir "$A/replay" \
+    --trust-libraries . > "$A/replay.log" 2>&1
+  echo "== attention"; tail -n 6 "$A/cli.log"; tail -n 12 "$A/replay.log"
+  rm -rf "$A"/cli/*.bundle "$A"/replay/*.bundle
+  keep attention
 fi

@@ -291,3 +291,12 @@ def test_manual_tutorial_takes_node_ids_from_the_capture():
     # same call contract as the recipe, so the same ABI hash
     slot = next(st for st in recipe["steps"] if st["action"] == "build_bundle")["results"]["kernel_slots"][0]
     assert selects[1]["results"]["abi_sha256"] == slot["abi_sha256"]
+
+
+def test_python_dash_m_workbench_runs_the_cli():
+    """`python -m workbench` works from a checkout without an install (the GPU box runs it so)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "workbench", "tutorial", "--list"], capture_output=True, text=True)
+    assert r.returncode == 0 and "qwen-attention" in r.stdout, r.stderr
