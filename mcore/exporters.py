@@ -87,9 +87,7 @@ def run_exporter(
     if snapshot is not None:
         cmd += ["--snapshot", str(snapshot)]
     progress.report(f"running {script.name}", 0.0)
-    lines = _stream(cmd, progress, log, cwd)
-    rc = lines.pop()  # _stream appends the exit status
-    text = [str(x) for x in lines]
+    text, rc = _stream(cmd, progress, log, cwd)
     if rc != 0:
         last = next((ln for ln in reversed(text) if ln.strip()), f"exit code {rc}")
         hint = "" if rc == 2 else " (the CuTe DSL exporters need `pip install nvidia-cutlass-dsl`, gcc and libcudart)"
@@ -104,9 +102,11 @@ def run_exporter(
     return ExportResult(dso, fields.get("binding_id"), fields.get("abi_sha256"), fields.get("arch"), text)
 
 
-def _stream(cmd: list[str], progress: Progress, log: Optional[Callable[[str], None]], cwd: Optional[PathArg]) -> list:
+def _stream(
+    cmd: list[str], progress: Progress, log: Optional[Callable[[str], None]], cwd: Optional[PathArg]
+) -> tuple[list[str], int]:
     """Run `cmd`, passing each output line to `log`; kill it when `progress` is cancelled.
-    Returns the lines followed by the exit status."""
+    Returns the lines and the exit status."""
     try:
         proc = subprocess.Popen(
             cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
@@ -123,7 +123,7 @@ def _stream(cmd: list[str], progress: Progress, log: Optional[Callable[[str], No
         q.put(None)
 
     threading.Thread(target=read, daemon=True).start()
-    lines: list = []
+    lines: list[str] = []
     try:
         while True:
             progress.check()
@@ -141,5 +141,4 @@ def _stream(cmd: list[str], progress: Progress, log: Optional[Callable[[str], No
         proc.kill()
         proc.wait()
         raise
-    lines.append(proc.wait())
-    return lines
+    return lines, proc.wait()

@@ -185,6 +185,7 @@ def profile_pipeline(
         raise UserError(f"timing {timing!r} is not one of auto, kernel, profiler-cpu, wall")
     if timing == "kernel" and dev.type != "cuda":
         raise UserError("kernel timing needs a CUDA device; use wall timing on CPU")
+    facts = device_facts(dev)  # measures the copy rate (once per device) before anything is timed
     step_totals: list[float] = []
     per_step: list[dict[str, float]] = []
     with torch.no_grad():
@@ -217,13 +218,14 @@ def profile_pipeline(
                     interp.bytes,
                     interp.flops,
                     statistics.median(step_totals),
+                    facts,
                     partial=True,
                 )
                 part.update(step=i + 1, steps=steps)
                 on_partial(part)
     progress.report("attributing", 0.95)
     report = _attribute(
-        pipe, role, prepared.gm, _medians(per_step), interp.bytes, interp.flops, statistics.median(step_totals)
+        pipe, role, prepared.gm, _medians(per_step), interp.bytes, interp.flops, statistics.median(step_totals), facts
     )
     report["timing"] = {
         "kernel": "device time of each node's kernels and copies (CUDA profiler)",
@@ -289,11 +291,11 @@ def _attribute(
     node_bytes: dict[str, int],
     node_flops: dict[str, int],
     step_s: float,
+    facts: dict[str, Any],
     partial: bool = False,
 ) -> dict[str, Any]:
     snap = pipe.snapshots[role]
     by_name = {n["name"]: n for n in snap["nodes"]}
-    facts = device_facts(pipe.device)  # the copy rate is measured once per device and cached
     bw = facts["copy_bytes_per_s"]
     fx_nodes = {n.name: n for n in gm.graph.nodes}
     nodes: list[dict[str, Any]] = []

@@ -82,38 +82,34 @@ class ActionContext:
             return
         from mcore import load_bindings_manifest
 
-        if self.trusted_libraries is None:
-            raise UserError(
-                f"{self.where}loads native code through field {what} ({manifest}); pass "
-                f"{TRUST_FLAG} DIR naming the folder (inside the workdir) of libraries you trust"
-            )
-        trusted = self.trusted_libraries.resolve()
+        self._require_trusted(what, f"loads native code through field {what} ({manifest})", "libraries")
         for b in load_bindings_manifest(self.path(manifest, what)):
-            try:
-                b.library_path.relative_to(trusted)
-            except ValueError:
-                raise UserError(
-                    f"{self.where}field {what}: library {self.rel(b.library_path)} is outside the "
-                    f"trusted folder {self.rel(trusted)}; pass {TRUST_FLAG} naming its folder "
-                    f"if you trust it"
-                ) from None
+            self._require_inside_trusted(b.library_path, what, "library ")
 
     def check_code(self, script: Path, what: str) -> None:
         """Before a step runs a Python script from the workdir (an exporter): in a replayed session,
         only from inside the trusted folder, and only when one was named."""
         if not self.confined:
             return
+        self._require_trusted(what, f"runs code through field {what} ({self.rel(script)})", "code")
+        self._require_inside_trusted(script.resolve(), what, "")
+
+    def _require_trusted(self, what: str, does: str, kind: str) -> None:
         if self.trusted_libraries is None:
             raise UserError(
-                f"{self.where}runs code through field {what} ({self.rel(script)}); pass {TRUST_FLAG} DIR "
-                f"naming the folder (inside the workdir) of code you trust"
+                f"{self.where}{does}; pass {TRUST_FLAG} DIR naming the folder (inside the workdir) of {kind} you trust"
             )
+
+    def _require_inside_trusted(self, path: Path, what: str, label: str) -> None:
+        """The one trust rule for native code and scripts: inside the folder the user named."""
+        assert self.trusted_libraries is not None
+        trusted = self.trusted_libraries.resolve()
         try:
-            script.resolve().relative_to(self.trusted_libraries.resolve())
+            path.relative_to(trusted)
         except ValueError:
             raise UserError(
-                f"{self.where}field {what}: {self.rel(script)} is outside the trusted folder "
-                f"{self.rel(self.trusted_libraries)}; pass {TRUST_FLAG} naming its folder if you trust it"
+                f"{self.where}field {what}: {label}{self.rel(path)} is outside the trusted folder "
+                f"{self.rel(trusted)}; pass {TRUST_FLAG} naming its folder if you trust it"
             ) from None
 
     def rel(self, p: Any) -> Optional[str]:
