@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """CuTe DSL decode attention for the recipe qwen.decode_attention_region@2 (tutorial step 5).
 
-STATUS: compiles, exports and links on CPU (CUTE_DSL_ARCH=sm_90a); GPU CORRECTNESS AND SPEED ARE NOT
-YET VERIFIED. tests/test_cutedsl_decode_attention.py holds the GPU checks (marked `gpu`) against
-mcore.ops.decode_attention_reference; until they have passed on a device, treat this DSO as untested.
+STATUS: the GPU checks in tests/test_cutedsl_decode_attention.py (marked `gpu`, against
+mcore.ops.decode_attention_reference) and bench/attention_gpu.py (speed on the Qwen3-8B-sized
+config) are what vouch for it; docs/gpu-results.md has their latest results on the H200.
 
 Written by hand (not by `mcore kernel stub`), in the generated exporters' structure: a contract check
 that needs no CuTe DSL, the kernel, then compile (`--enable-tvm-ffi`), export_to_c and link. Unlike a
@@ -23,21 +23,24 @@ The ABI (the receipt's call order; `mcore build --recipe qwen.decode_attention_r
 Semantics (mcore.ops.decode_attention): query i of the s new tokens sits at position
 length - s + i and attends the keys 0..length - s + i (causal among the new tokens).
 
-Schedule (split-KV, flash-decoding inside a block): one block per (query head, new token); its
-NUM_WARPS warps split the attended keys [0, end) into equal contiguous shares, fixed by the length
-alone. Each warp keeps an online softmax (running max, sum, fp32 accumulator; each lane owns D/32
-columns) and the block merges the warps' partial results through shared memory in warp order: a
-deterministic merge with no atomics. The split is inside the block because the recipe's ABI
-declares no workspace: splitting across blocks would need global scratch for the partials, and that
-scratch must be the receipt's workspace (the ABI hash covers its bytes), i.e. another recipe version.
+Schedule (split-KV, flash-decoding across a thread block cluster, Hopper): one cluster of CLUSTER
+blocks per (query head, new token), or per KV head with CUTEDSL_ATTENTION_HEADS_PER_BLOCK=0 (each
+block then serves the whole GQA group: K and V read once per group, fewer blocks on the GPU). The
+attended keys [0, end) are cut into CLUSTER * WARPS equal contiguous shares fixed by the length
+alone; each warp walks its share 32 keys at a time with an online softmax per head (running max,
+per-lane sums, fp32 accumulator over the lane's D/32 columns).
+Warps merge in warp order through shared memory, then rank 0 merges the blocks in rank order,
+reading their shared memory through the cluster (distributed shared memory): deterministic, no
+atomics, and no global scratch, which the recipe's ABI (no workspace) could not provide.
 
 Numerics (mirroring mcore/flash_decode.py): products and sums in fp32; the softmax in fp32 (exp
 through ex2.approx); probabilities rounded to T for the product with V (the sum of probabilities is
 not rounded); the context rounded to T once.
 
-No host sync: the length is read from the device tensor inside the kernel, so the launch (grid H*s,
-NUM_WARPS*32 threads) is the same on every call and can be captured in a CUDA graph. The launch uses
-the TVM-FFI environment stream (the engine's current stream), never the default stream by itself.
+No host sync: the length is read from the device tensor inside the kernel, so the launch (grid
+H / heads per block * s * CLUSTER, WARPS * 32 threads) is the same on every call and can be captured
+in a CUDA graph. The launch uses the TVM-FFI environment stream (the engine's current stream), never
+the default stream by itself.
 Precondition (the engine guarantees it): s <= length <= C. Keys past C are never read.
 
 Use (needs nvidia-cutlass-dsl with its CUDA 13 libs, apache-tvm-ffi, gcc and libcudart):
@@ -281,6 +284,7 @@ try:
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
+    from cutlass._mlir.dialects import llvm
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
     CUTE_IMPORT_ERROR = None
@@ -288,19 +292,57 @@ except (ImportError, RuntimeError) as e:  # no CuTe DSL, or no CUDA flavour of i
     cute = None
     CUTE_IMPORT_ERROR = e
 
-NUM_WARPS = 8  # KV splits per block (one warp each); fixed, so the merge order is fixed
 WARP = 32
+WARPS = 8  # per block; each warp attends one contiguous share of the keys
+# Blocks per (KV head, new token): a thread block cluster that splits the keys and merges its
+# blocks' partial results through distributed shared memory (Hopper), so the whole GPU is busy at
+# batch 1 without global scratch (the recipe's ABI declares no workspace). 8 is the portable size.
+CLUSTER = os.environ.get("CUTEDSL_ATTENTION_CLUSTER", "8")
+CLUSTER = int(CLUSTER) if CLUSTER in ("1", "2", "4", "8", "16") else 0  # 0: refused by make_run
+# Query heads per block (1, or a divisor of the GQA group; 0 for the whole group).
+HEADS_PER_BLOCK = os.environ.get("CUTEDSL_ATTENTION_HEADS_PER_BLOCK", "1")
+HEADS_PER_BLOCK = int(HEADS_PER_BLOCK) if HEADS_PER_BLOCK.isdigit() else 1
+NEG = -1.0e30  # an empty share's running max: finite, so merges never compute inf - inf
 
 
 def make_run(dtype, heads, kv_heads, capacity, head_dim):
     """The jit function run(query, key_cache, value_cache, kv_lengths, context, stream) for these shapes.
 
-    Everything but the token count s is a compile-time constant; s comes from query's shape."""
+    Everything but the token count s is a compile-time constant; s comes from query's shape.
+
+    Each lane owns head_dim / 32 contiguous columns. Per 32 keys, the lane loads its slice of each
+    key row (the warp reads whole rows, coalesced), the per-key partial dot products are summed
+    across the warp by recursive halving (31 shuffles leave lane L with key L's score), then each V
+    row is read once and accumulated with the probabilities broadcast by shuffles.
+    CLUSTER (1, 2, 4, 8 or 16; 16 is Hopper's non-portable size) comes from CUTEDSL_ATTENTION_CLUSTER,
+    the heads each block serves from CUTEDSL_ATTENTION_HEADS_PER_BLOCK (tuning knobs for benchmarks)."""
+    if not CLUSTER:
+        raise ValueError("CUTEDSL_ATTENTION_CLUSTER must be 1, 2, 4, 8 or 16")
     element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
     group = heads // kv_heads
-    per_lane = head_dim // WARP  # columns each lane owns: lane, lane + 32, ...
-    threads = NUM_WARPS * WARP
-    neg_inf = -math.inf
+    # Query heads per block: the whole group reads K and V once for all of them, but leaves only
+    # KV * CLUSTER blocks (64 on a Qwen3-8B layer) at 255 registers a thread; one head per block
+    # puts H * CLUSTER blocks (256), two per SM at 109 registers, each reading its K and V (the
+    # group's other blocks find them in L2).
+    hpb = HEADS_PER_BLOCK if HEADS_PER_BLOCK and group % HEADS_PER_BLOCK == 0 else group
+    cols = head_dim // WARP  # P @ V columns per lane: lane * cols ...
+    threads = WARPS * WARP
+    parts = CLUSTER * WARPS
+
+    def remote(ptr, rank):
+        """The fp32 at shared-memory address `ptr` of block `rank` of this cluster."""
+        address = cutlass.Int32(cute.arch.map_dsmem_ptr(ptr, rank).toint())  # a shared::cluster address
+        return cutlass.Float32(
+            llvm.inline_asm(
+                cutlass.Float32.mlir_type,
+                [address.ir_value()],
+                "ld.shared::cluster.f32 $0, [$1];",
+                "=f,r",
+                has_side_effects=True,  # stays between the cluster barriers
+                is_align_stack=False,
+                asm_dialect=llvm.AsmDialect.AD_ATT,
+            )
+        )
 
     @cute.kernel
     def attention_kernel(
@@ -312,63 +354,141 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         new_tokens: cutlass.Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        row, _, _ = cute.arch.block_idx()
+        bidx, _, _ = cute.arch.block_idx()
         warp = tidx // WARP
         lane = tidx % WARP
-        head = row // new_tokens
-        token = row - head * new_tokens
-        kv_head = head // group
+        rank = cute.arch.block_idx_in_cluster()
+        row = bidx // CLUSTER
+        token = row % new_tokens
+        head_block = row // new_tokens  # which hpb query heads: head0 .. head0 + hpb - 1
+        head0 = head_block * hpb
+        kv_head = head0 // group
         length = kv_lengths[0]  # read on the device: no host sync
         end = cutlass.min(length - new_tokens + token + 1, capacity)  # causal: keys [0, end)
-        share = (end + NUM_WARPS - 1) // NUM_WARPS  # the fixed split schedule
-        start = warp * share
+        share = (end + parts - 1) // parts
+        start = (rank * WARPS + warp) * share
         stop = cutlass.min(start + share, end)
 
-        q = cute.make_rmem_tensor((per_lane,), cutlass.Float32)
-        acc = cute.make_rmem_tensor((per_lane,), cutlass.Float32)
-        for e in cutlass.range_constexpr(per_lane):
-            q[e] = query[0, head, token, lane + WARP * e].to(cutlass.Float32)
-            acc[e] = cutlass.Float32(0.0)
-        m = cutlass.Float32(neg_inf)
-        denom = cutlass.Float32(0.0)
-        for pos in cutlass.range(start, stop, 1):
-            partial = cutlass.Float32(0.0)
-            for e in cutlass.range_constexpr(per_lane):
-                partial = partial + q[e] * key_cache[0, kv_head, pos, lane + WARP * e].to(cutlass.Float32)
-            score = cute.arch.warp_reduction_sum(partial)  # butterfly: every lane gets the same sum
-            m_new = cute.arch.fmax(m, score)
-            alpha = cute.math.exp(m - m_new)  # 0 on the first key (m = -inf)
-            p = cute.math.exp(score - m_new)
-            denom = denom * alpha + p
-            p_rounded = p.to(element).to(cutlass.Float32)  # as fused attention kernels feed P @ V
-            for e in cutlass.range_constexpr(per_lane):
-                acc[e] = acc[e] * alpha + p_rounded * value_cache[0, kv_head, pos, lane + WARP * e].to(cutlass.Float32)
-            m = m_new
-
-        # Merge the warps' partials in warp order (deterministic; an empty share has m = -inf, weight 0).
         smem = cutlass.utils.SmemAllocator()
         part_acc = smem.allocate_tensor(
-            cutlass.Float32, cute.make_layout((NUM_WARPS, head_dim), stride=(head_dim, 1)), 16
+            cutlass.Float32, cute.make_layout((WARPS, hpb, head_dim), stride=(hpb * head_dim, head_dim, 1)), 16
         )
-        part_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout(NUM_WARPS), 16)
-        part_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout(NUM_WARPS), 16)
-        for e in cutlass.range_constexpr(per_lane):
-            part_acc[warp, lane + WARP * e] = acc[e]
-        if lane == 0:
-            part_m[warp] = m
-            part_l[warp] = denom
+        part_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout((WARPS, hpb), stride=(hpb, 1)), 16)
+        part_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout((WARPS, hpb), stride=(hpb, 1)), 16)
+        blk_acc = smem.allocate_tensor(cutlass.Float32, cute.make_layout((hpb, head_dim), stride=(head_dim, 1)), 16)
+        blk_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16)
+        blk_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16)
+
+        # Each lane owns `cols` contiguous columns of the head dimension: its slice of q (per head),
+        # of every K and V row it reads (one 8- or 4-byte load), and of the output accumulator.
+        q = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
+        m = cute.make_rmem_tensor((hpb,), cutlass.Float32)
+        lsum = cute.make_rmem_tensor((hpb,), cutlass.Float32)  # over this lane's keys only
+        acc = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
+        for g in cutlass.range_constexpr(hpb):
+            qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(cols))
+            for c in cutlass.range_constexpr(cols):
+                q[g * cols + c] = qrow[c, lane].to(cutlass.Float32)
+                acc[g * cols + c] = cutlass.Float32(0.0)
+            m[g] = cutlass.Float32(NEG)
+            lsum[g] = cutlass.Float32(0.0)
+        part = cute.make_rmem_tensor((WARP,), cutlass.Float32)
+        prob = cute.make_rmem_tensor((hpb,), cutlass.Float32)
+        for base in cutlass.range(start, stop, WARP):
+            masked = base + lane >= stop
+            for g in cutlass.range_constexpr(hpb):
+                # partial dot products of the 32 keys over this lane's columns ...
+                for j in cutlass.range_constexpr(WARP):
+                    kpos = cutlass.min(base + j, stop - 1)  # in bounds; keys past stop are masked below
+                    k = cute.logical_divide(key_cache[0, kv_head, kpos, None], cute.make_layout(cols))[None, lane]
+                    kv = k.load().to(cutlass.Float32)
+                    dot = q[g * cols] * kv[0]
+                    for c in cutlass.range_constexpr(1, cols):
+                        dot = dot + q[g * cols + c] * kv[c]
+                    part[j] = dot
+                # ... summed across the warp by recursive halving: 31 shuffles leave lane L with the
+                # score of key base + L (at each step a lane keeps the half its lane bit selects).
+                for step in cutlass.range_constexpr(5):
+                    half = 16 >> step
+                    upper = (lane & half) != 0
+                    for i in cutlass.range_constexpr(half):
+                        keep = part[i]
+                        send = part[i + half]
+                        if upper:
+                            keep = part[i + half]
+                            send = part[i]
+                        part[i] = keep + cute.arch.shuffle_sync_bfly(send, offset=half)
+                sc = part[0]
+                if masked:
+                    sc = cutlass.Float32(-math.inf)
+                m_new = cute.arch.fmax(m[g], cute.arch.warp_reduction_max(sc))
+                alpha = cute.math.exp(m[g] - m_new)
+                p = cute.math.exp(sc - m_new)  # 0 for a masked key
+                lsum[g] = lsum[g] * alpha + p
+                prob[g] = p.to(element).to(cutlass.Float32)  # as fused attention kernels feed P @ V
+                m[g] = m_new
+                for c in cutlass.range_constexpr(cols):
+                    acc[g * cols + c] = acc[g * cols + c] * alpha
+            for j in cutlass.range_constexpr(WARP):
+                vpos = cutlass.min(base + j, stop - 1)  # a masked key has probability 0
+                v = cute.logical_divide(value_cache[0, kv_head, vpos, None], cute.make_layout(cols))[None, lane]
+                vv = v.load().to(cutlass.Float32)
+                for g in cutlass.range_constexpr(hpb):
+                    pj = cute.arch.shuffle_sync(prob[g], j)
+                    for c in cutlass.range_constexpr(cols):
+                        acc[g * cols + c] = acc[g * cols + c] + pj * vv[c]
+
+        # this warp's partial: max, sum over its lanes, accumulator columns
+        for g in cutlass.range_constexpr(hpb):
+            total = cute.arch.warp_reduction_sum(lsum[g])
+            if lane == 0:
+                part_m[warp, g] = m[g]
+                part_l[warp, g] = total
+            for c in cutlass.range_constexpr(cols):
+                part_acc[warp, g, lane * cols + c] = acc[g * cols + c]
         cute.arch.sync_threads()
-        if tidx < head_dim:
-            m_all = part_m[0]  # warp 0's share always holds key 0, so m_all is finite
-            for w in cutlass.range_constexpr(1, NUM_WARPS):
-                m_all = cute.arch.fmax(m_all, part_m[w])
+
+        # the block's partial: warps merged in warp order (an empty share has l = 0 and acc = 0)
+        for i in cutlass.range(tidx, hpb * head_dim, threads):
+            g = i // head_dim
+            d = i - g * head_dim
+            mb = part_m[0, g]
+            for w in cutlass.range_constexpr(1, WARPS):
+                mb = cute.arch.fmax(mb, part_m[w, g])
             num = cutlass.Float32(0.0)
             den = cutlass.Float32(0.0)
-            for w in cutlass.range_constexpr(NUM_WARPS):
-                weight = cute.math.exp(part_m[w] - m_all)
-                num = num + part_acc[w, tidx] * weight
-                den = den + part_l[w] * weight
-            context[0, head, token, tidx] = (num / den).to(element)
+            for w in cutlass.range_constexpr(WARPS):
+                weight = cute.math.exp(part_m[w, g] - mb)
+                num = num + part_acc[w, g, d] * weight
+                den = den + part_l[w, g] * weight
+            blk_acc[g, d] = num
+            if d == 0:
+                blk_m[g] = mb
+                blk_l[g] = den
+
+        # the cluster's result: blocks merged in rank order by rank 0, reading the others' shared memory
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+        if rank == 0:
+            for i in cutlass.range(tidx, hpb * head_dim, threads):
+                g = i // head_dim
+                d = i - g * head_dim
+                ms = cute.make_rmem_tensor((CLUSTER,), cutlass.Float32)
+                mall = cutlass.Float32(NEG)
+                for r in cutlass.range_constexpr(CLUSTER):
+                    ms[r] = remote(blk_m.iterator + g, r)
+                    mall = cute.arch.fmax(mall, ms[r])
+                num = cutlass.Float32(0.0)
+                den = cutlass.Float32(0.0)
+                for r in cutlass.range_constexpr(CLUSTER):
+                    weight = cute.math.exp(ms[r] - mall)
+                    num = num + remote(blk_acc.iterator + i, r) * weight
+                    den = den + remote(blk_l.iterator + g, r) * weight
+                context[0, head0 + g, token, d] = (num / den).to(element)
+        cute.arch.cluster_arrive()  # the others keep their shared memory until rank 0 has read it
+        cute.arch.cluster_wait()
+
+    smem_bytes = 4 * (hpb * head_dim + WARPS * hpb * head_dim + 2 * WARPS * hpb + 2 * hpb) + 16 * 8
 
     @cute.jit
     def run(
@@ -382,9 +502,10 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         """The exported run(query, key_cache, value_cache, kv_lengths, context); `stream` is the TVM-FFI env stream."""
         new_tokens = cute.size(query, mode=[2])  # s: dynamic, from the tensor the engine passes
         attention_kernel(query, key_cache, value_cache, kv_lengths, context, new_tokens).launch(
-            grid=(heads * new_tokens, 1, 1),
+            grid=(heads // hpb * new_tokens * CLUSTER, 1, 1),
             block=(threads, 1, 1),
-            smem=(NUM_WARPS * head_dim + 2 * NUM_WARPS) * 4 + 64,
+            cluster=(CLUSTER, 1, 1),
+            smem=smem_bytes,
             stream=stream,
         )
 
@@ -395,14 +516,14 @@ def fake_arguments(dtype, heads, kv_heads, capacity, head_dim):
     """Compile-time stand-ins for run()'s arguments, in ABI order (s is one cute.sym_int())."""
     element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
 
-    def tensor(dt, shape):  # contiguous row-major, like the engine's linear tensors
-        return make_fake_compact_tensor(dt, shape, stride_order=tuple(reversed(range(len(shape)))))
+    def tensor(dt, shape, align=None):  # contiguous row-major, like the engine's linear tensors
+        return make_fake_compact_tensor(dt, shape, stride_order=tuple(reversed(range(len(shape)))), assumed_align=align)
 
     tokens = cute.sym_int()  # dynamic: query[2], context[2]
     return [
         tensor(element, (1, heads, tokens, head_dim)),  # query
-        tensor(element, (1, kv_heads, capacity, head_dim)),  # key_cache
-        tensor(element, (1, kv_heads, capacity, head_dim)),  # value_cache
+        tensor(element, (1, kv_heads, capacity, head_dim), 16),  # key_cache: whole allocations, 16-byte loads
+        tensor(element, (1, kv_heads, capacity, head_dim), 16),  # value_cache
         tensor(cutlass.Int32, (1,)),  # kv_lengths
         tensor(element, (1, heads, tokens, head_dim)),  # context
         make_fake_stream(use_tvm_ffi_env_stream=True),  # the TVM-FFI env stream, not a run() argument

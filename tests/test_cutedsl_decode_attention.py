@@ -65,8 +65,8 @@ def exporter():
     return mod
 
 
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"}
+def run_script(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"} | extra_env
     return subprocess.run(
         [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=env, timeout=600
     )
@@ -178,6 +178,7 @@ GPU_SHAPES = [  # (dtype, heads, kv_heads, capacity, head_dim): GQA 1, 4 and 8; 
     ("FP16", 32, 4, 256, 64),
 ]
 GPU_LENGTHS = [1, 2, 127, 128, 129, 255, 256]  # ..., capacity - 1, capacity
+SCHEDULES = {"per-head": "1", "per-group": "0"}  # blocks per query head (the default) or per KV head
 
 
 @pytest.fixture(scope="module")
@@ -193,24 +194,28 @@ def gpu_kernels(tmp_path_factory):
     for shape in GPU_SHAPES:
         name = "_".join(map(str, shape))
         rp, sp = write_pair(folder, *attention_pair(*shape), name)
-        out = folder / f"{name}.so"
-        r = run_script("--selection", rp, "--snapshot", sp, "--output", out)
-        assert r.returncode == 0, r.stderr[-3000:]
-        fns[shape] = tvm_ffi.load_module(str(out))["run"]
+        for schedule, heads_per_block in SCHEDULES.items():
+            out = folder / f"{name}-{schedule}.so"
+            r = run_script(
+                "--selection", rp, "--snapshot", sp, "--output", out, CUTEDSL_ATTENTION_HEADS_PER_BLOCK=heads_per_block
+            )
+            assert r.returncode == 0, r.stderr[-3000:]
+            fns[shape, schedule] = tvm_ffi.load_module(str(out))["run"]
     return fns
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=["_".join(map(str, s)) for s in GPU_SHAPES])
 @pytest.mark.parametrize("new_tokens", [1, 3])
-def test_gpu_matches_the_reference(gpu_kernels, shape, new_tokens):
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_gpu_matches_the_reference(gpu_kernels, shape, new_tokens, schedule):
     import torch
 
     from mcore.ops import decode_attention_reference
 
     dtype, heads, kv_heads, capacity, head_dim = shape
     tdt = {"BF16": torch.bfloat16, "FP16": torch.float16}[dtype]
-    fn = gpu_kernels[shape]
+    fn = gpu_kernels[shape, schedule]
     gen = torch.Generator().manual_seed(heads * 1000 + head_dim + new_tokens)
     q = (torch.randn(1, heads, new_tokens, head_dim, generator=gen) * head_dim**-0.5).to(tdt)
     k = torch.randn(1, kv_heads, capacity, head_dim, generator=gen).to(tdt)
@@ -227,7 +232,7 @@ def test_gpu_matches_the_reference(gpu_kernels, shape, new_tokens):
         torch.cuda.synchronize()
         ref = decode_attention_reference(q, k, v, n)
         tol = 2e-2 if dtype == "BF16" else 4e-3
-        assert torch.allclose(out.double().cpu(), ref, atol=tol, rtol=tol), (shape, new_tokens, length)
+        assert torch.allclose(out.double().cpu(), ref, atol=tol, rtol=tol), (shape, schedule, new_tokens, length)
         assert torch.equal(out, again), "not deterministic"
 
 
@@ -238,8 +243,7 @@ def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels):
 
     from mcore.ops import decode_attention_reference
 
-    shape = ("BF16", 32, 4, 256, 128)
-    fn = gpu_kernels[shape]
+    fn = gpu_kernels[("BF16", 32, 4, 256, 128), "per-head"]
     q = torch.randn(1, 32, 1, 128, device="cuda").to(torch.bfloat16)
     k = torch.randn(1, 4, 256, 128, device="cuda").to(torch.bfloat16)
     v = torch.randn(1, 4, 256, 128, device="cuda").to(torch.bfloat16)
