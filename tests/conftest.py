@@ -34,6 +34,9 @@ needs_cute = pytest.mark.skipif(
 # Demo models materialize once per test session into a cache (offline, deterministic).
 os.environ.setdefault("MCORE_CACHE_DIR", str(REPO / ".ci-cache" / "mcore"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The workbench header's device line is probed in the background: off in tests, so screens and
+# snapshots do not depend on when (or on which machine) the probe finishes; one test turns it on.
+os.environ["WORKBENCH_DEVICE_LINE"] = "0"
 
 
 class CliResult:

@@ -289,3 +289,23 @@ def test_profile_steps_are_confined_like_every_action(tmp_path):
     assert REGISTRY["profile"].native_param == "kernel_bindings"
     with pytest.raises(UserError, match="field output"):
         check_step_paths("profile", {"bundle": "n.bundle", "output": "../p.json"}, tmp_path, "s: step 1 (profile)")
+
+
+@pytest.mark.asyncio
+async def test_header_shows_the_device_facts(tmp_path, monkeypatch):
+    """Issue 14: the header (screen bar) names the device and its measured copy rate, probed off the
+    UI thread; the same line `describe_device` gives the Profile view."""
+    from mcore import describe_device, device_facts
+
+    monkeypatch.setenv("WORKBENCH_DEVICE_LINE", "1")
+    app = WorkbenchApp(workdir=str(tmp_path / "wd"))
+    app.state.device = "cpu"
+    async with app.run_test(size=(160, 30)) as pilot:
+        await wait(pilot, lambda: app.device_line != "", timeout=120)
+        bar = text_of(app, "#navbar")
+        assert app.device_line.startswith("cpu · copy ") and app.device_line.endswith(" GB/s")
+        assert app.device_line in bar
+        # the probe's line is mcore's own description of the device (the rate is measured once)
+        import torch
+
+        assert app.device_line == describe_device(device_facts(torch.device("cpu")))

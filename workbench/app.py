@@ -190,6 +190,7 @@ class WorkbenchApp(App):
         self.guide_expanded: Optional[bool] = None  # None: beside the body when the terminal is roomy
         self.history: list[str] = []  # screens visited, for Esc = back
         self.summary_shown = False
+        self.device_line = ""  # the header's device facts, filled in by a background probe
 
     # ------------------------------------------------------------------ setup
     @staticmethod
@@ -227,6 +228,27 @@ class WorkbenchApp(App):
         self.push_screen(self._start_screen or "model")
         if self.startup_error:
             self.report_error(self.startup_error)
+        if os.environ.get("WORKBENCH_DEVICE_LINE", "1") != "0":  # tests turn it off: snapshots stay fixed
+            self.run_worker(self._probe_device, thread=True, group="device-probe")
+
+    def _probe_device(self) -> None:
+        """Device facts for the header (name, SMs, memory, measured copy rate and peak); torch and the
+        copy measurement take a moment, so this runs off the UI thread, once."""
+        from mcore import describe_device, device_facts
+
+        import torch
+
+        dev = self.state.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            line = describe_device(device_facts(torch.device(dev)))
+        except Exception as e:  # noqa: BLE001 - the header is a convenience: say why it is missing
+            line = f"{dev}: device facts unavailable ({type(e).__name__})"
+        self.call_from_thread(self.show_device_line, line)
+
+    def show_device_line(self, line: str) -> None:
+        self.device_line = line
+        if self.current is not None:
+            self.current.refresh_chrome()
 
     def load_guided(self, path: Path, mode: str) -> None:
         from .session import Session

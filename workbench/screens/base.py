@@ -58,12 +58,14 @@ class NavBar(Static):
         super().__init__("", id="navbar")
         self.current = current
 
-    def render_bar(self, mode: str = "") -> None:
+    def render_bar(self, mode: str = "", device: str = "") -> None:
         t = Text(no_wrap=True, overflow="ellipsis")
         for name, label in nav_labels():
             t.append(label, style="reverse bold" if name == self.current else "")
         if mode:
             t.append("  " + mode, style="bold")
+        if device:
+            t.append("  " + device, style="dim")
         self.update(t)
 
     async def on_click(self, event: events.Click) -> None:
@@ -265,7 +267,7 @@ class WorkbenchScreen(Screen):
         mode = ""
         if g is not None:
             mode = f"{g.mode} {min(g.index + 1, len(g.session.steps))}/{len(g.session.steps)}"
-        self.query_one(NavBar).render_bar(mode)
+        self.query_one(NavBar).render_bar(mode, self.wb.device_line)
         self.refresh_status()
         from .guide import GuidePanel
 
