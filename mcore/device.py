@@ -40,6 +40,7 @@ def cuda_runtime_facts(index: int) -> Optional[dict[str, Any]]:
 
         clock_khz = attr(rt.cudaDeviceAttr.cudaDevAttrMemoryClockRate)
         bus_bits = attr(rt.cudaDeviceAttr.cudaDevAttrGlobalMemoryBusWidth)
+        sm_clock_khz = attr(rt.cudaDeviceAttr.cudaDevAttrClockRate)
     except Exception:  # noqa: BLE001 - an older or newer binding without these names
         return None
     name = props.name.decode(errors="replace").rstrip("\x00") if isinstance(props.name, bytes) else str(props.name)
@@ -58,7 +59,24 @@ def cuda_runtime_facts(index: int) -> Optional[dict[str, Any]]:
         facts["memory_clock_khz"] = clock_khz
         facts["memory_bus_bits"] = bus_bits
         facts["theoretical_bytes_per_s"] = theoretical_bandwidth(clock_khz, bus_bits)
+    if sm_clock_khz:
+        facts["sm_clock_khz"] = sm_clock_khz
+        peak = peak_bf16_flops(facts["capability"], facts["sm_count"], sm_clock_khz)
+        if peak:
+            facts["peak_bf16_flops_per_s"] = peak
     return facts
+
+
+# Dense BF16 tensor-core FLOP per clock per SM (fp32 accumulate), by compute capability: the
+# published peaks over SM count and boost clock (H100/H200 SXM 989 TFLOP/s = 132 SMs x 1.83 GHz
+# x 4096; A100 312 TFLOP/s = 108 x 1.41 GHz x 2048). Other chips: unknown, so no math limit.
+_BF16_FLOP_PER_CLOCK_PER_SM = {"9.0": 4096, "8.0": 2048}
+
+
+def peak_bf16_flops(capability: str, sm_count: int, sm_clock_khz: int) -> Optional[float]:
+    """Theoretical dense BF16 tensor-core rate in FLOP/s at the reported SM clock, or None."""
+    per = _BF16_FLOP_PER_CLOCK_PER_SM.get(capability)
+    return float(per * sm_count * sm_clock_khz * 1e3) if per else None
 
 
 def theoretical_bandwidth(memory_clock_khz: int, bus_bits: int) -> float:
@@ -158,4 +176,6 @@ def describe_device(facts: dict[str, Any]) -> str:
     if facts.get("theoretical_bytes_per_s"):
         line += f" of {facts['theoretical_bytes_per_s'] / 1e12:.2f} TB/s peak"
     parts.append(line)
+    if facts.get("peak_bf16_flops_per_s"):
+        parts.append(f"bf16 {facts['peak_bf16_flops_per_s'] / 1e12:.0f} TFLOP/s peak")
     return " · ".join(parts)

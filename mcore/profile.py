@@ -6,9 +6,10 @@ FX interpreter. On CUDA each node runs inside a profiler range and is charged th
 the kernels and copies it launched (CUPTI, through torch.profiler): timing a node with a device
 sync around it would charge every small op its launch and sync latency, tens of times its kernel
 time. On CPU (or where the profiler sees no device activity) each node is timed on the wall clock
-between synchronisations. The time a node would take at the device's limit is its bytes moved (tensor arguments read,
-results written, as the shapes say) over the measured copy bandwidth; a region's headroom (its
-time minus that) is the most a perfect kernel for it could save.
+between synchronisations. The time a node would take at the device's limit is the larger of its bytes
+moved (tensor arguments read, results written, as the shapes say) over the measured copy bandwidth
+and its matrix-product FLOPs over the peak BF16 tensor-core rate (where the device's is known); a
+region's headroom (its time minus that) is the most a perfect kernel for it could save.
 """
 
 from __future__ import annotations
@@ -297,6 +298,7 @@ def _attribute(
     snap = pipe.snapshots[role]
     by_name = {n["name"]: n for n in snap["nodes"]}
     bw = facts["copy_bytes_per_s"]
+    peak = facts.get("peak_bf16_flops_per_s")  # None where the chip's math peak is not known
     fx_nodes = {n.name: n for n in gm.graph.nodes}
     nodes: list[dict[str, Any]] = []
     for name, s in node_s.items():
@@ -317,7 +319,7 @@ def _attribute(
         )
     total = sum(n["seconds"] for n in nodes) or 1e-12
     for n in nodes:
-        _rates(n, total, bw)
+        _rates(n, total, bw, peak)
     modules: dict[str, dict[str, Any]] = defaultdict(lambda: {"seconds": 0.0, "bytes": 0, "flops": 0, "calls": 0})
     for n in nodes:
         parts = n["module_path"].split(".") if n["module_path"] else []
@@ -329,7 +331,7 @@ def _attribute(
             row["calls"] += 1
     module_rows = [dict(path=p, **r) for p, r in modules.items()]
     for r in module_rows:
-        _rates(r, total, bw)
+        _rates(r, total, bw, peak)
     m = pipe.manifest
     head = {
         "schema_version": SCHEMA_VERSION,
@@ -365,7 +367,7 @@ def _attribute(
             "calls": len(members),
         }
         row["output_shape_input"] = r.get("output_shape_input")
-        recipes.append(_rates(row, total, bw))
+        recipes.append(_rates(row, total, bw, peak))
     slots: dict[str, dict[str, Any]] = defaultdict(lambda: {"seconds": 0.0, "bytes": 0, "flops": 0, "calls": 0})
     for n in nodes:
         if n["binding_id"]:
@@ -373,7 +375,7 @@ def _attribute(
             slot["seconds"] += n["seconds"]
             slot["bytes"] += n["bytes"]
             slot["calls"] += 1
-    slot_rows = [_rates(dict(binding_id=b, **r), total, bw) for b, r in slots.items()]
+    slot_rows = [_rates(dict(binding_id=b, **r), total, bw, peak) for b, r in slots.items()]
     return {
         **head,
         "versions": {
@@ -388,23 +390,30 @@ def _attribute(
         "modules": sorted(module_rows, key=lambda r: -r["seconds"]),
         "recipes": sorted(recipes, key=lambda r: -r["seconds"]),
         "slots": slot_rows,
-        "candidates": candidates(snap, nodes, recipes, total, bw, m),
+        "candidates": candidates(snap, nodes, recipes, total, bw, m, peak),
     }
 
 
-def _rates(row: dict[str, Any], total: float, bw: float) -> dict[str, Any]:
+def _rates(row: dict[str, Any], total: float, bw: float, peak_flops: Optional[float] = None) -> dict[str, Any]:
     s = row["seconds"]
     row["share"] = s / total
     row["bytes_per_s"] = row["bytes"] / s if s > 0 else 0.0
     row["flops_per_s"] = row["flops"] / s if s > 0 else 0.0
-    row["limit_seconds"] = row["bytes"] / bw
+    # the roofline: memory time at the copy rate, or math time at the peak, whichever is longer
+    row["limit_seconds"] = max(row["bytes"] / bw, row["flops"] / peak_flops if peak_flops else 0.0)
     row["ratio_to_limit"] = row["limit_seconds"] / s if s > 0 else 0.0
     row["headroom_seconds"] = max(0.0, s - row["limit_seconds"])
     return row
 
 
 def candidates(
-    snap: dict[str, Any], nodes: list[dict], recipes: list[dict], total: float, bw: float, manifest: dict[str, Any]
+    snap: dict[str, Any],
+    nodes: list[dict],
+    recipes: list[dict],
+    total: float,
+    bw: float,
+    manifest: dict[str, Any],
+    peak_flops: Optional[float] = None,
 ) -> list[dict[str, Any]]:
     """Recipe instances and module subtrees whose nodes select_region() accepts, ranked by headroom
     together (a recipe first where they tie: its command is ready to build). One ranking, because on
@@ -459,6 +468,7 @@ def candidates(
             },
             total,
             bw,
+            peak_flops,
         )
         flag = (
             ""
@@ -490,14 +500,21 @@ def top_lines(report: dict[str, Any], top: int) -> list[str]:
         f"{report['step_seconds'] * 1e3:.3f} ms, attributed {report['attributed_seconds'] * 1e3:.3f} ms over "
         f"{len(report['nodes'])} nodes; limit: copy {dev['copy_bytes_per_s'] / 1e9:.1f} GB/s"
         + (f" (peak {dev['theoretical_bytes_per_s'] / 1e9:.0f} GB/s)" if dev.get("theoretical_bytes_per_s") else "")
+        + (
+            f"; math: bf16 {dev['peak_bf16_flops_per_s'] / 1e12:.0f} TFLOP/s peak"
+            if dev.get("peak_bf16_flops_per_s")
+            else ""
+        )
     ]
     if report.get("timing"):
         lines.append(f"timing: {report['timing']}")
-    lines.append("modules (time per step, share, bytes moved, achieved GB/s, share of the limit):")
+    lines.append(
+        "modules (time per step, share, bytes moved, achieved GB/s, achieved GFLOP/s, time at the limit / time):"
+    )
     for r in [r for r in report["modules"] if r["path"] != "<root>"][:top]:
         lines.append(
             f"  {r['path']:<48} {r['seconds'] * 1e3:9.3f} ms {r['share']:6.1%} {r['bytes'] / 1e6:9.2f} MB "
-            f"{r['bytes_per_s'] / 1e9:7.2f} GB/s {r['ratio_to_limit']:6.1%}"
+            f"{r['bytes_per_s'] / 1e9:7.2f} GB/s {r['flops_per_s'] / 1e9:8.1f} GFLOP/s {r['ratio_to_limit']:6.1%}"
         )
     for s in report["slots"]:
         lines.append(f"slot {s['binding_id']}: {s['seconds'] * 1e3:.3f} ms {s['share']:.1%} over {s['calls']} call(s)")

@@ -65,3 +65,13 @@ def test_gpu_runtime_facts_agree_with_torch():
     assert abs(f["memory_bytes"] - p.total_memory) <= 0.02 * p.total_memory
     if f["source"] == "cuda.bindings":  # cuda-python present: the peak is known and above the copy rate
         assert f["theoretical_bytes_per_s"] > f["copy_bytes_per_s"] * 0.9
+
+
+def test_peak_bf16_math_from_sms_and_clock():
+    # H100/H200 SXM: 132 SMs at the 1.83 GHz boost its datasheet uses -> the published 989 TFLOP/s
+    assert D.peak_bf16_flops("9.0", 132, 1_830_000) == pytest.approx(989.4e12, rel=0.001)
+    # A100: 108 SMs at 1.41 GHz -> 312 TFLOP/s
+    assert D.peak_bf16_flops("8.0", 108, 1_410_000) == pytest.approx(312e12, rel=0.005)
+    assert D.peak_bf16_flops("7.5", 40, 1_590_000) is None  # not known: no math limit is claimed
+    f = {"type": "cuda", "name": "NVIDIA H200", "copy_bytes_per_s": 4.06e12, "peak_bf16_flops_per_s": 1.07e15}
+    assert D.describe_device(f).endswith("copy 4.06 TB/s · bf16 1070 TFLOP/s peak")

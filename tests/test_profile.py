@@ -201,3 +201,18 @@ def test_fusion_report_names_the_kernels_a_slot_would_split(mcore, tmp_path, bun
         ]
         assert [(s["kernel"], s["inside"], s["outside"]) for s in c["splits"]] == want
     assert "a slot here splits" in r.out and "fusion (compiled (Inductor)" in r.out
+
+
+def test_the_limit_is_the_roofline_of_bytes_and_math():
+    """A node's time at the limit is the longer of its bytes at the copy rate and its matrix-product
+    FLOPs at the peak math rate; without a known peak only the bytes count."""
+    from mcore.profile import _rates
+
+    bw, peak = 4e12, 1e15
+    gemv = _rates({"seconds": 2e-3, "bytes": 4e9, "flops": 4e9}, 1.0, bw, peak)  # memory-bound
+    assert gemv["limit_seconds"] == pytest.approx(1e-3) and gemv["headroom_seconds"] == pytest.approx(1e-3)
+    gemm = _rates({"seconds": 2e-3, "bytes": 4e6, "flops": 1e12}, 1.0, bw, peak)  # math-bound
+    assert gemm["limit_seconds"] == pytest.approx(1e-3) and gemm["ratio_to_limit"] == pytest.approx(0.5)
+    assert gemm["flops_per_s"] == pytest.approx(5e14)
+    unknown = _rates({"seconds": 2e-3, "bytes": 4e6, "flops": 1e12}, 1.0, bw, None)
+    assert unknown["limit_seconds"] == pytest.approx(1e-6)
