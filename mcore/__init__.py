@@ -13,13 +13,14 @@ The groups:
 
 - errors: UserError (a one-line input error), Cancelled
 - progress: Progress, CancelToken, NO_PROGRESS
-- graph: capture, resolve, tool_versions; load_snapshot, SnapshotIndex; the display helpers
-  abi_lines, module_tree, node_matches, node_row
-- selection: select_region, load_receipt, RegionError; recipes: find_recipe, recipe_rows, select_recipe
-- build: BuildArgs (and its LAYOUTS, PRECISIONS, WEIGHTS), build_bundle; open_bundle
+- graph: capture, resolve, tool_versions; load_snapshot and the typed Snapshot (Node, Tensor,
+  RecipeRow); the display helpers abi_lines, module_tree, node_matches, node_row
+- selection: select_region, load_receipt, RegionError; the typed Receipt and SlotRecord;
+  recipes: find_recipe, recipe_rows, select_recipe
+- build: BuildArgs (and its LAYOUTS, PRECISIONS, WEIGHTS), build_bundle; open_bundle, BundleManifest
 - run: open_pipeline (the class from the bundle's family kind), DecoderPipeline, EncoderPipeline
 - kernels: build_kernel, write_exporter, run_exporter, shipped_exporter, SHIPPED_EXPORTERS;
-  load_bindings_manifest, BINDINGS_SCHEMA_VERSION
+  load_bindings_manifest, BindingsManifest, Binding, BINDINGS_SCHEMA_VERSION
 - verify gates: compare_tokens, compare_embeddings, perf_gate, reference_check, lockstep_logits
 - profile: profile_pipeline, CANDIDATE_BINDING; device facts: device_facts, describe_device
 - files: atomic_write, check_fields, read_json, write_json, stdout_failed
@@ -47,7 +48,10 @@ _EXPORTS: dict[str, str] = {
     "resolve": "graph_capture",
     "tool_versions": "graph_capture",
     "load_snapshot": "graph.snapshot",
-    "SnapshotIndex": "graph.snapshot",
+    "Snapshot": "graph.snapshot",
+    "Node": "graph.snapshot",
+    "Tensor": "graph.snapshot",
+    "RecipeRow": "graph.snapshot",
     # display helpers
     "abi_lines": "graph.display",
     "module_tree": "graph.display",
@@ -56,7 +60,9 @@ _EXPORTS: dict[str, str] = {
     # selection
     "select_region": "selection",
     "load_receipt": "selection",
-    "RegionError": "selection",
+    "RegionError": "errors",
+    "Receipt": "receipt",
+    "SlotRecord": "receipt",
     # recipes
     "find_recipe": "recipes",
     "recipe_rows": "recipes",
@@ -68,6 +74,7 @@ _EXPORTS: dict[str, str] = {
     "WEIGHTS": "buildargs",
     "build_bundle": "build",
     "open_bundle": "bundle",
+    "BundleManifest": "bundle_manifest",
     # pipelines
     "open_pipeline": "api",
     "DecoderPipeline": "pipeline",
@@ -81,6 +88,8 @@ _EXPORTS: dict[str, str] = {
     "shipped_exporter": "exporters",
     "SHIPPED_EXPORTERS": "exporters",
     "load_bindings_manifest": "bindings",
+    "BindingsManifest": "bindings",
+    "Binding": "bindings",
     "BINDINGS_SCHEMA_VERSION": "bindings",
     # verify gates
     "compare_tokens": "verify",
@@ -110,14 +119,22 @@ __all__ = [
     "PRECISIONS",
     "SHIPPED_EXPORTERS",
     "WEIGHTS",
+    "Binding",
+    "BindingsManifest",
     "BuildArgs",
+    "BundleManifest",
     "CancelToken",
     "Cancelled",
     "DecoderPipeline",
     "EncoderPipeline",
+    "Node",
     "Progress",
+    "Receipt",
+    "RecipeRow",
     "RegionError",
-    "SnapshotIndex",
+    "SlotRecord",
+    "Snapshot",
+    "Tensor",
     "UserError",
     "abi_lines",
     "atomic_write",
@@ -172,16 +189,17 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .api import open_pipeline
-    from .bindings import BINDINGS_SCHEMA_VERSION, load_bindings_manifest
+    from .bindings import BINDINGS_SCHEMA_VERSION, Binding, BindingsManifest, load_bindings_manifest
     from .build import build_bundle
     from .buildargs import LAYOUTS, PRECISIONS, WEIGHTS, BuildArgs
     from .bundle import open_bundle
-    from .errors import Cancelled, UserError
+    from .bundle_manifest import BundleManifest
+    from .errors import Cancelled, RegionError, UserError
     from .families.demo import demo_names
     from .fileio import atomic_write, check_fields, read_json, stdout_failed, write_json
     from .graph_capture import capture, resolve, tool_versions
     from .graph.display import abi_lines, module_tree, node_matches, node_row
-    from .graph.snapshot import SnapshotIndex, load_snapshot
+    from .graph.snapshot import Node, RecipeRow, Snapshot, Tensor, load_snapshot
     from .device import describe_device, device_facts
     from .exporters import SHIPPED_EXPORTERS, run_exporter, shipped_exporter
     from .kernels import build_kernel
@@ -189,7 +207,8 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .profile import CANDIDATE_BINDING, profile_pipeline
     from .progress import NO_PROGRESS, CancelToken, Progress
     from .recipes import find_recipe, recipe_rows, select_recipe
-    from .selection import RegionError, load_receipt, select_region
+    from .receipt import Receipt, SlotRecord
+    from .selection import load_receipt, select_region
     from .stubgen import write_exporter
     from .verify import compare_embeddings, compare_tokens, perf_gate
     from .verify_logits import lockstep_logits

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Optional, Union
 
-from .bundle import Bundle, check_runnable, open_bundle
+from .bundle import Bundle, open_bundle
 from .families import bundle_kind
 from .pipeline import DecoderPipeline, EncoderPipeline, Pipeline
 from .progress import NO_PROGRESS, Progress
@@ -31,9 +31,7 @@ def open_pipeline(
         b, path = bundle, str(bundle.path)
     else:
         b, path = open_bundle(bundle), os.fspath(bundle)
-    m = b.manifest
-    check_runnable(m, str(b.path))
-    kind = bundle_kind(m)
+    kind = bundle_kind(b.runnable())
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
     return cls(
         path,

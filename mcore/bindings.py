@@ -22,12 +22,12 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 from .errors import UserError
 from .fileio import check_fields, read_json
-from .patch import slot_groups, slot_label
-from .selection import check_binding_id
+from .patch import SlotKey, slot_groups
+from .receipt import SlotRecord, check_binding_id
 
 BINDINGS_SCHEMA_VERSION = 1
 _HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -51,6 +51,9 @@ class Binding:
     function: str
     manifest_dir: Path
     library_path: Path = field(default=None, compare=False)  # type: ignore[assignment]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "abi_sha256": self.abi_sha256, "library": self.library, "function": self.function}
 
 
 @dataclass(frozen=True)
@@ -95,47 +98,76 @@ def _resolve_library(library: str, manifest_dir: Path, where: str) -> Path:
     return resolved
 
 
-def load_bindings_manifest(path: str | os.PathLike) -> list[Binding]:
+@dataclass(frozen=True)
+class BindingsManifest:
+    """A kernel bindings manifest, checked once (DESIGN.md §5). Iterating yields its bindings."""
+
+    bindings: tuple[Binding, ...]
+    path: Path  # where it was read from; libraries resolve against its folder
+    schema_version: int = BINDINGS_SCHEMA_VERSION
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str | os.PathLike) -> "BindingsManifest":
+        """Check fields, types and IDs; resolve each library inside the manifest's folder (loads no DSO)."""
+        path = Path(path)
+        where = str(path)
+        check_fields(data, where, {"schema_version", "bindings"})
+        sv = data["schema_version"]
+        if isinstance(sv, bool) or sv != BINDINGS_SCHEMA_VERSION:
+            raise UserError(f"{where}: schema_version {sv!r} is not supported; use {BINDINGS_SCHEMA_VERSION}")
+        entries = data["bindings"]
+        if not isinstance(entries, list):
+            raise UserError(f"{where}: field bindings must be a list of binding entries")
+        manifest_dir = path.parent.resolve()
+        out: list[Binding] = []
+        seen: dict[str, int] = {}
+        for i, entry in enumerate(entries):
+            ew = f"{where}: bindings[{i}]"
+            check_fields(entry, ew, {"id", "abi_sha256", "library", "function"})
+            try:
+                bid = check_binding_id(entry["id"])
+            except UserError as e:
+                raise UserError(f"{ew}: field id: {e}") from None
+            if bid in seen:
+                raise UserError(
+                    f"{ew}: binding {bid!r} is listed twice (also bindings[{seen[bid]}]); bind every slot exactly once"
+                )
+            seen[bid] = i
+            abi = entry["abi_sha256"]
+            if not isinstance(abi, str) or not _HEX64_RE.match(abi):
+                raise UserError(
+                    f"{ew}: field abi_sha256 must be 64 lowercase hex digits; copy abi_sha256 from the selection receipt"
+                )
+            lib = entry["library"]
+            if not isinstance(lib, str) or not lib.strip():
+                raise UserError(f"{ew}: field library must be a non-empty relative path such as ./kernel.so")
+            fn = entry["function"]
+            if not isinstance(fn, str) or not _IDENT_RE.match(fn):
+                raise UserError(f"{ew}: field function {fn!r} must be a non-empty identifier such as run")
+            resolved = _resolve_library(lib, manifest_dir, f"{ew} (binding {bid})")
+            out.append(Binding(bid, abi, lib, fn, manifest_dir, resolved))
+        return cls(tuple(out), path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "BindingsManifest":
+        return cls.from_dict(read_json(path, "kernel bindings manifest"), path)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": self.schema_version, "bindings": [b.to_dict() for b in self.bindings]}
+
+    def __iter__(self) -> Iterator[Binding]:
+        return iter(self.bindings)
+
+    def __len__(self) -> int:
+        return len(self.bindings)
+
+    def get(self, binding_id: str) -> Optional[Binding]:
+        return next((b for b in self.bindings if b.id == binding_id), None)
+
+
+def load_bindings_manifest(path: str | os.PathLike) -> BindingsManifest:
     """Read and validate a kernel bindings manifest (does not load any DSO)."""
-    path = Path(path)
-    data = read_json(path, "kernel bindings manifest")
-    where = str(path)
-    check_fields(data, where, {"schema_version", "bindings"})
-    sv = data["schema_version"]
-    if isinstance(sv, bool) or sv != BINDINGS_SCHEMA_VERSION:
-        raise UserError(f"{where}: schema_version {sv!r} is not supported; use {BINDINGS_SCHEMA_VERSION}")
-    entries = data["bindings"]
-    if not isinstance(entries, list):
-        raise UserError(f"{where}: field bindings must be a list of binding entries")
-    manifest_dir = path.parent.resolve()
-    out: list[Binding] = []
-    seen: dict[str, int] = {}
-    for i, entry in enumerate(entries):
-        ew = f"{where}: bindings[{i}]"
-        check_fields(entry, ew, {"id", "abi_sha256", "library", "function"})
-        try:
-            bid = check_binding_id(entry["id"])
-        except UserError as e:
-            raise UserError(f"{ew}: field id: {e}") from None
-        if bid in seen:
-            raise UserError(
-                f"{ew}: binding {bid!r} is listed twice (also bindings[{seen[bid]}]); bind every slot exactly once"
-            )
-        seen[bid] = i
-        abi = entry["abi_sha256"]
-        if not isinstance(abi, str) or not _HEX64_RE.match(abi):
-            raise UserError(
-                f"{ew}: field abi_sha256 must be 64 lowercase hex digits; copy abi_sha256 from the selection receipt"
-            )
-        lib = entry["library"]
-        if not isinstance(lib, str) or not lib.strip():
-            raise UserError(f"{ew}: field library must be a non-empty relative path such as ./kernel.so")
-        fn = entry["function"]
-        if not isinstance(fn, str) or not _IDENT_RE.match(fn):
-            raise UserError(f"{ew}: field function {fn!r} must be a non-empty identifier such as run")
-        resolved = _resolve_library(lib, manifest_dir, f"{ew} (binding {bid})")
-        out.append(Binding(bid, abi, lib, fn, manifest_dir, resolved))
-    return out
+    return BindingsManifest.load(path)
 
 
 # ---------------------------------------------------------------- binding
@@ -183,37 +215,60 @@ def _load_function(library: Path, function: str, binding_id: str) -> tuple[Any, 
     return module, func
 
 
-def _slots_named(group: list[dict]) -> str:
+def _slots_named(group: Sequence[SlotKey]) -> str:
     if len(group) == 1:
-        return slot_label(group[0])
-    return f"{group[0]['binding_id']} ({len(group)} slots: {', '.join(slot_label(s) for s in group)})"
+        return group[0].label
+    return f"{group[0].binding_id} ({len(group)} slots: {', '.join(s.label for s in group)})"
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """What binding reads of a slot given as a plain dict (scripts, tests)."""
+
+    binding_id: str
+    abi_sha256: str
+    engine_role: str
+    label: str
+
+
+def _slot_key(slot: Union[SlotRecord, Mapping[str, Any]], i: int) -> SlotKey:
+    if isinstance(slot, SlotRecord):
+        return slot
+    if not isinstance(slot, Mapping) or not all(
+        isinstance(slot.get(k), str) for k in ("binding_id", "abi_sha256", "engine_role")
+    ):
+        raise UserError(
+            f"bundle kernel_slots[{i}] is malformed (needs binding_id, abi_sha256, engine_role); "
+            f"rebuild the bundle with `mcore build`"
+        )
+    rec = slot.get("recipe")
+    inst = rec.get("instance") if isinstance(rec, Mapping) else None
+    bid = slot["binding_id"]
+    return _Slot(bid, slot["abi_sha256"], slot["engine_role"], f"{bid} [{inst}]" if inst else bid)
 
 
 def bind_slots(
-    manifest_path: Optional[str | os.PathLike], slots: list[dict], announce: Callable[[str], None] = print_to_stderr
+    manifest_path: Optional[str | os.PathLike],
+    slots: Sequence[Union[SlotRecord, Mapping[str, Any]]],
+    announce: Callable[[str], None] = print_to_stderr,
 ) -> dict[str, BoundKernel]:
     """Bind every slot of a bundle exactly once; return {binding_id: BoundKernel}.
 
-    `slots` are the bundle's `kernel_slots` (each with at least binding_id, abi_sha256,
-    engine_role). Everything is checked before any DSO is loaded; then each named library is
-    announced once per process through `announce` and loaded. Fails closed naming the slot.
+    `slots` are the bundle's kernel slots (SlotRecords; a plain dict needs at least binding_id,
+    abi_sha256, engine_role). Everything is checked before any DSO is loaded; then each named
+    library is announced once per process through `announce` and loaded. Fails closed naming the slot.
     """
-    for i, slot in enumerate(slots):
-        if not isinstance(slot, dict) or not {"binding_id", "abi_sha256", "engine_role"} <= slot.keys():
-            raise UserError(
-                f"bundle kernel_slots[{i}] is malformed (needs binding_id, abi_sha256, engine_role); "
-                f"rebuild the bundle with `mcore build`"
-            )
+    keys = [_slot_key(s, i) for i, s in enumerate(slots)]
     # One entry binds every slot sharing its binding ID and ABI hash (e.g. all layers' attention).
-    groups = slot_groups(slots)
+    groups = slot_groups(keys)
     by_id = {bid: group[0] for bid, group in groups.items()}
 
     if manifest_path is None:
         if by_id:
             sid, slot = next(iter(by_id.items()))
             raise UserError(
-                f"slot {_slots_named(groups[sid])} (engine role {slot['engine_role']}) is not bound; pass "
-                f"--kernel-bindings with an entry for it (id {sid}, abi_sha256 {slot['abi_sha256']})"
+                f"slot {_slots_named(groups[sid])} (engine role {slot.engine_role}) is not bound; pass "
+                f"--kernel-bindings with an entry for it (id {sid}, abi_sha256 {slot.abi_sha256})"
             )
         return {}
 
@@ -230,13 +285,13 @@ def bind_slots(
         entry = entries.get(sid)
         if entry is None:
             raise UserError(
-                f"slot {_slots_named(groups[sid])} (engine role {slot['engine_role']}) is not bound; pass "
-                f"--kernel-bindings with an entry for it (id {sid}, abi_sha256 {slot['abi_sha256']})"
+                f"slot {_slots_named(groups[sid])} (engine role {slot.engine_role}) is not bound; pass "
+                f"--kernel-bindings with an entry for it (id {sid}, abi_sha256 {slot.abi_sha256})"
             )
-        if entry.abi_sha256 != slot["abi_sha256"]:
+        if entry.abi_sha256 != slot.abi_sha256:
             raise UserError(
                 f"slot {_slots_named(groups[sid])}: ABI hash mismatch: manifest has {entry.abi_sha256} but the bundle slot "
-                f"expects {slot['abi_sha256']}; use the abi_sha256 from the selection receipt"
+                f"expects {slot.abi_sha256}; use the abi_sha256 from the selection receipt"
             )
         if not entry.library_path.is_file():
             raise UserError(

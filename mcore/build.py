@@ -12,23 +12,24 @@ from typing import Any, Optional
 import torch
 
 from .buildargs import BuildArgs
-from .bundle import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION, write_bundle
+from .bundle import write_bundle
+from .bundle_manifest import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION, BundleManifest
 from .errors import UserError
 from .fileio import check_output_path, read_json, write_json
 from .graph_capture import Captured, capture, resolve, tool_versions
-from .patch import check_receipt_against, slot_record
+from .patch import check_receipt_against
 from .progress import NO_PROGRESS, Progress
 from .recipes import select_recipe_instances
-from .selection import check_receipt
+from .receipt import Receipt
 
 
 @dataclass
 class BuildResult:
     bundle_path: Path
     receipt_path: Optional[Path]  # the first receipt written (the only one for one slot)
-    receipt: Optional[dict[str, Any]]  # the first slot's receipt
-    manifest: dict[str, Any]
-    receipts: list[dict[str, Any]] = field(default_factory=list)  # one per slot, in slot order
+    receipt: Optional[Receipt]  # the first slot's receipt
+    manifest: BundleManifest
+    receipts: list[Receipt] = field(default_factory=list)  # one per slot, in slot order
     receipt_paths: list[Path] = field(default_factory=list)  # written beside the bundle (recipe builds)
 
 
@@ -76,12 +77,12 @@ def build_bundle(
         raise UserError("--recipe needs RECIPE_ID and at least one INSTANCE (or all-instances)")
     output = check_output_path(output)
     source, family, gargs = resolve(args)
-    receipt_file: Optional[dict[str, Any]] = None
+    receipt_file: Optional[Receipt] = None
     if graph_patch:  # read and check the file before the (slower) captures
-        receipt_file = check_receipt(read_json(graph_patch, "selection receipt"), str(graph_patch))
-        if receipt_file["engine_role"] not in family.roles:
+        receipt_file = Receipt.from_dict(read_json(graph_patch, "selection receipt"), str(graph_patch))
+        if receipt_file.engine_role not in family.roles:
             raise UserError(
-                f"{graph_patch}: engine role {receipt_file['engine_role']!r} does not exist for family "
+                f"{graph_patch}: engine role {receipt_file.engine_role!r} does not exist for family "
                 f"{family.name} (roles: {', '.join(family.roles)}); select on a snapshot of this model"
             )
     caps: dict[str, Captured] = {}
@@ -92,13 +93,13 @@ def build_bundle(
 
         sub = Progress(report, progress.token)
         caps[role] = capture(args, role, sub, resolved=(source, family, gargs))
-    receipts: list[dict[str, Any]] = []
+    receipts: list[Receipt] = []
     if recipe:
         rid, *instances = recipe
         role = _recipe_role(caps, rid)
         receipts = select_recipe_instances(caps[role].snapshot, rid, instances)
     elif receipt_file is not None:
-        receipts = [check_receipt_against(receipt_file, caps[receipt_file["engine_role"]].snapshot, str(graph_patch))]
+        receipts = [check_receipt_against(receipt_file, caps[receipt_file.engine_role].snapshot, str(graph_patch))]
     progress.report("loading weights", 0.6)
     members: dict[str, Any] = {"config.json": json.dumps(source.config, indent=2, sort_keys=True).encode()}
     from .families.source import special_tokens
@@ -122,7 +123,7 @@ def build_bundle(
         members["weights.safetensors"] = blob
         weights = {"kind": "checkpoint", "member": "weights.safetensors", "aliases": aliases}
     progress.check()
-    manifest = {
+    manifest_json = {
         "schema_version": BUNDLE_SCHEMA_VERSION,
         "kind": BUNDLE_KIND,
         "engine": "torch",
@@ -133,23 +134,24 @@ def build_bundle(
         "graph_args": gargs,
         "device": device,
         "roles": {
-            r: {"fingerprint": c.snapshot["fingerprint"], "inputs": list(c.io.inputs), "outputs": list(c.io.outputs)}
+            r: {"fingerprint": c.snapshot.fingerprint, "inputs": list(c.io.inputs), "outputs": list(c.io.outputs)}
             for r, c in caps.items()
         },
-        "kernel_slots": [slot_record(r) for r in receipts],
+        "kernel_slots": [r.slot().to_dict() for r in receipts],
         "weights": weights,
         "special_tokens": special_tokens(source),
         "sentence_embedding": embedding_default,
         "tool_versions": tool_versions(),
         "built_on": {"python": platform.python_version(), "machine": platform.machine()},
     }
+    manifest = BundleManifest.from_dict(manifest_json, str(output))  # never write what could not run
     progress.report("writing bundle", 0.8)
-    path = write_bundle(output, manifest, members, progress=progress)
+    path = write_bundle(output, manifest.to_dict(), members, progress=progress)
     receipt_paths: list[Path] = []
     if recipe:
         for r in receipts:
-            p = receipt_path_for(output, r["recipe"]["instance"] if len(receipts) > 1 else None)
-            write_json(p, r)
+            p = receipt_path_for(output, r.instance if len(receipts) > 1 else None)
+            write_json(p, r.to_dict())
             receipt_paths.append(p)
     progress.report("bundle written", 1.0)
     return BuildResult(
@@ -164,9 +166,9 @@ def build_bundle(
 
 def _recipe_role(caps: dict[str, Captured], recipe_id: str) -> str:
     for role, cap in caps.items():
-        if any(r["id"] == recipe_id for r in cap.snapshot.get("recipes", [])):
+        if any(r.id == recipe_id for r in cap.snapshot.recipe_rows):
             return role
-    known = sorted({r["id"] for c in caps.values() for r in c.snapshot.get("recipes", [])})
+    known = sorted({r.id for c in caps.values() for r in c.snapshot.recipe_rows})
     raise UserError(
         f"recipe {recipe_id!r} is not published for this model (recipes: {', '.join(known) or 'none'}); "
         "list them with `mcore graph recipes SNAPSHOT`"

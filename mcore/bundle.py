@@ -43,12 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Mapping, Optional, Union
 
+from .bundle_manifest import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION, BundleManifest
 from .errors import UserError
 from .fileio import atomic_write, canonical_json
 from .progress import Progress
 
-BUNDLE_KIND = "mcore.bundle"
-BUNDLE_SCHEMA_VERSION = 1
 INTEGRITY_KIND = "mcore.bundle.integrity"
 INTEGRITY_SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -161,43 +160,6 @@ def _check_manifest_shape(manifest: Any, where: str) -> None:
                 f"{sw} (binding {slot['binding_id']}): engine role {slot['engine_role']!r} does not "
                 f"exist in this bundle (roles: {', '.join(roles) or 'none'}){rebuild}"
             )
-
-
-def check_runnable(manifest: dict, where: str) -> None:
-    """The fields that running or describing a bundle reads (beyond the container's), present and
-    typed: a bundle lacking one fails here with its name, never as a KeyError later."""
-    rebuild = "; rebuild it with `mcore build`"
-    for name in ("engine", "family", "family_kind", "model", "build_args", "graph_args", "roles", "weights"):
-        if name not in manifest:
-            raise UserError(f"{where}: bundle manifest lacks field {name}{rebuild}")
-    _check_manifest_shape(manifest, where)
-    model, weights = manifest["model"], manifest["weights"]
-    if (
-        not isinstance(model.get("spec"), str)
-        or "revision" not in model
-        or not isinstance(model["revision"], (str, type(None)))
-    ):
-        raise UserError(f"{where}: bundle manifest field model needs spec (a string) and revision{rebuild}")
-    kind = weights.get("kind")
-    if not (
-        kind == "random" and isinstance(weights.get("seed"), int) and not isinstance(weights["seed"], bool)
-    ) and not (kind == "checkpoint" and isinstance(weights.get("member"), str)):
-        raise UserError(
-            f"{where}: bundle manifest field weights.kind must be random (with an integer seed) or "
-            f"checkpoint (with its member){rebuild}"
-        )
-    from .selection import check_slot_types
-
-    for i, slot in enumerate(manifest["kernel_slots"]):
-        check_slot_types(slot, f"{where}: bundle manifest kernel_slots[{i}]")
-    for role, r in manifest["roles"].items():
-        if (
-            not isinstance(r.get("fingerprint"), str)
-            or not isinstance(r.get("inputs"), list)
-            or not isinstance(r.get("outputs"), list)
-            or not all(isinstance(o, str) for o in r["outputs"])
-        ):
-            raise UserError(f"{where}: bundle manifest roles.{role} needs fingerprint, inputs and outputs{rebuild}")
 
 
 # The manifest fields a reader relies on, type-checked when present (the container itself needs
@@ -361,6 +323,13 @@ class Bundle:
         self.manifest = manifest
         self._entries = {e.name: e for e in entries}
         self._order = [e.name for e in entries]
+        self._runnable: Optional[BundleManifest] = None
+
+    def runnable(self) -> BundleManifest:
+        """The manifest checked for running or describing the bundle (parsed once, then kept)."""
+        if self._runnable is None:
+            self._runnable = BundleManifest.from_dict(self.manifest, str(self.path))
+        return self._runnable
 
     def names(self) -> list[str]:
         """Member names in file order (without manifest.json and integrity.json)."""

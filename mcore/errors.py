@@ -22,5 +22,14 @@ class UserError(Exception):
         super().__init__(printable(message.replace("\n", " ")).strip())
 
 
+class RegionError(UserError):
+    """A region rule (DESIGN.md §4) failed; `rule` names it and `subject` the node or tensor at fault."""
+
+    def __init__(self, rule: str, subject: str | None, message: str):
+        self.rule = rule
+        self.subject = subject
+        super().__init__(message)
+
+
 class Cancelled(Exception):
     """Long work was cancelled through a CancelToken."""

@@ -17,7 +17,8 @@ from .families.base import Family, ModelSource, RoleIO
 from .families.source import resolve_model
 from .progress import NO_PROGRESS, Progress
 from .recipes import annotate_recipes
-from .graph.snapshot import snapshot_from_exported
+from .graph.from_export import snapshot_from_exported
+from .graph.snapshot import Snapshot
 
 
 def tool_versions() -> dict[str, str]:
@@ -34,7 +35,7 @@ class Captured:
     role: str
     io: RoleIO
     exported: torch.export.ExportedProgram
-    snapshot: dict[str, Any]
+    snapshot: Snapshot
 
 
 def check_role(family: Family, role: str) -> None:
@@ -99,7 +100,7 @@ def captured_from(
     io = family.role_io(source.config, gargs, role)
     snap = snapshot_from_exported(ep, graph_metadata(source, family, gargs, role), list(io.inputs), list(io.outputs))
     annotate_recipes(snap, [r for r in family.recipes(source.config, gargs) if r.engine_role == role])
-    return Captured(source, family, gargs, role, io, ep, snap)
+    return Captured(source, family, gargs, role, io, ep, Snapshot.from_dict(snap, f"captured {role} graph"))
 
 
 def capture_cached(
@@ -118,12 +119,12 @@ def capture_cached(
     if path.is_file():
         try:
             cap = captured_from(torch.export.load(str(path)), source, family, gargs, role)
-            if cap.snapshot["fingerprint"] == fingerprint:
+            if cap.snapshot.fingerprint == fingerprint:
                 return cap
         except Exception:  # unreadable or from another layout: capture again and replace it
             pass
     cap = capture(args, role, resolved=resolved)
-    if cap.snapshot["fingerprint"] == fingerprint:
+    if cap.snapshot.fingerprint == fingerprint:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, lambda f: torch.export.save(cap.exported, f), binary=True)

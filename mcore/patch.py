@@ -1,4 +1,5 @@
-"""Build-time receipt checks: a receipt applies only to the graph it was made from.
+"""Build-time receipt checks: a receipt applies only to the graph it was made from; and the
+grouping of a bundle's slots by binding.
 
 Turning a receipt's region into a slot happens behind the engine boundary
 (mcore/engines/slots.py), where a TensorRT engine would make the same slot a plugin.
@@ -6,80 +7,70 @@ Turning a receipt's region into a slot happens behind the engine boundary
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol, Sequence, TypeVar
 
 from .errors import UserError
-from .selection import check_receipt, select_region
+from .graph.snapshot import Snapshot
+from .receipt import Receipt
+from .selection import select_region
 
 
-def check_receipt_against(receipt: dict[str, Any], snapshot: dict[str, Any], where: str) -> dict[str, Any]:
+def check_receipt_against(receipt: Receipt, snapshot: Snapshot, where: str) -> Receipt:
     """A receipt applies only to the graph it was made from: same role, fingerprint, boundary, ABI.
 
-    Re-validates the node set on the live snapshot with the same select_region()."""
-    check_receipt(receipt, where)
-    role = snapshot["metadata"]["engine_role"]
-    if receipt["engine_role"] != role:
-        raise UserError(f"{where}: receipt is for engine role {receipt['engine_role']!r}, not {role!r}")
-    if receipt["graph_fingerprint"] != snapshot["fingerprint"]:
+    Re-validates the node set on the live snapshot with the same select_region(). `receipt` was
+    checked when it was loaded (Receipt.from_dict)."""
+    role = snapshot.engine_role
+    if receipt.engine_role != role:
+        raise UserError(f"{where}: receipt is for engine role {receipt.engine_role!r}, not {role!r}")
+    if receipt.graph_fingerprint != snapshot.fingerprint:
         raise UserError(
-            f"{where}: graph fingerprint {receipt['graph_fingerprint'][:12]}… does not match the graph these build args "
-            f"produce ({snapshot['fingerprint'][:12]}…); recapture with `mcore graph inspect` using the same BUILD_ARGS "
+            f"{where}: graph fingerprint {receipt.graph_fingerprint[:12]}… does not match the graph these build args "
+            f"produce ({snapshot.fingerprint[:12]}…); recapture with `mcore graph inspect` using the same BUILD_ARGS "
             "and select again"
         )
+    recipe = receipt.recipe
     live = select_region(
         snapshot,
-        receipt["node_ids"],
-        receipt["binding_id"],
-        receipt["workspace_bytes"],
-        receipt["extra_args"],
-        receipt["output_shape_input"],
-        receipt.get("recipe"),
+        receipt.node_ids,
+        receipt.binding_id,
+        receipt.workspace_bytes,
+        receipt.extra_args,
+        receipt.output_shape_input,
+        {"id": recipe.id, "instance": recipe.instance} if recipe else None,
     )
     for field in ("input_tensor_ids", "output_tensor_ids", "abi_sha256"):
-        if live[field] != receipt[field]:
+        if getattr(live, field) != getattr(receipt, field):
             raise UserError(f"{where}: {field} differs from the live graph; recapture and select again")
     return live
 
 
-def slot_record(receipt: dict[str, Any]) -> dict[str, Any]:
-    """What a bundle records per kernel slot."""
-    keys = (
-        "binding_id",
-        "abi_sha256",
-        "engine_role",
-        "graph_fingerprint",
-        "node_ids",
-        "input_tensor_ids",
-        "output_tensor_ids",
-        "output_shape_input",
-        "workspace_bytes",
-        "extra_args",
-        "abi",
-        "recipe",
-    )
-    return {k: receipt[k] for k in keys}
+class SlotKey(Protocol):
+    """What grouping and binding read of a slot (a SlotRecord has it)."""
+
+    @property
+    def binding_id(self) -> str: ...
+    @property
+    def abi_sha256(self) -> str: ...
+    @property
+    def engine_role(self) -> str: ...
+    @property
+    def label(self) -> str: ...
 
 
-def slot_label(slot: dict[str, Any]) -> str:
-    """A slot's name in messages: its recipe instance when it has one, else its binding ID."""
-    rec = slot.get("recipe")
-    return (
-        f"{slot['binding_id']} [{rec['instance']}]"
-        if isinstance(rec, dict) and rec.get("instance")
-        else slot["binding_id"]
-    )
+S = TypeVar("S", bound=SlotKey)
 
 
-def slot_groups(slots: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def slot_groups(slots: Sequence[S]) -> dict[str, list[S]]:
     """binding ID -> its slots, in bundle order: one manifest entry binds every slot of a group
     (DESIGN.md §5). Slots that share a binding ID must share the ABI hash."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[S]] = {}
     for slot in slots:
-        group = groups.setdefault(slot["binding_id"], [])
-        if group and group[0]["abi_sha256"] != slot["abi_sha256"]:
+        group = groups.setdefault(slot.binding_id, [])
+        if group and group[0].abi_sha256 != slot.abi_sha256:
             raise UserError(
-                f"bundle slots {slot_label(group[0])} and {slot_label(slot)} share binding ID "
-                f"{slot['binding_id']} but not the ABI hash; one entry cannot bind both, rebuild the bundle"
+                f"bundle slots {group[0].label} and {slot.label} share binding ID "
+                f"{slot.binding_id} but not the ABI hash; one entry cannot bind both, rebuild the bundle"
             )
         group.append(slot)
     return groups

@@ -14,14 +14,15 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .buildargs import BuildArgs
-from .bundle import check_runnable, open_bundle
+from .bundle import open_bundle
 from .bindings import bind_slots
 from .engines import get_engine, resolve_engine_name
 from .errors import UserError
 from .families import bundle_kind, get_family
 from .families.base import ModelSource
 from .graph_capture import capture_cached
-from .graph.snapshot import TORCH_DTYPES
+from .graph.from_export import TORCH_DTYPES
+from .graph.snapshot import Snapshot, Tensor
 from .engines.slots import SlotCall
 from .progress import NO_PROGRESS, Progress
 
@@ -111,31 +112,30 @@ class Pipeline:
     ):
         progress.report("checking bundle integrity", 0.0)
         self.bundle = bundle if bundle is not None else open_bundle(bundle_path)
-        m = self.bundle.manifest
+        m = self.bundle.runnable()
         self.manifest = m
-        check_runnable(m, str(self.bundle.path))
         # the wrong verb is an input error: say so before any DSO is bound or weights load
         kind = bundle_kind(m)
         if self.KIND is not None and kind != self.KIND:
             article, verb = ("an", "mcore embed") if kind == "encoder" else ("a", "mcore run")
-            raise UserError(f"{self.bundle.path}: a {m.get('family')} bundle is {article} {kind}; use `{verb}`")
-        self.device = resolve_device(device or m.get("device"))
+            raise UserError(f"{self.bundle.path}: a {m.family} bundle is {article} {kind}; use `{verb}`")
+        self.device = resolve_device(device or m.device)
         self.engine_name = resolve_engine_name(engine, self.device)
         progress.report("binding kernel slots", 0.05)
         bind_kw = {"announce": announce} if announce else {}
-        self.kernels = bind_slots(kernel_bindings, m["kernel_slots"], **bind_kw)
-        self.family = get_family(m["family"])
+        self.kernels = bind_slots(kernel_bindings, m.kernel_slots, **bind_kw)
+        self.family = get_family(m.family)
         self.config = json.loads(self.bundle.read("config.json"))
-        self.gargs = m["graph_args"]
-        args = BuildArgs.from_dict(m["build_args"])
+        self.gargs = m.graph_args
+        args = BuildArgs.from_dict(m.build_args)
         source = ModelSource(
-            spec=m["model"]["spec"], family=m["family"], config=self.config, path=None, revision=m["model"]["revision"]
+            spec=m.model.spec, family=m.family, config=self.config, path=None, revision=m.model.revision
         )
         self.tokenizer = bundle_tokenizer(self.bundle, self.config, bundle_path)
-        self.special = m.get("special_tokens", {})
+        self.special = m.special_tokens or {}
         progress.report("loading weights", 0.15)
         dtype_core = self.family.build_core(self.config, self.gargs, self.device)
-        w = m["weights"]
+        w = m.weights
         if w["kind"] == "random":
             self.family.random_init(dtype_core, w["seed"])
         else:
@@ -145,28 +145,27 @@ class Pipeline:
         self.core = dtype_core.eval()
         engine_ = get_engine(self.engine_name, self.device)
         self.runners: dict[str, Any] = {}
-        self.snapshots: dict[str, dict] = {}
+        self.snapshots: dict[str, Snapshot] = {}
         self.slot_calls: list[SlotCall] = []
-        roles = list(m["roles"])
+        roles = list(m.roles)
         for i, role in enumerate(roles):
             progress.report(f"capturing {role} graph", 0.3 + 0.3 * i / len(roles))
-            expected = m["roles"][role]["fingerprint"]
+            expected = m.roles[role].fingerprint
             cap = capture_cached(args, role, expected, (source, self.family, self.gargs))
-            if cap.snapshot["fingerprint"] != expected:
+            if cap.snapshot.fingerprint != expected:
                 raise UserError(
-                    f"{bundle_path}: the {role} graph this mcore captures ({cap.snapshot['fingerprint'][:12]}…) "
+                    f"{bundle_path}: the {role} graph this mcore captures ({cap.snapshot.fingerprint[:12]}…) "
                     f"differs from the bundle's ({expected[:12]}…); rebuild the bundle with this mcore"
                 )
             module = self.family.role_module(self.core, role)
             state: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
             state.update(dict(module.named_buffers(remove_duplicate=False)))
             slots = []
-            for slot in m["kernel_slots"]:
-                if slot["engine_role"] == role:
-                    call = SlotCall(slot)
-                    call.bind(self.kernels[slot["binding_id"]].function, self.device)
-                    self.slot_calls.append(call)
-                    slots.append((slot, call))
+            for slot in m.slots_of(role):
+                call = SlotCall(slot)
+                call.bind(self.kernels[slot.binding_id].function, self.device)
+                self.slot_calls.append(call)
+                slots.append((slot, call))
             self.runners[role] = engine_.compile_role(cap, state, slots, self.device)
             self.snapshots[role] = cap.snapshot
         self.kind = self.family.kind
@@ -186,10 +185,9 @@ class Pipeline:
         return [f"[engine] {self.engine_name}: {r.describe()}" for r in self.runners.values()]
 
     # ------------------------------------------------------------ shared
-    def state_inputs(self, role: str) -> list[tuple[str, dict]]:
+    def state_inputs(self, role: str) -> list[tuple[str, Tensor]]:
         snap = self.snapshots[role]
-        tensors = {t["id"]: t for t in snap["tensors"]}
-        return [(tensors[t]["name"], tensors[t]) for t in snap["inputs"]]
+        return [(snap.tensor(t).name or t, snap.tensor(t)) for t in snap.inputs]
 
     def encode(self, prompt: str, chat: Optional[bool] = None) -> list[int]:
         """Token IDs as transformers' tokenizer gives them (with `chat`, default `self.chat`: the
@@ -250,9 +248,9 @@ class DecoderPipeline(Pipeline):
         for name, t in self.state_inputs("decode"):
             if name in ("input_ids", "cache_length"):
                 continue
-            if -1 in t["shape"]:
+            if -1 in t.shape:
                 raise RuntimeError(f"state input {name} has a dynamic shape")
-            self.caches[name] = torch.zeros(t["shape"], dtype=TORCH_DTYPES[t["dtype"]], device=self.device)
+            self.caches[name] = torch.zeros(t.shape, dtype=TORCH_DTYPES[t.dtype], device=self.device)
         self.cache_names = [n for n, _ in self.state_inputs("decode") if n in self.caches]
         self.capacity = int(self.gargs["max_cache_length"])
         self.cache_length = torch.zeros(1, dtype=torch.int32, device=self.device)
@@ -393,7 +391,7 @@ class EncoderPipeline(Pipeline):
         """(pooling, normalize, why): explicit choices win, else the checkpoint's declared default."""
         from .pooling import choose
 
-        return choose(pooling, normalize, self.manifest.get("sentence_embedding"))
+        return choose(pooling, normalize, self.manifest.sentence_embedding)
 
     def embed(self, prompt: str, pooling: Optional[str] = None, normalize: Optional[bool] = None) -> list[float]:
         from .pooling import pool

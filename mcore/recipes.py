@@ -7,12 +7,12 @@ those values up and calls the same select_region() as a manual selection.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, Union
 
 from .errors import UserError
 from .families.base import RecipeSpec
-from .graph.snapshot import fingerprint
-from .selection import select_region
+from .graph.snapshot import RecipeRow, Snapshot, fingerprint
+from .selection import Receipt, select_region
 
 
 def _nodes_under(snapshot: dict[str, Any], path: str) -> list[str]:
@@ -20,7 +20,8 @@ def _nodes_under(snapshot: dict[str, Any], path: str) -> list[str]:
 
 
 def annotate_recipes(snapshot: dict[str, Any], specs: Sequence[RecipeSpec]) -> None:
-    """Record every recipe instance of this role with its exact node IDs (refingerprints)."""
+    """Record every recipe instance of this role with its exact node IDs (refingerprints). Runs on
+    the capture's JSON, before it becomes a Snapshot."""
     rows = []
     for spec in specs:
         for instance, path in spec.instances:
@@ -46,15 +47,20 @@ def annotate_recipes(snapshot: dict[str, Any], specs: Sequence[RecipeSpec]) -> N
     snapshot["fingerprint"] = fingerprint(snapshot)
 
 
-def recipe_rows(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(snapshot.get("recipes", []))
+# The functions below take a Snapshot, or its JSON (hand-made graphs, scripts), checked first.
+SnapshotLike = Union[Snapshot, Mapping[str, Any]]
 
 
-def find_recipe(snapshot: dict[str, Any], recipe_id: str, instance: str) -> dict[str, Any]:
+def recipe_rows(snapshot: SnapshotLike) -> list[RecipeRow]:
+    return list(Snapshot.of(snapshot).recipe_rows)
+
+
+def find_recipe(snapshot: SnapshotLike, recipe_id: str, instance: str) -> RecipeRow:
     """The one row for (recipe, instance); never guesses the first or every match."""
+    snapshot = Snapshot.of(snapshot)
     rows = recipe_rows(snapshot)
-    role = snapshot["metadata"]["engine_role"]
-    ids = sorted({r["id"] for r in rows})
+    role = snapshot.engine_role
+    ids = sorted({r.id for r in rows})
     if recipe_id not in ids:
         known = ", ".join(ids) or "none"
         raise UserError(
@@ -62,9 +68,9 @@ def find_recipe(snapshot: dict[str, Any], recipe_id: str, instance: str) -> dict
             "list them with `mcore graph recipes SNAPSHOT`"
         )
     for r in rows:
-        if r["id"] == recipe_id and r["instance"] == instance:
+        if r.id == recipe_id and r.instance == instance:
             return r
-    examples = [r["instance"] for r in rows if r["id"] == recipe_id][:3]
+    examples = [r.instance for r in rows if r.id == recipe_id][:3]
     raise UserError(
         f"recipe {recipe_id} has no instance {instance!r} (e.g. {', '.join(examples)}); "
         "name one exact instance from `mcore graph recipes`"
@@ -76,7 +82,7 @@ def find_recipe(snapshot: dict[str, Any], recipe_id: str, instance: str) -> dict
 ALL_INSTANCES = "all-instances"
 
 
-def expand_instances(snapshot: dict[str, Any], recipe_id: str, instances: Sequence[str]) -> list[str]:
+def expand_instances(snapshot: SnapshotLike, recipe_id: str, instances: Sequence[str]) -> list[str]:
     """The instances a build names, in the order given; `all-instances` alone means every instance of
     the recipe in graph order. Never a silent default: at least one instance must be named."""
     if not instances:
@@ -84,7 +90,7 @@ def expand_instances(snapshot: dict[str, Any], recipe_id: str, instances: Sequen
     if ALL_INSTANCES in instances:
         if len(instances) > 1:
             raise UserError(f"recipe {recipe_id}: {ALL_INSTANCES} already names every instance; give it alone")
-        every = [r["instance"] for r in recipe_rows(snapshot) if r["id"] == recipe_id]
+        every = [r.instance for r in recipe_rows(snapshot) if r.id == recipe_id]
         if not every:
             find_recipe(snapshot, recipe_id, ALL_INSTANCES)  # raises: the recipe is not published here
         return every
@@ -96,32 +102,32 @@ def expand_instances(snapshot: dict[str, Any], recipe_id: str, instances: Sequen
     return list(instances)
 
 
-def select_recipe(
-    snapshot: dict[str, Any], recipe_id: str, instance: str, binding_id: str | None = None
-) -> dict[str, Any]:
+def select_recipe(snapshot: SnapshotLike, recipe_id: str, instance: str, binding_id: str | None = None) -> Receipt:
     """Resolve a recipe instance and validate it exactly like a manual selection."""
+    snapshot = Snapshot.of(snapshot)
     r = find_recipe(snapshot, recipe_id, instance)
     return select_region(
         snapshot,
-        r["node_ids"],
+        r.node_ids,
         binding_id or recipe_id,
-        r["workspace_bytes"],
-        r["extra_args"],
-        r["output_shape_input"],
+        r.workspace_bytes,
+        r.extra_args,
+        r.output_shape_input,
         recipe={"id": recipe_id, "instance": instance},
     )
 
 
-def select_recipe_instances(snapshot: dict[str, Any], recipe_id: str, instances: Sequence[str]) -> list[dict[str, Any]]:
+def select_recipe_instances(snapshot: SnapshotLike, recipe_id: str, instances: Sequence[str]) -> list[Receipt]:
     """One receipt per named instance, each from select_recipe(). They become slots of one binding
     (same binding ID), so they must share one ABI: a bindings manifest lists a binding ID once."""
+    snapshot = Snapshot.of(snapshot)
     receipts = [select_recipe(snapshot, recipe_id, inst) for inst in expand_instances(snapshot, recipe_id, instances)]
     first = receipts[0]
     for r in receipts[1:]:
-        if r["abi_sha256"] != first["abi_sha256"]:
+        if r.abi_sha256 != first.abi_sha256:
             raise UserError(
-                f"recipe {recipe_id}: instance {r['recipe']['instance']} has ABI {r['abi_sha256'][:16]}… but "
-                f"{first['recipe']['instance']} has {first['abi_sha256'][:16]}…; one binding serves slots of "
+                f"recipe {recipe_id}: instance {r.instance} has ABI {r.abi_sha256[:16]}… but "
+                f"{first.instance} has {first.abi_sha256[:16]}…; one binding serves slots of "
                 "one ABI, so build these instances into separate bundles"
             )
     return receipts

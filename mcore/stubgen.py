@@ -20,13 +20,13 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from .errors import UserError
 from .fileio import check_output_path, install_file
-from .graph.snapshot import UNHASHED_METADATA
-from .graph.snapshot import load_snapshot
-from .selection import ABI_FORMAT, call_order, call_params, check_receipt, load_receipt
+from .graph.snapshot import UNHASHED_METADATA, Snapshot, load_snapshot
+from .receipt import ABI_FORMAT, Receipt
+from .selection import load_receipt
 
 TEMPLATE_NAME = "templates/cutedsl_exporter.py.tmpl"
 THREADS = 256
@@ -72,35 +72,39 @@ class StubResult:
 WORKED_EXAMPLES = {"mcore.decode_attention.default": "kernels/cutedsl_decode_attention.py"}
 
 
-def worked_example(receipt: dict[str, Any], snapshot: dict[str, Any]) -> Optional[str]:
+def worked_example(receipt: Receipt | Mapping[str, Any], snapshot: Snapshot | Mapping[str, Any]) -> Optional[str]:
     """The shipped exporter to start from when the region holds an op that has one (decode attention)."""
-    ops = {n["id"]: n["op"] for n in snapshot["nodes"]}
-    for nid in receipt["node_ids"]:
-        if ops.get(nid) in WORKED_EXAMPLES:
-            return WORKED_EXAMPLES[ops[nid]]
+    receipt, snapshot = Receipt.of(receipt), Snapshot.of(snapshot)
+    for nid in receipt.node_ids:
+        node = snapshot.node_by_id.get(nid)
+        if node is not None and node.op in WORKED_EXAMPLES:
+            return WORKED_EXAMPLES[node.op]
     return None
 
 
-def classify_region(receipt: dict[str, Any], snapshot: dict[str, Any]) -> tuple[Optional[KnownOp], str]:
-    """(KnownOp, "") when the generator can write the body, else (None, why not)."""
-    nodes = {n["id"]: n for n in snapshot["nodes"]}
-    ids = receipt["node_ids"]
+def classify_region(
+    receipt: Receipt | Mapping[str, Any], snapshot: Snapshot | Mapping[str, Any]
+) -> tuple[Optional[KnownOp], str]:
+    """(KnownOp, "") when the generator can write the body, else (None, why not). Either argument
+    may be given as its JSON."""
+    receipt, snapshot = Receipt.of(receipt), Snapshot.of(snapshot)
+    ids = receipt.node_ids
     if len(ids) != 1:
         return (
             None,
             f"the region has {len(ids)} nodes; bodies are generated only for one copy, cast, add, sub or mul node",
         )
-    node = nodes[ids[0]]
-    op = node["op"]
-    ins, outs = receipt["abi"]["inputs"], receipt["abi"]["outputs"]
+    node = snapshot.node(ids[0])
+    op = node.op
+    ins, outs = receipt.inputs, receipt.outputs
     out = outs[0]
-    if node["outputs"] != receipt["output_tensor_ids"]:
+    if node.outputs != receipt.output_tensor_ids:
         return None, f"{ids[0]} ({op}) has more than the one boundary output"
-    if node["inputs"] != receipt["input_tensor_ids"]:
+    if node.inputs != receipt.input_tensor_ids:
         return None, f"{ids[0]} ({op}) reads tensors other than its boundary inputs"
-    if any(list(t["shape"]) != list(out["shape"]) for t in ins):
+    if any(t.shape != out.shape for t in ins):
         return None, f"{ids[0]} ({op}) has inputs whose shapes differ from the output's (broadcasting)"
-    if -1 not in out["shape"] and math.prod(out["shape"]) >= 2**31:
+    if -1 not in out.shape and math.prod(out.shape) >= 2**31:
         return None, "the output has 2^31 elements or more (the generated kernel indexes with int32)"
     if op in BINARY_OPS:
         if len(ins) != 2:
@@ -108,15 +112,15 @@ def classify_region(receipt: dict[str, Any], snapshot: dict[str, Any]) -> tuple[
         kind, sym = BINARY_OPS[op]
         return KnownOp(kind, op, ids[0], f"output0 = input0 {sym} input1"), ""
     if op in COPY_OPS:
-        if len(ins) != 1 or ins[0]["dtype"] != out["dtype"]:
+        if len(ins) != 1 or ins[0].dtype != out.dtype:
             return None, f"{ids[0]} ({op}) is not a one-input copy"
         return KnownOp("copy", op, ids[0], "output0 = input0"), ""
     if op in CAST_OPS:
         if len(ins) != 1:
             return None, f"{ids[0]} ({op}) has {len(ins)} inputs"
-        if ins[0]["dtype"] == out["dtype"]:
+        if ins[0].dtype == out.dtype:
             return None, f"{ids[0]} ({op}) casts to the same dtype; it is not treated as a known op"
-        return KnownOp("cast", op, ids[0], f"output0 = input0 converted to {out['dtype']}"), ""
+        return KnownOp("cast", op, ids[0], f"output0 = input0 converted to {out.dtype}"), ""
     return None, f"{ids[0]} is {op}, which the generator does not write bodies for (known: copy, cast, add, sub, mul)"
 
 
@@ -174,48 +178,35 @@ def _extra_text(i: int, a: dict) -> str:
 class _Ctx:
     """Everything the generator derives from the receipt and snapshot."""
 
-    def __init__(self, receipt: dict, snapshot: dict):
+    def __init__(self, receipt: Receipt, snapshot: Snapshot):
         self.receipt = receipt
         self.snapshot = snapshot
-        abi = receipt["abi"]
-        self.inputs = [
-            {
-                "param": f"input{i}",
-                "tensor_id": e["tensor_id"],
-                "name": e.get("name"),
-                "dtype": e["dtype"],
-                "shape": list(e["shape"]),
-            }
-            for i, e in enumerate(abi["inputs"])
+        # the generator's view of each boundary tensor (also written into the exporter as INPUTS/OUTPUTS)
+        self.inputs: list[dict[str, Any]] = [
+            {"param": f"input{i}", "tensor_id": e.tensor_id, "name": e.name, "dtype": e.dtype, "shape": list(e.shape)}
+            for i, e in enumerate(receipt.inputs)
         ]
-        self.outputs = [
-            {
-                "param": f"output{i}",
-                "tensor_id": e["tensor_id"],
-                "name": e.get("name"),
-                "dtype": e["dtype"],
-                "shape": list(e["shape"]),
-            }
-            for i, e in enumerate(abi["outputs"])
+        self.outputs: list[dict[str, Any]] = [
+            {"param": f"output{i}", "tensor_id": e.tensor_id, "name": e.name, "dtype": e.dtype, "shape": list(e.shape)}
+            for i, e in enumerate(receipt.outputs)
         ]
-        self.workspace = receipt["workspace_bytes"]
-        self.extras = list(receipt["extra_args"])
-        self.rule = receipt["output_shape_input"]
-        self.nodes = {n["id"]: n for n in snapshot["nodes"]}
-        self.tensors = {t["id"]: t for t in snapshot["tensors"]}
+        self.workspace = receipt.workspace_bytes
+        self.extras = list(receipt.extra_args)
+        self.rule = receipt.output_shape_input
         self.known, self.reason = classify_region(receipt, snapshot)
 
     # ABI-ordered run() parameters
     def params(self) -> list[str]:
-        return call_params(len(self.inputs), self.workspace, len(self.outputs), len(self.extras))
+        return self.receipt.call_params()
+
+    def op(self, nid: str) -> str:
+        return self.snapshot.node(nid).op
 
     def node_lines(self) -> list[str]:
         lines = []
-        for nid in self.receipt["node_ids"]:
-            n = self.nodes[nid]
-            lines.append(
-                f"{nid:<10} {_doc(n['op'])}  {', '.join(n['inputs']) or '-'} -> {', '.join(n['outputs']) or '-'}"
-            )
+        for nid in self.receipt.node_ids:
+            n = self.snapshot.node(nid)
+            lines.append(f"{nid:<10} {_doc(n.op)}  {', '.join(n.inputs) or '-'} -> {', '.join(n.outputs) or '-'}")
         return lines
 
     def dynamic(self) -> bool:
@@ -224,10 +215,10 @@ class _Ctx:
     def todo(self) -> str:
         ins = ", ".join(f"{e['param']} ({e['dtype']} {e['shape']})" for e in self.inputs)
         outs = ", ".join(f"{e['param']} ({e['dtype']} {e['shape']})" for e in self.outputs)
-        region = ", ".join(f"{nid} {self.nodes[nid]['op']}" for nid in self.receipt["node_ids"])
+        region = ", ".join(f"{nid} {self.op(nid)}" for nid in self.receipt.node_ids)
         ws = f"{self.workspace} bytes (uint8 tensor `workspace`)" if self.workspace else "none"
         extras = "; ".join(_extra_text(i, a) for i, a in enumerate(self.extras)) or "none"
-        example = worked_example(self.receipt, {"nodes": list(self.nodes.values())})
+        example = worked_example(self.receipt, self.snapshot)
         hint = (
             (
                 f" (worked example for this region: {example}, a split-KV decode attention that takes this "
@@ -244,8 +235,8 @@ class _Ctx:
 
 def _docstring(c: _Ctx, selection_name: str, snapshot_name: str, exporter_name: str, note: str) -> str:
     r = c.receipt
-    meta = c.snapshot.get("metadata", {})
-    lines = [f'"""CuTe DSL exporter for the selection {_doc(r["binding_id"])}.', ""]
+    meta = c.snapshot.metadata
+    lines = [f'"""CuTe DSL exporter for the selection {_doc(r.binding_id)}.', ""]
     lines += [
         "Generated by `mcore kernel stub` from",
         f"    selection: {_doc(selection_name)}",
@@ -254,7 +245,7 @@ def _docstring(c: _Ctx, selection_name: str, snapshot_name: str, exporter_name: 
     ]
     lines += [_doc(ln) for ln in note.splitlines()] + [""]
     graph = " ".join(f"{k}={_doc(meta[k])}" for k in ("family", "model", "engine_role") if meta.get(k))
-    lines += [f"Region ({graph or 'graph'}; fingerprint {r['graph_fingerprint'][:16]}...):"]
+    lines += [f"Region ({graph or 'graph'}; fingerprint {r.graph_fingerprint[:16]}...):"]
     lines += [f"    {ln}" for ln in c.node_lines()]
     if c.known:
         lines += [
@@ -320,16 +311,16 @@ def _docstring(c: _Ctx, selection_name: str, snapshot_name: str, exporter_name: 
 def _constants(c: _Ctx) -> str:
     r = c.receipt
     out = [
-        f"BINDING_ID = {_py(r['binding_id'])}",
-        f"GRAPH_FINGERPRINT = {_py(r['graph_fingerprint'])}",
+        f"BINDING_ID = {_py(r.binding_id)}",
+        f"GRAPH_FINGERPRINT = {_py(r.graph_fingerprint)}",
         "# Snapshot metadata recorded but not fingerprinted (mcore.graph.snapshot.UNHASHED_METADATA).",
         f"UNHASHED_METADATA = {_py(list(UNHASHED_METADATA))}",
-        f"ABI_SHA256 = {_py(r['abi_sha256'])}",
+        f"ABI_SHA256 = {_py(r.abi_sha256)}",
         f"ABI_FORMAT = {_py(ABI_FORMAT)}",
-        f"NODE_IDS = {_py(list(r['node_ids']))}",
+        f"NODE_IDS = {_py(list(r.node_ids))}",
         "NODE_OPS = {",
     ]
-    out += [f"    {_py(nid)}: {_py(c.nodes[nid]['op'])}," for nid in r["node_ids"]]
+    out += [f"    {_py(nid)}: {_py(c.op(nid))}," for nid in r.node_ids]
     out += [
         "}",
         "# Boundary tensors in call order; -1 marks a dynamic dimension (read from the tensor at run time).",
@@ -392,7 +383,7 @@ def _fake_arguments(c: _Ctx) -> list[str]:
         return f"    None,  # extra{i}: {'null ptr' if a['type'] == 'ptr' else 'none'}, passed as None"
 
     lines.append("return [")
-    lines += call_order(
+    lines += c.receipt.call_args(
         [tensor_line(e) for e in c.inputs],
         f"    tensor(cutlass.Uint8, ({c.workspace},)),  # workspace: WORKSPACE_BYTES bytes" if c.workspace else None,
         [tensor_line(e) for e in c.outputs],
@@ -542,32 +533,32 @@ def _template() -> str:
 
 
 def generate_exporter(
-    receipt: dict[str, Any],
-    snapshot: dict[str, Any],
+    receipt: Receipt | Mapping[str, Any],
+    snapshot: Snapshot | Mapping[str, Any],
     *,
     selection_name: str = "SELECTION",
     snapshot_name: str = "SNAPSHOT",
     exporter_name: str = "THIS_FILE",
     note: str = "",
 ) -> str:
-    """The exporter's Python source for a checked receipt and the snapshot it was made from.
+    """The exporter's Python source for a receipt and the snapshot it was made from (either may be
+    given as its JSON, checked here).
 
     The names only appear in the generated docstring; `note` adds lines of provenance there.
     """
-    check_receipt(receipt, selection_name)
-    if receipt["graph_fingerprint"] != snapshot.get("fingerprint"):
+    receipt = Receipt.of(receipt, selection_name)
+    snapshot = Snapshot.of(snapshot, snapshot_name)
+    if receipt.graph_fingerprint != snapshot.fingerprint:
         raise UserError(
             f"{selection_name} was made from another graph than {snapshot_name} (fingerprints "
-            f"{receipt['graph_fingerprint'][:12]}... and {str(snapshot.get('fingerprint'))[:12]}...); "
+            f"{receipt.graph_fingerprint[:12]}... and {snapshot.fingerprint[:12]}...); "
             "pass the snapshot the selection was made from"
         )
-    nodes = {n["id"] for n in snapshot["nodes"]}
-    tensors = {t["id"] for t in snapshot["tensors"]}
-    for nid in receipt["node_ids"]:
-        if nid not in nodes:
+    for nid in receipt.node_ids:
+        if nid not in snapshot.node_by_id:
             raise UserError(f"{selection_name}: {nid} is not in {snapshot_name}; recreate the selection")
-    for tid in receipt["input_tensor_ids"] + receipt["output_tensor_ids"]:
-        if tid not in tensors:
+    for tid in receipt.input_tensor_ids + receipt.output_tensor_ids:
+        if tid not in snapshot.tensor_by_id:
             raise UserError(f"{selection_name}: {tid} is not in {snapshot_name}; recreate the selection")
     c = _Ctx(receipt, snapshot)
     text = _template()
@@ -605,8 +596,8 @@ def write_exporter(
         path=output,
         known=known,
         reason=reason,
-        binding_id=receipt["binding_id"],
-        abi_sha256=receipt["abi_sha256"],
+        binding_id=receipt.binding_id,
+        abi_sha256=receipt.abi_sha256,
         example=worked_example(receipt, snap),
     )
 

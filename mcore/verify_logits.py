@@ -37,8 +37,10 @@ def lockstep_logits(
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {max_new_tokens} must be at least 1")
     nb, eb = open_bundle(native_bundle), open_bundle(external_bundle)
-    cap = [(b.manifest.get("graph_args") or {}).get("max_cache_length") for b in (nb, eb)]
-    if eb.manifest["model"] != nb.manifest["model"] or cap[0] != cap[1]:  # before any DSO loads
+    nm, em = nb.runnable(), eb.runnable()
+    if em.model != nm.model or em.graph_args.get("max_cache_length") != nm.graph_args.get(
+        "max_cache_length"
+    ):  # before any DSO loads
         raise UserError(
             f"{external_bundle} is not built from the same model and KV capacity as {native_bundle}; "
             "compare a slot bundle with its native twin"

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from .bundle_manifest import BundleManifest
 from .errors import UserError
 from .progress import NO_PROGRESS, Progress
 from .verify import GateResult, check_limits
@@ -57,10 +58,10 @@ def stats(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return max_abs, cosine
 
 
-def _reference_folder(bundle_config: dict, manifest: dict, checkpoint: str) -> str:
+def _reference_folder(bundle_config: dict, manifest: BundleManifest, checkpoint: str) -> str:
     from .families.source import resolve_model
 
-    if manifest.get("weights", {}).get("kind") == "random":
+    if manifest.weights["kind"] == "random":
         raise UserError("this bundle was built with --weights random; there is no checkpoint to compare with")
     source = resolve_model(checkpoint)
     if json.dumps(source.config, sort_keys=True) != json.dumps(bundle_config, sort_keys=True):
@@ -93,13 +94,14 @@ def reference_check(
         raise UserError(f"--max-new-tokens {max_new_tokens!r} must be at least 1")
     tf = _transformers()
     from .bundle import open_bundle
+    from .families import bundle_kind
     from .pipeline import DecoderPipeline, EncoderPipeline
 
     bundle = open_bundle(bundle_path)
-    manifest = bundle.manifest
+    manifest = bundle.runnable()
     config = json.loads(bundle.read("config.json"))
     folder = _reference_folder(config, manifest, checkpoint)
-    decoder = manifest.get("family_kind") == "decoder"
+    decoder = bundle_kind(manifest) == "decoder"
     if chat and not decoder:
         raise UserError("--chat applies to decoders only; this bundle is an encoder")
     cls = DecoderPipeline if decoder else EncoderPipeline

@@ -86,7 +86,7 @@ class Recorder:
 
 
 def recipe_nodes(snapshot_path: Path, recipe_id: str, instance: str) -> list[str]:
-    return list(find_recipe(load_snapshot(snapshot_path), recipe_id, instance)["node_ids"])
+    return list(find_recipe(load_snapshot(snapshot_path), recipe_id, instance).node_ids)
 
 
 def have_stubgen() -> bool:

@@ -8,7 +8,7 @@ import pytest
 
 from mcore.buildargs import BuildArgs
 from mcore.graph_capture import capture
-from mcore.graph.snapshot import SnapshotIndex, fingerprint
+from mcore.graph.snapshot import fingerprint
 from tests.conftest import QWEN_ARGS, run_cli
 
 QWEN = BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=256, decoder_engine_layout="split")
@@ -38,22 +38,22 @@ def test_snapshot_contract_fields(decode):
 
 
 def test_ids_are_topological(decode):
-    ix = SnapshotIndex(decode)
+    ix = decode  # a Snapshot: its own index
     for n in decode["nodes"]:
         for p in ix.predecessors(n["id"]):
             assert ix.order[p] < ix.order[n["id"]]
 
 
 def test_inputs_outputs_and_cache_versions(decode):
-    ix = SnapshotIndex(decode)
-    names = [ix.tensors[t]["name"] for t in decode["inputs"]]
+    ix = decode
+    names = [ix.tensor(t).name for t in decode["inputs"]]
     assert names[:2] == ["input_ids", "cache_length"]
     assert names[2:6] == ["key_cache.0", "value_cache.0", "key_cache.1", "value_cache.1"]
-    ids = ix.tensors[decode["inputs"][0]]
+    ids = ix.tensor(decode["inputs"][0]).to_dict()
     assert ids["dtype"] == "INT32" and ids["shape"] == [1, -1]
-    assert ix.tensors[decode["inputs"][1]]["shape"] == [1]
-    assert ix.tensors[decode["inputs"][2]]["shape"] == [1, 2, 256, 16]
-    logits = ix.tensors[decode["outputs"][0]]
+    assert ix.tensor(decode["inputs"][1]).to_dict()["shape"] == [1]
+    assert ix.tensor(decode["inputs"][2]).to_dict()["shape"] == [1, 2, 256, 16]
+    logits = ix.tensor(decode["outputs"][0]).to_dict()
     assert logits["output_name"] == "logits" and logits["dtype"] == "FP32" and logits["shape"][0] == 1
     # the in-place cache write is a new tensor version; the attention reads that version
     writes = [n for n in decode["nodes"] if n["op"].startswith("aten.index_copy_")]
@@ -61,7 +61,7 @@ def test_inputs_outputs_and_cache_versions(decode):
     for w in writes:
         new = w["outputs"][0]
         assert new in decode["outputs"]  # final cache versions are state the graph writes
-        assert any(ix.nodes[c]["op"] == "mcore.decode_attention.default" for c in ix.tensors[new]["consumers"])
+        assert any(ix.node(c).op == "mcore.decode_attention.default" for c in ix.tensor(new).consumers)
         assert w["inputs"][0] in decode["inputs"]
 
 
@@ -102,14 +102,14 @@ def test_same_fingerprint_in_a_fresh_process(decode, tmp_path):
 def test_encoder_capture():
     for model in ("demo:distilbert-tiny", "demo:bert-tiny"):
         snap = capture(BuildArgs(model=model, precision="fp16"), "encoder").snapshot
-        ix = SnapshotIndex(snap)
-        assert [ix.tensors[t]["name"] for t in snap["inputs"]] == ["input_ids", "attention_mask"]
-        out = ix.tensors[snap["outputs"][0]]
+        ix = snap
+        assert [ix.tensor(t).name for t in snap["inputs"]] == ["input_ids", "attention_mask"]
+        out = ix.tensor(snap["outputs"][0]).to_dict()
         assert out["dtype"] == "FP16" and out["shape"] == [256, 64]
         adds = [r for r in snap["recipes"]]
         assert [r["instance"] for r in adds] == [
             "encoder.layers.0.attention_residual",
             "encoder.layers.1.attention_residual",
         ]
-        node = ix.nodes[adds[0]["node_ids"][0]]
+        node = ix.node(adds[0]["node_ids"][0]).to_dict()
         assert node["category"] == "LayerType.ELEMENTWISE/ElementWiseOperation.SUM" and len(adds[0]["node_ids"]) == 1

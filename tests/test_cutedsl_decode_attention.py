@@ -47,12 +47,12 @@ def attention_pair(
     )
     g.output(g.op("aten.relu.default", [a], dtype, [1, heads, -1, head_dim]))
     snap = g.snapshot()
-    return snap, select_region(snap, [node_of(snap, a)], binding, output_shape_input=0, **select)
+    return snap, select_region(snap, [node_of(snap, a)], binding, output_shape_input=0, **select).to_dict()
 
 
-def write_pair(folder: Path, snap: dict, receipt: dict, name: str = "attn") -> tuple[Path, Path]:
+def write_pair(folder: Path, snap: dict, receipt: Any, name: str = "attn") -> tuple[Path, Path]:
     rp, sp = folder / f"{name}.selection.json", folder / f"{name}.graph.json"
-    rp.write_text(json.dumps(receipt))
+    rp.write_text(json.dumps(receipt if isinstance(receipt, dict) else receipt.to_dict()))
     sp.write_text(json.dumps(snap))
     return rp, sp
 

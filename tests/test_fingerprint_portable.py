@@ -42,7 +42,7 @@ def test_what_the_fingerprint_covers():
     base = fingerprint(snap)
 
     def changed(edit) -> str:
-        s = json.loads(json.dumps(snap))
+        s = json.loads(json.dumps(snap.to_dict()))
         edit(s)
         return fingerprint(s)
 

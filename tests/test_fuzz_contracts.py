@@ -104,7 +104,7 @@ def test_fuzz_snapshot(data, tmp_path, mcore):
 def _receipt() -> dict:
     from mcore.selection import select_region
 
-    return select_region(SNAP, ["node:1"], "k@1", 0, [], None)
+    return select_region(SNAP, ["node:1"], "k@1", 0, [], None).to_dict()
 
 
 @given(data=mutated(_receipt()))

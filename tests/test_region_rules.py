@@ -7,7 +7,7 @@ import itertools
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mcore.graph.snapshot import SnapshotIndex, fingerprint
+from mcore.graph.snapshot import Snapshot, fingerprint
 from mcore.selection import RegionError, check_receipt, convexity_violation, is_connected, select_region
 from tests.graphs import chain_snapshot, dag_snapshot
 
@@ -232,11 +232,11 @@ def test_output_shape_input_must_match():
 
 
 def test_receipt_tamper_detected():
-    r = select_region(chain_snapshot(3), ["node:1"], "k@1")
+    r = select_region(chain_snapshot(3), ["node:1"], "k@1").to_dict()
     r["abi"]["inputs"][0]["dtype"] = "FP16"
     with pytest.raises(Exception, match="abi_sha256 does not match"):
         check_receipt(r, "sel.json")
-    r = select_region(chain_snapshot(3), ["node:1"], "k@1")
+    r = select_region(chain_snapshot(3), ["node:1"], "k@1").to_dict()
     r["surprise"] = 1
     with pytest.raises(Exception, match="unknown field"):
         check_receipt(r, "sel.json")
@@ -298,7 +298,7 @@ def dag_and_region(draw):
 def test_connectivity_and_convexity_match_brute_force(case):
     n, edges, region = case
     snap = dag_snapshot(n, edges)
-    ix = SnapshotIndex(snap)
+    ix = Snapshot.from_dict(snap, "dag")
     succ = {i: {b for a, b in edges if a == i} for i in range(n)}
     rset = {f"node:{i}" for i in region}
     assert is_connected(ix, rset) == weakly_connected(succ, region)

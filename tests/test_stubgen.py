@@ -210,10 +210,10 @@ def write_example() -> None:
     print(f"wrote {EXAMPLE}")
 
 
-def write_pair(tmp: Path, snap: dict, receipt: dict, stem: str = "r") -> tuple[Path, Path]:
+def write_pair(tmp: Path, snap: dict, receipt: Any, stem: str = "r") -> tuple[Path, Path]:
     sp, rp = tmp / f"{stem}.graph.json", tmp / f"{stem}.selection.json"
     sp.write_text(json.dumps(snap))
-    rp.write_text(json.dumps(receipt))
+    rp.write_text(json.dumps(receipt if isinstance(receipt, dict) else receipt.to_dict()))
     return rp, sp
 
 
@@ -277,7 +277,7 @@ def receipts() -> dict[str, tuple[dict, dict]]:
     )
     snap = tutorial_snapshot()
     out["tutorial"] = (snap, select_region(snap, ["node:49"], TUTORIAL_BINDING))
-    return out
+    return {k: (s, r.to_dict()) for k, (s, r) in out.items()}  # each receipt as its file holds it
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from mcore import Progress, UserError
+
+if TYPE_CHECKING:
+    from mcore import Receipt
 
 SampleFn = Callable[[str, int, float], None]  # (arm "native"|"external", index, value)
 LogFn = Callable[[str], None]
@@ -214,17 +217,15 @@ def _opt_path(ctx: ActionContext, p: Any, what: str) -> Optional[str]:
     return None if p is None else str(ctx.path(p, what))
 
 
-def _receipt_results(ctx: ActionContext, receipt: dict[str, Any], path: Path) -> dict[str, Any]:
-    from mcore import abi_lines
-
+def _receipt_results(ctx: ActionContext, receipt: "Receipt", path: Path) -> dict[str, Any]:
     return {
-        "binding_id": receipt["binding_id"],
-        "abi_sha256": receipt["abi_sha256"],
-        "node_ids": list(receipt["node_ids"]),
-        "input_tensor_ids": list(receipt["input_tensor_ids"]),
-        "output_tensor_ids": list(receipt["output_tensor_ids"]),
+        "binding_id": receipt.binding_id,
+        "abi_sha256": receipt.abi_sha256,
+        "node_ids": list(receipt.node_ids),
+        "input_tensor_ids": list(receipt.input_tensor_ids),
+        "output_tensor_ids": list(receipt.output_tensor_ids),
         "receipt": ctx.rel(path),
-        "abi_lines": abi_lines(receipt),
+        "abi_lines": receipt.abi_lines(),
     }
 
 
@@ -265,18 +266,18 @@ def capture_graph(ctx: ActionContext, build_args: dict, engine_role: str, snapsh
     args = _build_args(build_args)
     out = ctx.path(snapshot, "snapshot")
     cap = capture(args, _str(engine_role, "engine_role"), ctx.progress)
-    write_json(out, cap.snapshot)
     snap = cap.snapshot
-    ctx.say(f"captured {engine_role}: {len(snap['nodes'])} nodes, fingerprint {snap['fingerprint'][:12]}…")
+    write_json(out, snap.to_dict())
+    ctx.say(f"captured {engine_role}: {len(snap.nodes)} nodes, fingerprint {snap.fingerprint[:12]}…")
     ops: dict[str, int] = {}
-    for n in snap["nodes"]:
-        ops[n["op"]] = ops.get(n["op"], 0) + 1
+    for n in snap.nodes:
+        ops[n.op] = ops.get(n.op, 0) + 1
     # `ops` is not compared; replay shows it when a fingerprint differs, to say what changed.
     return {
-        "fingerprint": snap["fingerprint"],
-        "nodes": len(snap["nodes"]),
-        "tensors": len(snap["tensors"]),
-        "recipes": len(snap.get("recipes", [])),
+        "fingerprint": snap.fingerprint,
+        "nodes": len(snap.nodes),
+        "tensors": len(snap.tensors),
+        "recipes": len(snap.recipe_rows),
         "snapshot": ctx.rel(out),
         "ops": dict(sorted(ops.items())),
     }
@@ -287,36 +288,35 @@ def list_recipes(ctx: ActionContext, snapshot: str) -> dict:
     from mcore import load_snapshot, recipe_rows
 
     snap = load_snapshot(ctx.path(snapshot, "snapshot"))
-    rows = [{"id": r["id"], "instance": r["instance"], "node_ids": list(r["node_ids"])} for r in recipe_rows(snap)]
+    rows = [{"id": r.id, "instance": r.instance, "node_ids": list(r.node_ids)} for r in recipe_rows(snap)]
     return {"recipes": rows, "count": len(rows)}
 
 
 def list_nodes(ctx: ActionContext, snapshot: str, match: Optional[str] = None, last: Optional[int] = None) -> dict:
     """`mcore graph list [--match GLOB] | tail -n LAST`: display only, never selects anything."""
-    from mcore import SnapshotIndex, load_snapshot, node_matches, node_row
+    from mcore import load_snapshot, node_matches, node_row
 
     if match is not None:
         _str(match, "match")
     snap = load_snapshot(ctx.path(snapshot, "snapshot"))
-    ix = SnapshotIndex(snap)
-    nodes = [n for n in snap["nodes"] if node_matches(n, match)]
+    nodes = [n for n in snap.nodes if node_matches(n, match)]
     if last is not None:
         nodes = nodes[-_int(last, "last", 1) :]
     return {
-        "ids": [n["id"] for n in nodes],
+        "ids": [n.id for n in nodes],
         "count": len(nodes),
         "nodes": [
             {
-                "id": n["id"],
-                "op": n["op"],
-                "category": n.get("category", ""),
-                "module_path": n["module_path"],
-                "inputs": list(n["inputs"]),
-                "outputs": list(n["outputs"]),
+                "id": n.id,
+                "op": n.op,
+                "category": n.category or "",
+                "module_path": n.module_path,
+                "inputs": list(n.inputs),
+                "outputs": list(n.outputs),
             }
             for n in nodes
         ],
-        "lines": [node_row(ix, n) for n in nodes],
+        "lines": [node_row(snap, n) for n in nodes],
     }
 
 
@@ -329,7 +329,7 @@ def select_recipe(
     snap = load_snapshot(ctx.path(snapshot, "snapshot"))
     out = ctx.path(receipt, "receipt")
     rec = _select(snap, _str(recipe_id, "recipe_id"), _str(instance, "instance"), binding_id)
-    write_json(out, rec)
+    write_json(out, rec.to_dict())
     return _receipt_results(ctx, rec, out)
 
 
@@ -351,7 +351,7 @@ def select_nodes(
     snap = load_snapshot(ctx.path(snapshot, "snapshot"))
     out = ctx.path(receipt, "receipt")
     rec = select_region(snap, node_ids, binding_id, workspace_bytes, list(extra_args or []), output_shape_input)
-    write_json(out, rec)
+    write_json(out, rec.to_dict())
     return _receipt_results(ctx, rec, out)
 
 
@@ -422,7 +422,7 @@ def export_kernel(ctx: ActionContext, exporter: str, receipt: str, output: str, 
 
 def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str, function: str = "run") -> dict:
     """Write a kernel bindings manifest binding the receipt's slot to a DSO next to it."""
-    from mcore import BINDINGS_SCHEMA_VERSION, load_bindings_manifest, load_receipt, write_json
+    from mcore import BINDINGS_SCHEMA_VERSION, BindingsManifest, load_receipt, write_json
 
     rec = load_receipt(ctx.path(receipt, "receipt"))
     mpath = ctx.path(manifest, "manifest")
@@ -441,19 +441,19 @@ def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str
         "schema_version": BINDINGS_SCHEMA_VERSION,
         "bindings": [
             {
-                "id": rec["binding_id"],
-                "abi_sha256": rec["abi_sha256"],
+                "id": rec.binding_id,
+                "abi_sha256": rec.abi_sha256,
                 "library": rel_lib,
                 "function": _str(function, "function"),
             }
         ],
     }
-    write_json(mpath, data)
-    load_bindings_manifest(mpath)  # the same strict check a pipeline applies (loads no DSO)
+    # the same strict check a pipeline applies (loads no DSO), before anything is written
+    write_json(mpath, BindingsManifest.from_dict(data, mpath).to_dict())
     return {
         "manifest": ctx.rel(mpath),
-        "binding_id": rec["binding_id"],
-        "abi_sha256": rec["abi_sha256"],
+        "binding_id": rec.binding_id,
+        "abi_sha256": rec.abi_sha256,
         "library": rel_lib,
     }
 
@@ -467,7 +467,7 @@ def build_bundle(
     device: Optional[str] = None,
 ) -> dict:
     """`mcore build`: native (no recipe/patch) or slot-ready (recipe or graph_patch) bundle."""
-    from mcore import abi_lines, build_bundle as _build
+    from mcore import build_bundle as _build
 
     args = _build_args(build_args)
     if recipe is not None and (
@@ -487,13 +487,13 @@ def build_bundle(
     )
     m = res.manifest
     receipt_path = res.receipt_path or (ctx.path(graph_patch) if graph_patch else None)
-    ctx.say(f"bundle written: {ctx.rel(res.bundle_path)} ({len(m['kernel_slots'])} kernel slot(s))")
+    ctx.say(f"bundle written: {ctx.rel(res.bundle_path)} ({len(m.kernel_slots)} kernel slot(s))")
     return {
         "bundle": ctx.rel(res.bundle_path),
-        "fingerprints": {role: r["fingerprint"] for role, r in m["roles"].items()},
-        "kernel_slots": [{"binding_id": s["binding_id"], "abi_sha256": s["abi_sha256"]} for s in m["kernel_slots"]],
+        "fingerprints": {role: r.fingerprint for role, r in m.roles.items()},
+        "kernel_slots": [{"binding_id": s.binding_id, "abi_sha256": s.abi_sha256} for s in m.kernel_slots],
         "receipt": ctx.rel(receipt_path),
-        "abi_lines": abi_lines(res.receipt) if res.receipt else [],
+        "abi_lines": res.receipt.abi_lines() if res.receipt else [],
     }
 
 
@@ -698,7 +698,7 @@ def gate_perf(
 
     nb, eb = ctx.path(native_bundle, "native_bundle"), ctx.path(external_bundle, "external_bundle")
     ctx.check_native(kernel_bindings)
-    kind = open_bundle(nb).manifest.get("family_kind", "decoder")
+    kind = open_bundle(nb).runnable().family_kind or "decoder"
     if kind == "decoder":
         _int(max_new_tokens, "max_new_tokens", 1)
     _str(prompt, "prompt")

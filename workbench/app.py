@@ -17,7 +17,7 @@ import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from textual.app import App
 from textual.screen import ModalScreen
@@ -25,6 +25,9 @@ from textual.binding import Binding
 from textual.css.query import NoMatches
 
 from mcore import CancelToken, Cancelled, Progress, UserError
+
+if TYPE_CHECKING:
+    from mcore import Receipt, Snapshot
 
 from .commands import WorkbenchCommands
 from .registry import REGISTRY
@@ -60,12 +63,12 @@ class WorkbenchState:
     device: Optional[str] = None  # None = auto (the bundle's device, else CUDA when present)
     engine_role: Optional[str] = None
     family_kind: Optional[str] = None  # "decoder" / "encoder" once known
-    snapshot: Optional[dict[str, Any]] = None
+    snapshot: Optional["Snapshot"] = None
     snapshot_path: Optional[str] = None
     capture_results: Optional[dict[str, Any]] = None
     marked: list[str] = field(default_factory=list)
     listing: Optional[dict[str, Any]] = None  # the last list_nodes: {"match", "last", "ids"}
-    receipt: Optional[dict[str, Any]] = None
+    receipt: Optional["Receipt"] = None
     receipt_path: Optional[str] = None
     library: Optional[str] = None
     stub_path: Optional[str] = None
@@ -109,8 +112,8 @@ class WorkbenchState:
     def is_decoder(self) -> bool:
         if self.family_kind:
             return self.family_kind == "decoder"
-        if self.snapshot:
-            return self.snapshot["metadata"].get("family") == "qwen3"
+        if self.snapshot is not None:
+            return self.snapshot.family == "qwen3"
         return "qwen" in str(self.build_args.get("model", "")).lower()
 
 
@@ -628,15 +631,12 @@ class WorkbenchApp(App):
 
     def _library_of(self, manifest: str) -> str:
         """The library a manifest names (as shown), for the trust prompt; the manifest itself if unreadable."""
-        p = self.state.path(manifest)
+        from mcore import load_bindings_manifest
+
         try:
-            data = json.loads(Path(p).read_text(encoding="utf-8"))
-            libs = [b.get("library") for b in data.get("bindings", []) if isinstance(b, dict)]
+            libs = [b.library_path for b in load_bindings_manifest(self.state.path(manifest))]
             if libs:
-                return ", ".join(
-                    self.state.show_path(str((Path(p).parent / lib))) if not Path(lib).is_absolute() else lib
-                    for lib in libs
-                )
+                return ", ".join(self.state.show_path(str(lib)) for lib in libs)
         except Exception:  # noqa: BLE001 - the action itself reports a bad manifest
             pass
         return self.state.show_path(manifest)

@@ -73,16 +73,16 @@ def _apply_capture_graph(st: WorkbenchState, params: Params, results: Params) ->
     from mcore import load_snapshot
 
     snap = load_snapshot(st.path(results["snapshot"]))
-    if st.snapshot is None or st.snapshot["fingerprint"] != snap["fingerprint"]:
+    if st.snapshot is None or st.snapshot.fingerprint != snap.fingerprint:
         st.marked = []
     st.snapshot = snap
     st.snapshot_path = results["snapshot"]
     st.capture_results = results
     st.listing = None
     st.build_args = dict(params.get("build_args") or st.build_args)
-    st.engine_role = snap["metadata"]["engine_role"]
-    st.family_kind = "decoder" if snap["metadata"].get("family") == "qwen3" else "encoder"
-    if st.receipt is not None and st.receipt["graph_fingerprint"] != snap["fingerprint"]:
+    st.engine_role = snap.engine_role
+    st.family_kind = "decoder" if snap.family == "qwen3" else "encoder"
+    if st.receipt is not None and st.receipt.graph_fingerprint != snap.fingerprint:
         st.receipt = None
 
 
@@ -99,7 +99,7 @@ def _apply_selection(st: WorkbenchState, params: Params, results: Params) -> Non
 
     st.receipt = load_receipt(st.path(results["receipt"]))
     st.receipt_path = results["receipt"]
-    st.marked = list(st.receipt["node_ids"])
+    st.marked = list(st.receipt.node_ids)
 
 
 def _apply_build_kernel(st: WorkbenchState, params: Params, results: Params) -> None:
@@ -135,8 +135,8 @@ def _apply_build_bundle(st: WorkbenchState, params: Params, results: Params) -> 
         try:
             st.receipt = load_receipt(st.path(results["receipt"]))
             st.receipt_path = results["receipt"]
-            if st.snapshot is not None and st.receipt["graph_fingerprint"] == st.snapshot["fingerprint"]:
-                st.marked = list(st.receipt["node_ids"])
+            if st.snapshot is not None and st.receipt.graph_fingerprint == st.snapshot.fingerprint:
+                st.marked = list(st.receipt.node_ids)
         except UserError:
             pass
 

@@ -8,9 +8,9 @@ case, somewhere in the node's ID, op, category, name, module path or recipe inst
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
-from mcore import node_matches
+from mcore import Node, node_matches
 
 GLOB_CHARS = "*?["
 
@@ -23,7 +23,7 @@ def words(query: str) -> list[str]:
     return [w for w in query.lower().split() if w]
 
 
-def node_hit(node: dict[str, Any], query: str, recipe: Optional[str] = None) -> bool:
+def node_hit(node: Node, query: str, recipe: Optional[str] = None) -> bool:
     """Whether a node matches the search query (empty query: every node)."""
     query = query.strip()
     if not query:
@@ -31,8 +31,7 @@ def node_hit(node: dict[str, Any], query: str, recipe: Optional[str] = None) -> 
     if is_glob(query):
         return node_matches(node, query)
     hay = " ".join(
-        str(x)
-        for x in (node["id"], node["op"], node.get("category", ""), node["name"], node["module_path"], recipe or "")
+        str(x) for x in (node.id, node.op, node.category or "", node.name, node.module_path, recipe or "")
     ).lower()
     return all(w in hay for w in words(query))
 

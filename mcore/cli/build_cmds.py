@@ -35,40 +35,39 @@ def cmd_build(ns: argparse.Namespace) -> int:
     )
     m = res.manifest
     print(f"bundle written to {res.bundle_path}")
-    for role, r in m["roles"].items():
-        print(f"role {role}: fingerprint={r['fingerprint']}")
+    for role, r in m.roles.items():
+        print(f"role {role}: fingerprint={r.fingerprint}")
     if res.receipt:  # the first kernel slot's receipt: present whenever there are slots
         for line in abi_lines(res.receipt):
             print(line)
-        if len(m["kernel_slots"]) > 1:
+        if len(m.kernel_slots) > 1:
             print(
-                f"kernel slots: {len(m['kernel_slots'])} of binding {res.receipt['binding_id']} "
+                f"kernel slots: {len(m.kernel_slots)} of binding {res.receipt.binding_id} "
                 f"(one bindings-manifest entry binds them all): "
-                + ", ".join(s["recipe"]["instance"] for s in m["kernel_slots"] if s.get("recipe"))
+                + ", ".join(s.instance for s in m.kernel_slots if s.instance)
             )
     for path in res.receipt_paths:
         print(f"selection receipt written to {path}")
-    if not m["kernel_slots"]:
+    if not m.kernel_slots:
         print("kernel slots: none (native bundle)")
     return 0
 
 
 def _pipeline(ns: argparse.Namespace, kind: str, prompts: tuple[str, ...] = ()):
     from ..pipeline import DecoderPipeline, EncoderPipeline, bundle_tokenizer, check_fits, encode_prompt
-    from ..bundle import check_runnable, open_bundle
+    from ..bundle import open_bundle
     from ..families import bundle_kind
 
     bundle = open_bundle(ns.bundle)
     chat = getattr(ns, "chat", False)
-    m = bundle.manifest
+    m = bundle.runnable()
     if kind == "decoder" and bundle_kind(m) != "decoder":
         prompts = ()  # the wrong verb: the pipeline says which one to use
     if chat or prompts:  # no chat template, a prompt too long: the clear error before any DSO or weight loads
-        check_runnable(m, str(ns.bundle))
         tok = bundle_tokenizer(bundle, json.loads(bundle.read("config.json")), ns.bundle)
         if chat:
             tok.render_chat("")
-        capacity = (m.get("graph_args") or {}).get("max_cache_length")
+        capacity = m.graph_args.get("max_cache_length")
         if isinstance(capacity, int):
             for p in prompts:
                 check_fits(len(encode_prompt(tok, p, chat)), ns.max_new_tokens, capacity)
@@ -184,44 +183,41 @@ def cmd_embed(ns: argparse.Namespace) -> int:
 
 
 def cmd_inspect(ns: argparse.Namespace) -> int:
-    from ..bundle import check_runnable, open_bundle
+    from ..bundle import open_bundle
     from ..graph.display import printable
     from ..patch import slot_groups
 
     b = open_bundle(ns.bundle)
-    m = b.manifest
     if ns.json:
-        print(json.dumps(m, indent=2))  # JSON escapes control characters itself
+        print(json.dumps(b.manifest, indent=2))  # JSON escapes control characters itself
         return 0
-    check_runnable(m, str(ns.bundle))
+    m = b.runnable()
 
     def out(line: str) -> None:  # names come from someone's file: no terminal escapes
         print(printable(line))
 
     out(f"bundle {ns.bundle}: integrity OK")
-    out(f"engine={m['engine']} family={m['family']} model={m['model']['spec']} revision={m['model']['revision']}")
+    out(f"engine={m.engine} family={m.family} model={m.model.spec} revision={m.model.revision}")
     out(
         "engines: graphs captured for the torch family of engines; `mcore run/embed --engine auto` (the default) "
         "runs them compiled (Inductor, CUDA-graph replay) on CUDA and op by op on CPU; --engine torch|compiled picks one"
     )
-    out("build_args: " + " ".join(f"{k}={v}" for k, v in m["build_args"].items() if v is not None))
-    out(versions_line(m.get("tool_versions", {})))
-    out(
-        f"weights: {m['weights']['kind']}"
-        + (f" (seed {m['weights']['seed']})" if m["weights"]["kind"] == "random" else "")
-    )
-    for role, r in m["roles"].items():
-        out(f"role {role}: fingerprint={r['fingerprint']} inputs={len(r['inputs'])} outputs={','.join(r['outputs'])}")
-    if not m["kernel_slots"]:
+    out("build_args: " + " ".join(f"{k}={v}" for k, v in m.build_args.items() if v is not None))
+    out(versions_line(m.tool_versions or {}))
+    w = m.weights
+    out(f"weights: {w['kind']}" + (f" (seed {w['seed']})" if w["kind"] == "random" else ""))
+    for role, r in m.roles.items():
+        out(f"role {role}: fingerprint={r.fingerprint} inputs={len(r.inputs)} outputs={','.join(r.outputs)}")
+    if not m.kernel_slots:
         out("kernel_slots: none (native bundle)")
-    for bid, group in slot_groups(m["kernel_slots"]).items():
-        out(f"kernel_binding {bid} abi_sha256={group[0]['abi_sha256']} serves {len(group)} slot(s)")
+    for bid, group in slot_groups(m.kernel_slots).items():
+        out(f"kernel_binding {bid} abi_sha256={group[0].abi_sha256} serves {len(group)} slot(s)")
         for s in group:
             out(
-                f"kernel_slot {s['binding_id']} role={s['engine_role']} abi_sha256={s['abi_sha256']}"
-                + (f" recipe={s['recipe']['id']}:{s['recipe']['instance']}" if s.get("recipe") else "")
+                f"kernel_slot {s.binding_id} role={s.engine_role} abi_sha256={s.abi_sha256}"
+                + (f" recipe={s.recipe.id}:{s.recipe.instance}" if s.recipe else "")
             )
-        for line in abi_lines(group[0])[4:]:
+        for line in group[0].call_lines():
             out("  " + line)
     out("members: " + ", ".join(b.names()))
     return 0

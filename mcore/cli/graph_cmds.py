@@ -10,7 +10,7 @@ from ..buildargs import add_build_args, build_args_from_namespace
 from ..errors import UserError, printable
 from ..fileio import check_output_path, write_json
 from ..graph.display import abi_lines, list_lines, tensor_desc, tree_lines, versions_line
-from ..graph.snapshot import SnapshotIndex, load_snapshot
+from ..graph.snapshot import load_snapshot
 from ..progress import Progress
 from ..recipes import recipe_rows, select_recipe
 from ..selection import select_region
@@ -31,13 +31,13 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
     check_output_path(ns.snapshot)
     args = build_args_from_namespace(ns)
     cap = capture(args, ns.engine_role, stderr_progress())
-    write_json(ns.snapshot, cap.snapshot)
     snap = cap.snapshot
+    write_json(ns.snapshot, snap.to_dict())
     say(
-        f"engine_role={ns.engine_role} nodes={len(snap['nodes'])} tensors={len(snap['tensors'])} "
-        f"recipes={len(snap.get('recipes', []))} fingerprint={snap['fingerprint']}"
+        f"engine_role={ns.engine_role} nodes={len(snap.nodes)} tensors={len(snap.tensors)} "
+        f"recipes={len(snap.recipe_rows)} fingerprint={snap.fingerprint}"
     )
-    say(versions_line(snap["metadata"].get("tool_versions", {})))
+    say(versions_line(snap.metadata.get("tool_versions", {})))
     say(f"snapshot written to {ns.snapshot}")
     return 0
 
@@ -57,11 +57,11 @@ def cmd_tree(ns: argparse.Namespace) -> int:
 
 def cmd_recipes(ns: argparse.Namespace) -> int:
     rows = recipe_rows(load_snapshot(ns.snapshot))
-    w1 = max([len("RECIPE")] + [len(r["id"]) for r in rows]) + 2
-    w2 = max([len("INSTANCE")] + [len(r["instance"]) for r in rows]) + 2
+    w1 = max([len("RECIPE")] + [len(r.id) for r in rows]) + 2
+    w2 = max([len("INSTANCE")] + [len(r.instance) for r in rows]) + 2
     say(f"{'RECIPE':<{w1}}{'INSTANCE':<{w2}}NODES")
     for r in rows:
-        say(f"{r['id']:<{w1}}{r['instance']:<{w2}}{','.join(r['node_ids'])}")
+        say(f"{r.id:<{w1}}{r.instance:<{w2}}{','.join(r.node_ids)}")
     return 0
 
 
@@ -91,7 +91,7 @@ def cmd_select(ns: argparse.Namespace) -> int:
             raise UserError("--binding-id is required for a manual selection (e.g. my.kernel@1)")
         extras = [parse_extra_arg(t) for t in ns.extra_arg]
         receipt = select_region(snap, ns.nodes, ns.binding_id, ns.workspace_bytes, extras, ns.output_shape_like_input)
-    write_json(ns.output, receipt)
+    write_json(ns.output, receipt.to_dict())
     for line in abi_lines(receipt):
         say(line)
     say(f"receipt written to {ns.output}")
@@ -100,25 +100,24 @@ def cmd_select(ns: argparse.Namespace) -> int:
 
 def cmd_show(ns: argparse.Namespace) -> int:
     snap = load_snapshot(ns.snapshot)
-    ix = SnapshotIndex(snap)
     for ident in ns.ids:
-        if ident in ix.nodes:
-            n = ix.nodes[ident]
-            say(f"{n['id']}  {n['op']}  {n.get('category', '')}")
-            say(f"  name: {n['name']}")
-            say(f"  module: {n['module_path'] or '(root)'}")
-            for label, tids in (("in ", n["inputs"]), ("out", n["outputs"])):
+        if ident in snap.node_by_id:
+            n = snap.node(ident)
+            say(f"{n.id}  {n.op}  {n.category or ''}")
+            say(f"  name: {n.name}")
+            say(f"  module: {n.module_path or '(root)'}")
+            for label, tids in (("in ", n.inputs), ("out", n.outputs)):
                 for t in tids:
-                    tensor = ix.tensors[t]
-                    other = tensor["producer"] if label == "in " else ",".join(tensor["consumers"]) or "(graph output)"
+                    tensor = snap.tensor(t)
+                    other = tensor.producer if label == "in " else ",".join(tensor.consumers) or "(graph output)"
                     say(
                         f"  {label} {t:<12} {tensor_desc(tensor):<32} {'from' if label == 'in ' else 'to'} {other or '(graph input)'}"
                     )
-        elif ident in ix.tensors:
-            t = ix.tensors[ident]
-            say(f"{t['id']}  {tensor_desc(t)}  name={ix.tensor_label(ident)}")
-            say(f"  producer: {t['producer'] or '(graph input)'}")
-            say(f"  consumers: {','.join(t['consumers']) or '(none)'}")
+        elif ident in snap.tensor_by_id:
+            tensor = snap.tensor(ident)
+            say(f"{tensor.id}  {tensor_desc(tensor)}  name={tensor.label}")
+            say(f"  producer: {tensor.producer or '(graph input)'}")
+            say(f"  consumers: {','.join(tensor.consumers) or '(none)'}")
         else:
             raise UserError(
                 f"{ident} is neither a node nor a tensor of {ns.snapshot}; IDs look like node:12 or tensor:34"

@@ -29,7 +29,7 @@ def cmd_profile(ns: argparse.Namespace) -> int:
     from ..profile import profile_pipeline, top_lines
 
     bundle = open_bundle(ns.bundle)
-    cls = EncoderPipeline if bundle.manifest["family"] in ("bert", "distilbert") else DecoderPipeline
+    cls = EncoderPipeline if bundle.runnable().family in ("bert", "distilbert") else DecoderPipeline
     role = ns.role or ("encoder" if cls is EncoderPipeline else "decode")
     pipe = cls(
         ns.bundle,

@@ -33,7 +33,7 @@ class Engine(Protocol):
     name: str
 
     def compile_role(
-        self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, Any]], device: torch.device
+        self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[Any, Any]], device: torch.device
     ) -> RoleRunner:
         """`captured`: mcore.graph_capture.Captured; `state`: FQN -> tensor for every lifted
         parameter/buffer; `slots`: (slot record, bound SlotCall) pairs for this role."""

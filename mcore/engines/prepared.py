@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 from torch import fx
 
-from ..graph.snapshot import is_assert_node
+from ..graph.from_export import is_assert_node
 from .slots import SlotCall, apply_slot
 
 
@@ -38,7 +38,7 @@ class PreparedGraph:
 
 
 def prepare_graph(
-    captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, SlotCall]], device: torch.device
+    captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[Any, SlotCall]], device: torch.device
 ) -> PreparedGraph:
     ep: torch.export.ExportedProgram = captured.exported
     gm = copy.deepcopy(ep.graph_module)  # the graph only: parameters are meta, values come from `state`
@@ -70,10 +70,10 @@ def prepare_graph(
     out_specs = list(sig.output_specs)
     user_index = [i for i, s in enumerate(out_specs) if s.kind == torch.export.graph_signature.OutputKind.USER_OUTPUT]
     snap = captured.snapshot
-    shapes = {t["id"]: t["shape"] for t in snap["tensors"]}
+    shapes = {t.id: list(t.shape) for t in snap.tensors}
     dynamic = {
         i: tuple(d for d, n in enumerate(shapes[tid]) if n == -1)
-        for i, tid in enumerate(snap["inputs"])
+        for i, tid in enumerate(snap.inputs)
         if -1 in shapes[tid]
     }
     return PreparedGraph(

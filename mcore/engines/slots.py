@@ -22,8 +22,9 @@ import torch
 from torch import fx
 
 from ..errors import UserError
-from ..graph.snapshot import TORCH_DTYPES, SnapshotIndex
-from ..selection import call_order
+from ..graph.from_export import TORCH_DTYPES
+from ..graph.snapshot import Snapshot
+from ..receipt import SlotRecord
 
 _registry: dict[str, "SlotCall"] = {}
 _registry_lock = threading.Lock()
@@ -33,15 +34,14 @@ _serial = itertools.count()
 class SlotCall:
     """What one slot node runs. Bound once, when its pipeline is constructed."""
 
-    def __init__(self, slot: dict[str, Any]):
+    def __init__(self, slot: SlotRecord):
         self.slot = slot
-        self.binding_id: str = slot["binding_id"]
-        abi = slot["abi"]
-        self.out_dtype = TORCH_DTYPES[abi["outputs"][0]["dtype"]]
-        self.out_shape = list(abi["outputs"][0]["shape"])
-        self.shape_input: Optional[int] = slot["output_shape_input"]
-        self.workspace_bytes: int = slot["workspace_bytes"]
-        self.extras = [a.get("value") for a in slot["extra_args"]]
+        self.binding_id: str = slot.binding_id
+        self.out_dtype = TORCH_DTYPES[slot.outputs[0].dtype]
+        self.out_shape = list(slot.outputs[0].shape)
+        self.shape_input: Optional[int] = slot.output_shape_input
+        self.workspace_bytes: int = slot.workspace_bytes
+        self.extras = [a.get("value") for a in slot.extra_args]
         self.fn: Optional[Callable[..., Any]] = None
         self._workspace: Optional[torch.Tensor] = None
         # Keys are handed out in construction order, so the first pipeline of a fresh process gets
@@ -68,7 +68,7 @@ class SlotCall:
             raise RuntimeError(f"slot {self.binding_id} is unbound")
         out = self.output_like(list(inputs))
         self.fn(
-            *call_order(
+            *self.slot.call_args(
                 [x if x.is_contiguous() else x.contiguous() for x in inputs], self._workspace, [out], self.extras
             )
         )
@@ -93,36 +93,36 @@ def _slot_fake(inputs: list[torch.Tensor], key: str) -> torch.Tensor:
 
 
 def apply_slot(
-    gm: fx.GraphModule, snapshot: dict[str, Any], slot: dict[str, Any], call: SlotCall, constants: dict[str, fx.Node]
+    gm: fx.GraphModule, snapshot: Snapshot, slot: SlotRecord, call: SlotCall, constants: dict[str, fx.Node]
 ) -> None:
     """Rewrite `gm` in place: the region's nodes out, one mcore::slot node over the boundary inputs in.
 
     `constants` maps a lifted parameter/buffer FQN (a snapshot `constant` node's name) to its placeholder.
     """
-    ix = SnapshotIndex(snapshot)
     by_name = {n.name: n for n in gm.graph.nodes}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    user_placeholders = placeholders[len(placeholders) - len(snapshot["inputs"]) :]
+    user_placeholders = placeholders[len(placeholders) - len(snapshot.inputs) :]
 
     def fx_value(tid: str) -> fx.Node:
-        producer = ix.tensors[tid]["producer"]
+        producer = snapshot.tensor(tid).producer
         if producer is None:
-            return user_placeholders[snapshot["inputs"].index(tid)]
-        node = ix.nodes[producer]
-        if node["op"] == "constant":
-            return constants[node["name"]]
-        fxn = by_name[node["name"]]
-        if len(node["outputs"]) > 1:
-            idx = node["outputs"].index(tid)
+            return user_placeholders[snapshot.inputs.index(tid)]
+        node = snapshot.node(producer)
+        if node.op == "constant":
+            return constants[node.name]
+        fxn = by_name[node.name]
+        if len(node.outputs) > 1:
+            idx = node.outputs.index(tid)
             for u in fxn.users:
                 if u.target is operator.getitem and u.args[1] == idx:
                     return u
             raise RuntimeError(f"no getitem for {tid}")
         return fxn
 
-    ins = [fx_value(t) for t in slot["input_tensor_ids"]]
-    out_old = fx_value(slot["output_tensor_ids"][0])
-    region = {by_name[ix.nodes[n]["name"]] for n in slot["node_ids"] if ix.nodes[n]["op"] != "constant"}
+    ins = [fx_value(t) for t in slot.input_tensor_ids]
+    out_old = fx_value(slot.output_tensor_ids[0])
+    nodes = [snapshot.node(n) for n in slot.node_ids]
+    region = {by_name[n.name] for n in nodes if n.op != "constant"}
     region |= {u for n in region for u in n.users if u.op == "call_function" and u.target is operator.getitem}
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     last = max(region, key=order.__getitem__)

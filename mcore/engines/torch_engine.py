@@ -44,6 +44,6 @@ class TorchEngine:
     name = "torch"
 
     def compile_role(
-        self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, Any]], device: torch.device
+        self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[Any, Any]], device: torch.device
     ) -> TorchRoleRunner:
         return TorchRoleRunner(prepare_graph(captured, state, slots, device))

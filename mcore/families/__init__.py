@@ -5,12 +5,17 @@ Importing this package registers the custom op mcore::decode_attention.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import ops as _ops  # noqa: F401  (registers mcore::decode_attention)
 from ..errors import UserError
 from .base import DTYPES, Family, ModelSource, RecipeSpec, RoleIO
 from .bert import BertFamily
 from .distilbert import DistilBertFamily
 from .qwen3 import Qwen3Family
+
+if TYPE_CHECKING:
+    from ..bundle_manifest import BundleManifest
 
 _FAMILIES: dict[str, Family] = {f.name: f for f in (Qwen3Family(), DistilBertFamily(), BertFamily())}
 # config.json model_type -> family name
@@ -28,9 +33,9 @@ def get_family(name: str) -> Family:
         raise UserError(f"unknown model family {name!r}; supported: {', '.join(_FAMILIES)}") from None
 
 
-def bundle_kind(manifest: dict) -> str:
+def bundle_kind(manifest: "BundleManifest") -> str:
     """decoder or encoder: the manifest's family_kind, else (older bundles) its family's kind."""
-    return manifest.get("family_kind") or get_family(manifest["family"]).kind
+    return manifest.family_kind or get_family(manifest.family).kind
 
 
 def family_for_config(config: dict) -> Family:

@@ -4,47 +4,47 @@ from __future__ import annotations
 
 import fnmatch
 from collections import OrderedDict
-from typing import Any, Iterable
+from typing import Iterable
 
 from ..errors import printable  # noqa: F401 - re-exported for the CLI
-from .snapshot import SnapshotIndex
+from ..receipt import SlotRecord
+from .snapshot import Node, Snapshot, Tensor
 
 
-def node_matches(node: dict[str, Any], pattern: str | None) -> bool:
+def node_matches(node: Node, pattern: str | None) -> bool:
     """--match GLOB against node ID, op, layer category, name and module path (case-insensitive)."""
     if not pattern:
         return True
     pat = pattern.lower()
-    fields = (node["id"], node["op"], node.get("category", ""), node["name"], node["module_path"])
+    fields = (node.id, node.op, node.category or "", node.name, node.module_path)
     return any(fnmatch.fnmatchcase(str(f).lower(), pat) for f in fields)
 
 
-def tensor_refs(ix: SnapshotIndex, tids: Iterable[str]) -> str:
+def tensor_refs(ix: Snapshot, tids: Iterable[str]) -> str:
     parts = []
     for t in tids:
-        out = ix.tensors[t].get("output_name") if t in ix.outputs else None
+        out = ix.tensor(t).output_name if ix.is_output(t) else None
         parts.append(f"{t}({out})" if out else t)
     return ",".join(parts)
 
 
-def node_row(ix: SnapshotIndex, node: dict[str, Any]) -> str:
+def node_row(ix: Snapshot, node: Node) -> str:
     return (
-        f"{node['id']:<10} {node['op']:<34} {node.get('category', ''):<48} "
-        f"{tensor_refs(ix, node['inputs'])} -> {tensor_refs(ix, node['outputs'])}"
-        + (f"  [{node['module_path']}]" if node["module_path"] else "")
+        f"{node.id:<10} {node.op:<34} {node.category or '':<48} "
+        f"{tensor_refs(ix, node.inputs)} -> {tensor_refs(ix, node.outputs)}"
+        + (f"  [{node.module_path}]" if node.module_path else "")
     )
 
 
-def list_lines(snapshot: dict[str, Any], pattern: str | None = None) -> list[str]:
-    ix = SnapshotIndex(snapshot)
-    return [node_row(ix, n) for n in snapshot["nodes"] if node_matches(n, pattern)]
+def list_lines(snapshot: Snapshot, pattern: str | None = None) -> list[str]:
+    return [node_row(snapshot, n) for n in snapshot.nodes if node_matches(n, pattern)]
 
 
-def module_tree(snapshot: dict[str, Any]) -> "OrderedDict[str, int]":
+def module_tree(snapshot: Snapshot) -> "OrderedDict[str, int]":
     """Module path -> number of nodes at or below it, in first-appearance order."""
     counts: "OrderedDict[str, int]" = OrderedDict()
-    for n in snapshot["nodes"]:
-        path = n["module_path"]
+    for n in snapshot.nodes:
+        path = n.module_path
         parts = path.split(".") if path else []
         counts.setdefault("", 0)
         counts[""] += 1
@@ -54,8 +54,8 @@ def module_tree(snapshot: dict[str, Any]) -> "OrderedDict[str, int]":
     return counts
 
 
-def tree_lines(snapshot: dict[str, Any]) -> list[str]:
-    meta = snapshot["metadata"]
+def tree_lines(snapshot: Snapshot) -> list[str]:
+    meta = snapshot.metadata
     lines = []
     for path, count in module_tree(snapshot).items():
         if path == "":
@@ -66,33 +66,13 @@ def tree_lines(snapshot: dict[str, Any]) -> list[str]:
     return lines
 
 
-def tensor_desc(t: dict[str, Any]) -> str:
-    return f"{t['dtype']} {t['location']} {list(t['shape'])}"
+def tensor_desc(t: Tensor) -> str:
+    return f"{t.dtype} {t.location} {list(t.shape)}"
 
 
-def abi_lines(receipt: dict[str, Any]) -> list[str]:
-    abi = receipt["abi"]
-    lines = [
-        f"binding_id={receipt['binding_id']}",
-        f"abi_sha256={receipt['abi_sha256']}",
-        f"engine_role={receipt['engine_role']}",
-        f"graph_fingerprint={receipt['graph_fingerprint']}",
-        f"call: {abi['call']}",
-    ]
-    for e in abi["inputs"]:
-        lines.append(
-            f"input[{e['index']}]  {e['tensor_id']:<12} {e['name']:<24} {e['dtype']} {e['location']} {e['shape']}"
-        )
-    for e in abi["outputs"]:
-        lines.append(
-            f"output[{e['index']}] {e['tensor_id']:<12} {e['name']:<24} {e['dtype']} {e['location']} {e['shape']}"
-        )
-    lines.append(f"workspace {receipt['workspace_bytes']} bytes")
-    extras = receipt["extra_args"]
-    lines.append("extra args " + (", ".join(f"{a['type']}={a.get('value')}" for a in extras) if extras else "none"))
-    rule = receipt["output_shape_input"]
-    lines.append("output shape " + (f"like input[{rule}]" if rule is not None else "fixed as declared"))
-    return lines
+def abi_lines(receipt: SlotRecord) -> list[str]:
+    """The readable ABI of a receipt or slot record, one fact a line."""
+    return receipt.abi_lines()
 
 
 def versions_line(versions: dict) -> str:

@@ -1,283 +1,46 @@
-"""The graph snapshot contract (DESIGN.md §1): build from an ExportedProgram, load, fingerprint."""
+"""The graph snapshot contract (DESIGN.md §1): the typed `Snapshot`, checked once at load (fields,
+types, ranges and every reference between node and tensor IDs), its fingerprint, and the file.
+
+Building one from a torch.export program lives in from_export.py; this module needs no torch.
+"""
 
 from __future__ import annotations
 
+import copy
 import hashlib
-import operator
 import os
-from typing import Any
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
 
-import torch
-from torch import fx
-
+from ..contract import (
+    JsonView,
+    field_error,
+    is_int,
+    need_bool,
+    need_dict,
+    need_int,
+    need_opt_str,
+    need_str,
+    need_strs,
+)
 from ..errors import UserError
 from ..fileio import canonical_json, check_fields, read_json
-from .categories import category
 
 SCHEMA_VERSION = 1
 KIND = "mcore.graph_snapshot"
-
-DTYPE_NAMES = {
-    torch.float32: "FP32",
-    torch.float16: "FP16",
-    torch.bfloat16: "BF16",
-    torch.float64: "FP64",
-    torch.int32: "INT32",
-    torch.int64: "INT64",
-    torch.int16: "INT16",
-    torch.int8: "INT8",
-    torch.uint8: "UINT8",
-    torch.bool: "BOOL",
-}
-TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
-
-# Nodes that check or constrain but compute nothing the graph uses.
-_SKIP_TARGETS = {
-    "_assert_tensor_metadata",
-    "_assert_scalar",
-    "sym_constrain_range_for_size",
-    "sym_constrain_range",
-    "_assert_async",
-    "_functional_assert_async",
-}
-
-
-def op_name(target: Any) -> str:
-    """Stable name of an FX call target: 'aten.add.Tensor', 'mcore.decode_attention.default', 'operator.getitem'."""
-    if isinstance(target, torch._ops.OpOverload):
-        ns = target.namespace
-        return f"{ns}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return f"{target._qualified_op_name.replace('::', '.')}"
-    mod = getattr(target, "__module__", None) or ""
-    name = getattr(target, "__name__", None) or type(target).__name__
-    if mod in ("_operator", "operator"):
-        mod = "operator"
-    return f"{mod}.{name}" if mod else name
-
-
-def is_assert_node(node: fx.Node) -> bool:
-    if node.op != "call_function":
-        return False
-    t = node.target
-    base = t._schema.name.split("::")[-1] if isinstance(t, torch._ops.OpOverload) else getattr(t, "__name__", "")
-    return base in _SKIP_TARGETS
-
-
-def _tensor_desc(val: Any) -> dict[str, Any]:
-    if isinstance(val, torch.Tensor):
-        dims = []
-        for d in val.shape:
-            dims.append(d if isinstance(d, int) else (-1 if not _is_static(d) else int(d)))
-        try:
-            linear = bool(val.is_contiguous())
-        except Exception:
-            linear = False
-        return {
-            "dtype": DTYPE_NAMES.get(val.dtype, str(val.dtype).replace("torch.", "").upper()),
-            "shape": dims,
-            "location": "device",
-            "is_shape_tensor": False,
-            "format": "linear" if linear else "strided",
-        }
-    # SymInt / int / float produced by shape arithmetic: a host shape value.
-    return {"dtype": "INT64", "shape": [], "location": "host", "is_shape_tensor": True, "format": "linear"}
-
-
-def _is_static(d: Any) -> bool:
-    node = getattr(d, "node", None)
-    if node is None:
-        return True
-    try:
-        return bool(node.is_constant()) or node.expr.is_number
-    except Exception:
-        return False
-
-
-def _writes(node: fx.Node) -> list[int]:
-    """Indices of positional arguments this op mutates (schema alias_info.is_write)."""
-    t = node.target
-    if not isinstance(t, torch._ops.OpOverload):
-        return []
-    out = []
-    for i, a in enumerate(t._schema.arguments):
-        if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only:
-            out.append(i)
-    return out
-
-
-def snapshot_from_exported(
-    ep: torch.export.ExportedProgram, metadata: dict[str, Any], input_names: list[str], output_names: list[str]
-) -> dict[str, Any]:
-    """Turn an ExportedProgram into the snapshot dict (IDs in topological order).
-
-    Lifted parameters/buffers/constants become `constant` nodes placed just before their
-    first consumer. An in-place op produces a new version of the tensor it writes; later
-    readers of the old FX value read that new version, so region rules stay sound.
-    """
-    gm = ep.graph_module
-    sig = ep.graph_signature
-    const_targets: dict[str, str] = {}
-    const_targets.update(sig.inputs_to_parameters)
-    const_targets.update(sig.inputs_to_buffers)
-    const_targets.update(getattr(sig, "inputs_to_lifted_tensor_constants", {}) or {})
-    user_inputs = list(sig.user_inputs)
-    if len(user_inputs) != len(input_names):
-        raise RuntimeError(f"role declares {len(input_names)} inputs but the graph has {len(user_inputs)}")
-
-    nodes: list[dict[str, Any]] = []
-    tensors: dict[str, dict[str, Any]] = {}
-    current: dict[fx.Node, list[str]] = {}  # FX value -> tensor id(s) it currently denotes
-    n_tensor = 0
-    fx_by_name = {n.name: n for n in gm.graph.nodes}
-
-    def new_tensor(val: Any, producer: str | None, name: str) -> str:
-        nonlocal n_tensor
-        tid = f"tensor:{n_tensor}"
-        n_tensor += 1
-        tensors[tid] = {"id": tid, "name": name, **_tensor_desc(val), "producer": producer, "consumers": []}
-        return tid
-
-    # Graph inputs first, in call order.
-    input_ids = []
-    for fx_name, name in zip(user_inputs, input_names):
-        node = fx_by_name[fx_name]
-        tid = new_tensor(node.meta.get("val"), None, name)
-        current[node] = [tid]
-        input_ids.append(tid)
-
-    const_node_of: dict[fx.Node, str] = {}
-
-    def module_path(node: fx.Node) -> str:
-        stack = node.meta.get("nn_module_stack") or {}
-        paths = [v[0] for v in stack.values() if isinstance(v, tuple) and v and isinstance(v[0], str)]
-        paths = [p for p in paths if p and not p.startswith("_empty_nn_module_stack")]
-        return paths[-1] if paths else ""
-
-    def emit_constant(ph: fx.Node) -> None:
-        target = const_targets[ph.name]
-        nid = f"node:{len(nodes)}"
-        tid = new_tensor(ph.meta.get("val"), nid, target)
-        owner = target.rsplit(".", 1)[0] if "." in target else ""
-        nodes.append(
-            {
-                "id": nid,
-                "op": "constant",
-                "category": category("constant"),
-                "name": target,
-                "module_path": owner,
-                "inputs": [],
-                "outputs": [tid],
-            }
-        )
-        current[ph] = [tid]
-        const_node_of[ph] = nid
-
-    def tensor_args(node: fx.Node) -> list[fx.Node]:
-        seen: list[fx.Node] = []
-        for a in node.all_input_nodes:
-            if a not in seen:
-                seen.append(a)
-        return seen
-
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or is_assert_node(node):
-            continue
-        if node.target is operator.getitem:
-            src, idx = node.args
-            if src in current and isinstance(idx, int) and idx < len(current[src]):
-                current[node] = [current[src][idx]]
-                continue
-        # constants this node reads, placed just before it
-        for a in tensor_args(node):
-            if a.op == "placeholder" and a.name in const_targets and a not in current:
-                emit_constant(a)
-        nid = f"node:{len(nodes)}"
-        ins: list[str] = []
-        for a in tensor_args(node):
-            for tid in current.get(a, []):
-                if tid not in ins:
-                    ins.append(tid)
-                    tensors[tid]["consumers"].append(nid)
-        val = node.meta.get("val")
-        outs: list[str] = []
-        if isinstance(val, (list, tuple)):
-            for i, v in enumerate(val):
-                if v is not None:
-                    outs.append(new_tensor(v, nid, f"{node.name}.{i}"))
-        elif val is not None:
-            outs.append(new_tensor(val, nid, node.name))
-        nodes.append(
-            {
-                "id": nid,
-                "op": op_name(node.target),
-                "category": category(op_name(node.target)),
-                "name": node.name,
-                "module_path": module_path(node),
-                "inputs": ins,
-                "outputs": outs,
-            }
-        )
-        current[node] = outs
-        # An in-place write makes a new version of the written value for every later reader.
-        for i in _writes(node):
-            if i < len(node.args) and isinstance(node.args[i], fx.Node) and outs:
-                current[node.args[i]] = [outs[0]]
-                nodes[-1]["mutates"] = list(current.get(node.args[i], []))
-
-    # Outputs: user outputs, then final versions of mutated graph inputs (state the graph writes).
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    out_vals = out_node.args[0]
-    user_out_names = list(sig.user_outputs)
-    output_ids: list[str] = []
-    out_by_name = {}
-    for v in out_vals:
-        if isinstance(v, fx.Node):
-            out_by_name[v.name] = v
-    for fx_name, name in zip(user_out_names, output_names):
-        v = out_by_name.get(fx_name)
-        if v is None or v not in current:
-            raise RuntimeError(f"graph output {name} is not a tensor")
-        tid = current[v][0]
-        output_ids.append(tid)
-        tensors[tid].setdefault("output_name", name)
-    for tid_in, fx_name in zip(input_ids, user_inputs):
-        final = current[fx_by_name[fx_name]][0]
-        if final != tid_in:
-            output_ids.append(final)
-            tensors[final]["output_name"] = tensors[tid_in]["name"]
-    for tid in output_ids:
-        tensors[tid]["is_network_output"] = True
-
-    # Shape arithmetic carries no module stack: it belongs where its first reader is.
-    by_id = {n["id"]: n for n in nodes}
-    for n in reversed(nodes):
-        if not n["module_path"]:
-            for t in n["outputs"]:
-                readers = [by_id[c]["module_path"] for c in tensors[t]["consumers"] if by_id[c]["module_path"]]
-                if readers:
-                    n["module_path"] = readers[0]
-                    break
-
-    snap = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": KIND,
-        "metadata": metadata,
-        "nodes": nodes,
-        "tensors": [tensors[f"tensor:{i}"] for i in range(n_tensor)],
-        "inputs": input_ids,
-        "outputs": output_ids,
-    }
-    snap["fingerprint"] = fingerprint(snap)
-    return snap
-
+NODE_ID_RE = re.compile(r"^node:\d+$")
+TENSOR_ID_RE = re.compile(r"^tensor:\d+$")
+LOCATIONS = ("device", "host")
+FORMATS = ("linear", "strided")
+RECAPTURE = "recapture with `mcore graph inspect`"
 
 # Metadata that describes the machine that captured a graph, not the graph: recorded, never hashed,
 # so the same graph captured with another torch or mcore gives the same fingerprint.
 UNHASHED_METADATA = ("tool_versions",)
 
 
-def fingerprint(snap: dict[str, Any]) -> str:
+def fingerprint(snap: Mapping[str, Any]) -> str:
     """sha256 over what determines the graph (DESIGN.md §1): the metadata that names the model
     (spec, revision, config hash), the engine role and graph-producing args, then the graph itself
     (nodes, tensors, inputs, outputs, recipe instances). Tool versions are left out."""
@@ -288,66 +51,370 @@ def fingerprint(snap: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
-_NODE_FIELDS = {"id", "op", "name", "module_path", "inputs", "outputs"}
-_TENSOR_FIELDS = {"id", "dtype", "shape", "location", "is_shape_tensor", "producer", "consumers"}
+# The JSON key order of each record is the order capture writes (a snapshot file is rewritten
+# byte for byte); optional keys are written only when set.
+_NODE_REQUIRED = ("id", "op", "name", "module_path", "inputs", "outputs")
+_NODE_ORDER = ("id", "op", "category", "name", "module_path", "inputs", "outputs", "mutates")
+_TENSOR_REQUIRED = ("id", "dtype", "shape", "location", "is_shape_tensor", "producer", "consumers")
+_TENSOR_ORDER = (
+    "id",
+    "name",
+    "dtype",
+    "shape",
+    "location",
+    "is_shape_tensor",
+    "format",
+    "producer",
+    "consumers",
+    "output_name",
+    "is_network_output",
+)
+_RECIPE_ORDER = (
+    "id",
+    "instance",
+    "engine_role",
+    "description",
+    "module_path",
+    "node_ids",
+    "workspace_bytes",
+    "extra_args",
+    "output_shape_input",
+)
 
 
-def load_snapshot(path: str | os.PathLike) -> dict[str, Any]:
-    """Read and check a snapshot file; errors name the file and the field."""
-    snap = read_json(path, "graph snapshot")
-    where = str(path)
-    check_fields(
-        snap,
-        where,
-        {"schema_version", "kind", "metadata", "nodes", "tensors", "inputs", "outputs", "fingerprint"},
-        {"recipes"},
-    )
-    if snap["kind"] != KIND:
-        raise UserError(
-            f"{where}: kind is {snap['kind']!r}, not a graph snapshot ({KIND}); pass the file written by `mcore graph inspect --snapshot`"
+def _record(obj: Any, order: tuple[str, ...]) -> dict[str, Any]:
+    """The JSON object of a node, tensor or recipe row: `order`'s keys, optional ones when set."""
+    out: dict[str, Any] = {}
+    for k in order:
+        v = getattr(obj, k)
+        if v is not None or k in obj.NULLABLE:
+            out[k] = [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
+    return out
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    op: str
+    name: str
+    module_path: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    category: Optional[str] = None  # the TensorRT-style layer type shown in lists
+    mutates: Optional[tuple[str, ...]] = None  # the tensor versions an in-place op writes
+
+    NULLABLE = ()
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str, path: str) -> "Node":
+        check_fields(d, f"{where}: {path}", set(_NODE_REQUIRED), {"category", "mutates"})
+        p = path + "."
+        nid = need_str(d, "id", where, RECAPTURE, path=p)
+        if not NODE_ID_RE.match(nid):
+            raise field_error(where, f"{p}id", f"{nid!r} must look like node:N", RECAPTURE)
+        return cls(
+            nid,
+            need_str(d, "op", where, RECAPTURE, path=p),
+            need_str(d, "name", where, RECAPTURE, path=p),
+            need_str(d, "module_path", where, RECAPTURE, path=p),
+            need_strs(d, "inputs", where, RECAPTURE, path=p),
+            need_strs(d, "outputs", where, RECAPTURE, path=p),
+            need_str(d, "category", where, RECAPTURE, path=p) if "category" in d else None,
+            need_strs(d, "mutates", where, RECAPTURE, path=p) if "mutates" in d else None,
         )
-    if snap["schema_version"] != SCHEMA_VERSION:
-        raise UserError(
-            f"{where}: schema_version {snap['schema_version']!r} is not supported (expected {SCHEMA_VERSION}); recapture with this mcore"
+
+    def to_dict(self) -> dict[str, Any]:
+        return _record(self, _NODE_ORDER)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    id: str
+    dtype: str  # BF16, FP16, FP32, INT32, INT64, ...
+    shape: tuple[int, ...]  # -1 for a dynamic dimension
+    location: str  # device | host
+    is_shape_tensor: bool
+    producer: Optional[str]  # None for a graph input
+    consumers: tuple[str, ...]
+    name: Optional[str] = None
+    format: Optional[str] = None  # linear | strided
+    output_name: Optional[str] = None  # the role output (or written state) this tensor is
+    is_network_output: Optional[bool] = None
+
+    NULLABLE = ("producer",)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str, path: str) -> "Tensor":
+        optional = {"name", "format", "output_name", "is_network_output"}
+        check_fields(d, f"{where}: {path}", set(_TENSOR_REQUIRED), optional)
+        p = path + "."
+        tid = need_str(d, "id", where, RECAPTURE, path=p)
+        if not TENSOR_ID_RE.match(tid):
+            raise field_error(where, f"{p}id", f"{tid!r} must look like tensor:N", RECAPTURE)
+        shape = d["shape"]
+        if not isinstance(shape, list) or not all(is_int(x) and x >= -1 for x in shape):
+            raise field_error(where, f"{p}shape", "must be a list of integers >= -1 (-1: dynamic)", RECAPTURE)
+        location = need_str(d, "location", where, RECAPTURE, path=p)
+        if location not in LOCATIONS:
+            raise field_error(where, f"{p}location", f"{location!r} must be device or host", RECAPTURE)
+
+        # optional keys, when present, hold a value (absent and null would write back differently)
+        def opt_str(k: str) -> Optional[str]:
+            return need_str(d, k, where, RECAPTURE, path=p) if k in d else None
+
+        fmt = opt_str("format")
+        if fmt is not None and fmt not in FORMATS:
+            raise field_error(where, f"{p}format", f"{fmt!r} must be linear or strided", RECAPTURE)
+        net = need_bool(d, "is_network_output", where, RECAPTURE, path=p) if "is_network_output" in d else None
+        return cls(
+            tid,
+            need_str(d, "dtype", where, RECAPTURE, path=p),
+            tuple(shape),
+            location,
+            need_bool(d, "is_shape_tensor", where, RECAPTURE, path=p),
+            need_opt_str(d, "producer", where, RECAPTURE, path=p),
+            need_strs(d, "consumers", where, RECAPTURE, path=p),
+            opt_str("name"),
+            fmt,
+            opt_str("output_name"),
+            net,
         )
-    for i, n in enumerate(snap["nodes"]):
-        if not isinstance(n, dict) or not _NODE_FIELDS <= n.keys():
-            raise UserError(f"{where}: nodes[{i}] lacks one of {sorted(_NODE_FIELDS)}")
-    for i, t in enumerate(snap["tensors"]):
-        if not isinstance(t, dict) or not _TENSOR_FIELDS <= t.keys():
-            raise UserError(f"{where}: tensors[{i}] lacks one of {sorted(_TENSOR_FIELDS)}")
-    if fingerprint(snap) != snap["fingerprint"]:
-        raise UserError(
-            f"{where}: fingerprint does not match the content (the file was edited or damaged); recapture with `mcore graph inspect`"
+
+    def to_dict(self) -> dict[str, Any]:
+        return _record(self, _TENSOR_ORDER)
+
+    @property
+    def label(self) -> str:
+        """The name people know the tensor by: its role output name, else its FX name, else its ID."""
+        return self.output_name or self.name or self.id
+
+    def describe(self) -> str:
+        return f"{self.dtype} {list(self.shape)}"
+
+
+@dataclass(frozen=True)
+class RecipeRow:
+    """One recipe instance resolved at capture to exact node IDs (mcore/recipes.py)."""
+
+    id: str
+    instance: str
+    engine_role: str
+    description: str
+    module_path: str
+    node_ids: tuple[str, ...]
+    workspace_bytes: int
+    extra_args: tuple[dict[str, Any], ...]
+    output_shape_input: Optional[int]
+
+    NULLABLE = ("output_shape_input",)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str, path: str) -> "RecipeRow":
+        check_fields(d, f"{where}: {path}", set(_RECIPE_ORDER))
+        p = path + "."
+        extras = d["extra_args"]
+        if not isinstance(extras, list) or not all(isinstance(a, dict) for a in extras):
+            raise field_error(where, f"{p}extra_args", "must be a list of objects", RECAPTURE)
+        osi = d["output_shape_input"]
+        if osi is not None and not (is_int(osi) and osi >= 0):
+            raise field_error(where, f"{p}output_shape_input", "must be an input index (>= 0) or null", RECAPTURE)
+        return cls(
+            need_str(d, "id", where, RECAPTURE, path=p),
+            need_str(d, "instance", where, RECAPTURE, path=p),
+            need_str(d, "engine_role", where, RECAPTURE, path=p),
+            need_str(d, "description", where, RECAPTURE, path=p),
+            need_str(d, "module_path", where, RECAPTURE, path=p),
+            need_strs(d, "node_ids", where, RECAPTURE, path=p),
+            need_int(d, "workspace_bytes", where, RECAPTURE, path=p, lo=0),
+            tuple(copy.deepcopy(extras)),
+            osi,
         )
-    return snap
+
+    def to_dict(self) -> dict[str, Any]:
+        d = _record(self, _RECIPE_ORDER)
+        d["extra_args"] = copy.deepcopy(d["extra_args"])
+        return d
 
 
-class SnapshotIndex:
-    """Lookups over a snapshot dict: nodes and tensors by ID, edges."""
+@dataclass(frozen=True)
+class Snapshot(JsonView):
+    """A graph snapshot, checked once, with its node and tensor indexes.
 
-    def __init__(self, snap: dict[str, Any]):
-        self.snap = snap
-        self.nodes = {n["id"]: n for n in snap["nodes"]}
-        self.tensors = {t["id"]: t for t in snap["tensors"]}
-        self.order = {n["id"]: i for i, n in enumerate(snap["nodes"])}
-        self.outputs = set(snap["outputs"])
-        self.inputs = set(snap["inputs"])
+    `nodes` and `tensors` are in ID (topological) order; `node(id)` and `tensor(id)` look them up.
+    `recipes` is None when the file has no recipe list (hand-made graphs)."""
+
+    metadata: dict[str, Any]
+    nodes: tuple[Node, ...]
+    tensors: tuple[Tensor, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    fingerprint: str
+    recipes: Optional[tuple[RecipeRow, ...]] = None
+    schema_version: int = SCHEMA_VERSION
+    kind: str = KIND
+    # indexes, derived from the fields above
+    node_by_id: Mapping[str, Node] = field(init=False, repr=False, compare=False)
+    tensor_by_id: Mapping[str, Tensor] = field(init=False, repr=False, compare=False)
+    order: Mapping[str, int] = field(init=False, repr=False, compare=False)  # node ID -> position
+    output_set: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "node_by_id", {n.id: n for n in self.nodes})
+        object.__setattr__(self, "tensor_by_id", {t.id: t for t in self.tensors})
+        object.__setattr__(self, "order", {n.id: i for i, n in enumerate(self.nodes)})
+        object.__setattr__(self, "output_set", frozenset(self.outputs))
+
+    # ------------------------------------------------------------ parse and write
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "Snapshot":
+        """Check every field, type and ID reference, then the fingerprint; errors name `where`."""
+        check_fields(
+            data,
+            where,
+            {"schema_version", "kind", "metadata", "nodes", "tensors", "inputs", "outputs", "fingerprint"},
+            {"recipes"},
+        )
+        if data["kind"] != KIND:
+            raise UserError(
+                f"{where}: kind is {data['kind']!r}, not a graph snapshot ({KIND}); pass the file written by "
+                "`mcore graph inspect --snapshot`"
+            )
+        if data["schema_version"] != SCHEMA_VERSION:
+            raise UserError(
+                f"{where}: schema_version {data['schema_version']!r} is not supported (expected {SCHEMA_VERSION}); "
+                "recapture with this mcore"
+            )
+        meta = need_dict(data, "metadata", where, RECAPTURE)
+        need_str(meta, "engine_role", where, RECAPTURE, path="metadata.")
+        for k in ("nodes", "tensors"):
+            if not isinstance(data[k], list):
+                raise field_error(where, k, "must be a list", RECAPTURE)
+        nodes = tuple(Node.from_dict(n, where, f"nodes[{i}]") for i, n in enumerate(data["nodes"]))
+        tensors = tuple(Tensor.from_dict(t, where, f"tensors[{i}]") for i, t in enumerate(data["tensors"]))
+        recipes = None
+        if "recipes" in data:
+            if not isinstance(data["recipes"], list):
+                raise field_error(where, "recipes", "must be a list", RECAPTURE)
+            recipes = tuple(RecipeRow.from_dict(r, where, f"recipes[{i}]") for i, r in enumerate(data["recipes"]))
+        fp = need_str(data, "fingerprint", where, RECAPTURE)
+        snap = cls(
+            copy.deepcopy(meta),
+            nodes,
+            tensors,
+            need_strs(data, "inputs", where, RECAPTURE),
+            need_strs(data, "outputs", where, RECAPTURE),
+            fp,
+            recipes,
+        )
+        snap._check_references(where)
+        if fingerprint(data) != fp:
+            raise UserError(
+                f"{where}: fingerprint does not match the content (the file was edited or damaged); {RECAPTURE}"
+            )
+        return snap
+
+    def _check_references(self, where: str) -> None:
+        """Every ID names something that exists, once, and both ends of each edge agree: the region
+        rules walk these edges, so a dangling or one-sided edge would make them unsound."""
+        for what, all_ids in (("nodes", [n.id for n in self.nodes]), ("tensors", [t.id for t in self.tensors])):
+            if len(set(all_ids)) != len(all_ids):
+                seen: set[str] = set()
+                for i, x in enumerate(all_ids):
+                    if x in seen:
+                        raise field_error(where, f"{what}[{i}].id", f"{x} is used twice; IDs are unique", RECAPTURE)
+                    seen.add(x)
+
+        def bad(name: str, problem: str) -> UserError:
+            return field_error(where, name, problem, RECAPTURE)
+
+        tensors, nodes = self.tensor_by_id, self.node_by_id
+        for i, n in enumerate(self.nodes):
+            for key, ids in (("inputs", n.inputs), ("outputs", n.outputs), ("mutates", n.mutates or ())):
+                for tid in ids:
+                    if tid not in tensors:
+                        raise bad(f"nodes[{i}].{key}", f"names {tid}, which is not in tensors")
+            for tid in n.inputs:
+                if n.id not in tensors[tid].consumers:
+                    raise bad(f"nodes[{i}].inputs", f"reads {tid} but {tid} does not list {n.id} among its consumers")
+            for tid in n.outputs:
+                if tensors[tid].producer != n.id:
+                    raise bad(f"nodes[{i}].outputs", f"writes {tid} but {tid} names another producer")
+        for i, t in enumerate(self.tensors):
+            if t.producer is not None and (t.producer not in nodes or t.id not in nodes[t.producer].outputs):
+                raise bad(f"tensors[{i}].producer", f"{t.producer} is not a node that outputs {t.id}")
+            for nid in t.consumers:
+                if nid not in nodes or t.id not in nodes[nid].inputs:
+                    raise bad(f"tensors[{i}].consumers", f"{nid} is not a node that reads {t.id}")
+        for key, ids in (("inputs", self.inputs), ("outputs", self.outputs)):
+            for tid in ids:
+                if tid not in tensors:
+                    raise bad(key, f"names {tid}, which is not in tensors")
+        for i, r in enumerate(self.recipes or ()):
+            for nid in r.node_ids:
+                if nid not in nodes:
+                    raise bad(f"recipes[{i}].node_ids", f"names {nid}, which is not in nodes")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, key for key as capture writes it (the fingerprint is taken over it)."""
+        d: dict[str, Any] = {
+            "schema_version": self.schema_version,
+            "kind": self.kind,
+            "metadata": copy.deepcopy(self.metadata),
+            "nodes": [n.to_dict() for n in self.nodes],
+            "tensors": [t.to_dict() for t in self.tensors],
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "fingerprint": self.fingerprint,
+        }
+        if self.recipes is not None:
+            d["recipes"] = [r.to_dict() for r in self.recipes]
+        return d
+
+    # ------------------------------------------------------------ lookups
+    @property
+    def engine_role(self) -> str:
+        return self.metadata["engine_role"]
+
+    @property
+    def family(self) -> Optional[str]:
+        return self.metadata.get("family")
+
+    @property
+    def recipe_rows(self) -> tuple[RecipeRow, ...]:
+        return self.recipes or ()
+
+    def node(self, nid: str) -> Node:
+        return self.node_by_id[nid]
+
+    def tensor(self, tid: str) -> Tensor:
+        return self.tensor_by_id[tid]
 
     def successors(self, nid: str) -> set[str]:
         out: set[str] = set()
-        for t in self.nodes[nid]["outputs"]:
-            out.update(self.tensors[t]["consumers"])
+        for t in self.node_by_id[nid].outputs:
+            out.update(self.tensor_by_id[t].consumers)
         return out
 
     def predecessors(self, nid: str) -> set[str]:
         out: set[str] = set()
-        for t in self.nodes[nid]["inputs"]:
-            p = self.tensors[t]["producer"]
+        for t in self.node_by_id[nid].inputs:
+            p = self.tensor_by_id[t].producer
             if p is not None:
                 out.add(p)
         return out
 
     def tensor_label(self, tid: str) -> str:
-        t = self.tensors[tid]
-        return t.get("output_name") or t.get("name") or tid
+        return self.tensor_by_id[tid].label
+
+    def is_output(self, tid: str) -> bool:
+        return tid in self.output_set
+
+    @classmethod
+    def of(cls, snapshot: "Snapshot | Mapping[str, Any]", where: str = "graph snapshot") -> "Snapshot":
+        """`snapshot` as a Snapshot: itself, or a JSON dict (hand-made graphs, scripts) parsed now."""
+        return snapshot if isinstance(snapshot, Snapshot) else cls.from_dict(snapshot, where)
+
+
+def load_snapshot(path: str | os.PathLike) -> Snapshot:
+    """Read and check a snapshot file; errors name the file and the field."""
+    return Snapshot.from_dict(read_json(path, "graph snapshot"), str(path))

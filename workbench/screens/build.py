@@ -65,8 +65,8 @@ class BuildScreen(WorkbenchScreen):
         rec = st.receipt
         if rec is None or st.receipt_path is None:
             return None
-        if rec.get("recipe"):
-            return {"recipe": [rec["recipe"]["id"], rec["recipe"]["instance"]]}
+        if rec.recipe:
+            return {"recipe": [rec.recipe.id, rec.recipe.instance]}
         return {"graph_patch": st.receipt_path}
 
     def refresh_view(self) -> None:

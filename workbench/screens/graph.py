@@ -14,7 +14,7 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Input, OptionList, Static, Tree
 from textual.widgets.option_list import Option
 
-from mcore import SnapshotIndex, module_tree, recipe_rows
+from mcore import Node, Snapshot, module_tree, recipe_rows
 
 from ..search import is_glob, node_hit, path_hit
 from .base import WorkbenchScreen
@@ -27,32 +27,32 @@ def op_cell(op: str) -> str:
     return op if len(op) <= OP_WIDTH else op[: OP_WIDTH - 1] + "…"
 
 
-def recipe_membership(snapshot: dict[str, Any]) -> dict[str, str]:
+def recipe_membership(snapshot: Snapshot) -> dict[str, str]:
     """node id -> the recipe instance it belongs to (first one listed)."""
     out: dict[str, str] = {}
     for r in recipe_rows(snapshot):
-        for nid in r["node_ids"]:
-            out.setdefault(nid, r["instance"])
+        for nid in r.node_ids:
+            out.setdefault(nid, r.instance)
     return out
 
 
-def in_scope(node: dict[str, Any], scope: str) -> bool:
+def in_scope(node: Node, scope: str) -> bool:
     if not scope:
         return True
-    mp = node["module_path"]
+    mp = node.module_path
     return mp == scope or mp.startswith(scope + ".")
 
 
-def node_detail_text(ix: SnapshotIndex, nid: str, recipes: dict[str, str], marked: bool) -> Text:
-    n = ix.nodes[nid]
+def node_detail_text(ix: Snapshot, nid: str, recipes: dict[str, str], marked: bool) -> Text:
+    n = ix.node(nid)
     t = Text(no_wrap=False)
     t.append(f"{nid} ", style="bold")
-    t.append(n["op"], style="bold cyan")
-    if n.get("category"):
-        t.append(f"  {n['category']}", style="dim")
-    t.append(f"\n{n['name']}", style="dim")
-    if n["module_path"]:
-        t.append(f"  [{n['module_path']}]", style="dim")
+    t.append(n.op, style="bold cyan")
+    if n.category:
+        t.append(f"  {n.category}", style="dim")
+    t.append(f"\n{n.name}", style="dim")
+    if n.module_path:
+        t.append(f"  [{n.module_path}]", style="dim")
     if nid in recipes:
         t.append(f"\nrecipe instance: {recipes[nid]}", style="magenta")
     if marked:
@@ -60,24 +60,24 @@ def node_detail_text(ix: SnapshotIndex, nid: str, recipes: dict[str, str], marke
     return t
 
 
-def edge_options(ix: SnapshotIndex, nid: str) -> list[Option]:
+def edge_options(ix: Snapshot, nid: str) -> list[Option]:
     """One option per edge: inputs (to their producer) and outputs (to each consumer)."""
-    n = ix.nodes[nid]
+    n = ix.node(nid)
     opts: list[Option] = []
-    for tid in n["inputs"]:
-        t = ix.tensors[tid]
-        prod = t["producer"]
-        where = f"{prod} {ix.nodes[prod]['op']}" if prod else "graph input"
+    for tid in n.inputs:
+        t = ix.tensor(tid)
+        prod = t.producer
+        where = f"{prod} {ix.node(prod).op}" if prod else "graph input"
         label = Text(no_wrap=True, overflow="ellipsis")
         label.append("in  ", style="green")
-        label.append(f"{tid} {t['dtype']} {list(t['shape'])} ")
+        label.append(f"{tid} {t.dtype} {list(t.shape)} ")
         label.append(f"← {where}", style="bold")
         opts.append(Option(label, id=f"go:{prod}:{tid}" if prod else f"none:{tid}:in"))
-    for tid in n["outputs"]:
-        t = ix.tensors[tid]
-        cons = t["consumers"]
-        head = f"{tid} {t['dtype']} {list(t['shape'])}" + (" host" if t["location"] != "device" else "")
-        if tid in ix.outputs:
+    for tid in n.outputs:
+        t = ix.tensor(tid)
+        cons = t.consumers
+        head = f"{tid} {t.dtype} {list(t.shape)}" + (" host" if t.location != "device" else "")
+        if ix.is_output(tid):
             label = Text(no_wrap=True, overflow="ellipsis")
             label.append("out ", style="yellow")
             label.append(f"{head} ")
@@ -87,9 +87,9 @@ def edge_options(ix: SnapshotIndex, nid: str) -> list[Option]:
             label = Text(no_wrap=True, overflow="ellipsis")
             label.append("out ", style="yellow")
             label.append(f"{head} ")
-            label.append(f"→ {c} {ix.nodes[c]['op']}", style="bold")
+            label.append(f"→ {c} {ix.node(c).op}", style="bold")
             opts.append(Option(label, id=f"go:{c}:{tid}"))
-        if not cons and tid not in ix.outputs:
+        if not cons and not ix.is_output(tid):
             opts.append(Option(Text(f"out {head} (unused)", style="dim"), id=f"none:{tid}:unused"))
     return opts
 
@@ -142,7 +142,7 @@ class GraphScreen(WorkbenchScreen):
     def __init__(self) -> None:
         super().__init__()
         self._fp: Optional[str] = None
-        self.ix: Optional[SnapshotIndex] = None
+        self.ix: Optional[Snapshot] = None
         self.recipes: dict[str, str] = {}
         self.scope = ""
         self.pattern = ""
@@ -210,9 +210,9 @@ class GraphScreen(WorkbenchScreen):
             else:
                 empty.update(Text("No graph yet. Capture one on the Model screen (F1, then c).", style="dim"))
             return
-        if snap["fingerprint"] != self._fp:
-            self._fp = snap["fingerprint"]
-            self.ix = SnapshotIndex(snap)
+        if snap.fingerprint != self._fp:
+            self._fp = snap.fingerprint
+            self.ix = snap
             self.recipes = recipe_membership(snap)
             self.history.clear()
             self.scope = ""
@@ -245,8 +245,7 @@ class GraphScreen(WorkbenchScreen):
         tree = self.query_one("#module-tree", Tree)
         tree.clear()
         counts = module_tree(snap)
-        meta = snap["metadata"]
-        tree.root.set_label(f"{meta['engine_role']} ({counts.get('', 0)})")
+        tree.root.set_label(f"{snap.engine_role} ({counts.get('', 0)})")
         tree.root.data = ""
         nodes = {"": tree.root}
         for path, count in counts.items():
@@ -258,15 +257,15 @@ class GraphScreen(WorkbenchScreen):
         tree.root.expand()
         self._tree_nodes = nodes
 
-    def visible_nodes(self) -> list[dict[str, Any]]:
+    def visible_nodes(self) -> list[Node]:
         snap = self.state.snapshot
         only = set(self.only) if self.only is not None else None
         return [
             n
-            for n in snap["nodes"]
+            for n in snap.nodes
             if in_scope(n, self.scope)
-            and node_hit(n, self.pattern, self.recipes.get(n["id"]))
-            and (only is None or n["id"] in only)
+            and node_hit(n, self.pattern, self.recipes.get(n.id))
+            and (only is None or n.id in only)
         ]
 
     def fill_table(self, keep: Optional[str] = None) -> None:
@@ -277,13 +276,13 @@ class GraphScreen(WorkbenchScreen):
         marked = set(self.state.marked)
         self._rows = []
         for n in self.visible_nodes():
-            nid = n["id"]
+            nid = n.id
             t.add_row(
                 MARK if nid in marked else "",
                 nid,
-                op_cell(n["op"]),
+                op_cell(n.op),
                 self.recipes.get(nid, ""),
-                n["module_path"],
+                n.module_path,
                 key=nid,
             )
             self._rows.append(nid)
@@ -327,7 +326,7 @@ class GraphScreen(WorkbenchScreen):
             self.show_node(self.current)
 
     def show_node(self, nid: str) -> None:
-        if self.ix is None or nid not in self.ix.nodes:
+        if self.ix is None or nid not in self.ix.node_by_id:
             return
         self.current = nid
         self.query_one("#node-head", Static).update(
@@ -504,5 +503,5 @@ def toggle_mark(state, nid: str) -> None:
         state.marked.remove(nid)
     else:
         state.marked.append(nid)
-        order = {n["id"]: i for i, n in enumerate(state.snapshot["nodes"])}
+        order = state.snapshot.order
         state.marked.sort(key=lambda x: order.get(x, 0))

@@ -16,7 +16,6 @@ from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Input, Label, RichLog, Static, TextArea
 
-from mcore import abi_lines
 
 from .base import KeyButtons, WorkbenchScreen
 
@@ -90,7 +89,7 @@ class KernelScreen(WorkbenchScreen):
         rec = st.receipt
         t.append("receipt  ", style="dim")
         if rec:
-            t.append(f"{rec['binding_id']}  abi {rec['abi_sha256'][:16]}…  {rec['abi']['call']}\n")
+            t.append(f"{rec.binding_id}  abi {rec.abi_sha256[:16]}…  {rec.call}\n")
         else:
             t.append("none yet: save one on the Region screen (F3)\n", style="yellow")
         t.append("library  ", style="dim")
@@ -101,7 +100,7 @@ class KernelScreen(WorkbenchScreen):
             served = [
                 k
                 for k in ((st.bundles.get("slot") or {}).get("kernel_slots") or [])
-                if rec and k["binding_id"] == rec["binding_id"] and k["abi_sha256"] == rec["abi_sha256"]
+                if rec and k["binding_id"] == rec.binding_id and k["abi_sha256"] == rec.abi_sha256
             ]
             if len(served) > 1:  # one entry binds every slot of its binding ID (one per layer)
                 t.append(f"  (its entry binds all {len(served)} slots of the slot-ready bundle)", style="magenta")
@@ -132,7 +131,7 @@ class KernelScreen(WorkbenchScreen):
                     ("s", "bold reverse"),
                     (" generates a CuTe DSL exporter stub for it):\n", "dim"),
                 )
-                title.update(Text.assemble(head, Text("\n".join(abi_lines(rec)[4:]), style="")))
+                title.update(Text.assemble(head, Text("\n".join(rec.call_lines()), style="")))
             else:
                 title.update(Text("s generates a CuTe DSL exporter stub from the receipt", style="dim"))
 
@@ -178,7 +177,7 @@ class KernelScreen(WorkbenchScreen):
         if st.receipt_path is None or st.snapshot_path is None:
             self.wb.report_error("no receipt yet: capture a graph (F1) and save a selection on the Region screen (F3)")
             return
-        out = f"export_{st.receipt['binding_id'].split('@')[0].replace('.', '_')}.py"
+        out = f"export_{st.receipt.binding_id.split('@')[0].replace('.', '_')}.py"
         self.wb.perform(
             "kernel_stub",
             {"receipt": st.receipt_path, "snapshot": st.snapshot_path, "output": out},

@@ -309,10 +309,9 @@ class ModelScreen(WorkbenchScreen):
             t.append("checking the model…", style="dim")
         snap = self.state.snapshot
         if snap is not None:
-            m = snap["metadata"]
             t.append(
-                f"\ncaptured: {m['model']} {m['engine_role']}  {len(snap['nodes'])} nodes  "
-                f"fingerprint {snap['fingerprint'][:16]}…",
+                f"\ncaptured: {snap.metadata['model']} {snap.engine_role}  {len(snap.nodes)} nodes  "
+                f"fingerprint {snap.fingerprint[:16]}…",
                 style="dim",
             )
         self.query_one("#args-status", Static).update(t)

@@ -178,7 +178,7 @@ class ProfileScreen(WorkbenchScreen):
             return
         row = self.query_one("#candidates", DataTable).cursor_row
         c = p["candidates"][max(0, min(row, len(p["candidates"]) - 1))]
-        if st.snapshot is None or st.snapshot["fingerprint"] != p["bundle"]["fingerprint"]:
+        if st.snapshot is None or st.snapshot.fingerprint != p["bundle"]["fingerprint"]:
             self.wb.report_error(
                 f"the captured graph is not the profiled {p['role']} graph: capture that role "
                 "(Model screen, F1) with the bundle's build arguments, then select again"

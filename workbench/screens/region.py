@@ -17,9 +17,9 @@ from textual.widgets import DataTable, Input, Label, Static
 
 from mcore import (
     CANDIDATE_BINDING,
+    Receipt,
     RegionError,
     UserError,
-    abi_lines,
     find_recipe,
     recipe_rows,
     select_recipe,
@@ -82,7 +82,7 @@ class RegionScreen(WorkbenchScreen):
         super().__init__()
         self._fp: Optional[str] = None
         self.recipe: Optional[tuple[str, str]] = None  # (id, instance) when picked from a recipe
-        self.preview: Optional[dict[str, Any]] = None
+        self.preview: Optional[Receipt] = None
         self.error: Optional[RegionError | UserError] = None
         self._filling = False
         self._marked_seen: list[str] = []
@@ -145,16 +145,16 @@ class RegionScreen(WorkbenchScreen):
                 )
             )
             return
-        if snap["fingerprint"] != self._fp:
-            self._fp = snap["fingerprint"]
+        if snap.fingerprint != self._fp:
+            self._fp = snap.fingerprint
             self.fill_recipes()
             self.recipe = None
         rec = self.state.receipt
-        ident = (self.state.receipt_path, rec["abi_sha256"], tuple(rec["node_ids"])) if rec else None
-        if rec is not None and ident != self._receipt_seen and rec["graph_fingerprint"] == snap["fingerprint"]:
+        ident = (self.state.receipt_path, rec.abi_sha256, rec.node_ids) if rec else None
+        if rec is not None and ident != self._receipt_seen and rec.graph_fingerprint == snap.fingerprint:
             # a receipt saved here, by a guided step or by a recipe build: show its selection
             self._receipt_seen = ident
-            self.state.marked = list(rec["node_ids"])
+            self.state.marked = list(rec.node_ids)
             self.fill_from_receipt(rec)
         self.follow_guide()
         self._marked_seen = list(self.state.marked)
@@ -182,7 +182,7 @@ class RegionScreen(WorkbenchScreen):
         rows = recipe_rows(self.state.snapshot)
         if kind == "recipe":
             for n, r in enumerate(rows):
-                if (r["id"], r["instance"]) == tuple(sel):
+                if (r.id, r.instance) == tuple(sel):
                     self.pick_recipe(n)
                     return
         elif kind == "nodes":
@@ -202,26 +202,26 @@ class RegionScreen(WorkbenchScreen):
         t = self.query_one("#recipes", DataTable)
         t.clear()
         for i, r in enumerate(recipe_rows(self.state.snapshot)):
-            t.add_row(r["instance"], r["id"], ",".join(r["node_ids"]), key=f"{i}")
+            t.add_row(r.instance, r.id, ",".join(r.node_ids), key=f"{i}")
 
     def fill_marked(self) -> None:
         t = self.query_one("#marked", DataTable)
         t.clear()
-        nodes = {n["id"]: n for n in self.state.snapshot["nodes"]}
+        nodes = self.state.snapshot.node_by_id
         for nid in self.state.marked:
-            t.add_row(nid, nodes[nid]["op"] if nid in nodes else "?", key=nid)
+            t.add_row(nid, nodes[nid].op if nid in nodes else "?", key=nid)
 
-    def fill_from_receipt(self, rec: dict[str, Any]) -> None:
+    def fill_from_receipt(self, rec: Receipt) -> None:
         self._filling = True
-        self.recipe = (rec["recipe"]["id"], rec["recipe"]["instance"]) if rec.get("recipe") else None
+        self.recipe = (rec.recipe.id, rec.recipe.instance) if rec.recipe else None
         if self.recipe is not None:
             for i, r in enumerate(recipe_rows(self.state.snapshot)):
-                if (r["id"], r["instance"]) == self.recipe:
+                if (r.id, r.instance) == self.recipe:
                     self.query_one("#recipes", DataTable).move_cursor(row=i)
-        self.query_one("#binding-id", Input).value = rec["binding_id"]
-        self.query_one("#workspace", Input).value = str(rec["workspace_bytes"])
-        self.query_one("#extra-args", Input).value = json.dumps(rec["extra_args"]) if rec["extra_args"] else ""
-        osi = rec["output_shape_input"]
+        self.query_one("#binding-id", Input).value = rec.binding_id
+        self.query_one("#workspace", Input).value = str(rec.workspace_bytes)
+        self.query_one("#extra-args", Input).value = json.dumps(list(rec.extra_args)) if rec.extra_args else ""
+        osi = rec.output_shape_input
         self.query_one("#out-like", Input).value = "" if osi is None else str(osi)
         self._filling = False
 
@@ -247,10 +247,10 @@ class RegionScreen(WorkbenchScreen):
             return False
         return (
             p["binding_id"] in ("", self.recipe[0])
-            and list(r["node_ids"]) == p["node_ids"]
-            and r["workspace_bytes"] == p["workspace_bytes"]
-            and list(r["extra_args"]) == p["extra_args"]
-            and r["output_shape_input"] == p["output_shape_input"]
+            and list(r.node_ids) == p["node_ids"]
+            and r.workspace_bytes == p["workspace_bytes"]
+            and list(r.extra_args) == p["extra_args"]
+            and r.output_shape_input == p["output_shape_input"]
         )
 
     def validate(self) -> None:
@@ -292,7 +292,7 @@ class RegionScreen(WorkbenchScreen):
             p = self.preview
             t.append("✓ ", style="bold green")
             t.append(
-                f"valid {mode}: {len(p['node_ids'])} node(s), {len(p['input_tensor_ids'])} input(s), "
+                f"valid {mode}: {len(p.node_ids)} node(s), {len(p.input_tensor_ids)} input(s), "
                 f"1 output · s saves the receipt",
                 style="green",
             )
@@ -300,13 +300,13 @@ class RegionScreen(WorkbenchScreen):
         abi = self.query_one("#abi", Static)
         saved = self.state.receipt
         if self.preview is not None:
-            lines = abi_lines(self.preview)
+            p = self.preview
             head = Text()
             is_saved = (
                 saved is not None
-                and saved["abi_sha256"] == self.preview["abi_sha256"]
-                and saved["node_ids"] == self.preview["node_ids"]
-                and saved["binding_id"] == self.preview["binding_id"]
+                and saved.abi_sha256 == p.abi_sha256
+                and saved.node_ids == p.node_ids
+                and saved.binding_id == p.binding_id
             )
             head.append(
                 "ABI (call order)"
@@ -316,7 +316,17 @@ class RegionScreen(WorkbenchScreen):
                 style="bold",
             )
             # the call contract first (what the kernel implements), then the identity lines
-            body = Text("\n".join([lines[1]] + lines[4:] + [lines[0]] + lines[2:4]))
+            body = Text(
+                "\n".join(
+                    [
+                        f"abi_sha256={p.abi_sha256}",
+                        *p.call_lines(),
+                        f"binding_id={p.binding_id}",
+                        f"engine_role={p.engine_role}",
+                        f"graph_fingerprint={p.graph_fingerprint}",
+                    ]
+                )
+            )
             abi.update(Text.assemble(head, "\n", body))
         else:
             abi.update(Text("The ABI table appears when the selection is valid.", style="dim"))
@@ -331,14 +341,14 @@ class RegionScreen(WorkbenchScreen):
     def pick_recipe(self, index: int) -> None:
         r = recipe_rows(self.state.snapshot)[index]
         self.query_one("#recipes", DataTable).move_cursor(row=index)
-        self.recipe = (r["id"], r["instance"])
-        self.state.marked = list(r["node_ids"])
+        self.recipe = (r.id, r.instance)
+        self.state.marked = list(r.node_ids)
         self._marked_seen = list(self.state.marked)
         self._filling = True
-        self.query_one("#binding-id", Input).value = r["id"]
-        self.query_one("#workspace", Input).value = str(r["workspace_bytes"])
-        self.query_one("#extra-args", Input).value = json.dumps(r["extra_args"]) if r["extra_args"] else ""
-        osi = r["output_shape_input"]
+        self.query_one("#binding-id", Input).value = r.id
+        self.query_one("#workspace", Input).value = str(r.workspace_bytes)
+        self.query_one("#extra-args", Input).value = json.dumps(list(r.extra_args)) if r.extra_args else ""
+        osi = r.output_shape_input
         self.query_one("#out-like", Input).value = "" if osi is None else str(osi)
         self._filling = False
 
@@ -347,7 +357,7 @@ class RegionScreen(WorkbenchScreen):
         with the output shape it was found valid with; the receipt is still saved here with s."""
         if c["kind"] == "recipe":
             for n, r in enumerate(recipe_rows(self.state.snapshot)):
-                if (r["id"], r["instance"]) == (c["recipe"], c["instance"]):
+                if (r.id, r.instance) == (c["recipe"], c["instance"]):
                     self.pick_recipe(n)
                     break
         else:
@@ -381,7 +391,7 @@ class RegionScreen(WorkbenchScreen):
     def action_manual(self) -> None:
         self.recipe = None
         if not self.query_one("#binding-id", Input).value.strip():
-            fam = self.state.snapshot["metadata"].get("family", "my") if self.state.snapshot else "my"
+            fam = (self.state.snapshot.family or "my") if self.state.snapshot else "my"
             self.query_one("#binding-id", Input).value = f"{fam}.custom@1"
         self.validate()
         self.query_one("#binding-id", Input).focus()
@@ -394,7 +404,7 @@ class RegionScreen(WorkbenchScreen):
             self.wb.report_error(f"not saved: {self.error or 'no valid selection'}")
             return
         p = self.current_params()
-        binding = self.preview["binding_id"]
+        binding = self.preview.binding_id
         receipt = f"{binding}.selection.json"
         if self.recipe is not None:
             params = {

@@ -1,0 +1,180 @@
+"""The manifest of a bundle that mcore builds and runs (DESIGN.md §6), as a typed contract.
+
+The bundle container (bundle.py) checks only what any bundle needs (kind, schema version, the
+kernel slots' binding IDs and roles). Running or describing a bundle reads more: every field
+here is checked once, by `BundleManifest.from_dict`, and a bundle lacking one fails naming it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from .contract import JsonView, field_error, is_int, need_dict, need_str
+from .errors import UserError
+from .fileio import check_fields
+from .receipt import SlotRecord
+
+BUNDLE_KIND = "mcore.bundle"
+BUNDLE_SCHEMA_VERSION = 1
+REBUILD = "rebuild it with `mcore build`"
+
+# the JSON key order build.py writes; the optional keys are written only when the file had them
+_KEYS = (
+    "schema_version",
+    "kind",
+    "engine",
+    "family",
+    "family_kind",
+    "model",
+    "build_args",
+    "graph_args",
+    "device",
+    "roles",
+    "kernel_slots",
+    "weights",
+    "special_tokens",
+    "sentence_embedding",
+    "tool_versions",
+    "built_on",
+)
+_REQUIRED = ("engine", "family", "model", "build_args", "graph_args", "roles", "weights")
+_OPTIONAL = frozenset({"family_kind", "device", "special_tokens", "sentence_embedding", "tool_versions", "built_on"})
+FAMILY_KINDS = ("decoder", "encoder")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    spec: str
+    revision: Optional[str]
+
+
+@dataclass(frozen=True)
+class RoleRecord:
+    """An engine role of the bundle: the fingerprint of its graph and its I/O names."""
+
+    fingerprint: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BundleManifest(JsonView):
+    engine: str
+    family: str
+    model: ModelRef
+    build_args: dict[str, Any]
+    graph_args: dict[str, Any]
+    roles: Mapping[str, RoleRecord]
+    kernel_slots: tuple[SlotRecord, ...]
+    weights: dict[str, Any]  # {"kind": "random", "seed"} | {"kind": "checkpoint", "member", "aliases"}
+    family_kind: Optional[str] = None  # decoder | encoder (older bundles: the family's kind)
+    device: Optional[str] = None
+    special_tokens: Optional[dict[str, Any]] = None
+    sentence_embedding: Optional[dict[str, Any]] = None
+    tool_versions: Optional[dict[str, Any]] = None
+    built_on: Optional[dict[str, Any]] = None
+    present: frozenset[str] = field(default=_OPTIONAL, repr=False)  # optional keys the file has
+
+    @classmethod
+    def from_dict(cls, m: Any, where: str) -> "BundleManifest":
+        """Check every field the runner and `mcore inspect` read: present, typed, in range."""
+        if not isinstance(m, dict):
+            raise UserError(f"{where}: bundle manifest must be a JSON object")
+        for name in _REQUIRED:
+            if name not in m:
+                raise UserError(f"{where}: bundle manifest lacks field {name}; {REBUILD}")
+        check_fields(m, f"{where}: bundle manifest", {"schema_version", "kind", "kernel_slots", *_REQUIRED}, _OPTIONAL)
+        if m["kind"] != BUNDLE_KIND or m["schema_version"] != BUNDLE_SCHEMA_VERSION:
+            raise UserError(f"{where}: not an mcore bundle of schema {BUNDLE_SCHEMA_VERSION}; {REBUILD}")
+        w = f"{where}: bundle manifest"
+        kind = m.get("family_kind")
+        if kind is not None and kind not in FAMILY_KINDS:
+            raise field_error(w, "family_kind", f"{kind!r} must be decoder or encoder", REBUILD)
+        model = m["model"]
+        if (
+            not isinstance(model, dict)
+            or not isinstance(model.get("spec"), str)
+            or "revision" not in model
+            or not isinstance(model["revision"], (str, type(None)))
+        ):
+            raise field_error(w, "model", "needs spec (a string) and revision", REBUILD)
+        weights = need_dict(m, "weights", w, REBUILD)
+        wk = weights.get("kind")
+        if not (wk == "random" and is_int(weights.get("seed"))) and not (
+            wk == "checkpoint" and isinstance(weights.get("member"), str)
+        ):
+            raise field_error(
+                w, "weights.kind", "must be random (with an integer seed) or checkpoint (with its member)", REBUILD
+            )
+        if not isinstance(weights.get("aliases", {}), dict):
+            raise field_error(w, "weights.aliases", "must be an object", REBUILD)
+        roles_d = need_dict(m, "roles", w, REBUILD)
+        roles = {}
+        for role, r in roles_d.items():
+            if not isinstance(r, dict) or not isinstance(r.get("fingerprint"), str):
+                raise UserError(f"{w} roles.{role} needs fingerprint, inputs and outputs; {REBUILD}")
+            for k in ("inputs", "outputs"):
+                if not isinstance(r.get(k), list) or not all(isinstance(x, str) for x in r[k]):
+                    raise UserError(f"{w} roles.{role} needs fingerprint, inputs and outputs; {REBUILD}")
+            roles[role] = RoleRecord(r["fingerprint"], tuple(r["inputs"]), tuple(r["outputs"]))
+        if not isinstance(m["kernel_slots"], list):
+            raise field_error(w, "kernel_slots", "must be a list", REBUILD)
+        slots = tuple(
+            SlotRecord.from_dict(s, f"{w} kernel_slots[{i}]", REBUILD) for i, s in enumerate(m["kernel_slots"])
+        )
+        for i, s in enumerate(slots):
+            if s.engine_role not in roles:
+                raise UserError(
+                    f"{w} kernel_slots[{i}] (binding {s.binding_id}): engine role {s.engine_role!r} does not exist "
+                    f"in this bundle (roles: {', '.join(roles) or 'none'}); {REBUILD}"
+                )
+        opt: dict[str, Any] = {}
+        if m.get("device") is not None:
+            opt["device"] = need_str(m, "device", w, REBUILD)
+        for k in ("special_tokens", "tool_versions", "built_on"):
+            if k in m:
+                opt[k] = copy.deepcopy(need_dict(m, k, w, REBUILD))
+        emb = m.get("sentence_embedding")
+        if emb is not None and not isinstance(emb, dict):
+            raise field_error(w, "sentence_embedding", "must be an object or null", REBUILD)
+        return cls(
+            engine=need_str(m, "engine", w, REBUILD),
+            family=need_str(m, "family", w, REBUILD),
+            model=ModelRef(model["spec"], model["revision"]),
+            build_args=copy.deepcopy(need_dict(m, "build_args", w, REBUILD)),
+            graph_args=copy.deepcopy(need_dict(m, "graph_args", w, REBUILD)),
+            roles=roles,
+            kernel_slots=slots,
+            weights=copy.deepcopy(weights),
+            family_kind=kind,
+            sentence_embedding=copy.deepcopy(emb),
+            present=frozenset(k for k in _OPTIONAL if k in m),
+            **opt,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        for k in _KEYS:
+            if k in _OPTIONAL and k not in self.present:
+                continue
+            if k == "schema_version":
+                d[k] = BUNDLE_SCHEMA_VERSION
+            elif k == "kind":
+                d[k] = BUNDLE_KIND
+            elif k == "model":
+                d[k] = {"spec": self.model.spec, "revision": self.model.revision}
+            elif k == "roles":
+                d[k] = {
+                    role: {"fingerprint": r.fingerprint, "inputs": list(r.inputs), "outputs": list(r.outputs)}
+                    for role, r in self.roles.items()
+                }
+            elif k == "kernel_slots":
+                d[k] = [s.to_dict() for s in self.kernel_slots]
+            else:
+                d[k] = copy.deepcopy(getattr(self, k))
+        return d
+
+    def slots_of(self, role: str) -> list[SlotRecord]:
+        return [s for s in self.kernel_slots if s.engine_role == role]

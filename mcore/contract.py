@@ -1,0 +1,110 @@
+"""What every typed contract (snapshot, receipt, slot record, manifests) shares: field checks that
+fail with one line naming the file and the field, and a read-only dict view of the JSON form.
+
+Each contract is a frozen dataclass parsed and checked once by ``from_dict(data, where)`` and
+written by one ``to_dict()``; code reads its attributes, never the JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from functools import cached_property
+from typing import Any, Optional
+
+from .errors import UserError
+
+RECAPTURE = "recreate the file with mcore"
+
+
+def field_error(where: str, name: str, problem: str, todo: str = RECAPTURE) -> UserError:
+    """The one error shape: "FILE: field NAME PROBLEM; WHAT TO DO"."""
+    return UserError(f"{where}: field {name} {problem}; {todo}")
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def need_str(d: Mapping[str, Any], key: str, where: str, todo: str = RECAPTURE, *, path: str = "") -> str:
+    v = d.get(key)
+    if not isinstance(v, str):
+        raise field_error(where, path + key, "must be a string", todo)
+    return v
+
+
+def need_opt_str(d: Mapping[str, Any], key: str, where: str, todo: str = RECAPTURE, *, path: str = "") -> Optional[str]:
+    v = d.get(key)
+    if v is not None and not isinstance(v, str):
+        raise field_error(where, path + key, "must be a string or null", todo)
+    return v
+
+
+def need_bool(d: Mapping[str, Any], key: str, where: str, todo: str = RECAPTURE, *, path: str = "") -> bool:
+    v = d.get(key)
+    if not isinstance(v, bool):
+        raise field_error(where, path + key, "must be true or false", todo)
+    return v
+
+
+def need_int(
+    d: Mapping[str, Any],
+    key: str,
+    where: str,
+    todo: str = RECAPTURE,
+    *,
+    path: str = "",
+    lo: Optional[int] = None,
+    hi: Optional[int] = None,
+) -> int:
+    v: Any = d.get(key)
+    if not is_int(v):
+        raise field_error(where, path + key, "must be an integer", todo)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        span = f"{lo if lo is not None else '...'}..{hi if hi is not None else '...'}"
+        raise field_error(where, path + key, f"is {v}, out of range {span}", todo)
+    return v
+
+
+def need_strs(d: Mapping[str, Any], key: str, where: str, todo: str = RECAPTURE, *, path: str = "") -> tuple[str, ...]:
+    v = d.get(key)
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise field_error(where, path + key, "must be a list of strings", todo)
+    return tuple(v)
+
+
+def need_dict(d: Mapping[str, Any], key: str, where: str, todo: str = RECAPTURE, *, path: str = "") -> dict[str, Any]:
+    v = d.get(key)
+    if not isinstance(v, dict):
+        raise field_error(where, path + key, "must be an object", todo)
+    return v
+
+
+def json_form(value: Any) -> Any:
+    """Tuples (how contracts hold sequences) back to the lists JSON has."""
+    if isinstance(value, tuple):
+        return [json_form(v) for v in value]
+    return value
+
+
+class JsonView(Mapping[str, Any]):
+    """A read-only view of ``to_dict()`` (computed once), so that code still written against the
+    JSON dicts (bench/, the profiler, older scripts) keeps working; new code reads attributes."""
+
+    def to_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @cached_property
+    def _json(self) -> dict[str, Any]:
+        return self.to_dict()
+
+    def __getitem__(self, key: str) -> Any:
+        return self._json[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._json)
+
+    def __len__(self) -> int:
+        return len(self._json)
+
+    def __bool__(self) -> bool:  # a contract is always there (and `if rec:` must not build the view)
+        return True
