@@ -3,7 +3,7 @@
 # /tmp/gpu-session, prints a short summary and leaves one log file per stage in OUT (the device
 # returns at most 8 files), so a run cut off by the device's time limit keeps what it did.
 #   source .device/base/install.sh && bash bench/gpu_session.sh "$OUT" [suite,engine,gate,profile]
-# suite:   the whole test suite (names of failures printed: -rfE)          ~6 min with -n 16
+# suite:   the whole test suite (names of failures printed: -rfE)          ~8 min with -n 16 (give it 9)
 # engine:  bench/engine_gpu.py (roofline, compiled cold/cached, op by op, transformers peers)   ~9 min
 # gate:    bench/perf_gate_gpu.sh (native vs native, identity-copy, slow-copy; 6 pairs) ~6 min a gate:
 #          each run is a fresh process (about 26 s on the H200); pass GATES=... to split over calls
@@ -24,9 +24,10 @@ keep() {  # STAGE: the stage's logs (no bundles, no DSOs) as one file in OUT
     | tar czf "$OUT/$1.tgz" --null -T -)
 }
 if has suite; then
-  python3 -m pytest -q -o addopts="" -n 16 -p no:cacheprovider -p no:logging -rfE --tb=short 2>&1 \
-    | grep -v PytestBenchmarkWarning > "$OUT/suite.log"
-  echo "== suite"; grep -E '^(FAILED|ERROR)|passed|failed' "$OUT/suite.log" | tail -n 25
+  # -v straight into the file (no filter in between): a run cut short by a time limit still names
+  # every test that finished, FAILED ones included (a filtered pipe lost a whole run's log once)
+  python3 -m pytest -v -o addopts="" -n 16 -p no:cacheprovider -p no:logging -rfE --tb=short > "$OUT/suite.log" 2>&1
+  echo "== suite"; grep -E ' (FAILED|ERROR) |^(FAILED|ERROR)|[0-9]+ passed|[0-9]+ failed' "$OUT/suite.log" | tail -n 25
 fi
 if has engine; then
   # shellcheck disable=SC2086
