@@ -56,9 +56,9 @@ def emit(out: Path, key: str, value) -> None:
 
 # kernel variants for the table: name -> exporter environment (tuning knobs of the shipped exporter)
 VARIANTS = {
-    "CuTe per head, cluster 8 (default)": {},
-    "CuTe per KV group, cluster 8": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "0"},
-    "CuTe per head, cluster 4": {"CUTEDSL_ATTENTION_CLUSTER": "4"},
+    "CuTe per KV group, cluster 8 (default)": {},
+    "CuTe per head, cluster 8": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "1"},
+    "CuTe per KV group, cluster 4": {"CUTEDSL_ATTENTION_CLUSTER": "4"},
 }
 
 

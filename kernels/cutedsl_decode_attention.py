@@ -24,8 +24,8 @@ Semantics (mcore.ops.decode_attention): query i of the s new tokens sits at posi
 length - s + i and attends the keys 0..length - s + i (causal among the new tokens).
 
 Schedule (split-KV, flash-decoding across a thread block cluster, Hopper): one cluster of CLUSTER
-blocks per (query head, new token), or per KV head with CUTEDSL_ATTENTION_HEADS_PER_BLOCK=0 (each
-block then serves the whole GQA group: K and V read once per group, fewer blocks on the GPU). The
+blocks per (KV head, new token), each block serving the whole GQA group, so K and V are read once
+per group (CUTEDSL_ATTENTION_HEADS_PER_BLOCK=1: a cluster per query head, more blocks). The
 attended keys [0, end) are cut into CLUSTER * WARPS equal contiguous shares fixed by the length
 alone; each warp walks its share 32 keys at a time with an online softmax per head (running max,
 per-lane sums, fp32 accumulator over the lane's D/32 columns).
@@ -299,9 +299,9 @@ WARPS = 8  # per block; each warp attends one contiguous share of the keys
 # batch 1 without global scratch (the recipe's ABI declares no workspace). 8 is the portable size.
 CLUSTER = os.environ.get("CUTEDSL_ATTENTION_CLUSTER", "8")
 CLUSTER = int(CLUSTER) if CLUSTER in ("1", "2", "4", "8", "16") else 0  # 0: refused by make_run
-# Query heads per block (1, or a divisor of the GQA group; 0 for the whole group).
-HEADS_PER_BLOCK = os.environ.get("CUTEDSL_ATTENTION_HEADS_PER_BLOCK", "1")
-HEADS_PER_BLOCK = int(HEADS_PER_BLOCK) if HEADS_PER_BLOCK.isdigit() else 1
+# Query heads per block: 0 (the default) for the whole GQA group, else a divisor of it.
+HEADS_PER_BLOCK = os.environ.get("CUTEDSL_ATTENTION_HEADS_PER_BLOCK", "0")
+HEADS_PER_BLOCK = int(HEADS_PER_BLOCK) if HEADS_PER_BLOCK.isdigit() else 0
 NEG = -1.0e30  # an empty share's running max: finite, so merges never compute inf - inf
 
 
@@ -320,10 +320,9 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         raise ValueError("CUTEDSL_ATTENTION_CLUSTER must be 1, 2, 4, 8 or 16")
     element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
     group = heads // kv_heads
-    # Query heads per block: the whole group reads K and V once for all of them, but leaves only
-    # KV * CLUSTER blocks (64 on a Qwen3-8B layer) at 255 registers a thread; one head per block
-    # puts H * CLUSTER blocks (256), two per SM at 109 registers, each reading its K and V (the
-    # group's other blocks find them in L2).
+    # Query heads per block: the whole group reads K and V once for all of them (64 blocks on a
+    # Qwen3-8B layer, 255 registers a thread); one head per block puts 256 blocks on the GPU, two per
+    # SM at 109 registers, but each reads K and V itself: on the H200 that was 2x slower at 8k-32k.
     hpb = HEADS_PER_BLOCK if HEADS_PER_BLOCK and group % HEADS_PER_BLOCK == 0 else group
     cols = head_dim // WARP  # P @ V columns per lane: lane * cols ...
     threads = WARPS * WARP

@@ -178,7 +178,7 @@ GPU_SHAPES = [  # (dtype, heads, kv_heads, capacity, head_dim): GQA 1, 4 and 8; 
     ("FP16", 32, 4, 256, 64),
 ]
 GPU_LENGTHS = [1, 2, 127, 128, 129, 255, 256]  # ..., capacity - 1, capacity
-SCHEDULES = {"per-head": "1", "per-group": "0"}  # blocks per query head (the default) or per KV head
+SCHEDULES = {"per-group": "0", "per-head": "1"}  # a cluster per KV head (the default) or per query head
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +243,7 @@ def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels):
 
     from mcore.ops import decode_attention_reference
 
-    fn = gpu_kernels[("BF16", 32, 4, 256, 128), "per-head"]
+    fn = gpu_kernels[("BF16", 32, 4, 256, 128), "per-group"]
     q = torch.randn(1, 32, 1, 128, device="cuda").to(torch.bfloat16)
     k = torch.randn(1, 4, 256, 128, device="cuda").to(torch.bfloat16)
     v = torch.randn(1, 4, 256, 128, device="cuda").to(torch.bfloat16)
