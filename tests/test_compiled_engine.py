@@ -113,6 +113,33 @@ def test_cpu_second_load_reuses_the_compiled_cache(cpu_bundles):
     assert all("(cached)" in line for line in again.engine_lines())
 
 
+def test_cpu_precompiled_artifact_is_saved_then_loaded(cpu_bundles, tmp_path, monkeypatch):
+    """MCORE_PRECOMPILED=1: the decode role (fixed shapes) is compiled without Dynamo into one
+    artifact file; the next load reads it; the numbers are those of the default compiled path; a
+    damaged artifact is compiled again, never trusted."""
+    native, _, _ = cpu_bundles
+    default = DecoderPipeline(str(native), device="cpu", engine="compiled")
+    monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MCORE_PRECOMPILED", "1")
+    first = DecoderPipeline(str(native), device="cpu", engine="compiled")
+    artifacts = list((tmp_path / "cache" / "compiled").glob("*.artifact"))
+    assert len(artifacts) == 1 and first.runners["decode"].artifact == artifacts[0]
+    assert first.runners["prefill"].artifact is None  # dynamic token count: Dynamo as before
+    again = DecoderPipeline(str(native), device="cpu", engine="compiled")
+    dec = again.runners["decode"]
+    assert dec.cached and "precompiled artifact" in dec.describe()
+    ids = default.encode(PROMPT)
+    tokens = default.generate(PROMPT, 6, stop_at_eos=False).tokens
+    want = default.step_logits(ids, tokens[:-1])
+    for pipe in (first, again):
+        got = pipe.step_logits(ids, tokens[:-1])
+        assert all(torch.equal(x, y) for x, y in zip(want, got))
+    artifacts[0].write_bytes(b"not an artifact")
+    third = DecoderPipeline(str(native), device="cpu", engine="compiled")
+    assert third.generate(PROMPT, 6, stop_at_eos=False).tokens == tokens
+    assert artifacts[0].stat().st_size > 100  # compiled again and saved whole
+
+
 def test_cpu_compile_is_cancellable(cpu_bundles):
     native, _, _ = cpu_bundles
     token = CancelToken()

@@ -68,6 +68,13 @@ def tuning() -> bool:
     return os.environ.get("MCORE_COMPILE_TUNING", "0") == "1"
 
 
+def precompiled() -> bool:
+    """MCORE_PRECOMPILED=1 (experimental): a fixed-shape role is compiled without Dynamo into one
+    Inductor artifact file beside the index (compiled/<key>.artifact), and later loads read that
+    file instead of re-tracing the graph with Dynamo and walking Inductor's cache."""
+    return os.environ.get("MCORE_PRECOMPILED", "0") == "1"
+
+
 def compile_options(device: torch.device, fixed_shapes: bool) -> dict[str, Any]:
     """Inductor options. Deterministic mode skips every on-device benchmark whose pick changes the
     numbers (reduction launch shapes and the like), so each compile of a graph computes the same
@@ -91,6 +98,7 @@ class CompiledRoleRunner:
         self.compile_s: Optional[float] = None
         self.cached: Optional[bool] = None
         self.calls_compiled = 0  # calls that ran compiled code outside a CUDA graph
+        self.artifact: Optional[Path] = None  # the precompiled artifact this role runs (MCORE_PRECOMPILED=1)
 
     # ------------------------------------------------------------------ running
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -121,7 +129,11 @@ class CompiledRoleRunner:
                 for d in dims:
                     torch._dynamo.mark_dynamic(inputs[i], d)
         options = compile_options(self.device, fixed_shapes)
-        self.fn = torch.compile(p.gm, fullgraph=True, options=options or None)
+        artifact = marker.with_suffix(".artifact") if fixed_shapes and precompiled() else None
+        if artifact is not None and not artifact.is_file():
+            known = None  # compiled before through Dynamo, perhaps, but not into an artifact
+        if artifact is None:
+            self.fn = torch.compile(p.gm, fullgraph=True, options=options or None)
         how = (
             "reusing cached compiled code"
             if known
@@ -130,6 +142,9 @@ class CompiledRoleRunner:
         progress.report(f"compiling {role} graph ({how})", 0.0)
         t0 = time.perf_counter()
         try:
+            if artifact is not None:
+                self.fn = _artifact(artifact, p.gm, [*p.state_args, *inputs], options)
+                self.artifact = artifact
             self._warm(inputs, 1)
         except UserError:
             raise
@@ -174,7 +189,7 @@ class CompiledRoleRunner:
 
     def describe(self) -> str:
         p = self.prepared
-        how = "compiled (Inductor)"
+        how = "compiled (Inductor" + (", precompiled artifact)" if self.artifact else ")")
         if self.graphs:
             how += ", replayed as a CUDA graph"
         if self.compile_s is not None:
@@ -209,6 +224,27 @@ class _Replay:
             if i in self.mutated:
                 inputs[i].copy_(self.inputs[i])
         return self.outputs
+
+
+def _artifact(path: Path, gm: torch.fx.GraphModule, args: list[torch.Tensor], options: dict[str, Any]) -> Any:
+    """The role compiled by Inductor alone (no Dynamo), from `path` when an earlier load saved it
+    (a file another torch cannot read is compiled afresh), else compiled now and saved there."""
+    from torch._inductor import CompiledArtifact, standalone_compile
+
+    if path.is_file():
+        try:
+            return CompiledArtifact.load(path=str(path), format="binary")
+        except Exception:  # noqa: BLE001 - a stale or damaged artifact: compile it again below
+            pass
+    art = standalone_compile(gm, list(args), dynamic_shapes="from_example_inputs", options={"config_patches": options})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        art.save(path=str(staged), format="binary")
+        os.replace(staged, path)  # whole or not at all: a concurrent load never reads half a file
+    except OSError:
+        pass  # the artifact is a convenience: this process runs the compiled code anyway
+    return art
 
 
 def _signature(inputs: Sequence[torch.Tensor]) -> tuple:
