@@ -140,6 +140,28 @@ def test_cpu_precompiled_artifact_is_saved_then_loaded(cpu_bundles, tmp_path, mo
     assert artifacts[0].stat().st_size > 100  # compiled again and saved whole
 
 
+def test_cpu_precompiled_slot_pipelines_each_call_their_own_kernel(cpu_bundles, tmp_path, monkeypatch):
+    """Compiled code names its slot by the pipeline's slot key: a second slot pipeline in one process
+    (other keys) gets its own artifact and calls its own bound kernel, never the first one's."""
+    _, slot, manifest = cpu_bundles
+    monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MCORE_PRECOMPILED", "1")
+    pipes = [DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cpu", engine="compiled") for _ in "ab"]
+    assert pipes[0].runners["decode"].artifact != pipes[1].runners["decode"].artifact
+    calls = {0: 0, 1: 0}
+    for i, pipe in enumerate(pipes):
+        (call,) = pipe.slot_calls
+        inner = call.fn
+
+        def counted(*a, i=i, inner=inner):
+            calls[i] += 1
+            return inner(*a)
+
+        call.fn = counted
+    pipes[1].generate(PROMPT, 5, stop_at_eos=False)
+    assert calls == {0: 0, 1: 4}  # four decode steps, all through the second pipeline's slot
+
+
 def test_cpu_compile_is_cancellable(cpu_bundles):
     native, _, _ = cpu_bundles
     token = CancelToken()

@@ -70,7 +70,7 @@ def tuning() -> bool:
 
 def precompiled() -> bool:
     """MCORE_PRECOMPILED=1 (experimental): a fixed-shape role is compiled without Dynamo into one
-    Inductor artifact file beside the index (compiled/<key>.artifact), and later loads read that
+    Inductor artifact file beside the index (compiled/<key>.<slot keys>.artifact), and later loads read that
     file instead of re-tracing the graph with Dynamo and walking Inductor's cache."""
     return os.environ.get("MCORE_PRECOMPILED", "0") == "1"
 
@@ -129,7 +129,12 @@ class CompiledRoleRunner:
                 for d in dims:
                     torch._dynamo.mark_dynamic(inputs[i], d)
         options = compile_options(self.device, fixed_shapes)
-        artifact = marker.with_suffix(".artifact") if fixed_shapes and precompiled() else None
+        artifact = None
+        if fixed_shapes and precompiled():
+            # The compiled code names its slots by key (mcore::slot(..., key)): a pipeline whose slots
+            # got other keys (a second one in this process) must not run the first one's kernels.
+            slots = hashlib.sha256(",".join(p.slot_keys).encode()).hexdigest()[:12]
+            artifact = marker.with_name(f"{self.key}.{slots}.artifact")
         if artifact is not None and not artifact.is_file():
             known = None  # compiled before through Dynamo, perhaps, but not into an artifact
         if artifact is None:
