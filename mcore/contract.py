@@ -21,6 +21,17 @@ def field_error(where: str, name: str, problem: str, todo: str = RECAPTURE) -> U
     return UserError(f"{where}: field {name} {problem}; {todo}")
 
 
+def check_kind(data: Mapping[str, Any], where: str, kind: str, version: int, what: str, source: str, todo: str) -> None:
+    """The file says what it is (kind) and which schema it follows, before any field is read."""
+    if data["kind"] != kind:
+        raise UserError(f"{where}: kind is {data['kind']!r}, not {what}; pass {source}")
+    if data["schema_version"] != version:
+        raise UserError(
+            f"{where}: schema_version {data['schema_version']!r} is not supported (expected {version})"
+            + (f"; {todo}" if todo else "")
+        )
+
+
 def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 

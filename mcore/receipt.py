@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, TypeVar
 
-from .contract import JsonView, field_error, is_int, need_dict, need_str, need_strs
+from .contract import JsonView, check_kind, field_error, is_int, need_dict, need_str, need_strs
 from .errors import RegionError, UserError
 from .fileio import canonical_json, check_fields
 
@@ -421,15 +421,15 @@ class Receipt(SlotRecord):
     def from_dict(cls, data: Any, where: str, todo: str = RESELECT) -> "Receipt":
         """Check a receipt's fields, their types and ranges, and that its ABI hash matches its ABI."""
         check_fields(data, where, set(_RECEIPT_KEYS))
-        if data["kind"] != RECEIPT_KIND:
-            raise UserError(
-                f"{where}: kind is {data['kind']!r}, not a selection receipt; pass a file from `mcore graph select` "
-                "or `mcore build --recipe`"
-            )
-        if data["schema_version"] != RECEIPT_SCHEMA_VERSION:
-            raise UserError(
-                f"{where}: schema_version {data['schema_version']!r} is not supported (expected {RECEIPT_SCHEMA_VERSION})"
-            )
+        check_kind(
+            data,
+            where,
+            RECEIPT_KIND,
+            RECEIPT_SCHEMA_VERSION,
+            "a selection receipt",
+            "a file from `mcore graph select` or `mcore build --recipe`",
+            "",
+        )
         graph = need_dict(data, "graph", where, todo)
         return cls(**cls._parse(data, where, todo), graph=copy.deepcopy(graph))
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 
 from ..contract import (
     JsonView,
+    check_kind,
     field_error,
     is_int,
     need_bool,
@@ -274,16 +275,15 @@ class Snapshot(JsonView):
             {"schema_version", "kind", "metadata", "nodes", "tensors", "inputs", "outputs", "fingerprint"},
             {"recipes"},
         )
-        if data["kind"] != KIND:
-            raise UserError(
-                f"{where}: kind is {data['kind']!r}, not a graph snapshot ({KIND}); pass the file written by "
-                "`mcore graph inspect --snapshot`"
-            )
-        if data["schema_version"] != SCHEMA_VERSION:
-            raise UserError(
-                f"{where}: schema_version {data['schema_version']!r} is not supported (expected {SCHEMA_VERSION}); "
-                "recapture with this mcore"
-            )
+        check_kind(
+            data,
+            where,
+            KIND,
+            SCHEMA_VERSION,
+            f"a graph snapshot ({KIND})",
+            "the file written by `mcore graph inspect --snapshot`",
+            "recapture with this mcore",
+        )
         meta = need_dict(data, "metadata", where, RECAPTURE)
         need_str(meta, "engine_role", where, RECAPTURE, path="metadata.")
         for k in ("nodes", "tensors"):
