@@ -10,6 +10,8 @@
 # profile: mcore profile --fusion on the 8B-sized config, decode at 1k context (issue 14)      ~3 min
 # attention: tutorial step 5 on the GPU (bench/tutorial_cli.sh, all steps) and the qwen-attention
 #          session replayed with its CUDA steps (needs the CuTe DSL carried: prepare.sh --cute)    ~8 min
+# attnbench: bench/attention_gpu.py, the CuTe attention kernel against native on the 8B-sized config
+#          (kernel per call, whole step with all 36 layers bound; needs the CuTe DSL)               ~6 min
 set -uo pipefail
 OUT=${1:?usage: gpu_session.sh OUT [stages]}
 STAGES=${2:-suite,engine,gate,profile,attention}
@@ -64,4 +66,10 @@ if has attention; then
   echo "== attention"; tail -n 6 "$A/cli.log"; tail -n 12 "$A/replay.log"
   rm -rf "$A"/cli/*.bundle "$A"/replay/*.bundle
   keep attention
+fi
+if has attnbench; then
+  python3 "$here/attention_gpu.py" "$W/attnbench" > "$OUT/attnbench.log" 2>&1
+  cp "$W/attnbench/attention.json" "$OUT/attnbench.json" 2>/dev/null
+  echo "== attnbench"; grep -v '^\[' "$OUT/attnbench.log" | tail -n 22
+  rm -rf "$W"/attnbench/*.bundle
 fi
