@@ -90,7 +90,7 @@ def build(out: Path, capacity: int, native: bool) -> tuple[Path, Path, Path, dic
                     os.environ[k] = v
         export_s[name] = time.perf_counter() - t
     manifest = out / "attn-bindings.json"
-    entry = {"id": RECIPE, "abi_sha256": slot.receipts[0]["abi_sha256"], "library": "./attn-0.so", "function": "run"}
+    entry = {"id": RECIPE, "abi_sha256": slot.receipts[0].abi_sha256, "library": "./attn-0.so", "function": "run"}
     manifest.write_text(json.dumps({"schema_version": 1, "bindings": [entry]}))
     emit(out, "build", {"slots": len(slot.receipts), "build_s": build_s, "export_s": export_s})
     return out / "native.bundle", out / "attn.bundle", manifest, dsos

@@ -49,7 +49,7 @@ def main() -> None:
     build_bundle(args, out / "d-native.bundle", device="cuda")
     slot = build_bundle(args, out / "d-slot.bundle", recipe=rid, device="cuda").receipt
     print(f"residual add abi_sha256={slot['abi_sha256']}")
-    m = bindings(out, "d-bindings.json", slot["binding_id"], slot["abi_sha256"], ev / "residual-add-cutedsl.so")
+    m = bindings(out, "d-bindings.json", slot.binding_id, slot.abi_sha256, ev / "residual-add-cutedsl.so")
     nat = EncoderPipeline(str(out / "d-native.bundle"), device="cuda")
     byok = EncoderPipeline(str(out / "d-slot.bundle"), kernel_bindings=str(m), device="cuda")
     prompt = "The quick brown fox jumps over the lazy dog."
@@ -77,7 +77,7 @@ def main() -> None:
         qa, out / "q-slot.bundle", recipe=("qwen.decode_logits_copy@1", "decoder.logits_zero_bias"), device="cuda"
     ).receipt
     print(f"logits copy abi_sha256={qslot['abi_sha256']}")
-    qm = bindings(out, "q-bindings.json", qslot["binding_id"], qslot["abi_sha256"], ev / "logits-cutedsl.so")
+    qm = bindings(out, "q-bindings.json", qslot.binding_id, qslot.abi_sha256, ev / "logits-cutedsl.so")
     p = "Explain grouped-query attention, KV caching, and decode latency."
     a = DecoderPipeline(str(out / "q-native.bundle"), device="cuda").generate(p, 64, stop_at_eos=False)
     b = DecoderPipeline(str(out / "q-slot.bundle"), kernel_bindings=str(qm), device="cuda").generate(

@@ -68,7 +68,7 @@ def main() -> None:
                 "bindings": [
                     {
                         "id": "qwen.decode_logits_copy@1",
-                        "abi_sha256": res.receipt["abi_sha256"],
+                        "abi_sha256": res.receipt.abi_sha256,
                         "library": "./kernel.so",
                         "function": "run",
                     }

@@ -297,11 +297,11 @@ WARPS = 8  # per block; each warp attends one contiguous share of the keys
 # Blocks per (KV head, new token): a thread block cluster that splits the keys and merges its
 # blocks' partial results through distributed shared memory (Hopper), so the whole GPU is busy at
 # batch 1 without global scratch (the recipe's ABI declares no workspace). 8 is the portable size.
-CLUSTER = os.environ.get("CUTEDSL_ATTENTION_CLUSTER", "8")
-CLUSTER = int(CLUSTER) if CLUSTER in ("1", "2", "4", "8", "16") else 0  # 0: refused by make_run
+_CLUSTER_ENV = os.environ.get("CUTEDSL_ATTENTION_CLUSTER", "8")
+CLUSTER = int(_CLUSTER_ENV) if _CLUSTER_ENV in ("1", "2", "4", "8", "16") else 0  # 0: refused by make_run
 # Query heads per block: 0 (the default) for the whole GQA group, else a divisor of it.
-HEADS_PER_BLOCK = os.environ.get("CUTEDSL_ATTENTION_HEADS_PER_BLOCK", "0")
-HEADS_PER_BLOCK = int(HEADS_PER_BLOCK) if HEADS_PER_BLOCK.isdigit() else 0
+_HEADS_ENV = os.environ.get("CUTEDSL_ATTENTION_HEADS_PER_BLOCK", "0")
+HEADS_PER_BLOCK = int(_HEADS_ENV) if _HEADS_ENV.isdigit() else 0
 NEG = -1.0e30  # an empty share's running max: finite, so merges never compute inf - inf
 
 

@@ -7,6 +7,7 @@ written by one ``to_dict()``; code reads its attributes, never the JSON.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterator, Mapping
 from functools import cached_property
 from typing import Any, Optional
@@ -101,8 +102,9 @@ class JsonView(Mapping[str, Any]):
     """A read-only view of ``to_dict()`` (computed once), so that code still written against the
     JSON dicts (bench/, the profiler, older scripts) keeps working; new code reads attributes."""
 
+    @abstractmethod
     def to_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The contract's JSON form, as the file holds it (each contract writes its own)."""
 
     @cached_property
     def _json(self) -> dict[str, Any]:

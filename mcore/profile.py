@@ -25,6 +25,7 @@ from torch import fx
 from . import __version__
 from .device import device_facts
 from .errors import UserError
+from .graph.snapshot import Snapshot
 from .progress import NO_PROGRESS, Progress
 
 SCHEMA_VERSION = 1
@@ -242,11 +243,11 @@ def profile_pipeline(
     return report
 
 
-def _add_fusion(report: dict[str, Any], snap: dict[str, Any], prepared: Any, inputs: tuple) -> None:
+def _add_fusion(report: dict[str, Any], snap: Snapshot, prepared: Any, inputs: tuple) -> None:
     from .engines.kernel_map import fused_kernels, split_by
 
     kernels = fused_kernels(prepared, inputs)
-    to_id = {n["name"]: n["id"] for n in snap["nodes"] if n.get("id")}
+    to_id = {n.name: n.id for n in snap.nodes}
     to_name = {i: name for name, i in to_id.items()}
     report["fusion"] = {
         "engine": "compiled (Inductor), this device; the engine also merges sibling projections (q/k/v, gate/up)",
@@ -296,7 +297,7 @@ def _attribute(
     partial: bool = False,
 ) -> dict[str, Any]:
     snap = pipe.snapshots[role]
-    by_name = {n["name"]: n for n in snap["nodes"]}
+    by_name = {n.name: n for n in snap.nodes}
     bw = facts["copy_bytes_per_s"]
     peak = facts.get("peak_bf16_flops_per_s")  # None where the chip's math peak is not known
     fx_nodes = {n.name: n for n in gm.graph.nodes}
@@ -307,10 +308,10 @@ def _attribute(
         binding = fxn.meta.get("mcore_binding_id") if fxn is not None else None
         nodes.append(
             {
-                "id": sn["id"] if sn else None,
+                "id": sn.id if sn else None,
                 "name": name,
-                "op": sn["op"] if sn else (_op(fxn) if fxn else name),
-                "module_path": sn["module_path"] if sn else "",
+                "op": sn.op if sn else (_op(fxn) if fxn else name),
+                "module_path": sn.module_path if sn else "",
                 "binding_id": binding,
                 "seconds": s,
                 "bytes": node_bytes.get(name, 0),
@@ -355,18 +356,18 @@ def _attribute(
         }
     by_id = {n["id"]: n for n in nodes if n["id"]}
     recipes = []
-    for r in snap.get("recipes", []):
-        members = [by_id[i] for i in r["node_ids"] if i in by_id]
+    for r in snap.recipe_rows:
+        members = [by_id[i] for i in r.node_ids if i in by_id]
         row = {
-            "recipe": r["id"],
-            "instance": r["instance"],
-            "node_ids": r["node_ids"],
+            "recipe": r.id,
+            "instance": r.instance,
+            "node_ids": list(r.node_ids),
             "seconds": sum(m["seconds"] for m in members),
             "bytes": sum(m["bytes"] for m in members),
             "flops": sum(m["flops"] for m in members),
             "calls": len(members),
         }
-        row["output_shape_input"] = r.get("output_shape_input")
+        row["output_shape_input"] = r.output_shape_input
         recipes.append(_rates(row, total, bw, peak))
     slots: dict[str, dict[str, Any]] = defaultdict(lambda: {"seconds": 0.0, "bytes": 0, "flops": 0, "calls": 0})
     for n in nodes:
@@ -407,7 +408,7 @@ def _rates(row: dict[str, Any], total: float, bw: float, peak_flops: Optional[fl
 
 
 def candidates(
-    snap: dict[str, Any],
+    snap: Snapshot,
     nodes: list[dict],
     recipes: list[dict],
     total: float,
@@ -470,17 +471,13 @@ def candidates(
             bw,
             peak_flops,
         )
-        flag = (
-            ""
-            if receipt["output_shape_input"] is None
-            else f" --output-shape-like-input {receipt['output_shape_input']}"
-        )
+        flag = "" if receipt.output_shape_input is None else f" --output-shape-like-input {receipt.output_shape_input}"
         out.append(
             {
                 "kind": "region",
                 "module_path": path,
                 "node_ids": ids,
-                "output_shape_input": receipt["output_shape_input"],
+                "output_shape_input": receipt.output_shape_input,
                 "seconds": row["seconds"],
                 "share": row["share"],
                 "headroom_seconds": row["headroom_seconds"],

@@ -30,6 +30,7 @@ from ..errors import UserError
 from ..families.demo import cache_root
 from ..fileio import write_json
 from ..progress import NO_PROGRESS, Progress
+from ..receipt import SlotRecord
 from .fusion import fuse_sibling_projections
 from .prepared import PreparedGraph, prepare_graph
 
@@ -46,11 +47,11 @@ def device_label(device: torch.device) -> str:
     return "cpu"
 
 
-def compile_key(fingerprint: str, slots: Sequence[dict], device: torch.device) -> str:
+def compile_key(fingerprint: str, slots: Sequence[SlotRecord], device: torch.device) -> str:
     """What decides the compiled code: the role graph, its slots' ABIs, the device and torch."""
     payload = {
         "fingerprint": fingerprint,
-        "slots": [[s["binding_id"], s["abi_sha256"], s["node_ids"]] for s in slots],
+        "slots": [[s.binding_id, s.abi_sha256, list(s.node_ids)] for s in slots],
         "device": device_label(device),
         "torch": torch.__version__,
         "options": [fuse_projections(), tuning()],
@@ -278,10 +279,14 @@ class CompiledEngine:
         _use_mcore_inductor_cache()
 
     def compile_role(
-        self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[dict, Any]], device: torch.device
+        self,
+        captured: Any,
+        state: dict[str, torch.Tensor],
+        slots: Sequence[tuple[SlotRecord, Any]],
+        device: torch.device,
     ) -> CompiledRoleRunner:
         prepared = prepare_graph(captured, state, slots, device)
         if fuse_projections():
             fuse_sibling_projections(prepared)
-        key = compile_key(captured.snapshot["fingerprint"], [s for s, _ in slots], device)
+        key = compile_key(captured.snapshot.fingerprint, [s for s, _ in slots], device)
         return CompiledRoleRunner(prepared, device, key)

@@ -14,6 +14,7 @@ import torch
 from torch import fx
 
 from ..graph.from_export import is_assert_node
+from ..receipt import SlotRecord
 from .slots import SlotCall, apply_slot
 
 
@@ -38,7 +39,7 @@ class PreparedGraph:
 
 
 def prepare_graph(
-    captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[Any, SlotCall]], device: torch.device
+    captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[SlotRecord, SlotCall]], device: torch.device
 ) -> PreparedGraph:
     ep: torch.export.ExportedProgram = captured.exported
     gm = copy.deepcopy(ep.graph_module)  # the graph only: parameters are meta, values come from `state`
