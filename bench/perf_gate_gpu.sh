@@ -4,7 +4,7 @@
 #   1. native vs native            -> every pair ratio within +-2%
 #   2. native vs identity-copy slot -> PASS
 #   3. native vs slow-copy slot     -> FAIL (a correct copy that repeats itself 512 times)
-#   bash bench/perf_gate_gpu.sh OUT_DIR     (MCORE="python3 -m mcore"; PAIRS=6; SLOW_PAIRS; TOKENS=128; RUNS=30; METRIC=device|throughput; GATES="...")
+#   bash bench/perf_gate_gpu.sh OUT_DIR     (MCORE="python3 -m mcore"; PAIRS=6; SLOW_PAIRS; IDENTITY_PAIRS; TOKENS=128; RUNS=30; METRIC=device|throughput; GATES="...")
 set -euo pipefail
 OUT=${1:-artifacts/perf-gate-gpu}
 MCORE=${MCORE:-python3 -m mcore}
@@ -40,7 +40,7 @@ gate() {  # NAME EXTERNAL_CMD
     --native "$NATIVE" --external "$2" > "$OUT/gate-$1.txt" 2>&1 || true
   echo "== $1 ($METRIC)"; grep -E 'pair [0-9]+/|PASS|FAIL' "$OUT/gate-$1.txt"
 }
-declare -A PAIRS_OF=([slow-copy]=${SLOW_PAIRS:-$PAIRS})
+declare -A PAIRS_OF=([slow-copy]=${SLOW_PAIRS:-$PAIRS} [identity-copy]=${IDENTITY_PAIRS:-$PAIRS})
 warm native "$NATIVE"
 # each gate is 2 x PAIRS fresh processes, each reloading the compiled engine from its cache (about
 # 26 s each on the H200 box): split them over device calls where one call's time is short

@@ -261,6 +261,31 @@ def test_gpu_device_step_time_is_measured_and_repeatable(gpu_bundles):
 
 @gpu
 @needs_cuda
+def test_gpu_device_time_does_not_measure_the_host():
+    """A call whose host work (200 us of busy waiting) dwarfs its GPU work (one small add): the
+    device time is the GPU's, far below the host's time per call, and close to the same add timed
+    with no host work in between."""
+    import time
+
+    from mcore.pipeline import device_seconds
+
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_host():
+        t = time.perf_counter() + 200e-6
+        while time.perf_counter() < t:
+            pass
+        x.add_(1.0)
+
+    fast = device_seconds(lambda: x.add_(1.0), torch.device("cuda"), reps=200)
+    slow = device_seconds(slow_host, torch.device("cuda"), reps=200)
+    assert fast is not None and slow is not None
+    assert slow < 50e-6, slow  # the host took >= 200 us a call
+    assert slow < 3 * fast + 5e-6, (slow, fast)
+
+
+@gpu
+@needs_cuda
 def test_gpu_identity_copy_slot_is_bit_identical_in_lockstep(gpu_bundles):
     native, slot, manifest = gpu_bundles
     nat = DecoderPipeline(str(native), device="cuda")
