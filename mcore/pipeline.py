@@ -164,14 +164,7 @@ class Pipeline:
         self.slot_calls: list[SlotCall] = []
         roles = list(m.roles)
         for i, role in enumerate(roles):
-            progress.report(f"capturing {role} graph", 0.3 + 0.3 * i / len(roles))
             expected = m.roles[role].fingerprint
-            cap = capture_cached(args, role, expected, (source, self.family, self.gargs))
-            if cap.snapshot.fingerprint != expected:
-                raise UserError(
-                    f"{bundle_path}: the {role} graph this mcore captures ({cap.snapshot.fingerprint[:12]}…) "
-                    f"differs from the bundle's ({expected[:12]}…); rebuild the bundle with this mcore"
-                )
             module = self.family.role_module(self.core, role)
             state: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
             state.update(dict(module.named_buffers(remove_duplicate=False)))
@@ -181,8 +174,21 @@ class Pipeline:
                 call.bind(self.kernels[slot.binding_id].function, self.device)
                 self.slot_calls.append(call)
                 slots.append((slot, call))
-            self.runners[role] = engine_.compile_role(cap, state, slots, self.device)
-            self.snapshots[role] = cap.snapshot
+            loaded = engine_.load_role(expected, role, state, slots, self.device)
+            if loaded is None:
+                progress.report(f"capturing {role} graph", 0.3 + 0.3 * i / len(roles))
+                cap = capture_cached(args, role, expected, (source, self.family, self.gargs))
+                if cap.snapshot.fingerprint != expected:
+                    raise UserError(
+                        f"{bundle_path}: the {role} graph this mcore captures ({cap.snapshot.fingerprint[:12]}…) "
+                        f"differs from the bundle's ({expected[:12]}…); rebuild the bundle with this mcore"
+                    )
+                runner = engine_.compile_role(cap, state, slots, self.device)
+                self.snapshots[role] = cap.snapshot
+            else:  # precompiled: its record holds the snapshot, checked against the bundle's fingerprint
+                runner, self.snapshots[role] = loaded
+                progress.report(f"loaded precompiled {role} graph", 0.3 + 0.3 * (i + 1) / len(roles))
+            self.runners[role] = runner
         self.kind = self.family.kind
         self._progress = progress
 

@@ -114,30 +114,48 @@ def test_cpu_second_load_reuses_the_compiled_cache(cpu_bundles):
 
 
 def test_cpu_precompiled_artifact_is_saved_then_loaded(cpu_bundles, tmp_path, monkeypatch):
-    """MCORE_PRECOMPILED=1: the decode role (fixed shapes) is compiled without Dynamo into one
-    artifact file; the next load reads it; the numbers are those of the default compiled path; a
-    damaged artifact is compiled again, never trusted."""
+    """MCORE_PRECOMPILED=1: each role (prefill with a symbolic token count, decode fixed) is compiled
+    without Dynamo into an artifact file with a role record beside it; the next load reads those
+    and captures nothing; the numbers are those of the default compiled path, prompts of 1 token
+    and of many included; a damaged artifact or record is compiled again, never trusted."""
+    import mcore.pipeline
+
     native, _, _ = cpu_bundles
     default = DecoderPipeline(str(native), device="cpu", engine="compiled")
     monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("MCORE_PRECOMPILED", "1")
     first = DecoderPipeline(str(native), device="cpu", engine="compiled")
-    artifacts = list((tmp_path / "cache" / "compiled").glob("*.artifact"))
-    assert len(artifacts) == 1 and first.runners["decode"].artifact == artifacts[0]
-    assert first.runners["prefill"].artifact is None  # dynamic token count: Dynamo as before
+    folder = tmp_path / "cache" / "compiled"
+    artifacts = sorted(folder.glob("*.artifact"))
+    records = sorted(folder.glob("*.role.json"))
+    assert len(artifacts) == 2 and len(records) == 2
+    assert {first.runners[r].artifact for r in ("prefill", "decode")} == set(artifacts)
+
+    captures = []
+    real_capture = mcore.pipeline.capture_cached
+    monkeypatch.setattr(mcore.pipeline, "capture_cached", lambda *a: captures.append(a) or real_capture(*a))
     again = DecoderPipeline(str(native), device="cpu", engine="compiled")
-    dec = again.runners["decode"]
-    assert dec.cached and "precompiled artifact" in dec.describe()
-    ids = default.encode(PROMPT)
+    assert captures == []  # neither role graph was captured: both came from their records
+    assert all(r.cached and "precompiled artifact" in r.describe() for r in again.runners.values())
+    assert {r: s.fingerprint for r, s in again.snapshots.items()} == {
+        r: s.fingerprint for r, s in default.snapshots.items()
+    }
+    for prompt in (PROMPT, "the", "the quick brown fox jumps over the lazy dog " * 3):
+        ids = default.encode(prompt)
+        tokens = default.generate(prompt, 6, stop_at_eos=False).tokens
+        want = default.step_logits(ids, tokens[:-1])
+        for pipe in (first, again):
+            got = pipe.step_logits(ids, tokens[:-1])
+            assert all(torch.equal(x, y) for x, y in zip(want, got)), (prompt, len(ids))
+    assert len(default.encode("the")) == 1  # the one-token prompt ran through the symbolic prefill
+
     tokens = default.generate(PROMPT, 6, stop_at_eos=False).tokens
-    want = default.step_logits(ids, tokens[:-1])
-    for pipe in (first, again):
-        got = pipe.step_logits(ids, tokens[:-1])
-        assert all(torch.equal(x, y) for x, y in zip(want, got))
     artifacts[0].write_bytes(b"not an artifact")
+    records[1].write_text("{}")
     third = DecoderPipeline(str(native), device="cpu", engine="compiled")
+    assert len(captures) == 2  # both roles captured again (one lacked its artifact, one its record)
     assert third.generate(PROMPT, 6, stop_at_eos=False).tokens == tokens
-    assert artifacts[0].stat().st_size > 100  # compiled again and saved whole
+    assert artifacts[0].stat().st_size > 100 and "snapshot" in records[1].read_text()  # written whole again
 
 
 def test_cpu_precompiled_slot_pipelines_each_call_their_own_kernel(cpu_bundles, tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ selection, bundles and the TUI never see more than this.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import torch
 
@@ -37,4 +37,17 @@ class Engine(Protocol):
     ) -> RoleRunner:
         """`captured`: mcore.graph_capture.Captured; `state`: FQN -> tensor for every lifted
         parameter/buffer; `slots`: (slot record, bound SlotCall) pairs for this role."""
+        ...
+
+    def load_role(
+        self,
+        fingerprint: str,
+        role: str,
+        state: dict[str, torch.Tensor],
+        slots: Sequence[tuple[Any, Any]],
+        device: torch.device,
+    ) -> Optional[tuple[RoleRunner, Any]]:
+        """(runner, the role's graph snapshot) ready-made from an earlier load, without capture; or
+        None: then the caller captures the graph and calls compile_role. `fingerprint`: the role
+        graph's, from the bundle (the snapshot returned has it)."""
         ...

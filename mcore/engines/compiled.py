@@ -31,8 +31,9 @@ from ..families.demo import cache_root
 from ..fileio import write_json
 from ..progress import NO_PROGRESS, Progress
 from ..receipt import SlotRecord
-from .fusion import fuse_sibling_projections
-from .prepared import PreparedGraph, prepare_graph
+from ..graph.snapshot import Snapshot
+from .fusion import fuse_sibling_projections, fuse_weights
+from .prepared import PreparedGraph, RoleProgram, prepare_graph
 
 
 def _use_mcore_inductor_cache() -> None:
@@ -70,10 +71,27 @@ def tuning() -> bool:
 
 
 def precompiled() -> bool:
-    """MCORE_PRECOMPILED=1 (experimental): a fixed-shape role is compiled without Dynamo into one
-    Inductor artifact file beside the index (compiled/<key>.<slot keys>.artifact), and later loads read that
-    file instead of re-tracing the graph with Dynamo and walking Inductor's cache."""
+    """MCORE_PRECOMPILED=1 (experimental): each role is compiled without Dynamo into one Inductor
+    artifact file beside the index (compiled/<key>.<slot keys>.artifact; prefill with a symbolic token
+    count), with a role record beside it (.role.json: the snapshot, the lifted state's names and the
+    engine's weight fusions). A later load of the same pipeline reads those two files and neither
+    captures the graph (torch.export.load) nor re-traces it (Dynamo)."""
     return os.environ.get("MCORE_PRECOMPILED", "0") == "1"
+
+
+def _slots_tag(slot_keys: Sequence[str]) -> str:
+    # Compiled code names its slots by key (mcore::slot(..., key)): a pipeline whose slots got other
+    # keys (a second one in this process) must not run the first one's kernels.
+    return hashlib.sha256(",".join(slot_keys).encode()).hexdigest()[:12]
+
+
+def _precompiled_paths(key: str, slot_keys: Sequence[str]) -> tuple[Path, Path]:
+    """(artifact, role record) of a role compiled under `key` for these slot keys."""
+    stem = cache_root() / "compiled" / f"{key}.{_slots_tag(slot_keys)}"
+    return stem.with_name(stem.name + ".artifact"), stem.with_name(stem.name + ".role.json")
+
+
+RECORD_KIND = "mcore.precompiled_role"
 
 
 def compile_options(device: torch.device, fixed_shapes: bool) -> dict[str, Any]:
@@ -90,16 +108,29 @@ def compile_options(device: torch.device, fixed_shapes: bool) -> dict[str, Any]:
 
 
 class CompiledRoleRunner:
-    def __init__(self, prepared: PreparedGraph, device: torch.device, key: str):
+    """`prepared` is the role's graph (a PreparedGraph), or for a precompiled role loaded from its
+    artifact the RoleProgram alone with `fn` already set. `snapshot`: the role's graph snapshot, kept
+    in the role record that lets a later load skip capture (MCORE_PRECOMPILED=1)."""
+
+    def __init__(
+        self,
+        prepared: RoleProgram,
+        device: torch.device,
+        key: str,
+        snapshot: Optional[Snapshot] = None,
+        fn: Optional[Callable[..., Any]] = None,
+    ):
         self.prepared = prepared
         self.device = device
         self.key = key
-        self.fn: Optional[Callable[..., Any]] = None  # made by prepare(), which knows the role's shapes
+        self.snapshot = snapshot
+        self.fn: Optional[Callable[..., Any]] = fn  # made by prepare(), which knows the role's shapes
         self.graphs: dict[tuple, _Replay] = {}
         self.compile_s: Optional[float] = None
         self.cached: Optional[bool] = None
         self.calls_compiled = 0  # calls that ran compiled code outside a CUDA graph
         self.artifact: Optional[Path] = None  # the precompiled artifact this role runs (MCORE_PRECOMPILED=1)
+        self.load_s = 0.0  # reading a precompiled role (artifact and record), counted in compile_s
 
     # ------------------------------------------------------------------ running
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -112,8 +143,13 @@ class CompiledRoleRunner:
     def _run(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         p = self.prepared
         if self.fn is None:
-            self.fn = torch.compile(p.gm, fullgraph=True)
+            self.fn = torch.compile(self._graph().gm, fullgraph=True)
         return p.run(self.fn, inputs)
+
+    def _graph(self) -> PreparedGraph:
+        if not isinstance(self.prepared, PreparedGraph):
+            raise RuntimeError(f"the precompiled {self.prepared.role} role has no graph to compile")
+        return self.prepared
 
     # ------------------------------------------------------------------ preparing
     def prepare(self, *inputs: torch.Tensor, progress: Progress = NO_PROGRESS, fixed_shapes: bool = True) -> None:
@@ -125,31 +161,31 @@ class CompiledRoleRunner:
         role = p.role
         marker = cache_root() / "compiled" / f"{self.key}.json"
         known = _read_marker(marker)
-        if not fixed_shapes:
-            for i, dims in p.dynamic_dims.items():
-                for d in dims:
-                    torch._dynamo.mark_dynamic(inputs[i], d)
         options = compile_options(self.device, fixed_shapes)
-        artifact = None
-        if fixed_shapes and precompiled():
-            # The compiled code names its slots by key (mcore::slot(..., key)): a pipeline whose slots
-            # got other keys (a second one in this process) must not run the first one's kernels.
-            slots = hashlib.sha256(",".join(p.slot_keys).encode()).hexdigest()[:12]
-            artifact = marker.with_name(f"{self.key}.{slots}.artifact")
-        if artifact is not None and not artifact.is_file():
-            known = None  # compiled before through Dynamo, perhaps, but not into an artifact
-        if artifact is None:
-            self.fn = torch.compile(p.gm, fullgraph=True, options=options or None)
+        loaded = self.artifact is not None  # a precompiled role: its code came with it
+        artifact = record = None
+        if not loaded and precompiled():
+            artifact, record = _precompiled_paths(self.key, p.slot_keys)
+            if not artifact.is_file():
+                known = None  # compiled before through Dynamo, perhaps, but not into an artifact
+        if not loaded and artifact is None:
+            gm = self._graph().gm
+            if not fixed_shapes:
+                for i, dims in p.dynamic_dims.items():
+                    for d in dims:
+                        torch._dynamo.mark_dynamic(inputs[i], d)
+            self.fn = torch.compile(gm, fullgraph=True, options=options or None)
         how = (
             "reusing cached compiled code"
-            if known
+            if known or loaded
             else "first compile on this machine, about a minute for 8B-sized graphs"
         )
         progress.report(f"compiling {role} graph ({how})", 0.0)
         t0 = time.perf_counter()
         try:
             if artifact is not None:
-                self.fn = _artifact(artifact, p.gm, [*p.state_args, *inputs], options)
+                graph = self._graph()
+                self.fn = _artifact(artifact, graph.gm, p.state_args, inputs, graph.dynamic_dims, options)
                 self.artifact = artifact
             self._warm(inputs, 1)
         except UserError:
@@ -160,7 +196,11 @@ class CompiledRoleRunner:
                 f"the compiled engine could not compile the {role} graph ({type(e).__name__}: {first[:200]}); "
                 "run with --engine torch"
             ) from None
-        self.compile_s = time.perf_counter() - t0
+        if record is not None and self.snapshot is not None and self.artifact is not None:
+            _write_record(record, self.prepared, self.snapshot)
+        if loaded:
+            known = known or {"role": role}
+        self.compile_s = time.perf_counter() - t0 + self.load_s
         self.cached = known is not None
         if not known:
             _write_marker(
@@ -232,17 +272,47 @@ class _Replay:
         return self.outputs
 
 
-def _artifact(path: Path, gm: torch.fx.GraphModule, args: list[torch.Tensor], options: dict[str, Any]) -> Any:
-    """The role compiled by Inductor alone (no Dynamo), from `path` when an earlier load saved it
-    (a file another torch cannot read is compiled afresh), else compiled now and saved there."""
-    from torch._inductor import CompiledArtifact, standalone_compile
+def _load_artifact(path: Path) -> Any:
+    """The compiled role saved at `path`, or None where it is missing, damaged or from another torch."""
+    from torch._inductor import CompiledArtifact
 
-    if path.is_file():
-        try:
-            return CompiledArtifact.load(path=str(path), format="binary")
-        except Exception:  # noqa: BLE001 - a stale or damaged artifact: compile it again below
-            pass
-    art = standalone_compile(gm, list(args), dynamic_shapes="from_example_inputs", options={"config_patches": options})
+    if not path.is_file():
+        return None
+    try:
+        return CompiledArtifact.load(path=str(path), format="binary")
+    except Exception:  # noqa: BLE001 - a stale or damaged artifact is compiled again, never trusted
+        return None
+
+
+def _artifact(
+    path: Path,
+    gm: torch.fx.GraphModule,
+    state_args: Sequence[torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+    dynamic_dims: dict[int, tuple[int, ...]],
+    options: dict[str, Any],
+) -> Any:
+    """The role compiled by Inductor alone (no Dynamo), from `path` when an earlier load saved it,
+    else compiled now and saved there. `dynamic_dims` (user input -> dimensions) stay symbolic: the
+    example inputs reach Inductor as fake tensors with those sizes as symbols."""
+    from torch._inductor import standalone_compile
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    art = _load_artifact(path)
+    if art is not None:
+        return art
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    examples: list[Any] = [fake_mode.from_tensor(a, static_shapes=True) for a in state_args]
+    for i, a in enumerate(inputs):
+        dims = dynamic_dims.get(i, ())
+        sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(a.dim())]
+        examples.append(fake_mode.from_tensor(a, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes)))
+    # our own tracing context carries the shape environment (the `fake_mode=` argument is newer than torch 2.11)
+    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
+        art = standalone_compile(
+            gm, examples, dynamic_shapes="from_tracing_context", options={"config_patches": options}
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -251,6 +321,55 @@ def _artifact(path: Path, gm: torch.fx.GraphModule, args: list[torch.Tensor], op
     except OSError:
         pass  # the artifact is a convenience: this process runs the compiled code anyway
     return art
+
+
+def _write_record(path: Path, prog: RoleProgram, snapshot: Snapshot) -> None:
+    """The role record beside a precompiled artifact: what a later load needs instead of the graph."""
+    _write_marker(
+        path,
+        {
+            "kind": RECORD_KIND,
+            "schema_version": 1,
+            "role": prog.role,
+            "torch": torch.__version__,
+            "state_names": prog.state_names,
+            "fused_groups": prog.fused_groups,
+            "output_index": prog.output_index,
+            "mutated_inputs": sorted(prog.mutated_inputs),
+            "dynamic_dims": {str(i): list(d) for i, d in prog.dynamic_dims.items()},
+            "slot_keys": list(prog.slot_keys),
+            "snapshot": snapshot.to_dict(),
+        },
+    )
+
+
+def _program_from_record(data: Any, role: str, state: dict[str, torch.Tensor], slot_keys: list[str]) -> RoleProgram:
+    """The role's program from its record, over this pipeline's tensors (the recorded weight fusions
+    replayed); ValueError where the record does not fit."""
+    if not isinstance(data, dict) or data.get("kind") != RECORD_KIND or data.get("schema_version") != 1:
+        raise ValueError("not a role record")
+    if data.get("role") != role or data.get("slot_keys") != slot_keys or data.get("torch") != torch.__version__:
+        raise ValueError("another role, slot keys or torch")
+    names = data["state_names"]
+    if not isinstance(names, list) or any(n not in state for n in names):
+        raise ValueError("lifted state this pipeline lacks")
+    sources = [state[n] for n in names]
+    prog = RoleProgram(
+        role=role,
+        state_args=[t.detach() for t in sources],
+        state_sources=sources,
+        state_names=list(names),
+        fused_groups=[],
+        output_index=[int(i) for i in data["output_index"]],
+        mutated_inputs=frozenset(int(i) for i in data["mutated_inputs"]),
+        dynamic_dims={int(i): tuple(int(d) for d in dims) for i, dims in data["dynamic_dims"].items()},
+        slot_keys=tuple(slot_keys),
+    )
+    for idx in data["fused_groups"]:
+        if not idx or any(not isinstance(i, int) or not 0 <= i < len(names) for i in idx):
+            raise ValueError("a fused group out of range")
+        fuse_weights(prog, idx)
+    return prog
 
 
 def _signature(inputs: Sequence[torch.Tensor]) -> tuple:
@@ -289,4 +408,39 @@ class CompiledEngine:
         if fuse_projections():
             fuse_sibling_projections(prepared)
         key = compile_key(captured.snapshot.fingerprint, [s for s, _ in slots], device)
-        return CompiledRoleRunner(prepared, device, key)
+        return CompiledRoleRunner(prepared, device, key, snapshot=captured.snapshot)
+
+    def load_role(
+        self,
+        fingerprint: str,
+        role: str,
+        state: dict[str, torch.Tensor],
+        slots: Sequence[tuple[SlotRecord, Any]],
+        device: torch.device,
+    ) -> Optional[tuple[CompiledRoleRunner, Snapshot]]:
+        """The role and its snapshot from its precompiled artifact and record (MCORE_PRECOMPILED=1), with no capture
+        and no graph; None where there is none for this graph, these slots, device and torch, or it
+        does not load (the caller then captures and compiles as usual)."""
+        if not precompiled():
+            return None
+        key = compile_key(fingerprint, [s for s, _ in slots], device)
+        slot_keys = [c.key for _, c in slots]
+        artifact, record = _precompiled_paths(key, slot_keys)
+        t0 = time.perf_counter()
+        data = _read_marker(record)
+        if data is None or not artifact.is_file():
+            return None
+        fn = _load_artifact(artifact)
+        if fn is None:
+            return None
+        try:
+            snapshot = Snapshot.from_dict(data.get("snapshot"), str(record))
+            if snapshot.fingerprint != fingerprint:
+                return None
+            prog = _program_from_record(data, role, state, slot_keys)
+        except (UserError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        runner = CompiledRoleRunner(prog, device, key, snapshot=snapshot, fn=fn)
+        runner.artifact = artifact
+        runner.load_s = time.perf_counter() - t0
+        return runner, snapshot

@@ -8,7 +8,7 @@ from collections import defaultdict
 import torch
 from torch import fx
 
-from .prepared import PreparedGraph
+from .prepared import PreparedGraph, RoleProgram
 
 
 def fuse_sibling_projections(p: PreparedGraph) -> int:
@@ -43,24 +43,10 @@ def fuse_sibling_projections(p: PreparedGraph) -> int:
             for w in ws
         ):
             continue
-        weight = _adjacent(ws)  # another role of this pipeline fused the same weights already
-        if weight is None:
-            weight = torch.cat(ws, 0)
-        bounds = []
-        start = 0
-        for i, w in zip(idx, ws):
-            view = weight[start : start + w.shape[0]]
-            bounds.append((start, start + w.shape[0]))
-            src = p.state_sources[i]
-            if isinstance(src, torch.nn.Parameter):
-                src.data = view  # the module shares the fused storage: the old one is freed
-            p.state_args[i] = view
-            start += w.shape[0]
+        _, bounds = fuse_weights(p, idx)
         with gm.graph.inserting_after(last_state):
             ph = gm.graph.placeholder(f"mcore_fused_weight_{fused}")
         last_state = ph
-        p.state_args.insert(n_state + fused, weight)
-        p.state_sources.insert(n_state + fused, weight)
         first = min(lins, key=lambda n: list(gm.graph.nodes).index(n))
         with gm.graph.inserting_before(first):
             y = gm.graph.call_function(torch.ops.aten.linear.default, (x, ph))
@@ -74,6 +60,32 @@ def fuse_sibling_projections(p: PreparedGraph) -> int:
         gm.graph.lint()
         gm.recompile()
     return fused
+
+
+def fuse_weights(p: RoleProgram, idx: list[int]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """Concatenate the weights at state indexes `idx` into one state argument appended after the
+    lifted state (and after earlier fused ones); the lifted tensors and the module's parameters
+    become views into it. Recorded in p.fused_groups, so a precompiled role replays the same
+    concatenations without its graph. Returns the weight and each member's row range."""
+    n_state = len(p.state_names)
+    ws = [p.state_args[i] for i in idx]
+    weight = _adjacent(ws)  # another role of this pipeline fused the same weights already
+    if weight is None:
+        weight = torch.cat(ws, 0)
+    bounds = []
+    start = 0
+    for i, w in zip(idx, ws):
+        view = weight[start : start + w.shape[0]]
+        bounds.append((start, start + w.shape[0]))
+        src = p.state_sources[i]
+        if isinstance(src, torch.nn.Parameter):
+            src.data = view  # the module shares the fused storage: the old one is freed
+        p.state_args[i] = view
+        start += w.shape[0]
+    p.state_args.insert(n_state + len(p.fused_groups), weight)
+    p.state_sources.insert(n_state + len(p.fused_groups), weight)
+    p.fused_groups.append(list(idx))
+    return weight, bounds
 
 
 def _adjacent(ws: list[torch.Tensor]) -> torch.Tensor | None:

@@ -19,11 +19,15 @@ from .slots import SlotCall, apply_slot
 
 
 @dataclass
-class PreparedGraph:
+class RoleProgram:
+    """What running a compiled role needs besides its code: the lifted state in graph order and
+    which outputs and inputs are the role's. A precompiled role is loaded as this alone (no graph)."""
+
     role: str
-    gm: fx.GraphModule
     state_args: list[torch.Tensor]  # lifted parameters/buffers, detached (no autograd anywhere)
     state_sources: list[torch.Tensor]  # the module's own tensors behind state_args (same storage)
+    state_names: list[str]  # the module's name of each lifted tensor, in graph order
+    fused_groups: list[list[int]]  # state indexes whose weights the engine concatenated (fusion.py)
     output_index: list[int]  # which graph outputs are the role's user outputs
     mutated_inputs: frozenset[int]  # user inputs the graph writes in place (KV caches)
     dynamic_dims: dict[int, tuple[int, ...]]  # user input -> its dynamic dimensions (-1 in the snapshot)
@@ -36,6 +40,11 @@ class PreparedGraph:
         if not isinstance(outs, (tuple, list)):
             outs = (outs,)
         return tuple(outs[i] for i in self.output_index)
+
+
+@dataclass
+class PreparedGraph(RoleProgram):
+    gm: fx.GraphModule
 
 
 def prepare_graph(
@@ -78,7 +87,16 @@ def prepare_graph(
         if -1 in shapes[tid]
     }
     return PreparedGraph(
-        captured.role, gm, state_args, sources, user_index, _mutated(gm, user), dynamic, tuple(c.key for _, c in slots)
+        role=captured.role,
+        state_args=state_args,
+        state_sources=sources,
+        state_names=[targets[p.name] for p in lifted],
+        fused_groups=[],
+        output_index=user_index,
+        mutated_inputs=_mutated(gm, user),
+        dynamic_dims=dynamic,
+        slot_keys=tuple(c.key for _, c in slots),
+        gm=gm,
     )
 
 

@@ -43,6 +43,9 @@ def _call_slots_directly(p: PreparedGraph) -> None:
 class TorchEngine:
     name = "torch"
 
+    def load_role(self, fingerprint: str, role: str, state: Any, slots: Any, device: torch.device) -> None:
+        return None  # op by op needs the graph: nothing is precompiled
+
     def compile_role(
         self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[Any, Any]], device: torch.device
     ) -> TorchRoleRunner:
