@@ -40,6 +40,19 @@ def static_text(app, selector: str) -> str:
     return c.plain if hasattr(c, "plain") else str(c)
 
 
+async def modal_text(app, pilot, selector: str) -> str:
+    """static_text on a screen just pushed: its widgets mount a moment after the push (under load,
+    after the app already reports the screen)."""
+    from textual.css.query import NoMatches
+
+    for _ in range(100):
+        try:
+            return static_text(app, selector)
+        except NoMatches:
+            await pilot.pause(0.02)
+    return static_text(app, selector)
+
+
 def shorten_perf(app: WorkbenchApp) -> None:
     for step in app.guide.session.steps:
         if step.action == "gate_perf":
@@ -62,7 +75,7 @@ async def drive(app: WorkbenchApp, pilot) -> dict:
                 await pilot.press("y")
                 continue
             if isinstance(app.screen, SummaryModal):  # the end of the tutorial: what was built, what next
-                seen["summary"] = static_text(app, "#summary-text")
+                seen["summary"] = await modal_text(app, pilot, "#summary-text")
                 await pilot.press("escape")
                 await pilot.pause(0.05)
                 continue
@@ -72,7 +85,7 @@ async def drive(app: WorkbenchApp, pilot) -> dict:
         for _ in range(40 if g.done and seen["summary"] is None else 0):
             await pilot.pause(0.05)
             if isinstance(app.screen, SummaryModal):
-                seen["summary"] = static_text(app, "#summary-text")
+                seen["summary"] = await modal_text(app, pilot, "#summary-text")
                 await pilot.press("escape")
                 await pilot.pause(0.05)
                 break
@@ -505,7 +518,7 @@ async def test_replay_shows_expected_vs_actual(tmp_path):
         # the end of the replay: the summary counts the matched steps; esc closes it
         await pilot.pause(0.1)
         assert isinstance(app.screen, SummaryModal)
-        assert "2/3 steps matched the recording" in static_text(app, "#summary-text")
+        assert "2/3 steps matched the recording" in await modal_text(app, pilot, "#summary-text")
         await pilot.press("escape")
         await pilot.pause(0.1)
         text = static_text(app, "#guide-text")
