@@ -12,6 +12,7 @@
 #          session replayed with its CUDA steps (needs the CuTe DSL carried: prepare.sh --cute)    ~8 min
 # attnbench: bench/attention_gpu.py, the CuTe attention kernel against native on the 8B-sized config
 #          (kernel per call, whole step with all 36 layers bound; needs the CuTe DSL)               ~6 min
+# gemv:    bench/gemv_gpu.py --sweep, mcore::gemv against cuBLAS at the 8B decode shapes (issue 8)  ~3 min
 set -uo pipefail
 OUT=${1:?usage: gpu_session.sh OUT [stages]}
 STAGES=${2:-suite,engine,gate,profile,attention}
@@ -72,4 +73,8 @@ if has attnbench; then
   cp "$W/attnbench/attention.json" "$OUT/attnbench.json" 2>/dev/null
   echo "== attnbench"; grep -v '^\[' "$OUT/attnbench.log" | tail -n 22
   rm -rf "$W"/attnbench/*.bundle
+fi
+if has gemv; then
+  python3 "$here/gemv_gpu.py" --sweep --json "$OUT/gemv.json" > "$OUT/gemv.log" 2>&1
+  echo "== gemv"; tail -n 40 "$OUT/gemv.log"
 fi

@@ -32,7 +32,9 @@ from ..fileio import write_json
 from ..progress import NO_PROGRESS, Progress
 from ..receipt import SlotRecord
 from ..graph.snapshot import Snapshot
+from ..gemv import enabled as gemv_enabled
 from .fusion import fuse_sibling_projections, fuse_weights
+from .gemv_pass import use_gemv
 from .prepared import PreparedGraph, RoleProgram, prepare_graph
 
 
@@ -55,7 +57,7 @@ def compile_key(fingerprint: str, slots: Sequence[SlotRecord], device: torch.dev
         "slots": [[s.binding_id, s.abi_sha256, list(s.node_ids)] for s in slots],
         "device": device_label(device),
         "torch": torch.__version__,
-        "options": [fuse_projections(), tuning()],
+        "options": [fuse_projections(), tuning()] + (["gemv"] if gemv_enabled() else []),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -168,6 +170,8 @@ class CompiledRoleRunner:
             artifact, record = _precompiled_paths(self.key, p.slot_keys)
             if not artifact.is_file():
                 known = None  # compiled before through Dynamo, perhaps, but not into an artifact
+        if not loaded and fixed_shapes and gemv_enabled():
+            use_gemv(self._graph(), inputs)  # one-row products (the decode step) as mcore::gemv
         if not loaded and artifact is None:
             gm = self._graph().gm
             if not fixed_shapes:

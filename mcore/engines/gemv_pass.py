@@ -1,0 +1,78 @@
+"""The compiled engine's one-row linears as `mcore::gemv` (MCORE_GEMV=1, fixed-shape roles on CUDA).
+
+A decode step's matrix products have one row: what the hardware allows is reading each weight once
+at the memory bandwidth. `mcore.gemv` is written for that shape; Inductor otherwise hands the
+product to the GEMM library. The rewrite runs after the sibling-projection fusion (so a fused
+q/k/v or gate/up product becomes one GEMV) and never touches a slot.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import fx
+
+from .. import gemv  # noqa: F401 - registers mcore::gemv
+from .prepared import PreparedGraph
+
+
+def _sizes(user: list[fx.Node], inputs: Sequence[torch.Tensor]) -> dict[Any, int]:
+    """Each size symbol of the graph's inputs (a dynamic token count) bound to the size it has in
+    `inputs`, the buffers a fixed-shape role runs on for its whole life."""
+    bound: dict[Any, int] = {}
+    for ph, x in zip(user, inputs):
+        val = ph.meta.get("val")
+        for d, size in zip(getattr(val, "shape", ()), x.shape):
+            if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
+                bound[d.node.expr] = int(size)
+    return bound
+
+
+def one_row(node: object, bound: dict[Any, int]) -> bool:
+    """`node` is a graph value whose leading dimensions multiply to 1 once its size symbols take
+    the values in `bound`."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    shape = getattr(val, "shape", None)
+    if shape is None or len(shape) < 1:
+        return False
+    rows = 1
+    for d in shape[:-1]:
+        if isinstance(d, torch.SymInt):
+            e = d.node.expr.subs(bound)
+            if not e.is_Integer:
+                return False
+            d = int(e)
+        rows *= int(d)
+    return rows == 1
+
+
+def use_gemv(p: PreparedGraph, inputs: Sequence[torch.Tensor]) -> int:
+    """Replace each `aten.linear(x, W)` whose input is one row when the role runs on `inputs` (its
+    fixed buffers) and whose weight is lifted 16-bit state by `mcore.gemv(x, W)`. Returns how many."""
+    gm = p.gm
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    state = {placeholders[i]: p.state_args[i] for i in range(len(p.state_args))}
+    bound = _sizes(placeholders[len(p.state_args) :], inputs)
+    done = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target is not torch.ops.aten.linear.default or n.kwargs:
+            continue
+        if len(n.args) == 3 and n.args[2] is not None:
+            continue
+        x, w = n.args[0], n.args[1]
+        weight = state.get(w) if isinstance(w, fx.Node) else None
+        if weight is None or weight.dim() != 2 or weight.dtype not in (torch.bfloat16, torch.float16):
+            continue
+        if not one_row(x, bound) or x.meta["val"].dtype != weight.dtype:
+            continue
+        n.target = torch.ops.mcore.gemv.default
+        n.args = (x, w)
+        done += 1
+    if done:
+        gm.graph.lint()
+        gm.recompile()
+    return done
+
+
+__all__ = ["use_gemv", "one_row"]

@@ -1,0 +1,123 @@
+"""Matrix-vector products for the decode step (one token): `mcore::gemv(x, weight) -> y`.
+
+A decode step at batch 1 multiplies one row by every weight matrix of the model, so it is bound by
+reading the weights: the step can be no faster than the weight bytes over the memory bandwidth.
+This kernel streams each weight row once with wide loads, many rows per program and every SM busy,
+and accumulates in fp32. Deterministic: each output element is one program's fixed-order sum (no
+split-K, no atomics), so a step computes the same bits on every call and every compile.
+
+y[..., n] = sum_k x[..., k] * weight[n, k]   (x has one row: its leading dimensions multiply to 1)
+
+The compiled engine puts it in place of `aten.linear` for one-row inputs of fixed-shape roles when
+MCORE_GEMV=1 (mcore/engines/gemv_pass.py). On CPU the op is `torch.nn.functional.linear`; the
+Triton kernel runs there only under Triton's interpreter (tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["gemv", "gemv_triton", "gemv_config", "enabled"]
+
+
+def enabled() -> bool:
+    """MCORE_GEMV=1 (experimental): the compiled engine's one-row linears use this kernel on CUDA."""
+    return os.environ.get("MCORE_GEMV", "0") == "1"
+
+
+def gemv_config(n: int, k: int, sms: int = 132) -> tuple[int, int, int, int]:
+    """(BLOCK_N rows per program, BLOCK_K columns per iteration, warps, pipeline stages) for an
+    N x K weight: wide rows (1 KB of bf16 per row and iteration), and rows per program halved until
+    there are at least four programs per SM. bench/gemv_gpu.py measures the alternatives."""
+    block_k = min(512, max(16, 1 << math.ceil(math.log2(max(k, 1)))))
+    block_n = 8
+    while block_n > 1 and -(-n // block_n) < 4 * sms:
+        block_n //= 2
+    return block_n, block_k, 4, 3
+
+
+@functools.cache
+def _kernel():
+    """The Triton kernel, built on first use (importing triton is not free, and CPU runs never need it)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemv_kernel(
+        X,
+        W,
+        Y,
+        N,
+        K: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        UPCAST: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < N
+        cols = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        base = W + rows.to(tl.int64)[:, None] * K + cols[None, :]
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = (k0 + cols) < K
+            w = tl.load(base + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(X + k0 + cols, mask=k_ok, other=0.0)
+            if UPCAST:  # Triton's CPU interpreter cannot multiply 16-bit tiles: widen them there
+                w = w.to(tl.float32)
+                x = x.to(tl.float32)
+            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        y = tl.sum(acc, axis=1)
+        tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=row_ok)
+
+    return gemv_kernel
+
+
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def gemv_triton(
+    x: torch.Tensor, weight: torch.Tensor, config: Optional[tuple[int, int, int, int]] = None
+) -> torch.Tensor:
+    """The Triton kernel: x [..., K] with one row, weight [N, K] contiguous, same dtype; y [..., N]."""
+    if not _has_triton():
+        raise RuntimeError("mcore.gemv needs triton (pip install triton)")
+    n, k = weight.shape
+    if x.shape[-1] != k or x.numel() != k or x.dtype != weight.dtype:
+        raise ValueError(
+            f"gemv: x {tuple(x.shape)} {x.dtype} is not one row for weight {tuple(weight.shape)} {weight.dtype}"
+        )
+    xs = x.reshape(k).contiguous()
+    w = weight.contiguous()
+    y = torch.empty(n, dtype=x.dtype, device=x.device)
+    if x.device.type == "cuda":
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    else:
+        sms = 4
+    block_n, block_k, warps, stages = config or gemv_config(n, k, sms)
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    _kernel()[(-(-n // block_n),)](
+        xs, w, y, n, K=k, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=interp, num_warps=warps, num_stages=stages
+    )
+    return y.reshape(*x.shape[:-1], n)
+
+
+@torch.library.custom_op("mcore::gemv", mutates_args=())
+def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K] (one row) times weight [N, K] transposed, as `F.linear(x, weight)`."""
+    if x.device.type == "cuda" and x.dtype in (torch.bfloat16, torch.float16) and _has_triton():
+        return gemv_triton(x, weight)
+    return F.linear(x, weight)
+
+
+@gemv.register_fake
+def _gemv_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))

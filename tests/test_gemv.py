@@ -1,0 +1,160 @@
+"""mcore::gemv, the decode step's one-row matrix products (mcore/gemv.py), and the compiled engine's
+rewrite to it (MCORE_GEMV=1, mcore/engines/gemv_pass.py).
+
+CPU: the Triton kernel under Triton's interpreter against float64 (in a subprocess: the interpreter
+is chosen when triton is imported), and the rewrite on a demo pipeline (the op is F.linear on CPU).
+GPU (pytest -m gpu): the compiled kernel at the Qwen3-8B shapes against float64, run to run and
+inside a CUDA graph, and a pipeline that uses it: deterministic, and bit-identical to an
+identity-copy slot pipeline in lockstep."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mcore.build import build_bundle
+from mcore.buildargs import BuildArgs
+from mcore.pipeline import DecoderPipeline
+
+from .conftest import REPO
+
+# (rows N, columns K, dtype): N and K not multiples of the blocks, one row, K below one block
+CASES = [(1, 7, "float32"), (37, 300, "bfloat16"), (130, 1024, "float16"), (64, 64, "bfloat16"), (600, 96, "float32")]
+
+_INTERP = r"""
+import json, sys, torch
+from mcore.gemv import gemv_triton
+out = []
+for n, k, dt in json.loads(sys.argv[1]):
+    g = torch.Generator().manual_seed(n * k)
+    dtype = getattr(torch, dt)
+    x = torch.randn(1, 1, k, generator=g).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    a, b = gemv_triton(x, w), gemv_triton(x, w)
+    ref = (x.double().reshape(k) @ w.double().T).reshape(1, 1, n)
+    rel = ((a.double() - ref).norm() / ref.norm()).item()
+    floor = ((ref.to(dtype).double() - ref).norm() / ref.norm()).item()  # rounding the exact result
+    out.append({"shape": list(a.shape) == list(ref.shape), "same": bool(torch.equal(a, b)), "rel": rel, "floor": floor})
+print(json.dumps(out))
+"""
+
+
+def test_kernel_matches_the_float64_reference_under_the_triton_interpreter():
+    pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    r = subprocess.run(
+        [sys.executable, "-c", _INTERP, json.dumps(CASES)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    for case, res in zip(CASES, json.loads(r.stdout.strip().splitlines()[-1])):
+        assert res["shape"] and res["same"], (case, res)
+        if case[2] == "float32":  # fp32 accumulation over K terms
+            assert res["rel"] < 1e-6, (case, res)
+        else:  # one rounding of the output; the interpreter rounds bf16 by truncation (up to 2x)
+            assert res["rel"] < 2.5 * res["floor"] + 1e-6, (case, res)
+
+
+def test_config_keeps_every_sm_busy_and_blocks_whole():
+    from mcore.gemv import gemv_config
+
+    for n, k in [(6144, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (64, 64), (1, 7)]:
+        block_n, block_k, warps, stages = gemv_config(n, k, sms=132)
+        assert block_n >= 1 and block_n & (block_n - 1) == 0 and block_k & (block_k - 1) == 0
+        assert block_k <= 512 and block_k >= min(k, 16)
+        assert -(-n // block_n) >= min(4 * 132, n)  # at least 4 programs an SM where there are rows for them
+
+
+def test_bad_inputs_are_refused():
+    from mcore.gemv import gemv_triton
+
+    with pytest.raises(ValueError, match="not one row"):
+        gemv_triton(torch.zeros(2, 8), torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="not one row"):
+        gemv_triton(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(4, 8))
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16(tmp_path_factory):
+    args = BuildArgs(model="demo:qwen3-tiny", precision="bf16", max_cache_length=128)
+    return build_bundle(args, tmp_path_factory.mktemp("gemv") / "n.bundle", device="cpu").bundle_path
+
+
+def _gemv_nodes(pipe: DecoderPipeline, role: str) -> int:
+    gm = pipe.runners[role].prepared.gm
+    return sum(1 for n in gm.graph.nodes if n.target is torch.ops.mcore.gemv.default)
+
+
+def test_the_engine_rewrites_the_decode_steps_one_row_products(tiny_bf16, monkeypatch):
+    """MCORE_GEMV=1: every one-row linear of the decode step (fused q/k/v, o_proj, fused gate/up,
+    down per layer, and lm_head) becomes mcore::gemv; prefill (many rows) keeps aten.linear; the
+    tokens are those of the default compiled engine."""
+    default = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
+    monkeypatch.setenv("MCORE_GEMV", "1")
+    pipe = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
+    layers = int(pipe.config["num_hidden_layers"])
+    assert _gemv_nodes(pipe, "decode") == 4 * layers + 1
+    assert _gemv_nodes(pipe, "prefill") == 0
+    linears = [n for n in pipe.runners["decode"].prepared.gm.graph.nodes if n.target is torch.ops.aten.linear.default]
+    assert linears == []
+    assert pipe.runners["decode"].key != default.runners["decode"].key  # its own compiled code
+    prompt = "the quick brown fox"
+    assert pipe.generate(prompt, 8, stop_at_eos=False).tokens == default.generate(prompt, 8, stop_at_eos=False).tokens
+
+
+# ------------------------------------------------------------------------------------------- GPU
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_kernel_at_the_8b_shapes(dtype):
+    """Fused q/k/v, gate/up, down and lm_head of Qwen3-8B, and a few odd sizes: against float64,
+    bit-equal run to run, and the same bits replayed inside a CUDA graph."""
+    from mcore.gemv import gemv_triton
+
+    for n, k in [(6144, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (37, 300), (130, 64)]:
+        g = torch.Generator(device="cuda").manual_seed(n + k)
+        x = torch.randn(1, 1, k, device="cuda", generator=g).to(dtype)
+        w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(dtype)
+        a = gemv_triton(x, w)
+        assert torch.equal(a, gemv_triton(x, w)), (n, k)
+        ref = (x.double().reshape(k) @ w.double().T).reshape(1, 1, n)
+        rel = ((a.double() - ref).norm() / ref.norm()).item()
+        floor = ((ref.to(dtype).double() - ref).norm() / ref.norm()).item()
+        assert rel < 1.5 * floor + 1e-6, (n, k, rel, floor)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            b = gemv_triton(x, w)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(a, b), (n, k)
+
+
+@gpu
+@needs_cuda
+def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_path, monkeypatch):
+    from .test_compiled_engine import _bundles
+
+    monkeypatch.setenv("MCORE_GEMV", "1")
+    monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
+    native, slot, manifest = _bundles(tmp_path, "bf16", "cuda")
+    nat = DecoderPipeline(str(native), device="cuda")
+    assert _gemv_nodes(nat, "decode") > 0 and nat.runners["decode"].graphs
+    prompt = "the quick brown fox"
+    r = nat.generate(prompt, 24, stop_at_eos=False)
+    assert nat.generate(prompt, 24, stop_at_eos=False).tokens == r.tokens
+    ext = DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cuda")
+    ln = nat.step_logits(r.prompt_tokens, r.tokens[:-1])
+    le = ext.step_logits(r.prompt_tokens, r.tokens[:-1])
+    assert all(torch.equal(x, y) for x, y in zip(ln, le))
+    ref = DecoderPipeline(str(native), device="cuda", engine="torch")
+    for x, y in zip(ref.step_logits(r.prompt_tokens, r.tokens[:-1]), ln):
+        torch.testing.assert_close(x, y, atol=0.15, rtol=0.05)  # bf16 rounding between engines
