@@ -318,6 +318,36 @@ def test_gpu_identity_copy_slot_is_bit_identical_in_lockstep(gpu_bundles):
 
 @gpu
 @needs_cuda
+def test_gpu_precompiled_reload_captures_nothing_and_keeps_the_bits(gpu_bundles, tmp_path, monkeypatch):
+    """MCORE_PRECOMPILED=1 on the GPU: the artifacts carry the Triton code; a reload takes both roles
+    from them (no capture), still replays the decode step as a CUDA graph, and computes the bits of
+    the default compiled path; an identity-copy slot pipeline reloaded the same way keeps them too."""
+    import mcore.pipeline
+
+    native, slot, manifest = gpu_bundles
+    default = DecoderPipeline(str(native), device="cuda")
+    monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MCORE_PRECOMPILED", "1")
+    DecoderPipeline(str(native), device="cuda")
+    DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cuda")
+    captures = []
+    real_capture = mcore.pipeline.capture_cached
+    monkeypatch.setattr(mcore.pipeline, "capture_cached", lambda *a: captures.append(a) or real_capture(*a))
+    nat = DecoderPipeline(str(native), device="cuda")
+    ext = DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cuda")
+    assert captures == [] and nat.runners["decode"].graphs and ext.runners["decode"].graphs
+    assert all("precompiled artifact" in r.describe() for p in (nat, ext) for r in p.runners.values())
+    for prompt in (PROMPT, "the"):
+        r = default.generate(prompt, 16, stop_at_eos=False)
+        want = default.step_logits(r.prompt_tokens, r.tokens[:-1])
+        for pipe in (nat, ext):
+            assert pipe.generate(prompt, 16, stop_at_eos=False).tokens == r.tokens
+            got = pipe.step_logits(r.prompt_tokens, r.tokens[:-1])
+            assert all(torch.equal(x, y) for x, y in zip(want, got)), prompt
+
+
+@gpu
+@needs_cuda
 def test_gpu_compiled_close_to_reference_engine_fp32(tmp_path):
     args = BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=256)
     native = build_bundle(args, tmp_path / "n.bundle", device="cuda").bundle_path
