@@ -5,7 +5,8 @@
 In one run on the GPU (bf16, batch 1, random weights, KV capacity 40960):
   1. builds the native bundle and the slot bundle with `qwen.decode_attention_region@2 all-instances`
      (36 slots, one binding), and exports the kernel from layer 0's receipt with the shipped exporter
-     (its default schedule, bound in the pipelines, and the VARIANTS below for the kernel table);
+     (VARIANTS below for the kernel table; the one `--bind` names, by default the shipped default
+     schedule, bound in the pipelines);
   2. kernel time per call, CuTe DSO vs the native engine's attention (mcore.flash_decode, what the
      compiled engine runs for mcore::decode_attention): 36 calls, each over its own cache (nothing
      from L2), in one CUDA graph; K+V bytes of the active length / time, as a share of the measured
@@ -55,10 +56,12 @@ def emit(out: Path, key: str, value) -> None:
 
 
 # kernel variants for the table: name -> exporter environment (tuning knobs of the shipped exporter)
+BIND = 0  # --bind: the variant the slot pipeline binds
 VARIANTS = {
-    "CuTe per KV group, cluster 8 (default)": {},
-    "CuTe per head, cluster 8": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "1"},
-    "CuTe per KV group, cluster 4": {"CUTEDSL_ATTENTION_CLUSTER": "4"},
+    "CuTe per KV group, cluster 8 (default)": {"CUTEDSL_ATTENTION_MMA": "0"},
+    "CuTe tensor cores, cluster 8": {"CUTEDSL_ATTENTION_MMA": "1"},
+    "CuTe tensor cores, cluster 16": {"CUTEDSL_ATTENTION_MMA": "1", "CUTEDSL_ATTENTION_CLUSTER": "16"},
+    "CuTe per head, cluster 8": {"CUTEDSL_ATTENTION_MMA": "0", "CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "1"},
 }
 
 
@@ -90,7 +93,7 @@ def build(out: Path, capacity: int, native: bool) -> tuple[Path, Path, Path, dic
                     os.environ[k] = v
         export_s[name] = time.perf_counter() - t
     manifest = out / "attn-bindings.json"
-    entry = {"id": RECIPE, "abi_sha256": slot.receipts[0].abi_sha256, "library": "./attn-0.so", "function": "run"}
+    entry = {"id": RECIPE, "abi_sha256": slot.receipts[0].abi_sha256, "library": f"./attn-{BIND}.so", "function": "run"}
     manifest.write_text(json.dumps({"schema_version": 1, "bindings": [entry]}))
     emit(out, "build", {"slots": len(slot.receipts), "build_s": build_s, "export_s": export_s})
     return out / "native.bundle", out / "attn.bundle", manifest, dsos
@@ -281,7 +284,10 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=40960)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--parts", default="kernel,pipelines", help="kernel: the kernels alone; pipelines: the whole step")
+    ap.add_argument("--bind", type=int, default=0, help="which of VARIANTS the slot pipeline binds (index)")
     a = ap.parse_args()
+    global BIND
+    BIND = a.bind
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     contexts = [int(x) for x in a.contexts.split(",")]

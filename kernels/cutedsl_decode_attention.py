@@ -29,6 +29,9 @@ per group (CUTEDSL_ATTENTION_HEADS_PER_BLOCK=1: a cluster per query head, more b
 attended keys [0, end) are cut into CLUSTER * WARPS equal contiguous shares fixed by the length
 alone; each warp walks its share 32 keys at a time with an online softmax per head (running max,
 per-lane sums, fp32 accumulator over the lane's D/32 columns).
+CUTEDSL_ATTENTION_MMA=1 (experimental, groups of at most 8 heads): each warp walks its share 16 keys
+at a time on tensor cores instead (mma.sync m16n8k16: scores Q K^T, then context^T += V^T P^T with
+the probabilities kept in registers; see `walk_mma`).
 Warps merge in warp order through shared memory, then rank 0 merges the blocks in rank order,
 reading their shared memory through the cluster (distributed shared memory): deterministic, no
 atomics, and no global scratch, which the recipe's ABI (no workspace) could not provide.
@@ -302,6 +305,8 @@ CLUSTER = int(_CLUSTER_ENV) if _CLUSTER_ENV in ("1", "2", "4", "8", "16") else 0
 # Query heads per block: 0 (the default) for the whole GQA group, else a divisor of it.
 _HEADS_ENV = os.environ.get("CUTEDSL_ATTENTION_HEADS_PER_BLOCK", "0")
 HEADS_PER_BLOCK = int(_HEADS_ENV) if _HEADS_ENV.isdigit() else 0
+# CUTEDSL_ATTENTION_MMA=1: scores and context on tensor cores (groups of at most 8 heads); experimental
+MMA = os.environ.get("CUTEDSL_ATTENTION_MMA", "0") == "1"
 NEG = -1.0e30  # an empty share's running max: finite, so merges never compute inf - inf
 
 
@@ -343,6 +348,162 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
             )
         )
 
+    # Tensor-core variant (CUTEDSL_ATTENTION_MMA=1, a GQA group of at most 8 heads): per 16 keys a warp
+    # computes the scores S = Q K^T with mma.sync m16n8k16 (rows: the group's heads, padded to 16;
+    # two blocks of 8 keys; head_dim / 16 steps) and the context O^T += V^T P^T (head_dim / 16 blocks
+    # of 16 columns; the 16 keys; the 8 rows). The scores' accumulator layout is the layout P^T
+    # needs as an operand, so the probabilities never leave the registers. The head dimension of a
+    # dot product may be summed in any order, so each lane reads contiguous 16-byte pieces: lane
+    # (g = lane / 4, t = lane % 4) takes columns [t * D/4, (t + 1) * D/4) of its key rows for the
+    # scores and columns [g * D/8, (g + 1) * D/8) of its value rows, which fixes which output column
+    # each accumulator register holds (see `out_col`).
+    use_mma = MMA and hpb <= 8
+    steps = head_dim // 16  # k-steps of the scores, and 16-column blocks of the context
+    qk_words = head_dim // 8  # 32-bit words of a lane's quarter of a row (scores)
+    v_words = head_dim // 16  # 32-bit words of a lane's eighth of a row (context)
+    pack = "cvt.rn.bf16x2.f32" if dtype == "BF16" else "cvt.rn.f16x2.f32"
+    mma_ptx = (
+        f"mma.sync.aligned.m16n8k16.row.col.f32.{'bf16.bf16' if dtype == 'BF16' else 'f16.f16'}.f32 "
+        "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};"
+    )
+
+    def asm_i32(text, args, constraints):
+        return cutlass.Int32(
+            llvm.inline_asm(
+                cutlass.Int32.mlir_type,
+                [x.ir_value() for x in args],
+                text,
+                constraints,
+                has_side_effects=False,
+                is_align_stack=False,
+                asm_dialect=llvm.AsmDialect.AD_ATT,
+            )
+        )
+
+    def mma(acc, i, a, b):
+        """acc[i*4 .. i*4+3] += A (4 words) B (2 words): one m16n8k16 tensor-core step."""
+        f32 = cutlass.Float32.mlir_type
+        res = llvm.inline_asm(
+            llvm.StructType.get_literal([f32, f32, f32, f32]),
+            [x.ir_value() for x in (*a, *b, acc[i * 4], acc[i * 4 + 1], acc[i * 4 + 2], acc[i * 4 + 3])],
+            mma_ptx,
+            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+        for j in range(4):
+            acc[i * 4 + j] = cutlass.Float32(llvm.extractvalue(f32, res, [j]))
+
+    def words(cache32, kv_head, row, first, count):
+        """`count` 32-bit words of a cache row (cache32: the cache viewed as Int32, 16-byte aligned)
+        from word `first` on, as 16-byte loads."""
+        chunks = cute.logical_divide(cache32[0, kv_head, row, None], cute.make_layout(4))
+        out = []
+        for c in range(count // 4):
+            v = chunks[None, first // 4 + c].load()
+            for j in range(4):
+                out.append(v[j])
+        return out
+
+    def out_col(lane, i, half):
+        """The context column accumulator register i * 4 + 2 * half (+1) of `lane` holds."""
+        return (lane // 4) * (head_dim // 8) + 2 * i + half
+
+    @cute.jit
+    def walk_mma(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = tidx // WARP
+        lane = tidx % WARP
+        kc32 = cute.recast_tensor(key_cache, cutlass.Int32)  # 16-byte aligned allocations (fake_arguments)
+        vc32 = cute.recast_tensor(value_cache, cutlass.Int32)
+        g = lane // 4
+        t = lane % 4
+        zero = cutlass.Int32(0)
+        # this lane's query words: row g of the group (zeros past it), columns [t * D/4, (t + 1) * D/4)
+        qw = cute.make_rmem_tensor((qk_words,), cutlass.Int32)
+        for w in cutlass.range_constexpr(qk_words):
+            qw[w] = zero
+        if g < hpb:  # elements (the query's alignment is not promised), packed in pairs exactly
+            qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(2 * qk_words))
+            qv = qrow[None, t].load().to(cutlass.Float32)
+            for w in cutlass.range_constexpr(qk_words):
+                qw[w] = asm_i32(f"{pack} $0, $1, $2;", [qv[2 * w + 1], qv[2 * w]], "=r,f,f")
+        acc = cute.make_rmem_tensor((steps * 4,), cutlass.Float32)  # context^T: steps blocks x 4 registers
+        for i in cutlass.range_constexpr(steps * 4):
+            acc[i] = cutlass.Float32(0.0)
+        m = cutlass.Float32(NEG)  # running max of row g
+        lsum = cutlass.Float32(0.0)  # this lane's share of row g's sum
+        sc = cute.make_rmem_tensor((8,), cutlass.Float32)  # scores: 2 key blocks x 4 registers
+        for base in cutlass.range(start, stop, 16):
+            # scores: key block kb holds keys base + kb*8 + (0..7); this lane feeds key row g of each
+            for kb in cutlass.range_constexpr(2):
+                krow = cutlass.min(base + kb * 8 + g, stop - 1)  # in bounds; masked below
+                kw = words(kc32, kv_head, krow, t * qk_words, qk_words)
+                for j in cutlass.range_constexpr(4):
+                    sc[kb * 4 + j] = cutlass.Float32(0.0)
+                for st in cutlass.range_constexpr(steps):
+                    mma(sc, kb, (qw[2 * st], zero, qw[2 * st + 1], zero), (kw[2 * st], kw[2 * st + 1]))
+            # row g, keys base + 2t, 2t+1 (block 0) and 8 + 2t, 8 + 2t + 1 (block 1); rows g + 8 are padding
+            s0 = sc[0]
+            s1 = sc[1]
+            s2 = sc[4]
+            s3 = sc[5]
+            k0 = base + 2 * t
+            if k0 >= stop:
+                s0 = cutlass.Float32(-math.inf)
+            if k0 + 1 >= stop:
+                s1 = cutlass.Float32(-math.inf)
+            if k0 + 8 >= stop:
+                s2 = cutlass.Float32(-math.inf)
+            if k0 + 9 >= stop:
+                s3 = cutlass.Float32(-math.inf)
+            mt = cute.arch.fmax(cute.arch.fmax(s0, s1), cute.arch.fmax(s2, s3))
+            mt = cute.arch.fmax(mt, cute.arch.shuffle_sync_bfly(mt, offset=1))
+            mt = cute.arch.fmax(mt, cute.arch.shuffle_sync_bfly(mt, offset=2))
+            m_new = cute.arch.fmax(m, mt)
+            alpha = cute.math.exp(m - m_new)
+            p0 = cute.math.exp(s0 - m_new)
+            p1 = cute.math.exp(s1 - m_new)
+            p2 = cute.math.exp(s2 - m_new)
+            p3 = cute.math.exp(s3 - m_new)
+            lsum = lsum * alpha + (p0 + p1 + p2 + p3)
+            m = m_new
+            # P^T as the operand: row g, keys (2t, 2t+1) and (2t+8, 2t+9), rounded to T
+            pb0 = asm_i32(f"{pack} $0, $1, $2;", [p1, p0], "=r,f,f")
+            pb1 = asm_i32(f"{pack} $0, $1, $2;", [p3, p2], "=r,f,f")
+            # the context rows this lane accumulates are 2t and 2t+1: their rescale factors
+            alpha_a = cute.arch.shuffle_sync(alpha, 8 * t)
+            alpha_b = cute.arch.shuffle_sync(alpha, 8 * t + 4)
+            for i in cutlass.range_constexpr(steps):
+                acc[i * 4] = acc[i * 4] * alpha_a
+                acc[i * 4 + 1] = acc[i * 4 + 1] * alpha_b
+                acc[i * 4 + 2] = acc[i * 4 + 2] * alpha_a
+                acc[i * 4 + 3] = acc[i * 4 + 3] * alpha_b
+            # V rows of keys 2t, 2t+1, 2t+8, 2t+9 over this lane's columns [g * D/8, (g + 1) * D/8)
+            vk = []
+            for r in cutlass.range_constexpr(4):
+                vrow = cutlass.min(base + 2 * t + (r % 2) + 8 * (r // 2), stop - 1)  # probability 0 past stop
+                vk.append(words(vc32, kv_head, vrow, g * v_words, v_words))
+            for i in cutlass.range_constexpr(steps):
+                # word i of a row holds columns out_col(i, 0) (low half) and out_col(i, 1) (high half)
+                lo01 = asm_i32("prmt.b32 $0, $1, $2, 0x5410;", [vk[0][i], vk[1][i]], "=r,r,r")
+                hi01 = asm_i32("prmt.b32 $0, $1, $2, 0x7632;", [vk[0][i], vk[1][i]], "=r,r,r")
+                lo89 = asm_i32("prmt.b32 $0, $1, $2, 0x5410;", [vk[2][i], vk[3][i]], "=r,r,r")
+                hi89 = asm_i32("prmt.b32 $0, $1, $2, 0x7632;", [vk[2][i], vk[3][i]], "=r,r,r")
+                mma(acc, i, (lo01, hi01, lo89, hi89), (pb0, pb1))
+        # this warp's partial: row g's max and sum; context rows 2t, 2t+1 at this lane's columns
+        lsum = lsum + cute.arch.shuffle_sync_bfly(lsum, offset=1)
+        lsum = lsum + cute.arch.shuffle_sync_bfly(lsum, offset=2)
+        if t == 0 and g < hpb:
+            part_m[warp, g] = m
+            part_l[warp, g] = lsum
+        for i in cutlass.range_constexpr(steps):
+            for h in cutlass.range_constexpr(2):
+                for r in cutlass.range_constexpr(2):
+                    if 2 * t + r < hpb:
+                        part_acc[warp, 2 * t + r, out_col(lane, i, h)] = acc[i * 4 + 2 * h + r]
+
     @cute.kernel
     def attention_kernel(
         query: cute.Tensor,
@@ -378,73 +539,76 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         blk_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16)
         blk_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16)
 
-        # Each lane owns `cols` contiguous columns of the head dimension: its slice of q (per head),
-        # of every K and V row it reads (one 8- or 4-byte load), and of the output accumulator.
-        q = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
-        m = cute.make_rmem_tensor((hpb,), cutlass.Float32)
-        lsum = cute.make_rmem_tensor((hpb,), cutlass.Float32)  # over this lane's keys only
-        acc = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
-        for g in cutlass.range_constexpr(hpb):
-            qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(cols))
-            for c in cutlass.range_constexpr(cols):
-                q[g * cols + c] = qrow[c, lane].to(cutlass.Float32)
-                acc[g * cols + c] = cutlass.Float32(0.0)
-            m[g] = cutlass.Float32(NEG)
-            lsum[g] = cutlass.Float32(0.0)
-        part = cute.make_rmem_tensor((WARP,), cutlass.Float32)
-        prob = cute.make_rmem_tensor((hpb,), cutlass.Float32)
-        for base in cutlass.range(start, stop, WARP):
-            masked = base + lane >= stop
+        if cutlass.const_expr(use_mma):
+            walk_mma(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop)
+        else:
+            # Each lane owns `cols` contiguous columns of the head dimension: its slice of q (per head),
+            # of every K and V row it reads (one 8- or 4-byte load), and of the output accumulator.
+            q = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
+            m = cute.make_rmem_tensor((hpb,), cutlass.Float32)
+            lsum = cute.make_rmem_tensor((hpb,), cutlass.Float32)  # over this lane's keys only
+            acc = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
             for g in cutlass.range_constexpr(hpb):
-                # partial dot products of the 32 keys over this lane's columns ...
-                for j in cutlass.range_constexpr(WARP):
-                    kpos = cutlass.min(base + j, stop - 1)  # in bounds; keys past stop are masked below
-                    k = cute.logical_divide(key_cache[0, kv_head, kpos, None], cute.make_layout(cols))[None, lane]
-                    kv = k.load().to(cutlass.Float32)
-                    dot = q[g * cols] * kv[0]
-                    for c in cutlass.range_constexpr(1, cols):
-                        dot = dot + q[g * cols + c] * kv[c]
-                    part[j] = dot
-                # ... summed across the warp by recursive halving: 31 shuffles leave lane L with the
-                # score of key base + L (at each step a lane keeps the half its lane bit selects).
-                for step in cutlass.range_constexpr(5):
-                    half = 16 >> step
-                    upper = (lane & half) != 0
-                    for i in cutlass.range_constexpr(half):
-                        keep = part[i]
-                        send = part[i + half]
-                        if upper:
-                            keep = part[i + half]
-                            send = part[i]
-                        part[i] = keep + cute.arch.shuffle_sync_bfly(send, offset=half)
-                sc = part[0]
-                if masked:
-                    sc = cutlass.Float32(-math.inf)
-                m_new = cute.arch.fmax(m[g], cute.arch.warp_reduction_max(sc))
-                alpha = cute.math.exp(m[g] - m_new)
-                p = cute.math.exp(sc - m_new)  # 0 for a masked key
-                lsum[g] = lsum[g] * alpha + p
-                prob[g] = p.to(element).to(cutlass.Float32)  # as fused attention kernels feed P @ V
-                m[g] = m_new
+                qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(cols))
                 for c in cutlass.range_constexpr(cols):
-                    acc[g * cols + c] = acc[g * cols + c] * alpha
-            for j in cutlass.range_constexpr(WARP):
-                vpos = cutlass.min(base + j, stop - 1)  # a masked key has probability 0
-                v = cute.logical_divide(value_cache[0, kv_head, vpos, None], cute.make_layout(cols))[None, lane]
-                vv = v.load().to(cutlass.Float32)
+                    q[g * cols + c] = qrow[c, lane].to(cutlass.Float32)
+                    acc[g * cols + c] = cutlass.Float32(0.0)
+                m[g] = cutlass.Float32(NEG)
+                lsum[g] = cutlass.Float32(0.0)
+            part = cute.make_rmem_tensor((WARP,), cutlass.Float32)
+            prob = cute.make_rmem_tensor((hpb,), cutlass.Float32)
+            for base in cutlass.range(start, stop, WARP):
+                masked = base + lane >= stop
                 for g in cutlass.range_constexpr(hpb):
-                    pj = cute.arch.shuffle_sync(prob[g], j)
+                    # partial dot products of the 32 keys over this lane's columns ...
+                    for j in cutlass.range_constexpr(WARP):
+                        kpos = cutlass.min(base + j, stop - 1)  # in bounds; keys past stop are masked below
+                        k = cute.logical_divide(key_cache[0, kv_head, kpos, None], cute.make_layout(cols))[None, lane]
+                        kv = k.load().to(cutlass.Float32)
+                        dot = q[g * cols] * kv[0]
+                        for c in cutlass.range_constexpr(1, cols):
+                            dot = dot + q[g * cols + c] * kv[c]
+                        part[j] = dot
+                    # ... summed across the warp by recursive halving: 31 shuffles leave lane L with the
+                    # score of key base + L (at each step a lane keeps the half its lane bit selects).
+                    for step in cutlass.range_constexpr(5):
+                        half = 16 >> step
+                        upper = (lane & half) != 0
+                        for i in cutlass.range_constexpr(half):
+                            keep = part[i]
+                            send = part[i + half]
+                            if upper:
+                                keep = part[i + half]
+                                send = part[i]
+                            part[i] = keep + cute.arch.shuffle_sync_bfly(send, offset=half)
+                    sc = part[0]
+                    if masked:
+                        sc = cutlass.Float32(-math.inf)
+                    m_new = cute.arch.fmax(m[g], cute.arch.warp_reduction_max(sc))
+                    alpha = cute.math.exp(m[g] - m_new)
+                    p = cute.math.exp(sc - m_new)  # 0 for a masked key
+                    lsum[g] = lsum[g] * alpha + p
+                    prob[g] = p.to(element).to(cutlass.Float32)  # as fused attention kernels feed P @ V
+                    m[g] = m_new
                     for c in cutlass.range_constexpr(cols):
-                        acc[g * cols + c] = acc[g * cols + c] + pj * vv[c]
+                        acc[g * cols + c] = acc[g * cols + c] * alpha
+                for j in cutlass.range_constexpr(WARP):
+                    vpos = cutlass.min(base + j, stop - 1)  # a masked key has probability 0
+                    v = cute.logical_divide(value_cache[0, kv_head, vpos, None], cute.make_layout(cols))[None, lane]
+                    vv = v.load().to(cutlass.Float32)
+                    for g in cutlass.range_constexpr(hpb):
+                        pj = cute.arch.shuffle_sync(prob[g], j)
+                        for c in cutlass.range_constexpr(cols):
+                            acc[g * cols + c] = acc[g * cols + c] + pj * vv[c]
 
-        # this warp's partial: max, sum over its lanes, accumulator columns
-        for g in cutlass.range_constexpr(hpb):
-            total = cute.arch.warp_reduction_sum(lsum[g])
-            if lane == 0:
-                part_m[warp, g] = m[g]
-                part_l[warp, g] = total
-            for c in cutlass.range_constexpr(cols):
-                part_acc[warp, g, lane * cols + c] = acc[g * cols + c]
+            # this warp's partial: max, sum over its lanes, accumulator columns
+            for g in cutlass.range_constexpr(hpb):
+                total = cute.arch.warp_reduction_sum(lsum[g])
+                if lane == 0:
+                    part_m[warp, g] = m[g]
+                    part_l[warp, g] = total
+                for c in cutlass.range_constexpr(cols):
+                    part_acc[warp, g, lane * cols + c] = acc[g * cols + c]
         cute.arch.sync_threads()
 
         # the block's partial: warps merged in warp order (an empty share has l = 0 and acc = 0)

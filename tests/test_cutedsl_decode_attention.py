@@ -167,6 +167,20 @@ def test_export_links_a_loadable_tvm_ffi_dso(tmp_path):
     assert r.returncode == 2 and "never overwrites" in r.stderr
 
 
+@needs_cute
+@pytest.mark.parametrize("shape", [("BF16", 32, 8, 4096, 128), ("FP16", 16, 2, 512, 64)])
+def test_tensor_core_variant_exports_for_both_head_dims_and_dtypes(tmp_path, shape):
+    """CUTEDSL_ATTENTION_MMA=1 (scores and context on tensor cores) compiles, exports and links for
+    sm_90a here; its numbers are checked on the GPU with the other schedules (SCHEDULES below)."""
+    import tvm_ffi
+
+    rp, sp = write_pair(tmp_path, *attention_pair(*shape))
+    out = tmp_path / "mma.so"
+    r = run_script("--selection", rp, "--snapshot", sp, "--output", out, CUTEDSL_ATTENTION_MMA="1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert callable(tvm_ffi.load_module(str(out))["run"])
+
+
 # ---------------------------------------------------------------- GPU numerics (run on the device: pytest -m gpu)
 
 GPU_SHAPES = [  # (dtype, heads, kv_heads, capacity, head_dim): GQA 1, 4 and 8; both head dims and dtypes
@@ -178,7 +192,11 @@ GPU_SHAPES = [  # (dtype, heads, kv_heads, capacity, head_dim): GQA 1, 4 and 8; 
     ("FP16", 32, 4, 256, 64),
 ]
 GPU_LENGTHS = [1, 2, 127, 128, 129, 255, 256]  # ..., capacity - 1, capacity
-SCHEDULES = {"per-group": "0", "per-head": "1"}  # a cluster per KV head (the default) or per query head
+SCHEDULES = {  # a cluster per KV head (the default) or per query head; scalar or tensor-core arithmetic
+    "per-group": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "0", "CUTEDSL_ATTENTION_MMA": "0"},
+    "per-head": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "1", "CUTEDSL_ATTENTION_MMA": "0"},
+    "mma": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "0", "CUTEDSL_ATTENTION_MMA": "1"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -194,11 +212,9 @@ def gpu_kernels(tmp_path_factory):
     for shape in GPU_SHAPES:
         name = "_".join(map(str, shape))
         rp, sp = write_pair(folder, *attention_pair(*shape), name)
-        for schedule, heads_per_block in SCHEDULES.items():
+        for schedule, env in SCHEDULES.items():
             out = folder / f"{name}-{schedule}.so"
-            r = run_script(
-                "--selection", rp, "--snapshot", sp, "--output", out, CUTEDSL_ATTENTION_HEADS_PER_BLOCK=heads_per_block
-            )
+            r = run_script("--selection", rp, "--snapshot", sp, "--output", out, **env)
             assert r.returncode == 0, r.stderr[-3000:]
             fns[shape, schedule] = tvm_ffi.load_module(str(out))["run"]
     return fns
