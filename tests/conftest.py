@@ -25,6 +25,22 @@ def _cute_usable() -> bool:
 
 
 HAVE_CUTE = _cute_usable()
+
+
+def run_under_triton_interpreter(script: str, cases: list) -> list:
+    """Run `script` (it reads JSON cases from argv[1] and prints a JSON list last) with Triton's CPU
+    interpreter, in a subprocess: the interpreter is chosen when triton is imported."""
+    import json
+
+    pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    r = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(cases)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 needs_cute = pytest.mark.skipif(
     not HAVE_CUTE,
     reason="the CuTe DSL (nvidia-cutlass-dsl with its cu12/cu13 libs) is "

@@ -6,15 +6,11 @@ The GPU tests run the compiled kernels on the device (pytest -m gpu)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from .conftest import REPO
+from .conftest import run_under_triton_interpreter
 
 # (heads, kv heads, head_dim, capacity, length, new tokens, dtype, splits per kv head)
 CASES = [
@@ -50,14 +46,7 @@ print(json.dumps(out))
 
 
 def test_kernels_match_the_float64_reference_under_the_triton_interpreter():
-    pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    r = subprocess.run(
-        [sys.executable, "-c", _INTERP, json.dumps(CASES)], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    results = json.loads(r.stdout.strip().splitlines()[-1])
-    for case, res in zip(CASES, results):
+    for case, res in zip(CASES, run_under_triton_interpreter(_INTERP, CASES)):
         dtype = case[6]
         assert res["finite"] and res["same"], (case, res)
         # fp32: fp32 rounding only; 16-bit: one rounding of the output dominates

@@ -9,10 +9,6 @@ identity-copy slot pipeline in lockstep."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,7 +17,7 @@ from mcore.build import build_bundle
 from mcore.buildargs import BuildArgs
 from mcore.pipeline import DecoderPipeline
 
-from .conftest import REPO
+from .conftest import run_under_triton_interpreter
 
 # (rows N, columns K, dtype): N and K not multiples of the blocks, one row, K below one block
 CASES = [(1, 7, "float32"), (37, 300, "bfloat16"), (130, 1024, "float16"), (64, 64, "bfloat16"), (600, 96, "float32")]
@@ -45,13 +41,7 @@ print(json.dumps(out))
 
 
 def test_kernel_matches_the_float64_reference_under_the_triton_interpreter():
-    pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    r = subprocess.run(
-        [sys.executable, "-c", _INTERP, json.dumps(CASES)], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    for case, res in zip(CASES, json.loads(r.stdout.strip().splitlines()[-1])):
+    for case, res in zip(CASES, run_under_triton_interpreter(_INTERP, CASES)):
         assert res["shape"] and res["same"], (case, res)
         if case[2] == "float32":  # fp32 accumulation over K terms
             assert res["rel"] < 1e-6, (case, res)
