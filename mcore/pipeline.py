@@ -69,8 +69,8 @@ def device_seconds(run: Callable[[], Any], device: torch.device, reps: int = 200
     t0 = time.perf_counter()
     for _ in range(reps):
         run()
+    enqueue_s = time.perf_counter() - t0  # the host's enqueueing time for `reps` calls (no sync)
     torch.cuda.synchronize(device)
-    enqueue_s = time.perf_counter() - t0  # at least the host's enqueueing time for `reps` calls
     # spin cycles: twice that at 2 GHz (no H100/H200 clock is higher, so the spin only lasts longer)
     spin = int((2 * enqueue_s + 1e-3) * 2e9)
     times = []
