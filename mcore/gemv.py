@@ -58,7 +58,6 @@ def _kernel():
         K: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
-        UPCAST: tl.constexpr,
     ):
         pid = tl.program_id(0)
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -70,18 +69,21 @@ def _kernel():
             k_ok = (k0 + cols) < K
             w = tl.load(base + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             x = tl.load(X + k0 + cols, mask=k_ok, other=0.0)
-            if UPCAST:  # Triton's CPU interpreter cannot multiply 16-bit tiles: widen them there
-                w = w.to(tl.float32)
-                x = x.to(tl.float32)
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]  # widened first: fp32 products and sums
         y = tl.sum(acc, axis=1)
         tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=row_ok)
 
     return gemv_kernel
 
 
+@functools.cache
 def _has_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def gemv_triton(
@@ -98,14 +100,10 @@ def gemv_triton(
     xs = x.reshape(k).contiguous()
     w = weight.contiguous()
     y = torch.empty(n, dtype=x.dtype, device=x.device)
-    if x.device.type == "cuda":
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    else:
-        sms = 4
+    sms = _sm_count(x.device.index or 0) if x.device.type == "cuda" else 4  # 4: the interpreter
     block_n, block_k, warps, stages = config or gemv_config(n, k, sms)
-    interp = os.environ.get("TRITON_INTERPRET") == "1"
     _kernel()[(-(-n // block_n),)](
-        xs, w, y, n, K=k, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=interp, num_warps=warps, num_stages=stages
+        xs, w, y, n, K=k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages
     )
     return y.reshape(*x.shape[:-1], n)
 

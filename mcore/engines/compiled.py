@@ -89,8 +89,8 @@ def _slots_tag(slot_keys: Sequence[str]) -> str:
 
 def _precompiled_paths(key: str, slot_keys: Sequence[str]) -> tuple[Path, Path]:
     """(artifact, role record) of a role compiled under `key` for these slot keys."""
-    stem = cache_root() / "compiled" / f"{key}.{_slots_tag(slot_keys)}"
-    return stem.with_name(stem.name + ".artifact"), stem.with_name(stem.name + ".role.json")
+    stem = f"{key}.{_slots_tag(slot_keys)}"
+    return cache_root() / "compiled" / f"{stem}.artifact", cache_root() / "compiled" / f"{stem}.role.json"
 
 
 RECORD_KIND = "mcore.precompiled_role"
@@ -202,11 +202,9 @@ class CompiledRoleRunner:
             ) from None
         if record is not None and self.snapshot is not None and self.artifact is not None:
             _write_record(record, self.prepared, self.snapshot)
-        if loaded:
-            known = known or {"role": role}
         self.compile_s = time.perf_counter() - t0 + self.load_s
-        self.cached = known is not None
-        if not known:
+        self.cached = loaded or known is not None
+        if not self.cached:
             _write_marker(
                 marker,
                 {
@@ -347,13 +345,21 @@ def _write_record(path: Path, prog: RoleProgram, snapshot: Snapshot) -> None:
     )
 
 
-def _program_from_record(data: Any, role: str, state: dict[str, torch.Tensor], slot_keys: list[str]) -> RoleProgram:
-    """The role's program from its record, over this pipeline's tensors (the recorded weight fusions
-    replayed); ValueError where the record does not fit."""
-    if not isinstance(data, dict) or data.get("kind") != RECORD_KIND or data.get("schema_version") != 1:
-        raise ValueError("not a role record")
-    if data.get("role") != role or data.get("slot_keys") != slot_keys or data.get("torch") != torch.__version__:
-        raise ValueError("another role, slot keys or torch")
+def _record_fits(data: Any, role: str, slot_keys: list[str]) -> bool:
+    """A role record of this role, these slot keys and this torch (checked before the artifact loads)."""
+    return (
+        isinstance(data, dict)
+        and data.get("kind") == RECORD_KIND
+        and data.get("schema_version") == 1
+        and data.get("role") == role
+        and data.get("slot_keys") == slot_keys
+        and data.get("torch") == torch.__version__
+    )
+
+
+def _program_from_record(data: dict, role: str, state: dict[str, torch.Tensor], slot_keys: list[str]) -> RoleProgram:
+    """The role's program from its record (one that `_record_fits`), over this pipeline's tensors (the
+    recorded weight fusions replayed); ValueError where it does not fit this pipeline's state."""
     names = data["state_names"]
     if not isinstance(names, list) or any(n not in state for n in names):
         raise ValueError("lifted state this pipeline lacks")
@@ -432,8 +438,9 @@ class CompiledEngine:
         artifact, record = _precompiled_paths(key, slot_keys)
         t0 = time.perf_counter()
         data = _read_marker(record)
-        if data is None or not artifact.is_file():
+        if not _record_fits(data, role, slot_keys) or not artifact.is_file():
             return None
+        assert data is not None
         fn = _load_artifact(artifact)
         if fn is None:
             return None
