@@ -58,8 +58,9 @@ def emit(out: Path, key: str, value) -> None:
 # kernel variants for the table: name -> exporter environment (tuning knobs of the shipped exporter)
 BIND = 0  # --bind: the variant the slot pipeline binds
 VARIANTS = {
-    "CuTe per KV group, cluster 8 (default)": {"CUTEDSL_ATTENTION_MMA": "0"},
-    "CuTe tensor cores, cluster 8": {"CUTEDSL_ATTENTION_MMA": "1"},
+    "CuTe tensor cores, cluster 8 (default)": {"CUTEDSL_ATTENTION_MMA": "1"},
+    "CuTe tensor cores, loads a step ahead": {"CUTEDSL_ATTENTION_MMA": "1", "CUTEDSL_ATTENTION_PREFETCH": "1"},
+    "CuTe per KV group, cluster 8": {"CUTEDSL_ATTENTION_MMA": "0"},
     "CuTe tensor cores, cluster 16": {"CUTEDSL_ATTENTION_MMA": "1", "CUTEDSL_ATTENTION_CLUSTER": "16"},
     "CuTe per head, cluster 8": {"CUTEDSL_ATTENTION_MMA": "0", "CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "1"},
 }

@@ -28,10 +28,10 @@ blocks per (KV head, new token), each block serving the whole GQA group, so K an
 per group (CUTEDSL_ATTENTION_HEADS_PER_BLOCK=1: a cluster per query head, more blocks). The
 attended keys [0, end) are cut into CLUSTER * WARPS equal contiguous shares fixed by the length
 alone; each warp walks its share 32 keys at a time with an online softmax per head (running max,
-per-lane sums, fp32 accumulator over the lane's D/32 columns).
-CUTEDSL_ATTENTION_MMA=1 (experimental, groups of at most 8 heads): each warp walks its share 16 keys
-at a time on tensor cores instead (mma.sync m16n8k16: scores Q K^T, then context^T += V^T P^T with
-the probabilities kept in registers; see `walk_mma`).
+per-lane sums, fp32 accumulator over the lane's D/32 columns) where the group has more than 8
+heads (or CUTEDSL_ATTENTION_MMA=0). Groups of at most 8 heads (Qwen3's 4) walk 16 keys at a time
+on tensor cores instead (mma.sync m16n8k16: scores Q K^T, then context^T += V^T P^T with the
+probabilities kept in registers; see `walk_mma`): on the H200, 1.2-1.7x the scalar walk.
 Warps merge in warp order through shared memory, then rank 0 merges the blocks in rank order,
 reading their shared memory through the cluster (distributed shared memory): deterministic, no
 atomics, and no global scratch, which the recipe's ABI (no workspace) could not provide.
@@ -305,8 +305,20 @@ CLUSTER = int(_CLUSTER_ENV) if _CLUSTER_ENV in ("1", "2", "4", "8", "16") else 0
 # Query heads per block: 0 (the default) for the whole GQA group, else a divisor of it.
 _HEADS_ENV = os.environ.get("CUTEDSL_ATTENTION_HEADS_PER_BLOCK", "0")
 HEADS_PER_BLOCK = int(_HEADS_ENV) if _HEADS_ENV.isdigit() else 0
-# CUTEDSL_ATTENTION_MMA=1: scores and context on tensor cores (groups of at most 8 heads); experimental
-MMA = os.environ.get("CUTEDSL_ATTENTION_MMA", "0") == "1"
+# Scores and context on tensor cores for groups of at most 8 heads; CUTEDSL_ATTENTION_MMA=0: the scalar walk
+MMA = os.environ.get("CUTEDSL_ATTENTION_MMA", "1") != "0"
+# CUTEDSL_ATTENTION_PREFETCH=1 (tensor-core walk, experimental): a warp issues the loads of its next
+# 16 keys before the arithmetic of the current ones, so a key's memory latency overlaps the math
+PREFETCH = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0") == "1"
+
+
+def schedule(heads, kv_heads):
+    """(query heads per block, tensor cores?) for this GQA shape, as make_run builds it."""
+    group = heads // kv_heads
+    hpb = HEADS_PER_BLOCK if HEADS_PER_BLOCK and group % HEADS_PER_BLOCK == 0 else group
+    return hpb, MMA and hpb <= 8
+
+
 NEG = -1.0e30  # an empty share's running max: finite, so merges never compute inf - inf
 
 
@@ -324,11 +336,11 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
     if not CLUSTER:
         raise ValueError("CUTEDSL_ATTENTION_CLUSTER must be 1, 2, 4, 8 or 16")
     element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
-    group = heads // kv_heads
     # Query heads per block: the whole group reads K and V once for all of them (64 blocks on a
     # Qwen3-8B layer, 255 registers a thread); one head per block puts 256 blocks on the GPU, two per
     # SM at 109 registers, but each reads K and V itself: on the H200 that was 2x slower at 8k-32k.
-    hpb = HEADS_PER_BLOCK if HEADS_PER_BLOCK and group % HEADS_PER_BLOCK == 0 else group
+    group = heads // kv_heads
+    hpb, use_mma = schedule(heads, kv_heads)
     cols = head_dim // WARP  # P @ V columns per lane: lane * cols ...
     threads = WARPS * WARP
     parts = CLUSTER * WARPS
@@ -348,7 +360,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
             )
         )
 
-    # Tensor-core variant (CUTEDSL_ATTENTION_MMA=1, a GQA group of at most 8 heads): per 16 keys a warp
+    # Tensor-core variant (the default for a GQA group of at most 8 heads): per 16 keys a warp
     # computes the scores S = Q K^T with mma.sync m16n8k16 (rows: the group's heads, padded to 16;
     # two blocks of 8 keys; head_dim / 16 steps) and the context O^T += V^T P^T (head_dim / 16 blocks
     # of 16 columns; the 16 keys; the 8 rows). The scores' accumulator layout is the layout P^T
@@ -357,7 +369,6 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
     # (g = lane / 4, t = lane % 4) takes columns [t * D/4, (t + 1) * D/4) of its key rows for the
     # scores and columns [g * D/8, (g + 1) * D/8) of its value rows, which fixes which output column
     # each accumulator register holds (see `out_col`).
-    use_mma = MMA and hpb <= 8
     steps = head_dim // 16  # k-steps of the scores, and 16-column blocks of the context
     qk_words = head_dim // 8  # 32-bit words of a lane's quarter of a row (scores)
     v_words = head_dim // 16  # 32-bit words of a lane's eighth of a row (context)
@@ -406,6 +417,29 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
                 out.append(v[j])
         return out
 
+    def fetch_k(kc32, kv_head, base, last, g, t):
+        """This lane's K words of keys base .. base + 15: its key row in each block of 8 (rows clamped
+        to `last`: in bounds, masked)."""
+        return [words(kc32, kv_head, cutlass.min(base + kb * 8 + g, last), t * qk_words, qk_words) for kb in range(2)]
+
+    def fetch_v(vc32, kv_head, base, last, g, t):
+        """This lane's V words of keys base + 2t, 2t+1, 2t+8, 2t+9 (clamped rows have probability 0)."""
+        rows = [cutlass.min(base + 2 * t + (r % 2) + 8 * (r // 2), last) for r in range(4)]
+        return [words(vc32, kv_head, row, g * v_words, v_words) for row in rows]
+
+    def keep(buf, kw, vk):
+        """Words from `fetch_k` and `fetch_v` into the register buffer `buf` (K words, then V words)."""
+        flat = [w for row in kw + vk for w in row]
+        for i in range(len(flat)):
+            buf[i] = flat[i]
+
+    def take(buf):
+        """`keep`'s words back from `buf`, as values (so `buf` may be refilled)."""
+        vals = [buf[i] for i in range(2 * qk_words + 4 * v_words)]
+        kw = [vals[kb * qk_words : (kb + 1) * qk_words] for kb in range(2)]
+        vk = [vals[2 * qk_words + r * v_words : 2 * qk_words + (r + 1) * v_words] for r in range(4)]
+        return kw, vk
+
     def out_col(lane, i, half):
         """The context column accumulator register i * 4 + 2 * half (+1) of `lane` holds."""
         return (lane // 4) * (head_dim // 8) + 2 * i + half
@@ -435,15 +469,23 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         m = cutlass.Float32(NEG)  # running max of row g
         lsum = cutlass.Float32(0.0)  # this lane's share of row g's sum
         sc = cute.make_rmem_tensor((8,), cutlass.Float32)  # scores: 2 key blocks x 4 registers
+        last = cutlass.max(stop - 1, 0)  # rows past it are clamped to it (in bounds; masked below)
+        buf = cute.make_rmem_tensor((2 * qk_words + 4 * v_words,), cutlass.Int32)  # PREFETCH: next keys
+        if cutlass.const_expr(PREFETCH):
+            keep(buf, fetch_k(kc32, kv_head, start, last, g, t), fetch_v(vc32, kv_head, start, last, g, t))
         for base in cutlass.range(start, stop, 16):
+            if cutlass.const_expr(PREFETCH):
+                kw, vk = take(buf)
+                nxt = base + 16
+                keep(buf, fetch_k(kc32, kv_head, nxt, last, g, t), fetch_v(vc32, kv_head, nxt, last, g, t))
+            else:
+                kw = fetch_k(kc32, kv_head, base, last, g, t)
             # scores: key block kb holds keys base + kb*8 + (0..7); this lane feeds key row g of each
             for kb in cutlass.range_constexpr(2):
-                krow = cutlass.min(base + kb * 8 + g, stop - 1)  # in bounds; masked below
-                kw = words(kc32, kv_head, krow, t * qk_words, qk_words)
                 for j in cutlass.range_constexpr(4):
                     sc[kb * 4 + j] = cutlass.Float32(0.0)
                 for st in cutlass.range_constexpr(steps):
-                    mma(sc, kb, (qw[2 * st], zero, qw[2 * st + 1], zero), (kw[2 * st], kw[2 * st + 1]))
+                    mma(sc, kb, (qw[2 * st], zero, qw[2 * st + 1], zero), (kw[kb][2 * st], kw[kb][2 * st + 1]))
             # row g, keys base + 2t, 2t+1 (block 0) and 8 + 2t, 8 + 2t + 1 (block 1); rows g + 8 are padding
             s0 = sc[0]
             s1 = sc[1]
@@ -481,10 +523,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
                 acc[i * 4 + 2] = acc[i * 4 + 2] * alpha_a
                 acc[i * 4 + 3] = acc[i * 4 + 3] * alpha_b
             # V rows of keys 2t, 2t+1, 2t+8, 2t+9 over this lane's columns [g * D/8, (g + 1) * D/8)
-            vk = []
-            for r in cutlass.range_constexpr(4):
-                vrow = cutlass.min(base + 2 * t + (r % 2) + 8 * (r // 2), stop - 1)  # probability 0 past stop
-                vk.append(words(vc32, kv_head, vrow, g * v_words, v_words))
+            if cutlass.const_expr(not PREFETCH):
+                vk = fetch_v(vc32, kv_head, base, last, g, t)
             for i in cutlass.range_constexpr(steps):
                 # word i of a row holds columns out_col(i, 0) (low half) and out_col(i, 1) (high half)
                 lo01 = asm_i32("prmt.b32 $0, $1, $2, 0x5410;", [vk[0][i], vk[1][i]], "=r,r,r")
@@ -906,6 +946,9 @@ def main(argv=None):
     print(f"binding_id={BINDING_ID}")
     print(f"abi_sha256={receipt['abi_sha256']}")
     print(f"shapes: {described}")
+    hpb, mma = schedule(shapes["heads"], shapes["kv_heads"])
+    walk = ("tensor cores, prefetch" if PREFETCH else "tensor cores") if mma else "scalar"
+    print(f"schedule=cluster {CLUSTER}, {hpb} heads a block, {walk}")
     print(f"arch={os.environ.get('CUTE_DSL_ARCH') or 'the visible GPU'}")
     print(f"dso={output.resolve()}")
     return 0

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,7 @@ def test_export_links_a_loadable_tvm_ffi_dso(tmp_path):
     arch = "arch=the visible GPU" if torch.cuda.is_available() else "arch=sm_90a"
     assert f"abi_sha256={receipt['abi_sha256']}" in r.stdout and arch in r.stdout
     assert f"dso={out.resolve()}" in r.stdout and [p.name for p in out.parent.iterdir()] == [out.name]
+    assert "schedule=cluster 8, 4 heads a block, tensor cores\n" in r.stdout  # the default for GQA 4
     fn = tvm_ffi.load_module(str(out))["run"]
     q = torch.zeros(1, 32, 3, 128, dtype=torch.bfloat16)
     cache = torch.zeros(1, 8, 4096, 128, dtype=torch.bfloat16)
@@ -168,16 +170,27 @@ def test_export_links_a_loadable_tvm_ffi_dso(tmp_path):
 
 
 @needs_cute
-@pytest.mark.parametrize("shape", [("BF16", 32, 8, 4096, 128), ("FP16", 16, 2, 512, 64)])
-def test_tensor_core_variant_exports_for_both_head_dims_and_dtypes(tmp_path, shape):
-    """CUTEDSL_ATTENTION_MMA=1 (scores and context on tensor cores) compiles, exports and links for
-    sm_90a here; its numbers are checked on the GPU with the other schedules (SCHEDULES below)."""
+@pytest.mark.parametrize(
+    "shape, env, walk",
+    [
+        (("BF16", 32, 8, 4096, 128), {"CUTEDSL_ATTENTION_MMA": "0"}, "4 heads a block, scalar"),
+        (("FP16", 32, 2, 512, 64), {"CUTEDSL_ATTENTION_MMA": "1"}, "16 heads a block, scalar"),
+        (("FP16", 16, 2, 512, 64), {"CUTEDSL_ATTENTION_PREFETCH": "1"}, "8 heads a block, tensor cores, prefetch"),
+    ],
+    ids=["scalar-asked", "group-of-16", "prefetch"],
+)
+def test_other_walks_export_and_say_which_they_are(tmp_path, shape, env, walk):
+    """The scalar walk (CUTEDSL_ATTENTION_MMA=0, and what a GQA group of more than 8 heads gets even
+    with tensor cores asked) and the tensor-core walk with its loads a step ahead
+    (CUTEDSL_ATTENTION_PREFETCH=1) compile, export and link for sm_90a here; the default is the test
+    above; the numbers of every walk are checked on the GPU (SCHEDULES below)."""
     import tvm_ffi
 
     rp, sp = write_pair(tmp_path, *attention_pair(*shape))
-    out = tmp_path / "mma.so"
-    r = run_script("--selection", rp, "--snapshot", sp, "--output", out, CUTEDSL_ATTENTION_MMA="1")
+    out = tmp_path / "walk.so"
+    r = run_script("--selection", rp, "--snapshot", sp, "--output", out, **env)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert f"schedule=cluster 8, {walk}\n" in r.stdout
     assert callable(tvm_ffi.load_module(str(out))["run"])
 
 
@@ -192,10 +205,11 @@ GPU_SHAPES = [  # (dtype, heads, kv_heads, capacity, head_dim): GQA 1, 4 and 8; 
     ("FP16", 32, 4, 256, 64),
 ]
 GPU_LENGTHS = [1, 2, 127, 128, 129, 255, 256]  # ..., capacity - 1, capacity
-SCHEDULES = {  # a cluster per KV head (the default) or per query head; scalar or tensor-core arithmetic
+SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-core (the default) or scalar arithmetic
     "per-group": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "0", "CUTEDSL_ATTENTION_MMA": "0"},
     "per-head": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "1", "CUTEDSL_ATTENTION_MMA": "0"},
     "mma": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "0", "CUTEDSL_ATTENTION_MMA": "1"},
+    "mma-prefetch": {"CUTEDSL_ATTENTION_MMA": "1", "CUTEDSL_ATTENTION_PREFETCH": "1"},
 }
 
 
@@ -208,15 +222,22 @@ def gpu_kernels(tmp_path_factory):
     import tvm_ffi
 
     folder = tmp_path_factory.mktemp("cutedsl-attention")
-    fns = {}
+    jobs = {}
     for shape in GPU_SHAPES:
         name = "_".join(map(str, shape))
         rp, sp = write_pair(folder, *attention_pair(*shape), name)
         for schedule, env in SCHEDULES.items():
-            out = folder / f"{name}-{schedule}.so"
-            r = run_script("--selection", rp, "--snapshot", sp, "--output", out, **env)
-            assert r.returncode == 0, r.stderr[-3000:]
-            fns[shape, schedule] = tvm_ffi.load_module(str(out))["run"]
+            jobs[shape, schedule] = (rp, sp, folder / f"{name}-{schedule}.so", env)
+
+    def export(job):  # one exporter process each: 24 exports, side by side where there are cores
+        rp, sp, out, env = job
+        return run_script("--selection", rp, "--snapshot", sp, "--output", out, **env), out
+
+    fns = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(8, (os.cpu_count() or 2) // 2))) as pool:
+        for key, (r, out) in zip(jobs, pool.map(export, jobs.values())):
+            assert r.returncode == 0, (key, r.stderr[-3000:])
+            fns[key] = tvm_ffi.load_module(str(out))["run"]
     return fns
 
 

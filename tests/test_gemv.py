@@ -55,7 +55,7 @@ def test_config_keeps_every_sm_busy_and_blocks_whole():
     for n, k in [(6144, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (64, 64), (1, 7)]:
         block_n, block_k, warps, stages = gemv_config(n, k, sms=132)
         assert block_n >= 1 and block_n & (block_n - 1) == 0 and block_k & (block_k - 1) == 0
-        assert block_k <= 512 and block_k >= min(k, 16)
+        assert block_k <= 1024 and block_k >= min(k, 16) and warps in (4, 8) and stages >= 1
         assert -(-n // block_n) >= min(4 * 132, n)  # at least 4 programs an SM where there are rows for them
 
 
