@@ -369,8 +369,8 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="",
-        help="decode-only compiled variants: env settings, ';'-separated "
-        "(e.g. 'MCORE_COMPILE_TUNING=0;MCORE_FUSE_PROJECTIONS=0')",
+        help="decode-only compiled variants, ';'-separated, each space-separated env settings "
+        "(e.g. 'MCORE_GEMV=0;MCORE_INDUCTOR=triton.enable_pdl,combo_kernels MCORE_GEMV=1')",
     )
     a = ap.parse_args()
     a.contexts = [int(x) for x in a.contexts.split(",") if x]
@@ -430,7 +430,7 @@ def main() -> None:
                 r["label"] = f"mcore compiled decode (capacity {cap})"
                 recs.append(r)
     for variant in [v for v in a.variants.split(";") if v]:
-        env = dict(kv.split("=", 1) for kv in variant.split(","))
+        env = dict(kv.split("=", 1) for kv in variant.split())
         env["MCORE_CACHE_DIR"] = str(cache) + "-variants"
         for r in run_part(a, "mcore", "--decode-only", env=env):
             r["label"] = "decode-only " + variant

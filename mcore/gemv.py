@@ -68,22 +68,40 @@ def _kernel():
         K: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         pid = tl.program_id(0)
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
         cols = tl.arange(0, BLOCK_K)
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         base = W + rows.to(tl.int64)[:, None] * K + cols[None, :]
-        for k0 in range(0, K, BLOCK_K):
+        k_ok = cols < K
+        # the first weight tile is read before waiting for the kernel before this one (programmatic
+        # dependent launch): no kernel writes weights, so that read may overlap the previous kernel
+        w = tl.load(base, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # x is the previous kernel's output
+            tl.extra.cuda.gdc_launch_dependents()  # the next kernel waits for all of this one anyway
+        x = tl.load(X + cols, mask=k_ok, other=0.0)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]  # widened first: fp32 products and sums
+        for k0 in range(BLOCK_K, K, BLOCK_K):
             k_ok = (k0 + cols) < K
             w = tl.load(base + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             x = tl.load(X + k0 + cols, mask=k_ok, other=0.0)
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]  # widened first: fp32 products and sums
+            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         y = tl.sum(acc, axis=1)
         tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=row_ok)
 
     return gemv_kernel
+
+
+def pdl_requested() -> bool:
+    """Inductor's programmatic dependent launch asked for (MCORE_INDUCTOR=triton.enable_pdl, an
+    experiment): this kernel then launches the same way, so its first weight tile and the next
+    kernel's launch overlap their neighbours. Hopper and later only."""
+    names = os.environ.get("MCORE_INDUCTOR", "").replace(" ", "").split(",")
+    return "triton.enable_pdl" in names and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 
 
 @functools.cache
@@ -112,8 +130,9 @@ def gemv_triton(
     y = torch.empty(n, dtype=x.dtype, device=x.device)
     sms = _sm_count(x.device.index or 0) if x.device.type == "cuda" else 4  # 4: the interpreter
     block_n, block_k, warps, stages = config or gemv_config(n, k, sms)
+    pdl = {"launch_pdl": True} if x.device.type == "cuda" and pdl_requested() else {}
     _kernel()[(-(-n // block_n),)](
-        xs, w, y, n, K=k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages
+        xs, w, y, n, K=k, BLOCK_N=block_n, BLOCK_K=block_k, PDL=bool(pdl), num_warps=warps, num_stages=stages, **pdl
     )
     return y.reshape(*x.shape[:-1], n)
 

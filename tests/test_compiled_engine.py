@@ -203,6 +203,24 @@ def test_engine_choice_errors(cpu_bundles, mcore):
     assert_user_error(mcore("run", native, "--prompt", "x", "--engine", "fast"), "unknown engine 'fast'")
 
 
+def test_extra_inductor_settings_are_checked_and_enter_the_cache_key(cpu_bundles, mcore, monkeypatch):
+    """MCORE_INDUCTOR names boolean Inductor settings for experiments (benchmark variants): they
+    reach the compiler and the cache key; a name torch does not have is one line, exit 2."""
+    from mcore.engines.compiled import compile_key, compile_options
+
+    cpu = torch.device("cpu")
+    plain = compile_key("f" * 64, [], cpu)
+    monkeypatch.setenv("MCORE_INDUCTOR", "combo_kernels")
+    assert compile_options(cpu, True)["combo_kernels"] is True
+    assert compile_key("f" * 64, [], cpu) != plain
+    monkeypatch.setenv("MCORE_INDUCTOR", "combo_kernels,no_such_setting")
+    native, _, _ = cpu_bundles
+    assert_user_error(
+        mcore("run", native, "--prompt", "x", "--engine", "compiled"),
+        "MCORE_INDUCTOR: 'no_such_setting' is not a boolean Inductor setting",
+    )
+
+
 def test_cpu_run_names_the_engine(cpu_bundles, mcore):
     native, _, _ = cpu_bundles
     r = mcore(
