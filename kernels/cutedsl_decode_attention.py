@@ -296,7 +296,11 @@ except (ImportError, RuntimeError) as e:  # no CuTe DSL, or no CUDA flavour of i
     CUTE_IMPORT_ERROR = e
 
 WARP = 32
-WARPS = 8  # per block; each warp attends one contiguous share of the keys
+# Warps per block, each attending one contiguous share of the keys: more warps keep more loads in
+# flight per SM (a benchmark knob: CUTEDSL_ATTENTION_WARPS 4, 8 or 12; 12 fits the tensor-core walk's
+# registers, not the scalar walk's)
+_WARPS_ENV = os.environ.get("CUTEDSL_ATTENTION_WARPS", "8")
+WARPS = int(_WARPS_ENV) if _WARPS_ENV in ("4", "8", "12") else 0  # 0: refused by make_run
 # Blocks per (KV head, new token): a thread block cluster that splits the keys and merges its
 # blocks' partial results through distributed shared memory (Hopper), so the whole GPU is busy at
 # batch 1 without global scratch (the recipe's ABI declares no workspace). 8 is the portable size.
@@ -335,6 +339,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
     the heads each block serves from CUTEDSL_ATTENTION_HEADS_PER_BLOCK (tuning knobs for benchmarks)."""
     if not CLUSTER:
         raise ValueError("CUTEDSL_ATTENTION_CLUSTER must be 1, 2, 4, 8 or 16")
+    if not WARPS:
+        raise ValueError("CUTEDSL_ATTENTION_WARPS must be 4, 8 or 12")
     element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
     # Query heads per block: the whole group reads K and V once for all of them (64 blocks on a
     # Qwen3-8B layer, 255 registers a thread); one head per block puts 256 blocks on the GPU, two per
@@ -948,7 +954,7 @@ def main(argv=None):
     print(f"shapes: {described}")
     hpb, mma = schedule(shapes["heads"], shapes["kv_heads"])
     walk = ("tensor cores, prefetch" if PREFETCH else "tensor cores") if mma else "scalar"
-    print(f"schedule=cluster {CLUSTER}, {hpb} heads a block, {walk}")
+    print(f"schedule=cluster {CLUSTER}, {WARPS} warps, {hpb} heads a block, {walk}")
     print(f"arch={os.environ.get('CUTE_DSL_ARCH') or 'the visible GPU'}")
     print(f"dso={output.resolve()}")
     return 0

@@ -157,7 +157,7 @@ def test_export_links_a_loadable_tvm_ffi_dso(tmp_path):
     arch = "arch=the visible GPU" if torch.cuda.is_available() else "arch=sm_90a"
     assert f"abi_sha256={receipt['abi_sha256']}" in r.stdout and arch in r.stdout
     assert f"dso={out.resolve()}" in r.stdout and [p.name for p in out.parent.iterdir()] == [out.name]
-    assert "schedule=cluster 8, 4 heads a block, tensor cores\n" in r.stdout  # the default for GQA 4
+    assert "schedule=cluster 8, 8 warps, 4 heads a block, tensor cores\n" in r.stdout  # the default for GQA 4
     fn = tvm_ffi.load_module(str(out))["run"]
     q = torch.zeros(1, 32, 3, 128, dtype=torch.bfloat16)
     cache = torch.zeros(1, 8, 4096, 128, dtype=torch.bfloat16)
@@ -173,9 +173,13 @@ def test_export_links_a_loadable_tvm_ffi_dso(tmp_path):
 @pytest.mark.parametrize(
     "shape, env, walk",
     [
-        (("BF16", 32, 8, 4096, 128), {"CUTEDSL_ATTENTION_MMA": "0"}, "4 heads a block, scalar"),
-        (("FP16", 32, 2, 512, 64), {"CUTEDSL_ATTENTION_MMA": "1"}, "16 heads a block, scalar"),
-        (("FP16", 16, 2, 512, 64), {"CUTEDSL_ATTENTION_PREFETCH": "1"}, "8 heads a block, tensor cores, prefetch"),
+        (("BF16", 32, 8, 4096, 128), {"CUTEDSL_ATTENTION_MMA": "0"}, "8 warps, 4 heads a block, scalar"),
+        (("FP16", 32, 2, 512, 64), {"CUTEDSL_ATTENTION_MMA": "1"}, "8 warps, 16 heads a block, scalar"),
+        (
+            ("FP16", 16, 2, 512, 64),
+            {"CUTEDSL_ATTENTION_PREFETCH": "1", "CUTEDSL_ATTENTION_WARPS": "12"},
+            "12 warps, 8 heads a block, tensor cores, prefetch",
+        ),
     ],
     ids=["scalar-asked", "group-of-16", "prefetch"],
 )
@@ -210,6 +214,7 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "per-head": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "1", "CUTEDSL_ATTENTION_MMA": "0"},
     "mma": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "0", "CUTEDSL_ATTENTION_MMA": "1"},
     "mma-prefetch": {"CUTEDSL_ATTENTION_MMA": "1", "CUTEDSL_ATTENTION_PREFETCH": "1"},
+    "mma-prefetch-12-warps": {"CUTEDSL_ATTENTION_PREFETCH": "1", "CUTEDSL_ATTENTION_WARPS": "12"},
 }
 
 
