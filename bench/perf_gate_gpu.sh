@@ -4,7 +4,7 @@
 #   1. native vs native            -> every pair ratio within +-2%
 #   2. native vs identity-copy slot -> PASS
 #   3. native vs slow-copy slot     -> FAIL (a correct copy that repeats itself 512 times)
-#   bash bench/perf_gate_gpu.sh OUT_DIR     (MCORE="python3 -m mcore"; PAIRS=6; SLOW_PAIRS; IDENTITY_PAIRS; TOKENS=128; RUNS=30; METRIC=device|throughput; GATES="...")
+#   bash bench/perf_gate_gpu.sh OUT_DIR     (MCORE="python3 -m mcore"; PAIRS=6; SLOW_PAIRS; IDENTITY_PAIRS; TOKENS=128; RUNS=30; METRIC=device|throughput; GATES="..."; MODEL=tiny|8b)
 set -euo pipefail
 OUT=${1:-artifacts/perf-gate-gpu}
 MCORE=${MCORE:-python3 -m mcore}
@@ -16,6 +16,12 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 trap 'echo "perf_gate_gpu.sh: line $LINENO failed; logs in $OUT" >&2' ERR
 ARGS=(demo:qwen3-tiny --precision bf16 --max-cache-length 256 --decoder-engine-layout split)
+if [ "${MODEL:-tiny}" = 8b ]; then  # MODEL=8b: the Qwen3-8B-sized config, random weights (a 5 ms step, not 50 us)
+  [ -d "$OUT/cfg" ] || python3 -c "import sys; sys.path.insert(0, '$(dirname "$0")'); from pathlib import Path; import shutil; \
+from qwen3_8b_config import write_config_folder; from mcore.families.demo import materialize; \
+d = write_config_folder(Path('$OUT/cfg')); shutil.copy(materialize('qwen3-tiny') / 'tokenizer.json', d)"
+  ARGS=("$OUT/cfg" --weights random --precision bf16 --max-cache-length 4096 --decoder-engine-layout split)
+fi
 BID=qwen.decode_logits_copy@1
 GATES=${GATES:-native-vs-native identity-copy slow-copy}
 # what an earlier call of this script left in OUT is reused (the device keeps /tmp while warm)
