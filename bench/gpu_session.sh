@@ -3,7 +3,8 @@
 # /tmp/gpu-session, prints a short summary and leaves one log file per stage in OUT (the device
 # returns at most 8 files), so a run cut off by the device's time limit keeps what it did.
 #   source .device/base/install.sh && bash bench/gpu_session.sh "$OUT" [suite,engine,gate,profile]
-# suite:   the whole test suite (names of failures printed: -rfE)          ~8 min with -n 16 (give it 9)
+# suite:   the whole test suite (names of failures printed: -rfE); more than one call's 10 minutes now:
+#          suite-gpu (GPU-marked tests and shipped-session replays) + suite-rest (the others) split it
 # engine:  bench/engine_gpu.py (roofline, compiled cold/cached, op by op, transformers peers)   ~9 min
 # gate:    bench/perf_gate_gpu.sh (native vs native, identity-copy, slow-copy; 6 pairs) ~6 min a gate:
 #          each run is a fresh process (about 26 s on the H200); pass GATES=... to split over calls
@@ -26,12 +27,20 @@ keep() {  # STAGE: the stage's logs (no bundles, no DSOs) as one file in OUT
   (cd "$W" && find "$1" -type f \( -name '*.log' -o -name '*.txt' -o -name '*.json' \) -size -8M -print0 \
     | tar czf "$OUT/$1.tgz" --null -T -)
 }
-if has suite; then
+suite() {  # NAME PYTEST_ARGS...: one share of the suite, its log in OUT
   # -v straight into the file (no filter in between): a run cut short by a time limit still names
   # every test that finished, FAILED ones included (a filtered pipe lost a whole run's log once)
-  python3 -m pytest -v -o addopts="" -n 16 -p no:cacheprovider -p no:logging -rfE --tb=short > "$OUT/suite.log" 2>&1
-  echo "== suite"; grep -E ' (FAILED|ERROR) |^(FAILED|ERROR)|[0-9]+ passed|[0-9]+ failed' "$OUT/suite.log" | tail -n 25
-fi
+  local name=$1
+  shift
+  python3 -m pytest -v -o addopts="" -p no:cacheprovider -p no:logging -rfE --tb=short --durations=10 "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name"; grep -E ' (FAILED|ERROR) |^(FAILED|ERROR)|[0-9]+ passed|[0-9]+ failed' "$OUT/$name.log" | tail -n 25
+}
+# the whole suite in one stage (about 15 min on the H200 with the defaults of 2026-12-01: more than
+# one call), or in two shares that each fit a call: suite-gpu (the GPU-marked tests and the shipped
+# sessions' replays, which compile on CUDA and take minutes each) and suite-rest (everything else)
+has suite && suite suite -n 16
+has suite-gpu && suite suite-gpu -n 16 -m "gpu or slow" tests/
+has suite-rest && suite suite-rest -n 16 -m "not gpu and not slow" tests/
 if has engine; then
   # shellcheck disable=SC2086
   python3 "$here/engine_gpu.py" "$W/engine" $ENGINE_ARGS > "$OUT/engine.log" 2>&1

@@ -52,6 +52,7 @@ def diff_rows(out: str) -> list[list[str]]:
 # ---------------------------------------------------------------- the shipped tutorials
 
 
+@pytest.mark.slow  # minutes each where CUDA is (every pipeline compiles): the GPU box runs them apart
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_session_replays_clean(name, tmp_path, workbench):  # noqa: F811
     res = workbench(
