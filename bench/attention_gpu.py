@@ -57,11 +57,19 @@ def emit(out: Path, key: str, value) -> None:
 
 # kernel variants for the table: name -> exporter environment (tuning knobs of the shipped exporter)
 BIND = 0  # --bind: the variant the slot pipeline binds
-VARIANTS = {  # cluster 16 and a cluster per query head measured slower (docs/gpu-results.md, fifth session)
+# Cluster 16 and the scalar walk with a cluster per query head measured slower (docs/gpu-results.md,
+# fifth session). Two heads a block: 128 blocks on the 132 SMs, the two blocks of a KV head reading
+# the same K/V rows at about the same time (the second read from L2, if it holds).
+VARIANTS = {
     "CuTe tensor cores, cluster 8 (default)": {"CUTEDSL_ATTENTION_MMA": "1"},
     "CuTe tensor cores, loads a step ahead": {"CUTEDSL_ATTENTION_PREFETCH": "1"},
     "CuTe tensor cores, 12 warps": {"CUTEDSL_ATTENTION_WARPS": "12"},
     "CuTe tensor cores, 12 warps, loads ahead": {"CUTEDSL_ATTENTION_WARPS": "12", "CUTEDSL_ATTENTION_PREFETCH": "1"},
+    "CuTe tensor cores, 2 heads a block (128 blocks)": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "2"},
+    "CuTe tensor cores, 2 heads a block, loads ahead": {
+        "CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "2",
+        "CUTEDSL_ATTENTION_PREFETCH": "1",
+    },
     "CuTe scalar walk, cluster 8": {"CUTEDSL_ATTENTION_MMA": "0"},
 }
 

@@ -215,6 +215,7 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "mma": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "0", "CUTEDSL_ATTENTION_MMA": "1"},
     "mma-prefetch": {"CUTEDSL_ATTENTION_MMA": "1", "CUTEDSL_ATTENTION_PREFETCH": "1"},
     "mma-prefetch-12-warps": {"CUTEDSL_ATTENTION_PREFETCH": "1", "CUTEDSL_ATTENTION_WARPS": "12"},
+    "mma-2-heads": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "2"},
 }
 
 
