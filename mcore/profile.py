@@ -25,6 +25,7 @@ from torch import fx
 from . import __version__
 from .device import device_facts
 from .errors import UserError
+from .gemv import enabled as gemv_enabled
 from .graph.snapshot import Snapshot
 from .progress import NO_PROGRESS, Progress
 
@@ -238,19 +239,21 @@ def profile_pipeline(
     report["steps"] = steps
     if fusion:
         progress.report("compiling the graph once more to see what the compiled engine fuses", 0.96)
-        _add_fusion(report, pipe.snapshots[role], prepared, inputs)
+        _add_fusion(report, pipe.snapshots[role], prepared, inputs, gemv=role != "prefill" and gemv_enabled(dev))
     progress.report("profiled", 1.0)
     return report
 
 
-def _add_fusion(report: dict[str, Any], snap: Snapshot, prepared: Any, inputs: tuple) -> None:
+def _add_fusion(report: dict[str, Any], snap: Snapshot, prepared: Any, inputs: tuple, gemv: bool) -> None:
     from .engines.kernel_map import fused_kernels, split_by
 
-    kernels = fused_kernels(prepared, inputs)
+    kernels = fused_kernels(prepared, inputs, gemv=gemv)
     to_id = {n.name: n.id for n in snap.nodes}
     to_name = {i: name for name, i in to_id.items()}
     report["fusion"] = {
-        "engine": "compiled (Inductor), this device; the engine also merges sibling projections (q/k/v, gate/up)",
+        "engine": "compiled (Inductor), this device"
+        + ("; one-row products on mcore::gemv" if gemv else "")
+        + "; the engine also merges sibling projections (q/k/v, gate/up)",
         "kernels": [{"kernel": k["kernel"], "nodes": [to_id.get(n, n) for n in k["nodes"]]} for k in kernels],
     }
     for c in report["candidates"]:

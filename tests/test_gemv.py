@@ -96,6 +96,23 @@ def test_the_engine_rewrites_the_decode_steps_one_row_products(tiny_bf16, monkey
     assert pipe.generate(prompt, 8, stop_at_eos=False).tokens == default.generate(prompt, 8, stop_at_eos=False).tokens
 
 
+def test_the_fusion_report_shows_the_gemv_kernels_the_engine_runs(tiny_bf16):
+    """`mcore profile --fusion` on a decode step where the engine uses mcore::gemv (CUDA by
+    default; asked for here): each one-row product is a kernel of its own, named for the op, and
+    the profiled graph is left as it was."""
+    from mcore.engines.kernel_map import fused_kernels
+    from mcore.profile import _role_inputs
+
+    pipe = DecoderPipeline(str(tiny_bf16), device="cpu", engine="torch")
+    prepared = pipe.runners["decode"].prepared
+    inputs = _role_inputs(pipe, "decode", 5, None)
+    linears = {n.name for n in prepared.gm.graph.nodes if n.target is torch.ops.aten.linear.default}
+    kernels = fused_kernels(prepared, inputs, gemv=True)
+    gemv = [k for k in kernels if k["kernel"].startswith("torch.ops.mcore.gemv")]
+    assert len(gemv) == len(linears) and {n for k in gemv for n in k["nodes"]} == linears
+    assert {n.name for n in prepared.gm.graph.nodes if n.target is torch.ops.aten.linear.default} == linears
+
+
 # ------------------------------------------------------------------------------------------- GPU
 
 gpu = pytest.mark.gpu

@@ -11,6 +11,8 @@ outside it is what a slot there would split.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import glob
 import json
 import tempfile
@@ -20,11 +22,17 @@ import torch
 import torch._inductor.config
 
 from ..errors import UserError
+from .gemv_pass import use_gemv
 from .prepared import PreparedGraph
 
 
-def fused_kernels(prepared: PreparedGraph, inputs: Sequence[torch.Tensor]) -> list[dict[str, Any]]:
-    """[{"kernel": name, "nodes": [graph node names]}] in launch order, for this role's graph."""
+def fused_kernels(prepared: PreparedGraph, inputs: Sequence[torch.Tensor], gemv: bool = False) -> list[dict[str, Any]]:
+    """[{"kernel": name, "nodes": [graph node names]}] in launch order, for this role's graph.
+    `gemv`: first put `mcore::gemv` in place of its one-row products, as the compiled engine does for
+    a fixed-shape role on CUDA (on a copy: `prepared` stays as it is)."""
+    if gemv:
+        prepared = dataclasses.replace(prepared, gm=copy.deepcopy(prepared.gm))
+        use_gemv(prepared, inputs)
     with tempfile.TemporaryDirectory(prefix="mcore-fusion-") as d:
         try:
             patch = torch._inductor.config.patch(
