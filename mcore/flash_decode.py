@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import launch_options
+
 # Launch configuration (bench/flash_decode_sweep.py measures the alternatives on the GPU).
 BLOCK_N = 64
 NSPLIT_PER_SM = 2  # programs per SM, summed over KV heads
@@ -96,9 +98,13 @@ def _split_kernel(
     WIDE: tl.constexpr,
     UPCAST: tl.constexpr,
     INTERP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
+    if PDL:  # the query and the caches are the previous kernels' output (mcore/pdl.py)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     length = tl.load(LEN)
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, D)
@@ -129,9 +135,21 @@ def _split_kernel(
 
 
 @triton.jit
-def _merge_kernel(PACC, PML, OUT, ROWS: tl.constexpr, D: tl.constexpr, NSPLIT: tl.constexpr, NSPLIT_P2: tl.constexpr):
+def _merge_kernel(
+    PACC,
+    PML,
+    OUT,
+    ROWS: tl.constexpr,
+    D: tl.constexpr,
+    NSPLIT: tl.constexpr,
+    NSPLIT_P2: tl.constexpr,
+    PDL: tl.constexpr,
+):
     kvh = tl.program_id(0)
     row = tl.program_id(1)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     splits = tl.arange(0, NSPLIT_P2)
     ok = splits < NSPLIT
     cols = tl.arange(0, D)
@@ -184,6 +202,7 @@ def decode_attention(
     out = torch.empty_like(q)
     block_m = max(16, triton.next_power_of_2(rows))
     interp = os.environ.get("TRITON_INTERPRET") == "1"
+    pdl = launch_options(q.device)
     _split_kernel[(kvh, nsplit)](
         q,
         k_cache,
@@ -201,10 +220,21 @@ def decode_attention(
         WIDE=q.dtype == torch.float32,
         UPCAST=q.dtype == torch.bfloat16 and interp,
         INTERP=interp,
+        PDL=bool(pdl),
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
+        **pdl,
     )
     _merge_kernel[(kvh, rows)](
-        pacc, pml, out, ROWS=rows, D=d, NSPLIT=nsplit, NSPLIT_P2=triton.next_power_of_2(nsplit), num_warps=4
+        pacc,
+        pml,
+        out,
+        ROWS=rows,
+        D=d,
+        NSPLIT=nsplit,
+        NSPLIT_P2=triton.next_power_of_2(nsplit),
+        PDL=bool(pdl),
+        num_warps=4,
+        **pdl,
     )
     return out

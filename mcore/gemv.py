@@ -24,6 +24,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .pdl import launch_options
+
 __all__ = ["gemv", "gemv_triton", "gemv_config", "enabled"]
 
 
@@ -96,14 +98,6 @@ def _kernel():
     return gemv_kernel
 
 
-def pdl_requested() -> bool:
-    """Inductor's programmatic dependent launch asked for (MCORE_INDUCTOR=triton.enable_pdl, an
-    experiment): this kernel then launches the same way, so its first weight tile and the next
-    kernel's launch overlap their neighbours. Hopper and later only."""
-    names = os.environ.get("MCORE_INDUCTOR", "").replace(" ", "").split(",")
-    return "triton.enable_pdl" in names and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
-
-
 @functools.cache
 def _has_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
@@ -130,7 +124,7 @@ def gemv_triton(
     y = torch.empty(n, dtype=x.dtype, device=x.device)
     sms = _sm_count(x.device.index or 0) if x.device.type == "cuda" else 4  # 4: the interpreter
     block_n, block_k, warps, stages = config or gemv_config(n, k, sms)
-    pdl = {"launch_pdl": True} if x.device.type == "cuda" and pdl_requested() else {}
+    pdl = launch_options(x.device)  # programmatic dependent launch, where asked for (mcore/pdl.py)
     _kernel()[(-(-n // block_n),)](
         xs, w, y, n, K=k, BLOCK_N=block_n, BLOCK_K=block_k, PDL=bool(pdl), num_warps=warps, num_stages=stages, **pdl
     )

@@ -96,6 +96,18 @@ def test_the_engine_rewrites_the_decode_steps_one_row_products(tiny_bf16, monkey
     assert pipe.generate(prompt, 8, stop_at_eos=False).tokens == default.generate(prompt, 8, stop_at_eos=False).tokens
 
 
+def test_programmatic_dependent_launch_is_asked_for_by_name_and_needs_hopper(monkeypatch):
+    from mcore import pdl
+
+    monkeypatch.setenv("MCORE_INDUCTOR", "combo_kernels, triton.enable_pdl")
+    assert not pdl.requested(torch.device("cpu")) and pdl.launch_options(torch.device("cpu")) == {}
+    if torch.cuda.is_available():
+        hopper = torch.cuda.get_device_capability()[0] >= 9
+        assert pdl.launch_options(torch.device("cuda")) == ({"launch_pdl": True} if hopper else {})
+        monkeypatch.setenv("MCORE_INDUCTOR", "combo_kernels")
+        assert not pdl.requested(torch.device("cuda"))
+
+
 def test_the_fusion_report_shows_the_gemv_kernels_the_engine_runs(tiny_bf16):
     """`mcore profile --fusion` on a decode step where the engine uses mcore::gemv (CUDA by
     default; asked for here): each one-row product is a kernel of its own, named for the op, and
@@ -147,12 +159,19 @@ def test_gpu_kernel_at_the_8b_shapes(dtype):
 
 @gpu
 @needs_cuda
-def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_path, monkeypatch):
+@pytest.mark.parametrize("inductor", ["", "triton.enable_pdl"], ids=["plain", "pdl"])
+def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_path, monkeypatch, inductor):
+    """mcore::gemv in the decode step: the same tokens twice, bit-identical logits with an
+    identity-copy slot in lockstep, close to the op-by-op engine. With programmatic dependent
+    launch (kernels launched while their predecessor drains), also bit-identical to the plain
+    launch: a kernel that read its input early would show here."""
     from .test_compiled_engine import _bundles
 
     monkeypatch.setenv("MCORE_GEMV", "1")
     monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
     native, slot, manifest = _bundles(tmp_path, "bf16", "cuda")
+    plain = DecoderPipeline(str(native), device="cuda") if inductor else None
+    monkeypatch.setenv("MCORE_INDUCTOR", inductor)
     nat = DecoderPipeline(str(native), device="cuda")
     assert _gemv_nodes(nat, "decode") > 0 and nat.runners["decode"].graphs
     prompt = "the quick brown fox"
@@ -165,3 +184,5 @@ def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_pat
     ref = DecoderPipeline(str(native), device="cuda", engine="torch")
     for x, y in zip(ref.step_logits(r.prompt_tokens, r.tokens[:-1]), ln):
         torch.testing.assert_close(x, y, atol=0.15, rtol=0.05)  # bf16 rounding between engines
+    if plain is not None:
+        assert all(torch.equal(x, y) for x, y in zip(plain.step_logits(r.prompt_tokens, r.tokens[:-1]), ln))
