@@ -59,7 +59,8 @@ def emit(out: Path, key: str, value) -> None:
 BIND = 0  # --bind: the variant the slot pipeline binds
 # Cluster 16 and the scalar walk with a cluster per query head measured slower (docs/gpu-results.md,
 # fifth session). Two heads a block: 128 blocks on the 132 SMs, the two blocks of a KV head reading
-# the same K/V rows at about the same time (the second read from L2, if it holds).
+# the same K/V rows at about the same time (the second read from L2, if it holds). A cluster of 16
+# blocks of 4 warps: the same warps as 8 of 8, over twice the SMs (3 such blocks fit an SM's registers).
 VARIANTS = {
     "CuTe tensor cores, cluster 8 (default)": {"CUTEDSL_ATTENTION_MMA": "1"},
     "CuTe tensor cores, loads a step ahead": {"CUTEDSL_ATTENTION_PREFETCH": "1"},
@@ -70,6 +71,7 @@ VARIANTS = {
         "CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "2",
         "CUTEDSL_ATTENTION_PREFETCH": "1",
     },
+    "CuTe tensor cores, cluster 16 of 4 warps": {"CUTEDSL_ATTENTION_CLUSTER": "16", "CUTEDSL_ATTENTION_WARPS": "4"},
     "CuTe scalar walk, cluster 8": {"CUTEDSL_ATTENTION_MMA": "0"},
 }
 
