@@ -203,6 +203,26 @@ def test_engine_choice_errors(cpu_bundles, mcore):
     assert_user_error(mcore("run", native, "--prompt", "x", "--engine", "fast"), "unknown engine 'fast'")
 
 
+def test_precompiled_roles_and_gemv_are_cuda_defaults_that_env_overrides(monkeypatch):
+    """On CUDA the engine precompiles its roles and runs one-row products on mcore::gemv (both
+    measured faster on the H200); on CPU neither unless asked; =0 and =1 override either way."""
+    from mcore.engines.compiled import compile_key, precompiled
+    from mcore.gemv import enabled as gemv_enabled
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for name, on in (("MCORE_PRECOMPILED", precompiled), ("MCORE_GEMV", gemv_enabled)):
+        monkeypatch.delenv(name, raising=False)
+        assert on(cuda) and not on(cpu), name
+        monkeypatch.setenv(name, "0")
+        assert not on(cuda), name
+        monkeypatch.setenv(name, "1")
+        assert on(cpu), name
+    monkeypatch.setenv("MCORE_GEMV", "0")
+    without = compile_key("f" * 64, [], cpu)
+    monkeypatch.setenv("MCORE_GEMV", "1")
+    assert compile_key("f" * 64, [], cpu) != without  # a rewritten graph is other compiled code
+
+
 def test_extra_inductor_settings_are_checked_and_enter_the_cache_key(cpu_bundles, mcore, monkeypatch):
     """MCORE_INDUCTOR names boolean Inductor settings for experiments (benchmark variants): they
     reach the compiler and the cache key; a name torch does not have is one line, exit 2."""

@@ -82,7 +82,10 @@ def precompiled(device: torch.device) -> bool:
     (torch.export.load) nor re-traces it (Dynamo). On CUDA by default (an 8B-sized reload on the H200:
     7.9 s, against 36 s through Dynamo); MCORE_PRECOMPILED=0 turns it off, =1 on for any device."""
     flag = os.environ.get("MCORE_PRECOMPILED", "")
-    return flag == "1" if flag in ("0", "1") else device.type == "cuda"
+    if flag in ("0", "1"):
+        return flag == "1"
+    # by default only where this torch has the API (2.8 and later); an older one compiles through Dynamo
+    return device.type == "cuda" and hasattr(torch._inductor, "standalone_compile")
 
 
 def _slots_tag(slot_keys: Sequence[str]) -> str:
