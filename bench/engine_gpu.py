@@ -151,7 +151,33 @@ def part_mcore(a) -> None:
         rec["ttft_1k_ms"] = _median_ms(first, 5)
     if getattr(dec, "graphs", None) is not None:
         rec["decode_replays_cuda_graph"] = bool(dec.graphs) and dec.calls_compiled == 0
+        rec["decode_graph_nodes"] = graph_nodes(dec, (pipe.step_ids, pipe.cache_length, *caches))
     _emit(rec)
+
+
+def graph_nodes(runner, inputs) -> dict:
+    """The decode step's CUDA graph node counts by type (kernel, memcpy, ...): how many launches a
+    token costs. Captured once more with the graph kept (torch's own capture does not keep it)."""
+    import torch
+
+    try:
+        from cuda.bindings import runtime as rt
+
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(graph):
+            runner._run(inputs)
+        raw = graph.raw_cuda_graph()
+        err, _, count = rt.cudaGraphGetNodes(raw, 0)
+        err, nodes, count = rt.cudaGraphGetNodes(raw, count)
+        kinds: dict[str, int] = {}
+        for node in nodes:
+            err, kind = rt.cudaGraphNodeGetType(node)
+            name = getattr(kind, "name", str(kind)).replace("cudaGraphNodeType", "").lower()
+            kinds[name] = kinds.get(name, 0) + 1
+        graph.reset()
+        return kinds
+    except Exception as e:  # noqa: BLE001 - a count is a diagnostic: the timings stand without it
+        return {"unavailable": f"{type(e).__name__}: {str(e)[:120]}"}
 
 
 def _hf_model():
@@ -347,6 +373,10 @@ def table(recs: list[dict], contexts: list[int]) -> str:
             + " ".join(cells)
             + f" {ttft:>9} {comp:>8} {load:>7}"
         )
+    for r in recs:
+        if r.get("decode_graph_nodes"):
+            counts = ", ".join(f"{v} {k}" for k, v in r["decode_graph_nodes"].items())
+            lines.append(f"decode step graph, {r.get('label', r['part'])}: {counts}")
     lines.append("cells: ms/token, tokens/s, share of the roofline (weights + the context's KV at the copy rate)")
     return "\n".join(lines)
 
