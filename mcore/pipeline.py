@@ -23,7 +23,7 @@ from .families.base import ModelSource
 from .graph_capture import capture_cached
 from .graph.from_export import TORCH_DTYPES
 from .graph.snapshot import Snapshot, Tensor
-from .engines.slots import SlotCall
+from .engines.slots import SlotCall, release_dropped
 from .progress import NO_PROGRESS, Progress
 
 
@@ -162,6 +162,8 @@ class Pipeline:
         self.runners: dict[str, Any] = {}
         self.snapshots: dict[str, Snapshot] = {}
         self.slot_calls: list[SlotCall] = []
+        if m.kernel_slots:
+            release_dropped()  # a dropped pipeline's slot keys (and compiled code) serve this one
         roles = list(m.roles)
         for i, role in enumerate(roles):
             expected = m.roles[role].fingerprint

@@ -180,6 +180,27 @@ def test_cpu_precompiled_slot_pipelines_each_call_their_own_kernel(cpu_bundles, 
     assert calls == {0: 0, 1: 4}  # four decode steps, all through the second pipeline's slot
 
 
+def test_cpu_slot_pipeline_after_a_dropped_one_reuses_its_keys_and_compiled_code(cpu_bundles, tmp_path, monkeypatch):
+    """Slot keys are freed with their pipeline: one loaded after another was dropped gets the same
+    keys, so it loads the first one's precompiled roles instead of compiling (the workbench reloads
+    a slot pipeline after each rebuild of a kernel); it runs its own bound kernel."""
+    _, slot, manifest = cpu_bundles
+    monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MCORE_PRECOMPILED", "1")
+    first = DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cpu", engine="compiled")
+    keys = [c.key for c in first.slot_calls]
+    tokens = first.generate(PROMPT, 5, stop_at_eos=False).tokens
+    assert not first.runners["decode"].cached  # compiled here
+    del first  # whatever cycles hold it, the next pipeline's load collects
+    second = DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cpu", engine="compiled")
+    assert [c.key for c in second.slot_calls] == keys
+    assert all(r.cached and "precompiled artifact" in r.describe() for r in second.runners.values())
+    (call,) = second.slot_calls
+    inner, seen = call.fn, []
+    call.fn = lambda *a: seen.append(1) or inner(*a)
+    assert second.generate(PROMPT, 5, stop_at_eos=False).tokens == tokens and len(seen) == 4
+
+
 def test_cpu_compile_is_cancellable(cpu_bundles):
     native, _, _ = cpu_bundles
     token = CancelToken()

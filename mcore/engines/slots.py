@@ -13,9 +13,11 @@ args. The engine allocates the output (fresh, so it never aliases an input) and 
 
 from __future__ import annotations
 
+import gc
 import itertools
 import operator
 import threading
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -26,9 +28,10 @@ from ..graph.from_export import TORCH_DTYPES
 from ..graph.snapshot import Snapshot
 from ..receipt import SlotRecord
 
-_registry: dict[str, "SlotCall"] = {}
+# Live slots by key. Weak: a key is free again once its pipeline is gone, so a pipeline loaded after
+# another was dropped gets the same keys, and with them the same compiled code (no recompile).
+_registry: "weakref.WeakValueDictionary[str, SlotCall]" = weakref.WeakValueDictionary()
 _registry_lock = threading.Lock()
-_serial = itertools.count()
 
 
 class SlotCall:
@@ -44,10 +47,10 @@ class SlotCall:
         self.extras = [a.get("value") for a in slot.extra_args]
         self.fn: Optional[Callable[..., Any]] = None
         self._workspace: Optional[torch.Tensor] = None
-        # Keys are handed out in construction order, so the first pipeline of a fresh process gets
-        # the same keys (and the same compiled-graph cache entries) every time.
+        # The lowest free keys, in construction order: the first pipeline of a fresh process, or one
+        # loaded after the last was dropped, gets the same keys (and compiled code) every time.
         with _registry_lock:
-            self.key = f"slot{next(_serial)}"
+            self.key = next(k for k in (f"slot{n}" for n in itertools.count()) if k not in _registry)
             _registry[self.key] = self
         self.__name__ = f"slot_{self.binding_id}"
 
@@ -73,6 +76,13 @@ class SlotCall:
             )
         )
         return out
+
+
+def release_dropped() -> None:
+    """Free the keys of pipelines that are gone but not yet collected (held only by reference
+    cycles), before a new pipeline takes its keys."""
+    if len(_registry):
+        gc.collect()
 
 
 def slot_call(key: str) -> SlotCall:
