@@ -403,22 +403,28 @@ async def test_layer_1_decode_attention_in_a_few_keys_with_its_recipe_in_full(ca
 @pytest.mark.asyncio
 async def test_capture_pressed_while_the_model_is_checked_is_queued(tmp_path, monkeypatch):
     """A cold cache makes the first model check slow: c then waits for it instead of refusing."""
+    import threading
+
     import mcore.graph_capture as capture_mod
 
     real = capture_mod.resolve
+    checked = threading.Event()  # the model check waits for it: "slow" until the test says so
 
     def slow_resolve(args):
-        time.sleep(1.0)
+        checked.wait(30)
         return real(args)
 
     monkeypatch.setattr(capture_mod, "resolve", slow_resolve)
     app = WorkbenchApp(workdir=str(tmp_path))
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.05)
-        assert app.screen.family is None  # still checking
-        await pilot.press("c")
-        await pilot.pause(0.05)
-        assert "capture starts as soon as it is ready" in text_of(app, "#status") and not app.last_error
+        try:
+            await pilot.pause(0.05)
+            assert app.screen.family is None  # still checking
+            await pilot.press("c")
+            await pilot.pause(0.05)
+            assert "capture starts as soon as it is ready" in text_of(app, "#status") and not app.last_error
+        finally:
+            checked.set()
         deadline = time.monotonic() + 30
         while app.busy != "capture_graph" and time.monotonic() < deadline:
             await pilot.pause(0.05)
