@@ -136,7 +136,7 @@ def compile_options(device: torch.device, fixed_shapes: bool) -> dict[str, Any]:
 class CompiledRoleRunner:
     """`prepared` is the role's graph (a PreparedGraph), or for a precompiled role loaded from its
     artifact the RoleProgram alone with `fn` already set. `snapshot`: the role's graph snapshot, kept
-    in the role record that lets a later load skip capture (MCORE_PRECOMPILED=1)."""
+    in the role record that lets a later load skip capture (see `precompiled`)."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""The compiled engine's one-row linears as `mcore::gemv` (MCORE_GEMV=1, fixed-shape roles on CUDA).
+"""The compiled engine's one-row linears as `mcore::gemv` (fixed-shape roles; on CUDA unless MCORE_GEMV=0).
 
 A decode step's matrix products have one row: what the hardware allows is reading each weight once
 at the memory bandwidth. `mcore.gemv` is written for that shape; Inductor otherwise hands the
