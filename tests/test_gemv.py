@@ -159,19 +159,23 @@ def test_gpu_kernel_at_the_8b_shapes(dtype):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("inductor", ["", "triton.enable_pdl"], ids=["plain", "pdl"])
+@pytest.mark.parametrize("inductor", ["none", None], ids=["plain", "defaults"])
 def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_path, monkeypatch, inductor):
     """mcore::gemv in the decode step: the same tokens twice, bit-identical logits with an
-    identity-copy slot in lockstep, close to the op-by-op engine. With programmatic dependent
-    launch (kernels launched while their predecessor drains), also bit-identical to the plain
-    launch: a kernel that read its input early would show here."""
+    identity-copy slot in lockstep, close to the op-by-op engine; with no extra Inductor settings
+    and with the CUDA defaults. With the defaults' programmatic dependent launch (kernels launched
+    while their predecessor drains) also bit-identical to the same compile launched plainly: a
+    kernel that read its input early would show here."""
     from .test_compiled_engine import _bundles
 
     monkeypatch.setenv("MCORE_GEMV", "1")
     monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
     native, slot, manifest = _bundles(tmp_path, "bf16", "cuda")
-    plain = DecoderPipeline(str(native), device="cuda") if inductor else None
-    monkeypatch.setenv("MCORE_INDUCTOR", inductor)
+    # against the defaults, "plain" differs in the launch alone: combo kernels, no PDL
+    monkeypatch.setenv("MCORE_INDUCTOR", "combo_kernels" if inductor is None else inductor)
+    plain = DecoderPipeline(str(native), device="cuda") if inductor is None else None
+    if inductor is None:  # the CUDA defaults: combo kernels, and PDL on Hopper
+        monkeypatch.delenv("MCORE_INDUCTOR")
     nat = DecoderPipeline(str(native), device="cuda")
     assert _gemv_nodes(nat, "decode") > 0 and nat.runners["decode"].graphs
     prompt = "the quick brown fox"

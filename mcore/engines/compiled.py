@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch._inductor.config
 
+from .. import inductor
 from ..errors import UserError
 from ..families.demo import cache_root
 from ..fileio import write_json
@@ -59,7 +60,7 @@ def compile_key(fingerprint: str, slots: Sequence[SlotRecord], device: torch.dev
         "torch": torch.__version__,
         "options": [fuse_projections(), tuning()]
         + (["gemv"] if gemv_enabled(device) else [])
-        + sorted(extra_inductor_options()),
+        + inductor.settings(device),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -103,23 +104,6 @@ def _precompiled_paths(key: str, slot_keys: Sequence[str]) -> tuple[Path, Path]:
 RECORD_KIND = "mcore.precompiled_role"
 
 
-def extra_inductor_options() -> dict[str, bool]:
-    """MCORE_INDUCTOR=name,name: Inductor settings turned on for experiments (benchmark variants such
-    as `triton.enable_pdl` or `combo_kernels`); each must be a boolean setting of this torch."""
-    names = [n.strip() for n in os.environ.get("MCORE_INDUCTOR", "").split(",") if n.strip()]
-    for name in names:
-        owner: Any = torch._inductor.config
-        *path, leaf = name.split(".")
-        for part in path:
-            owner = getattr(owner, part, None)
-        if not isinstance(getattr(owner, leaf, None), bool):
-            raise UserError(
-                f"MCORE_INDUCTOR: {name!r} is not a boolean Inductor setting of torch {torch.__version__}; "
-                "name settings of torch._inductor.config, comma-separated, or unset it"
-            )
-    return {name: True for name in names}
-
-
 def compile_options(device: torch.device, fixed_shapes: bool) -> dict[str, Any]:
     """Inductor options. Deterministic mode skips every on-device benchmark whose pick changes the
     numbers (reduction launch shapes and the like), so each compile of a graph computes the same
@@ -130,7 +114,7 @@ def compile_options(device: torch.device, fixed_shapes: bool) -> dict[str, Any]:
         options["coordinate_descent_tuning"] = True  # matrix-vector kernels by Inductor, tuned on the device
     elif hasattr(torch._inductor.config, "deterministic"):
         options["deterministic"] = True
-    return options | extra_inductor_options()
+    return options | {name: True for name in inductor.settings(device)}
 
 
 class CompiledRoleRunner:
