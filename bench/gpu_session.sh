@@ -38,8 +38,10 @@ suite() {  # NAME PYTEST_ARGS...: one share of the suite, its log in OUT
 # the whole suite in one stage (about 15 min on the H200 with the defaults of 2026-12-01: more than
 # one call), or in two shares that each fit a call: suite-gpu (the GPU-marked tests and the shipped
 # sessions' replays, which compile on CUDA and take minutes each) and suite-rest (everything else)
-has suite && suite suite -n 16
-has suite-gpu && suite suite-gpu -n 16 -m "gpu or slow" tests/
+# tests marked `timing` time the GPU: under -n 16 they share it with other tests' compiles and
+# kernels (a 5% repeatability check failed that way once), so they run alone after each share
+has suite && suite suite -n 16 -m "not timing" tests/ && suite suite-timing -m timing tests/
+has suite-gpu && suite suite-gpu -n 16 -m "(gpu or slow) and not timing" tests/ && suite suite-timing -m timing tests/
 has suite-rest && suite suite-rest -n 16 -m "not gpu and not slow" tests/
 if has engine; then
   # shellcheck disable=SC2086

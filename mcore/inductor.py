@@ -1,12 +1,13 @@
-"""Inductor settings the compiled engine turns on beyond its own options.
+"""Inductor settings the compiled engine turns on beyond its own options, for its decode step.
 
 On a CUDA device by default: `combo_kernels` (independent small kernels of a step, such as the
 q and k norms, combined into one launch) and, on Hopper and later, `triton.enable_pdl`
 (programmatic dependent launch: a kernel starts while the one before it drains and waits before
 it reads; mcore's own Triton kernels launch the same way, see mcore/pdl.py). Together they took
 the 8B-sized decode step on the H200 from 4.91 to 4.46 ms (471 to 404 kernels a token,
-docs/gpu-results.md). MCORE_INDUCTOR=name,... replaces the defaults with boolean settings of
-torch._inductor.config (experiments, benchmark variants); MCORE_INDUCTOR=none turns them all off.
+docs/gpu-results.md); prefill compiles without them (see compile_options). MCORE_INDUCTOR=name,...
+replaces the defaults with boolean settings of torch._inductor.config (experiments, benchmark
+variants); MCORE_INDUCTOR=none turns them all off.
 """
 
 from __future__ import annotations

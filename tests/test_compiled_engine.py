@@ -276,6 +276,7 @@ def test_extra_inductor_settings_are_checked_and_enter_the_cache_key(cpu_bundles
     plain = compile_key("f" * 64, [], cpu)
     monkeypatch.setenv("MCORE_INDUCTOR", "combo_kernels")
     assert compile_options(cpu, True)["combo_kernels"] is True
+    assert "combo_kernels" not in compile_options(cpu, False)  # the decode step's, not prefill's
     assert compile_key("f" * 64, [], cpu) != plain
     monkeypatch.setenv("MCORE_INDUCTOR", "none")
     assert "combo_kernels" not in compile_options(cpu, True) and compile_key("f" * 64, [], cpu) == plain
@@ -346,6 +347,7 @@ def test_gpu_decode_replays_a_cuda_graph_and_is_deterministic(gpu_bundles):
 
 
 @gpu
+@pytest.mark.timing
 @needs_cuda
 def test_gpu_device_step_time_is_measured_and_repeatable(gpu_bundles):
     """The device time per decode step (verify perf --metric device) is below the wall time per
@@ -362,6 +364,7 @@ def test_gpu_device_step_time_is_measured_and_repeatable(gpu_bundles):
 
 
 @gpu
+@pytest.mark.timing
 @needs_cuda
 def test_gpu_device_time_does_not_measure_the_host():
     """A call whose host work (200 us of busy waiting) dwarfs its GPU work (one small add): the

@@ -131,6 +131,7 @@ def test_gpu_deterministic_and_safe_in_a_cuda_graph():
 
 
 @gpu
+@pytest.mark.timing
 @needs_cuda
 def test_gpu_decode_attention_op_uses_the_split_kernel_and_follows_length():
     """The custom op's CUDA path is the split-KV kernel: equal results, and the cost follows the length."""
