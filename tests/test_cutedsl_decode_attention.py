@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -219,32 +218,47 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
 }
 
 
-@pytest.fixture(scope="module")
+class _Kernels:
+    """The GPU tests' kernels by (shape, schedule), each exported the first time a test asks for it.
+    Under pytest -n the workers share one folder of this run, so each of the 36 DSOs is exported
+    once in all (a lock per DSO), not once by every worker that runs one of these tests."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.loaded: dict = {}
+
+    def __getitem__(self, key):
+        import fcntl
+
+        import tvm_ffi
+
+        if key not in self.loaded:
+            shape, schedule = key
+            name = "_".join(map(str, shape)) + f"-{schedule}"
+            out = self.folder / f"{name}.so"
+            with open(self.folder / f"{name}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # another worker exporting it: wait, then load its DSO
+                if not out.exists():
+                    rp, sp = write_pair(self.folder, *attention_pair(*shape), name)
+                    tmp = self.folder / f"{name}.partial.so"
+                    r = run_script("--selection", rp, "--snapshot", sp, "--output", tmp, **SCHEDULES[schedule])
+                    assert r.returncode == 0, (key, r.stderr[-3000:])
+                    tmp.rename(out)
+            self.loaded[key] = tvm_ffi.load_module(str(out))["run"]
+        return self.loaded[key]
+
+
+@pytest.fixture(scope="session")
 def gpu_kernels(tmp_path_factory):
     import torch
 
     if not torch.cuda.is_available() or not HAVE_CUTE:
         pytest.skip("needs a CUDA GPU and the CuTe DSL")
-    import tvm_ffi
-
-    folder = tmp_path_factory.mktemp("cutedsl-attention")
-    jobs = {}
-    for shape in GPU_SHAPES:
-        name = "_".join(map(str, shape))
-        rp, sp = write_pair(folder, *attention_pair(*shape), name)
-        for schedule, env in SCHEDULES.items():
-            jobs[shape, schedule] = (rp, sp, folder / f"{name}-{schedule}.so", env)
-
-    def export(job):  # one exporter process each: 24 exports, side by side where there are cores
-        rp, sp, out, env = job
-        return run_script("--selection", rp, "--snapshot", sp, "--output", out, **env), out
-
-    fns = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(8, (os.cpu_count() or 2) // 2))) as pool:
-        for key, (r, out) in zip(jobs, pool.map(export, jobs.values())):
-            assert r.returncode == 0, (key, r.stderr[-3000:])
-            fns[key] = tvm_ffi.load_module(str(out))["run"]
-    return fns
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if base.name.startswith("popen-gw") else base  # this run's, under pytest -n
+    folder = shared / "cutedsl-attention"
+    folder.mkdir(exist_ok=True)
+    return _Kernels(folder)
 
 
 @pytest.mark.gpu
