@@ -84,6 +84,22 @@ def _bundle(a) -> str:
     return str(Path(a.out) / f"native-{a.capacity}.bundle")
 
 
+def _determinism(pipe) -> dict:
+    """Logits of a fixed 64-token prompt and 16 forced tokens, twice in this process: equal bit for
+    bit? Their hash lets the table compare the cached reload (another process) with the cold run."""
+    import hashlib
+
+    import torch
+
+    g, vocab = torch.Generator().manual_seed(1), int(pipe.config["vocab_size"])
+    prompt = torch.randint(0, vocab, (64,), generator=g).tolist()
+    forced = torch.randint(0, vocab, (16,), generator=g).tolist()
+    first = pipe.step_logits(prompt, forced)
+    again = pipe.step_logits(prompt, forced)
+    digest = hashlib.sha256(b"".join(x.numpy().tobytes() for x in first)).hexdigest()[:16]
+    return {"same_bits_twice": all(torch.equal(x, y) for x, y in zip(first, again)), "logits_sha256": digest}
+
+
 def part_mcore(a) -> None:
     import torch
 
@@ -149,6 +165,8 @@ def part_mcore(a) -> None:
 
         first()
         rec["ttft_1k_ms"] = _median_ms(first, 5)
+    if not a.decode_only:  # deliverable 3 on this config: the same bits twice, and after a reload
+        rec.update(_determinism(pipe))
     if getattr(dec, "graphs", None) is not None:
         rec["decode_replays_cuda_graph"] = bool(dec.graphs) and dec.calls_compiled == 0
         rec["decode_graph_nodes"] = graph_nodes(dec, (pipe.step_ids, pipe.cache_length, *caches))
@@ -332,6 +350,19 @@ def build(a) -> None:
     build_bundle(args, _bundle(a), device=DEV)
 
 
+def determinism(recs: list[dict]) -> str:
+    """One line per mcore row that checked its bits (deliverable 3 on the 8B-sized config)."""
+    rows = [r for r in recs if "logits_sha256" in r]
+    lines = []
+    for r in rows:
+        same = "the same as" if r["logits_sha256"] == rows[0]["logits_sha256"] else "DIFFERENT from"
+        lines.append(
+            f"determinism, {r.get('label') or r.get('part')}: logits of 17 steps bit-identical twice in one process: "
+            f"{'yes' if r['same_bits_twice'] else 'NO'}; sha256 {r['logits_sha256']} ({same} the first row's)"
+        )
+    return "\n".join(lines)
+
+
 def table(recs: list[dict], contexts: list[int]) -> str:
     roof = next((r for r in recs if r.get("part") == "roofline"), None)
     lines = []
@@ -474,6 +505,7 @@ def main() -> None:
         for line in r.get("engine", []):
             print(f"  {r.get('label', r['part'])}: {line}")
     print(table(recs, a.contexts))
+    print(determinism(recs))
 
 
 if __name__ == "__main__":

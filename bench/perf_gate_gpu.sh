@@ -4,6 +4,7 @@
 #   1. native vs native            -> every pair ratio within +-2%
 #   2. native vs identity-copy slot -> PASS
 #   3. native vs slow-copy slot     -> FAIL (a correct copy that repeats itself 512 times)
+#   and `mcore verify logits` native vs identity-copy: bit-identical logits in lockstep
 #   bash bench/perf_gate_gpu.sh OUT_DIR     (MCORE="python3 -m mcore"; PAIRS=6; SLOW_PAIRS; IDENTITY_PAIRS; TOKENS=128; RUNS=30; METRIC=device|throughput; GATES="..."; MODEL=tiny|8b)
 set -euo pipefail
 OUT=${1:-artifacts/perf-gate-gpu}
@@ -60,7 +61,12 @@ for g in $GATES; do
         "$BID" "$ABI" > "$OUT/$g/bindings.json"
       EXT="$MCORE run $OUT/slot.bundle --kernel-bindings $OUT/$g/bindings.json $BENCH"
       warm "$g" "$EXT"
-      gate "$g" "$EXT" ;;
+      gate "$g" "$EXT"
+      if [ "$g" = identity-copy ]; then  # deliverable 3: native and slot in lockstep, bit for bit
+        $MCORE verify logits "$OUT/native.bundle" "$OUT/slot.bundle" --kernel-bindings "$OUT/$g/bindings.json" \
+          --prompt 'x y z' --max-new-tokens 32 --device "$DEVICE" > "$OUT/logits-$g.txt" 2>&1 || true
+        echo "== $g lockstep logits"; tail -n 4 "$OUT/logits-$g.txt"
+      fi ;;
     *) echo "perf_gate_gpu.sh: unknown gate $g (native-vs-native, identity-copy, slow-copy)" >&2; exit 2 ;;
   esac
 done
