@@ -75,6 +75,7 @@ VARIANTS = {
     },
     "CuTe tensor cores, cluster 16 of 4 warps": {"CUTEDSL_ATTENTION_CLUSTER": "16", "CUTEDSL_ATTENTION_WARPS": "4"},
     "CuTe scalar walk, cluster 8": {"CUTEDSL_ATTENTION_MMA": "0"},
+    "CuTe tensor cores, plain launch (no PDL)": {"CUTEDSL_ATTENTION_PDL": "0"},
 }
 
 

@@ -43,7 +43,10 @@ not rounded); the context rounded to T once.
 No host sync: the length is read from the device tensor inside the kernel, so the launch (grid
 H / heads per block * s * CLUSTER, WARPS * 32 threads) is the same on every call and can be captured
 in a CUDA graph. The launch uses the TVM-FFI environment stream (the engine's current stream), never
-the default stream by itself.
+the default stream by itself, with programmatic dependent launch (Hopper; CUTEDSL_ATTENTION_PDL=0
+turns it off): the kernel may start while the kernel before it drains, waits for it
+(griddepcontrol.wait) before touching global memory, then lets the next kernel launch, as the
+compiled engine's own kernels do on Hopper.
 Precondition (the engine guarantees it): s <= length <= C. Keys past C are never read.
 
 Use (needs nvidia-cutlass-dsl with its CUDA 13 libs, apache-tvm-ffi, gcc and libcudart):
@@ -314,6 +317,12 @@ MMA = os.environ.get("CUTEDSL_ATTENTION_MMA", "1") != "0"
 # CUTEDSL_ATTENTION_PREFETCH=1 (tensor-core walk, experimental): a warp issues the loads of its next
 # 16 keys before the arithmetic of the current ones, so a key's memory latency overlaps the math
 PREFETCH = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0") == "1"
+# Programmatic dependent launch (Hopper): the kernel may be launched while the one before it drains
+# and waits (griddepcontrol.wait) before its first global read or write, then lets the next kernel
+# launch; the compiled engine launches its own kernels that way on Hopper (mcore/pdl.py), so a
+# bound slot keeps the chain of overlapped launches instead of breaking it twice a layer.
+# CUTEDSL_ATTENTION_PDL=0: a plain launch.
+PDL = os.environ.get("CUTEDSL_ATTENTION_PDL", "1") != "0"
 
 
 def schedule(heads, kv_heads):
@@ -569,13 +578,16 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         head_block = row // new_tokens  # which hpb query heads: head0 .. head0 + hpb - 1
         head0 = head_block * hpb
         kv_head = head0 // group
+        if cutlass.const_expr(PDL):  # every input is an earlier kernel's output; nothing is touched before this
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()  # the next kernel still waits for all of this one
         length = kv_lengths[0]  # read on the device: no host sync
         end = cutlass.min(length - new_tokens + token + 1, capacity)  # causal: keys [0, end)
         share = (end + parts - 1) // parts
         start = (rank * WARPS + warp) * share
         stop = cutlass.min(start + share, end)
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         part_acc = smem.allocate_tensor(
             cutlass.Float32, cute.make_layout((WARPS, hpb, head_dim), stride=(hpb * head_dim, head_dim, 1)), 16
         )
@@ -716,6 +728,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
             cluster=(CLUSTER, 1, 1),
             smem=smem_bytes,
             stream=stream,
+            use_pdl=PDL,
         )
 
     return run

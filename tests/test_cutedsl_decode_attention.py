@@ -197,6 +197,41 @@ def test_other_walks_export_and_say_which_they_are(tmp_path, shape, env, walk):
     assert callable(tvm_ffi.load_module(str(out))["run"])
 
 
+@needs_cute
+def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
+    """Launched with programmatic dependent launch (it may start while the kernel before it drains),
+    the kernel's first global read or write must come after griddepcontrol.wait: checked in the
+    PTX the exporter compiled. CUTEDSL_ATTENTION_PDL=0 builds a plain launch, with no such wait."""
+    rp, sp = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128))
+
+    def ptx(name: str, **env: str) -> str:
+        dump = tmp_path / name
+        dump.mkdir()  # the DSL writes its PTX only into a folder that exists
+        r = run_script(
+            "--selection",
+            rp,
+            "--snapshot",
+            sp,
+            "--output",
+            tmp_path / f"{name}.so",
+            CUTE_DSL_KEEP="ptx",
+            CUTE_DSL_DUMP_DIR=str(dump),
+            **env,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        (text,) = [p.read_text() for p in dump.rglob("*.ptx")]
+        return text
+
+    lines = ptx("pdl").splitlines()
+    first = {
+        kind: next(i for i, t in enumerate(lines) if kind in t)
+        for kind in ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global", "st.global")
+    }
+    assert first["griddepcontrol.wait"] < first["griddepcontrol.launch_dependents"] < first["ld.global"]
+    assert first["griddepcontrol.wait"] < first["st.global"]
+    assert "griddepcontrol" not in ptx("plain", CUTEDSL_ATTENTION_PDL="0")
+
+
 # ---------------------------------------------------------------- GPU numerics (run on the device: pytest -m gpu)
 
 GPU_SHAPES = [  # (dtype, heads, kv_heads, capacity, head_dim): GQA 1, 4 and 8; both head dims and dtypes
