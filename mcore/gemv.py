@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from .pdl import launch_options
 
-__all__ = ["gemv", "gemv_triton", "gemv_config", "enabled"]
+__all__ = ["gemv", "gemv_silu_mul", "gemv_triton", "gemv_config", "enabled", "glu_enabled"]
 
 
 def enabled(device: torch.device) -> bool:
@@ -35,6 +35,12 @@ def enabled(device: torch.device) -> bool:
     rewrites on any device (on CPU the op is F.linear: the tests check the rewrite there)."""
     flag = os.environ.get("MCORE_GEMV", "")
     return flag == "1" if flag in ("0", "1") else device.type == "cuda"
+
+
+def glu_enabled() -> bool:
+    """MCORE_GEMV_GLU=1 (an experiment, with the rewrite to mcore::gemv): the MLP's silu(gate) * up
+    is computed inside the down projection's kernel (`mcore::gemv_silu_mul`), one launch a layer less."""
+    return os.environ.get("MCORE_GEMV_GLU", "0") == "1"
 
 
 def gemv_config(n: int, k: int, sms: int = 132) -> tuple[int, int, int, int]:
@@ -57,43 +63,8 @@ def gemv_config(n: int, k: int, sms: int = 132) -> tuple[int, int, int, int]:
 
 @functools.cache
 def _kernel():
-    """The Triton kernel, built on first use (importing triton is not free, and CPU runs never need it)."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def gemv_kernel(
-        X,
-        W,
-        Y,
-        N,
-        K: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        PDL: tl.constexpr,
-    ):
-        pid = tl.program_id(0)
-        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < N
-        cols = tl.arange(0, BLOCK_K)
-        base = W + rows.to(tl.int64)[:, None] * K + cols[None, :]
-        k_ok = cols < K
-        # the first weight tile is read before waiting for the kernel before this one (programmatic
-        # dependent launch): no kernel writes weights, so that read may overlap the previous kernel
-        w = tl.load(base, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if PDL:
-            tl.extra.cuda.gdc_wait()  # x is the previous kernel's output
-            tl.extra.cuda.gdc_launch_dependents()  # the next kernel waits for all of this one anyway
-        x = tl.load(X + cols, mask=k_ok, other=0.0)
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]  # widened first: fp32 products and sums
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            k_ok = (k0 + cols) < K
-            w = tl.load(base + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            x = tl.load(X + k0 + cols, mask=k_ok, other=0.0)
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        y = tl.sum(acc, axis=1)
-        tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=row_ok)
+    """The Triton kernel, imported on first use (importing triton is not free, and CPU runs never need it)."""
+    from .gemv_kernel import gemv_kernel
 
     return gemv_kernel
 
@@ -109,24 +80,42 @@ def _sm_count(device_index: int) -> int:
 
 
 def gemv_triton(
-    x: torch.Tensor, weight: torch.Tensor, config: Optional[tuple[int, int, int, int]] = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    config: Optional[tuple[int, int, int, int]] = None,
+    up: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The Triton kernel: x [..., K] with one row, weight [N, K] contiguous, same dtype; y [..., N]."""
+    """The Triton kernel: x [..., K] with one row, weight [N, K] contiguous, same dtype; y [..., N].
+    With `up` (shaped like x): the product of silu(x) * up, computed in the kernel."""
     if not _has_triton():
         raise RuntimeError("mcore.gemv needs triton (pip install triton)")
     n, k = weight.shape
-    if x.shape[-1] != k or x.numel() != k or x.dtype != weight.dtype:
-        raise ValueError(
-            f"gemv: x {tuple(x.shape)} {x.dtype} is not one row for weight {tuple(weight.shape)} {weight.dtype}"
-        )
+    for name, t in (("x", x), ("up", x if up is None else up)):
+        if t.shape[-1] != k or t.numel() != k or t.dtype != weight.dtype:
+            raise ValueError(
+                f"gemv: {name} {tuple(t.shape)} {t.dtype} is not one row for weight {tuple(weight.shape)} {weight.dtype}"
+            )
     xs = x.reshape(k).contiguous()
+    us = xs if up is None else up.reshape(k).contiguous()
     w = weight.contiguous()
     y = torch.empty(n, dtype=x.dtype, device=x.device)
     sms = _sm_count(x.device.index or 0) if x.device.type == "cuda" else 4  # 4: the interpreter
     block_n, block_k, warps, stages = config or gemv_config(n, k, sms)
     pdl = launch_options(x.device)  # programmatic dependent launch, where asked for (mcore/pdl.py)
     _kernel()[(-(-n // block_n),)](
-        xs, w, y, n, K=k, BLOCK_N=block_n, BLOCK_K=block_k, PDL=bool(pdl), num_warps=warps, num_stages=stages, **pdl
+        xs,
+        us,
+        w,
+        y,
+        n,
+        K=k,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        PDL=bool(pdl),
+        GLU=up is not None,
+        num_warps=warps,
+        num_stages=stages,
+        **pdl,
     )
     return y.reshape(*x.shape[:-1], n)
 
@@ -142,3 +131,22 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 @gemv.register_fake
 def _gemv_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in fp32, rounded once to gate's dtype: what the kernel feeds its product."""
+    return (F.silu(gate.float()) * up.float()).to(gate.dtype)
+
+
+@torch.library.custom_op("mcore::gemv_silu_mul", mutates_args=())
+def gemv_silu_mul(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`F.linear(silu(gate) * up, weight)` for one row: the MLP's down projection with its gating
+    computed in the kernel (MCORE_GEMV_GLU=1), so the step has no launch for the gating alone."""
+    if gate.device.type == "cuda" and gate.dtype in (torch.bfloat16, torch.float16) and _has_triton():
+        return gemv_triton(gate, weight, up=up)
+    return F.linear(silu_mul(gate, up), weight)
+
+
+@gemv_silu_mul.register_fake
+def _gemv_silu_mul_fake(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return gate.new_empty((*gate.shape[:-1], weight.shape[0]))

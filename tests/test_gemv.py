@@ -49,6 +49,40 @@ def test_kernel_matches_the_float64_reference_under_the_triton_interpreter():
             assert res["rel"] < 2.5 * res["floor"] + 1e-6, (case, res)
 
 
+_INTERP_GLU = r"""
+import json, sys, torch
+from mcore.gemv import gemv_triton, silu_mul
+out = []
+for n, k, dt in json.loads(sys.argv[1]):
+    g = torch.Generator().manual_seed(n + k)
+    dtype = getattr(torch, dt)
+    gate, up = (torch.randn(1, 1, k, generator=g) * 2).to(dtype), torch.randn(1, 1, k, generator=g).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    a = gemv_triton(gate, w, up=up)
+    x = silu_mul(gate, up).double().reshape(k)  # the gating as the kernel rounds it
+    ref = (x @ w.double().T).reshape(1, 1, n)
+    exact = ((torch.nn.functional.silu(gate.double()) * up.double()).reshape(k) @ w.double().T).reshape(1, 1, n)
+    rel = ((a.double() - ref).norm() / ref.norm()).item()
+    floor = ((ref.to(dtype).double() - ref).norm() / ref.norm()).item()
+    far = ((a.double() - exact).norm() / exact.norm()).item()
+    out.append({"same": bool(torch.equal(a, gemv_triton(gate, w, up=up))), "rel": rel, "floor": floor, "far": far})
+print(json.dumps(out))
+"""
+
+
+def test_the_gated_kernel_matches_the_float64_reference_under_the_triton_interpreter():
+    """mcore::gemv_silu_mul's kernel (MCORE_GEMV_GLU=1): silu(gate) * up rounded once to the input
+    dtype, then the product in fp32: against float64 of that rounded gating, and close to the
+    exact float64 result (the one rounding of the gating is all that differs)."""
+    for case, res in zip(CASES, run_under_triton_interpreter(_INTERP_GLU, CASES)):
+        assert res["same"], (case, res)
+        if case[2] == "float32":
+            assert res["rel"] < 1e-5 and res["far"] < 1e-5, (case, res)
+        else:  # the interpreter truncates to 16 bits, the gating and the output: up to 1 ulp each
+            assert res["rel"] < 5 * res["floor"] + 1e-5, (case, res)
+            assert res["far"] < 2e-2, (case, res)
+
+
 def test_config_keeps_every_sm_busy_and_blocks_whole():
     from mcore.gemv import gemv_config
 
@@ -94,6 +128,29 @@ def test_the_engine_rewrites_the_decode_steps_one_row_products(tiny_bf16, monkey
     assert pipe.runners["decode"].key != default.runners["decode"].key  # its own compiled code
     prompt = "the quick brown fox"
     assert pipe.generate(prompt, 8, stop_at_eos=False).tokens == default.generate(prompt, 8, stop_at_eos=False).tokens
+
+
+def test_the_gating_moves_into_the_down_projection_when_asked(tiny_bf16, monkeypatch):
+    """MCORE_GEMV=1 MCORE_GEMV_GLU=1: each layer's silu(gate) * up feeding the down projection
+    becomes one mcore::gemv_silu_mul (no silu or gating product left in the decode step); other
+    products stay mcore::gemv; its own compiled code; tokens as without it."""
+    from mcore.engines.compiled import compile_key
+
+    monkeypatch.setenv("MCORE_GEMV", "1")
+    plain = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
+    monkeypatch.setenv("MCORE_GEMV_GLU", "1")
+    pipe = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
+    layers = int(pipe.config["num_hidden_layers"])
+    gm = pipe.runners["decode"].prepared.gm
+    targets = [n.target for n in gm.graph.nodes]
+    assert targets.count(torch.ops.mcore.gemv_silu_mul.default) == layers
+    assert _gemv_nodes(pipe, "decode") == 3 * layers + 1
+    assert torch.ops.aten.silu.default not in targets
+    assert torch.ops.aten.silu.default in [n.target for n in pipe.runners["prefill"].prepared.gm.graph.nodes]
+    assert pipe.runners["decode"].key != plain.runners["decode"].key
+    assert compile_key("f" * 64, [], torch.device("cpu")) != plain.runners["decode"].key
+    prompt = "the quick brown fox"
+    assert pipe.generate(prompt, 8, stop_at_eos=False).tokens == plain.generate(prompt, 8, stop_at_eos=False).tokens
 
 
 def test_programmatic_dependent_launch_is_asked_for_by_name_and_needs_hopper(monkeypatch):
@@ -155,12 +212,26 @@ def test_gpu_kernel_at_the_8b_shapes(dtype):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(a, b), (n, k)
+    from mcore.gemv import silu_mul
+
+    for n, k in [(4096, 12288), (130, 300)]:  # the down projection with its gating (MCORE_GEMV_GLU=1)
+        g = torch.Generator(device="cuda").manual_seed(n * k)
+        gate, up = (torch.randn(2, 1, 1, k, device="cuda", generator=g) * 2).to(dtype)
+        w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(dtype)
+        a = gemv_triton(gate, w, up=up)
+        assert torch.equal(a, gemv_triton(gate, w, up=up)), (n, k)
+        ref = (silu_mul(gate, up).double().reshape(k) @ w.double().T).reshape(1, 1, n)
+        rel = ((a.double() - ref).norm() / ref.norm()).item()
+        floor = ((ref.to(dtype).double() - ref).norm() / ref.norm()).item()
+        assert rel < 1.5 * floor + 1e-5, (n, k, rel, floor)
 
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("inductor", ["none", None], ids=["plain", "defaults"])
-def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_path, monkeypatch, inductor):
+@pytest.mark.parametrize(
+    "inductor, glu", [("none", "0"), (None, "0"), (None, "1")], ids=["plain", "defaults", "defaults-glu"]
+)
+def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_path, monkeypatch, inductor, glu):
     """mcore::gemv in the decode step: the same tokens twice, bit-identical logits with an
     identity-copy slot in lockstep, close to the op-by-op engine; with no extra Inductor settings
     and with the CUDA defaults. With the defaults' programmatic dependent launch (kernels launched
@@ -169,6 +240,7 @@ def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_pat
     from .test_compiled_engine import _bundles
 
     monkeypatch.setenv("MCORE_GEMV", "1")
+    monkeypatch.setenv("MCORE_GEMV_GLU", glu)  # 1: the MLP's gating inside the down projection's kernel
     monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
     native, slot, manifest = _bundles(tmp_path, "bf16", "cuda")
     # against the defaults, "plain" differs in the launch alone: combo kernels, no PDL
@@ -178,6 +250,10 @@ def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_pat
         monkeypatch.delenv("MCORE_INDUCTOR")
     nat = DecoderPipeline(str(native), device="cuda")
     assert _gemv_nodes(nat, "decode") > 0 and nat.runners["decode"].graphs
+    gated = [
+        n for n in nat.runners["decode"].prepared.gm.graph.nodes if n.target is torch.ops.mcore.gemv_silu_mul.default
+    ]
+    assert len(gated) == (int(nat.config["num_hidden_layers"]) if glu == "1" else 0)
     prompt = "the quick brown fox"
     r = nat.generate(prompt, 24, stop_at_eos=False)
     assert nat.generate(prompt, 24, stop_at_eos=False).tokens == r.tokens

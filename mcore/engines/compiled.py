@@ -34,6 +34,7 @@ from ..progress import NO_PROGRESS, Progress
 from ..receipt import SlotRecord
 from ..graph.snapshot import Snapshot
 from ..gemv import enabled as gemv_enabled
+from ..gemv import glu_enabled
 from .fusion import fuse_sibling_projections, fuse_weights
 from .gemv_pass import use_gemv
 from .prepared import PreparedGraph, RoleProgram, prepare_graph
@@ -60,6 +61,7 @@ def compile_key(fingerprint: str, slots: Sequence[SlotRecord], device: torch.dev
         "torch": torch.__version__,
         "options": [fuse_projections(), tuning()]
         + (["gemv"] if gemv_enabled(device) else [])
+        + (["gemv-glu"] if gemv_enabled(device) and glu_enabled() else [])
         + inductor.settings(device),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

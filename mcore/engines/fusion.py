@@ -52,6 +52,8 @@ def fuse_sibling_projections(p: PreparedGraph) -> int:
             y = gm.graph.call_function(torch.ops.aten.linear.default, (x, ph))
             for lin, (a, b) in zip(lins, bounds):
                 part = gm.graph.call_function(torch.ops.aten.slice.Tensor, (y, -1, a, b))
+                if "val" in lin.meta:  # the same value as the product it stands for (later passes read it)
+                    part.meta["val"] = lin.meta["val"]
                 lin.replace_all_uses_with(part)
         for lin in lins:
             gm.graph.erase_node(lin)

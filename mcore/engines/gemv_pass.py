@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 from torch import fx
 
-from .. import gemv  # noqa: F401 - registers mcore::gemv
+from ..gemv import glu_enabled  # importing mcore.gemv registers mcore::gemv and mcore::gemv_silu_mul
 from .prepared import PreparedGraph
 
 
@@ -69,10 +69,44 @@ def use_gemv(p: PreparedGraph, inputs: Sequence[torch.Tensor]) -> int:
         n.target = torch.ops.mcore.gemv.default
         n.args = (x, w)
         done += 1
+    if done and glu_enabled():
+        fuse_gating(gm)
     if done:
         gm.graph.lint()
         gm.recompile()
     return done
 
 
-__all__ = ["use_gemv", "one_row"]
+def _only_user(node: object, user: fx.Node) -> bool:
+    return isinstance(node, fx.Node) and list(node.users) == [user]
+
+
+def fuse_gating(gm: fx.GraphModule) -> int:
+    """Each `mcore.gemv(mul(silu(gate), up), W)` whose gating feeds nothing else becomes
+    `mcore.gemv_silu_mul(gate, up, W)` (MCORE_GEMV_GLU=1): the gating is computed in the kernel
+    that reads it. A slot between them (a kernel bound to the gating) keeps the pattern from
+    matching. Returns how many."""
+    done = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target is not torch.ops.mcore.gemv.default:
+            continue
+        mul, w = n.args
+        if not _only_user(mul, n) or mul.target is not torch.ops.aten.mul.Tensor or mul.kwargs:
+            continue
+        a, b = mul.args
+        silu, up = (a, b) if getattr(a, "target", None) is torch.ops.aten.silu.default else (b, a)
+        if getattr(silu, "target", None) is not torch.ops.aten.silu.default or not _only_user(silu, mul):
+            continue
+        gate = silu.args[0]
+        g, u = (getattr(t, "meta", {}).get("val") for t in (gate, up))
+        if g is None or u is None or g.shape != u.shape or g.dtype != u.dtype:
+            continue  # no broadcasting: both halves are one row of the same size
+        n.target = torch.ops.mcore.gemv_silu_mul.default
+        n.args = (gate, up, w)
+        gm.graph.erase_node(mul)
+        gm.graph.erase_node(silu)
+        done += 1
+    return done
+
+
+__all__ = ["use_gemv", "one_row", "fuse_gating"]
