@@ -286,6 +286,12 @@ def test_extra_inductor_settings_are_checked_and_enter_the_cache_key(cpu_bundles
         mcore("run", native, "--prompt", "x", "--engine", "compiled"),
         "MCORE_INDUCTOR: 'no_such_setting' is not a boolean Inductor setting",
     )
+    monkeypatch.setenv("MCORE_INDUCTOR", "combo_kernels")  # the engine line names what the step compiled with
+    r = mcore("run", native, "--prompt", "x y", "--max-new-tokens", "2", "--greedy", "--engine", "compiled")
+    assert r.code == 0, r
+    lines = [ln for ln in (r.out + r.err).splitlines() if ln.startswith("[engine]")]
+    assert any("decode: compiled (Inductor, combo_kernels" in ln for ln in lines), lines
+    assert any("prefill: compiled (Inductor)" in ln for ln in lines), lines  # prefill: no extra settings
 
 
 def test_cpu_run_names_the_engine(cpu_bundles, mcore):

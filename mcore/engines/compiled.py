@@ -147,6 +147,7 @@ class CompiledRoleRunner:
         self.calls_compiled = 0  # calls that ran compiled code outside a CUDA graph
         self.artifact: Optional[Path] = None  # the precompiled artifact this role runs (see `precompiled`)
         self.load_s = 0.0  # reading a precompiled role (artifact and record), counted in compile_s
+        self.settings: list[str] = []  # Inductor settings beyond deterministic mode (describe() names them)
 
     # ------------------------------------------------------------------ running
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -178,6 +179,7 @@ class CompiledRoleRunner:
         marker = cache_root() / "compiled" / f"{self.key}.json"
         known = _read_marker(marker)
         options = compile_options(self.device, fixed_shapes)
+        self.settings = sorted(k for k, v in options.items() if v is True and k != "deterministic")
         loaded = self.artifact is not None  # a precompiled role: its code came with it
         artifact = record = None
         if not loaded and precompiled(self.device):
@@ -251,7 +253,8 @@ class CompiledRoleRunner:
 
     def describe(self) -> str:
         p = self.prepared
-        how = "compiled (Inductor" + (", precompiled artifact)" if self.artifact else ")")
+        how = "compiled (Inductor" + "".join(f", {name}" for name in self.settings)
+        how += ", precompiled artifact)" if self.artifact else ")"
         if self.graphs:
             how += ", replayed as a CUDA graph"
         if self.compile_s is not None:
