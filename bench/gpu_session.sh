@@ -40,8 +40,8 @@ suite() {  # NAME PYTEST_ARGS...: one share of the suite, its log in OUT
 # sessions' replays, which compile on CUDA and take minutes each) and suite-rest (everything else)
 # tests marked `timing` time the GPU: under -n 16 they share it with other tests' compiles and
 # kernels (a 5% repeatability check failed that way once), so they run alone after each share
-has suite && suite suite -n 16 -m "not timing" tests/ && suite suite-timing -m timing tests/
-has suite-gpu && suite suite-gpu -n 16 -m "(gpu or slow) and not timing" tests/ && suite suite-timing -m timing tests/
+if has suite; then suite suite -n 16 -m "not timing" tests/; suite suite-timing -m timing tests/; fi
+if has suite-gpu; then suite suite-gpu -n 16 -m "(gpu or slow) and not timing" tests/; suite suite-timing -m timing tests/; fi
 has suite-rest && suite suite-rest -n 16 -m "not gpu and not slow" tests/
 if has engine; then
   # shellcheck disable=SC2086
