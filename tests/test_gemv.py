@@ -182,6 +182,23 @@ def test_the_fusion_report_shows_the_gemv_kernels_the_engine_runs(tiny_bf16):
     assert {n.name for n in prepared.gm.graph.nodes if n.target is torch.ops.aten.linear.default} == linears
 
 
+def test_the_fusion_report_names_the_gating_inside_the_down_projection(tiny_bf16, monkeypatch):
+    """With MCORE_GEMV_GLU=1 the down projection's kernel computes the gating too: the fusion report
+    puts each layer's silu and gating product in that kernel, with the down projection's own node."""
+    from mcore.engines.kernel_map import fused_kernels
+    from mcore.profile import _role_inputs
+
+    monkeypatch.setenv("MCORE_GEMV_GLU", "1")
+    pipe = DecoderPipeline(str(tiny_bf16), device="cpu", engine="torch")
+    prepared = pipe.runners["decode"].prepared
+    inputs = _role_inputs(pipe, "decode", 5, None)
+    silus = {n.name for n in prepared.gm.graph.nodes if n.target is torch.ops.aten.silu.default}
+    kernels = [k for k in fused_kernels(prepared, inputs, gemv=True) if "gemv_silu_mul" in k["kernel"]]
+    assert len(kernels) == len(silus) == int(pipe.config["num_hidden_layers"])
+    assert {n for k in kernels for n in k["nodes"]} >= silus
+    assert all(len(k["nodes"]) == 3 for k in kernels)  # silu, the gating product, the down projection
+
+
 # ------------------------------------------------------------------------------------------- GPU
 
 gpu = pytest.mark.gpu

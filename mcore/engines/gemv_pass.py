@@ -103,6 +103,7 @@ def fuse_gating(gm: fx.GraphModule) -> int:
             continue  # no broadcasting: both halves are one row of the same size
         n.target = torch.ops.mcore.gemv_silu_mul.default
         n.args = (gate, up, w)
+        n.meta["mcore_fused_nodes"] = [silu.name, mul.name]  # the fusion report still names them
         gm.graph.erase_node(mul)
         gm.graph.erase_node(silu)
         done += 1

@@ -71,6 +71,9 @@ def fused_kernels(prepared: PreparedGraph, inputs: Sequence[torch.Tensor], gemv:
                     out.append(
                         {"kernel": name or handle, "order": int(order) if order.isdigit() else len(out), "nodes": nodes}
                     )
+    absorbed = {n.name: n.meta["mcore_fused_nodes"] for n in prepared.gm.graph.nodes if "mcore_fused_nodes" in n.meta}
+    for k in out:  # nodes an mcore rewrite folded into one of its ops (gemv_pass.fuse_gating) count as its kernel's
+        k["nodes"] = sorted({*k["nodes"], *(m for node in k["nodes"] for m in absorbed.get(node, []))})
     out.sort(key=lambda k: k["order"])
     return out
 
