@@ -90,7 +90,7 @@ def gemv_triton(
     if not _has_triton():
         raise RuntimeError("mcore.gemv needs triton (pip install triton)")
     n, k = weight.shape
-    for name, t in (("x", x), ("up", x if up is None else up)):
+    for name, t in {"x": x, **({} if up is None else {"up": up})}.items():
         if t.shape[-1] != k or t.numel() != k or t.dtype != weight.dtype:
             raise ValueError(
                 f"gemv: {name} {tuple(t.shape)} {t.dtype} is not one row for weight {tuple(weight.shape)} {weight.dtype}"

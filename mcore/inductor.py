@@ -12,6 +12,7 @@ variants); MCORE_INDUCTOR=none turns them all off.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -24,6 +25,7 @@ CUDA_DEFAULTS = ("combo_kernels",)
 HOPPER_DEFAULTS = ("triton.enable_pdl",)  # needs sm_90 or later
 
 
+@functools.cache  # asked on every launch of mcore's own kernels (mcore/pdl.py)
 def _is_bool_setting(name: str) -> bool:
     owner: Any = torch._inductor.config
     *path, leaf = name.split(".")
