@@ -128,7 +128,21 @@ def part_mcore(a) -> None:
         pipe.runners["decode"] = runner
         pipe.engine_name = "compiled-decode-only"
     else:
+        profiler = None
+        if a.profile_load:  # where a load's seconds go, by function (the timings below pay its overhead)
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
         pipe = DecoderPipeline(_bundle(a), device=DEV, engine=a.engine, progress=Progress(note))
+        if profiler is not None:
+            import io
+            import pstats
+
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(60)
+            Path(a.profile_load).write_text(text.getvalue())
     load_s = time.perf_counter() - t0
     compile_s = sum(getattr(r, "compile_s", 0.0) or 0.0 for r in pipe.runners.values())
     caches = [pipe.caches[n] for n in pipe.cache_names]
@@ -142,6 +156,7 @@ def part_mcore(a) -> None:
         "load_s": load_s,
         "compile_s": compile_s,
         "engine": pipe.engine_lines(),
+        "load_stamps": stamps,
         "decode_ms": {},
     }
     tok = [1234]
@@ -325,7 +340,7 @@ def run_part(a, name: str, *extra: str, env: dict | None = None, timeout: int = 
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
     wall = time.perf_counter() - t
-    log = Path(a.out) / f"{name}-{'-'.join(extra).replace('--', '')}-{a.capacity}{tag}.log"
+    log = Path(a.out) / f"{name}-{'-'.join(extra).replace('--', '').replace('/', '_')}-{a.capacity}{tag}.log"
     log.write_text(r.stdout + r.stderr)
     recs = [json.loads(line[7:]) for line in r.stdout.splitlines() if line.startswith("RESULT ")]
     if r.returncode != 0 or not recs:
@@ -426,7 +441,15 @@ def main() -> None:
     ap.add_argument("--part", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="compiled", help=argparse.SUPPRESS)
     ap.add_argument("--ttft", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--label", default="", help=argparse.SUPPRESS)  # names a part's log apart from its twin's
     ap.add_argument("--decode-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--profile-load",
+        nargs="?",
+        const="profile",
+        default=None,
+        help="one more cached reload under cProfile: where its seconds go (OUT/load-profile.txt)",
+    )
     ap.add_argument(
         "--variants",
         default="",
@@ -467,13 +490,16 @@ def main() -> None:
     if "compiled" in parts:
         shutil.rmtree(cache, ignore_errors=True)
         env = {"MCORE_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
-        for label, cap, ctx in (
-            ("mcore compiled (cold compile)", a.capacity, a.contexts),
-            ("mcore compiled (cached reload)", a.capacity, a.contexts),
-        ):
-            b = argparse.Namespace(**{**vars(a), "capacity": cap, "contexts": ctx})
-            for r in run_part(b, "mcore", "--engine", "compiled", env=env):
+        runs = [("mcore compiled (cold compile)", ()), ("mcore compiled (cached reload)", ("--label", "cached"))]
+        if a.profile_load:  # its timings pay cProfile's overhead: kept out of the table
+            runs.append(("profiled", ("--profile-load", str(Path(a.out) / "load-profile.txt"))))
+        for label, more in runs:
+            b = argparse.Namespace(**{**vars(a), **({"contexts": [1024], "steps": 3} if label == "profiled" else {})})
+            for r in run_part(b, "mcore", "--engine", "compiled", *more, env=env):
                 r["label"] = label
+                if label == "profiled":
+                    print("profiled cached reload: " + " | ".join(r.get("load_stamps", [])), flush=True)
+                    continue
                 recs.append(r)
     if "hf-compiled" in parts:
         peer_caps = [int(c) for c in (a.peer_capacities or ",".join(map(str, caps))).split(",") if c]
@@ -504,6 +530,9 @@ def main() -> None:
     for r in recs:
         for line in r.get("engine", []):
             print(f"  {r.get('label', r['part'])}: {line}")
+    for r in recs:  # where each mcore load's seconds went (progress stamps, seconds since the part began)
+        if r.get("load_stamps"):
+            print(f"  {r.get('label', r['part'])} load: " + " | ".join(x.strip() for x in r["load_stamps"]))
     print(table(recs, a.contexts))
     print(determinism(recs))
 
