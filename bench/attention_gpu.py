@@ -59,23 +59,24 @@ def emit(out: Path, key: str, value) -> None:
 
 # kernel variants for the table: name -> exporter environment (tuning knobs of the shipped exporter)
 BIND = 0  # --bind: the variant the slot pipeline binds
-# Cluster 16 and the scalar walk with a cluster per query head measured slower (docs/gpu-results.md,
-# fifth session). Two heads a block: 128 blocks on the 132 SMs, the two blocks of a KV head reading
-# the same K/V rows at about the same time (the second read from L2, if it holds). A cluster of 16
-# blocks of 4 warps: the same warps as 8 of 8, over twice the SMs (3 such blocks fit an SM's registers).
+# The seventh session (docs/gpu-results.md) measured two heads a block, the scalar walk and loads
+# ahead with 12 warps slower everywhere; dropped here. Staged loads (CUTEDSL_ATTENTION_STAGES): each
+# warp's keys go through a ring of steps in shared memory by cp.async, S - 1 steps ahead, where the
+# other walks keep about one step in flight in registers. Shared memory a block: 8 KB a warp a step.
 VARIANTS = {
     "CuTe tensor cores, cluster 8 (default)": {"CUTEDSL_ATTENTION_MMA": "1"},
+    "CuTe tensor cores, plain launch (no PDL)": {"CUTEDSL_ATTENTION_PDL": "0"},
     "CuTe tensor cores, loads a step ahead": {"CUTEDSL_ATTENTION_PREFETCH": "1"},
     "CuTe tensor cores, 12 warps": {"CUTEDSL_ATTENTION_WARPS": "12"},
-    "CuTe tensor cores, 12 warps, loads ahead": {"CUTEDSL_ATTENTION_WARPS": "12", "CUTEDSL_ATTENTION_PREFETCH": "1"},
-    "CuTe tensor cores, 2 heads a block (128 blocks)": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "2"},
-    "CuTe tensor cores, 2 heads a block, loads ahead": {
-        "CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "2",
-        "CUTEDSL_ATTENTION_PREFETCH": "1",
+    "CuTe staged loads, 2 steps": {"CUTEDSL_ATTENTION_STAGES": "2"},
+    "CuTe staged loads, 3 steps": {"CUTEDSL_ATTENTION_STAGES": "3"},
+    "CuTe staged loads, 3 steps, plain launch": {"CUTEDSL_ATTENTION_STAGES": "3", "CUTEDSL_ATTENTION_PDL": "0"},
+    "CuTe staged loads, 2 steps, 12 warps": {"CUTEDSL_ATTENTION_STAGES": "2", "CUTEDSL_ATTENTION_WARPS": "12"},
+    "CuTe staged loads, 4 steps, cluster 16 of 4 warps": {
+        "CUTEDSL_ATTENTION_STAGES": "4",
+        "CUTEDSL_ATTENTION_CLUSTER": "16",
+        "CUTEDSL_ATTENTION_WARPS": "4",
     },
-    "CuTe tensor cores, cluster 16 of 4 warps": {"CUTEDSL_ATTENTION_CLUSTER": "16", "CUTEDSL_ATTENTION_WARPS": "4"},
-    "CuTe scalar walk, cluster 8": {"CUTEDSL_ATTENTION_MMA": "0"},
-    "CuTe tensor cores, plain launch (no PDL)": {"CUTEDSL_ATTENTION_PDL": "0"},
 }
 
 

@@ -25,6 +25,7 @@ export PYTHONUNBUFFERED=1 MCORE_CACHE_DIR=${MCORE_CACHE_DIR:-/tmp/mcore-cache}
 # sources again (7.4 s of a 15.4 s profiled reload, 2026-12-01). A pip install writes bytecode at
 # install time; caching it here from the first process on times loads as a user's machine runs them.
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
+unset PYTHONDONTWRITEBYTECODE
 here=$(cd "$(dirname "$0")" && pwd)
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 keep() {  # STAGE: the stage's logs (no bundles, no DSOs) as one file in OUT

@@ -179,14 +179,25 @@ def test_export_links_a_loadable_tvm_ffi_dso(tmp_path):
             {"CUTEDSL_ATTENTION_PREFETCH": "1", "CUTEDSL_ATTENTION_WARPS": "12"},
             "12 warps, 8 heads a block, tensor cores, prefetch",
         ),
+        (
+            ("BF16", 32, 8, 4096, 128),
+            {"CUTEDSL_ATTENTION_STAGES": "3"},
+            "8 warps, 4 heads a block, tensor cores, 3 stages",
+        ),
+        (
+            ("FP16", 16, 2, 512, 64),
+            {"CUTEDSL_ATTENTION_STAGES": "2", "CUTEDSL_ATTENTION_WARPS": "12"},
+            "12 warps, 8 heads a block, tensor cores, 2 stages",
+        ),
     ],
-    ids=["scalar-asked", "group-of-16", "prefetch"],
+    ids=["scalar-asked", "group-of-16", "prefetch", "staged", "staged-12-warps-d64"],
 )
 def test_other_walks_export_and_say_which_they_are(tmp_path, shape, env, walk):
     """The scalar walk (CUTEDSL_ATTENTION_MMA=0, and what a GQA group of more than 8 heads gets even
     with tensor cores asked) and the tensor-core walk with its loads a step ahead
-    (CUTEDSL_ATTENTION_PREFETCH=1) compile, export and link for sm_90a here; the default is the test
-    above; the numbers of every walk are checked on the GPU (SCHEDULES below)."""
+    (CUTEDSL_ATTENTION_PREFETCH=1) or staged through shared memory (CUTEDSL_ATTENTION_STAGES) compile,
+    export and link for sm_90a here; the default is the test above; the numbers of every walk are
+    checked on the GPU (SCHEDULES below)."""
     import tvm_ffi
 
     rp, sp = write_pair(tmp_path, *attention_pair(*shape))
@@ -200,8 +211,10 @@ def test_other_walks_export_and_say_which_they_are(tmp_path, shape, env, walk):
 @needs_cute
 def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
     """Launched with programmatic dependent launch (it may start while the kernel before it drains),
-    the kernel's first global read or write must come after griddepcontrol.wait: checked in the
-    PTX the exporter compiled. CUTEDSL_ATTENTION_PDL=0 builds a plain launch, with no such wait."""
+    the kernel's first global read or write must come after griddepcontrol.wait, and it lets the next
+    kernel launch only once its walk has read the caches (the next kernel's blocks would otherwise
+    wait on the SMs while this one streams): checked in the PTX the exporter compiled, for the
+    default walk and the staged one. CUTEDSL_ATTENTION_PDL=0 builds a plain launch, with neither."""
     rp, sp = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128))
 
     def ptx(name: str, **env: str) -> str:
@@ -222,13 +235,24 @@ def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
         (text,) = [p.read_text() for p in dump.rglob("*.ptx")]
         return text
 
-    lines = ptx("pdl").splitlines()
-    first = {
-        kind: next(i for i, t in enumerate(lines) if kind in t)
-        for kind in ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global", "st.global")
-    }
-    assert first["griddepcontrol.wait"] < first["griddepcontrol.launch_dependents"] < first["ld.global"]
-    assert first["griddepcontrol.wait"] < first["st.global"]
+    for name, env in (("pdl", {}), ("staged", {"CUTEDSL_ATTENTION_STAGES": "3"})):
+        lines = ptx(name, **env).splitlines()
+        at = {
+            kind: [i for i, t in enumerate(lines) if kind in t]
+            for kind in (
+                "griddepcontrol.wait",
+                "griddepcontrol.launch_dependents",
+                "ld.global",
+                "st.global",
+                "cp.async.cg",
+            )
+        }
+        (wait,), (launch,) = at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"]
+        reads = at["ld.global"] + at["cp.async.cg"]
+        assert wait < min(reads) and wait < min(at["st.global"]), name
+        assert max(reads) < launch < min(at["st.global"]), name
+        if name == "staged":  # 16 pieces a step (head_dim 128): 2 steps ahead, then one a loop
+            assert len(at["cp.async.cg"]) == 3 * 16 and any("cp.async.wait_group" in t and "2;" in t for t in lines)
     assert "griddepcontrol" not in ptx("plain", CUTEDSL_ATTENTION_PDL="0")
 
 
@@ -250,6 +274,8 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "mma-prefetch": {"CUTEDSL_ATTENTION_MMA": "1", "CUTEDSL_ATTENTION_PREFETCH": "1"},
     "mma-prefetch-12-warps": {"CUTEDSL_ATTENTION_PREFETCH": "1", "CUTEDSL_ATTENTION_WARPS": "12"},
     "mma-2-heads": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "2"},
+    "mma-staged": {"CUTEDSL_ATTENTION_STAGES": "3"},
+    "mma-staged-12-warps": {"CUTEDSL_ATTENTION_STAGES": "2", "CUTEDSL_ATTENTION_WARPS": "12"},
 }
 
 
@@ -326,6 +352,32 @@ def test_gpu_matches_the_reference(gpu_kernels, shape, new_tokens, schedule):
         tol = 2e-2 if dtype == "BF16" else 4e-3
         assert torch.allclose(out.double().cpu(), ref, atol=tol, rtol=tol), (shape, schedule, new_tokens, length)
         assert torch.equal(out, again), "not deterministic"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch", "mma-staged", "mma-staged-12-warps"])
+def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
+    """Shares of many steps a warp (8192 keys over 64 or 96 warps): the walks that load ahead wrap
+    around their ring of steps (a share of 1 to 4 steps, as in the test above, never does)."""
+    import torch
+
+    from mcore.ops import decode_attention_reference
+
+    shape = ("BF16", 32, 8, 8192, 128)
+    fn = gpu_kernels[shape, schedule]
+    gen = torch.Generator().manual_seed(8192)
+    for new_tokens in (1, 2):
+        q = (torch.randn(1, 32, new_tokens, 128, generator=gen) * 128**-0.5).to(torch.bfloat16)
+        k = torch.randn(1, 8, 8192, 128, generator=gen).to(torch.bfloat16)
+        v = torch.randn(1, 8, 8192, 128, generator=gen).to(torch.bfloat16)
+        qd, kd, vd = q.cuda(), k.cuda(), v.cuda()
+        for length in (1000, 4097, 8191, 8192):
+            n = torch.tensor([length], dtype=torch.int32)
+            out = torch.full_like(qd, float("nan"))
+            fn(qd, kd, vd, n.cuda(), out)
+            torch.cuda.synchronize()
+            ref = decode_attention_reference(q, k, v, n)
+            assert torch.allclose(out.double().cpu(), ref, atol=2e-2, rtol=2e-2), (schedule, new_tokens, length)
 
 
 @pytest.mark.gpu
