@@ -233,6 +233,39 @@ def test_random_init_deterministic(qwen3_dir):
     fam.random_init(fam.build_core(source.config, g, "meta"), 0)  # meta: a no-op, no error
 
 
+def test_building_a_core_draws_no_weights_and_loading_fills_them_all(monkeypatch, qwen3_dir, bert_dir):
+    """build_core leaves Linear and Embedding weights to the loader (the checkpoint, or random_init):
+    their default draws were thrown away (a third of a large core's CPU time to load). So
+    the loader must fill every parameter: a core poisoned with NaN after building holds none after
+    loading or random_init."""
+    drawn: list[str] = []  # default draws on real memory (building on the meta device costs nothing)
+
+    def spy(real, name):
+        def draw(t, *a, **k):
+            if t.device.type != "meta":
+                drawn.append(name)
+            return real(t, *a, **k)
+
+        return draw
+
+    for name in ("kaiming_uniform_", "uniform_", "normal_"):
+        monkeypatch.setattr(torch.nn.init, name, spy(getattr(torch.nn.init, name), name))
+    for folder in (qwen3_dir, bert_dir):
+        source = resolve_model(str(folder))
+        fam = get_family(source.family)
+        extra = {"max_cache_length": 16} if fam.kind == "decoder" else {"max_seq_length": 16}
+        gargs = fam.graph_args(source.config, BuildArgs(model=str(folder), **extra))
+        for fill in (lambda core: fam.load_checkpoint(core, source), lambda core: fam.random_init(core, 3)):
+            core = fam.build_core(source.config, gargs, "cpu")
+            assert drawn == [], source.family
+            with torch.no_grad():
+                for p in core.parameters():
+                    p.fill_(float("nan"))
+            fill(core)
+            unfilled = [n for n, p in core.named_parameters() if not torch.isfinite(p).all()]
+            assert unfilled == [], (source.family, unfilled)
+
+
 # ----------------------------------------------------------------------------- config checks
 
 

@@ -101,11 +101,11 @@ class Embeddings(nn.Module):
     def __init__(self, d: EncoderDims, dtype: torch.dtype, device) -> None:
         super().__init__()
         kw = dict(dtype=dtype, device=device)
-        self.word_embeddings = nn.Embedding(d.vocab_size, d.hidden_size, **kw)
-        self.position_embeddings = nn.Embedding(d.max_position_embeddings, d.hidden_size, **kw)
+        self.word_embeddings = W.embedding(d.vocab_size, d.hidden_size, **kw)
+        self.position_embeddings = W.embedding(d.max_position_embeddings, d.hidden_size, **kw)
         self.token_type_embeddings: Optional[nn.Embedding]
         if d.type_vocab_size:
-            self.token_type_embeddings = nn.Embedding(d.type_vocab_size, d.hidden_size, **kw)
+            self.token_type_embeddings = W.embedding(d.type_vocab_size, d.hidden_size, **kw)
         else:
             self.token_type_embeddings = None
         self.LayerNorm = nn.LayerNorm(d.hidden_size, eps=d.layer_norm_eps, **kw)
@@ -124,10 +124,10 @@ class SelfAttention(nn.Module):
         super().__init__()
         kw = dict(dtype=dtype, device=device)
         self.num_heads, self.head_dim = d.num_heads, d.head_dim
-        self.q_lin = nn.Linear(d.hidden_size, d.hidden_size, **kw)
-        self.k_lin = nn.Linear(d.hidden_size, d.hidden_size, **kw)
-        self.v_lin = nn.Linear(d.hidden_size, d.hidden_size, **kw)
-        self.out_lin = nn.Linear(d.hidden_size, d.hidden_size, **kw)
+        self.q_lin = W.linear(d.hidden_size, d.hidden_size, **kw)
+        self.k_lin = W.linear(d.hidden_size, d.hidden_size, **kw)
+        self.v_lin = W.linear(d.hidden_size, d.hidden_size, **kw)
+        self.out_lin = W.linear(d.hidden_size, d.hidden_size, **kw)
 
     def forward(self, h: torch.Tensor, mask_add: torch.Tensor) -> torch.Tensor:
         s = h.shape[0]
@@ -142,8 +142,8 @@ class FFN(nn.Module):
     def __init__(self, d: EncoderDims, dtype: torch.dtype, device) -> None:
         super().__init__()
         kw = dict(dtype=dtype, device=device)
-        self.lin1 = nn.Linear(d.hidden_size, d.intermediate_size, **kw)
-        self.lin2 = nn.Linear(d.intermediate_size, d.hidden_size, **kw)
+        self.lin1 = W.linear(d.hidden_size, d.intermediate_size, **kw)
+        self.lin2 = W.linear(d.intermediate_size, d.hidden_size, **kw)
         self.act = _ACTIVATIONS[d.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

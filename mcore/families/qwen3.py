@@ -186,10 +186,10 @@ class Attention(nn.Module):
         super().__init__()
         kw = dict(dtype=dtype, device=device)
         self.num_heads, self.num_kv_heads, self.head_dim = d.num_heads, d.num_kv_heads, d.head_dim
-        self.q_proj = nn.Linear(d.hidden_size, d.num_heads * d.head_dim, bias=d.attention_bias, **kw)
-        self.k_proj = nn.Linear(d.hidden_size, d.num_kv_heads * d.head_dim, bias=d.attention_bias, **kw)
-        self.v_proj = nn.Linear(d.hidden_size, d.num_kv_heads * d.head_dim, bias=d.attention_bias, **kw)
-        self.o_proj = nn.Linear(d.num_heads * d.head_dim, d.hidden_size, bias=d.attention_bias, **kw)
+        self.q_proj = W.linear(d.hidden_size, d.num_heads * d.head_dim, bias=d.attention_bias, **kw)
+        self.k_proj = W.linear(d.hidden_size, d.num_kv_heads * d.head_dim, bias=d.attention_bias, **kw)
+        self.v_proj = W.linear(d.hidden_size, d.num_kv_heads * d.head_dim, bias=d.attention_bias, **kw)
+        self.o_proj = W.linear(d.num_heads * d.head_dim, d.hidden_size, bias=d.attention_bias, **kw)
         self.q_norm = RMSNorm(d.head_dim, d.rms_norm_eps, dtype, device)
         self.k_norm = RMSNorm(d.head_dim, d.rms_norm_eps, dtype, device)
         self.decode_attention = DecodeAttention()
@@ -234,9 +234,9 @@ class MLP(nn.Module):
     def __init__(self, d: Qwen3Dims, dtype: torch.dtype, device) -> None:
         super().__init__()
         kw = dict(bias=False, dtype=dtype, device=device)
-        self.gate_proj = nn.Linear(d.hidden_size, d.intermediate_size, **kw)
-        self.up_proj = nn.Linear(d.hidden_size, d.intermediate_size, **kw)
-        self.down_proj = nn.Linear(d.intermediate_size, d.hidden_size, **kw)
+        self.gate_proj = W.linear(d.hidden_size, d.intermediate_size, **kw)
+        self.up_proj = W.linear(d.hidden_size, d.intermediate_size, **kw)
+        self.down_proj = W.linear(d.intermediate_size, d.hidden_size, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -266,10 +266,10 @@ class Qwen3Core(nn.Module):
         self.dims = d
         self.dtype = dtype
         self.max_cache_length = max_cache_length
-        self.embed_tokens = nn.Embedding(d.vocab_size, d.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens = W.embedding(d.vocab_size, d.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList([DecoderLayer(d, dtype, device) for _ in range(d.num_layers)])
         self.norm = RMSNorm(d.hidden_size, d.rms_norm_eps, dtype, device)
-        self.lm_head = nn.Linear(d.hidden_size, d.vocab_size, bias=False, dtype=dtype, device=device)
+        self.lm_head = W.linear(d.hidden_size, d.vocab_size, bias=False, dtype=dtype, device=device)
         if d.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         cos, sin = rope_tables(d.head_dim, d.rope_theta, max_cache_length, device)

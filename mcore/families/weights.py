@@ -8,6 +8,7 @@ from typing import AbstractSet, Callable, Iterator, Optional
 
 import torch
 from torch import nn
+from torch.nn.utils import skip_init
 
 from ..errors import UserError
 
@@ -174,6 +175,25 @@ def load_into(
             if p.device.type == "meta":
                 continue
             p.copy_(tensor.to(device=p.device, dtype=p.dtype))
+
+
+def uninitialized(cls: type[nn.Module], *args, **kwargs) -> nn.Module:
+    """`cls(*args, **kwargs)` (a layer taking `device=`) without its default initialization. Every
+    parameter of a core is filled afterwards, from the checkpoint (`load_into` refuses one missing)
+    or by `random_init`, so the default kaiming/normal draws were thrown away: on a 2-core CPU, a
+    2-layer core 8B-sized in width (4 GB of bf16) loaded in 21.5 s instead of 24.9 s wall and 12 s
+    instead of 18.6 s of CPU time (`mcore build` of a checkpoint builds its core on the CPU)."""
+    return skip_init(cls, *args, **kwargs)
+
+
+def linear(*args, **kwargs) -> nn.Linear:
+    """nn.Linear(*args, **kwargs), left for the loader to fill (see `uninitialized`)."""
+    return uninitialized(nn.Linear, *args, **kwargs)
+
+
+def embedding(*args, **kwargs) -> nn.Embedding:
+    """nn.Embedding(*args, **kwargs), left for the loader to fill (see `uninitialized`)."""
+    return uninitialized(nn.Embedding, *args, **kwargs)
 
 
 def random_init(core: nn.Module, seed: int, std: float = 0.02) -> None:
