@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import AbstractSet, Callable, Iterator, Optional
+import typing
+from typing import AbstractSet, Callable, Iterator, Optional, TypeVar
 
 import torch
 from torch import nn
 from torch.nn.utils import skip_init
 
 from ..errors import UserError
+
+M = TypeVar("M", bound=nn.Module)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -177,13 +180,13 @@ def load_into(
             p.copy_(tensor.to(device=p.device, dtype=p.dtype))
 
 
-def uninitialized(cls: type[nn.Module], *args, **kwargs) -> nn.Module:
+def uninitialized(cls: type[M], *args, **kwargs) -> M:
     """`cls(*args, **kwargs)` (a layer taking `device=`) without its default initialization. Every
     parameter of a core is filled afterwards, from the checkpoint (`load_into` refuses one missing)
     or by `random_init`, so the default kaiming/normal draws were thrown away: on a 2-core CPU, a
     2-layer core 8B-sized in width (4 GB of bf16) loaded in 21.5 s instead of 24.9 s wall and 12 s
     instead of 18.6 s of CPU time (`mcore build` of a checkpoint builds its core on the CPU)."""
-    return skip_init(cls, *args, **kwargs)
+    return typing.cast(M, skip_init(cls, *args, **kwargs))
 
 
 def linear(*args, **kwargs) -> nn.Linear:
