@@ -46,8 +46,8 @@ in a CUDA graph. The launch uses the TVM-FFI environment stream (the engine's cu
 the default stream by itself, with programmatic dependent launch (Hopper; CUTEDSL_ATTENTION_PDL=0
 turns it off), as the compiled engine's own kernels on Hopper: the kernel may start while the
 kernel before it drains, waits for it (griddepcontrol.wait) before touching global memory, and lets
-the next kernel launch once its walk has read the caches. CUTEDSL_ATTENTION_STAGES (experimental, off by default) streams each warp's keys through
-shared memory with cp.async, several steps ahead (see STAGES).
+the next kernel launch once its walk has read the caches. CUTEDSL_ATTENTION_STAGES (experimental,
+off by default) streams each warp's keys through shared memory with cp.async, several steps ahead.
 Precondition (the engine guarantees it): s <= length <= C. Keys past C are never read.
 
 Use (needs nvidia-cutlass-dsl with its CUDA 13 libs, apache-tvm-ffi, gcc and libcudart):
@@ -327,8 +327,8 @@ PREFETCH = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0") == "1"
 _STAGES_ENV = os.environ.get("CUTEDSL_ATTENTION_STAGES", "0")
 STAGES = int(_STAGES_ENV) if _STAGES_ENV in ("0", "2", "3", "4") else -1  # -1: refused by make_run
 # Programmatic dependent launch (Hopper): the kernel may be launched while the one before it drains
-# and waits (griddepcontrol.wait) before its first global read or write, then lets the next kernel
-# launch; the compiled engine launches its own kernels that way on Hopper (mcore/pdl.py), so a
+# and waits (griddepcontrol.wait) before its first global read or write, and lets the next kernel
+# launch once its walk is done; the compiled engine launches its own kernels that way on Hopper (mcore/pdl.py), so a
 # bound slot keeps the chain of overlapped launches instead of breaking it twice a layer.
 # CUTEDSL_ATTENTION_PDL=0: a plain launch.
 PDL = os.environ.get("CUTEDSL_ATTENTION_PDL", "1") != "0"
