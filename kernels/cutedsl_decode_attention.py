@@ -328,8 +328,9 @@ _STAGES_ENV = os.environ.get("CUTEDSL_ATTENTION_STAGES", "0")
 STAGES = int(_STAGES_ENV) if _STAGES_ENV in ("0", "2", "3", "4") else -1  # -1: refused by make_run
 # Programmatic dependent launch (Hopper): the kernel may be launched while the one before it drains
 # and waits (griddepcontrol.wait) before its first global read or write, and lets the next kernel
-# launch once its walk is done; the compiled engine launches its own kernels that way on Hopper (mcore/pdl.py), so a
-# bound slot keeps the chain of overlapped launches instead of breaking it twice a layer.
+# launch once its walk is done; the compiled engine launches its own kernels that way on Hopper
+# (mcore/pdl.py), so a bound slot keeps the chain of overlapped launches instead of breaking it twice
+# a layer.
 # CUTEDSL_ATTENTION_PDL=0: a plain launch.
 PDL = os.environ.get("CUTEDSL_ATTENTION_PDL", "1") != "0"
 
