@@ -173,6 +173,10 @@ def part_mcore(a) -> None:
         for _ in range(3):
             step()
         rec["decode_ms"][n] = _median_ms(step, a.steps if pipe.engine_name != "torch" else min(a.steps, 8))
+        # the product's own greedy loop (mcore run, generate): each next step queued before the pick is read
+        count = a.steps if pipe.engine_name != "torch" else min(a.steps, 8)
+        _, seconds = pipe.decode_tokens(tok[0], n, count + 3, stop_at_eos=False)
+        rec.setdefault("loop_ms", {})[n] = statistics.median(seconds[3:]) * 1e3
     if (1024 in a.contexts or a.ttft) and not a.decode_only:
         ids = torch.randint(0, 151936, (1, 1024), dtype=torch.int32, device=DEV, generator=g)
 
@@ -532,6 +536,10 @@ def main() -> None:
     for r in recs:
         for line in r.get("engine", []):
             print(f"  {r.get('label', r['part'])}: {line}")
+    for r in recs:  # the same steps through the product's greedy loop (Pipeline.decode_tokens)
+        if r.get("loop_ms"):
+            cells = ", ".join(f"{float(v):.2f} ms at {k}" for k, v in r["loop_ms"].items())
+            print(f"  {r.get('label', r['part'])}, mcore's greedy loop (next step queued ahead): {cells}")
     for r in recs:  # where each mcore load's seconds went (progress stamps, seconds since the part began)
         if r.get("load_stamps"):
             print(f"  {r.get('label', r['part'])} load: " + " | ".join(x.strip() for x in r["load_stamps"]))

@@ -313,21 +313,78 @@ class DecoderPipeline(Pipeline):
         if timed:
             sync(self.device)
         t_first = time.perf_counter()
-        steps: list[float] = []
-        pos = len(ids)
-        step_ids = self.step_ids  # the decode role's own input buffer (a CUDA graph replays over it)
-        while len(out) < max_new_tokens and not (stop_at_eos and tok in self.eos_ids):
-            progress.report(f"generated {len(out)}/{max_new_tokens} tokens", len(out) / max_new_tokens)
-            ts = time.perf_counter()
-            step_ids.fill_(tok)
-            self.cache_length.fill_(pos)
-            (logits,) = self.runners["decode"](step_ids, self.cache_length, *caches)
-            tok = self._pick(logits, greedy, temperature, top_k, gen)
-            out.append(tok)
-            pos += 1
-            steps.append(time.perf_counter() - ts)
+        if greedy:
+            more, steps = self.decode_tokens(tok, len(ids), max_new_tokens - 1, stop_at_eos, progress)
+            out += more
+        else:
+            steps = []
+            pos = len(ids)
+            while len(out) < max_new_tokens and not (stop_at_eos and tok in self.eos_ids):
+                progress.report(f"generated {len(out)}/{max_new_tokens} tokens", len(out) / max_new_tokens)
+                ts = time.perf_counter()
+                self.step_ids.fill_(tok)
+                self.cache_length.fill_(pos)
+                (logits,) = self.runners["decode"](self.step_ids, self.cache_length, *caches)
+                tok = self._pick(logits, greedy, temperature, top_k, gen)
+                out.append(tok)
+                pos += 1
+                steps.append(time.perf_counter() - ts)
         t_end = time.perf_counter()
         return GenerationResult(prompt, ids, out, self.decode_text(out), t_first - t0, steps, t_end - t0)
+
+    def decode_tokens(
+        self,
+        token: int,
+        position: int,
+        count: int,
+        stop_at_eos: bool = True,
+        progress: Progress = NO_PROGRESS,
+        ahead: Optional[bool] = None,
+    ) -> tuple[list[int], list[float]]:
+        """Greedy decode steps after `token` (at cache position `position`): up to `count` new tokens,
+        fewer where one is an EOS and `stop_at_eos`; returns (tokens, seconds per token).
+
+        With `ahead` (the default on CUDA) each step's greedy pick stays on the device and feeds the
+        next step there, which is queued before the pick is read: the GPU never waits for the host's
+        turnaround between tokens (a read, a few launches). A step queued after an EOS is dropped (it
+        wrote a cache slot no one reads). The picks are the same either way: the same argmax of the
+        same logits."""
+        if position + count > self.capacity:
+            raise UserError(f"position {position} + {count} tokens is past the KV cache ({self.capacity})")
+        ahead = self.device.type == "cuda" if ahead is None else ahead
+        caches = [self.caches[n] for n in self.cache_names]
+        step_ids = self.step_ids  # the decode role's own input buffer (a CUDA graph replays over it)
+
+        def queue(src: Any, pos: int) -> torch.Tensor:  # one step fed `src` (an int, or a pick on the device)
+            if isinstance(src, int):
+                step_ids.fill_(src)
+            else:
+                step_ids.copy_(src.view(1, 1))
+            self.cache_length.fill_(pos)
+            (logits,) = self.runners["decode"](step_ids, self.cache_length, *caches)
+            return torch.argmax(logits.reshape(-1).float())  # as _pick: the same token
+
+        out: list[int] = []
+        steps: list[float] = []
+        if count < 1 or (stop_at_eos and token in self.eos_ids):
+            return out, steps
+        pending: Optional[torch.Tensor] = queue(token, position)
+        while pending is not None:
+            progress.report(f"generated {len(out) + 1}/{count + 1} tokens", (len(out) + 1) / (count + 1))
+            ts = time.perf_counter()
+            pick, pending = pending, None
+            last = len(out) + 1 == count
+            if ahead and not last:  # the next step goes in before this pick is read
+                pending = queue(pick, position + len(out) + 1)
+            tok = int(pick.item())
+            out.append(tok)
+            stop = stop_at_eos and tok in self.eos_ids
+            if not ahead and not last and not stop:
+                pending = queue(tok, position + len(out))
+            steps.append(time.perf_counter() - ts)
+            if stop:
+                break
+        return out, steps
 
     def device_step_seconds(self, position: int, reps: int = 200) -> Optional[float]:
         """Device time of one decode step at `position` (steps enqueued back to back; each writes the

@@ -153,6 +153,30 @@ def test_random_weights_bundle_is_deterministic(ckpt, tmp_path):
     assert os.path.getsize(b) < 200_000  # random weights are regenerated, not stored
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["step-by-step", "queued-ahead"])
+def test_greedy_decode_queued_ahead_gives_the_same_tokens_and_stops_where_asked(ckpt, native, ahead):
+    """decode_tokens with each next step queued before the pick is read (the CUDA default: the GPU
+    never waits on the host between tokens) gives transformers' greedy tokens, as the step-by-step
+    loop does; it stops at the count and right after an EOS (a step queued past it is dropped), and
+    the next generation from the same pipeline is unchanged by that dropped step."""
+    prompt = "the cat sat on the mat and then"  # its greedy tokens change along the way (most repeat one)
+    pipe = DecoderPipeline(str(native), device="cpu")
+    ids = pipe.encode(prompt)
+    ref = transformers_greedy(ckpt, ids, 12)
+    (first,) = pipe.generate(prompt, 1, stop_at_eos=False).tokens  # the prefill: the cache holds the prompt
+    tokens, steps = pipe.decode_tokens(first, len(ids), 11, stop_at_eos=False, ahead=ahead)
+    assert [first] + tokens == ref and len(steps) == 11
+    k = next(i for i in range(2, 12) if ref[i] not in ref[:i])  # an EOS that first appears at token k
+    pipe.eos_ids = {ref[k]}
+    pipe.generate(prompt, 1, stop_at_eos=False)
+    tokens, _ = pipe.decode_tokens(first, len(ids), 11, ahead=ahead)
+    assert [first] + tokens == ref[: k + 1]
+    assert pipe.generate(prompt, 12).tokens == ref[: k + 1]
+    assert pipe.decode_tokens(ref[k], len(ids), 5, ahead=ahead) == ([], [])  # an EOS to start from: nothing
+    with pytest.raises(UserError, match="past the KV cache"):
+        pipe.decode_tokens(first, 60, 5, ahead=ahead)
+
+
 def test_generation_reports_progress_and_cancels(native):
     from mcore.errors import Cancelled
     from mcore.progress import CancelToken, Progress
