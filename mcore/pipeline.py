@@ -280,7 +280,7 @@ class DecoderPipeline(Pipeline):
         self.step_ids = torch.zeros(1, 1, dtype=torch.int32, device=self.device)
         eos = self.special.get("eos_token_id")
         self.eos_ids = set(eos if isinstance(eos, list) else ([eos] if eos is not None else []))
-        caches = tuple(self.caches[n] for n in self.cache_names)
+        caches = self.cache_list = tuple(self.caches[n] for n in self.cache_names)  # the decode role's order
         prompt = torch.zeros(1, min(2, self.capacity), dtype=torch.int32, device=self.device)
         # Prefill varies in length (compiled with a dynamic token count); a decode step is fixed.
         self._ready(
@@ -322,10 +322,7 @@ class DecoderPipeline(Pipeline):
             while len(out) < max_new_tokens and not (stop_at_eos and tok in self.eos_ids):
                 progress.report(f"generated {len(out)}/{max_new_tokens} tokens", len(out) / max_new_tokens)
                 ts = time.perf_counter()
-                self.step_ids.fill_(tok)
-                self.cache_length.fill_(pos)
-                (logits,) = self.runners["decode"](self.step_ids, self.cache_length, *caches)
-                tok = self._pick(logits, greedy, temperature, top_k, gen)
+                tok = self._pick(self._step(tok, pos), False, temperature, top_k, gen)
                 out.append(tok)
                 pos += 1
                 steps.append(time.perf_counter() - ts)
@@ -352,17 +349,9 @@ class DecoderPipeline(Pipeline):
         if position + count > self.capacity:
             raise UserError(f"position {position} + {count} tokens is past the KV cache ({self.capacity})")
         ahead = self.device.type == "cuda" if ahead is None else ahead
-        caches = [self.caches[n] for n in self.cache_names]
-        step_ids = self.step_ids  # the decode role's own input buffer (a CUDA graph replays over it)
 
-        def queue(src: Any, pos: int) -> torch.Tensor:  # one step fed `src` (an int, or a pick on the device)
-            if isinstance(src, int):
-                step_ids.fill_(src)
-            else:
-                step_ids.copy_(src.view(1, 1))
-            self.cache_length.fill_(pos)
-            (logits,) = self.runners["decode"](step_ids, self.cache_length, *caches)
-            return torch.argmax(logits.reshape(-1).float())  # as _pick: the same token
+        def queue(src: Any, pos: int) -> torch.Tensor:  # one step and its greedy pick, left on the device
+            return torch.argmax(self._step(src, pos).reshape(-1).float())  # as _pick: the same token
 
         out: list[int] = []
         steps: list[float] = []
@@ -385,6 +374,18 @@ class DecoderPipeline(Pipeline):
             if stop:
                 break
         return out, steps
+
+    def _step(self, token: Any, position: int) -> torch.Tensor:
+        """One decode step fed `token` (an int, or a pick still on the device) at cache position
+        `position`: its logits. The inputs are the decode role's own buffers (a CUDA graph replays
+        over them); nothing here waits for the device."""
+        if isinstance(token, int):
+            self.step_ids.fill_(token)
+        else:
+            self.step_ids.copy_(token.view(1, 1))
+        self.cache_length.fill_(position)
+        (logits,) = self.runners["decode"](self.step_ids, self.cache_length, *self.cache_list)
+        return logits
 
     def device_step_seconds(self, position: int, reps: int = 200) -> Optional[float]:
         """Device time of one decode step at `position` (steps enqueued back to back; each writes the
@@ -412,10 +413,7 @@ class DecoderPipeline(Pipeline):
         )
         out = [logits.float().cpu()]
         for pos, tok in enumerate(tokens, start=len(prompt_ids)):
-            self.step_ids.fill_(int(tok))
-            self.cache_length.fill_(pos)
-            (logits,) = self.runners["decode"](self.step_ids, self.cache_length, *caches)
-            out.append(logits.float().cpu())
+            out.append(self._step(int(tok), pos).float().cpu())
         return out
 
     @staticmethod
