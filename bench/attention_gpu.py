@@ -59,24 +59,15 @@ def emit(out: Path, key: str, value) -> None:
 
 # kernel variants for the table: name -> exporter environment (tuning knobs of the shipped exporter)
 BIND = 0  # --bind: the variant the slot pipeline binds
-# The seventh session (docs/gpu-results.md) measured two heads a block, the scalar walk and loads
-# ahead with 12 warps slower everywhere; dropped here. Staged loads (CUTEDSL_ATTENTION_STAGES): each
-# warp's keys go through a ring of steps in shared memory by cp.async, S - 1 steps ahead, where the
-# other walks keep about one step in flight in registers. Shared memory a block: 8 KB a warp a step.
+# Measured slower everywhere and dropped here (docs/gpu-results.md): two heads a block, the scalar
+# walk, loads ahead with 12 warps (seventh session); keys staged through shared memory by cp.async,
+# 2-4 steps ahead (eighth session: 0.36-0.72x native, removed from the exporter).
 VARIANTS = {
     "CuTe tensor cores, cluster 8 (default)": {"CUTEDSL_ATTENTION_MMA": "1"},
     "CuTe tensor cores, plain launch (no PDL)": {"CUTEDSL_ATTENTION_PDL": "0"},
     "CuTe tensor cores, loads a step ahead": {"CUTEDSL_ATTENTION_PREFETCH": "1"},
     "CuTe tensor cores, 12 warps": {"CUTEDSL_ATTENTION_WARPS": "12"},
-    "CuTe staged loads, 2 steps": {"CUTEDSL_ATTENTION_STAGES": "2"},
-    "CuTe staged loads, 3 steps": {"CUTEDSL_ATTENTION_STAGES": "3"},
-    "CuTe staged loads, 3 steps, plain launch": {"CUTEDSL_ATTENTION_STAGES": "3", "CUTEDSL_ATTENTION_PDL": "0"},
-    "CuTe staged loads, 2 steps, 12 warps": {"CUTEDSL_ATTENTION_STAGES": "2", "CUTEDSL_ATTENTION_WARPS": "12"},
-    "CuTe staged loads, 4 steps, cluster 16 of 4 warps": {
-        "CUTEDSL_ATTENTION_STAGES": "4",
-        "CUTEDSL_ATTENTION_CLUSTER": "16",
-        "CUTEDSL_ATTENTION_WARPS": "4",
-    },
+    "CuTe tensor cores, cluster 16 of 4 warps": {"CUTEDSL_ATTENTION_CLUSTER": "16", "CUTEDSL_ATTENTION_WARPS": "4"},
 }
 
 

@@ -46,8 +46,7 @@ in a CUDA graph. The launch uses the TVM-FFI environment stream (the engine's cu
 the default stream by itself, with programmatic dependent launch (Hopper; CUTEDSL_ATTENTION_PDL=0
 turns it off), as the compiled engine's own kernels on Hopper: the kernel may start while the
 kernel before it drains, waits for it (griddepcontrol.wait) before touching global memory, and lets
-the next kernel launch once its walk has read the caches. CUTEDSL_ATTENTION_STAGES (experimental,
-off by default) streams each warp's keys through shared memory with cp.async, several steps ahead.
+the next kernel launch once its walk has read the caches.
 Precondition (the engine guarantees it): s <= length <= C. Keys past C are never read.
 
 Use (needs nvidia-cutlass-dsl with its CUDA 13 libs, apache-tvm-ffi, gcc and libcudart):
@@ -318,14 +317,6 @@ MMA = os.environ.get("CUTEDSL_ATTENTION_MMA", "1") != "0"
 # CUTEDSL_ATTENTION_PREFETCH=1 (tensor-core walk, experimental): a warp issues the loads of its next
 # 16 keys before the arithmetic of the current ones, so a key's memory latency overlaps the math
 PREFETCH = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0") == "1"
-# CUTEDSL_ATTENTION_STAGES=S (2, 3 or 4; tensor-core walk, experimental; 0: off): each warp streams
-# its keys through a ring of S steps of 16 keys in shared memory, copied there by cp.async S - 1 steps
-# ahead of the arithmetic. Loads kept in registers (the default, or PREFETCH) hold about one 8 KB step
-# a warp in flight, which bounded the walk near 58% of the copy rate on the H200 at 32k; the ring
-# holds S - 1. Each lane reads back only the 16-byte pieces it copied (cp.async.wait_group makes
-# them visible to it), so no barrier is needed and the pieces are the ones `fetch_k`/`fetch_v` load.
-_STAGES_ENV = os.environ.get("CUTEDSL_ATTENTION_STAGES", "0")
-STAGES = int(_STAGES_ENV) if _STAGES_ENV in ("0", "2", "3", "4") else -1  # -1: refused by make_run
 # Programmatic dependent launch (Hopper): the kernel may be launched while the one before it drains
 # and waits (griddepcontrol.wait) before its first global read or write, and lets the next kernel
 # launch once its walk is done; the compiled engine launches its own kernels that way on Hopper
@@ -360,10 +351,6 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         raise ValueError("CUTEDSL_ATTENTION_CLUSTER must be 1, 2, 4, 8 or 16")
     if not WARPS:
         raise ValueError("CUTEDSL_ATTENTION_WARPS must be 4, 8 or 12")
-    if STAGES < 0:
-        raise ValueError("CUTEDSL_ATTENTION_STAGES must be 0 (off), 2, 3 or 4")
-    if STAGES and PREFETCH:
-        raise ValueError("CUTEDSL_ATTENTION_STAGES and CUTEDSL_ATTENTION_PREFETCH both load ahead; set one of them")
     element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
     # Query heads per block: the whole group reads K and V once for all of them (64 blocks on a
     # Qwen3-8B layer, 255 registers a thread); one head per block puts 256 blocks on the GPU, two per
@@ -459,8 +446,6 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         """The value rows of keys base + 2t, 2t+1, 2t+8, 2t+9 (clamped rows have probability 0)."""
         return [cutlass.min(base + 2 * t + (r % 2) + 8 * (r // 2), last) for r in range(4)]
 
-    pieces = head_dim // 8  # 16-byte pieces a lane loads per 16 keys: K words, then V words
-
     def fetch_k(kc32, kv_head, base, last, g, t):
         """This lane's K words of keys base .. base + 15 (columns [t * D/4, (t + 1) * D/4))."""
         return [words(kc32, kv_head, row, t * qk_words, qk_words) for row in k_rows(base, last, g)]
@@ -468,30 +453,6 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
     def fetch_v(vc32, kv_head, base, last, g, t):
         """This lane's V words of keys base + 2t, 2t+1, 2t+8, 2t+9 (columns [g * D/8, (g + 1) * D/8))."""
         return [words(vc32, kv_head, row, g * v_words, v_words) for row in v_rows(base, last, t)]
-
-    def stage_in(ring, stage, kc32, vc32, kv_head, base, last, g, t, warp, lane):
-        """STAGES: cp.async of the pieces `fetch_k` and `fetch_v` would load for keys base .. base + 15
-        into this lane's slots of step `stage` of the warp's ring (L2 only: each is read once)."""
-        atom = cute.make_copy_atom(
-            cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
-            cutlass.Int32,
-            num_bits_per_copy=128,
-        )
-        src = [c for row in k_rows(base, last, g) for c in row_chunks(kc32, kv_head, row, t * qk_words, qk_words)]
-        src += [c for row in v_rows(base, last, t) for c in row_chunks(vc32, kv_head, row, g * v_words, v_words)]
-        for i in range(pieces):
-            cute.copy(atom, src[i], ring[warp, stage, i, lane, None])
-
-    def stage_out(ring, stage, warp, lane):
-        """STAGES: this lane's pieces of step `stage` back from the ring, as `fetch_k`/`fetch_v` give them."""
-        vals = []
-        for i in range(pieces):
-            v = ring[warp, stage, i, lane, None].load()
-            for j in range(4):
-                vals.append(v[j])
-        kw = [vals[kb * qk_words : (kb + 1) * qk_words] for kb in range(2)]
-        vk = [vals[2 * qk_words + r * v_words : 2 * qk_words + (r + 1) * v_words] for r in range(4)]
-        return kw, vk
 
     def keep(buf, kw, vk):
         """Words from `fetch_k` and `fetch_v` into the register buffer `buf` (K words, then V words)."""
@@ -511,7 +472,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         return (lane // 4) * (head_dim // 8) + 2 * i + half
 
     @cute.jit
-    def walk_mma(query, key_cache, value_cache, part_m, part_l, part_acc, ring, head0, kv_head, token, start, stop):
+    def walk_mma(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop):
         tidx, _, _ = cute.arch.thread_idx()
         warp = tidx // WARP
         lane = tidx % WARP
@@ -539,23 +500,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         buf = cute.make_rmem_tensor((2 * qk_words + 4 * v_words,), cutlass.Int32)  # PREFETCH: next keys
         if cutlass.const_expr(PREFETCH):
             keep(buf, fetch_k(kc32, kv_head, start, last, g, t), fetch_v(vc32, kv_head, start, last, g, t))
-        if cutlass.const_expr(STAGES):  # steps 0 .. S-2 on their way (one commit group per step, empty past stop)
-            for st in cutlass.range_constexpr(STAGES - 1):
-                if start + 16 * st < stop:
-                    stage_in(ring, st, kc32, vc32, kv_head, start + 16 * st, last, g, t, warp, lane)
-                cute.arch.cp_async_commit_group()
         for base in cutlass.range(start, stop, 16):
-            if cutlass.const_expr(STAGES):
-                # step i = (base - start) / 16 reads slot i % S; step i + S - 1 goes into the slot step
-                # i - 1 was read from (its registers were consumed by the arithmetic of step i - 1)
-                walked = (base - start) // 16  # step i
-                ahead = base + 16 * (STAGES - 1)
-                if ahead < stop:
-                    stage_in(ring, (walked + STAGES - 1) % STAGES, kc32, vc32, kv_head, ahead, last, g, t, warp, lane)
-                cute.arch.cp_async_commit_group()
-                cute.arch.cp_async_wait_group(STAGES - 1)  # groups 0 .. i done: step i's pieces are here
-                kw, vk = stage_out(ring, walked % STAGES, warp, lane)
-            elif cutlass.const_expr(PREFETCH):
+            if cutlass.const_expr(PREFETCH):
                 kw, vk = take(buf)
                 nxt = base + 16
                 keep(buf, fetch_k(kc32, kv_head, nxt, last, g, t), fetch_v(vc32, kv_head, nxt, last, g, t))
@@ -604,7 +550,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
                 acc[i * 4 + 2] = acc[i * 4 + 2] * alpha_a
                 acc[i * 4 + 3] = acc[i * 4 + 3] * alpha_b
             # V rows of keys 2t, 2t+1, 2t+8, 2t+9 over this lane's columns [g * D/8, (g + 1) * D/8)
-            if cutlass.const_expr(not PREFETCH and not STAGES):
+            if cutlass.const_expr(not PREFETCH):
                 vk = fetch_v(vc32, kv_head, base, last, g, t)
             for i in cutlass.range_constexpr(steps):
                 # word i of a row holds columns out_col(i, 0) (low half) and out_col(i, 1) (high half)
@@ -661,19 +607,9 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         blk_acc = smem.allocate_tensor(cutlass.Float32, cute.make_layout((hpb, head_dim), stride=(head_dim, 1)), 16)
         blk_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16)
         blk_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16)
-        ring = part_acc  # STAGES: each warp's ring of steps, each lane's 16-byte pieces side by side
-        if cutlass.const_expr(STAGES and use_mma):
-            ring = smem.allocate_tensor(
-                cutlass.Int32,
-                cute.make_layout(
-                    (WARPS, STAGES, pieces, WARP, 4),
-                    stride=(STAGES * pieces * WARP * 4, pieces * WARP * 4, WARP * 4, 4, 1),
-                ),
-                128,
-            )
 
         if cutlass.const_expr(use_mma):
-            walk_mma(query, key_cache, value_cache, part_m, part_l, part_acc, ring, head0, kv_head, token, start, stop)
+            walk_mma(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop)
         else:
             # Each lane owns `cols` contiguous columns of the head dimension: its slice of q (per head),
             # of every K and V row it reads (one 8- or 4-byte load), and of the output accumulator.
@@ -744,8 +680,9 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
                     part_acc[warp, g, lane * cols + c] = acc[g * cols + c]
         if cutlass.const_expr(PDL):
             # the walk's reads are done: the next kernel may launch (it still waits for all of this
-            # one). Letting it launch before the walk cost 14% at 32k on the H200 in a chain of these
-            # kernels: its blocks sat on the SMs, waiting, while this one streamed.
+            # one), so its blocks do not sit on the SMs while this one streams. On the H200 that
+            # changed little (63.4 -> 63.0 us at 32k); a plain launch is faster there (55.5 us) and
+            # slower at 1k (7.6 against 6.9 us): docs/gpu-results.md, eighth session.
             cute.arch.griddepcontrol_launch_dependents()
         cute.arch.sync_threads()
 
@@ -790,13 +727,6 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         cute.arch.cluster_wait()
 
     smem_bytes = 4 * (hpb * head_dim + WARPS * hpb * head_dim + 2 * WARPS * hpb + 2 * hpb) + 16 * 8
-    if STAGES and use_mma:
-        smem_bytes += WARPS * STAGES * pieces * WARP * 16 + 128
-        if smem_bytes > 227 * 1024:  # an sm_90 block's most
-            raise ValueError(
-                f"CUTEDSL_ATTENTION_STAGES={STAGES} with {WARPS} warps needs {smem_bytes // 1024} KB of shared "
-                "memory a block (at most 227 KB); use fewer stages or warps"
-            )
 
     @cute.jit
     def run(
@@ -1053,9 +983,7 @@ def main(argv=None):
     print(f"abi_sha256={receipt['abi_sha256']}")
     print(f"shapes: {described}")
     hpb, mma = schedule(shapes["heads"], shapes["kv_heads"])
-    walk = "scalar"
-    if mma:
-        walk = "tensor cores" + (", prefetch" if PREFETCH else "") + (f", {STAGES} stages" if STAGES else "")
+    walk = ("tensor cores, prefetch" if PREFETCH else "tensor cores") if mma else "scalar"
     print(f"schedule=cluster {CLUSTER}, {WARPS} warps, {hpb} heads a block, {walk}")
     print(f"arch={os.environ.get('CUTE_DSL_ARCH') or 'the visible GPU'}")
     print(f"dso={output.resolve()}")

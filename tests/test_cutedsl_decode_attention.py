@@ -179,25 +179,14 @@ def test_export_links_a_loadable_tvm_ffi_dso(tmp_path):
             {"CUTEDSL_ATTENTION_PREFETCH": "1", "CUTEDSL_ATTENTION_WARPS": "12"},
             "12 warps, 8 heads a block, tensor cores, prefetch",
         ),
-        (
-            ("BF16", 32, 8, 4096, 128),
-            {"CUTEDSL_ATTENTION_STAGES": "3"},
-            "8 warps, 4 heads a block, tensor cores, 3 stages",
-        ),
-        (
-            ("FP16", 16, 2, 512, 64),
-            {"CUTEDSL_ATTENTION_STAGES": "2", "CUTEDSL_ATTENTION_WARPS": "12"},
-            "12 warps, 8 heads a block, tensor cores, 2 stages",
-        ),
     ],
-    ids=["scalar-asked", "group-of-16", "prefetch", "staged", "staged-12-warps-d64"],
+    ids=["scalar-asked", "group-of-16", "prefetch"],
 )
 def test_other_walks_export_and_say_which_they_are(tmp_path, shape, env, walk):
     """The scalar walk (CUTEDSL_ATTENTION_MMA=0, and what a GQA group of more than 8 heads gets even
     with tensor cores asked) and the tensor-core walk with its loads a step ahead
-    (CUTEDSL_ATTENTION_PREFETCH=1) or staged through shared memory (CUTEDSL_ATTENTION_STAGES) compile,
-    export and link for sm_90a here; the default is the test above; the numbers of every walk are
-    checked on the GPU (SCHEDULES below)."""
+    (CUTEDSL_ATTENTION_PREFETCH=1) compile, export and link for sm_90a here; the default is the test
+    above; the numbers of every walk are checked on the GPU (SCHEDULES below)."""
     import tvm_ffi
 
     rp, sp = write_pair(tmp_path, *attention_pair(*shape))
@@ -213,8 +202,8 @@ def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
     """Launched with programmatic dependent launch (it may start while the kernel before it drains),
     the kernel's first global read or write must come after griddepcontrol.wait, and it lets the next
     kernel launch only once its walk has read the caches (the next kernel's blocks would otherwise
-    wait on the SMs while this one streams): checked in the PTX the exporter compiled, for the
-    default walk and the staged one. CUTEDSL_ATTENTION_PDL=0 builds a plain launch, with neither."""
+    wait on the SMs while this one streams): checked in the PTX the exporter compiled.
+    CUTEDSL_ATTENTION_PDL=0 builds a plain launch, with neither."""
     rp, sp = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128))
 
     def ptx(name: str, **env: str) -> str:
@@ -235,24 +224,14 @@ def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
         (text,) = [p.read_text() for p in dump.rglob("*.ptx")]
         return text
 
-    for name, env in (("pdl", {}), ("staged", {"CUTEDSL_ATTENTION_STAGES": "3"})):
-        lines = ptx(name, **env).splitlines()
-        at = {
-            kind: [i for i, t in enumerate(lines) if kind in t]
-            for kind in (
-                "griddepcontrol.wait",
-                "griddepcontrol.launch_dependents",
-                "ld.global",
-                "st.global",
-                "cp.async.cg",
-            )
-        }
-        (wait,), (launch,) = at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"]
-        reads = at["ld.global"] + at["cp.async.cg"]
-        assert wait < min(reads) and wait < min(at["st.global"]), name
-        assert max(reads) < launch < min(at["st.global"]), name
-        if name == "staged":  # 16 pieces a step (head_dim 128): 2 steps ahead, then one a loop
-            assert len(at["cp.async.cg"]) == 3 * 16 and any("cp.async.wait_group" in t and "2;" in t for t in lines)
+    lines = ptx("pdl").splitlines()
+    at = {
+        kind: [i for i, t in enumerate(lines) if kind in t]
+        for kind in ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global", "st.global")
+    }
+    (wait,), (launch,) = at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"]
+    assert wait < min(at["ld.global"]) and wait < min(at["st.global"])
+    assert max(at["ld.global"]) < launch < min(at["st.global"])
     assert "griddepcontrol" not in ptx("plain", CUTEDSL_ATTENTION_PDL="0")
 
 
@@ -274,8 +253,6 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "mma-prefetch": {"CUTEDSL_ATTENTION_MMA": "1", "CUTEDSL_ATTENTION_PREFETCH": "1"},
     "mma-prefetch-12-warps": {"CUTEDSL_ATTENTION_PREFETCH": "1", "CUTEDSL_ATTENTION_WARPS": "12"},
     "mma-2-heads": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "2"},
-    "mma-staged": {"CUTEDSL_ATTENTION_STAGES": "3"},
-    "mma-staged-12-warps": {"CUTEDSL_ATTENTION_STAGES": "2", "CUTEDSL_ATTENTION_WARPS": "12"},
 }
 
 
@@ -355,10 +332,10 @@ def test_gpu_matches_the_reference(gpu_kernels, shape, new_tokens, schedule):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch", "mma-staged", "mma-staged-12-warps"])
+@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch"])
 def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
-    """Shares of many steps a warp (8192 keys over 64 or 96 warps): the walks that load ahead wrap
-    around their ring of steps (a share of 1 to 4 steps, as in the test above, never does)."""
+    """Shares of many steps a warp (8192 keys over 64 warps), where the test above has 1 to 4: the
+    walk that loads a step ahead carries its buffer across many steps."""
     import torch
 
     from mcore.ops import decode_attention_reference
