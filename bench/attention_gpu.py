@@ -68,12 +68,26 @@ VARIANTS = {
     "CuTe tensor cores, loads a step ahead": {"CUTEDSL_ATTENTION_PREFETCH": "1"},
     "CuTe tensor cores, 12 warps": {"CUTEDSL_ATTENTION_WARPS": "12"},
     "CuTe tensor cores, cluster 16 of 4 warps": {"CUTEDSL_ATTENTION_CLUSTER": "16", "CUTEDSL_ATTENTION_WARPS": "4"},
+    # exported from the receipt of a build with --workspace-bytes WORKSPACE: split over blocks (no
+    # cluster), the partial results merged by a second kernel
+    "CuTe split 32 ways, 8 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "32"},
+    "CuTe split 32 ways, 4 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "32", "CUTEDSL_ATTENTION_WARPS": "4"},
+    "CuTe split 64 ways, 4 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "64", "CUTEDSL_ATTENTION_WARPS": "4"},
+    "CuTe split 16 ways, 8 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16"},
 }
+# the workspace of the split variants' receipt: 64 fp32 partial results (context row, max, sum) of
+# every query head at one new token; CUTEDSL_ATTENTION_SPLITS caps how many a variant uses
+WORKSPACE = QWEN3_8B["num_attention_heads"] * 64 * (128 + 2) * 4
 
 
-def export_variants(out: Path, receipt: Path) -> tuple[dict[str, Path], dict[str, float]]:
-    """Each of VARIANTS exported from `receipt` as out/attn-<index>.so, side by side (each export is a
-    single-threaded CPU-bound compile; the H200 box has 16 cores): {name: DSO} in VARIANTS order for those that exported, {name: seconds}."""
+def uses_workspace(name: str) -> bool:
+    return "(workspace)" in name
+
+
+def export_variants(out: Path, receipt: Path, ws_receipt: Path) -> tuple[dict[str, Path], dict[str, float]]:
+    """Each of VARIANTS exported from `receipt` (`ws_receipt`: those with a workspace) as
+    out/attn-<index>.so, side by side (each export is a single-threaded CPU-bound compile; the H200
+    box has 16 cores): {name: DSO} in VARIANTS order for those that exported, {name: seconds}."""
     dsos: dict[str, Path] = {}
     export_s: dict[str, float] = {}
     script = shipped_exporter("cutedsl-decode-attention")
@@ -82,7 +96,8 @@ def export_variants(out: Path, receipt: Path) -> tuple[dict[str, Path], dict[str
         i, (name, env) = item
         t = time.perf_counter()
         dso = out / f"attn-{i}.so"
-        cmd = [sys.executable, str(script), "--selection", str(receipt), "--output", str(dso)]
+        sel = ws_receipt if uses_workspace(name) else receipt
+        cmd = [sys.executable, str(script), "--selection", str(sel), "--output", str(dso)]
         r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
         export_s[name] = time.perf_counter() - t
         if r.returncode == 0:
@@ -95,7 +110,8 @@ def export_variants(out: Path, receipt: Path) -> tuple[dict[str, Path], dict[str
     return {name: dsos[name] for name in VARIANTS if name in dsos}, export_s
 
 
-def build(out: Path, capacity: int, native: bool) -> tuple[Path, Path, Path, dict[str, Path]]:
+def build(out: Path, capacity: int, native: bool) -> tuple[Path, dict[str, tuple[Path, str]], dict[str, Path]]:
+    """The native bundle, {"plain" | "workspace": (slot bundle, its ABI hash)}, the exported DSOs."""
     cfg = write_config_folder(out / "qwen3-8b-config")
     shutil.copy(materialize("qwen3-tiny") / "tokenizer.json", cfg)
     args = BuildArgs(model=str(cfg), weights="random", precision="bf16", max_cache_length=capacity)
@@ -103,13 +119,26 @@ def build(out: Path, capacity: int, native: bool) -> tuple[Path, Path, Path, dic
     if native:
         build_bundle(args, out / "native.bundle", device=DEV)
     slot = build_bundle(args, out / "attn.bundle", recipe=(RECIPE, "all-instances"), device=DEV)
+    ws = build_bundle(
+        args, out / "attn-ws.bundle", recipe=(RECIPE, "all-instances"), device=DEV, workspace_bytes=WORKSPACE
+    )
     build_s = time.perf_counter() - t
-    dsos, export_s = export_variants(out, slot.receipt_paths[0])
-    manifest = out / "attn-bindings.json"
-    entry = {"id": RECIPE, "abi_sha256": slot.receipts[0].abi_sha256, "library": f"./attn-{BIND}.so", "function": "run"}
-    manifest.write_text(json.dumps({"schema_version": 1, "bindings": [entry]}))
+    dsos, export_s = export_variants(out, slot.receipt_paths[0], ws.receipt_paths[0])
     emit(out, "build", {"slots": len(slot.receipts), "build_s": build_s, "export_s": export_s})
-    return out / "native.bundle", out / "attn.bundle", manifest, dsos
+    slots = {
+        "plain": (out / "attn.bundle", slot.receipts[0].abi_sha256),
+        "workspace": (out / "attn-ws.bundle", ws.receipts[0].abi_sha256),
+    }
+    return out / "native.bundle", slots, dsos
+
+
+def bind(out: Path, slots: dict[str, tuple[Path, str]], index: int) -> tuple[Path, Path]:
+    """The slot bundle VARIANTS[index] binds to and a bindings manifest naming its DSO."""
+    bundle, abi = slots["workspace" if uses_workspace(list(VARIANTS)[index]) else "plain"]
+    manifest = out / "attn-bindings.json"
+    entry = {"id": RECIPE, "abi_sha256": abi, "library": f"./attn-{index}.so", "function": "run"}
+    manifest.write_text(json.dumps({"schema_version": 1, "bindings": [entry]}))
+    return bundle, manifest
 
 
 def kernel_times(out: Path, dsos: dict[str, Path], contexts: list[int], capacity: int) -> list[dict]:
@@ -129,6 +158,7 @@ def kernel_times(out: Path, dsos: dict[str, Path], contexts: list[int], capacity
     q = (torch.randn(1, h, 1, d, device="cuda", generator=g) * d**-0.5).to(torch.bfloat16)
     lens = torch.zeros(1, dtype=torch.int32, device="cuda")
     outs = [torch.empty_like(q) for _ in range(layers)]
+    scratch = [torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda") for _ in range(layers)]  # one a slot
     rows = []
     for n in contexts:
         lens.fill_(n)
@@ -143,12 +173,21 @@ def kernel_times(out: Path, dsos: dict[str, Path], contexts: list[int], capacity
                 (fd.decode_attention(q, *caches[0], lens).double().cpu() - ref).abs().max()
             ),
         }
-        for name, run in runs.items():
+        for name, run0 in runs.items():
+            if uses_workspace(name):  # the slot passes its workspace between the inputs and the output
+                run = lambda q, k, v, n, o, i=0, run0=run0: run0(q, k, v, n, scratch[i], o)  # noqa: E731
+            else:
+                run = lambda q, k, v, n, o, i=0, run0=run0: run0(q, k, v, n, o)  # noqa: E731
             outs[0].fill_(float("nan"))
             run(q, caches[0][0], caches[0][1], lens, outs[0])
             first = outs[0].clone()
             run(q, caches[0][0], caches[0][1], lens, outs[0])
-            ms = time_graph(lambda run=run: [run(q, k, v, lens, o) for (k, v), o in zip(caches, outs)]) / layers
+            ms = (
+                time_graph(
+                    lambda run=run: [run(q, k, v, lens, o, i) for i, ((k, v), o) in enumerate(zip(caches, outs))]
+                )
+                / layers
+            )
             bw = nbytes / (ms * 1e-3)
             row[name] = {
                 "us": ms * 1e3,
@@ -181,6 +220,7 @@ def cosine(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def pipelines(out: Path, native: Path, slot: Path, manifest: Path, contexts: list[int], steps: int) -> None:
+    """Native vs `slot` bound through `manifest`: lockstep logits, then the step timed at each context."""
     t = time.perf_counter()
     nat = DecoderPipeline(str(native), device=DEV)
     load_native = time.perf_counter() - t
@@ -323,21 +363,20 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     contexts = [int(x) for x in a.contexts.split(",")]
     parts = a.parts.split(",")
-    native, slot, manifest, dsos = build(out, a.capacity, "pipelines" in parts)
+    native, slots, dsos = build(out, a.capacity, "pipelines" in parts)
+    bound = {"variant": BIND}
 
     def kernel_part() -> None:
         rows = kernel_times(out, dsos, contexts, a.capacity)
         if a.bind == "fastest":  # the pipelines bind the variant the kernel table found fastest
-            best = fastest(rows)
-            entry = json.loads(manifest.read_text())
-            entry["bindings"][0]["library"] = f"./attn-{best}.so"
-            manifest.write_text(json.dumps(entry))
-            emit(out, "bind", {"variant": list(VARIANTS)[best]})
+            bound["variant"] = fastest(rows)
+            emit(out, "bind", {"variant": list(VARIANTS)[bound["variant"]]})
 
-    for name, part in (
-        ("kernel", kernel_part),
-        ("pipelines", lambda: pipelines(out, native, slot, manifest, contexts, a.steps)),
-    ):
+    def pipelines_part() -> None:
+        slot, manifest = bind(out, slots, bound["variant"])
+        pipelines(out, native, slot, manifest, contexts, a.steps)
+
+    for name, part in (("kernel", kernel_part), ("pipelines", pipelines_part)):
         if name not in parts:
             continue
         try:

@@ -208,14 +208,27 @@ def check_selection(receipt, where):
         raise ContractError(
             f"{where}: a cache of {kv_heads}x{capacity}x{head_dim} elements is too large for 32-bit offsets"
         )
-    if receipt["workspace_bytes"] != 0 or receipt["extra_args"] != [] or receipt["output_shape_input"] != 0:
+    if receipt["extra_args"] != [] or receipt["output_shape_input"] != 0:
         raise ContractError(
-            f"{where}: this kernel takes no workspace and no extra args, and its output is shaped like "
-            f"input 0 (the receipt has workspace {receipt['workspace_bytes']}, extra args "
-            f"{json.dumps(receipt['extra_args'])}, output like input {receipt['output_shape_input']}); "
-            f"{RESELECT}"
+            f"{where}: this kernel takes no extra args and its output is shaped like input 0 (the receipt "
+            f"has extra args {json.dumps(receipt['extra_args'])}, output like input "
+            f"{receipt['output_shape_input']}); {RESELECT}"
         )
-    return {"dtype": t, "heads": heads, "kv_heads": kv_heads, "capacity": capacity, "head_dim": head_dim}
+    ws, least = receipt["workspace_bytes"], workspace_bytes_for(heads, head_dim, 2)
+    if ws and ws < least:
+        raise ContractError(
+            f"{where}: a workspace of {ws} bytes holds fewer than 2 partial results a head; give none "
+            f"(--workspace-bytes 0) or at least {least} ({workspace_bytes_for(heads, head_dim)} for "
+            f"{SPLITS or 32} splits)"
+        )
+    return {
+        "dtype": t,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "capacity": capacity,
+        "head_dim": head_dim,
+        "workspace_bytes": ws,
+    }
 
 
 def check_snapshot(snapshot, receipt, where):
@@ -309,6 +322,14 @@ WARPS = int(_WARPS_ENV) if _WARPS_ENV in ("4", "8", "12") else 0  # 0: refused b
 # batch 1 without global scratch (the recipe's ABI declares no workspace). 8 is the portable size.
 _CLUSTER_ENV = os.environ.get("CUTEDSL_ATTENTION_CLUSTER", "8")
 CLUSTER = int(_CLUSTER_ENV) if _CLUSTER_ENV in ("1", "2", "4", "8", "16") else 0  # 0: refused by make_run
+# With a workspace in the receipt (`mcore build ... --workspace-bytes N`, the ABI hash covers it) the
+# keys are split over SPLITS blocks per (KV head, new token) with no cluster: each block writes its
+# partial result to the workspace and a second kernel merges them in split order (deterministic, no
+# atomics). Clusters cap a row at 16 blocks, 64 of the H200's 132 SMs on a Qwen3-8B layer at 8;
+# SPLITS blocks of a row can fill the GPU. CUTEDSL_ATTENTION_SPLITS (2-64) is a benchmark knob;
+# fewer splits are used where the workspace holds fewer partials (several new tokens).
+_SPLITS_ENV = os.environ.get("CUTEDSL_ATTENTION_SPLITS", "32")
+SPLITS = int(_SPLITS_ENV) if _SPLITS_ENV.isdigit() and 2 <= int(_SPLITS_ENV) <= 64 else 0  # 0: refused
 # Query heads per block: 0 (the default) for the whole GQA group, else a divisor of it.
 _HEADS_ENV = os.environ.get("CUTEDSL_ATTENTION_HEADS_PER_BLOCK", "0")
 HEADS_PER_BLOCK = int(_HEADS_ENV) if _HEADS_ENV.isdigit() else 0
@@ -333,11 +354,18 @@ def schedule(heads, kv_heads):
     return hpb, MMA and hpb <= 8
 
 
+def workspace_bytes_for(heads, head_dim, splits=None):
+    """Workspace bytes for `splits` partial results (fp32 context row, max and sum) of every query
+    head at one new token: what `--workspace-bytes` should be for SPLITS-way splitting."""
+    return heads * (splits or SPLITS or 2) * (head_dim + 2) * 4
+
+
 NEG = -1.0e30  # an empty share's running max: finite, so merges never compute inf - inf
 
 
-def make_run(dtype, heads, kv_heads, capacity, head_dim):
-    """The jit function run(query, key_cache, value_cache, kv_lengths, context, stream) for these shapes.
+def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
+    """The jit function run(query, key_cache, value_cache, kv_lengths, [workspace,] context, stream)
+    for these shapes (the workspace when workspace_bytes > 0: split over blocks, no cluster).
 
     Everything but the token count s is a compile-time constant; s comes from query's shape.
 
@@ -351,6 +379,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         raise ValueError("CUTEDSL_ATTENTION_CLUSTER must be 1, 2, 4, 8 or 16")
     if not WARPS:
         raise ValueError("CUTEDSL_ATTENTION_WARPS must be 4, 8 or 12")
+    if workspace_bytes and not SPLITS:
+        raise ValueError("CUTEDSL_ATTENTION_SPLITS must be 2 to 64")
     element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
     # Query heads per block: the whole group reads K and V once for all of them (64 blocks on a
     # Qwen3-8B layer, 255 registers a thread); one head per block puts 256 blocks on the GPU, two per
@@ -359,7 +389,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
     hpb, use_mma = schedule(heads, kv_heads)
     cols = head_dim // WARP  # P @ V columns per lane: lane * cols ...
     threads = WARPS * WARP
-    parts = CLUSTER * WARPS
+    split = workspace_bytes > 0  # partial results through the workspace instead of a cluster
+    partials = workspace_bytes // (4 * hpb * (head_dim + 2))  # (hpb x (D + 2)) fp32 records it holds
 
     def remote(ptr, rank):
         """The fp32 at shared-memory address `ptr` of block `rank` of this cluster."""
@@ -579,6 +610,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         kv_lengths: cute.Tensor,
         context: cute.Tensor,
         new_tokens: cutlass.Int32,
+        workspace: cute.Tensor,  # split: (partials, hpb, D + 2) fp32; else unused (context passed)
+        splits: cutlass.Int32,  # blocks per row: the split count, or CLUSTER
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -586,6 +619,11 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         lane = tidx % WARP
         rank = cute.arch.block_idx_in_cluster()
         row = bidx // CLUSTER
+        parts = CLUSTER * WARPS
+        if cutlass.const_expr(split):  # `splits` consecutive blocks a row
+            rank = bidx % splits
+            row = bidx // splits
+            parts = splits * WARPS
         token = row % new_tokens
         head_block = row // new_tokens  # which hpb query heads: head0 .. head0 + hpb - 1
         head0 = head_block * hpb
@@ -699,12 +737,27 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
                 weight = cute.math.exp(part_m[w, g] - mb)
                 num = num + part_acc[w, g, d] * weight
                 den = den + part_l[w, g] * weight
-            blk_acc[g, d] = num
-            if d == 0:
-                blk_m[g] = mb
-                blk_l[g] = den
+            if cutlass.const_expr(split):
+                if splits == 1:  # a workspace too small for two splits of these rows: the block's is the result
+                    context[0, head0 + g, token, d] = (num / den).to(element)
+                else:  # this block's record; merge_kernel merges a row's records in split order
+                    record = row * splits + rank
+                    workspace[record, g, d] = num
+                    if d == 0:
+                        workspace[record, g, head_dim] = mb
+                        workspace[record, g, head_dim + 1] = den
+            else:
+                blk_acc[g, d] = num
+                if d == 0:
+                    blk_m[g] = mb
+                    blk_l[g] = den
 
-        # the cluster's result: blocks merged in rank order by rank 0, reading the others' shared memory
+        if cutlass.const_expr(not split):
+            cluster_merge(context, blk_acc, blk_m, blk_l, head0, token, rank, tidx)
+
+    @cute.jit
+    def cluster_merge(context, blk_acc, blk_m, blk_l, head0, token, rank, tidx):
+        """The cluster's result: blocks merged in rank order by rank 0, reading the others' shared memory."""
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
         if rank == 0:
@@ -726,6 +779,31 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
         cute.arch.cluster_arrive()  # the others keep their shared memory until rank 0 has read it
         cute.arch.cluster_wait()
 
+    @cute.kernel
+    def merge_kernel(workspace: cute.Tensor, context: cute.Tensor, new_tokens: cutlass.Int32, splits: cutlass.Int32):
+        """split: one block per row merges the row's `splits` records in split order."""
+        tidx, _, _ = cute.arch.thread_idx()
+        row, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(PDL):  # the records are the kernel before's output
+            cute.arch.griddepcontrol_wait()
+        if splits > 1:
+            token = row % new_tokens
+            head0 = (row // new_tokens) * hpb
+            first = row * splits
+            for i in cutlass.range(tidx, hpb * head_dim, threads):
+                g = i // head_dim
+                d = i - g * head_dim
+                mall = cutlass.Float32(NEG)
+                for r in cutlass.range(splits):
+                    mall = cute.arch.fmax(mall, workspace[first + r, g, head_dim])
+                num = cutlass.Float32(0.0)
+                den = cutlass.Float32(0.0)
+                for r in cutlass.range(splits):
+                    weight = cute.math.exp(workspace[first + r, g, head_dim] - mall)
+                    num = num + workspace[first + r, g, d] * weight
+                    den = den + workspace[first + r, g, head_dim + 1] * weight
+                context[0, head0 + g, token, d] = (num / den).to(element)
+
     smem_bytes = 4 * (hpb * head_dim + WARPS * hpb * head_dim + 2 * WARPS * hpb + 2 * hpb) + 16 * 8
 
     @cute.jit
@@ -739,7 +817,9 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
     ):
         """The exported run(query, key_cache, value_cache, kv_lengths, context); `stream` is the TVM-FFI env stream."""
         new_tokens = cute.size(query, mode=[2])  # s: dynamic, from the tensor the engine passes
-        attention_kernel(query, key_cache, value_cache, kv_lengths, context, new_tokens).launch(
+        attention_kernel(
+            query, key_cache, value_cache, kv_lengths, context, new_tokens, context, cutlass.Int32(CLUSTER)
+        ).launch(
             grid=(heads // hpb * new_tokens * CLUSTER, 1, 1),
             block=(threads, 1, 1),
             cluster=(CLUSTER, 1, 1),
@@ -748,10 +828,43 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim):
             use_pdl=PDL,
         )
 
-    return run
+    @cute.jit
+    def run_split(
+        query: cute.Tensor,
+        key_cache: cute.Tensor,
+        value_cache: cute.Tensor,
+        kv_lengths: cute.Tensor,
+        workspace: cute.Tensor,
+        context: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        """run(query, key_cache, value_cache, kv_lengths, workspace, context): split over blocks, merged
+        by a second kernel; as many splits (up to SPLITS) as the workspace holds for these rows."""
+        new_tokens = cute.size(query, mode=[2])
+        rows = heads // hpb * new_tokens
+        splits = cutlass.max(cutlass.min(cutlass.Int32(SPLITS), cutlass.Int32(partials) // rows), cutlass.Int32(1))
+        records = cute.make_tensor(
+            cute.recast_ptr(workspace.iterator, dtype=cutlass.Float32),
+            cute.make_layout((partials, hpb, head_dim + 2), stride=(hpb * (head_dim + 2), head_dim + 2, 1)),
+        )
+        attention_kernel(query, key_cache, value_cache, kv_lengths, context, new_tokens, records, splits).launch(
+            grid=(rows * splits, 1, 1),
+            block=(threads, 1, 1),
+            smem=smem_bytes,
+            stream=stream,
+            use_pdl=PDL,
+        )
+        merge_kernel(records, context, new_tokens, splits).launch(
+            grid=(rows, 1, 1),
+            block=(threads, 1, 1),
+            stream=stream,
+            use_pdl=PDL,
+        )
+
+    return run_split if split else run
 
 
-def fake_arguments(dtype, heads, kv_heads, capacity, head_dim):
+def fake_arguments(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
     """Compile-time stand-ins for run()'s arguments, in ABI order (s is one cute.sym_int())."""
     element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
 
@@ -764,6 +877,7 @@ def fake_arguments(dtype, heads, kv_heads, capacity, head_dim):
         tensor(element, (1, kv_heads, capacity, head_dim), 16),  # key_cache: whole allocations, 16-byte loads
         tensor(element, (1, kv_heads, capacity, head_dim), 16),  # value_cache
         tensor(cutlass.Int32, (1,)),  # kv_lengths
+        *([tensor(cutlass.Uint8, (workspace_bytes,), 16)] if workspace_bytes else []),  # the slot's, 256-aligned
         tensor(element, (1, heads, tokens, head_dim)),  # context
         make_fake_stream(use_tvm_ffi_env_stream=True),  # the TVM-FFI env stream, not a run() argument
     ]
@@ -984,7 +1098,13 @@ def main(argv=None):
     print(f"shapes: {described}")
     hpb, mma = schedule(shapes["heads"], shapes["kv_heads"])
     walk = ("tensor cores, prefetch" if PREFETCH else "tensor cores") if mma else "scalar"
-    print(f"schedule=cluster {CLUSTER}, {WARPS} warps, {hpb} heads a block, {walk}")
+    if shapes["workspace_bytes"]:
+        rows = shapes["heads"] // hpb
+        most = min(SPLITS, shapes["workspace_bytes"] // (4 * hpb * (shapes["head_dim"] + 2)) // rows)
+        blocks = f"split {most} ways over blocks at 1 new token (workspace {shapes['workspace_bytes']} bytes)"
+    else:
+        blocks = f"cluster {CLUSTER}"
+    print(f"schedule={blocks}, {WARPS} warps, {hpb} heads a block, {walk}")
     print(f"arch={os.environ.get('CUTE_DSL_ARCH') or 'the visible GPU'}")
     print(f"dso={output.resolve()}")
     return 0

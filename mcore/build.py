@@ -20,7 +20,7 @@ from .graph_capture import Captured, capture, resolve, tool_versions
 from .patch import check_receipt_against
 from .progress import NO_PROGRESS, Progress
 from .recipes import select_recipe_instances
-from .receipt import Receipt
+from .receipt import Receipt, check_workspace
 
 
 @dataclass
@@ -68,11 +68,19 @@ def build_bundle(
     graph_patch: Optional[str | Path] = None,
     device: Optional[str] = None,
     progress: Progress = NO_PROGRESS,
+    workspace_bytes: Optional[int] = None,
 ) -> BuildResult:
     """`recipe` is (RECIPE_ID, INSTANCE, ...): each instance becomes its own slot of the one binding
-    (recipes.ALL_INSTANCES names every instance)."""
+    (recipes.ALL_INSTANCES names every instance). `workspace_bytes` replaces the recipe's workspace."""
     if recipe and graph_patch:
         raise UserError("give either --recipe or --graph-patch, not both")
+    if workspace_bytes is not None and not recipe:
+        raise UserError(
+            "--workspace-bytes applies to --recipe builds; a --graph-patch receipt carries its own "
+            "(select with `mcore graph select ... --workspace-bytes N`)"
+        )
+    if workspace_bytes is not None:  # before the captures: a bad value fails fast
+        check_workspace(workspace_bytes)
     if recipe is not None and len(recipe) < 2:
         raise UserError("--recipe needs RECIPE_ID and at least one INSTANCE (or all-instances)")
     output = check_output_path(output)
@@ -97,7 +105,7 @@ def build_bundle(
     if recipe:
         rid, *instances = recipe
         role = _recipe_role(caps, rid)
-        receipts = select_recipe_instances(caps[role].snapshot, rid, instances)
+        receipts = select_recipe_instances(caps[role].snapshot, rid, instances, workspace_bytes)
     elif receipt_file is not None:
         receipts = [check_receipt_against(receipt_file, caps[receipt_file.engine_role].snapshot, str(graph_patch))]
     progress.report("loading weights", 0.6)

@@ -102,26 +102,38 @@ def expand_instances(snapshot: SnapshotLike, recipe_id: str, instances: Sequence
     return list(instances)
 
 
-def select_recipe(snapshot: SnapshotLike, recipe_id: str, instance: str, binding_id: str | None = None) -> Receipt:
-    """Resolve a recipe instance and validate it exactly like a manual selection."""
+def select_recipe(
+    snapshot: SnapshotLike,
+    recipe_id: str,
+    instance: str,
+    binding_id: str | None = None,
+    workspace_bytes: int | None = None,
+) -> Receipt:
+    """Resolve a recipe instance and validate it exactly like a manual selection. `workspace_bytes`
+    replaces the recipe's own (a kernel that needs scratch declares it; the ABI hash covers it)."""
     snapshot = Snapshot.of(snapshot)
     r = find_recipe(snapshot, recipe_id, instance)
     return select_region(
         snapshot,
         r.node_ids,
         binding_id or recipe_id,
-        r.workspace_bytes,
+        r.workspace_bytes if workspace_bytes is None else workspace_bytes,
         r.extra_args,
         r.output_shape_input,
         recipe={"id": recipe_id, "instance": instance},
     )
 
 
-def select_recipe_instances(snapshot: SnapshotLike, recipe_id: str, instances: Sequence[str]) -> list[Receipt]:
+def select_recipe_instances(
+    snapshot: SnapshotLike, recipe_id: str, instances: Sequence[str], workspace_bytes: int | None = None
+) -> list[Receipt]:
     """One receipt per named instance, each from select_recipe(). They become slots of one binding
     (same binding ID), so they must share one ABI: a bindings manifest lists a binding ID once."""
     snapshot = Snapshot.of(snapshot)
-    receipts = [select_recipe(snapshot, recipe_id, inst) for inst in expand_instances(snapshot, recipe_id, instances)]
+    receipts = [
+        select_recipe(snapshot, recipe_id, inst, workspace_bytes=workspace_bytes)
+        for inst in expand_instances(snapshot, recipe_id, instances)
+    ]
     first = receipts[0]
     for r in receipts[1:]:
         if r.abi_sha256 != first.abi_sha256:

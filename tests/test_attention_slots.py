@@ -144,6 +144,59 @@ def test_one_entry_binds_both_layers_and_every_slot_runs(built, monkeypatch):
     assert lengths[0::2] == list(range(lengths[0], lengths[0] + 5))
 
 
+def test_a_recipe_build_declares_a_workspace_and_each_slot_gets_its_own(built, mcore, monkeypatch):
+    """`--workspace-bytes N` replaces the recipe's workspace (none): the receipt declares it, the ABI
+    hash covers it (so a kernel exported for the plain receipt cannot bind), and every slot's kernel
+    gets its own N-byte uint8 workspace between the inputs and the output."""
+    from mcore import bindings
+    from mcore.pipeline import DecoderPipeline
+
+    out = built / "ws.bundle"
+    r = mcore("build", *QWEN_ARGS, "--recipe", RECIPE, *LAYERS, "--workspace-bytes", "4096", "-o", str(out))
+    assert r.code == 0, r
+    receipt = json.loads((built / f"ws.selection.{LAYERS[0]}.json").read_text())
+    assert receipt["workspace_bytes"] == 4096
+    plain = manifest_of(built, "both.bundle")["kernel_slots"][0]["abi_sha256"]
+    abi = manifest_of(built, "ws.bundle")["kernel_slots"][0]["abi_sha256"]
+    assert receipt["abi_sha256"] == abi != plain
+
+    seen: list[tuple[int, int]] = []  # (workspace data_ptr, bytes) per call
+
+    def kernel(q, k_cache, v_cache, kv_lengths, workspace, out):
+        assert workspace.dtype == torch.uint8 and workspace.dim() == 1
+        seen.append((workspace.data_ptr(), workspace.numel()))
+        AttentionStandIn()(q, k_cache, v_cache, kv_lengths, out)
+
+    monkeypatch.setattr(bindings, "_load_function", lambda library, function, bid: (None, kernel))
+    native = DecoderPipeline(str(built / "native.bundle"), device="cpu", engine="torch").generate(
+        PROMPT, 4, stop_at_eos=False
+    )
+    pipe = DecoderPipeline(
+        str(out),
+        kernel_bindings=str(bind_manifest(built, abi)),
+        device="cpu",
+        engine="torch",
+        announce=lambda line: None,
+    )
+    assert pipe.generate(PROMPT, 4, stop_at_eos=False).tokens == native.tokens
+    assert len(seen) == 3 * 2 and {n for _, n in seen} == {4096}
+    assert len({ptr for ptr, _ in seen}) == 2  # one workspace a slot, kept across steps
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["--recipe", RECIPE, LAYERS[0], "--workspace-bytes", "-1"], "workspace bytes -1 is out of range"),
+        (["--workspace-bytes", "64"], "--workspace-bytes applies to --recipe builds"),
+    ],
+    ids=["negative", "without-recipe"],
+)
+def test_bad_workspace_is_a_one_line_error(built, mcore, extra, fragment):
+    out = built / "bad-ws.bundle"
+    assert_user_error(mcore("build", *QWEN_ARGS, *extra, "-o", str(out)), fragment)
+    assert not out.exists()
+
+
 def test_unbound_and_mismatched_attention_slots_fail_closed_naming_them(built, mcore):
     r = mcore("run", str(built / "both.bundle"), "--prompt", "hi", "--max-new-tokens", "2", "--device", "cpu")
     assert_user_error(r, f"slot {RECIPE} (2 slots: {RECIPE} [{LAYERS[0]}], {RECIPE} [{LAYERS[1]}])", "is not bound")

@@ -101,7 +101,7 @@ def refusals() -> list[tuple[str, Any, str]]:
         ("fp32", attention_pair("FP32")[1], "dtypes FP32, FP32, FP32, INT32, FP32 are not supported"),
         ("head_dim", attention_pair(head_dim=96)[1], "head_dim 96 is not supported"),
         ("gqa", attention_pair(heads=12, kv_heads=8)[1], "12 query heads are not a multiple of 8 KV heads"),
-        ("workspace", attention_pair(workspace_bytes=1024)[1], "this kernel takes no workspace"),
+        ("workspace", attention_pair(workspace_bytes=1024)[1], "holds fewer than 2 partial results a head"),
         ("binding", attention_pair(binding="my.attn@1")[1], "binding ID 'my.attn@1' is not"),
         ("edited", _edited(base, lambda r: r["abi"]["inputs"][1]["shape"].__setitem__(2, 8)), "the file was edited"),
         ("not a receipt", {"kind": "something"}, "not a selection receipt"),
@@ -198,6 +198,32 @@ def test_other_walks_export_and_say_which_they_are(tmp_path, shape, env, walk):
 
 
 @needs_cute
+def test_a_receipt_with_a_workspace_exports_the_split_schedule(tmp_path):
+    """A workspace in the receipt (its ABI hash covers it) selects the schedule split over blocks:
+    run(query, key_cache, value_cache, kv_lengths, workspace, context) launches the walk and a merge
+    kernel, which waits for the walk's records (griddepcontrol.wait) before reading them."""
+    import tvm_ffi
+
+    ws = 32 * 32 * 130 * 4  # 32 heads, 32 splits, head_dim 128 + max and sum, fp32
+    rp, sp = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=ws))
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    out = tmp_path / "split.so"
+    r = run_script(
+        "--selection", rp, "--snapshot", sp, "--output", out, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump)
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"schedule=split 32 ways over blocks at 1 new token (workspace {ws} bytes), 8 warps" in r.stdout
+    assert callable(tvm_ffi.load_module(str(out))["run"])
+    (text,) = [p.read_text() for p in dump.rglob("*.ptx")]
+    entries = [i for i, t in enumerate(text.splitlines()) if t.startswith(".visible .entry")]
+    assert len(entries) == 2 and "merge_kernel" in text.splitlines()[entries[1]]
+    merge = text.splitlines()[entries[1] :]
+    wait = next(i for i, t in enumerate(merge) if "griddepcontrol.wait" in t)
+    assert wait < min(i for i, t in enumerate(merge) if "ld.global" in t)
+
+
+@needs_cute
 def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
     """Launched with programmatic dependent launch (it may start while the kernel before it drains),
     the kernel's first global read or write must come after griddepcontrol.wait, and it lets the next
@@ -253,7 +279,19 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "mma-prefetch": {"CUTEDSL_ATTENTION_MMA": "1", "CUTEDSL_ATTENTION_PREFETCH": "1"},
     "mma-prefetch-12-warps": {"CUTEDSL_ATTENTION_PREFETCH": "1", "CUTEDSL_ATTENTION_WARPS": "12"},
     "mma-2-heads": {"CUTEDSL_ATTENTION_HEADS_PER_BLOCK": "2"},
+    # with a workspace in the receipt: split over blocks, merged by a second kernel
+    "split": {},
+    "split-7-scalar": {"CUTEDSL_ATTENTION_SPLITS": "7", "CUTEDSL_ATTENTION_MMA": "0"},
+    "split-tight-4-warps": {"CUTEDSL_ATTENTION_WARPS": "4"},
 }
+# the partial results a head the receipt's workspace holds at one new token, by schedule: 2 leaves
+# 3 new tokens one split (the blocks write the context themselves); 7 of 7 leaves them 2 each
+WORKSPACE_SPLITS = {"split": 32, "split-7-scalar": 7, "split-tight-4-warps": 2}
+
+
+def workspace_bytes(schedule: str, heads: int, head_dim: int) -> int:
+    splits = WORKSPACE_SPLITS.get(schedule, 0)
+    return heads * splits * (head_dim + 2) * 4  # fp32 context row, max and sum per head and split
 
 
 class _Kernels:
@@ -277,12 +315,21 @@ class _Kernels:
             with open(self.folder / f"{name}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # another worker exporting it: wait, then load its DSO
                 if not out.exists():
-                    rp, sp = write_pair(self.folder, *attention_pair(*shape), name)
+                    ws = workspace_bytes(schedule, shape[1], shape[4])
+                    rp, sp = write_pair(self.folder, *attention_pair(*shape, workspace_bytes=ws), name)
                     tmp = self.folder / f"{name}.partial.so"
                     r = run_script("--selection", rp, "--snapshot", sp, "--output", tmp, **SCHEDULES[schedule])
                     assert r.returncode == 0, (key, r.stderr[-3000:])
                     tmp.rename(out)
-            self.loaded[key] = tvm_ffi.load_module(str(out))["run"]
+            run = tvm_ffi.load_module(str(out))["run"]
+            ws = workspace_bytes(key[1], key[0][1], key[0][4])
+            if ws:  # called like the others; the workspace as a slot holds it, all NaN bit patterns
+                import torch
+
+                scratch = torch.full((ws,), 255, dtype=torch.uint8, device="cuda")
+                self.loaded[key] = lambda q, k, v, n, out, run=run: run(q, k, v, n, scratch, out)
+            else:
+                self.loaded[key] = run
         return self.loaded[key]
 
 
@@ -332,10 +379,10 @@ def test_gpu_matches_the_reference(gpu_kernels, shape, new_tokens, schedule):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch"])
+@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch", "split"])
 def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
-    """Shares of many steps a warp (8192 keys over 64 warps), where the test above has 1 to 4: the
-    walk that loads a step ahead carries its buffer across many steps."""
+    """Shares of many steps a warp (8192 keys over 64 warps, or 256 with 32 splits), where the test
+    above has 1 to 4: the walk that loads a step ahead carries its buffer across many steps."""
     import torch
 
     from mcore.ops import decode_attention_reference
@@ -358,13 +405,15 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
 
 
 @pytest.mark.gpu
-def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels):
-    """No host sync: the length lives on the device, so a captured graph follows later lengths."""
+@pytest.mark.parametrize("schedule", ["per-group", "split"])
+def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels, schedule):
+    """No host sync: the length lives on the device, so a captured graph follows later lengths
+    (split: both kernels, the walk and the merge, in the graph)."""
     import torch
 
     from mcore.ops import decode_attention_reference
 
-    fn = gpu_kernels[("BF16", 32, 4, 256, 128), "per-group"]
+    fn = gpu_kernels[("BF16", 32, 4, 256, 128), schedule]
     q = torch.randn(1, 32, 1, 128, device="cuda").to(torch.bfloat16)
     k = torch.randn(1, 4, 256, 128, device="cuda").to(torch.bfloat16)
     v = torch.randn(1, 4, 256, 128, device="cuda").to(torch.bfloat16)

@@ -32,6 +32,7 @@ def cmd_build(ns: argparse.Namespace) -> int:
         graph_patch=ns.graph_patch,
         device=ns.device,
         progress=stderr_progress(),
+        workspace_bytes=ns.workspace_bytes,
     )
     m = res.manifest
     print(f"bundle written to {res.bundle_path}")
@@ -246,6 +247,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="RECIPE INSTANCE [INSTANCE ...]: each instance becomes its own slot of one binding "
         "(same binding ID and ABI); the literal instance all-instances names every instance",
+    )
+    p.add_argument(
+        "--workspace-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --recipe: the scratch bytes each slot's kernel gets (replaces the recipe's; in the ABI hash)",
     )
     p.add_argument("--graph-patch", default=None, metavar="SELECTION_JSON")
     p.add_argument("--device", default=None, help="default device recorded for the bundle (cpu | cuda)")

@@ -83,14 +83,15 @@ def cmd_select(ns: argparse.Namespace) -> int:
     if ns.recipe:
         if ns.nodes:
             raise UserError("give either --nodes or --recipe, not both")
-        receipt = select_recipe(snap, ns.recipe[0], ns.recipe[1], ns.binding_id)
+        receipt = select_recipe(snap, ns.recipe[0], ns.recipe[1], ns.binding_id, ns.workspace_bytes)
     else:
         if not ns.nodes:
             raise UserError("no nodes selected; pass --nodes node:N [node:M ...] (or --recipe ID INSTANCE)")
         if not ns.binding_id:
             raise UserError("--binding-id is required for a manual selection (e.g. my.kernel@1)")
         extras = [parse_extra_arg(t) for t in ns.extra_arg]
-        receipt = select_region(snap, ns.nodes, ns.binding_id, ns.workspace_bytes, extras, ns.output_shape_like_input)
+        ws = ns.workspace_bytes or 0
+        receipt = select_region(snap, ns.nodes, ns.binding_id, ws, extras, ns.output_shape_like_input)
     write_json(ns.output, receipt.to_dict())
     for line in abi_lines(receipt):
         say(line)
@@ -156,7 +157,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nodes", nargs="+", default=[], metavar="NODE")
     p.add_argument("--recipe", nargs=2, metavar=("RECIPE", "INSTANCE"), default=None)
     p.add_argument("--binding-id", default=None)
-    p.add_argument("--workspace-bytes", type=int, default=0)
+    p.add_argument(
+        "--workspace-bytes", type=int, default=None, help="scratch bytes for the kernel (default: the recipe's, or 0)"
+    )
     p.add_argument("--extra-arg", action="append", default=[], metavar="JSON")
     p.add_argument("--output-shape-like-input", type=int, default=None, metavar="INPUT_INDEX")
     p.add_argument("-o", "--output", required=True, help="receipt path (JSON)")
