@@ -225,7 +225,7 @@ def check_selection(receipt, where):
         raise ContractError(
             f"{where}: a workspace of {ws} bytes holds fewer than 2 partial results a head; give none "
             f"(--workspace-bytes 0) or at least {least} ({workspace_bytes_for(heads, head_dim)} for "
-            f"{SPLITS or 32} splits)"
+            f"{SPLITS or 16} splits)"
         )
     return {
         "dtype": t,
@@ -333,8 +333,9 @@ CLUSTER = int(_CLUSTER_ENV) if _CLUSTER_ENV in ("1", "2", "4", "8", "16") else 0
 # partial result to the workspace and a second kernel merges them in split order (deterministic, no
 # atomics). Clusters cap a row at 16 blocks, 64 of the H200's 132 SMs on a Qwen3-8B layer at 8;
 # SPLITS blocks of a row can fill the GPU. CUTEDSL_ATTENTION_SPLITS (2-64) is a benchmark knob;
-# fewer splits are used where the workspace holds fewer partials (several new tokens).
-_SPLITS_ENV = os.environ.get("CUTEDSL_ATTENTION_SPLITS", "32")
+# fewer splits are used where the workspace holds fewer partials (several new tokens). 16 measured
+# fastest of 16, 32 and 64 on the H200 at 1k-32k (eighth session, with the first merge kernel).
+_SPLITS_ENV = os.environ.get("CUTEDSL_ATTENTION_SPLITS", "16")
 SPLITS = int(_SPLITS_ENV) if _SPLITS_ENV.isdigit() and 2 <= int(_SPLITS_ENV) <= 64 else 0  # 0: refused
 # Query heads per block: 0 (the default) for the whole GQA group, else a divisor of it.
 _HEADS_ENV = os.environ.get("CUTEDSL_ATTENTION_HEADS_PER_BLOCK", "0")

@@ -204,7 +204,7 @@ def test_a_receipt_with_a_workspace_exports_the_split_schedule(tmp_path):
     kernel, which waits for the walk's records (griddepcontrol.wait) before reading them."""
     import tvm_ffi
 
-    ws = 32 * 32 * 130 * 4  # 32 heads, 32 splits, head_dim 128 + max and sum, fp32
+    ws = 32 * 24 * 130 * 4  # 32 heads, 24 records each, head_dim 128 + max and sum, fp32
     rp, sp = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=ws))
     dump = tmp_path / "dump"
     dump.mkdir()
@@ -213,7 +213,8 @@ def test_a_receipt_with_a_workspace_exports_the_split_schedule(tmp_path):
         "--selection", rp, "--snapshot", sp, "--output", out, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump)
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"schedule=split 32 ways over blocks at 1 new token (workspace {ws} bytes), 8 warps" in r.stdout
+    # 16 splits (the default) of the 24 the workspace holds
+    assert f"schedule=split 16 ways over blocks at 1 new token (workspace {ws} bytes), 8 warps" in r.stdout
     assert callable(tvm_ffi.load_module(str(out))["run"])
     (text,) = [p.read_text() for p in dump.rglob("*.ptx")]
     entries = [i for i, t in enumerate(text.splitlines()) if t.startswith(".visible .entry")]
@@ -221,6 +222,14 @@ def test_a_receipt_with_a_workspace_exports_the_split_schedule(tmp_path):
     merge = text.splitlines()[entries[1] :]
     wait = next(i for i, t in enumerate(merge) if "griddepcontrol.wait" in t)
     assert wait < min(i for i, t in enumerate(merge) if "ld.global" in t)
+
+
+@needs_cute
+def test_a_bad_split_count_is_named(tmp_path):
+    rp, sp = write_pair(tmp_path, *attention_pair(workspace_bytes=32 * 16 * 130 * 4))
+    r = run_script("--selection", rp, "--output", tmp_path / "x.so", CUTEDSL_ATTENTION_SPLITS="1")
+    assert r.returncode != 0 and "CUTEDSL_ATTENTION_SPLITS must be 2 to 64" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.so").exists()
 
 
 @needs_cute
