@@ -106,6 +106,24 @@ def test_attention_recipe_contract(mcore, snaps, tmp_path):
     assert ins == [("FP32", [1, 4, -1, 16]), ("FP32", [1, 2, 256, 16]), ("FP32", [1, 2, 256, 16]), ("INT32", [1])]
     assert [(e["dtype"], e["shape"]) for e in rec["abi"]["outputs"]] == [("FP32", [1, 4, -1, 16])]
     assert rec["output_shape_input"] == 0
+    assert rec["workspace_bytes"] == 0  # the recipe's own
+    # --workspace-bytes replaces it for a kernel that needs scratch; the ABI hash covers it
+    r = mcore(
+        "graph",
+        "select",
+        snaps / "decode.graph.json",
+        "--recipe",
+        "qwen.decode_attention_region@2",
+        "decoder.layers.1.decode_attention",
+        "--workspace-bytes",
+        "8192",
+        "-o",
+        tmp_path / "attn-ws.json",
+    )
+    assert r.code == 0, r
+    ws = json.loads((tmp_path / "attn-ws.json").read_text())
+    assert ws["workspace_bytes"] == 8192 and ws["abi_sha256"] != rec["abi_sha256"]
+    assert ws["abi"]["inputs"] == rec["abi"]["inputs"] and ws["node_ids"] == rec["node_ids"]
 
 
 def _select(mcore, snap, out, *extra):
