@@ -226,6 +226,12 @@ def test_workbench_builds_every_instance_and_shows_the_slot_count(tmp_path):
     assert len(slots) == 2 and res["receipt"] == f"all.selection.{LAYERS[0]}.json"
     assert slot_lines(slots) == [f"slot {RECIPE} abi {slots[0]['abi_sha256'][:16]}… ×2 slots, one binding"]
     assert slot_lines(slots[:1]) == [f"slot {RECIPE} abi {slots[0]['abi_sha256'][:16]}…"]
+    # a workspace declared through the workbench's action, as `mcore build ... --workspace-bytes N`
+    ws = build_bundle(
+        ActionContext(tmp_path), args, "ws.bundle", recipe=[RECIPE, "all-instances"], workspace_bytes=4096
+    )
+    assert len(ws["kernel_slots"]) == 2 and ws["kernel_slots"][0]["abi_sha256"] != slots[0]["abi_sha256"]
+    assert json.loads((tmp_path / ws["receipt"]).read_text())["workspace_bytes"] == 4096
 
 
 def test_compiled_engine_keeps_both_slots_opaque_and_calls_them(built, monkeypatch):

@@ -321,14 +321,21 @@ def list_nodes(ctx: ActionContext, snapshot: str, match: Optional[str] = None, l
 
 
 def select_recipe(
-    ctx: ActionContext, snapshot: str, recipe_id: str, instance: str, receipt: str, binding_id: Optional[str] = None
+    ctx: ActionContext,
+    snapshot: str,
+    recipe_id: str,
+    instance: str,
+    receipt: str,
+    binding_id: Optional[str] = None,
+    workspace_bytes: Optional[int] = None,
 ) -> dict:
-    """Resolve one recipe instance through select_region() and write its receipt."""
+    """Resolve one recipe instance through select_region() and write its receipt (`workspace_bytes`
+    replaces the recipe's, as `mcore graph select --recipe ... --workspace-bytes N`)."""
     from mcore import load_snapshot, select_recipe as _select, write_json
 
     snap = load_snapshot(ctx.path(snapshot, "snapshot"))
     out = ctx.path(receipt, "receipt")
-    rec = _select(snap, _str(recipe_id, "recipe_id"), _str(instance, "instance"), binding_id)
+    rec = _select(snap, _str(recipe_id, "recipe_id"), _str(instance, "instance"), binding_id, workspace_bytes)
     write_json(out, rec.to_dict())
     return _receipt_results(ctx, rec, out)
 
@@ -465,8 +472,10 @@ def build_bundle(
     recipe: Optional[list] = None,
     graph_patch: Optional[str] = None,
     device: Optional[str] = None,
+    workspace_bytes: Optional[int] = None,
 ) -> dict:
-    """`mcore build`: native (no recipe/patch) or slot-ready (recipe or graph_patch) bundle."""
+    """`mcore build`: native (no recipe/patch) or slot-ready (recipe or graph_patch) bundle;
+    `workspace_bytes` with a recipe as `--workspace-bytes N`."""
     from mcore import build_bundle as _build
 
     args = _build_args(build_args)
@@ -484,6 +493,7 @@ def build_bundle(
         graph_patch=_opt_path(ctx, graph_patch, "graph_patch"),
         device=device,
         progress=ctx.progress,
+        workspace_bytes=workspace_bytes,
     )
     m = res.manifest
     receipt_path = res.receipt_path or (ctx.path(graph_patch) if graph_patch else None)
