@@ -70,10 +70,17 @@ VARIANTS = {
     "CuTe tensor cores, cluster 16 of 4 warps": {"CUTEDSL_ATTENTION_CLUSTER": "16", "CUTEDSL_ATTENTION_WARPS": "4"},
     # exported from the receipt of a build with --workspace-bytes WORKSPACE: split over blocks (no
     # cluster), the partial results merged by a second kernel
+    # (16 splits x 8 rows = 128 blocks, one an SM at the walk's 164 registers a thread; 4 warps fit 3 an SM)
+    "CuTe split 16 ways, 8 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16"},
+    "CuTe split 16 ways, 12 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16", "CUTEDSL_ATTENTION_WARPS": "12"},
+    "CuTe split 16 ways, loads ahead (workspace)": {
+        "CUTEDSL_ATTENTION_SPLITS": "16",
+        "CUTEDSL_ATTENTION_PREFETCH": "1",
+    },
+    "CuTe split 16 ways, plain launch (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16", "CUTEDSL_ATTENTION_PDL": "0"},
     "CuTe split 32 ways, 8 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "32"},
     "CuTe split 32 ways, 4 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "32", "CUTEDSL_ATTENTION_WARPS": "4"},
     "CuTe split 64 ways, 4 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "64", "CUTEDSL_ATTENTION_WARPS": "4"},
-    "CuTe split 16 ways, 8 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16"},
 }
 # the workspace of the split variants' receipt: 64 fp32 partial results (context row, max, sum) of
 # every query head at one new token; CUTEDSL_ATTENTION_SPLITS caps how many a variant uses
