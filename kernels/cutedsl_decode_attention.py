@@ -1118,7 +1118,8 @@ def main(argv=None):
         blocks = f"split {most} ways over blocks at 1 new token (workspace {shapes['workspace_bytes']} bytes)"
     else:
         blocks = f"cluster {CLUSTER}"
-    print(f"schedule={blocks}, {WARPS} warps, {hpb} heads a block, {walk}")
+    launch = "" if PDL else ", plain launch"
+    print(f"schedule={blocks}, {WARPS} warps, {hpb} heads a block, {walk}{launch}")
     print(f"arch={os.environ.get('CUTE_DSL_ARCH') or 'the visible GPU'}")
     print(f"dso={output.resolve()}")
     return 0
