@@ -90,16 +90,8 @@ def test_manual_select_equals_recipe(mcore, snaps, tmp_path):
 
 
 def test_attention_recipe_contract(mcore, snaps, tmp_path):
-    r = mcore(
-        "graph",
-        "select",
-        snaps / "decode.graph.json",
-        "--recipe",
-        "qwen.decode_attention_region@2",
-        "decoder.layers.1.decode_attention",
-        "-o",
-        tmp_path / "attn.json",
-    )
+    attn = ("--recipe", "qwen.decode_attention_region@2", "decoder.layers.1.decode_attention")
+    r = _select(mcore, snaps / "decode.graph.json", tmp_path / "attn.json", *attn)
     assert r.code == 0, r
     rec = json.loads((tmp_path / "attn.json").read_text())
     ins = [(e["dtype"], e["shape"]) for e in rec["abi"]["inputs"]]
@@ -108,18 +100,7 @@ def test_attention_recipe_contract(mcore, snaps, tmp_path):
     assert rec["output_shape_input"] == 0
     assert rec["workspace_bytes"] == 0  # the recipe's own
     # --workspace-bytes replaces it for a kernel that needs scratch; the ABI hash covers it
-    r = mcore(
-        "graph",
-        "select",
-        snaps / "decode.graph.json",
-        "--recipe",
-        "qwen.decode_attention_region@2",
-        "decoder.layers.1.decode_attention",
-        "--workspace-bytes",
-        "8192",
-        "-o",
-        tmp_path / "attn-ws.json",
-    )
+    r = _select(mcore, snaps / "decode.graph.json", tmp_path / "attn-ws.json", *attn, "--workspace-bytes", "8192")
     assert r.code == 0, r
     ws = json.loads((tmp_path / "attn-ws.json").read_text())
     assert ws["workspace_bytes"] == 8192 and ws["abi_sha256"] != rec["abi_sha256"]
