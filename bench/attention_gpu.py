@@ -80,6 +80,12 @@ VARIANTS = {
     "CuTe split 16 ways, plain launch (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16", "CUTEDSL_ATTENTION_PDL": "0"},
     "CuTe split 32 ways, 8 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "32"},
     "CuTe split 32 ways, 4 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "32", "CUTEDSL_ATTENTION_WARPS": "4"},
+    # native's shape: 2 programs of 4 warps an SM; loads a step ahead double what a warp has in flight
+    "CuTe split 32 ways, 4 warps, loads ahead (workspace)": {
+        "CUTEDSL_ATTENTION_SPLITS": "32",
+        "CUTEDSL_ATTENTION_WARPS": "4",
+        "CUTEDSL_ATTENTION_PREFETCH": "1",
+    },
     "CuTe split 64 ways, 4 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "64", "CUTEDSL_ATTENTION_WARPS": "4"},
 }
 # the workspace of the split variants' receipt: 64 fp32 partial results (context row, max, sum) of
