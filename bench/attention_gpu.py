@@ -70,7 +70,8 @@ VARIANTS = {
     "CuTe tensor cores, cluster 16 of 4 warps": {"CUTEDSL_ATTENTION_CLUSTER": "16", "CUTEDSL_ATTENTION_WARPS": "4"},
     # exported from the receipt of a build with --workspace-bytes WORKSPACE: split over blocks (no
     # cluster), the partial results merged by a second kernel
-    # (16 splits x 8 rows = 128 blocks, one an SM at the walk's 164 registers a thread; 4 warps fit 3 an SM)
+    # 16 splits x 8 rows = 128 blocks. ptxas for sm_90a: the walk 162 registers a thread (218 loading
+    # ahead), so one block an SM at 8 or 12 warps, 3 (2 loading ahead) at 4 warps; the merge 48-128
     "CuTe split 16 ways, 8 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16"},
     "CuTe split 16 ways, 12 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16", "CUTEDSL_ATTENTION_WARPS": "12"},
     "CuTe split 16 ways, loads ahead (workspace)": {
