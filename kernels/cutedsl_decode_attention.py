@@ -220,12 +220,12 @@ def check_selection(receipt, where):
             f"has extra args {json.dumps(receipt['extra_args'])}, output like input "
             f"{receipt['output_shape_input']}); {RESELECT}"
         )
-    ws, least = receipt["workspace_bytes"], workspace_bytes_for(heads, head_dim, 2)
+    ws, least, splits = receipt["workspace_bytes"], workspace_bytes_for(heads, head_dim, 2), SPLITS or 16
     if ws and ws < least:
         raise ContractError(
             f"{where}: a workspace of {ws} bytes holds fewer than 2 partial results a head; give none "
-            f"(--workspace-bytes 0) or at least {least} ({workspace_bytes_for(heads, head_dim)} for "
-            f"{SPLITS or 16} splits)"
+            f"(--workspace-bytes 0) or at least {least} ({workspace_bytes_for(heads, head_dim, splits)} for "
+            f"{splits} splits)"
         )
     return {
         "dtype": t,
@@ -361,10 +361,10 @@ def schedule(heads, kv_heads):
     return hpb, MMA and hpb <= 8
 
 
-def workspace_bytes_for(heads, head_dim, splits=None):
+def workspace_bytes_for(heads, head_dim, splits):
     """Workspace bytes for `splits` partial results (fp32 context row, max and sum) of every query
-    head at one new token: what `--workspace-bytes` should be for SPLITS-way splitting."""
-    return heads * (splits or SPLITS or 2) * (head_dim + 2) * 4
+    head at one new token: what `--workspace-bytes` should be for that many splits."""
+    return heads * splits * (head_dim + 2) * 4
 
 
 NEG = -1.0e30  # an empty share's running max: finite, so merges never compute inf - inf
