@@ -58,44 +58,36 @@ def emit(out: Path, key: str, value) -> None:
 
 
 # kernel variants for the table: name -> exporter environment (tuning knobs of the shipped exporter)
-BIND = 0  # --bind: the variant the slot pipeline binds
 # Measured slower everywhere and dropped here (docs/gpu-results.md): two heads a block, the scalar
 # walk, loads ahead with 12 warps (seventh session); keys staged through shared memory by cp.async,
-# 2-4 steps ahead (eighth session: 0.36-0.72x native, removed from the exporter).
+# 2-4 steps ahead (eighth session: 0.36-0.72x native, removed from the exporter); in a cluster: loads
+# ahead, 12 warps, 16 blocks of 4 warps; split: 16 ways of 12 warps, 32 of 8, 64 of 4 (ninth session).
 VARIANTS = {
-    "CuTe tensor cores, cluster 8 (default)": {"CUTEDSL_ATTENTION_MMA": "1"},
-    "CuTe tensor cores, plain launch (no PDL)": {"CUTEDSL_ATTENTION_PDL": "0"},
-    "CuTe tensor cores, loads a step ahead": {"CUTEDSL_ATTENTION_PREFETCH": "1"},
-    "CuTe tensor cores, 12 warps": {"CUTEDSL_ATTENTION_WARPS": "12"},
-    "CuTe tensor cores, cluster 16 of 4 warps": {"CUTEDSL_ATTENTION_CLUSTER": "16", "CUTEDSL_ATTENTION_WARPS": "4"},
+    "CuTe tensor cores, cluster 8 (default)": {},
+    "CuTe tensor cores, cluster 8, plain launch (no PDL)": {"CUTEDSL_ATTENTION_PDL": "0"},
     # exported from the receipt of a build with --workspace-bytes WORKSPACE: split over blocks (no
-    # cluster), the partial results merged by a second kernel
-    # 16 splits x 8 rows = 128 blocks. ptxas for sm_90a: the walk 162 registers a thread (218 loading
-    # ahead), so one block an SM at 8 or 12 warps, 3 (2 loading ahead) at 4 warps; the merge 48-128
-    "CuTe split 16 ways, 8 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16"},
-    "CuTe split 16 ways, 12 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16", "CUTEDSL_ATTENTION_WARPS": "12"},
-    "CuTe split 16 ways, loads ahead (workspace)": {
+    # cluster), the partial results merged by a second kernel. ptxas for sm_90a: the walk 162
+    # registers a thread (218 loading ahead), so one block an SM at 8 warps, 3 (2 loading ahead) at 4
+    "CuTe split 32 ways, 4 warps (workspace, default)": {},
+    "CuTe split 32 ways, 4 warps, loads ahead (workspace)": {"CUTEDSL_ATTENTION_PREFETCH": "1"},
+    "CuTe split 32 ways, 4 warps, plain launch (workspace)": {"CUTEDSL_ATTENTION_PDL": "0"},
+    "CuTe split 16 ways, 4 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16"},
+    "CuTe split 16 ways, 8 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16", "CUTEDSL_ATTENTION_WARPS": "8"},
+    "CuTe split 16 ways, 8 warps, loads ahead (workspace)": {
         "CUTEDSL_ATTENTION_SPLITS": "16",
+        "CUTEDSL_ATTENTION_WARPS": "8",
         "CUTEDSL_ATTENTION_PREFETCH": "1",
     },
-    "CuTe split 16 ways, plain launch (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16", "CUTEDSL_ATTENTION_PDL": "0"},
-    "CuTe split 32 ways, 8 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "32"},
-    "CuTe split 32 ways, 4 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "32", "CUTEDSL_ATTENTION_WARPS": "4"},
-    # native's shape: 2 programs of 4 warps an SM; loads a step ahead double what a warp has in flight
-    "CuTe split 32 ways, 4 warps, loads ahead (workspace)": {
-        "CUTEDSL_ATTENTION_SPLITS": "32",
-        "CUTEDSL_ATTENTION_WARPS": "4",
-        "CUTEDSL_ATTENTION_PREFETCH": "1",
-    },
-    "CuTe split 64 ways, 4 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "64", "CUTEDSL_ATTENTION_WARPS": "4"},
 }
-# the workspace of the split variants' receipt: 64 fp32 partial results (context row, max, sum) of
-# every query head at one new token; CUTEDSL_ATTENTION_SPLITS caps how many a variant uses
-WORKSPACE = QWEN3_8B["num_attention_heads"] * 64 * (128 + 2) * 4
+SHIPPED_SPLIT = "CuTe split 32 ways, 4 warps (workspace, default)"  # what --bind binds unless told
+BIND = list(VARIANTS).index(SHIPPED_SPLIT)  # --bind: the variant the slot pipeline binds
+# the workspace of the split variants' receipt, as the exporter prints it for its default 32 splits:
+# 32 fp32 partial results (context row, max, sum) of every query head at one new token (532,480 bytes)
+WORKSPACE = QWEN3_8B["num_attention_heads"] * 32 * (128 + 2) * 4
 
 
 def uses_workspace(name: str) -> bool:
-    return "(workspace)" in name
+    return "(workspace" in name
 
 
 def export_variants(out: Path, receipt: Path, ws_receipt: Path) -> tuple[dict[str, Path], dict[str, float]]:
@@ -367,8 +359,9 @@ def main() -> None:
     ap.add_argument("--parts", default="kernel,pipelines", help="kernel: the kernels alone; pipelines: the whole step")
     ap.add_argument(
         "--bind",
-        default="0",
-        help="which of VARIANTS the slot pipeline binds: an index, or 'fastest' (at the longest context)",
+        default=str(BIND),
+        help="which of VARIANTS the slot pipeline binds: an index (default: the shipped split schedule), "
+        "or 'fastest' (at the longest context)",
     )
     a = ap.parse_args()
     global BIND

@@ -220,7 +220,7 @@ def check_selection(receipt, where):
             f"has extra args {json.dumps(receipt['extra_args'])}, output like input "
             f"{receipt['output_shape_input']}); {RESELECT}"
         )
-    ws, least, splits = receipt["workspace_bytes"], workspace_bytes_for(heads, head_dim, 2), SPLITS or 16
+    ws, least, splits = receipt["workspace_bytes"], workspace_bytes_for(heads, head_dim, 2), SPLITS or DEFAULT_SPLITS
     if ws and ws < least:
         raise ContractError(
             f"{where}: a workspace of {ws} bytes holds fewer than 2 partial results a head; give none "
@@ -320,9 +320,17 @@ except (ImportError, RuntimeError) as e:  # no CuTe DSL, or no CUDA flavour of i
 WARP = 32
 # Warps per block, each attending one contiguous share of the keys: more warps keep more loads in
 # flight per SM (a benchmark knob: CUTEDSL_ATTENTION_WARPS 4, 8 or 12; 12 fits the tensor-core walk's
-# registers, not the scalar walk's)
-_WARPS_ENV = os.environ.get("CUTEDSL_ATTENTION_WARPS", "8")
-WARPS = int(_WARPS_ENV) if _WARPS_ENV in ("4", "8", "12") else 0  # 0: refused by make_run
+# registers, not the scalar walk's). Unset: 8 in a cluster, 4 split over blocks (small blocks, many
+# of them: the shape of the native engine's split-KV kernel; see SPLITS).
+_WARPS_ENV = os.environ.get("CUTEDSL_ATTENTION_WARPS", "")
+WARPS = int(_WARPS_ENV) if _WARPS_ENV in ("4", "8", "12") else (None if not _WARPS_ENV else 0)  # 0: refused
+
+
+def warps_for(split):
+    """Warps a block: CUTEDSL_ATTENTION_WARPS, else 4 split over blocks and 8 in a cluster."""
+    return WARPS if WARPS is not None else (4 if split else 8)
+
+
 # Blocks per (KV head, new token): a thread block cluster that splits the keys and merges its
 # blocks' partial results through distributed shared memory (Hopper), so the whole GPU is busy at
 # batch 1 without global scratch (the recipe's ABI declares no workspace). 8 is the portable size.
@@ -333,9 +341,11 @@ CLUSTER = int(_CLUSTER_ENV) if _CLUSTER_ENV in ("1", "2", "4", "8", "16") else 0
 # partial result to the workspace and a second kernel merges them in split order (deterministic, no
 # atomics). Clusters cap a row at 16 blocks, 64 of the H200's 132 SMs on a Qwen3-8B layer at 8;
 # SPLITS blocks of a row can fill the GPU. CUTEDSL_ATTENTION_SPLITS (2-64) is a benchmark knob;
-# fewer splits are used where the workspace holds fewer partials (several new tokens). 16 measured
-# fastest of 16, 32 and 64 on the H200 at 1k-32k (eighth session, with the first merge kernel).
-_SPLITS_ENV = os.environ.get("CUTEDSL_ATTENTION_SPLITS", "16")
+# fewer splits are used where the workspace holds fewer partials (several new tokens). 32 ways of 4
+# warps measured fastest of the split shapes at 1k and 8k on the H200 and within 3% of the fastest
+# at 32k (16 / 32 / 64 ways of 4, 8, 12 warps; docs/gpu-results.md, ninth session).
+DEFAULT_SPLITS = 32
+_SPLITS_ENV = os.environ.get("CUTEDSL_ATTENTION_SPLITS", str(DEFAULT_SPLITS))
 SPLITS = int(_SPLITS_ENV) if _SPLITS_ENV.isdigit() and 2 <= int(_SPLITS_ENV) <= 64 else 0  # 0: refused
 # Query heads per block: 0 (the default) for the whole GQA group, else a divisor of it.
 _HEADS_ENV = os.environ.get("CUTEDSL_ATTENTION_HEADS_PER_BLOCK", "0")
@@ -384,7 +394,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
     the heads each block serves from CUTEDSL_ATTENTION_HEADS_PER_BLOCK (tuning knobs for benchmarks)."""
     if not CLUSTER:
         raise ValueError("CUTEDSL_ATTENTION_CLUSTER must be 1, 2, 4, 8 or 16")
-    if not WARPS:
+    if WARPS == 0:
         raise ValueError("CUTEDSL_ATTENTION_WARPS must be 4, 8 or 12")
     if workspace_bytes and not SPLITS:
         raise ValueError("CUTEDSL_ATTENTION_SPLITS must be 2 to 64")
@@ -395,8 +405,9 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
     group = heads // kv_heads
     hpb, use_mma = schedule(heads, kv_heads)
     cols = head_dim // WARP  # P @ V columns per lane: lane * cols ...
-    threads = WARPS * WARP
     split = workspace_bytes > 0  # partial results through the workspace instead of a cluster
+    warps = warps_for(split)
+    threads = warps * WARP
     partials = workspace_bytes // (4 * hpb * (head_dim + 2))  # (hpb x (D + 2)) fp32 records it holds
 
     def remote(ptr, rank):
@@ -626,11 +637,11 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         lane = tidx % WARP
         rank = cute.arch.block_idx_in_cluster()
         row = bidx // CLUSTER
-        parts = CLUSTER * WARPS
+        parts = CLUSTER * warps
         if cutlass.const_expr(split):  # `splits` consecutive blocks a row
             rank = bidx % splits
             row = bidx // splits
-            parts = splits * WARPS
+            parts = splits * warps
         token = row % new_tokens
         head_block = row // new_tokens  # which hpb query heads: head0 .. head0 + hpb - 1
         head0 = head_block * hpb
@@ -640,15 +651,15 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         length = kv_lengths[0]  # read on the device: no host sync
         end = cutlass.min(length - new_tokens + token + 1, capacity)  # causal: keys [0, end)
         share = (end + parts - 1) // parts
-        start = (rank * WARPS + warp) * share
+        start = (rank * warps + warp) * share
         stop = cutlass.min(start + share, end)
 
         smem = cutlass.memory.SmemAllocator()
         part_acc = smem.allocate_tensor(
-            cutlass.Float32, cute.make_layout((WARPS, hpb, head_dim), stride=(hpb * head_dim, head_dim, 1)), 16
+            cutlass.Float32, cute.make_layout((warps, hpb, head_dim), stride=(hpb * head_dim, head_dim, 1)), 16
         )
-        part_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout((WARPS, hpb), stride=(hpb, 1)), 16)
-        part_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout((WARPS, hpb), stride=(hpb, 1)), 16)
+        part_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout((warps, hpb), stride=(hpb, 1)), 16)
+        part_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout((warps, hpb), stride=(hpb, 1)), 16)
         blk_acc = smem.allocate_tensor(cutlass.Float32, cute.make_layout((hpb, head_dim), stride=(head_dim, 1)), 16)
         blk_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16)
         blk_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16)
@@ -736,11 +747,11 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
             g = i // head_dim
             d = i - g * head_dim
             mb = part_m[0, g]
-            for w in cutlass.range_constexpr(1, WARPS):
+            for w in cutlass.range_constexpr(1, warps):
                 mb = cute.arch.fmax(mb, part_m[w, g])
             num = cutlass.Float32(0.0)
             den = cutlass.Float32(0.0)
-            for w in cutlass.range_constexpr(WARPS):
+            for w in cutlass.range_constexpr(warps):
                 weight = cute.math.exp(part_m[w, g] - mb)
                 num = num + part_acc[w, g, d] * weight
                 den = den + part_l[w, g] * weight
@@ -818,7 +829,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
                 den = den + workspace[at, g, head_dim + 1] * weight
             context[0, (row // new_tokens) * hpb + g, row % new_tokens, d] = (num / den).to(element)
 
-    smem_bytes = 4 * (hpb * head_dim + WARPS * hpb * head_dim + 2 * WARPS * hpb + 2 * hpb) + 16 * 8
+    smem_bytes = 4 * (hpb * head_dim + warps * hpb * head_dim + 2 * warps * hpb + 2 * hpb) + 16 * 8
 
     @cute.jit
     def run(
@@ -1119,7 +1130,7 @@ def main(argv=None):
     else:
         blocks = f"cluster {CLUSTER}"
     launch = "" if PDL else ", plain launch"
-    print(f"schedule={blocks}, {WARPS} warps, {hpb} heads a block, {walk}{launch}")
+    print(f"schedule={blocks}, {warps_for(bool(shapes['workspace_bytes']))} warps, {hpb} heads a block, {walk}{launch}")
     print(f"arch={os.environ.get('CUTE_DSL_ARCH') or 'the visible GPU'}")
     print(f"dso={output.resolve()}")
     return 0

@@ -304,10 +304,9 @@ class DecoderPipeline(Pipeline):
         ids = self.encode(prompt)
         check_fits(len(ids), max_new_tokens, self.capacity)
         gen = None if greedy else torch.Generator(device=self.device).manual_seed(seed)
-        caches = [self.caches[n] for n in self.cache_names]
         t0 = time.perf_counter()
         inp = torch.tensor([ids], dtype=torch.int32, device=self.device)
-        (logits,) = self.runners["prefill"](inp, *caches)
+        (logits,) = self.runners["prefill"](inp, *self.cache_list)
         tok = self._pick(logits, greedy, temperature, top_k, gen)
         out = [tok]
         if timed:
@@ -351,7 +350,7 @@ class DecoderPipeline(Pipeline):
         ahead = self.device.type == "cuda" if ahead is None else ahead
 
         def queue(src: Any, pos: int) -> torch.Tensor:  # one step and its greedy pick, left on the device
-            return torch.argmax(self._step(src, pos).reshape(-1).float())  # as _pick: the same token
+            return self._greedy(self._step(src, pos))
 
         out: list[int] = []
         steps: list[float] = []
@@ -392,10 +391,9 @@ class DecoderPipeline(Pipeline):
         same cache slot, so the cache is scratch afterwards). None off CUDA."""
         if not 0 <= position < self.capacity:
             raise UserError(f"position {position} is outside the KV cache (0..{self.capacity - 1})")
-        caches = [self.caches[n] for n in self.cache_names]
         self.cache_length.fill_(position)
         return device_seconds(
-            lambda: self.runners["decode"](self.step_ids, self.cache_length, *caches), self.device, reps
+            lambda: self.runners["decode"](self.step_ids, self.cache_length, *self.cache_list), self.device, reps
         )
 
     def step_logits(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> list[torch.Tensor]:
@@ -405,11 +403,10 @@ class DecoderPipeline(Pipeline):
             raise UserError(
                 f"{len(prompt_ids)} prompt + {len(tokens)} forced tokens exceed the KV cache ({self.capacity})"
             )
-        caches = [self.caches[n] for n in self.cache_names]
-        for c in caches:
+        for c in self.cache_list:
             c.zero_()
         (logits,) = self.runners["prefill"](
-            torch.tensor([list(prompt_ids)], dtype=torch.int32, device=self.device), *caches
+            torch.tensor([list(prompt_ids)], dtype=torch.int32, device=self.device), *self.cache_list
         )
         out = [logits.float().cpu()]
         for pos, tok in enumerate(tokens, start=len(prompt_ids)):
@@ -417,11 +414,15 @@ class DecoderPipeline(Pipeline):
         return out
 
     @staticmethod
+    def _greedy(logits: torch.Tensor) -> torch.Tensor:
+        """The greedy pick of one step's logits, still on their device (a 0-d index tensor)."""
+        return torch.argmax(logits.reshape(-1).float())
+
+    @staticmethod
     def _pick(logits: torch.Tensor, greedy: bool, temperature: float, top_k: int, gen) -> int:
-        row = logits.reshape(-1).float()
         if greedy:
-            return int(torch.argmax(row).item())
-        row = row / max(temperature, 1e-6)
+            return int(DecoderPipeline._greedy(logits).item())
+        row = logits.reshape(-1).float() / max(temperature, 1e-6)
         if top_k > 0:
             v, i = torch.topk(row, min(top_k, row.numel()))
             choice = torch.multinomial(torch.softmax(v, -1), 1, generator=gen)

@@ -204,7 +204,7 @@ def test_a_receipt_with_a_workspace_exports_the_split_schedule(tmp_path):
     kernel, which waits for the walk's records (griddepcontrol.wait) before reading them."""
     import tvm_ffi
 
-    ws = 32 * 24 * 130 * 4  # 32 heads, 24 records each, head_dim 128 + max and sum, fp32
+    ws = 32 * 40 * 130 * 4  # 32 heads, 40 records each, head_dim 128 + max and sum, fp32
     rp, sp = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=ws))
     dump = tmp_path / "dump"
     dump.mkdir()
@@ -213,8 +213,8 @@ def test_a_receipt_with_a_workspace_exports_the_split_schedule(tmp_path):
         "--selection", rp, "--snapshot", sp, "--output", out, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump)
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    # 16 splits (the default) of the 24 the workspace holds
-    assert f"schedule=split 16 ways over blocks at 1 new token (workspace {ws} bytes), 8 warps" in r.stdout
+    # 32 splits of 4 warps (the defaults) of the 40 the workspace holds
+    assert f"schedule=split 32 ways over blocks at 1 new token (workspace {ws} bytes), 4 warps" in r.stdout
     assert callable(tvm_ffi.load_module(str(out))["run"])
     (text,) = [p.read_text() for p in dump.rglob("*.ptx")]
     entries = [i for i, t in enumerate(text.splitlines()) if t.startswith(".visible .entry")]
@@ -291,11 +291,11 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     # with a workspace in the receipt: split over blocks, merged by a second kernel
     "split": {},
     "split-7-scalar": {"CUTEDSL_ATTENTION_SPLITS": "7", "CUTEDSL_ATTENTION_MMA": "0"},
-    "split-tight-4-warps": {"CUTEDSL_ATTENTION_WARPS": "4"},
+    "split-tight-8-warps": {"CUTEDSL_ATTENTION_WARPS": "8"},
 }
 # the partial results a head the receipt's workspace holds at one new token, by schedule: 2 leaves
 # 3 new tokens one split (the blocks write the context themselves); 7 of 7 leaves them 2 each
-WORKSPACE_SPLITS = {"split": 32, "split-7-scalar": 7, "split-tight-4-warps": 2}
+WORKSPACE_SPLITS = {"split": 32, "split-7-scalar": 7, "split-tight-8-warps": 2}
 
 
 def workspace_bytes(schedule: str, heads: int, head_dim: int) -> int:
