@@ -351,6 +351,7 @@ def table() -> str:
 
 
 def main() -> None:
+    global BIND
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--contexts", default="1024,8192,32768")
@@ -364,7 +365,6 @@ def main() -> None:
         "or 'fastest' (at the longest context)",
     )
     a = ap.parse_args()
-    global BIND
     BIND = 0 if a.bind == "fastest" else int(a.bind)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
