@@ -650,7 +650,9 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
             cute.arch.griddepcontrol_wait()
         length = kv_lengths[0]  # read on the device: no host sync
         end = cutlass.min(length - new_tokens + token + 1, capacity)  # causal: keys [0, end)
-        share = (end + parts - 1) // parts
+        # at least one step of the walk a warp (16 keys on tensor cores, 32 scalar): at short lengths
+        # the warps past end get no keys and write an empty record, instead of every warp a part step
+        share = cutlass.max((end + parts - 1) // parts, cutlass.Int32(16 if use_mma else WARP))
         start = (rank * warps + warp) * share
         stop = cutlass.min(start + share, end)
 
