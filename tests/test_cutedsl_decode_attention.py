@@ -157,6 +157,8 @@ def test_export_links_a_loadable_tvm_ffi_dso(tmp_path):
     assert f"abi_sha256={receipt['abi_sha256']}" in r.stdout and arch in r.stdout
     assert f"dso={out.resolve()}" in r.stdout and [p.name for p in out.parent.iterdir()] == [out.name]
     assert "schedule=cluster 8, 8 warps, 4 heads a block, tensor cores\n" in r.stdout  # the default for GQA 4
+    # what to declare for the split schedule: 32 splits of 32 heads' fp32 (context row, max, sum)
+    assert "split_workspace_bytes=532480 (`mcore build ... --workspace-bytes 532480`: 32 splits a row)" in r.stdout
     fn = tvm_ffi.load_module(str(out))["run"]
     q = torch.zeros(1, 32, 3, 128, dtype=torch.bfloat16)
     cache = torch.zeros(1, 8, 4096, 128, dtype=torch.bfloat16)
