@@ -1133,8 +1133,9 @@ def main(argv=None):
         blocks = f"cluster {CLUSTER}"
     launch = "" if PDL else ", plain launch"
     print(f"schedule={blocks}, {warps_for(bool(shapes['workspace_bytes']))} warps, {hpb} heads a block, {walk}{launch}")
-    need = workspace_bytes_for(shapes["heads"], shapes["head_dim"], SPLITS)
-    print(f"split_workspace_bytes={need} (`mcore build ... --workspace-bytes {need}`: {SPLITS} splits a row)")
+    if SPLITS:  # what to declare at build for the split schedule (a bad knob was refused with a workspace)
+        need = workspace_bytes_for(shapes["heads"], shapes["head_dim"], SPLITS)
+        print(f"split_workspace_bytes={need} (`mcore build ... --workspace-bytes {need}`: {SPLITS} splits a row)")
     print(f"arch={os.environ.get('CUTE_DSL_ARCH') or 'the visible GPU'}")
     print(f"dso={output.resolve()}")
     return 0
