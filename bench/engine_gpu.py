@@ -172,9 +172,9 @@ def part_mcore(a) -> None:
         pipe.cache_length.fill_(n)
         for _ in range(3):
             step()
-        rec["decode_ms"][n] = _median_ms(step, a.steps if pipe.engine_name != "torch" else min(a.steps, 8))
-        # the product's own greedy loop (mcore run, generate): each next step queued before the pick is read
         count = a.steps if pipe.engine_name != "torch" else min(a.steps, 8)
+        rec["decode_ms"][n] = _median_ms(step, count)
+        # the product's own greedy loop (mcore run, generate): each next step queued before the pick is read
         _, seconds = pipe.decode_tokens(tok[0], n, count + 3, stop_at_eos=False)
         rec.setdefault("loop_ms", {})[n] = statistics.median(seconds[3:]) * 1e3
     if (1024 in a.contexts or a.ttft) and not a.decode_only:

@@ -377,6 +377,11 @@ def workspace_bytes_for(heads, head_dim, splits):
     return heads * splits * (head_dim + 2) * 4
 
 
+def partials_held(workspace_bytes, hpb, head_dim):
+    """The partial records (hpb heads x (fp32 context row, max, sum)) a workspace holds."""
+    return workspace_bytes // (4 * hpb * (head_dim + 2))
+
+
 NEG = -1.0e30  # an empty share's running max: finite, so merges never compute inf - inf
 
 
@@ -408,7 +413,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
     split = workspace_bytes > 0  # partial results through the workspace instead of a cluster
     warps = warps_for(split)
     threads = warps * WARP
-    partials = workspace_bytes // (4 * hpb * (head_dim + 2))  # (hpb x (D + 2)) fp32 records it holds
+    partials = partials_held(workspace_bytes, hpb, head_dim)
 
     def remote(ptr, rank):
         """The fp32 at shared-memory address `ptr` of block `rank` of this cluster."""
@@ -1127,7 +1132,7 @@ def main(argv=None):
     walk = ("tensor cores, prefetch" if PREFETCH else "tensor cores") if mma else "scalar"
     if shapes["workspace_bytes"]:
         rows = shapes["heads"] // hpb
-        most = min(SPLITS, shapes["workspace_bytes"] // (4 * hpb * (shapes["head_dim"] + 2)) // rows)
+        most = min(SPLITS, partials_held(shapes["workspace_bytes"], hpb, shapes["head_dim"]) // rows)
         blocks = f"split {most} ways over blocks at 1 new token (workspace {shapes['workspace_bytes']} bytes)"
     else:
         blocks = f"cluster {CLUSTER}"
