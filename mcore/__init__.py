@@ -23,7 +23,8 @@ The groups:
   load_bindings_manifest, BindingsManifest, Binding, BINDINGS_SCHEMA_VERSION
 - verify gates: compare_tokens, compare_embeddings, perf_gate, reference_check, lockstep_logits
 - profile: profile_pipeline, CANDIDATE_BINDING; device facts: device_facts, describe_device
-- files: atomic_write, check_fields, read_json, write_json, stdout_failed
+- files: atomic_write, check_fields, check_overwrite (the one overwrite rule), read_json, write_json,
+  stdout_failed
 - demo models: demo_names
 """
 
@@ -103,6 +104,7 @@ _EXPORTS: dict[str, str] = {
     # files
     "atomic_write": "fileio",
     "check_fields": "fileio",
+    "check_overwrite": "fileio",
     "read_json": "fileio",
     "write_json": "fileio",
     "stdout_failed": "fileio",
@@ -142,6 +144,7 @@ __all__ = [
     "build_kernel",
     "capture",
     "check_fields",
+    "check_overwrite",
     "compare_embeddings",
     "compare_tokens",
     "demo_names",
@@ -196,7 +199,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .bundle_manifest import BundleManifest
     from .errors import Cancelled, RegionError, UserError
     from .families.demo import demo_names
-    from .fileio import atomic_write, check_fields, read_json, stdout_failed, write_json
+    from .fileio import atomic_write, check_fields, check_overwrite, read_json, stdout_failed, write_json
     from .graph_capture import capture, resolve, tool_versions
     from .graph.display import abi_lines, module_tree, node_matches, node_row
     from .graph.snapshot import Node, RecipeRow, Snapshot, Tensor, load_snapshot

@@ -15,11 +15,11 @@ from .buildargs import BuildArgs
 from .bundle import write_bundle
 from .bundle_manifest import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION, BundleManifest
 from .errors import UserError
-from .fileio import check_output_path, read_json, write_json
+from .fileio import check_overwrite, read_json, write_json
 from .graph_capture import Captured, capture, resolve, tool_versions
 from .patch import check_receipt_against
 from .progress import NO_PROGRESS, Progress
-from .recipes import select_recipe_instances
+from .recipes import ALL_INSTANCES, select_recipe_instances
 from .receipt import Receipt, check_workspace
 
 
@@ -69,9 +69,12 @@ def build_bundle(
     device: Optional[str] = None,
     progress: Progress = NO_PROGRESS,
     workspace_bytes: Optional[int] = None,
+    overwrite: bool = False,
 ) -> BuildResult:
     """`recipe` is (RECIPE_ID, INSTANCE, ...): each instance becomes its own slot of the one binding
-    (recipes.ALL_INSTANCES names every instance). `workspace_bytes` replaces the recipe's workspace."""
+    (recipes.ALL_INSTANCES names every instance). `workspace_bytes` replaces the recipe's workspace.
+    The bundle and its receipts replace existing files only with `overwrite` (checked before the
+    captures for the bundle and a single receipt, once the instances are known for several)."""
     if recipe and graph_patch:
         raise UserError("give either --recipe or --graph-patch, not both")
     if workspace_bytes is not None and not recipe:
@@ -83,7 +86,9 @@ def build_bundle(
         check_workspace(workspace_bytes)
     if recipe is not None and len(recipe) < 2:
         raise UserError("--recipe needs RECIPE_ID and at least one INSTANCE (or all-instances)")
-    output = check_output_path(output)
+    output = check_overwrite(output, overwrite)
+    if recipe and len(recipe) == 2 and recipe[1] != ALL_INSTANCES:
+        check_overwrite(receipt_path_for(output, None), overwrite)
     source, family, gargs = resolve(args)
     receipt_file: Optional[Receipt] = None
     if graph_patch:  # read and check the file before the (slower) captures
@@ -106,6 +111,8 @@ def build_bundle(
         rid, *instances = recipe
         role = _recipe_role(caps, rid)
         receipts = select_recipe_instances(caps[role].snapshot, rid, instances, workspace_bytes)
+        for r in receipts:  # before the weights load and anything is written
+            check_overwrite(receipt_path_for(output, r.instance if len(receipts) > 1 else None), overwrite)
     elif receipt_file is not None:
         receipts = [check_receipt_against(receipt_file, caps[receipt_file.engine_role].snapshot, str(graph_patch))]
     progress.report("loading weights", 0.6)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 from .errors import Cancelled, UserError
+from .fileio import check_overwrite, install_file
 from .kernels import kernels_dir
 from .progress import NO_PROGRESS, Progress
 
@@ -71,18 +72,40 @@ def run_exporter(
     progress: Progress = NO_PROGRESS,
     log: Optional[Callable[[str], None]] = None,
     cwd: Optional[PathArg] = None,
+    overwrite: bool = False,
 ) -> ExportResult:
-    """Run `exporter` for the receipt `selection`, writing the DSO `output` (never over a file)."""
+    """Run `exporter` for the receipt `selection`, writing the DSO `output` (the one overwrite rule:
+    over an existing file only with `overwrite`). The exporter writes a temp file beside `output`,
+    which replaces it only once the exporter succeeded: nothing is half-written."""
     script = exporter_script(exporter)
     sel, out = Path(selection), Path(output)
     if not sel.is_file():
         raise UserError(
             f"{sel}: selection receipt not found; make one with `mcore graph select` or `mcore build --recipe`"
         )
-    if out.exists() or out.is_symlink():
-        raise UserError(f"{out} already exists; exporters never replace a file: choose another --output or remove it")
-    if not out.parent.is_dir():
-        raise UserError(f"{out.parent}: output folder does not exist")
+    check_overwrite(out, overwrite)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.export{out.suffix}")
+    try:
+        res = _export(script, sel, tmp, snapshot, progress, log, cwd)
+        if res.library.resolve() == tmp.resolve():
+            install_file(out, tmp, overwrite)
+            res.library = out
+    finally:
+        tmp.unlink(missing_ok=True)
+    progress.report(f"exported {res.library.name}", 1.0)
+    return res
+
+
+def _export(
+    script: Path,
+    sel: Path,
+    out: Path,
+    snapshot: Optional[PathArg],
+    progress: Progress,
+    log: Optional[Callable[[str], None]],
+    cwd: Optional[PathArg],
+) -> ExportResult:
+    """Run the exporter script, writing `out`; what it says it wrote."""
     cmd = [sys.executable, str(script), "--selection", str(sel), "--output", str(out)]
     if snapshot is not None:
         cmd += ["--snapshot", str(snapshot)]
@@ -98,7 +121,6 @@ def run_exporter(
         dso = Path(cwd or ".") / dso
     if not dso.is_file():
         raise UserError(f"exporter {script.name} exited 0 but wrote no DSO at {dso}")
-    progress.report(f"exported {dso.name}", 1.0)
     return ExportResult(dso, fields.get("binding_id"), fields.get("abi_sha256"), fields.get("arch"), text)
 
 

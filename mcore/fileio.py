@@ -139,6 +139,16 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return path
 
 
+def check_overwrite(path: str | os.PathLike, overwrite: bool, flag: str = "--force") -> Path:
+    """The one overwrite rule for every output mcore and the workbench write: never over anything but a
+    regular file (check_output_path), and over an existing one only when the caller says so (`--force`
+    on the command line; in the workbench, the user's yes). Checked before the work that makes it."""
+    path = check_output_path(path)
+    if not overwrite and path.exists():
+        raise UserError(f"{path} already exists; choose a new path or pass {flag} to replace it")
+    return path
+
+
 def _file_kind(mode: int) -> str:
     if stat.S_ISFIFO(mode):
         return "named pipe (FIFO)"
@@ -154,9 +164,7 @@ def install_file(path: str | os.PathLike, data: bytes | Path, overwrite: bool = 
     unless `overwrite` (a hard link makes the no-replace case race-free)."""
     import shutil
 
-    path = check_output_path(path)
-    if path.exists() and not overwrite:
-        raise UserError(f"{path} already exists; choose a new path or pass --force to replace it")
+    path = check_overwrite(path, overwrite)
     fd, tmp = _temp_beside(path)
     os.close(fd)
     try:

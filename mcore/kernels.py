@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 from .errors import UserError
-from .fileio import install_file
+from .fileio import check_overwrite, install_file
 from .progress import Progress
 
 KERNEL_FUNCTION = "run"
@@ -231,8 +231,7 @@ def _check_output(output: Path, overwrite: bool) -> Path:
     parent = output.parent if str(output.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"{output}: folder {parent} does not exist; create it first")
-    if output.exists() and not overwrite:
-        raise UserError(f"{output} already exists; choose a new path or pass --force to replace it")
+    check_overwrite(output, overwrite)
     return parent
 
 

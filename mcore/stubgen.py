@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from .errors import UserError
-from .fileio import check_output_path, install_file
+from .fileio import check_overwrite, install_file
 from .graph.snapshot import UNHASHED_METADATA, Snapshot, load_snapshot
 from .receipt import ABI_FORMAT, Receipt
 from .selection import load_receipt
@@ -582,9 +582,7 @@ def write_exporter(
 
     The file is written atomically and never replaces an existing one unless `overwrite`.
     """
-    output = check_output_path(output)
-    if output.exists() and not overwrite:
-        raise UserError(f"{output} already exists; choose a new path or pass --force to replace it")
+    output = check_overwrite(output, overwrite)
     receipt = load_receipt(selection)
     snap = load_snapshot(snapshot)
     text = generate_exporter(

@@ -146,6 +146,7 @@ async def test_q_quits_at_once_without_unsaved_steps(tmp_path):
     app = WorkbenchApp(workdir=str(tmp_path))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.1)
+        await pilot.press("escape")  # free mode starts in the model field, where q is a letter
         await pilot.press("q")
         await pilot.pause(0.1)
         assert not app.is_running
@@ -182,7 +183,9 @@ async def test_quit_with_unsaved_steps_asks_first(captured, tmp_path):
 
 
 @pytest.mark.asyncio
-async def test_escape_goes_back_and_leaves_fields(tmp_path):
+async def test_escape_leaves_fields_and_never_switches_screens(tmp_path):
+    """Esc closes (a field, the error, a search) and never navigates: after it the next letter acts on
+    the screen the user is looking at. alt+left goes back."""
     app = WorkbenchApp(workdir=str(tmp_path))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.1)
@@ -192,10 +195,19 @@ async def test_escape_goes_back_and_leaves_fields(tmp_path):
         assert isinstance(app.focused, Input)
         await pilot.press("escape")  # leaves the field, stays on the screen
         assert app.screen.SCREEN_NAME == "verify" and not isinstance(app.focused, Input)
-        await pilot.press("escape")
+        await pilot.press("escape", "escape")
+        await pilot.pause(0.1)
+        assert app.screen.SCREEN_NAME == "verify"
+        assert "esc: nothing to close here" in text_of(app, "#status") and "alt+left goes back" in text_of(
+            app, "#status"
+        )
+        await pilot.press("c")  # acts here: the Verify screen's correctness gate asks for its bundles
+        await pilot.pause(0.1)
+        assert "first build" in text_of(app, "#error")
+        await pilot.press("escape", "alt+left")
         await pilot.pause(0.1)
         assert app.screen.SCREEN_NAME == "region"
-        await pilot.press("escape")
+        await pilot.press("alt+left")
         await pilot.pause(0.1)
         assert app.screen.SCREEN_NAME == "model"
 
@@ -420,7 +432,7 @@ async def test_capture_pressed_while_the_model_is_checked_is_queued(tmp_path, mo
         try:
             await pilot.pause(0.05)
             assert app.screen.family is None  # still checking
-            await pilot.press("c")
+            await pilot.press("enter", "c")  # enter: done with the model field, so c is a key
             await pilot.pause(0.05)
             assert "capture starts as soon as it is ready" in text_of(app, "#status") and not app.last_error
         finally:

@@ -213,6 +213,13 @@ def _str(v: Any, name: str) -> str:
     return v
 
 
+def _output(ctx: ActionContext, p: Any, what: str, overwrite: Any) -> Path:
+    """An output path under the one overwrite rule (mcore.check_overwrite), checked before the work."""
+    from mcore import check_overwrite
+
+    return check_overwrite(ctx.path(p, what), _bool(overwrite, "overwrite"), flag="overwrite: true")
+
+
 def _opt_path(ctx: ActionContext, p: Any, what: str) -> Optional[str]:
     return None if p is None else str(ctx.path(p, what))
 
@@ -239,18 +246,13 @@ def _pipeline(
     bpath = str(ctx.path(bundle, "bundle"))
     ctx.check_native(kernel_bindings)
     b = open_bundle(bpath)
-    kw = dict(
-        kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"),
-        device=ctx.device,
-        progress=ctx.progress,
-        announce=ctx.announce,
-        engine=engine,
-    )
+    manifest = _opt_path(ctx, kernel_bindings, "kernel_bindings")
+    dev, prog, say = ctx.device, ctx.progress, ctx.announce
     if kind is None:
-        pipe = open_pipeline(b, **kw)
+        pipe = open_pipeline(b, manifest, device=dev, engine=engine, progress=prog, announce=say)
     else:
         cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
-        pipe = cls(bpath, bundle=b, **kw)
+        pipe = cls(bpath, kernel_bindings=manifest, device=dev, engine=engine, progress=prog, announce=say, bundle=b)
     for line in pipe.engine_lines():  # which engine ran (compiled on CUDA, op by op on CPU)
         ctx.say(line)
     return pipe
@@ -259,12 +261,14 @@ def _pipeline(
 # ---------------------------------------------------------------------------- actions
 
 
-def capture_graph(ctx: ActionContext, build_args: dict, engine_role: str, snapshot: str) -> dict:
+def capture_graph(
+    ctx: ActionContext, build_args: dict, engine_role: str, snapshot: str, overwrite: bool = False
+) -> dict:
     """`mcore graph inspect`: capture one engine role's graph and write its snapshot."""
     from mcore import capture, write_json
 
     args = _build_args(build_args)
-    out = ctx.path(snapshot, "snapshot")
+    out = _output(ctx, snapshot, "snapshot", overwrite)
     cap = capture(args, _str(engine_role, "engine_role"), ctx.progress)
     snap = cap.snapshot
     write_json(out, snap.to_dict())
@@ -328,13 +332,14 @@ def select_recipe(
     receipt: str,
     binding_id: Optional[str] = None,
     workspace_bytes: Optional[int] = None,
+    overwrite: bool = False,
 ) -> dict:
     """Resolve one recipe instance through select_region() and write its receipt (`workspace_bytes`
     replaces the recipe's, as `mcore graph select --recipe ... --workspace-bytes N`)."""
     from mcore import load_snapshot, select_recipe as _select, write_json
 
     snap = load_snapshot(ctx.path(snapshot, "snapshot"))
-    out = ctx.path(receipt, "receipt")
+    out = _output(ctx, receipt, "receipt", overwrite)
     rec = _select(snap, _str(recipe_id, "recipe_id"), _str(instance, "instance"), binding_id, workspace_bytes)
     write_json(out, rec.to_dict())
     return _receipt_results(ctx, rec, out)
@@ -349,6 +354,7 @@ def select_nodes(
     workspace_bytes: int = 0,
     extra_args: Optional[list] = None,
     output_shape_input: Optional[int] = None,
+    overwrite: bool = False,
 ) -> dict:
     """`mcore graph select --nodes ...`: validate a hand-picked region and write its receipt."""
     from mcore import load_snapshot, select_region, write_json
@@ -356,7 +362,7 @@ def select_nodes(
     if not isinstance(node_ids, list) or not node_ids or not all(isinstance(n, str) for n in node_ids):
         raise UserError(f"node_ids must be a non-empty list like [\"node:12\"], got {node_ids!r}")
     snap = load_snapshot(ctx.path(snapshot, "snapshot"))
-    out = ctx.path(receipt, "receipt")
+    out = _output(ctx, receipt, "receipt", overwrite)
     rec = select_region(snap, node_ids, binding_id, workspace_bytes, list(extra_args or []), output_shape_input)
     write_json(out, rec.to_dict())
     return _receipt_results(ctx, rec, out)
@@ -367,7 +373,7 @@ def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto",
     from mcore import build_kernel as _build
 
     out = ctx.path(output, "output")
-    k = _build(_str(name, "name"), out, cuda=cuda, progress=ctx.progress, overwrite=bool(overwrite))
+    k = _build(_str(name, "name"), out, cuda=cuda, progress=ctx.progress, overwrite=_bool(overwrite, "overwrite"))
     variant = getattr(k, "variant", None)
     describe = k.describe() if hasattr(k, "describe") else str(variant)
     ctx.say(f"built {name}: {describe}")
@@ -385,7 +391,9 @@ def kernel_stub(ctx: ActionContext, receipt: str, snapshot: str, output: str, ov
     from mcore import write_exporter
 
     out = ctx.path(output, "output")
-    r = write_exporter(ctx.path(receipt, "receipt"), ctx.path(snapshot, "snapshot"), out, overwrite=bool(overwrite))
+    r = write_exporter(
+        ctx.path(receipt, "receipt"), ctx.path(snapshot, "snapshot"), out, overwrite=_bool(overwrite, "overwrite")
+    )
     body = "generated" if r.known is not None else "scaffold"
     ctx.say(
         f"exporter written: {ctx.rel(r.path)} (kernel body {body}"
@@ -401,7 +409,14 @@ def kernel_stub(ctx: ActionContext, receipt: str, snapshot: str, output: str, ov
     }
 
 
-def export_kernel(ctx: ActionContext, exporter: str, receipt: str, output: str, snapshot: Optional[str] = None) -> dict:
+def export_kernel(
+    ctx: ActionContext,
+    exporter: str,
+    receipt: str,
+    output: str,
+    snapshot: Optional[str] = None,
+    overwrite: bool = False,
+) -> dict:
     """`mcore kernel export`: run an exporter (a shipped one by name, or a script such as kernel_stub
     writes) for the receipt; it compiles the kernel and writes one TVM-FFI DSO. A script in a
     replayed session is someone else's code: it runs only from the trusted folder."""
@@ -422,18 +437,23 @@ def export_kernel(ctx: ActionContext, exporter: str, receipt: str, output: str, 
         progress=ctx.progress,
         log=ctx.log,
         cwd=ctx.workdir,
+        overwrite=_bool(overwrite, "overwrite"),
     )
     ctx.say(f"exported {ctx.rel(r.library)} ({r.arch or 'arch not printed'})")
     return {"library": ctx.rel(r.library), "binding_id": r.binding_id, "abi_sha256": r.abi_sha256, "arch": r.arch}
 
 
-def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str, function: str = "run") -> dict:
+def write_bindings(
+    ctx: ActionContext, receipt: str, library: str, manifest: str, function: str = "run", overwrite: bool = False
+) -> dict:
     """Write a kernel bindings manifest binding the receipt's slot to a DSO next to it."""
     from mcore import BINDINGS_SCHEMA_VERSION, BindingsManifest, load_receipt, write_json
 
     rec = load_receipt(ctx.path(receipt, "receipt"))
-    mpath = ctx.path(manifest, "manifest")
+    mpath = _output(ctx, manifest, "manifest", overwrite)
     lib = ctx.path(library, "library")
+    if not lib.is_file():  # a manifest naming nothing would fail only when a pipeline loads it
+        raise UserError(f"library {library}: no such file; build or export the kernel first, then write the bindings")
     try:
         rel_lib = os.path.relpath(lib, mpath.parent)
     except ValueError:  # other drive (Windows)
@@ -473,6 +493,7 @@ def build_bundle(
     graph_patch: Optional[str] = None,
     device: Optional[str] = None,
     workspace_bytes: Optional[int] = None,
+    overwrite: bool = False,
 ) -> dict:
     """`mcore build`: native (no recipe/patch) or slot-ready (recipe or graph_patch) bundle;
     `workspace_bytes` with a recipe as `--workspace-bytes N`."""
@@ -494,6 +515,7 @@ def build_bundle(
         device=device,
         progress=ctx.progress,
         workspace_bytes=workspace_bytes,
+        overwrite=_bool(overwrite, "overwrite"),
     )
     m = res.manifest
     receipt_path = res.receipt_path or (ctx.path(graph_patch) if graph_patch else None)
@@ -515,13 +537,14 @@ def generate(
     output: Optional[str] = None,
     kernel_bindings: Optional[str] = None,
     chat: bool = False,
+    overwrite: bool = False,
 ) -> dict:
     """`mcore run --greedy [--chat] [--output FILE]`: greedy generation; writes JSONL {prompt, tokens, text}."""
     from mcore import atomic_write
 
     _str(prompt, "prompt")
     n = _int(max_new_tokens, "max_new_tokens", 1)
-    out = ctx.path(output, "output") if output is not None else None
+    out = _output(ctx, output, "output", overwrite) if output is not None else None
     pipe = _pipeline(ctx, "decoder", bundle, kernel_bindings)
     pipe.chat = _bool(chat, "chat")
     t0 = time.perf_counter()
@@ -540,13 +563,14 @@ def embed(
     output: Optional[str] = None,
     kernel_bindings: Optional[str] = None,
     pooling: Optional[str] = None,
+    overwrite: bool = False,
 ) -> dict:
     """`mcore embed [--pooling P]`: the embedding (pooled as the checkpoint declares unless `pooling`
     says otherwise); writes {"embedding": [...]} like the CLI's stdout."""
     from mcore import atomic_write
 
     _str(prompt, "prompt")
-    out = ctx.path(output, "output") if output is not None else None
+    out = _output(ctx, output, "output", overwrite) if output is not None else None
     pipe = _pipeline(ctx, "encoder", bundle, kernel_bindings)
     mode, normalize, why = pipe.pooling(pooling)
     values = pipe.embed(prompt, mode, normalize)
@@ -750,13 +774,14 @@ def profile(
     prompt: Optional[str] = None,
     kernel_bindings: Optional[str] = None,
     fusion: bool = False,
+    overwrite: bool = False,
 ) -> dict:
     """`mcore profile -o OUTPUT [--fusion]`: device time per node, module, recipe instance and slot,
     and the ranked candidate regions (with `fusion`, the fused kernels a slot over each would split).
     Timings are measured: replay compares only which candidates exist."""
     from mcore import profile_pipeline, write_json
 
-    out = ctx.path(output, "output")
+    out = _output(ctx, output, "output", overwrite)
     role = _str(role, "role") if role is not None else None
     pipe = _pipeline(ctx, None, bundle, kernel_bindings, engine="torch")  # the bundle's family kind decides
     if role is None:
@@ -829,7 +854,8 @@ def action_params(action: str) -> tuple[list[str], list[str]]:
     from .registry import REGISTRY
 
     sig = inspect.signature(REGISTRY[action].fn)
-    req, opt = [], []
+    req: list[str] = []
+    opt: list[str] = []
     for i, (name, p) in enumerate(sig.parameters.items()):
         if i == 0:
             continue  # ctx

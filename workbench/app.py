@@ -17,17 +17,24 @@ import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, overload
 
 from textual.app import App
 from textual.screen import ModalScreen
+from textual import events
 from textual.binding import Binding
+from textual.widget import Widget
+from textual.widgets import Input, TextArea
+from textual.actions import ActionParseResult
 from textual.css.query import NoMatches
+from textual.dom import DOMNode
 
 from mcore import CancelToken, Cancelled, Progress, UserError
 
 if TYPE_CHECKING:
     from mcore import Receipt, Snapshot
+
+    from .session import Session
 
 from .commands import WorkbenchCommands
 from .registry import REGISTRY
@@ -90,6 +97,10 @@ class WorkbenchState:
     log: list[str] = field(default_factory=list)
     last_prompt: Optional[dict[str, Any]] = None  # {"prompt", "max_new_tokens"} of the last run
 
+    @overload
+    def path(self, p: str) -> Path: ...
+    @overload
+    def path(self, p: None) -> None: ...
     def path(self, p: Optional[str]) -> Optional[Path]:
         if p is None:
             return None
@@ -153,6 +164,8 @@ class WorkbenchApp(App):
         Binding("ctrl+o", "open_session", "open", show=False),
         Binding("q", "request_quit", "quit", show=False),
         Binding("ctrl+q", "request_quit", "quit", show=False, priority=True),
+        # Esc never switches screens (the next letter would act on another one): going back has its own key
+        Binding("alt+left", "go_back", "back to the previous screen", show=False),
     ]
 
     def __init__(
@@ -175,7 +188,7 @@ class WorkbenchApp(App):
         self._start_screen = start_screen
         self.state = state or WorkbenchState(workdir=self._make_workdir(workdir, tutorial or replay))
         self.guide: Optional[GuideState] = None
-        self.session = None  # workbench.session.Session, created on first use
+        self.session: Optional["Session"] = None  # created on first use
         self.busy: Optional[str] = None
         self.busy_params: Optional[dict[str, Any]] = None
         self.busy_label: str = ""
@@ -191,7 +204,10 @@ class WorkbenchApp(App):
         self.message: tuple[str, str] = ("", "")  # the status line's last notice (text, style): no toasts
         self.saved_steps = 0  # session steps already in a saved file (quit asks about the rest)
         self.guide_expanded: Optional[bool] = None  # None: beside the body when the terminal is roomy
-        self.history: list[str] = []  # screens visited, for Esc = back
+        self.history: list[str] = []  # screens visited, for alt+left = back
+        # the text field the user is typing in: set by a printable key there, kept by tab/shift+tab,
+        # cleared by any other key or a click; a letter after a tab out of the field is no command
+        self.typing_in: Optional[Widget] = None
         self.summary_shown = False
         self.device_line = ""  # the header's device facts, filled in by a background probe
 
@@ -269,10 +285,16 @@ class WorkbenchApp(App):
         self.sub_title = f"{'tutorial' if mode == 'tutorial' else 'replay'}: {sess.title}"
 
     # ------------------------------------------------------------------ key actions
-    async def run_action(self, action, default_namespace=None) -> bool:  # Textual's key-binding dispatch
-        """Every key binding runs through here: a failure is shown in the UI, never a traceback screen."""
+    async def run_action(
+        self,
+        action: str | ActionParseResult,
+        default_namespace: DOMNode | None = None,
+        namespaces: Mapping[str, DOMNode] | None = None,
+    ) -> bool:
+        """Every key binding (and a click on a tree node, whose action Textual runs with `namespaces`)
+        runs through here: a failure is shown in the UI, never a traceback screen."""
         try:
-            return await super().run_action(action, default_namespace)
+            return await super().run_action(action, default_namespace, namespaces)
         except UserError as e:
             self.report_error(str(e))
         except Exception as e:  # noqa: BLE001
@@ -282,6 +304,22 @@ class WorkbenchApp(App):
                 + f" (details in {where}; please report it)"
             )
         return True
+
+    async def on_event(self, event: events.Event) -> None:
+        """Follow the typing streak (see `typing_in`) before the key goes anywhere."""
+        if isinstance(event, events.Key):
+            focused = self.focused
+            if (
+                event.is_printable
+                and isinstance(focused, (Input, TextArea))
+                and not getattr(focused, "read_only", False)
+            ):
+                self.typing_in = focused
+            elif event.key not in ("tab", "shift+tab") and not event.is_printable:
+                self.typing_in = None
+        elif isinstance(event, events.MouseDown):
+            self.typing_in = None
+        await super().on_event(event)
 
     # ------------------------------------------------------------------ navigation
     @property
@@ -299,7 +337,8 @@ class WorkbenchApp(App):
         self.go(name)
 
     def go(self, name: str):
-        """Switch to screen `name`, remembering where we were (Esc goes back)."""
+        """Switch to screen `name`, remembering where we were (alt+left goes back)."""
+        self.typing_in = None
         cur = self.current
         if cur is not None and cur.SCREEN_NAME != name:
             self.history.append(cur.SCREEN_NAME)
@@ -310,14 +349,18 @@ class WorkbenchApp(App):
         """Bindings that depend on state (n = next match or next step) changed: redraw the footer."""
         self.refresh_bindings()
 
-    def action_back(self) -> None:
+    def action_go_back(self) -> None:
+        """alt+left (and the palette): the screen before this one."""
         cur = self.current
+        if cur is None:
+            return  # a modal is open; it decides
         while self.history:
             name = self.history.pop()
-            if cur is None or name != cur.SCREEN_NAME:
+            if name != cur.SCREEN_NAME:
+                self.typing_in = None
                 self.switch_screen(name)
                 return
-        self.say("nothing to go back to (q quits)", "dim")
+        self.say("no earlier screen to go back to; F1–F6 switch screens", "dim")
 
     def action_search(self) -> None:
         """/ anywhere: search the graph (the Graph screen binds / itself)."""
@@ -327,8 +370,10 @@ class WorkbenchApp(App):
 
         async def then() -> None:
             await self.go("graph")
+            from .screens.graph import GraphScreen
+
             scr = self.current
-            if scr is not None and scr.SCREEN_NAME == "graph":
+            if isinstance(scr, GraphScreen):
                 scr.action_filter()
 
         self.call_later(then)
@@ -388,7 +433,7 @@ class WorkbenchApp(App):
             if choice == "quit":
                 self.exit()
             elif choice == "save":
-                self.action_save_session(then_quit=True)
+                self.action_save_session(then=self.exit)
 
         self.push_screen(ConfirmQuit(self.unsaved_steps), answered)
 
@@ -417,17 +462,17 @@ class WorkbenchApp(App):
             self.session = Session.new(title, guided=False, device=self.state.device)
         return self.session
 
-    def action_save_session(self, then_quit: bool = False) -> None:
-        from .screens.dialogs import PathPrompt
+    def action_save_session(self, then: Optional[Callable[[], Any]] = None) -> None:
+        """ctrl+s: ask for a path, then save (the overwrite rule: never over one of the session's own
+        artifacts; over another existing file only after asking; its own file again is a save)."""
+        from .screens.dialogs import ConfirmOverwrite, PathPrompt
 
         default = self.state.show_path(str(self.session.path)) if self.session and self.session.path else "session.json"
 
-        def done(path: Optional[str]) -> None:
-            if not path:
-                return
+        def save(target: Path) -> None:
             try:
                 sess = self.ensure_session()
-                out = sess.save(self.state.path(path))
+                out = sess.save(target)
             except UserError as e:
                 self.report_error(str(e))
                 return
@@ -436,8 +481,22 @@ class WorkbenchApp(App):
                 f"saved {len(sess)} step(s) to {self.state.show_path(str(out))}; replay: workbench replay {out}",
                 "green",
             )
-            if then_quit:
-                self.exit()
+            if then is not None:
+                then()
+
+        def done(path: Optional[str]) -> None:
+            if not path:
+                return
+            target = self.state.path(path)
+            why = self._save_refusal(target)
+            if why:
+                self.report_error(why)
+            elif target.exists() and not self._is_own_save(target):
+                self.push_screen(
+                    ConfirmOverwrite([path], "saving the session"), lambda ok: save(target) if ok else None
+                )
+            else:
+                save(target)
 
         self.push_screen(
             PathPrompt(
@@ -448,7 +507,38 @@ class WorkbenchApp(App):
             done,
         )
 
+    def _save_refusal(self, target: Path) -> Optional[str]:
+        """Why the session may not be saved at `target` (one of its own artifacts), or None."""
+        from .outputs import artifact_owner
+
+        owner = artifact_owner(target, self.state, self.session, self.guide)
+        if owner is None:
+            return None
+        return (
+            f"{self.state.show_path(str(target))} is an artifact of this session ({owner} names it); "
+            "saving the session over it would lose it: choose another name, e.g. session.json"
+        )
+
+    def _is_own_save(self, target: Path) -> bool:
+        path = self.session.path if self.session is not None else None
+        return path is not None and Path(path).resolve() == target.resolve()
+
     def action_open_session(self) -> None:
+        """ctrl+o: open a session to replay; with unsaved steps, ask first (it replaces this session)."""
+        if not self.unsaved_steps:
+            self._open_session_prompt()
+            return
+        from .screens.dialogs import ConfirmReplaceSession
+
+        def answered(choice: Optional[str]) -> None:
+            if choice == "quit":  # open it anyway
+                self._open_session_prompt()
+            elif choice == "save":
+                self.action_save_session(then=self._open_session_prompt)
+
+        self.push_screen(ConfirmReplaceSession(self.unsaved_steps), answered)
+
+    def _open_session_prompt(self) -> None:
         from .screens.dialogs import PathPrompt
 
         def done(path: Optional[str]) -> None:
@@ -569,6 +659,9 @@ class WorkbenchApp(App):
         if self.busy:
             self.say(f"{self.busy_label} is still running; wait or press x to cancel", "yellow")
             return False
+        again = dict(guide=guide, on_done=on_done, on_finish=on_finish, label=label, expect_error=expect_error)
+        if self._ask_overwrite(action, params, again, on_finish):
+            return False
         # an action that loads the native code its bindings manifest names asks before it runs
         native = REGISTRY[action].trust_needed(params) if action in REGISTRY else None
         if native and params.get(native) and not trusted:
@@ -627,6 +720,29 @@ class WorkbenchApp(App):
             name=action,
             exit_on_error=False,
         )
+        return True
+
+    def _ask_overwrite(self, action: str, params: dict[str, Any], again: dict[str, Any], on_finish) -> bool:
+        """The overwrite rule (workbench/outputs.py): a step that would replace an existing file asks
+        first; yes runs it with `overwrite: true`, esc does not run it. True when it asked."""
+        from .outputs import taken_outputs
+
+        taken = taken_outputs(action, params, self.state)
+        if not taken:
+            return False
+        from .screens.dialogs import ConfirmOverwrite
+
+        def answered(ok: Optional[bool]) -> None:
+            if ok:
+                self.perform(action, dict(params, overwrite=True), trusted=False, **again)
+                return
+            self.say(f"not run: {', '.join(taken)} kept as it is", "yellow")
+            if on_finish:
+                on_finish(
+                    ActionOutcome(action, params, error="not run: the existing output was kept", kind="cancelled")
+                )
+
+        self.push_screen(ConfirmOverwrite(taken, (again.get("label") or action).replace("_", " ")), answered)
         return True
 
     def _library_of(self, manifest: str) -> str:

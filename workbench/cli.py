@@ -1,6 +1,7 @@
 """`workbench`: the TUI, its guided tutorials, and session replay (headless for CI).
 
-    workbench                                   open the workbench TUI
+    workbench [--workdir DIR]                   open the workbench TUI (free exploration; its artifacts go
+                                                to DIR, else a fresh artifacts/workbench-* folder)
     workbench tutorial [NAME]                   guided tutorial (default qwen-recipe)
     workbench tutorial --list                   names and titles of the shipped tutorials
     workbench replay FILE                       replay a session in the TUI
@@ -44,9 +45,24 @@ def make_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     p = Parser(
-        prog=PROG, description="Bring your own kernel into a model's graph: the guided TUI, saved sessions and replay."
+        prog=PROG,
+        usage="%(prog)s [--workdir DIR] | %(prog)s tutorial [NAME] | %(prog)s replay FILE [--headless]",
+        description="Bring your own kernel into a model's graph: the guided TUI, saved sessions and replay.\n\n"
+        "  workbench                 free exploration in a fresh artifacts/workbench-* folder\n"
+        "  workbench --workdir DIR   free exploration with its artifacts in DIR\n"
+        "  workbench tutorial [NAME] a guided tutorial (--list names them)\n"
+        "  workbench replay FILE     a saved session, step by step (--headless for a table)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"workbench {__version__}")
+    p.add_argument(
+        "--workdir",
+        dest="free_workdir",
+        metavar="DIR",
+        default=None,
+        help="plain `workbench`: the folder for its artifacts (created if missing; default: a fresh "
+        "artifacts/workbench-* folder)",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     t = sub.add_parser("tutorial", help="open a guided tutorial in the TUI (default qwen-recipe)")
@@ -166,7 +182,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ns = parser.parse_args(argv)
     try:
         if ns.command is None:
-            return _run_app()
+            return _run_app(**({"workdir": ns.free_workdir} if ns.free_workdir else {}))
+        if ns.free_workdir:
+            if getattr(ns, "workdir", None):
+                raise UserError("--workdir is given twice; give it once, after the command")
+            ns.workdir = ns.free_workdir
         rc = int(ns.func(ns) or 0)
         sys.stdout.flush()  # a full disk or closed stdout shows here, as one line
         return rc

@@ -4,10 +4,13 @@ themselves, so a new binding shows up here with no second list to keep in step."
 from __future__ import annotations
 
 from functools import partial
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+if TYPE_CHECKING:
+    from .screens.base import WorkbenchScreen
 
 # app bindings that are plumbing, not commands
 _HIDDEN_APP_ACTIONS = {"scroll_guide(-1)", "scroll_guide(1)"}
@@ -17,7 +20,7 @@ def _key(binding: Binding) -> str:
     return binding.key_display or binding.key.replace("question_mark", "?").replace("slash", "/")
 
 
-def screen_classes() -> dict[str, type]:
+def screen_classes() -> dict[str, type["WorkbenchScreen"]]:
     from .screens.build import BuildScreen
     from .screens.graph import GraphScreen
     from .screens.kernel import KernelScreen
@@ -64,9 +67,13 @@ def palette_entries() -> list[tuple[str, str, str, str]]:
 class WorkbenchCommands(Provider):
     """Screens and actions, fuzzy-matched; running one switches to its screen first."""
 
-    def _entries(self) -> Iterator[tuple[str, str, object]]:
+    def _entries(self) -> Iterator[tuple[str, str, Callable[[], Any]]]:
+        from .app import WorkbenchApp
+
+        app = self.app
+        assert isinstance(app, WorkbenchApp)
         for label, key, screen, action in palette_entries():
-            yield label, f"key {key}" if key else "", partial(self.app.run_palette_command, screen, action)
+            yield label, f"key {key}" if key else "", partial(app.run_palette_command, screen, action)
 
     async def discover(self) -> Hits:
         for label, help_text, run in self._entries():

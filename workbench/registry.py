@@ -14,7 +14,6 @@ and the mcore readers it needs are imported when it runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from mcore import UserError
@@ -42,6 +41,8 @@ class ActionSpec:
     apply        ``apply(state, params, results)``: its results into the TUI's state (UI thread)
     code_param   the param naming a Python script it runs (an exporter), unless the value is a
                  shipped exporter's name; asked for like native code
+    output_params the params naming files it writes; an existing one is replaced only with the
+                 action's `overwrite` param (the TUI asks first: workbench/outputs.py)
     """
 
     name: str
@@ -53,6 +54,7 @@ class ActionSpec:
     shown: tuple[str, ...]
     apply: ApplyFn
     code_param: Optional[str] = None
+    output_params: tuple[str, ...] = ()
 
     def trust_needed(self, params: Params) -> Optional[str]:
         """The param whose value this step would run as someone's native code or script, or None."""
@@ -109,7 +111,7 @@ def _apply_build_kernel(st: WorkbenchState, params: Params, results: Params) -> 
 def _apply_kernel_stub(st: WorkbenchState, params: Params, results: Params) -> None:
     st.stub_path = results.get("path")
     try:
-        st.stub_text = Path(st.path(st.stub_path)).read_text(encoding="utf-8")
+        st.stub_text = st.path(st.stub_path).read_text(encoding="utf-8") if st.stub_path else None
     except OSError:
         st.stub_text = None
 
@@ -200,6 +202,7 @@ _SPECS = (
         native_param=None,
         shown=("fingerprint", "nodes", "tensors", "recipes"),
         apply=_apply_capture_graph,
+        output_params=("snapshot",),
     ),
     ActionSpec(
         "list_recipes",
@@ -230,6 +233,7 @@ _SPECS = (
         native_param=None,
         shown=("binding_id", "abi_sha256", "node_ids"),
         apply=_apply_selection,
+        output_params=("receipt",),
     ),
     ActionSpec(
         "select_nodes",
@@ -240,6 +244,7 @@ _SPECS = (
         native_param=None,
         shown=("binding_id", "abi_sha256", "node_ids"),
         apply=_apply_selection,
+        output_params=("receipt",),
     ),
     ActionSpec(
         "build_kernel",
@@ -250,6 +255,7 @@ _SPECS = (
         native_param=None,
         shown=("library", "variant"),
         apply=_apply_build_kernel,
+        output_params=("output",),
     ),
     ActionSpec(
         "kernel_stub",
@@ -260,6 +266,7 @@ _SPECS = (
         native_param=None,
         shown=("path", "abi_sha256"),
         apply=_apply_kernel_stub,
+        output_params=("output",),
     ),
     ActionSpec(
         "export_kernel",
@@ -271,6 +278,7 @@ _SPECS = (
         shown=("library", "binding_id", "arch"),
         apply=_apply_export_kernel,
         code_param="exporter",
+        output_params=("output",),
     ),
     ActionSpec(
         "write_bindings",
@@ -281,6 +289,7 @@ _SPECS = (
         native_param=None,
         shown=("manifest", "abi_sha256"),
         apply=_apply_write_bindings,
+        output_params=("manifest",),
     ),
     ActionSpec(
         "build_bundle",
@@ -291,6 +300,7 @@ _SPECS = (
         native_param=None,
         shown=("bundle", "fingerprints", "kernel_slots"),
         apply=_apply_build_bundle,
+        output_params=("output",),
     ),
     ActionSpec(
         "generate",
@@ -301,6 +311,7 @@ _SPECS = (
         native_param=_NATIVE,
         shown=("tokens", "text"),
         apply=_apply_output("generate"),
+        output_params=("output",),
     ),
     ActionSpec(
         "embed",
@@ -311,6 +322,7 @@ _SPECS = (
         native_param=_NATIVE,
         shown=("values", "pooling"),
         apply=_apply_output("embed"),
+        output_params=("output",),
     ),
     ActionSpec(
         "gate_tokens",
@@ -376,6 +388,7 @@ _SPECS = (
         native_param=_NATIVE,
         shown=("role", "context", "profile"),
         apply=_apply_profile,
+        output_params=("output",),
     ),
 )
 

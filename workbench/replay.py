@@ -375,7 +375,11 @@ def replay(
             if on_step is not None:
                 on_step(i, step, outcome)
             continue
-        sub = Progress(lambda s, f, i=i: prog.report(f"step {i}/{n} {step.action}: {s}", (i - 1 + f) / n), prog.token)
+
+        def step_report(s: str, f: float, i: int = i, action: str = step.action) -> None:
+            prog.report(f"step {i}/{n} {action}: {s}", (i - 1 + f) / n)
+
+        sub = Progress(step_report, prog.token)
         ctx = ActionContext(
             workdir=wd,
             progress=sub,

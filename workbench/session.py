@@ -274,6 +274,7 @@ class Session:
     ) -> Step:
         """Append a step: `results` for a success, or `error` (text or the UserError) for a failure;
         `not_run` for a step that `requires` what this machine lacks."""
+        d: dict[str, Any]
         if not_run:
             d = {"action": action, "params": params, "results": {}, "status": "not_run", "error": NOT_RUN}
         elif error is not None:

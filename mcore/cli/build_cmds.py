@@ -11,7 +11,7 @@ from typing import Optional
 
 from ..buildargs import add_build_args, build_args_from_namespace
 from ..errors import UserError
-from ..fileio import atomic_write, check_output_path
+from ..fileio import atomic_write, check_overwrite
 from ..graph.display import abi_lines, versions_line
 from ..tokenization import check_prompt
 from .graph_cmds import stderr_progress
@@ -33,6 +33,7 @@ def cmd_build(ns: argparse.Namespace) -> int:
         device=ns.device,
         progress=stderr_progress(),
         workspace_bytes=ns.workspace_bytes,
+        overwrite=ns.force,
     )
     m = res.manifest
     print(f"bundle written to {res.bundle_path}")
@@ -117,7 +118,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     for prompt in ns.prompt:
         check_prompt(prompt)
     if ns.output:
-        check_output_path(ns.output)  # before the model loads, not after generating
+        check_overwrite(ns.output, ns.force)  # before the model loads, not after generating
     pipe = _pipeline(ns, "decoder", tuple(ns.prompt))
     pipe.chat = ns.chat
     prompts = ns.prompt
@@ -258,6 +259,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--graph-patch", default=None, metavar="SELECTION_JSON")
     p.add_argument("--device", default=None, help="default device recorded for the bundle (cpu | cuda)")
     p.add_argument("-o", "--output", required=True)
+    p.add_argument("--force", action="store_true", help="replace an existing bundle (and its selection receipts)")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("run", help="generate with a decoder bundle")
@@ -270,6 +272,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     p.add_argument("--output", default=None, help="write JSONL records {prompt, tokens, text}")
+    p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.add_argument(
         "--chat",
         action="store_true",

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ..buildargs import add_build_args, build_args_from_namespace
 from ..errors import UserError, printable
-from ..fileio import check_output_path, write_json
+from ..fileio import check_output_path, check_overwrite, read_json, write_json
 from ..graph.display import abi_lines, list_lines, tensor_desc, tree_lines, versions_line
 from ..graph.snapshot import load_snapshot
 from ..progress import Progress
@@ -32,6 +33,8 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
     args = build_args_from_namespace(ns)
     cap = capture(args, ns.engine_role, stderr_progress())
     snap = cap.snapshot
+    if not ns.force and _holds_another_graph(ns.snapshot, snap.fingerprint):
+        check_overwrite(ns.snapshot, False)
     write_json(ns.snapshot, snap.to_dict())
     say(
         f"engine_role={ns.engine_role} nodes={len(snap.nodes)} tensors={len(snap.tensors)} "
@@ -77,8 +80,18 @@ def parse_extra_arg(text: str) -> object:
         ) from None
 
 
+def _holds_another_graph(path: str, fingerprint: str) -> bool:
+    """Whether `path` exists and is not a snapshot of this very graph. Rewriting a snapshot with the same
+    graph loses nothing (the tutorial captures decode.graph.json twice); anything else falls under the
+    overwrite rule."""
+    try:
+        return read_json(path, "graph snapshot").get("fingerprint") != fingerprint
+    except (UserError, AttributeError):
+        return Path(path).exists()
+
+
 def cmd_select(ns: argparse.Namespace) -> int:
-    check_output_path(ns.output)
+    check_overwrite(ns.output, ns.force)
     snap = load_snapshot(ns.snapshot)
     if ns.recipe:
         if ns.nodes:
@@ -136,6 +149,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = gs.add_parser("inspect", help="capture a role's graph (no weights) and write its snapshot")
     p.add_argument("--engine-role", required=True, help="prefill | decode (qwen3), encoder (distilbert, bert)")
     p.add_argument("--snapshot", required=True, help="where to write the graph snapshot JSON")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing snapshot of another graph (the same graph is rewritten)",
+    )
     add_build_args(p)
     p.set_defaults(func=cmd_inspect)
 
@@ -163,6 +181,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--extra-arg", action="append", default=[], metavar="JSON")
     p.add_argument("--output-shape-like-input", type=int, default=None, metavar="INPUT_INDEX")
     p.add_argument("-o", "--output", required=True, help="receipt path (JSON)")
+    p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.set_defaults(func=cmd_select)
 
     p = gs.add_parser("show", help="details of nodes or tensors: dtypes, shapes, producer, consumers")

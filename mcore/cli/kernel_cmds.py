@@ -64,7 +64,8 @@ def register(subparsers) -> None:
     e.add_argument("exporter", metavar="EXPORTER", help="shipped exporter name or exporter script (.py)")
     e.add_argument("--selection", required=True, metavar="RECEIPT", help="selection receipt (.selection.json)")
     e.add_argument("--snapshot", metavar="SNAPSHOT", help="graph snapshot the receipt was made from (also checked)")
-    e.add_argument("-o", "--output", required=True, metavar="PATH", help="DSO to write (never replaced)")
+    e.add_argument("-o", "--output", required=True, metavar="PATH", help="DSO to write")
+    e.add_argument("--force", action="store_true", help="replace an existing output (once the export succeeded)")
     e.set_defaults(func=cmd_export)
 
 
@@ -113,7 +114,12 @@ def cmd_stub(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     res = run_exporter(
-        args.exporter, args.selection, args.output, snapshot=args.snapshot, log=lambda line: print(line, flush=True)
+        args.exporter,
+        args.selection,
+        args.output,
+        snapshot=args.snapshot,
+        log=lambda line: print(line, flush=True),
+        overwrite=args.force,
     )
     print(f"exported {res.library}")
     print(TRUST_NOTE)

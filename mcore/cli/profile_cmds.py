@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..errors import UserError
-from ..fileio import read_json, write_json
+from ..fileio import check_overwrite, read_json, write_json
 from .graph_cmds import stderr_progress
 
 
@@ -24,6 +24,8 @@ def cmd_profile(ns: argparse.Namespace) -> int:
         raise UserError(f"unexpected argument(s) {' '.join(ns.rest)}; see `mcore profile --help`")
     if ns.top < 1:
         raise UserError(f"--top {ns.top} must be at least 1")
+    if ns.output:
+        check_overwrite(ns.output, ns.force)  # before the profile runs
     from ..bundle import open_bundle
     from ..pipeline import DecoderPipeline, EncoderPipeline
     from ..profile import profile_pipeline, top_lines
@@ -70,4 +72,5 @@ def register(sub: argparse._SubParsersAction) -> None:
         "fused kernels a slot over each candidate region would split",
     )
     p.add_argument("-o", "--output", default=None, help="write the profile JSON here")
+    p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.set_defaults(func=cmd_profile)

@@ -2,8 +2,11 @@
 the guide panel (or, on narrow terminals, a one-line step bar), an error panel, a status line
 with the running step's progress or the last notice, and the footer.
 
-Key conventions live here once: `?` first in the footer, Esc leaves a field, then dismisses
-the error, then ends a screen's own mode (a search), then goes back to the previous screen.
+Key conventions live here once: `?` first in the footer; Esc leaves a field, then dismisses
+the error, then ends a screen's own mode (a search), and never switches screens (the next
+letter would then act on a screen the user did not choose; alt+left goes back); a printable
+key typed after tab left a text field is text the user meant for the field, never a command
+(`on_key`), until Esc, Enter, another key or a click.
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Button, Footer, Input, Static, TextArea
 
+from mcore import UserError
+
 if TYPE_CHECKING:  # pragma: no cover
+    from mcore import Snapshot
+
     from ..app import WorkbenchApp, WorkbenchState
 
 SCREEN_ORDER = ("model", "graph", "region", "kernel", "build", "verify")
@@ -117,10 +124,15 @@ class StepBar(Static):
         total = len(g.session.steps)
         last = g.outcomes.get(g.index - 1) if g.index else None
         if last is not None:
+            from .guide import SKIP_GLYPH
+
             ok = last.kind == "ok" and not last.diffs
-            t.append(" ✓" if ok else " ≠", style="green" if ok else "red")
+            if last.kind == "skipped":
+                t.append(f" {SKIP_GLYPH} skipped", style="yellow")
+            else:
+                t.append(" ✓" if ok else " ≠", style="green" if ok else "red")
         if step is None:
-            t.append(f" all {total} steps done · ", style="bold")
+            t.append(f" {g.finished_text()} · ", style="bold")
             t.append("n", style="bold reverse")
             t.append(" summary ", style="dim")
             t.append("ctrl+s", style="bold reverse")
@@ -174,7 +186,7 @@ class WorkbenchScreen(Screen):
     # nothing grabs focus on its own: an Input focused by default would swallow n (next step)
     AUTO_FOCUS = ""
     # `?` first: the footer is cut from the right on narrow terminals
-    BINDINGS = [Binding("question_mark", "app.help", "keys"), Binding("escape", "escape", "back", show=False)]
+    BINDINGS = [Binding("question_mark", "app.help", "keys"), Binding("escape", "escape", "close", show=False)]
 
     @property
     def wb(self) -> "WorkbenchApp":
@@ -183,6 +195,14 @@ class WorkbenchScreen(Screen):
     @property
     def state(self) -> "WorkbenchState":
         return self.wb.state
+
+    @property
+    def snap(self) -> "Snapshot":
+        """The captured graph, for code that runs only once there is one."""
+        s = self.state.snapshot
+        if s is None:
+            raise UserError("no graph captured yet: capture one on the Model screen (F1, then c)")
+        return s
 
     def compose(self) -> ComposeResult:
         from .guide import GuidePanel
@@ -264,9 +284,12 @@ class WorkbenchScreen(Screen):
         small = w < MIN_SIZE[0] or h < MIN_SIZE[1]
         self.set_class(small, "too-small")
         g = self.wb.guide
-        mode = ""
         if g is not None:
             mode = f"{g.mode} {min(g.index + 1, len(g.session.steps))}/{len(g.session.steps)}"
+        else:
+            from .dialogs import shown_folder
+
+            mode = f"free · {shown_folder(self.state.workdir)}"  # where free exploration writes
         self.query_one(NavBar).render_bar(mode, self.wb.device_line)
         self.refresh_status()
         from .guide import GuidePanel
@@ -288,7 +311,7 @@ class WorkbenchScreen(Screen):
             self.query_one(ErrorPanel).show_error(text, expected)
 
     def action_escape(self) -> None:
-        """Esc: leave the field, else dismiss the error, else end the screen's mode, else go back."""
+        """Esc: leave the field, else dismiss the error, else end the screen's mode; never another screen."""
         if isinstance(self.focused, (Input, TextArea)):
             self.set_focus(None)
             self.focus_default()
@@ -299,7 +322,24 @@ class WorkbenchScreen(Screen):
             return
         if self.escape_mode():
             return
-        self.wb.action_back()
+        self.wb.say("esc: nothing to close here · F1–F6 switch screens, alt+left goes back", "dim")
+
+    def on_key(self, event: events.Key) -> None:
+        """A printable key that reaches the screen while the user is still typing (they left the
+        text field with tab, and its letters would now be commands): show it, never run it."""
+        field = self.wb.typing_in
+        if not event.is_printable or field is None or field.screen is not self:
+            return
+        if isinstance(self.focused, (Input, TextArea)):
+            return  # a field takes it
+        event.stop()
+        event.prevent_default()
+        name = field.id or "text"
+        self.wb.say(
+            f"{event.character!r} was not run as a key: tab left the {name} field while you were typing; "
+            "shift+tab goes back to it, esc or enter ends typing (then letters are keys)",
+            "yellow",
+        )
 
     @on(Button.Pressed, ".key-button")
     async def key_button(self, event: Button.Pressed) -> None:

@@ -74,10 +74,12 @@ class TrustModal(ModalScreen[bool]):
 
 
 class ConfirmQuit(ModalScreen[Optional[str]]):
-    """Quit with unsaved steps: save first, quit anyway, or stay."""
+    """Quit with unsaved steps: save first, quit anyway, or stay. Answers "save", "quit" or None."""
 
+    QUESTION = "Quit the workbench?"
+    GO_LABEL = "q quit anyway"
     BINDINGS = [
-        Binding("s", "answer('save')", "save, then quit"),
+        Binding("s", "answer('save')", "save first"),
         Binding("q", "answer('quit')", "quit without saving"),  # ctrl+q again: the app quits
         Binding("escape", "answer(None)", "stay"),
     ]
@@ -88,7 +90,7 @@ class ConfirmQuit(ModalScreen[Optional[str]]):
 
     def compose(self) -> ComposeResult:
         t = Text()
-        t.append("Quit the workbench?\n\n", style="bold")
+        t.append(f"{self.QUESTION}\n\n", style="bold")
         t.append(
             f"{self.unsaved} step(s) of this session are not saved; a saved session replays with "
             "`workbench replay FILE`."
@@ -96,8 +98,8 @@ class ConfirmQuit(ModalScreen[Optional[str]]):
         with Vertical(id="quit-box", classes="modal-box"):
             yield Static(t)
             with Horizontal(classes="key-buttons"):
-                yield Button("s save, then quit", id="quit-save", compact=True, variant="primary")
-                yield Button("q quit anyway", id="quit-quit", compact=True, variant="error")
+                yield Button("s save first", id="quit-save", compact=True, variant="primary")
+                yield Button(self.GO_LABEL, id="quit-quit", compact=True, variant="error")
                 yield Button("esc stay", id="quit-stay", compact=True)
 
     def action_answer(self, choice: Optional[str]) -> None:
@@ -107,6 +109,55 @@ class ConfirmQuit(ModalScreen[Optional[str]]):
     def pressed(self, event: Button.Pressed) -> None:
         event.stop()
         self.dismiss({"quit-save": "save", "quit-quit": "quit"}.get(event.button.id or ""))
+
+
+class ConfirmReplaceSession(ConfirmQuit):
+    """Ctrl+o with unsaved steps: opening another session replaces this one. Answers "save", "quit"
+    (open it anyway) or None (stay)."""
+
+    QUESTION = "Open another session? It replaces this one."
+    GO_LABEL = "o open anyway"
+    BINDINGS = [
+        Binding("s", "answer('save')", "save first"),
+        Binding("o", "answer('quit')", "open without saving"),
+        Binding("escape", "answer(None)", "stay"),
+    ]
+
+
+class ConfirmOverwrite(ModalScreen[bool]):
+    """An output would replace an existing file: y replaces it, esc (or n, d) keeps it and the step
+    does not run. Never shown for a link, device or folder (those are refused outright)."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "replace"),
+        Binding("escape,n,d", "answer(False)", "keep it"),
+    ]
+
+    def __init__(self, paths: list[str], what: str):
+        super().__init__()
+        self.paths = paths
+        self.what = what
+
+    def compose(self) -> ComposeResult:
+        t = Text()
+        t.append("Replace an existing file?\n\n", style="bold yellow")
+        t.append(f"{self.what} writes over:\n")
+        for p in self.paths:
+            t.append(f"  {p}\n", style="bold")
+        t.append("\nIts content is lost. Keep it and the step does not run (choose another name to keep both).")
+        with Vertical(id="overwrite-box", classes="modal-box"):
+            yield Static(t, id="overwrite-text")
+            with Horizontal(classes="key-buttons"):
+                yield Button("y replace", id="overwrite-yes", compact=True, variant="warning")
+                yield Button("esc keep it", id="overwrite-no", compact=True)
+
+    def action_answer(self, ok: bool) -> None:
+        self.dismiss(ok)
+
+    @on(Button.Pressed, "#overwrite-yes, #overwrite-no")
+    def pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "overwrite-yes")
 
 
 class PathPrompt(ModalScreen[Optional[str]]):
@@ -239,8 +290,11 @@ class SummaryModal(ModalScreen[None]):
         self.dismiss(None)
 
     def action_save(self) -> None:
+        from ..app import WorkbenchApp
+
         self.dismiss(None)
-        self.app.call_later(self.app.action_save_session)
+        if isinstance(self.app, WorkbenchApp):
+            self.app.call_later(self.app.action_save_session)
 
 
 def shown_folder(p) -> str:
@@ -263,16 +317,13 @@ def summary_text(app) -> Text:
 
     st, g = app.state, app.guide
     t = Text()
-    n = len(g.session.steps) if g else 0
     t.append(
         f"{'Tutorial' if g and g.mode == 'tutorial' else 'Replay'} finished: {g.session.title if g else ''}\n",
         style="bold",
     )
-    if g is not None and g.mode == "replay":
-        bad = g.mismatches
-        t.append(f"{n - bad}/{n} steps matched the recording\n", style="red" if bad else "green")
-    else:
-        t.append(f"all {n} steps done\n", style="green")
+    if g is not None:
+        bad = g.mismatches if g.mode == "replay" else 0
+        t.append(f"{g.finished_text()}\n", style="red" if bad else "yellow" if g.skipped else "green")
     t.append("built, in the work folder ", style="bold")
     t.append(f"{shown_folder(st.workdir)}\n", style="")
     rows = [

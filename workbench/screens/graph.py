@@ -164,8 +164,7 @@ class GraphScreen(WorkbenchScreen):
                     placeholder="/ search: words (layers.1 attention) or a glob", id="graph-filter", compact=True
                 )
                 yield Static("", id="graph-listing")
-                table = DataTable(id="nodes", cursor_type="row", zebra_stripes=False)
-                yield table
+                yield DataTable(id="nodes", cursor_type="row", zebra_stripes=False)
                 with Vertical(id="node-details"):
                     yield Static("", id="node-head")
                     yield OptionList(id="edges", compact=True)
@@ -197,7 +196,7 @@ class GraphScreen(WorkbenchScreen):
         self.query_one("#graph-split").display = has
         empty = self.query_one("#graph-empty", Static)
         empty.display = not has
-        if not has:
+        if snap is None:
             self._fp, self._listing_seen = None, None  # a fresh state (an opened session) starts over
             if self.wb.busy == "capture_graph":
                 empty.update(
@@ -241,7 +240,7 @@ class GraphScreen(WorkbenchScreen):
         self.fill_table(keep=(lst or {}).get("ids", [None])[0] if lst and lst.get("ids") else None)
 
     def build_tree(self) -> None:
-        snap = self.state.snapshot
+        snap = self.snap
         tree = self.query_one("#module-tree", Tree)
         tree.clear()
         counts = module_tree(snap)
@@ -258,7 +257,7 @@ class GraphScreen(WorkbenchScreen):
         self._tree_nodes = nodes
 
     def visible_nodes(self) -> list[Node]:
-        snap = self.state.snapshot
+        snap = self.snap
         only = set(self.only) if self.only is not None else None
         return [
             n

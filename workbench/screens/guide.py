@@ -60,6 +60,12 @@ def result_lines(key: str, value: Any) -> list[tuple[str, str]]:
     return [(key, short(value, 40))]
 
 
+SKIP_GLYPH = "–"  # a step this machine cannot run (it needs CUDA): neither done nor matched
+SKIP_MEANING = "needs CUDA, which this machine lacks"
+# the marks of the replay's step list, explained under it
+STEP_LEGEND = f"✓ matched · ≠ differs · {SKIP_GLYPH} skipped ({SKIP_MEANING}) · ▸ next · · not run yet"
+
+
 @dataclass
 class StepOutcome:
     results: Optional[dict[str, Any]]
@@ -119,6 +125,21 @@ class GuideState:
     def mismatches(self) -> int:
         return sum(1 for o in self.outcomes.values() if o.diffs)
 
+    @property
+    def skipped(self) -> int:
+        return sum(1 for o in self.outcomes.values() if o.kind == "skipped")
+
+    def finished_text(self) -> str:
+        """How a finished session went, counted honestly (one text for the step bar, panel and summary):
+        a skipped step is neither done nor matched."""
+        n, skipped = len(self.session.steps), self.skipped
+        ran = n - skipped
+        if self.mode == "replay":
+            head = f"{ran - self.mismatches}/{n} steps matched the recording"
+        else:
+            head = f"all {n} steps done" if not skipped else f"{ran} of {n} steps done"
+        return head + (f", {skipped} skipped ({SKIP_GLYPH} {SKIP_MEANING})" if skipped else "")
+
 
 class GuidePanel(VerticalScroll):
     """The side panel: current step's title and text, the last step's real results."""
@@ -145,17 +166,18 @@ class GuidePanel(VerticalScroll):
             st = steps[shown]
             ran = o.kind == "ok" or (o.kind == "user" and st.status == "error" and not o.diffs)
             ok = ran and not (g.mode == "replay" and o.diffs)
-            mark = "–" if o.kind == "skipped" else "✓" if ok else ("≠" if ran else "✗")
+            mark = SKIP_GLYPH if o.kind == "skipped" else "✓" if ok else ("≠" if ran else "✗")
             t.append(
                 f"\n{mark} step {shown + 1}: {st.title}\n",
                 style="yellow" if o.kind == "skipped" else "green" if ok else "red",
             )
             if o.kind == "skipped":
-                t.append(f"  {o.error}\n", style="yellow")
+                t.append(f"  {SKIP_GLYPH} skipped: {o.error}\n", style="yellow")
             elif o.kind == "ok" and (g.mode == "tutorial" or not stable_fields(st.action)):
+                got = o.results or {}
                 for k in shown_fields(st.action):
-                    if k in (o.results or {}):
-                        for label, value in result_lines(k, o.results[k]):
+                    if k in got:
+                        for label, value in result_lines(k, got[k]):
                             t.append(f"  {label}: ", style="dim")
                             t.append(value + "\n")
             elif o.error:
@@ -179,6 +201,8 @@ class GuidePanel(VerticalScroll):
         step = g.current_step
         if step is None:
             t.append(f"\nAll {len(steps)} steps done.", style="bold")
+            if g.skipped:
+                t.append(f"\n{g.finished_text()}.", style="yellow")
             if g.mode == "replay":
                 n = g.mismatches
                 t.append(f"\n{n} step(s) differ." if n else "\nEvery step matched.", style="red" if n else "green")
@@ -203,15 +227,16 @@ class GuidePanel(VerticalScroll):
         if g.mode == "replay":
             t.append("\n\nsteps\n", style="bold")
             for i, st in enumerate(steps):
-                o = g.outcomes.get(i)
+                oc = g.outcomes.get(i)
                 mark, style = (
                     ("·", "dim")
-                    if o is None
-                    else ("–", "yellow")
-                    if o.kind == "skipped"
-                    else (("✓", "green") if not o.diffs and o.kind != "cancelled" else ("≠", "red"))
+                    if oc is None
+                    else (SKIP_GLYPH, "yellow")
+                    if oc.kind == "skipped"
+                    else (("✓", "green") if not oc.diffs and oc.kind != "cancelled" else ("≠", "red"))
                 )
                 if i == g.index:
                     mark, style = "▸", "bold"
                 t.append(f" {mark} {i + 1:>2} {st.action}\n", style=style)
+            t.append(STEP_LEGEND, style="dim")
         self.query_one("#guide-text", Static).update(t)

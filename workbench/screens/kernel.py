@@ -17,6 +17,7 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, RichLog, Static, TextArea
 
 
+from ..outputs import fresh_name
 from .base import KeyButtons, WorkbenchScreen
 
 KERNEL_OUTPUTS = {"identity-copy": "kernel.so", "residual-add": "residual-add.so"}
@@ -56,7 +57,10 @@ class KernelScreen(WorkbenchScreen):
         with Horizontal(id="dso-row"):
             yield Label("DSO", classes="lbl")
             yield Input(
-                placeholder="path to a TVM-FFI .so (enter uses it; esc leaves the field)", id="dso-path", compact=True
+                placeholder="/ types a path to a TVM-FFI .so (enter uses it; esc leaves the field)",
+                id="dso-path",
+                compact=True,
+                select_on_focus=False,  # `/` puts its slash in first; selecting it would let the next key replace it
             )
         # buttons for the mouse, and somewhere for tab to go from the field
         yield KeyButtons(
@@ -140,15 +144,14 @@ class KernelScreen(WorkbenchScreen):
 
     # ------------------------------------------------------------------ actions
     def action_build(self, name: str) -> None:
-        out = KERNEL_OUTPUTS.get(name, f"{name}.so")
+        # a fresh name: a library this process loaded is never rebuilt in place (mcore would refuse to run it)
+        out = fresh_name(self.state, KERNEL_OUTPUTS.get(name, f"{name}.so"))
 
         def done(results: dict[str, Any]) -> None:
             self.query_one("#dso-path", Input).value = self.state.show_path(results.get("library"))
             self.wb.say(f"✓ built {name}: {results.get('description') or results.get('variant')}", "green")
 
-        self.wb.perform(
-            "build_kernel", {"name": name, "output": out, "overwrite": True}, on_done=done, label=f"build {name} kernel"
-        )
+        self.wb.perform("build_kernel", {"name": name, "output": out}, on_done=done, label=f"build {name} kernel")
 
     @on(Input.Submitted, "#dso-path")
     def path_submitted(self) -> None:
@@ -157,7 +160,16 @@ class KernelScreen(WorkbenchScreen):
         self.set_focus(None)
 
     def action_edit_path(self) -> None:
-        self.query_one("#dso-path", Input).focus()
+        """/: the DSO field takes the focus and the `/` itself, as the first character of an absolute path
+        (over the path the screen filled in; after what the user typed, at the cursor)."""
+        field = self.query_one("#dso-path", Input)
+        if not field.value or field.value == self.state.show_path(self.state.library):
+            field.value = "/"
+            field.cursor_position = 1
+        else:
+            field.insert_text_at_cursor("/")
+        field.focus()
+        self.wb.typing_in = field
 
     def action_use_path(self) -> None:
         text = self.query_one("#dso-path", Input).value.strip()
@@ -174,7 +186,7 @@ class KernelScreen(WorkbenchScreen):
 
     def action_stub(self) -> None:
         st = self.state
-        if st.receipt_path is None or st.snapshot_path is None:
+        if st.receipt is None or st.receipt_path is None or st.snapshot_path is None:
             self.wb.report_error("no receipt yet: capture a graph (F1) and save a selection on the Region screen (F3)")
             return
         out = f"export_{st.receipt.binding_id.split('@')[0].replace('.', '_')}.py"
@@ -213,10 +225,7 @@ class KernelScreen(WorkbenchScreen):
             self.wb.report_error("no stub yet: press s to generate the exporter stub first")
             return
         stem = Path(st.stub_path).stem.replace("export_", "") or "kernel"
-        n, out = 1, f"{stem}.cute.so"
-        while st.path(out).exists():
-            n += 1
-            out = f"{stem}.cute-{n}.so"
+        out = fresh_name(st, f"{stem}.cute.so")
         log = self.query_one("#export-log", RichLog)
         log.display = True
         log.clear()

@@ -60,9 +60,12 @@ def _int_or_none(text: str, name: str) -> Optional[int]:
     if not text:
         return None
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise UserError(f"--{name} {text!r} is not an integer; type a whole number or leave it empty for the default")
+    if value < 1:  # typed, never dropped: a silently dropped `-` would build another graph
+        raise UserError(f"--{name} {value} must be a positive whole number; type one or leave it empty for the default")
+    return value
 
 
 class ModelScreen(WorkbenchScreen):
@@ -85,11 +88,13 @@ class ModelScreen(WorkbenchScreen):
         self._shown_args: Optional[dict[str, Any]] = None
         self._checked: Optional[tuple[BuildArgs, Optional[str]]] = None  # (args, error) of the last family check
         self.capture_queued = False  # c pressed while the model was still being checked
+        self._first_focus = True  # the first time the screen shows: focus where the user types first
 
     def compose_body(self) -> Iterable[Widget]:
         with Vertical(id="model-pick"):
             yield Static(
-                "Model: a demo, a checkpoint folder or a hub ID (press enter on a list entry)", classes="section"
+                "Model: type a demo, a checkpoint folder or a hub ID (enter when done), or pick one below",
+                classes="section",
             )
             yield Input(placeholder="demo:qwen3-tiny, /path/to/checkpoint or org/name", id="model-spec", compact=True)
             yield OptionList(id="model-list", compact=True)
@@ -101,7 +106,7 @@ class ModelScreen(WorkbenchScreen):
                 [(p, p) for p in PRECISIONS], value="fp32", allow_blank=False, id="arg-precision", compact=True
             )
             yield Label("cache length", classes="lbl")
-            yield Input(placeholder="decoders; default", id="arg-cache", compact=True, restrict=r"[0-9]*")
+            yield Input(placeholder="decoders; default", id="arg-cache", compact=True)
             yield Label("layout", classes="lbl")
             yield Select(
                 [("default (split)", "")] + [(x, x) for x in LAYOUTS],
@@ -111,7 +116,7 @@ class ModelScreen(WorkbenchScreen):
                 compact=True,
             )
             yield Label("max seq length", classes="lbl")
-            yield Input(placeholder="encoders; default 256", id="arg-seq", compact=True, restrict=r"[0-9]*")
+            yield Input(placeholder="encoders; default 256", id="arg-seq", compact=True)
             yield Label("weights", classes="lbl")
             yield Select(
                 [(w, w) for w in WEIGHTS], value="checkpoint", allow_blank=False, id="arg-weights", compact=True
@@ -130,8 +135,26 @@ class ModelScreen(WorkbenchScreen):
         self.scan_hf()
 
     def focus_default(self) -> None:
+        if self._first_focus:
+            self._first_focus = False
+            if self.wb.guide is None and self.state.snapshot is None:
+                # free mode starts by naming a model: typing `qwen` must fill the field, never quit
+                self.query_one("#model-spec", Input).focus()
+                return
         if not isinstance(self.focused, (Input, Select)):
             self.query_one("#model-list", OptionList).focus()
+
+    def on_descendant_focus(self) -> None:
+        self.show_status()  # the capture hint depends on whether a field has the focus
+
+    def on_descendant_blur(self) -> None:
+        self.show_status()
+
+    @on(Input.Submitted, "#model-spec")
+    def spec_submitted(self) -> None:
+        """Enter: done typing the model; the list takes the focus, so letters are keys again (c captures)."""
+        self.query_one("#model-list", OptionList).focus()
+        self.show_status()
 
     def fill_from_state(self) -> None:
         a = self.state.build_args
@@ -255,6 +278,7 @@ class ModelScreen(WorkbenchScreen):
     def resolve_family(self, args: BuildArgs, serial: int) -> None:
         from mcore import resolve
 
+        result: tuple[Optional[str], Optional[str], tuple[str, ...], Optional[str]]
         try:
             _source, family, _gargs = resolve(args)
             result = (family.name, family.kind, tuple(family.roles), None)
@@ -275,7 +299,7 @@ class ModelScreen(WorkbenchScreen):
         if roles:
             want = self.state.engine_role if self.state.engine_role in roles else None
             if current in roles:
-                want = current
+                want = str(current)
             self._filling = True
             try:
                 role_sel.set_options([(r, r) for r in roles])
@@ -302,11 +326,17 @@ class ModelScreen(WorkbenchScreen):
         elif self.family:
             t.append("✓ ", style="bold green")
             t.append(f"family {self.family} ({self.kind}); roles {', '.join(self.roles)}")
-            t.append(" · press ", style="dim")
+            # in a field `c` is a letter: say how to get to the key
+            t.append(
+                " · enter leaves the field, then " if isinstance(self.focused, Input) else " · press ", style="dim"
+            )
             t.append("c", style="bold reverse")
             t.append(" to capture", style="dim")
         else:
             t.append("checking the model…", style="dim")
+        from .dialogs import shown_folder
+
+        t.append(f"\nwork folder: {shown_folder(self.state.workdir)}", style="dim")
         snap = self.state.snapshot
         if snap is not None:
             t.append(

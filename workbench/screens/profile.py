@@ -184,6 +184,10 @@ class ProfileScreen(WorkbenchScreen):
                 "(Model screen, F1) with the bundle's build arguments, then select again"
             )
             return
+        from .region import RegionScreen
+
         await self.wb.go("region")
-        self.wb.get_screen("region").use_candidate(c)
+        region = self.wb.get_screen("region")
+        if isinstance(region, RegionScreen):
+            region.use_candidate(c)
         self.wb.say(f"{candidate_name(c)}: {len(c['node_ids'])} node(s) marked; s saves the receipt", "green")

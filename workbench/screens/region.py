@@ -65,9 +65,12 @@ def parse_int(text: str, what: str, rule: str) -> Optional[int]:
     if not text:
         return None
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise RegionError(rule, None, f"{what} {text!r} is not an integer")
+    if value < 0:  # typed, never dropped: a silently dropped `-` would change the ABI hash
+        raise RegionError(rule, None, f"{what} {value} is negative; type 0 or more")
+    return value
 
 
 class RegionScreen(WorkbenchScreen):
@@ -101,11 +104,11 @@ class RegionScreen(WorkbenchScreen):
                 yield Input(id="binding-id", compact=True)
             with Horizontal(classes="form-row"):
                 yield Label("workspace", classes="lbl")
-                yield Input("0", id="workspace", compact=True, restrict=r"[0-9]*")
+                yield Input("0", id="workspace", compact=True)
                 yield Label("extra", classes="lbl lbl-short")
                 yield Input(placeholder='none; JSON [{"type":"int","value":32}]', id="extra-args", compact=True)
                 yield Label("shape like", classes="lbl lbl-mid")
-                yield Input(placeholder="fixed", id="out-like", compact=True, restrict=r"[0-9]*")
+                yield Input(placeholder="fixed", id="out-like", compact=True)
             yield Static("", id="region-check")
             with VerticalScroll(id="abi-scroll"):
                 yield Static("", id="abi")
@@ -178,8 +181,11 @@ class RegionScreen(WorkbenchScreen):
         if key == self._guide_seen:
             return
         self._guide_seen = key
-        kind, sel = guided_selection(step)
-        rows = recipe_rows(self.state.snapshot)
+        chosen = guided_selection(step)
+        if chosen is None:
+            return
+        kind, sel = chosen
+        rows = recipe_rows(self.snap)
         if kind == "recipe":
             for n, r in enumerate(rows):
                 if (r.id, r.instance) == tuple(sel):
@@ -201,13 +207,13 @@ class RegionScreen(WorkbenchScreen):
     def fill_recipes(self) -> None:
         t = self.query_one("#recipes", DataTable)
         t.clear()
-        for i, r in enumerate(recipe_rows(self.state.snapshot)):
+        for i, r in enumerate(recipe_rows(self.snap)):
             t.add_row(r.instance, r.id, ",".join(r.node_ids), key=f"{i}")
 
     def fill_marked(self) -> None:
         t = self.query_one("#marked", DataTable)
         t.clear()
-        nodes = self.state.snapshot.node_by_id
+        nodes = self.snap.node_by_id
         for nid in self.state.marked:
             t.add_row(nid, nodes[nid].op if nid in nodes else "?", key=nid)
 
@@ -215,7 +221,7 @@ class RegionScreen(WorkbenchScreen):
         self._filling = True
         self.recipe = (rec.recipe.id, rec.recipe.instance) if rec.recipe else None
         if self.recipe is not None:
-            for i, r in enumerate(recipe_rows(self.state.snapshot)):
+            for i, r in enumerate(recipe_rows(self.snap)):
                 if (r.id, r.instance) == self.recipe:
                     self.query_one("#recipes", DataTable).move_cursor(row=i)
         self.query_one("#binding-id", Input).value = rec.binding_id
@@ -242,7 +248,7 @@ class RegionScreen(WorkbenchScreen):
         if self.recipe is None:
             return False
         try:
-            r = find_recipe(self.state.snapshot, *self.recipe)
+            r = find_recipe(self.snap, *self.recipe)
         except UserError:
             return False
         return (
@@ -256,7 +262,7 @@ class RegionScreen(WorkbenchScreen):
     def validate(self) -> None:
         snap = self.state.snapshot
         self.preview, self.error = None, None
-        if self.recipe is None and not self.state.marked:
+        if snap is None or (self.recipe is None and not self.state.marked):
             self.show_check()  # nothing chosen yet: say how to choose, not which rule an empty choice breaks
             return
         try:
@@ -334,12 +340,12 @@ class RegionScreen(WorkbenchScreen):
     # ------------------------------------------------------------------ events
     @on(DataTable.RowSelected, "#recipes")
     def recipe_picked(self, event: DataTable.RowSelected) -> None:
-        self.pick_recipe(int(event.row_key.value))
+        self.pick_recipe(int(event.row_key.value or 0))
         self.fill_marked()
         self.validate()
 
     def pick_recipe(self, index: int) -> None:
-        r = recipe_rows(self.state.snapshot)[index]
+        r = recipe_rows(self.snap)[index]
         self.query_one("#recipes", DataTable).move_cursor(row=index)
         self.recipe = (r.id, r.instance)
         self.state.marked = list(r.node_ids)
@@ -356,7 +362,7 @@ class RegionScreen(WorkbenchScreen):
         """A profile candidate (Profile screen, s): its recipe instance picked, else its nodes marked
         with the output shape it was found valid with; the receipt is still saved here with s."""
         if c["kind"] == "recipe":
-            for n, r in enumerate(recipe_rows(self.state.snapshot)):
+            for n, r in enumerate(recipe_rows(self.snap)):
                 if (r.id, r.instance) == (c["recipe"], c["instance"]):
                     self.pick_recipe(n)
                     break

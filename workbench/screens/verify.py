@@ -14,6 +14,7 @@ from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Input, Label, Static
 
+from ..outputs import fresh_name
 from ..widgets.plot import ErrorPlot, ThroughputPlot
 from .base import WorkbenchScreen
 
@@ -55,6 +56,7 @@ def verdict(correctness: Optional[dict[str, Any]], perf: Optional[dict[str, Any]
     missing = [name for name, r in (("correctness (c)", correctness), ("performance (p)", perf)) if r is None]
     if missing:
         return "PENDING", "run the " + " and ".join(missing) + " gate" + ("s" if len(missing) > 1 else "")
+    assert perf is not None
     ratio = perf.get("ratio")
     tail = f"; external/native throughput ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
     return "PROMOTE", f"correctness and performance gates passed{tail}"
@@ -92,9 +94,9 @@ class VerifyScreen(WorkbenchScreen):
             yield Input(DEFAULT_PROMPT, id="prompt", compact=True)
         with Horizontal(classes="form-row"):
             yield Label("tokens", classes="lbl lbl-tight")
-            yield Input("16", id="max-new-tokens", compact=True, restrict=r"[0-9]*")
+            yield Input("16", id="max-new-tokens", compact=True)
             yield Label("pairs", classes="lbl lbl-tight")
-            yield Input(str(DEFAULT_PAIRS), id="pairs", compact=True, restrict=r"[0-9]*")
+            yield Input(str(DEFAULT_PAIRS), id="pairs", compact=True)
             yield Static("", id="pairs-note")
         yield Static("", id="correctness")
         with Horizontal(id="plots"):
@@ -309,6 +311,9 @@ class VerifyScreen(WorkbenchScreen):
             return
         st = self.state
         native, slot = st.bundles["native"]["bundle"], st.bundles["slot"]["bundle"]
+        # fresh names: a second run of the gate replaces nothing (workbench/outputs.py)
+        ext = "jsonl" if st.is_decoder else "json"
+        a_out, b_out = fresh_name(st, f"native.{ext}"), fresh_name(st, f"external.{ext}")
         if st.is_decoder:
             n = self._int("#max-new-tokens", "tokens")
             if n is None:
@@ -317,7 +322,7 @@ class VerifyScreen(WorkbenchScreen):
             steps = [
                 (
                     "generate",
-                    {"bundle": native, "prompt": prompt, "max_new_tokens": n, "output": "native.jsonl", **chat},
+                    {"bundle": native, "prompt": prompt, "max_new_tokens": n, "output": a_out, **chat},
                 ),
                 (
                     "generate",
@@ -326,11 +331,11 @@ class VerifyScreen(WorkbenchScreen):
                         "kernel_bindings": st.manifest,
                         "prompt": prompt,
                         "max_new_tokens": n,
-                        "output": "external.jsonl",
+                        "output": b_out,
                         **chat,
                     },
                 ),
-                ("gate_tokens", {"native": "native.jsonl", "external": "external.jsonl"}),
+                ("gate_tokens", {"native": a_out, "external": b_out}),
                 # how far the logits drift per step, and where the greedy picks first part
                 (
                     "gate_logits",
@@ -346,14 +351,14 @@ class VerifyScreen(WorkbenchScreen):
             ]
         else:
             steps = [
-                ("embed", {"bundle": native, "prompt": prompt, "output": "native.json"}),
+                ("embed", {"bundle": native, "prompt": prompt, "output": a_out}),
                 (
                     "embed",
-                    {"bundle": slot, "kernel_bindings": st.manifest, "prompt": prompt, "output": "external.json"},
+                    {"bundle": slot, "kernel_bindings": st.manifest, "prompt": prompt, "output": b_out},
                 ),
                 (
                     "gate_embeddings",
-                    {"native": "native.json", "external": "external.json", "max_abs": 0.02, "min_cosine": 0.999},
+                    {"native": a_out, "external": b_out, "max_abs": 0.02, "min_cosine": 0.999},
                 ),
             ]
         st.correctness = st.logits = None

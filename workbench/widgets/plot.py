@@ -9,7 +9,7 @@ read the same in a 16-colour terminal.
 from __future__ import annotations
 
 import statistics
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from rich.text import Text
 from textual.widgets import Static
@@ -74,7 +74,7 @@ def _y_axis(c: Canvas, lo: float, hi: float, rows: int, top: int, gutter: int) -
         c.put(gutter - 1, y, "│", "dim")
 
 
-def throughput_plot(series: dict[str, Sequence[float]], width: int, height: int, unit: str) -> Text:
+def throughput_plot(series: Mapping[str, Sequence[float]], width: int, height: int, unit: str) -> Text:
     """Points per measured pair (native ● / external ◆), each arm's median as a dashed line and
     its spread (min..max) as a bar at the right; y in `unit`, x the pair number."""
     n = max((len(series.get(a) or []) for a in ARMS), default=0)
@@ -192,7 +192,7 @@ def cosine_gauge(cosine: Optional[float], min_cosine: float, width: int) -> Text
     return t
 
 
-def legend(series: dict[str, Sequence[float]], width: int) -> Text:
+def legend(series: Mapping[str, Sequence[float]], width: int) -> Text:
     """Each arm's median (what the verdict uses, the dashed line) and spread, one row per arm."""
     out = Text()
     for k, arm in enumerate(ARMS):
