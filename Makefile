@@ -24,7 +24,7 @@ demo-cli: setup
 test: setup
 	$(VENV)/bin/ruff check mcore workbench tests bench kernels sessions
 	$(VENV)/bin/ruff format --check mcore workbench tests bench kernels sessions
-	$(VENV)/bin/mypy  # [tool.mypy] in pyproject.toml names the package (mcore)
+	$(VENV)/bin/mypy  # [tool.mypy] in pyproject.toml names the packages (mcore, workbench)
 	$(PY) -m pytest -q
 
 test-gpu: setup

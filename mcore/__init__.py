@@ -19,9 +19,10 @@ The groups:
   recipes: find_recipe, recipe_rows, select_recipe
 - build: BuildArgs (and its LAYOUTS, PRECISIONS, WEIGHTS), build_bundle; open_bundle, BundleManifest
 - run: open_pipeline (the class from the bundle's family kind), DecoderPipeline, EncoderPipeline
-- kernels: build_kernel, write_exporter, run_exporter, shipped_exporter, SHIPPED_EXPORTERS;
+- kernels: build_kernel, write_exporter, run_exporter, shipped_exporter, SHIPPED_EXPORTERS, kernel_catalog;
   load_bindings_manifest, BindingsManifest, Binding, BINDINGS_SCHEMA_VERSION
 - verify gates: compare_tokens, compare_embeddings, perf_gate, reference_check, lockstep_logits
+- the edit-export-verify loop: watch_kernel, WatchConfig, benchmark_command (a perf gate arm's command)
 - profile: profile_pipeline, CANDIDATE_BINDING; device facts: device_facts, describe_device
 - files: atomic_write, check_fields, check_overwrite (the one overwrite rule), read_json, write_json,
   stdout_failed
@@ -88,6 +89,7 @@ _EXPORTS: dict[str, str] = {
     "describe_device": "device",
     "shipped_exporter": "exporters",
     "SHIPPED_EXPORTERS": "exporters",
+    "kernel_catalog": "exporters",
     "load_bindings_manifest": "bindings",
     "BindingsManifest": "bindings",
     "Binding": "bindings",
@@ -98,6 +100,10 @@ _EXPORTS: dict[str, str] = {
     "perf_gate": "verify",
     "reference_check": "verify_reference",
     "lockstep_logits": "verify_logits",
+    # the edit-export-verify loop
+    "WatchConfig": "watch",
+    "watch_kernel": "watch",
+    "benchmark_command": "watch",
     # profile
     "profile_pipeline": "profile",
     "CANDIDATE_BINDING": "profile",
@@ -138,8 +144,10 @@ __all__ = [
     "Snapshot",
     "Tensor",
     "UserError",
+    "WatchConfig",
     "abi_lines",
     "atomic_write",
+    "benchmark_command",
     "build_bundle",
     "build_kernel",
     "capture",
@@ -151,6 +159,7 @@ __all__ = [
     "describe_device",
     "device_facts",
     "find_recipe",
+    "kernel_catalog",
     "load_bindings_manifest",
     "load_receipt",
     "load_snapshot",
@@ -172,6 +181,7 @@ __all__ = [
     "shipped_exporter",
     "stdout_failed",
     "tool_versions",
+    "watch_kernel",
     "write_exporter",
     "write_json",
 ]
@@ -204,7 +214,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .graph.display import abi_lines, module_tree, node_matches, node_row
     from .graph.snapshot import Node, RecipeRow, Snapshot, Tensor, load_snapshot
     from .device import describe_device, device_facts
-    from .exporters import SHIPPED_EXPORTERS, run_exporter, shipped_exporter
+    from .exporters import SHIPPED_EXPORTERS, kernel_catalog, run_exporter, shipped_exporter
     from .kernels import build_kernel
     from .pipeline import DecoderPipeline, EncoderPipeline
     from .profile import CANDIDATE_BINDING, profile_pipeline
@@ -216,3 +226,4 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .verify import compare_embeddings, compare_tokens, perf_gate
     from .verify_logits import lockstep_logits
     from .verify_reference import reference_check
+    from .watch import WatchConfig, benchmark_command, watch_kernel

@@ -30,6 +30,46 @@ PathArg = Union[str, os.PathLike]
 SHIPPED_EXPORTERS = {
     "cutedsl-decode-attention": "cutedsl_decode_attention.py",
 }
+# what each one is, as `mcore kernel list` and the workbench's kernel list show it
+EXPORTER_DESCRIPTIONS = {
+    "cutedsl-decode-attention": (
+        "CuTe DSL split-KV decode attention for the receipts of qwen.decode_attention_region@2 "
+        "(any layer; head dim 64 or 128, BF16/FP16; sm_90 GPU, needs nvidia-cutlass-dsl)"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One kernel mcore ships: built from sources (`kernel build NAME`) or exported for a receipt
+    (`kernel export NAME --selection R`)."""
+
+    name: str
+    kind: str  # "build" | "export"
+    description: str
+    detail: str  # the ABI (build) or what it needs (export)
+    command: str
+
+
+def kernel_catalog() -> list[CatalogEntry]:
+    """Every shipped kernel and exporter, in one list (the CLI's `kernel list` and the workbench's)."""
+    from .kernels import KERNELS
+
+    rows = [
+        CatalogEntry(k.name, "build", k.description, k.abi, f"mcore kernel build {k.name} -o KERNEL.so")
+        for k in (KERNELS[n] for n in sorted(KERNELS))
+    ]
+    for name in sorted(SHIPPED_EXPORTERS):
+        rows.append(
+            CatalogEntry(
+                name,
+                "export",
+                EXPORTER_DESCRIPTIONS.get(name, f"exporter kernels/{SHIPPED_EXPORTERS[name]}"),
+                f"compiled for the receipt it is given: kernels/{SHIPPED_EXPORTERS[name]}",
+                f"mcore kernel export {name} --selection RECEIPT -o KERNEL.so",
+            )
+        )
+    return rows
 
 
 @dataclass

@@ -98,9 +98,11 @@ async def test_profile_lists_candidates_and_selects_one_into_the_region_screen(b
         bars = text_of(app, "#bars-modules") + text_of(app, "#bars-ops")
         assert "decoder.layers.0" in bars or "…" in bars
         assert "mm" in text_of(app, "#bars-ops") or "linear" in text_of(app, "#bars-ops")
-        # s on a region candidate: the Region screen with exactly its nodes marked, valid as found
-        i = next(i for i, c in enumerate(report["candidates"]) if c["kind"] == "region")
-        app.screen.query_one("#candidates", DataTable).move_cursor(row=i)
+        # the candidates have the keys once the profile is done: Down moves, s takes the highlighted one
+        assert app.focused is app.screen.query_one("#candidates", DataTable)
+        i = next(i for i, c in enumerate(report["candidates"]) if c["kind"] == "region" and i > 0)
+        await pilot.press(*["down"] * i)
+        assert app.focused.cursor_row == i
         await pilot.press("s")
         await pilot.pause(0.3)
         assert app.screen.SCREEN_NAME == "region"
@@ -108,8 +110,8 @@ async def test_profile_lists_candidates_and_selects_one_into_the_region_screen(b
         assert app.state.marked == region["node_ids"]
         assert app.screen.recipe is None and app.screen.error is None, app.screen.error
         assert app.screen.preview["node_ids"] == region["node_ids"]
-        # Esc goes back to the Profile screen; a recipe candidate picks its recipe instance
-        await pilot.press("escape")
+        # alt+left goes back to the Profile screen; a recipe candidate picks its recipe instance
+        await pilot.press("alt+left")
         await pilot.pause(0.1)
         assert app.screen.SCREEN_NAME == "profile"
         j = next(j for j, c in enumerate(report["candidates"]) if c["kind"] == "recipe")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -683,33 +682,6 @@ def gate_embeddings(
     return {**_gate_results(ctx, r), "values": d.get("values"), "max_abs": d.get("max_abs"), "cosine": d.get("cosine")}
 
 
-def _mcore_cmd(
-    kind: str,
-    bundle: Path,
-    kernel_bindings: Optional[str],
-    prompt: str,
-    max_new_tokens: Optional[int],
-    bench_warmup: int,
-    bench_runs: int,
-) -> str:
-    """The fresh-process benchmark command for one arm (`mcore run|embed ... --benchmark N`)."""
-    prefix = ""
-    try:
-        from importlib import metadata
-
-        metadata.version("byok-workbench")
-    except Exception:  # noqa: BLE001 - not installed: run mcore from this checkout
-        root = str(Path(__file__).resolve().parent.parent)
-        prefix = f"PYTHONPATH={shlex.quote(root)}${{PYTHONPATH:+:$PYTHONPATH}} "
-    cmd = [sys.executable, "-m", "mcore", "run" if kind == "decoder" else "embed", str(bundle), "--prompt", prompt]
-    if kind == "decoder":
-        cmd += ["--max-new-tokens", str(max_new_tokens), "--greedy"]
-    if kernel_bindings is not None:
-        cmd += ["--kernel-bindings", kernel_bindings]
-    cmd += ["--warmup", str(bench_warmup), "--benchmark", str(bench_runs)]
-    return prefix + " ".join(shlex.quote(c) for c in cmd)
-
-
 def gate_perf(
     ctx: ActionContext,
     native_bundle: str,
@@ -728,7 +700,7 @@ def gate_perf(
     native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`), on
     wall-clock throughput or (`metric="device"`, CUDA) device time per step.
     The verdict is measured, so replay shows it but never compares it."""
-    from mcore import open_bundle, perf_gate
+    from mcore import benchmark_command, open_bundle, perf_gate
 
     nb, eb = ctx.path(native_bundle, "native_bundle"), ctx.path(external_bundle, "external_bundle")
     ctx.check_native(kernel_bindings)
@@ -737,8 +709,8 @@ def gate_perf(
         _int(max_new_tokens, "max_new_tokens", 1)
     _str(prompt, "prompt")
     bw, br = _int(bench_warmup, "bench_warmup", 0), _int(bench_runs, "bench_runs", 1)
-    native_cmd = _mcore_cmd(kind, nb, None, prompt, max_new_tokens, bw, br)
-    external_cmd = _mcore_cmd(
+    native_cmd = benchmark_command(kind, nb, None, prompt, max_new_tokens, bw, br)
+    external_cmd = benchmark_command(
         kind, eb, _opt_path(ctx, kernel_bindings, "kernel_bindings"), prompt, max_new_tokens, bw, br
     )
     r = perf_gate(

@@ -96,6 +96,9 @@ class WorkbenchState:
     samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})
     log: list[str] = field(default_factory=list)
     last_prompt: Optional[dict[str, Any]] = None  # {"prompt", "max_new_tokens"} of the last run
+    watch_rounds: list[dict[str, Any]] = field(default_factory=list)  # the Kernel screen's watch: Round.to_dict()
+    # the watch's gate settings (mcore.WatchConfig fields); the perf gate's as the Verify screen runs it
+    watch_settings: dict[str, Any] = field(default_factory=lambda: {"pairs": 3, "warmup": 1, "max_new_tokens": 8})
 
     @overload
     def path(self, p: str) -> Path: ...
@@ -642,6 +645,56 @@ class WorkbenchApp(App):
             self._token.cancel()
             self.progress_step = "cancelling..."
             self.refresh_status()
+
+    def run_task(
+        self,
+        name: str,
+        label: str,
+        work: Callable[[Progress], None],
+        on_end: Callable[[ActionOutcome], None],
+    ) -> bool:
+        """Long work that is not one recorded step (the Kernel screen's watch loop) in a thread worker,
+        with the same busy state, status line and x to cancel as a step; `on_end` gets how it ended."""
+        if self.busy:
+            self.say(f"{self.busy_label} is still running; wait or press x to cancel", "yellow")
+            return False
+        token = CancelToken()
+        self.busy, self.busy_params, self.busy_label, self._token = name, {}, label, token
+        self.progress_step, self.progress_fraction, self.last_error = "starting", 0.0, None
+        self.refresh_status()
+        self.refresh_screen()
+
+        def thread() -> None:
+            outcome = ActionOutcome(name, {})
+            try:
+                work(Progress(lambda s, f: self._call_ui(self._on_progress, s, f), token))
+            except Cancelled:
+                outcome.kind, outcome.error = "cancelled", "cancelled"
+            except UserError as e:
+                outcome.kind, outcome.error = "user", str(e)
+            except Exception as e:  # noqa: BLE001 - shown in the UI, never a traceback screen
+                where = self._write_crash_log(name, {})
+                outcome.kind, outcome.error = "bug", f"unexpected error in {name}: {type(e).__name__}: {e} ({where})"
+            self._call_ui(self._task_done, outcome, on_end)
+
+        self.run_worker(thread, thread=True, group="task", name=name, exit_on_error=False)
+        return True
+
+    def _task_done(self, outcome: ActionOutcome, on_end: Callable[[ActionOutcome], None]) -> None:
+        self.busy = self.busy_params = self._token = None
+        self.progress_fraction = None
+        self.progress_step = f"{self.busy_label}: {outcome.kind if outcome.kind != 'ok' else 'done'}"
+        if outcome.kind == "cancelled":
+            self.say(f"{self.busy_label}: stopped", "yellow")
+        elif outcome.error:
+            self.report_error(outcome.error)
+        try:
+            on_end(outcome)
+        except Exception as e:  # noqa: BLE001
+            self.report_error(f"could not show the results: {type(e).__name__}: {e}")
+        self.refresh_status()
+        self.refresh_screen()
+        self.last_outcome = outcome
 
     def perform(
         self,

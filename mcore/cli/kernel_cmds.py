@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..exporters import SHIPPED_EXPORTERS, run_exporter
+from ..errors import UserError
+from ..exporters import SHIPPED_EXPORTERS, kernel_catalog, run_exporter
 from ..kernels import CUDA_MODES, KERNELS, build_kernel
 from ..stubgen import write_exporter
 
@@ -23,7 +24,9 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="kernel_verb", metavar="ACTION", parser_class=Parser)
     sub.required = True
 
-    ls = sub.add_parser("list", help="list the kernels `mcore kernel build` can build")
+    ls = sub.add_parser(
+        "list", help="list the shipped kernels: those `kernel build` builds and those `kernel export` exports"
+    )
     ls.set_defaults(func=cmd_list)
 
     b = sub.add_parser(
@@ -67,15 +70,59 @@ def register(subparsers) -> None:
     e.add_argument("-o", "--output", required=True, metavar="PATH", help="DSO to write")
     e.add_argument("--force", action="store_true", help="replace an existing output (once the export succeeded)")
     e.set_defaults(func=cmd_export)
+    _register_watch(sub)
+
+
+def _register_watch(sub) -> None:
+    w = sub.add_parser(
+        "watch",
+        help="the edit-export-verify loop: re-export on every save, then the gates on a new pipeline",
+        description="Export EXPORTER for the receipt, bind the DSO to a NEW pipeline of the slot bundle and run "
+        "the correctness gate in lockstep against the native bundle (`verify logits`; encoders: the embeddings "
+        "gate), then the perf gate (`verify perf`). Again each time the exporter file's content changes, one "
+        "line per round. Ctrl-C stops. Exit 0 when the last round promoted (or passed, with --no-perf).",
+    )
+    w.add_argument("exporter", metavar="EXPORTER", help="exporter script (.py, the file watched) or shipped name")
+    w.add_argument("--selection", required=True, metavar="RECEIPT", help="the receipt the slot bundle was built from")
+    w.add_argument("--bundle", required=True, metavar="SLOT_BUNDLE", help="the slot-ready bundle")
+    w.add_argument("--native", required=True, metavar="NATIVE_BUNDLE", help="its native twin")
+    w.add_argument("--snapshot", metavar="SNAPSHOT", help="graph snapshot the receipt was made from (for stubs)")
+    w.add_argument("--prompt", default=WATCH_PROMPT, help=f"the text both pipelines run (default {WATCH_PROMPT!r})")
+    w.add_argument("--max-new-tokens", type=int, default=8, help="decoder steps compared and generated (default 8)")
+    w.add_argument(
+        "--max-abs", type=float, default=None, help="largest allowed abs difference (default 0; encoders 0.02)"
+    )
+    w.add_argument("--no-perf", dest="perf", action="store_false", help="correctness only (no perf gate)")
+    w.add_argument("--pairs", type=int, default=3, help="perf gate pairs (default 3)")
+    w.add_argument("--min-ratio", type=float, default=0.98, help="perf gate: lowest allowed ratio (default 0.98)")
+    w.add_argument("--warmup", type=int, default=1, help="perf gate warm-up runs of each arm (default 1)")
+    w.add_argument("--bench-warmup", type=int, default=2, help="each benchmark run's own warm-up (default 2)")
+    w.add_argument("--bench-runs", type=int, default=5, help="each benchmark run's measured runs (default 5)")
+    w.add_argument("--metric", choices=("throughput", "device"), default="throughput", help="as `verify perf`")
+    w.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the bundle's, else auto)")
+    w.add_argument("--engine", default="auto", help="auto | compiled | torch (default auto)")
+    w.add_argument(
+        "--out-dir", default=None, metavar="DIR", help="new or empty folder for the rounds' DSOs and manifests"
+    )
+    w.add_argument("--rounds", type=int, default=None, metavar="N", help="stop after N rounds (default: until Ctrl-C)")
+    w.add_argument("--poll", type=float, default=0.5, metavar="SECONDS", help="how often the file is checked (0.5)")
+    w.set_defaults(func=cmd_watch)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    width = max(len(n) for n in KERNELS)
-    for name in sorted(KERNELS):
-        k = KERNELS[name]
-        print(f"{name:<{width}}  {k.description}")
-        print(f"{'':<{width}}  ABI: {k.abi}")
-        print(f"{'':<{width}}  dtypes: {', '.join(k.dtypes)}; sources: {', '.join('kernels/' + s for s in k.sources)}")
+    rows = kernel_catalog()
+    width = max(len(r.name) for r in rows)
+    for r in rows:
+        print(f"{r.name:<{width}}  {r.description}")
+        if r.kind == "build":
+            k = KERNELS[r.name]
+            print(f"{'':<{width}}  ABI: {k.abi}")
+            print(
+                f"{'':<{width}}  dtypes: {', '.join(k.dtypes)}; sources: {', '.join('kernels/' + s for s in k.sources)}"
+            )
+        else:
+            print(f"{'':<{width}}  exporter: {r.detail}")
+        print(f"{'':<{width}}  {r.command}")
     return 0
 
 
@@ -110,6 +157,62 @@ def cmd_stub(args: argparse.Namespace) -> int:
         )
     print(f"next: python {res.path} --snapshot {args.snapshot} --selection {args.selection} --output KERNEL.so")
     return 0
+
+
+WATCH_PROMPT = "Explain grouped-query attention in one sentence."
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..watch import WatchConfig, default_out_dir, watch_kernel
+
+    if args.rounds is not None and args.rounds < 1:
+        raise UserError(f"--rounds {args.rounds} must be at least 1")
+    if not (0 < args.poll <= 60):
+        raise UserError(f"--poll {args.poll} must be a number of seconds in (0, 60]")
+    selection = Path(args.selection)
+    out = Path(args.out_dir) if args.out_dir else default_out_dir(args.exporter, selection)
+    cfg = WatchConfig(
+        args.exporter,
+        selection,
+        Path(args.native),
+        Path(args.bundle),
+        out,
+        args.prompt,
+        snapshot=Path(args.snapshot) if args.snapshot else None,
+        max_new_tokens=args.max_new_tokens,
+        max_abs=args.max_abs,
+        perf=args.perf,
+        pairs=args.pairs,
+        min_ratio=args.min_ratio,
+        warmup=args.warmup,
+        bench_warmup=args.bench_warmup,
+        bench_runs=args.bench_runs,
+        metric=args.metric,
+        device=args.device,
+        engine=args.engine,
+    )
+
+    def err(line: str) -> None:
+        print(f"  {line}", file=sys.stderr, flush=True)
+
+    def start() -> None:  # once the inputs passed their checks
+        print(
+            f"watching {args.exporter}: rounds go to {out}; save it for the next round (Ctrl-C stops)", file=sys.stderr
+        )
+        print(TRUST_NOTE, file=sys.stderr)
+
+    history = watch_kernel(
+        cfg,
+        rounds=args.rounds,
+        on_round=lambda r: print(r.line(), flush=True),
+        log=err,
+        announce=err,
+        poll_s=args.poll,
+        on_start=start,
+    )
+    return 0 if history and history[-1].verdict in ("PROMOTE", "PASS") else 1
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -287,9 +287,7 @@ class WorkbenchScreen(Screen):
         if g is not None:
             mode = f"{g.mode} {min(g.index + 1, len(g.session.steps))}/{len(g.session.steps)}"
         else:
-            from .dialogs import shown_folder
-
-            mode = f"free · {shown_folder(self.state.workdir)}"  # where free exploration writes
+            mode = f"free · {self.state.workdir.name}"  # where free exploration writes (in full: F1)
         self.query_one(NavBar).render_bar(mode, self.wb.device_line)
         self.refresh_status()
         from .guide import GuidePanel

@@ -1,7 +1,8 @@
-"""Kernel screen: choose a DSO path or build a shipped kernel (build_kernel), generate the CuTe
-DSL exporter stub from the receipt (kernel_stub) and read it, run the exporter in a worker
-with this Python (its output shown; without the CuTe DSL its error line), and write the
-bindings manifest (write_bindings). Native code is loaded only later, after a trust prompt."""
+"""Kernel screen: choose a DSO path or pick a shipped kernel from the list (build_kernel, or a shipped
+exporter for the receipt), generate the CuTe DSL exporter stub from the receipt (kernel_stub) and
+read it, run the exporter in a worker with this Python (its output shown; without the CuTe DSL its
+error line), and write the bindings manifest (write_bindings). The edit-export-verify loop (o edits
+the stub in $EDITOR, v watches it) is kernel_loop.py. Native code is loaded only after a trust prompt."""
 
 from __future__ import annotations
 
@@ -14,13 +15,32 @@ from textual import on
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widget import Widget
-from textual.widgets import Input, Label, RichLog, Static, TextArea
+from textual.widgets import DataTable, Input, Label, OptionList, RichLog, Static, TextArea
+from textual.widgets.option_list import Option
 
 
 from ..outputs import fresh_name
 from .base import KeyButtons, WorkbenchScreen
+from .kernel_loop import fill_history, open_in_editor, watch_config
 
 KERNEL_OUTPUTS = {"identity-copy": "kernel.so", "residual-add": "residual-add.so"}
+KERNEL_KEYS = {"identity-copy": "i", "residual-add": "a"}
+WATCH_TASK = "kernel_watch"
+
+
+def catalog_options() -> list[Option]:
+    """mcore's shipped kernels and exporters (`mcore kernel list`): enter builds or exports one."""
+    from mcore import kernel_catalog
+
+    out = []
+    for k in kernel_catalog():
+        t = Text(no_wrap=True, overflow="ellipsis")
+        key = KERNEL_KEYS.get(k.name)
+        t.append(f"{key} " if key else "  ", style="bold")
+        t.append(k.name, style="bold")
+        t.append(f"  {k.kind} · {k.description}", style="dim")
+        out.append(Option(t, id=f"{k.kind}:{k.name}"))
+    return out
 
 
 def relative_paths(text: str, workdir: Path) -> str:
@@ -46,6 +66,8 @@ class KernelScreen(WorkbenchScreen):
         Binding("slash", "edit_path", "DSO path", show=False),
         Binding("s", "stub", "stub"),
         Binding("e", "export", "export"),
+        Binding("o", "edit", "edit in $EDITOR"),
+        Binding("v", "watch", "watch: export+verify on save"),
         Binding("w", "bindings", "bindings"),
     ]
 
@@ -65,23 +87,33 @@ class KernelScreen(WorkbenchScreen):
         # buttons for the mouse, and somewhere for tab to go from the field
         yield KeyButtons(
             [
-                ("i", "identity-copy", "build('identity-copy')"),
-                ("a", "residual-add", "build('residual-add')"),
                 ("s", "stub", "stub"),
                 ("e", "export", "export"),
+                ("o", "edit", "edit"),
+                ("v", "watch", "watch"),
                 ("w", "bind", "bindings"),
             ],
             id="kernel-buttons",
         )
         yield Static("", id="kernel-status")
+        yield OptionList(*catalog_options(), id="kernel-list", compact=True)
         yield Static("", id="stub-title", classes="section")
         yield _text_area(id="stub-view")
+        yield DataTable(id="watch-history", cursor_type="row", zebra_stripes=False)
         yield RichLog(id="export-log", wrap=True, markup=False, min_width=20, max_lines=500)
 
     def on_mount(self) -> None:
         super().on_mount()
         self.query_one("#export-log", RichLog).display = False
         self.refresh_view()
+
+    def refresh_history(self) -> None:
+        """The watch's rounds (round, time, max_abs, ratio, verdict), shown once a watch has run."""
+        table = self.query_one("#watch-history", DataTable)
+        rounds = self.state.watch_rounds
+        table.display = bool(rounds) or self.wb.busy == WATCH_TASK
+        if table.row_count != len(rounds) or not table.columns:
+            fill_history(table, rounds)
 
     # ------------------------------------------------------------------ state -> widgets
     def refresh_view(self) -> None:
@@ -113,6 +145,7 @@ class KernelScreen(WorkbenchScreen):
         self.query_one("#kernel-status", Static).update(t)
         if st.library and not self.query_one("#dso-path", Input).value:
             self.query_one("#dso-path", Input).value = st.show_path(st.library)
+        self.refresh_history()
         title = self.query_one("#stub-title", Static)
         view = self.query_one("#stub-view", TextArea)
         if st.stub_text is not None:
@@ -120,7 +153,7 @@ class KernelScreen(WorkbenchScreen):
                 Text.assemble(
                     ("CuTe DSL exporter stub ", "bold"),
                     (st.show_path(st.stub_path), ""),
-                    ("  (read-only, paths relative to the work folder; e runs it)", "dim"),
+                    ("  (read-only here: o edits it, e runs it, v watches it)", "dim"),
                 )
             )
             if self._shown_stub != st.stub_text:
@@ -217,25 +250,24 @@ class KernelScreen(WorkbenchScreen):
         )
 
     # ------------------------------------------------------------------ exporter run
-    def action_export(self) -> None:
-        """Run the stub (the export_kernel step: recorded and replayed like every step); its output
-        streams into the log below the stub."""
+    def action_export(self, exporter: Optional[str] = None) -> None:
+        """Run the stub, or the shipped exporter picked in the list (the export_kernel step: recorded
+        and replayed like every step); its output streams into the log below the stub."""
         st = self.state
-        if st.stub_path is None:
+        exporter = exporter or st.stub_path
+        if exporter is None:
             self.wb.report_error("no stub yet: press s to generate the exporter stub first")
             return
-        stem = Path(st.stub_path).stem.replace("export_", "") or "kernel"
+        if st.receipt_path is None:
+            self.wb.report_error("no receipt yet: the exporter compiles for one (F3 saves it, F5 s builds one)")
+            return
+        stem = Path(exporter).stem.replace("export_", "") or "kernel"
         out = fresh_name(st, f"{stem}.cute.so")
         log = self.query_one("#export-log", RichLog)
         log.display = True
         log.clear()
-        log.write(
-            Text(
-                f"$ mcore kernel export {st.stub_path} --selection {st.receipt_path} "
-                f"--snapshot {st.snapshot_path} -o {out}",
-                style="dim",
-            )
-        )
+        snap = f" --snapshot {st.snapshot_path}" if st.snapshot_path else ""
+        log.write(Text(f"$ mcore kernel export {exporter} --selection {st.receipt_path}{snap} -o {out}", style="dim"))
 
         def finished(outcome) -> None:
             if outcome.kind == "ok":
@@ -244,14 +276,100 @@ class KernelScreen(WorkbenchScreen):
             elif outcome.error:
                 log.write(Text(outcome.error, style="bold red"))
 
-        self.wb.perform(
-            "export_kernel",
-            {"exporter": st.stub_path, "receipt": st.receipt_path, "snapshot": st.snapshot_path, "output": out},
-            on_finish=finished,
-            label="run the exporter",
-        )
+        params = {"exporter": exporter, "receipt": st.receipt_path, "output": out}
+        if st.snapshot_path:
+            params["snapshot"] = st.snapshot_path
+        self.wb.perform("export_kernel", params, on_finish=finished, label="run the exporter")
 
     def on_action_log(self, line: str) -> None:
         if self.wb.busy == "export_kernel":
             style = "red" if "error" in line.lower() else ""
             self.query_one("#export-log", RichLog).write(Text(line, style=style))
+
+    @on(OptionList.OptionSelected, "#kernel-list")
+    def kernel_picked(self, event: OptionList.OptionSelected) -> None:
+        kind, _, name = (event.option.id or "").partition(":")
+        if kind == "build":
+            self.action_build(name)
+        elif kind == "export":
+            self.action_export(name)
+
+    # ------------------------------------------------------------------ the edit-export-verify loop
+    def action_edit(self) -> None:
+        """o: the exporter in $EDITOR (the TUI hands the terminal over and takes it back); a running
+        watch sees the saved file and starts its next round."""
+        st = self.state
+        if st.stub_path is None:
+            self.wb.report_error("no exporter to edit yet: press s to generate the stub from the receipt")
+            return
+        path = st.path(st.stub_path)
+        rc = open_in_editor(self.wb, path)
+        self.reload_stub()
+        watching = self.wb.busy == WATCH_TASK
+        self.wb.say(
+            f"edited {st.show_path(st.stub_path)}"
+            + (f" (the editor exited {rc})" if rc else "")
+            + (
+                "; the watch runs the next round if it changed"
+                if watching
+                else "; v watches it: every save re-exports and verifies"
+            ),
+            "yellow" if rc else "green",
+        )
+
+    def reload_stub(self) -> None:
+        st = self.state
+        try:
+            st.stub_text = st.path(st.stub_path).read_text(encoding="utf-8") if st.stub_path else None
+        except OSError:
+            st.stub_text = None
+        self.refresh_view()
+
+    def action_watch(self) -> None:
+        """v: the watch loop on the stub (x stops it). Asks once before it runs the script and loads
+        the DSOs it exports."""
+        cfg = watch_config(self.state)
+        shown = self.state.show_path(self.state.stub_path)
+        if shown in self.state.trusted:
+            self.start_watch(cfg)
+            return
+        from .dialogs import TrustModal
+
+        def answered(ok: Optional[bool]) -> None:
+            if ok:
+                self.state.trusted.add(shown)
+                self.start_watch(cfg)
+            else:
+                self.wb.say("not watched: you declined to run the exporter", "yellow")
+
+        what = f"{shown} (each save: run it, then load the DSO it exports)"
+        self.wb.push_screen(TrustModal(what, what), answered)
+
+    def start_watch(self, cfg) -> None:
+        from mcore import watch_kernel
+
+        st = self.state
+        st.watch_rounds = []
+
+        def on_round(r) -> None:
+            self.wb.call_from_thread(self.round_done, r.to_dict())
+
+        def say(line: str) -> None:  # the exporter's output and the native-code notices, from the thread
+            self.wb._call_ui(self.wb._on_log, line)
+
+        def work(progress) -> None:
+            watch_kernel(cfg, progress=progress, on_round=on_round, log=say, announce=say)
+
+        def ended(outcome) -> None:
+            self.refresh_view()
+
+        label = f"watch {st.show_path(st.stub_path)}: each save re-exports and verifies"
+        if self.wb.run_task(WATCH_TASK, label, work, ended):
+            self.wb.say(f"watching; rounds go to {st.show_path(str(cfg.out_dir))} (x stops)", "green")
+            self.refresh_view()
+
+    def round_done(self, row: dict) -> None:
+        self.state.watch_rounds.append(row)
+        self.reload_stub()
+        style = {"PROMOTE": "green", "PASS": "green"}.get(row["verdict"], "red")
+        self.wb.say(f"round {row['round']}: {row['verdict']}; save the exporter for the next (x stops)", style)

@@ -142,6 +142,11 @@ class ProfileScreen(WorkbenchScreen):
                 key=str(i),
             )
 
+    def on_action_done(self, outcome) -> None:
+        """A finished profile hands the keys to its candidates: Down moves, s takes the highlighted one."""
+        if outcome.action == "profile" and outcome.kind == "ok":
+            self.query_one("#candidates", DataTable).focus()
+
     def on_action_progress(self, action: str, step: str, fraction: float) -> None:
         if action == "profile" and self.state.profile is None:
             empty = self.query_one("#profile-empty", Static)

@@ -1,0 +1,171 @@
+"""The edit-export-verify loop on CPU (issue 30): `mcore kernel watch` and mcore.watch_kernel with an
+exporter that compiles a CPU TVM-FFI DSO for the tutorial's logits-copy receipt. A file change is
+a rewrite of the exporter; `rounds` stops the loop. Each round binds a new DSO to new pipelines:
+the first round's library and a pipeline bound to it are untouched by later rounds."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mcore.errors import Cancelled
+from mcore.progress import CancelToken, Progress
+from mcore.watch import WatchConfig, watch_kernel
+
+from .conftest import assert_user_error
+
+RID = "qwen.decode_logits_copy@1"
+PROMPT = "hello world"
+
+# A copy kernel whose output is its input times SCALE: 1.0f is exact (the region copies), 2.0f is wrong.
+EXPORTER = r'''
+import argparse, pathlib, shutil, tempfile
+import tvm_ffi.cpp
+
+SCALE = "@SCALE@"
+SOURCE = """
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/function.h>
+void Run(tvm::ffi::TensorView in, tvm::ffi::TensorView out) {
+  const float* a = reinterpret_cast<const float*>(static_cast<char*>(in.data_ptr()) + in.byte_offset());
+  float* b = reinterpret_cast<float*>(static_cast<char*>(out.data_ptr()) + out.byte_offset());
+  for (int64_t i = 0; i < in.numel(); ++i) b[i] = a[i] * SCALE_VALUE;
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, Run);
+"""
+p = argparse.ArgumentParser()
+p.add_argument("--selection"); p.add_argument("--output"); p.add_argument("--snapshot")
+ns = p.parse_args()
+d = pathlib.Path(tempfile.mkdtemp())
+(d / "k.cc").write_text(SOURCE.replace("SCALE_VALUE", SCALE))
+lib = tvm_ffi.cpp.build("scaled_copy", cpp_files=[str(d / "k.cc")], build_directory=str(d / "b"))
+shutil.copyfile(lib, ns.output)
+print("dso=" + ns.output)
+'''
+
+
+def write_exporter(path: Path, scale: str) -> Path:
+    path.write_text(EXPORTER.replace("@SCALE@", scale))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    from mcore.build import build_bundle
+    from mcore.buildargs import BuildArgs
+
+    d = tmp_path_factory.mktemp("watch")
+    args = BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=64)
+    native = build_bundle(args, d / "native.bundle")
+    slot = build_bundle(args, d / "slot.bundle", recipe=(RID, "decoder.logits_zero_bias"))
+    return d, native.bundle_path, slot.bundle_path, slot.receipt_path
+
+
+def config(bundles, exporter: Path, out: Path, **kw) -> WatchConfig:
+    _, native, slot, receipt = bundles
+    return WatchConfig(str(exporter), receipt, native, slot, out, PROMPT, max_new_tokens=4, device="cpu", **kw)
+
+
+def test_rounds_follow_the_edits_each_on_a_new_dso_and_new_pipelines(bundles, tmp_path):
+    from mcore.pipeline import DecoderPipeline
+
+    _, native, slot, _ = bundles
+    exporter = write_exporter(tmp_path / "export_scaled.py", "1.0f")
+    held: dict = {}
+
+    def on_round(r) -> None:  # the author saves the next version once a round is shown
+        if r.index == 1:  # a pipeline bound to round 1's DSO, kept across the later rounds
+            held["pipe"] = DecoderPipeline(str(slot), kernel_bindings=str(r.manifest), device="cpu")
+            held["digest"] = hashlib.sha256(r.library.read_bytes()).hexdigest()
+            write_exporter(exporter, "2.0f")
+        elif r.index == 2:
+            exporter.write_text("this is not Python (\n")
+
+    rounds = watch_kernel(config(bundles, exporter, tmp_path / "rounds", perf=False), rounds=3, on_round=on_round)
+    assert [r.verdict for r in rounds] == ["PASS", "REJECT", "ERROR"]
+    first, second, third = rounds
+    assert first.max_abs == 0.0 and first.correctness == "PASS"  # an exact copy: bit-identical logits
+    assert second.max_abs > 0 and second.correctness == "FAIL" and "FAIL: logits" in second.note
+    assert "exporter export_scaled.py failed" in third.note and third.library is None
+    assert [r.library.name for r in rounds[:2]] == ["round-1.so", "round-2.so"]
+    assert hashlib.sha256(first.library.read_bytes()).hexdigest() == held["digest"]
+    # the pipeline made in round 1 still runs round 1's kernel: nothing rebound it
+    ref = DecoderPipeline(str(native), device="cpu").generate(PROMPT, 4, stop_at_eos=False).tokens
+    assert held["pipe"].generate(PROMPT, 4, stop_at_eos=False).tokens == ref
+    assert all(r.seconds > 0 and re.fullmatch(r"\d\d:\d\d:\d\d", r.clock) for r in rounds)
+
+
+def test_an_unchanged_save_starts_no_round_and_cancel_stops_the_wait(bundles, tmp_path):
+    exporter = write_exporter(tmp_path / "export_scaled.py", "1.0f")
+    token = CancelToken()
+    seen = []
+
+    def on_round(r) -> None:
+        seen.append(r.verdict)
+        exporter.write_text(exporter.read_text())  # saved, but the same content
+
+        def later() -> None:
+            time.sleep(1.0)
+            token.cancel()
+
+        threading.Thread(target=later, daemon=True).start()
+
+    with pytest.raises(Cancelled):
+        watch_kernel(
+            config(bundles, exporter, tmp_path / "rounds", perf=False),
+            progress=Progress(None, token),
+            on_round=on_round,
+            poll_s=0.1,
+        )
+    assert seen == ["PASS"]
+
+
+def test_cli_prints_one_line_per_round_with_the_perf_gate(bundles, tmp_path, mcore):
+    _, native, slot, receipt = bundles
+    exporter = write_exporter(tmp_path / "export_scaled.py", "1.0f")
+    out = tmp_path / "rounds"
+
+    def edit_after_round_one() -> None:  # the file changes while round 1 runs: round 2 follows it
+        deadline = time.monotonic() + 600
+        while not (out / "round-1.bindings.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        write_exporter(exporter, "2.0f")
+
+    threading.Thread(target=edit_after_round_one, daemon=True).start()
+    r = mcore(
+        "kernel", "watch", exporter, "--selection", receipt, "--bundle", slot, "--native", native,
+        "--prompt", PROMPT, "--max-new-tokens", "4", "--device", "cpu", "--out-dir", out, "--rounds", "2",
+        "--pairs", "1", "--warmup", "0", "--bench-warmup", "0", "--bench-runs", "1", "--poll", "0.1",
+    )  # fmt: skip
+    lines = r.out.strip().splitlines()
+    assert len(lines) == 2, r
+    one = re.match(r"round 1 \d\d:\d\d:\d\d max_abs=0 ratio=(\S+) verdict=(\S+) \(", lines[0])
+    assert one, lines[0]
+    ratio, verdict = float(one[1]), one[2]
+    # on a shared CPU the ratio is noise; the verdict is the perf gate's over it, never a guess
+    assert ratio > 0 and verdict in ("PROMOTE", "REJECT", "INCONCLUSIVE")
+    assert ("PASS: external/native" in lines[0]) == (verdict == "PROMOTE")
+    assert re.match(r"round 2 \S+ max_abs=[0-9.e+-]+ ratio=- verdict=REJECT .*FAIL: logits", lines[1]), lines[1]
+    assert float(re.search(r"max_abs=(\S+)", lines[1])[1]) > 0
+    assert r.code == 1  # the last round was rejected
+    assert "watching" in r.err and "runs native code" in r.err
+
+
+def test_bad_input_is_one_line_before_anything_runs(bundles, tmp_path, mcore):
+    _, native, slot, receipt = bundles
+    exporter = write_exporter(tmp_path / "export_scaled.py", "1.0f")
+    base = ["kernel", "watch", exporter, "--selection", receipt, "--native", native]
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("keep")
+    assert_user_error(mcore(*base, "--bundle", slot, "--out-dir", tmp_path / "used"), "is not empty")
+    assert_user_error(mcore(*base, "--bundle", native, "--out-dir", tmp_path / "o1"), "no kernel slot of binding")
+    assert_user_error(mcore(*base, "--bundle", slot, "--rounds", "0"), "--rounds 0 must be at least 1")
+    assert_user_error(mcore(*base, "--bundle", slot, "--min-ratio", "nan", "--out-dir", tmp_path / "o2"), "--min-ratio")
+    missing = ["kernel", "watch", tmp_path / "nope.py", "--selection", receipt, "--native", native, "--bundle", slot]
+    assert_user_error(mcore(*missing), "nope.py: no such file")
+    assert (tmp_path / "used" / "x").read_text() == "keep" and not (tmp_path / "o1").exists()
