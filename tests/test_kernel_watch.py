@@ -169,3 +169,98 @@ def test_bad_input_is_one_line_before_anything_runs(bundles, tmp_path, mcore):
     missing = ["kernel", "watch", tmp_path / "nope.py", "--selection", receipt, "--native", native, "--bundle", slot]
     assert_user_error(mcore(*missing), "nope.py: no such file")
     assert (tmp_path / "used" / "x").read_text() == "keep" and not (tmp_path / "o1").exists()
+
+
+# ------------------------------------------------------------------ the loop in the workbench
+
+
+@pytest.fixture
+def kernel_screen_state(bundles, tmp_path):
+    """A workbench state with the receipt, both bundles and the exporter (as the stub) in place."""
+    from workbench.app import WorkbenchState
+
+    d, native, slot, receipt = bundles
+    exporter = write_exporter(tmp_path / "export_scaled.py", "1.0f")
+    st = WorkbenchState(workdir=tmp_path, device="cpu")
+    st.bundles = {"native": {"bundle": str(native)}, "slot": {"bundle": str(slot)}}
+    from mcore import load_receipt
+
+    st.receipt, st.receipt_path = load_receipt(receipt), str(receipt)
+    st.stub_path, st.stub_text = str(exporter), exporter.read_text()
+    st.last_prompt = {"prompt": PROMPT, "max_new_tokens": 4}
+    st.watch_settings = {"perf": False, "max_new_tokens": 4}  # the perf gate's rounds: the CLI test above
+    return st, exporter
+
+
+@pytest.mark.asyncio
+async def test_kernel_screen_edits_in_the_editor_and_watches_every_save(kernel_screen_state, tmp_path, monkeypatch):
+    from textual.widgets import DataTable
+
+    from workbench.app import WorkbenchApp
+    from workbench.screens.dialogs import TrustModal
+
+    st, exporter = kernel_screen_state
+    editor = tmp_path / "editor.sh"  # an "editor" that makes the author's change: scale by 2
+    editor.write_text("#!/bin/sh\nsed -i 's/\"1.0f\"/\"2.0f\"/' \"$1\"\n")
+    editor.chmod(0o755)
+    monkeypatch.setenv("EDITOR", str(editor))
+    monkeypatch.delenv("VISUAL", raising=False)
+    app = WorkbenchApp(state=st, start_screen="kernel")
+
+    async def until(cond, timeout=600) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, "timed out"
+            await pilot.pause(0.1)
+
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.2)
+        await pilot.press("v")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, TrustModal)  # it runs the script and loads what it exports
+        await pilot.press("y")
+        await until(lambda: len(st.watch_rounds) == 1)
+        assert app.busy == "kernel_watch" and st.watch_rounds[0]["verdict"] == "PASS"
+        assert st.watch_rounds[0]["max_abs"] == 0.0
+        await pilot.press("o")  # the editor saves the change: the running watch takes it
+        await pilot.pause(0.1)
+        assert '"2.0f"' in exporter.read_text() and '"2.0f"' in st.stub_text  # the stub view shows the edit
+        await until(lambda: len(st.watch_rounds) == 2)
+        second = st.watch_rounds[1]
+        assert second["verdict"] == "REJECT" and second["max_abs"] > 0
+        table = app.screen.query_one("#watch-history", DataTable)
+        assert table.display and table.row_count == 2
+        assert [str(table.get_row_at(i)[4]) for i in range(2)] == ["PASS", "REJECT"]
+        assert "round 2: REJECT" in app.message[0]
+        await pilot.press("x")  # stops while it waits for the next save
+        await until(lambda: app.busy is None, timeout=30)
+        assert app.last_outcome.kind == "cancelled" and len(st.watch_rounds) == 2
+        assert sorted(p.name for p in (tmp_path / "watch").iterdir()) == [
+            "round-1.bindings.json",
+            "round-1.so",
+            "round-2.bindings.json",
+            "round-2.so",
+        ]
+
+
+@pytest.mark.asyncio
+async def test_kernel_screen_says_what_the_watch_and_the_editor_need(tmp_path, monkeypatch):
+    from workbench.app import WorkbenchApp, WorkbenchState
+
+    from .tui_helpers import text_of
+
+    monkeypatch.delenv("EDITOR", raising=False)
+    monkeypatch.delenv("VISUAL", raising=False)
+    app = WorkbenchApp(state=WorkbenchState(workdir=tmp_path), start_screen="kernel")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.2)
+        await pilot.press("v")
+        await pilot.pause(0.1)
+        assert "the watch needs an exporter (s generates the stub), a receipt (F3)" in text_of(app, "#error")
+        await pilot.press("escape", "o")
+        await pilot.pause(0.1)
+        assert "no exporter to edit yet" in text_of(app, "#error")
+        app.state.stub_path = str(write_exporter(tmp_path / "export_x.py", "1.0f"))
+        await pilot.press("escape", "o")
+        await pilot.pause(0.1)
+        assert "set $EDITOR (or $VISUAL)" in text_of(app, "#error")
