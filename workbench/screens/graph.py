@@ -16,11 +16,13 @@ from textual.widgets.option_list import Option
 
 from mcore import Node, Snapshot, module_tree, recipe_rows
 
+from ..layout import TREE_STEP, tail, tree_width
 from ..search import is_glob, node_hit, path_hit
 from .base import WorkbenchScreen
 
 MARK = "●"
 OP_WIDTH = 20
+MODULE_WIDTH = 32
 
 
 def op_cell(op: str) -> str:
@@ -106,6 +108,24 @@ class ModuleTree(Tree):
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.auto_expand = False  # enter selects; it never folds the whole tree away
+        self.guide_depth = 2  # two cells a level: deep modules keep room for their names
+
+    def render_label(self, node, base_style, style) -> Text:
+        """The module's name and node count; where the indentation leaves too little room, the count
+        goes first, then the name keeps its tail."""
+        text = super().render_label(node, base_style, style)
+        depth, parent = 0, node.parent
+        while parent is not None:
+            depth, parent = depth + 1, parent.parent
+        room = self.scrollable_content_region.width - depth * self.guide_depth
+        if room <= 0 or text.cell_len <= room:
+            return text
+        plain = text.plain
+        icon = len(plain) - len(node.label.plain)
+        name = node.label.plain.rsplit(" (", 1)[0] if room - icon < len(node.label.plain) else node.label.plain
+        out = text[:icon]  # the expand/collapse icon, styled as drawn
+        out.append(tail(name, room - icon), style=style)
+        return out
 
     def action_expand_or_child(self) -> None:
         node = self.cursor_node
@@ -137,6 +157,8 @@ class GraphScreen(WorkbenchScreen):
         Binding("t", "toggle_focus", "tree/table"),
         Binding("e", "edges", "edges", show=False),
         Binding("p", "app.show('profile')", "profile: where the time goes", show=False),
+        Binding("less_than_sign", "tree_width(-1)", "narrower tree", show=False),
+        Binding("greater_than_sign", "tree_width(1)", "wider tree", show=False),
     ]
 
     def __init__(self) -> None:
@@ -154,6 +176,7 @@ class GraphScreen(WorkbenchScreen):
         self._filling = False
         self.searching = False  # a search the user typed (/): n and N step through its matches
         self._tree_nodes: dict[str, Any] = {}  # module path -> tree node
+        self.tree_delta = 0  # the user's `<` / `>` on top of the share the terminal's width gives
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="graph-empty", classes="empty")
@@ -185,6 +208,24 @@ class GraphScreen(WorkbenchScreen):
     def focus_default(self) -> None:
         if self.state.snapshot is not None and not isinstance(self.focused, Input):
             self.query_one("#nodes", DataTable).focus()
+
+    def refresh_chrome(self) -> None:
+        super().refresh_chrome()
+        if self.is_mounted:
+            self.call_after_refresh(self.fit_tree)  # once the body has its new width
+
+    def fit_tree(self) -> None:
+        """The tree's width: the terminal's share (layout.tree_width) plus the user's `<` / `>`."""
+        split = self.query_one("#graph-split")
+        if split.size.width:
+            self.query_one("#module-tree").styles.width = tree_width(split.size.width, self.tree_delta * TREE_STEP)
+
+    def action_tree_width(self, step: int) -> None:
+        """`<` narrows the module tree, `>` widens it (the node table takes the rest)."""
+        self.tree_delta += step
+        self.fit_tree()
+        width = self.query_one("#module-tree").styles.width
+        self.wb.say(f"module tree {width.value:.0f} columns · < narrower, > wider" if width else "", "dim")
 
     # ------------------------------------------------------------------ state -> widgets
     def refresh_view(self) -> None:
@@ -247,12 +288,17 @@ class GraphScreen(WorkbenchScreen):
         tree.root.set_label(f"{snap.engine_role} ({counts.get('', 0)})")
         tree.root.data = ""
         nodes = {"": tree.root}
+        branches = {p.rpartition(".")[0] for p in counts if p}  # modules with submodules
         for path, count in counts.items():
             if not path:
                 continue
             parent_path, _, leaf = path.rpartition(".")
             parent = nodes.get(parent_path, tree.root)
-            nodes[path] = parent.add(f"{leaf} ({count})", data=path, expand=path.count(".") < 1)
+            label = f"{leaf} ({count})"
+            if path in branches:
+                nodes[path] = parent.add(label, data=path, expand=path.count(".") < 1)
+            else:  # a leaf: no expand icon, two more cells for its name
+                nodes[path] = parent.add_leaf(label, data=path)
         tree.root.expand()
         self._tree_nodes = nodes
 
@@ -281,7 +327,7 @@ class GraphScreen(WorkbenchScreen):
                 nid,
                 op_cell(n.op),
                 self.recipes.get(nid, ""),
-                n.module_path,
+                tail(n.module_path, MODULE_WIDTH),  # the details below show it whole
                 key=nid,
             )
             self._rows.append(nid)
