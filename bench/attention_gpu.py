@@ -123,10 +123,15 @@ def build(out: Path, capacity: int, native: bool) -> tuple[Path, dict[str, tuple
     args = BuildArgs(model=str(cfg), weights="random", precision="bf16", max_cache_length=capacity)
     t = time.perf_counter()
     if native:
-        build_bundle(args, out / "native.bundle", device=DEV)
-    slot = build_bundle(args, out / "attn.bundle", recipe=(RECIPE, "all-instances"), device=DEV)
+        build_bundle(args, out / "native.bundle", device=DEV, overwrite=True)  # a rerun rebuilds
+    slot = build_bundle(args, out / "attn.bundle", recipe=(RECIPE, "all-instances"), device=DEV, overwrite=True)
     ws = build_bundle(
-        args, out / "attn-ws.bundle", recipe=(RECIPE, "all-instances"), device=DEV, workspace_bytes=WORKSPACE
+        args,
+        out / "attn-ws.bundle",
+        recipe=(RECIPE, "all-instances"),
+        device=DEV,
+        workspace_bytes=WORKSPACE,
+        overwrite=True,
     )
     build_s = time.perf_counter() - t
     dsos, export_s = export_variants(out, slot.receipt_paths[0], ws.receipt_paths[0])

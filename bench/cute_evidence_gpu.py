@@ -46,8 +46,8 @@ def main() -> None:
     # DistilBERT-base residual add
     args = BuildArgs(model=str(ev / "distilbert-base"), weights="random", precision="fp16")
     rid = ("distilbert.attention_residual_add@1", "encoder.layers.0.attention_residual")
-    build_bundle(args, out / "d-native.bundle", device="cuda")
-    slot = build_bundle(args, out / "d-slot.bundle", recipe=rid, device="cuda").receipt
+    build_bundle(args, out / "d-native.bundle", device="cuda", overwrite=True)  # a rerun in OUT rebuilds
+    slot = build_bundle(args, out / "d-slot.bundle", recipe=rid, device="cuda", overwrite=True).receipt
     print(f"residual add abi_sha256={slot['abi_sha256']}")
     m = bindings(out, "d-bindings.json", slot.binding_id, slot.abi_sha256, ev / "residual-add-cutedsl.so")
     nat = EncoderPipeline(str(out / "d-native.bundle"), device="cuda")
@@ -72,9 +72,13 @@ def main() -> None:
     )
     # Qwen3 tiny logits copy through the generated (hand-completed) exporter
     qa = BuildArgs(model="demo:qwen3-tiny", precision="bf16", max_cache_length=256, decoder_engine_layout="split")
-    build_bundle(qa, out / "q-native.bundle", device="cuda")
+    build_bundle(qa, out / "q-native.bundle", device="cuda", overwrite=True)
     qslot = build_bundle(
-        qa, out / "q-slot.bundle", recipe=("qwen.decode_logits_copy@1", "decoder.logits_zero_bias"), device="cuda"
+        qa,
+        out / "q-slot.bundle",
+        recipe=("qwen.decode_logits_copy@1", "decoder.logits_zero_bias"),
+        device="cuda",
+        overwrite=True,
     ).receipt
     print(f"logits copy abi_sha256={qslot['abi_sha256']}")
     qm = bindings(out, "q-bindings.json", qslot.binding_id, qslot.abi_sha256, ev / "logits-cutedsl.so")

@@ -56,9 +56,13 @@ def main() -> None:
     args = BuildArgs(
         model=str(cfg), weights="random", precision="bf16", max_cache_length=a.cache, decoder_engine_layout="split"
     )
-    build_bundle(args, out / "native.bundle", device="cuda")
+    build_bundle(args, out / "native.bundle", device="cuda", overwrite=True)  # a rerun in OUT rebuilds
     res = build_bundle(
-        args, out / "slot.bundle", recipe=("qwen.decode_logits_copy@1", "decoder.logits_zero_bias"), device="cuda"
+        args,
+        out / "slot.bundle",
+        recipe=("qwen.decode_logits_copy@1", "decoder.logits_zero_bias"),
+        device="cuda",
+        overwrite=True,
     )
     build_kernel("identity-copy", out / "kernel.so", cuda="on", overwrite=True)
     (out / "bindings.json").write_text(

@@ -28,10 +28,25 @@ def select(mcore, snap, out):
     )
 
 
-def test_a_regular_file_is_replaced(mcore, snap, tmp_path):
+def test_a_regular_file_is_replaced_only_with_force(mcore, snap, tmp_path):
     out = tmp_path / "r.json"
     out.write_text("old")
-    res = select(mcore, snap, out)
+    assert_user_error(select(mcore, snap, out), "r.json already exists", "--force")
+    assert out.read_text() == "old"
+    res = mcore(
+        "graph",
+        "select",
+        snap,
+        "--nodes",
+        "node:0",
+        "--binding-id",
+        "k@1",
+        "--workspace-bytes",
+        "0",
+        "-o",
+        out,
+        "--force",
+    )
     assert res.code == 0, res
     assert json.loads(out.read_text())["node_ids"] == ["node:0"]
 

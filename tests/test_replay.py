@@ -129,16 +129,17 @@ def test_tampered_fingerprint_is_named(tmp_path, workbench):  # noqa: F811
 
 def test_tampered_abi_hash_is_named(tmp_path, workbench):  # noqa: F811
     name = "qwen-manual"
-    idx = [1, step_index(name, "select_nodes", 1), step_index(name, "write_bindings")]
+    # the kernel too: write_bindings refuses a library that does not exist
+    idx = [1, step_index(name, "select_nodes", 1), step_index(name, "build_kernel"), step_index(name, "write_bindings")]
 
     def tamper(steps):
-        steps[2]["results"]["abi_sha256"] = "f" * 64
+        steps[3]["results"]["abi_sha256"] = "f" * 64
 
     path = slice_session(name, idx, tmp_path, tamper)
     res = workbench("replay", path, "--headless", "--workdir", tmp_path / "wd")
     assert res.code == 1, res
     rows = diff_rows(res.out)
-    assert [r[:4] for r in rows] == [["3", "write_bindings", "DIFF", "abi_sha256"]]
+    assert [r[:4] for r in rows] == [["4", "write_bindings", "DIFF", "abi_sha256"]]
     assert rows[0][4].startswith("ffff")
 
 

@@ -310,7 +310,7 @@ async def test_interactive_errors_show_in_the_ui(tmp_path, monkeypatch):
         app.screen.query_one("#arg-cache").value = "0"
         await pilot.pause(0.2)
         assert "--max-cache-length 0 is out of range" in static_text(app, "#args-status")
-        await pilot.press("c")  # capture refuses: the error panel says why
+        await pilot.press("escape", "c")  # out of the model field (free mode starts there); capture refuses
         await pilot.pause(0.2)
         assert "out of range" in static_text(app, "#error")
         # a model that does not exist: the family check names it
@@ -379,7 +379,7 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
             await pilot.pause(0.1)
             if app.screen.family:
                 break
-        await pilot.press("c")
+        await pilot.press("enter", "c")  # done with the model field (free mode starts there), then capture
         for _ in range(600):
             await pilot.pause(0.1)
             if app.state.snapshot is not None and not app.busy:

@@ -43,6 +43,12 @@ def no_hf_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
 
 
+@pytest.fixture(autouse=True)
+def beside_the_work_folder(recorded, monkeypatch):
+    """Free mode shows its work folder relative to the current folder: the same name everywhere."""
+    monkeypatch.chdir(recorded[0].parent)
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> tuple[Path, list[tuple[str, dict, dict]]]:
     wd = tmp_path_factory.mktemp("snapshot-work")

@@ -42,9 +42,9 @@ SCREEN_TITLES = {
 # Screens off the F-key path, reached by a key on another screen (and the palette): name -> that key
 SIDE_SCREENS = {"profile": "p on Graph"}
 MIN_SIZE = (80, 24)  # below this the screens cannot show their content; say so instead
-# from this width the guide panel sits beside the body; below, a one-line step bar (g shows the panel):
-# at 120 columns a panel beside would leave the Graph screen's tree less room than 80 columns give it
-ROOMY_WIDTH = 130
+# from this width the guide panel (30% of it, at most 48 columns) sits beside the body; below, a
+# one-line step bar (g shows the panel)
+ROOMY_WIDTH = 120
 
 
 def bar_text(fraction: Optional[float], width: int) -> str:

@@ -195,10 +195,13 @@ HELP = [
             ("F1..F6", "Model, Graph, Region, Kernel, Build, Verify (or click the tab)"),
             ("ctrl+p", "command palette: every screen and action"),
             ("tab / shift+tab", "move between fields, tables and buttons"),
-            ("esc", "leave a field; dismiss the error; end a search; back"),
+            ("esc", "leave a field; dismiss the error; end a search (never another screen)"),
+            ("alt+left", "back to the previous screen"),
+            ("letters", "keys only outside text fields; after tab leaves a field they stay text until esc/enter"),
             ("/", "search the graph (from any screen)"),
             ("n", "guided/replay: perform the current step"),
-            ("g", "guided/replay: step bar / guide panel"),
+            ("g", "guided/replay: step bar / guide panel (beside the body from 120 columns)"),
+            ("✓ ≠ – ▸", "step marks: done or matched, differs, skipped (needs CUDA), next"),
             ("[ / ]", "guided/replay: scroll the guide panel"),
             ("x", "cancel the running step"),
             ("ctrl+s / ctrl+o", "save the session / open a session to replay"),
@@ -219,6 +222,7 @@ HELP = [
             ("backspace", "back along the followed edges"),
             ("space", "mark/unmark the node for a region"),
             ("t", "tree / table focus"),
+            ("< / >", "narrower / wider module tree"),
             ("p", "Profile: where the time goes"),
         ],
     ),
@@ -235,9 +239,13 @@ HELP = [
         "Kernel",
         [
             ("i / a", "build the identity-copy / residual-add kernel"),
+            ("enter (list)", "build the shipped kernel, or run the shipped exporter, highlighted"),
+            ("/", "type a DSO path (the / is its first character)"),
             ("enter (DSO)", "use the DSO path typed (l outside the field)"),
             ("s", "generate the CuTe DSL exporter stub"),
             ("e", "run the exporter"),
+            ("o", "edit the exporter in $EDITOR"),
+            ("v", "watch: each save re-exports, binds a new pipeline, runs both gates (x stops)"),
             ("w", "write the bindings manifest"),
         ],
     ),
@@ -246,12 +254,14 @@ HELP = [
     (
         "Profile",
         [
-            ("r", "profile the native bundle (torch engine, op by op)"),
+            ("r", "profile the native bundle (torch engine, op by op); the candidates take the keys"),
+            ("up / down", "move through the candidates"),
             ("s / enter", "select the candidate: Region screen with its nodes marked"),
             ("x", "cancel"),
         ],
     ),
     ("Trust prompt", [("y", "load the kernel and run the step"), ("esc / d", "do not load")]),
+    ("Replace prompt", [("y", "replace the existing file"), ("esc / n", "keep it; the step does not run")]),
 ]
 
 

@@ -63,7 +63,7 @@ def _int_or_none(text: str, name: str) -> Optional[int]:
         value = int(text)
     except ValueError:
         raise UserError(f"--{name} {text!r} is not an integer; type a whole number or leave it empty for the default")
-    if value < 1:  # typed, never dropped: a silently dropped `-` would build another graph
+    if value < 0:  # typed, never dropped: a silently dropped `-` would build another graph (0: BuildArgs says)
         raise UserError(f"--{name} {value} must be a positive whole number; type one or leave it empty for the default")
     return value
 
@@ -334,9 +334,10 @@ class ModelScreen(WorkbenchScreen):
             t.append(" to capture", style="dim")
         else:
             t.append("checking the model…", style="dim")
-        from .dialogs import shown_folder
+        if self.wb.guide is None:  # free mode writes here (a guided session says so in its summary)
+            from .dialogs import shown_folder
 
-        t.append(f"\nwork folder: {shown_folder(self.state.workdir)}", style="dim")
+            t.append(f"\nwork folder: {shown_folder(self.state.workdir)}", style="dim")
         snap = self.state.snapshot
         if snap is not None:
             t.append(
