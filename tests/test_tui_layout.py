@@ -97,10 +97,14 @@ async def test_lists_grow_with_the_height(captured, tmp_path):
         await pilot.press("escape", "f3")
         await pilot.pause(0.3)
         recipes = app.screen.query_one("#recipes", DataTable)
+        assert recipes.row_count == 3 and recipes.size.height == 7  # its rows, no blank room below them
+        for i in range(30):  # a deep model's list: one attention instance a layer
+            recipes.add_row(f"decoder.layers.{i + 2}.decode_attention", "qwen.decode_attention_region@2", "node:1")
+        await pilot.pause(0.3)
         small = recipes.size.height
         await pilot.resize_terminal(120, 40)
         await pilot.pause(0.3)
-        assert small >= 6 and recipes.size.height >= small + 6
+        assert small >= 7 and recipes.size.height >= small + 6
 
 
 @pytest.mark.asyncio

@@ -50,7 +50,7 @@ async def test_free_mode_starts_in_the_model_field_so_typing_a_name_never_quits(
         await pilot.press(*"qwen")
         await pilot.pause(0.1)
         assert app.is_running and spec.value == "qwen"  # the prefilled name was selected: typing replaced it
-        assert "enter leaves the field, then" in text_of(app, "#args-status") or app.screen.args_error
+        assert "enter, then c captures" in text_of(app, "#args-status") or app.screen.args_error
         await pilot.press("enter")  # done typing: the list takes the focus and letters are keys again
         assert isinstance(app.focused, OptionList)
 

@@ -66,8 +66,8 @@ class KernelScreen(WorkbenchScreen):
         Binding("slash", "edit_path", "DSO path", show=False),
         Binding("s", "stub", "stub"),
         Binding("e", "export", "export"),
-        Binding("o", "edit", "edit in $EDITOR"),
-        Binding("v", "watch", "watch: export+verify on save"),
+        Binding("o", "edit", "edit"),
+        Binding("v", "watch", "watch"),
         Binding("w", "bindings", "bindings"),
     ]
 

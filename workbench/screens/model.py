@@ -327,17 +327,11 @@ class ModelScreen(WorkbenchScreen):
             t.append("✓ ", style="bold green")
             t.append(f"family {self.family} ({self.kind}); roles {', '.join(self.roles)}")
             # in a field `c` is a letter: say how to get to the key
-            t.append(
-                " · enter leaves the field, then " if isinstance(self.focused, Input) else " · press ", style="dim"
-            )
+            t.append(" · enter, then " if isinstance(self.focused, Input) else " · ", style="dim")
             t.append("c", style="bold reverse")
-            t.append(" to capture", style="dim")
+            t.append(" captures", style="dim")
         else:
             t.append("checking the model…", style="dim")
-        if self.wb.guide is None:  # free mode writes here (a guided session says so in its summary)
-            from .dialogs import shown_folder
-
-            t.append(f"\nwork folder: {shown_folder(self.state.workdir)}", style="dim")
         snap = self.state.snapshot
         if snap is not None:
             t.append(
@@ -345,6 +339,10 @@ class ModelScreen(WorkbenchScreen):
                 f"fingerprint {snap.fingerprint[:16]}…",
                 style="dim",
             )
+        if self.wb.guide is None:  # free mode writes here (a guided session says so in its summary)
+            from .dialogs import shown_folder
+
+            t.append(f"\nwork folder: {shown_folder(self.state.workdir)}", style="dim")
         self.query_one("#args-status", Static).update(t)
 
     # ------------------------------------------------------------------ capture
