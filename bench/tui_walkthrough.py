@@ -131,6 +131,7 @@ def cli_capture(work: Path, native: Path, slot: Path, receipt: Path) -> str:
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work)
+    r.stderr = r.stderr.replace(str(work) + "/", "")  # the notices name the DSO by its full path
     return f"$ mcore {' '.join(cmd[3:])}\n{r.stderr}{r.stdout}(exit {r.returncode})"
 
 

@@ -153,7 +153,7 @@ class KernelScreen(WorkbenchScreen):
                 Text.assemble(
                     ("CuTe DSL exporter stub ", "bold"),
                     (st.show_path(st.stub_path), ""),
-                    ("  (read-only here: o edits it, e runs it, v watches it)", "dim"),
+                    ("  (o edits, e runs, v watches it)", "dim"),
                 )
             )
             if self._shown_stub != st.stub_text:
@@ -363,7 +363,7 @@ class KernelScreen(WorkbenchScreen):
         def ended(outcome) -> None:
             self.refresh_view()
 
-        label = f"watch {st.show_path(st.stub_path)}: each save re-exports and verifies"
+        label = f"watch {st.show_path(st.stub_path)}"
         if self.wb.run_task(WATCH_TASK, label, work, ended):
             self.wb.say(f"watching; rounds go to {st.show_path(str(cfg.out_dir))} (x stops)", "green")
             self.refresh_view()
