@@ -328,7 +328,7 @@ class WorkbenchScreen(Screen):
         """A printable key that reaches the screen while the user is still typing (they left the
         text field with tab, and its letters would now be commands): show it, never run it."""
         field = self.wb.typing_in
-        if not event.is_printable or field is None or field.screen is not self:
+        if not event.is_printable or field is None or not field.is_attached or field.screen is not self:
             return
         if isinstance(self.focused, (Input, TextArea)):
             return  # a field takes it
