@@ -360,8 +360,24 @@ PREFETCH = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0") == "1"
 # launch once its walk is done; the compiled engine launches its own kernels that way on Hopper
 # (mcore/pdl.py), so a bound slot keeps the chain of overlapped launches instead of breaking it twice
 # a layer.
-# CUTEDSL_ATTENTION_PDL=0: a plain launch.
-PDL = os.environ.get("CUTEDSL_ATTENTION_PDL", "1") != "0"
+# CUTEDSL_ATTENTION_PDL=0: a plain launch; =early: the next kernel may launch as soon as this one's
+# wait returned (as the engine's Triton kernels do), and the merge kernel lets its successor launch too.
+_PDL_ENV = os.environ.get("CUTEDSL_ATTENTION_PDL", "1")
+PDL = _PDL_ENV != "0"
+PDL_EARLY = _PDL_ENV == "early"
+# With a workspace, CUTEDSL_ATTENTION_SPLIT_KEYS=N (16-4096) picks a row's split count at run time from
+# the length: ceil(keys / (warps * N)) blocks, at most the launch's; the blocks past it exit at once
+# and the merge reads only the records written. One split: the block writes the context itself and
+# nothing is merged. Unset: every launched block takes a share (at least one walk step a warp).
+_KEYS_ENV = os.environ.get("CUTEDSL_ATTENTION_SPLIT_KEYS", "")
+SPLIT_KEYS = int(_KEYS_ENV) if _KEYS_ENV.isdigit() and 16 <= int(_KEYS_ENV) <= 4096 else (0 if not _KEYS_ENV else -1)
+# With a workspace, CUTEDSL_ATTENTION_FUSED_MERGE=1 merges a row's records in the row's last block to
+# finish (one kernel, no merge launch): each block counts itself in the row's counter in the workspace
+# (an atomic add after a fence); the block that counts last merges every record in split order (the
+# same arithmetic as the merge kernel, so the result does not depend on which block came last) and
+# sets the counter back to 0 for the next call. The counters must be 0 before the first call: mcore
+# zeroes a slot's workspace when it binds the slot.
+FUSED = os.environ.get("CUTEDSL_ATTENTION_FUSED_MERGE", "0") == "1"
 
 
 def schedule(heads, kv_heads):
@@ -373,13 +389,25 @@ def schedule(heads, kv_heads):
 
 def workspace_bytes_for(heads, head_dim, splits):
     """Workspace bytes for `splits` partial results (fp32 context row, max and sum) of every query
-    head at one new token: what `--workspace-bytes` should be for that many splits."""
-    return heads * splits * (head_dim + 2) * 4
+    head at one new token, plus room for the merged-in-the-last-block counters (one int32 a head
+    and split, more than they take): what `--workspace-bytes` should be for that many splits."""
+    return heads * splits * (head_dim + 3) * 4
+
+
+def workspace_layout(workspace_bytes, hpb, head_dim, fused=None):
+    """(records, counters) a workspace holds: partial records of hpb heads x (fp32 context row, max,
+    sum) from byte 0, then (fused merge only) one int32 counter a row for every row that can have two
+    or more splits (rows <= records // 2)."""
+    record = 4 * hpb * (head_dim + 2)
+    if not (FUSED if fused is None else fused):
+        return workspace_bytes // record, 0
+    counters = workspace_bytes // record // 2
+    return (workspace_bytes - 4 * counters) // record, counters
 
 
 def partials_held(workspace_bytes, hpb, head_dim):
     """The partial records (hpb heads x (fp32 context row, max, sum)) a workspace holds."""
-    return workspace_bytes // (4 * hpb * (head_dim + 2))
+    return workspace_layout(workspace_bytes, hpb, head_dim)[0]
 
 
 NEG = -1.0e30  # an empty share's running max: finite, so merges never compute inf - inf
@@ -403,6 +431,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         raise ValueError("CUTEDSL_ATTENTION_WARPS must be 4, 8 or 12")
     if workspace_bytes and not SPLITS:
         raise ValueError("CUTEDSL_ATTENTION_SPLITS must be 2 to 64")
+    if SPLIT_KEYS < 0:
+        raise ValueError("CUTEDSL_ATTENTION_SPLIT_KEYS must be 16 to 4096 (keys a warp before another split)")
     element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
     # Query heads per block: the whole group reads K and V once for all of them (64 blocks on a
     # Qwen3-8B layer, 255 registers a thread); one head per block puts 256 blocks on the GPU, two per
@@ -413,7 +443,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
     split = workspace_bytes > 0  # partial results through the workspace instead of a cluster
     warps = warps_for(split)
     threads = warps * WARP
-    partials = partials_held(workspace_bytes, hpb, head_dim)
+    partials, n_counters = workspace_layout(workspace_bytes, hpb, head_dim)
 
     def remote(ptr, rank):
         """The fp32 at shared-memory address `ptr` of block `rank` of this cluster."""
@@ -625,6 +655,18 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
                     if 2 * t + r < hpb:
                         part_acc[warp, 2 * t + r, out_col(lane, i, h)] = acc[i * 4 + 2 * h + r]
 
+    def row_end(length, token, new_tokens):
+        """The keys row `token` attends: [0, end) (causal among the new tokens; never past the cache)."""
+        return cutlass.min(length - new_tokens + token + 1, capacity)
+
+    def used_splits(end, splits):
+        """Blocks of a row that take keys: every launched one, or with SPLIT_KEYS as many as the
+        length needs (at least SPLIT_KEYS keys a warp), one at the least."""
+        if split and SPLIT_KEYS > 0:
+            per = warps * SPLIT_KEYS
+            return cutlass.max(cutlass.min((end + per - 1) // per, splits), cutlass.Int32(1))
+        return splits
+
     @cute.kernel
     def attention_kernel(
         query: cute.Tensor,
@@ -634,122 +676,158 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         context: cute.Tensor,
         new_tokens: cutlass.Int32,
         workspace: cute.Tensor,  # split: (partials, hpb, D + 2) fp32; else unused (context passed)
+        counters: cute.Tensor,  # split with FUSED: an int32 a row; else unused
         splits: cutlass.Int32,  # blocks per row: the split count, or CLUSTER
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        warp = tidx // WARP
-        lane = tidx % WARP
         rank = cute.arch.block_idx_in_cluster()
         row = bidx // CLUSTER
-        parts = CLUSTER * warps
         if cutlass.const_expr(split):  # `splits` consecutive blocks a row
             rank = bidx % splits
             row = bidx // splits
-            parts = splits * warps
-        token = row % new_tokens
-        head_block = row // new_tokens  # which hpb query heads: head0 .. head0 + hpb - 1
-        head0 = head_block * hpb
-        kv_head = head0 // group
         if cutlass.const_expr(PDL):  # every input is an earlier kernel's output; nothing is touched before this
             cute.arch.griddepcontrol_wait()
-        length = kv_lengths[0]  # read on the device: no host sync
-        end = cutlass.min(length - new_tokens + token + 1, capacity)  # causal: keys [0, end)
+            if cutlass.const_expr(PDL_EARLY):
+                cute.arch.griddepcontrol_launch_dependents()
+        token = row % new_tokens
+        end = row_end(kv_lengths[0], token, new_tokens)  # the length is read on the device: no host sync
+        used = used_splits(end, splits)
+
+        smem = cutlass.memory.SmemAllocator()
+        part = (
+            smem.allocate_tensor(
+                cutlass.Float32, cute.make_layout((warps, hpb, head_dim), stride=(hpb * head_dim, head_dim, 1)), 16
+            ),
+            smem.allocate_tensor(cutlass.Float32, cute.make_layout((warps, hpb), stride=(hpb, 1)), 16),
+            smem.allocate_tensor(cutlass.Float32, cute.make_layout((warps, hpb), stride=(hpb, 1)), 16),
+        )  # each warp's (accumulator, max, sum)
+        blk = (
+            smem.allocate_tensor(cutlass.Float32, cute.make_layout((hpb, head_dim), stride=(head_dim, 1)), 16),
+            smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16),
+            smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16),
+        )  # the block's (accumulator, max, sum)
+        flag = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)  # FUSED: "this block merges"
+        tensors = (query, key_cache, value_cache, context, workspace, counters)
+        if cutlass.const_expr(split and SPLIT_KEYS > 0):
+            if rank < used:  # the blocks past the row's split count exit here
+                attend(tensors, part, blk, flag, new_tokens, row, rank, end, used, splits)
+        else:
+            attend(tensors, part, blk, flag, new_tokens, row, rank, end, used, splits)
+
+    @cute.jit
+    def attend(tensors, part, blk, flag, new_tokens, row, rank, end, used, splits):
+        """One block's share of row `row`: walk, merge its warps, then hand the result on (the
+        context, a record for the merge, or the cluster's merge)."""
+        query, key_cache, value_cache, context, workspace, counters = tensors
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = tidx // WARP
+        token = row % new_tokens
+        head0 = (row // new_tokens) * hpb  # this block's query heads: head0 .. head0 + hpb - 1
+        kv_head = head0 // group
         # at least one step of the walk a warp (16 keys on tensor cores, 32 scalar): at short lengths
         # the warps past end get no keys and write an empty record, instead of every warp a part step
+        parts = used * warps
         share = cutlass.max((end + parts - 1) // parts, cutlass.Int32(16 if use_mma else WARP))
         start = (rank * warps + warp) * share
         stop = cutlass.min(start + share, end)
-
-        smem = cutlass.memory.SmemAllocator()
-        part_acc = smem.allocate_tensor(
-            cutlass.Float32, cute.make_layout((warps, hpb, head_dim), stride=(hpb * head_dim, head_dim, 1)), 16
-        )
-        part_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout((warps, hpb), stride=(hpb, 1)), 16)
-        part_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout((warps, hpb), stride=(hpb, 1)), 16)
-        blk_acc = smem.allocate_tensor(cutlass.Float32, cute.make_layout((hpb, head_dim), stride=(head_dim, 1)), 16)
-        blk_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16)
-        blk_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16)
-
+        part_acc, part_m, part_l = part
         if cutlass.const_expr(use_mma):
             walk_mma(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop)
         else:
-            # Each lane owns `cols` contiguous columns of the head dimension: its slice of q (per head),
-            # of every K and V row it reads (one 8- or 4-byte load), and of the output accumulator.
-            q = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
-            m = cute.make_rmem_tensor((hpb,), cutlass.Float32)
-            lsum = cute.make_rmem_tensor((hpb,), cutlass.Float32)  # over this lane's keys only
-            acc = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
-            for g in cutlass.range_constexpr(hpb):
-                qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(cols))
-                for c in cutlass.range_constexpr(cols):
-                    q[g * cols + c] = qrow[c, lane].to(cutlass.Float32)
-                    acc[g * cols + c] = cutlass.Float32(0.0)
-                m[g] = cutlass.Float32(NEG)
-                lsum[g] = cutlass.Float32(0.0)
-            part = cute.make_rmem_tensor((WARP,), cutlass.Float32)
-            prob = cute.make_rmem_tensor((hpb,), cutlass.Float32)
-            for base in cutlass.range(start, stop, WARP):
-                masked = base + lane >= stop
-                for g in cutlass.range_constexpr(hpb):
-                    # partial dot products of the 32 keys over this lane's columns ...
-                    for j in cutlass.range_constexpr(WARP):
-                        kpos = cutlass.min(base + j, stop - 1)  # in bounds; keys past stop are masked below
-                        k = cute.logical_divide(key_cache[0, kv_head, kpos, None], cute.make_layout(cols))[None, lane]
-                        kv = k.load().to(cutlass.Float32)
-                        dot = q[g * cols] * kv[0]
-                        for c in cutlass.range_constexpr(1, cols):
-                            dot = dot + q[g * cols + c] * kv[c]
-                        part[j] = dot
-                    # ... summed across the warp by recursive halving: 31 shuffles leave lane L with the
-                    # score of key base + L (at each step a lane keeps the half its lane bit selects).
-                    for step in cutlass.range_constexpr(5):
-                        half = 16 >> step
-                        upper = (lane & half) != 0
-                        for i in cutlass.range_constexpr(half):
-                            keep = part[i]
-                            send = part[i + half]
-                            if upper:
-                                keep = part[i + half]
-                                send = part[i]
-                            part[i] = keep + cute.arch.shuffle_sync_bfly(send, offset=half)
-                    sc = part[0]
-                    if masked:
-                        sc = cutlass.Float32(-math.inf)
-                    m_new = cute.arch.fmax(m[g], cute.arch.warp_reduction_max(sc))
-                    alpha = cute.math.exp(m[g] - m_new)
-                    p = cute.math.exp(sc - m_new)  # 0 for a masked key
-                    lsum[g] = lsum[g] * alpha + p
-                    prob[g] = p.to(element).to(cutlass.Float32)  # as fused attention kernels feed P @ V
-                    m[g] = m_new
-                    for c in cutlass.range_constexpr(cols):
-                        acc[g * cols + c] = acc[g * cols + c] * alpha
-                for j in cutlass.range_constexpr(WARP):
-                    vpos = cutlass.min(base + j, stop - 1)  # a masked key has probability 0
-                    v = cute.logical_divide(value_cache[0, kv_head, vpos, None], cute.make_layout(cols))[None, lane]
-                    vv = v.load().to(cutlass.Float32)
-                    for g in cutlass.range_constexpr(hpb):
-                        pj = cute.arch.shuffle_sync(prob[g], j)
-                        for c in cutlass.range_constexpr(cols):
-                            acc[g * cols + c] = acc[g * cols + c] + pj * vv[c]
-
-            # this warp's partial: max, sum over its lanes, accumulator columns
-            for g in cutlass.range_constexpr(hpb):
-                total = cute.arch.warp_reduction_sum(lsum[g])
-                if lane == 0:
-                    part_m[warp, g] = m[g]
-                    part_l[warp, g] = total
-                for c in cutlass.range_constexpr(cols):
-                    part_acc[warp, g, lane * cols + c] = acc[g * cols + c]
-        if cutlass.const_expr(PDL):
+            walk_scalar(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop)
+        if cutlass.const_expr(PDL and not PDL_EARLY):
             # the walk's reads are done: the next kernel may launch (it still waits for all of this
             # one), so its blocks do not sit on the SMs while this one streams. On the H200 that
             # changed little (63.4 -> 63.0 us at 32k); a plain launch is faster there (55.5 us) and
             # slower at 1k (7.6 against 6.9 us): docs/gpu-results.md, eighth session.
             cute.arch.griddepcontrol_launch_dependents()
         cute.arch.sync_threads()
+        block_partial(part, blk, context, workspace, row, rank, used, splits, head0, token, tidx)
+        if cutlass.const_expr(not split):
+            cluster_merge(context, blk[0], blk[1], blk[2], head0, token, rank, tidx)
+        if cutlass.const_expr(split and FUSED):
+            if used > 1:
+                finish_row(workspace, counters, context, flag, row, used, splits, head0, token, tidx)
 
-        # the block's partial: warps merged in warp order (an empty share has l = 0 and acc = 0)
+    @cute.jit
+    def walk_scalar(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop):
+        """The scalar walk (groups of more than 8 heads, or CUTEDSL_ATTENTION_MMA=0), 32 keys a step.
+        Each lane owns `cols` contiguous columns of the head dimension: its slice of q (per head), of
+        every K and V row it reads (one 8- or 4-byte load), and of the output accumulator."""
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = tidx // WARP
+        lane = tidx % WARP
+        q = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
+        m = cute.make_rmem_tensor((hpb,), cutlass.Float32)
+        lsum = cute.make_rmem_tensor((hpb,), cutlass.Float32)  # over this lane's keys only
+        acc = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
+        for g in cutlass.range_constexpr(hpb):
+            qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(cols))
+            for c in cutlass.range_constexpr(cols):
+                q[g * cols + c] = qrow[c, lane].to(cutlass.Float32)
+                acc[g * cols + c] = cutlass.Float32(0.0)
+            m[g] = cutlass.Float32(NEG)
+            lsum[g] = cutlass.Float32(0.0)
+        part = cute.make_rmem_tensor((WARP,), cutlass.Float32)
+        prob = cute.make_rmem_tensor((hpb,), cutlass.Float32)
+        for base in cutlass.range(start, stop, WARP):
+            masked = base + lane >= stop
+            for g in cutlass.range_constexpr(hpb):
+                # partial dot products of the 32 keys over this lane's columns ...
+                for j in cutlass.range_constexpr(WARP):
+                    kpos = cutlass.min(base + j, stop - 1)  # in bounds; keys past stop are masked below
+                    k = cute.logical_divide(key_cache[0, kv_head, kpos, None], cute.make_layout(cols))[None, lane]
+                    kv = k.load().to(cutlass.Float32)
+                    dot = q[g * cols] * kv[0]
+                    for c in cutlass.range_constexpr(1, cols):
+                        dot = dot + q[g * cols + c] * kv[c]
+                    part[j] = dot
+                # ... summed across the warp by recursive halving: 31 shuffles leave lane L with the
+                # score of key base + L (at each step a lane keeps the half its lane bit selects).
+                for step in cutlass.range_constexpr(5):
+                    half = 16 >> step
+                    upper = (lane & half) != 0
+                    for i in cutlass.range_constexpr(half):
+                        keep = part[i]
+                        send = part[i + half]
+                        if upper:
+                            keep = part[i + half]
+                            send = part[i]
+                        part[i] = keep + cute.arch.shuffle_sync_bfly(send, offset=half)
+                sc = part[0]
+                if masked:
+                    sc = cutlass.Float32(-math.inf)
+                m_new = cute.arch.fmax(m[g], cute.arch.warp_reduction_max(sc))
+                alpha = cute.math.exp(m[g] - m_new)
+                p = cute.math.exp(sc - m_new)  # 0 for a masked key
+                lsum[g] = lsum[g] * alpha + p
+                prob[g] = p.to(element).to(cutlass.Float32)  # as fused attention kernels feed P @ V
+                m[g] = m_new
+                for c in cutlass.range_constexpr(cols):
+                    acc[g * cols + c] = acc[g * cols + c] * alpha
+            for j in cutlass.range_constexpr(WARP):
+                vpos = cutlass.min(base + j, stop - 1)  # a masked key has probability 0
+                v = cute.logical_divide(value_cache[0, kv_head, vpos, None], cute.make_layout(cols))[None, lane]
+                vv = v.load().to(cutlass.Float32)
+                for g in cutlass.range_constexpr(hpb):
+                    pj = cute.arch.shuffle_sync(prob[g], j)
+                    for c in cutlass.range_constexpr(cols):
+                        acc[g * cols + c] = acc[g * cols + c] + pj * vv[c]
+        # this warp's partial: max, sum over its lanes, accumulator columns
+        for g in cutlass.range_constexpr(hpb):
+            total = cute.arch.warp_reduction_sum(lsum[g])
+            if lane == 0:
+                part_m[warp, g] = m[g]
+                part_l[warp, g] = total
+            for c in cutlass.range_constexpr(cols):
+                part_acc[warp, g, lane * cols + c] = acc[g * cols + c]
+
+    @cute.jit
+    def block_partial(part, blk, context, workspace, row, rank, used, splits, head0, token, tidx):
+        """The block's partial: its warps merged in warp order (an empty share has l = 0 and acc = 0),
+        written as the context (a row of one split), a record for the merge, or (cluster) `blk`."""
+        part_acc, part_m, part_l = part
         for i in cutlass.range(tidx, hpb * head_dim, threads):
             g = i // head_dim
             d = i - g * head_dim
@@ -763,22 +841,64 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
                 num = num + part_acc[w, g, d] * weight
                 den = den + part_l[w, g] * weight
             if cutlass.const_expr(split):
-                if splits == 1:  # a workspace too small for two splits of these rows: the block's is the result
+                if used == 1:  # one split (a short row, or a workspace too small for two): the result
                     context[0, head0 + g, token, d] = (num / den).to(element)
-                else:  # this block's record; merge_kernel merges a row's records in split order
+                else:  # this block's record; the merge (kernel, or FUSED the row's last block) merges them
                     record = row * splits + rank
                     workspace[record, g, d] = num
                     if d == 0:
                         workspace[record, g, head_dim] = mb
                         workspace[record, g, head_dim + 1] = den
             else:
-                blk_acc[g, d] = num
+                blk[0][g, d] = num
                 if d == 0:
-                    blk_m[g] = mb
-                    blk_l[g] = den
+                    blk[1][g] = mb
+                    blk[2][g] = den
 
-        if cutlass.const_expr(not split):
-            cluster_merge(context, blk_acc, blk_m, blk_l, head0, token, rank, tidx)
+    @cute.jit
+    def finish_row(workspace, counters, context, flag, row, used, splits, head0, token, tidx):
+        """FUSED: count this block in the row's counter; the row's last block merges the records.
+        Each thread fences its record stores before the block counts itself (release), and the last
+        block fences again before it reads the others' records (acquire); it resets the counter."""
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.sync_threads()
+        if tidx == 0:
+            arrived = cute.arch.atomic_add(counters.iterator + row, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+            last = cutlass.Int32(0)
+            if arrived == used - 1:
+                last = cutlass.Int32(1)
+                counters[row] = cutlass.Int32(0)  # every block of this call has counted: ready for the next
+            flag[0] = last
+        cute.arch.sync_threads()
+        if flag[0] == 1:
+            cute.arch.fence_acq_rel_gpu()
+            for i in cutlass.range(tidx, hpb * head_dim, threads):
+                g = i // head_dim
+                merge_records(workspace, context, row, g, i - g * head_dim, used, splits, head0, token)
+
+    @cute.jit
+    def merge_records(workspace, context, row, g, d, used, splits, head0, token):
+        """Column d of head g of row `row`: its `used` records merged in split order. The loop over
+        splits is unrolled to SPLITS with indices clamped to the last record (weight 0 past it), so
+        the loads are independent and issue together. The first version (one block a row, a loop of
+        dependent loads) took 11 / 19 / 45 us a call at 1k with 16 / 32 / 64 splits on the H200
+        against 6.9 us for the cluster schedule: the time grew with the splits, not the keys."""
+        first = row * splits
+        ms = cute.make_rmem_tensor((SPLITS,), cutlass.Float32)
+        mall = cutlass.Float32(NEG)
+        for r in cutlass.range_constexpr(SPLITS):
+            ms[r] = workspace[first + cutlass.min(r, used - 1), g, head_dim]  # a repeat cannot raise the max
+            mall = cute.arch.fmax(mall, ms[r])
+        num = cutlass.Float32(0.0)
+        den = cutlass.Float32(0.0)
+        for r in cutlass.range_constexpr(SPLITS):
+            at = first + cutlass.min(r, used - 1)
+            weight = cute.math.exp(ms[r] - mall)
+            if r >= used:
+                weight = cutlass.Float32(0.0)
+            num = num + workspace[at, g, d] * weight
+            den = den + workspace[at, g, head_dim + 1] * weight
+        context[0, head0 + g, token, d] = (num / den).to(element)
 
     @cute.jit
     def cluster_merge(context, blk_acc, blk_m, blk_l, head0, token, rank, tidx):
@@ -805,38 +925,29 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         cute.arch.cluster_wait()
 
     @cute.kernel
-    def merge_kernel(workspace: cute.Tensor, context: cute.Tensor, new_tokens: cutlass.Int32, splits: cutlass.Int32):
-        """split: one block per (row, head), a thread per column, merges the row's `splits` records in
-        split order. The loop over splits is unrolled to SPLITS with indices clamped to the last
-        record (weight 0 past it), so a thread's loads are independent and issue together. The first
-        version (one block a row, a loop of dependent loads) took 11 / 19 / 45 us a call at 1k with
-        16 / 32 / 64 splits on the H200 against 6.9 us for the cluster schedule: the time grew with
-        the splits, not the keys."""
+    def merge_kernel(
+        workspace: cute.Tensor,
+        context: cute.Tensor,
+        kv_lengths: cute.Tensor,
+        new_tokens: cutlass.Int32,
+        splits: cutlass.Int32,
+    ):
+        """split: one block per (row, head), a thread per column, merges the row's records in split
+        order (rows of one split were written by their block)."""
         d, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         g = bidx % hpb
         row = bidx // hpb
         if cutlass.const_expr(PDL):  # the records are the kernel before's output
             cute.arch.griddepcontrol_wait()
-        if splits > 1:
-            first = row * splits
-            ms = cute.make_rmem_tensor((SPLITS,), cutlass.Float32)
-            mall = cutlass.Float32(NEG)
-            for r in cutlass.range_constexpr(SPLITS):
-                ms[r] = workspace[first + cutlass.min(r, splits - 1), g, head_dim]  # a repeat cannot raise the max
-                mall = cute.arch.fmax(mall, ms[r])
-            num = cutlass.Float32(0.0)
-            den = cutlass.Float32(0.0)
-            for r in cutlass.range_constexpr(SPLITS):
-                at = first + cutlass.min(r, splits - 1)
-                weight = cute.math.exp(ms[r] - mall)
-                if r >= splits:
-                    weight = cutlass.Float32(0.0)
-                num = num + workspace[at, g, d] * weight
-                den = den + workspace[at, g, head_dim + 1] * weight
-            context[0, (row // new_tokens) * hpb + g, row % new_tokens, d] = (num / den).to(element)
+            if cutlass.const_expr(PDL_EARLY):
+                cute.arch.griddepcontrol_launch_dependents()
+        token = row % new_tokens
+        used = used_splits(row_end(kv_lengths[0], token, new_tokens), splits)
+        if used > 1:
+            merge_records(workspace, context, row, g, d, used, splits, (row // new_tokens) * hpb, token)
 
-    smem_bytes = 4 * (hpb * head_dim + warps * hpb * head_dim + 2 * warps * hpb + 2 * hpb) + 16 * 8
+    smem_bytes = 4 * (hpb * head_dim + warps * hpb * head_dim + 2 * warps * hpb + 2 * hpb) + 16 * 9
 
     @cute.jit
     def run(
@@ -850,7 +961,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         """The exported run(query, key_cache, value_cache, kv_lengths, context); `stream` is the TVM-FFI env stream."""
         new_tokens = cute.size(query, mode=[2])  # s: dynamic, from the tensor the engine passes
         attention_kernel(
-            query, key_cache, value_cache, kv_lengths, context, new_tokens, context, cutlass.Int32(CLUSTER)
+            query, key_cache, value_cache, kv_lengths, context, new_tokens, context, context, cutlass.Int32(CLUSTER)
         ).launch(
             grid=(heads // hpb * new_tokens * CLUSTER, 1, 1),
             block=(threads, 1, 1),
@@ -871,7 +982,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         stream: cuda.CUstream,
     ):
         """run(query, key_cache, value_cache, kv_lengths, workspace, context): split over blocks, merged
-        by a second kernel; as many splits (up to SPLITS) as the workspace holds for these rows."""
+        by a second kernel (FUSED: by each row's last block); as many splits (up to SPLITS) as the
+        workspace holds for these rows."""
         new_tokens = cute.size(query, mode=[2])
         rows = heads // hpb * new_tokens
         splits = cutlass.max(cutlass.min(cutlass.Int32(SPLITS), cutlass.Int32(partials) // rows), cutlass.Int32(1))
@@ -879,19 +991,28 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
             cute.recast_ptr(workspace.iterator, dtype=cutlass.Float32),
             cute.make_layout((partials, hpb, head_dim + 2), stride=(hpb * (head_dim + 2), head_dim + 2, 1)),
         )
-        attention_kernel(query, key_cache, value_cache, kv_lengths, context, new_tokens, records, splits).launch(
+        counters = records
+        if cutlass.const_expr(FUSED):  # after the records
+            counters = cute.make_tensor(
+                cute.recast_ptr(workspace.iterator + partials * 4 * hpb * (head_dim + 2), dtype=cutlass.Int32),
+                cute.make_layout(max(n_counters, 1)),
+            )
+        attention_kernel(
+            query, key_cache, value_cache, kv_lengths, context, new_tokens, records, counters, splits
+        ).launch(
             grid=(rows * splits, 1, 1),
             block=(threads, 1, 1),
             smem=smem_bytes,
             stream=stream,
             use_pdl=PDL,
         )
-        merge_kernel(records, context, new_tokens, splits).launch(
-            grid=(rows * hpb, 1, 1),
-            block=(head_dim, 1, 1),
-            stream=stream,
-            use_pdl=PDL,
-        )
+        if cutlass.const_expr(not FUSED):
+            merge_kernel(records, context, kv_lengths, new_tokens, splits).launch(
+                grid=(rows * hpb, 1, 1),
+                block=(head_dim, 1, 1),
+                stream=stream,
+                use_pdl=PDL,
+            )
 
     return run_split if split else run
 
@@ -1134,9 +1255,12 @@ def main(argv=None):
         rows = shapes["heads"] // hpb
         most = min(SPLITS, partials_held(shapes["workspace_bytes"], hpb, shapes["head_dim"]) // rows)
         blocks = f"split {most} ways over blocks at 1 new token (workspace {shapes['workspace_bytes']} bytes)"
+        if SPLIT_KEYS:
+            blocks += f", splits from the length ({SPLIT_KEYS} keys a warp)"
+        blocks += ", merged by the last block" if FUSED else ""
     else:
         blocks = f"cluster {CLUSTER}"
-    launch = "" if PDL else ", plain launch"
+    launch = ", dependents launched early" if PDL_EARLY else ("" if PDL else ", plain launch")
     print(f"schedule={blocks}, {warps_for(bool(shapes['workspace_bytes']))} warps, {hpb} heads a block, {walk}{launch}")
     if SPLITS:  # what to declare at build for the split schedule (a bad knob was refused with a workspace)
         need = workspace_bytes_for(shapes["heads"], shapes["head_dim"], SPLITS)
