@@ -378,6 +378,13 @@ SPLIT_KEYS = int(_KEYS_ENV) if _KEYS_ENV.isdigit() and 16 <= int(_KEYS_ENV) <= 4
 # sets the counter back to 0 for the next call. The counters must be 0 before the first call: mcore
 # zeroes a slot's workspace when it binds the slot.
 FUSED = os.environ.get("CUTEDSL_ATTENTION_FUSED_MERGE", "0") == "1"
+# With a workspace, CUTEDSL_ATTENTION_TMA=1 (experimental) streams each block's keys through a ring of
+# CUTEDSL_ATTENTION_TMA_STAGES (2-6, default 3) tiles in shared memory: a producer warp issues a bulk
+# copy (cp.async.bulk, Hopper's copy engine) a K or V row, completing on the stage's mbarrier, and
+# the consumer warps run the tensor-core walk on the tiles (see `walk_tma`).
+TMA = os.environ.get("CUTEDSL_ATTENTION_TMA", "0") == "1"
+_STAGES_ENV = os.environ.get("CUTEDSL_ATTENTION_TMA_STAGES", "3")
+TMA_STAGES = int(_STAGES_ENV) if _STAGES_ENV in ("2", "3", "4", "5", "6") else 0  # 0: refused
 
 
 def schedule(heads, kv_heads):
@@ -433,6 +440,11 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         raise ValueError("CUTEDSL_ATTENTION_SPLITS must be 2 to 64")
     if SPLIT_KEYS < 0:
         raise ValueError("CUTEDSL_ATTENTION_SPLIT_KEYS must be 16 to 4096 (keys a warp before another split)")
+    if TMA and (not workspace_bytes or not schedule(heads, kv_heads)[1] or not TMA_STAGES):
+        raise ValueError(
+            "CUTEDSL_ATTENTION_TMA=1 needs the split schedule (a workspace), the tensor-core walk (a GQA group "
+            "of at most 8 heads) and CUTEDSL_ATTENTION_TMA_STAGES 2 to 6"
+        )
     element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
     # Query heads per block: the whole group reads K and V once for all of them (64 blocks on a
     # Qwen3-8B layer, 255 registers a thread); one head per block puts 256 blocks on the GPU, two per
@@ -441,8 +453,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
     hpb, use_mma = schedule(heads, kv_heads)
     cols = head_dim // WARP  # P @ V columns per lane: lane * cols ...
     split = workspace_bytes > 0  # partial results through the workspace instead of a cluster
-    warps = warps_for(split)
-    threads = warps * WARP
+    warps = warps_for(split)  # the warps that walk the keys (TMA: consumers; a producer warp besides)
+    threads = (warps + (1 if TMA else 0)) * WARP
     partials, n_counters = workspace_layout(workspace_bytes, hpb, head_dim)
 
     def remote(ptr, rank):
@@ -556,7 +568,114 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         return (lane // 4) * (head_dim // 8) + 2 * i + half
 
     @cute.jit
-    def walk_mma(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop):
+    def load_q(query, head0, token, g, t, chunks):
+        """This lane's query words: row g of the group (zeros past it), the head-dim columns its K words
+        hold (`chunks`: 8-column pieces, or None: columns [t * D/4, (t + 1) * D/4)), packed in pairs
+        exactly. Loaded by element: the query's alignment is not promised."""
+        zero = cutlass.Int32(0)
+        qw = cute.make_rmem_tensor((qk_words,), cutlass.Int32)
+        for w in cutlass.range_constexpr(qk_words):
+            qw[w] = zero
+        if g < hpb:
+            if cutlass.const_expr(chunks is None):
+                qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(2 * qk_words))
+                qv = qrow[None, t].load().to(cutlass.Float32)
+                for w in cutlass.range_constexpr(qk_words):
+                    qw[w] = asm_i32(f"{pack} $0, $1, $2;", [qv[2 * w + 1], qv[2 * w]], "=r,f,f")
+            else:
+                qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(8))
+                for c, chunk in enumerate(chunks):
+                    qv = qrow[None, chunk].load().to(cutlass.Float32)
+                    for w in cutlass.range_constexpr(4):
+                        qw[c * 4 + w] = asm_i32(f"{pack} $0, $1, $2;", [qv[2 * w + 1], qv[2 * w]], "=r,f,f")
+        return qw
+
+    @cute.jit
+    def mma_step(qw, kw, get_v, acc, sc, m, lsum, base, stop, t):
+        """Keys base .. base + 15 folded into this warp's (acc, m, lsum) on tensor cores: scores, an
+        online softmax of row g, then context^T += V^T P^T. `get_v()` gives the V words (called after
+        the softmax: the walk loads them there). Returns the new (m, lsum)."""
+        zero = cutlass.Int32(0)
+        # scores: key block kb holds keys base + kb*8 + (0..7); this lane feeds key row g of each
+        for kb in cutlass.range_constexpr(2):
+            for j in cutlass.range_constexpr(4):
+                sc[kb * 4 + j] = cutlass.Float32(0.0)
+            for st in cutlass.range_constexpr(steps):
+                mma(sc, kb, (qw[2 * st], zero, qw[2 * st + 1], zero), (kw[kb][2 * st], kw[kb][2 * st + 1]))
+        # row g, keys base + 2t, 2t+1 (block 0) and 8 + 2t, 8 + 2t + 1 (block 1); rows g + 8 are padding
+        s0 = sc[0]
+        s1 = sc[1]
+        s2 = sc[4]
+        s3 = sc[5]
+        k0 = base + 2 * t
+        if k0 >= stop:
+            s0 = cutlass.Float32(-math.inf)
+        if k0 + 1 >= stop:
+            s1 = cutlass.Float32(-math.inf)
+        if k0 + 8 >= stop:
+            s2 = cutlass.Float32(-math.inf)
+        if k0 + 9 >= stop:
+            s3 = cutlass.Float32(-math.inf)
+        mt = cute.arch.fmax(cute.arch.fmax(s0, s1), cute.arch.fmax(s2, s3))
+        mt = cute.arch.fmax(mt, cute.arch.shuffle_sync_bfly(mt, offset=1))
+        mt = cute.arch.fmax(mt, cute.arch.shuffle_sync_bfly(mt, offset=2))
+        m_new = cute.arch.fmax(m, mt)
+        alpha = cute.math.exp(m - m_new)
+        p0 = cute.math.exp(s0 - m_new)
+        p1 = cute.math.exp(s1 - m_new)
+        p2 = cute.math.exp(s2 - m_new)
+        p3 = cute.math.exp(s3 - m_new)
+        lsum = lsum * alpha + (p0 + p1 + p2 + p3)
+        # P^T as the operand: row g, keys (2t, 2t+1) and (2t+8, 2t+9), rounded to T
+        pb0 = asm_i32(f"{pack} $0, $1, $2;", [p1, p0], "=r,f,f")
+        pb1 = asm_i32(f"{pack} $0, $1, $2;", [p3, p2], "=r,f,f")
+        # the context rows this lane accumulates are 2t and 2t+1: their rescale factors
+        alpha_a = cute.arch.shuffle_sync(alpha, 8 * t)
+        alpha_b = cute.arch.shuffle_sync(alpha, 8 * t + 4)
+        for i in cutlass.range_constexpr(steps):
+            acc[i * 4] = acc[i * 4] * alpha_a
+            acc[i * 4 + 1] = acc[i * 4 + 1] * alpha_b
+            acc[i * 4 + 2] = acc[i * 4 + 2] * alpha_a
+            acc[i * 4 + 3] = acc[i * 4 + 3] * alpha_b
+        # V rows of keys 2t, 2t+1, 2t+8, 2t+9 over this lane's columns
+        vk = get_v()
+        for i in cutlass.range_constexpr(steps):
+            # word i of a row holds columns out_col(i, 0) (low half) and out_col(i, 1) (high half)
+            lo01 = asm_i32("prmt.b32 $0, $1, $2, 0x5410;", [vk[0][i], vk[1][i]], "=r,r,r")
+            hi01 = asm_i32("prmt.b32 $0, $1, $2, 0x7632;", [vk[0][i], vk[1][i]], "=r,r,r")
+            lo89 = asm_i32("prmt.b32 $0, $1, $2, 0x5410;", [vk[2][i], vk[3][i]], "=r,r,r")
+            hi89 = asm_i32("prmt.b32 $0, $1, $2, 0x7632;", [vk[2][i], vk[3][i]], "=r,r,r")
+            mma(acc, i, (lo01, hi01, lo89, hi89), (pb0, pb1))
+        return m_new, lsum
+
+    @cute.jit
+    def store_partial(part, acc, m, lsum, warp, lane, column):
+        """This warp's partial into shared memory: row g's max and sum; context rows 2t, 2t+1 at this
+        lane's columns (`column(lane, i, half)`)."""
+        part_acc, part_m, part_l = part
+        g = lane // 4
+        t = lane % 4
+        lsum = lsum + cute.arch.shuffle_sync_bfly(lsum, offset=1)
+        lsum = lsum + cute.arch.shuffle_sync_bfly(lsum, offset=2)
+        if t == 0 and g < hpb:
+            part_m[warp, g] = m
+            part_l[warp, g] = lsum
+        for i in cutlass.range_constexpr(steps):
+            for h in cutlass.range_constexpr(2):
+                for r in cutlass.range_constexpr(2):
+                    if 2 * t + r < hpb:
+                        part_acc[warp, 2 * t + r, column(lane, i, h)] = acc[i * 4 + 2 * h + r]
+
+    @cute.jit
+    def fresh_acc():
+        acc = cute.make_rmem_tensor((steps * 4,), cutlass.Float32)  # context^T: steps blocks x 4 registers
+        for i in cutlass.range_constexpr(steps * 4):
+            acc[i] = cutlass.Float32(0.0)
+        return acc
+
+    @cute.jit
+    def walk_mma(query, key_cache, value_cache, part, head0, kv_head, token, start, stop):
+        """A warp's keys [start, stop), 16 a step, loaded from global memory into registers."""
         tidx, _, _ = cute.arch.thread_idx()
         warp = tidx // WARP
         lane = tidx % WARP
@@ -564,19 +683,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         vc32 = cute.recast_tensor(value_cache, cutlass.Int32)
         g = lane // 4
         t = lane % 4
-        zero = cutlass.Int32(0)
-        # this lane's query words: row g of the group (zeros past it), columns [t * D/4, (t + 1) * D/4)
-        qw = cute.make_rmem_tensor((qk_words,), cutlass.Int32)
-        for w in cutlass.range_constexpr(qk_words):
-            qw[w] = zero
-        if g < hpb:  # elements (the query's alignment is not promised), packed in pairs exactly
-            qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(2 * qk_words))
-            qv = qrow[None, t].load().to(cutlass.Float32)
-            for w in cutlass.range_constexpr(qk_words):
-                qw[w] = asm_i32(f"{pack} $0, $1, $2;", [qv[2 * w + 1], qv[2 * w]], "=r,f,f")
-        acc = cute.make_rmem_tensor((steps * 4,), cutlass.Float32)  # context^T: steps blocks x 4 registers
-        for i in cutlass.range_constexpr(steps * 4):
-            acc[i] = cutlass.Float32(0.0)
+        qw = load_q(query, head0, token, g, t, None)
+        acc = fresh_acc()
         m = cutlass.Float32(NEG)  # running max of row g
         lsum = cutlass.Float32(0.0)  # this lane's share of row g's sum
         sc = cute.make_rmem_tensor((8,), cutlass.Float32)  # scores: 2 key blocks x 4 registers
@@ -589,71 +697,143 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
                 kw, vk = take(buf)
                 nxt = base + 16
                 keep(buf, fetch_k(kc32, kv_head, nxt, last, g, t), fetch_v(vc32, kv_head, nxt, last, g, t))
+                m, lsum = mma_step(qw, kw, lambda vk=vk: vk, acc, sc, m, lsum, base, stop, t)
             else:
                 kw = fetch_k(kc32, kv_head, base, last, g, t)
-            # scores: key block kb holds keys base + kb*8 + (0..7); this lane feeds key row g of each
-            for kb in cutlass.range_constexpr(2):
-                for j in cutlass.range_constexpr(4):
-                    sc[kb * 4 + j] = cutlass.Float32(0.0)
-                for st in cutlass.range_constexpr(steps):
-                    mma(sc, kb, (qw[2 * st], zero, qw[2 * st + 1], zero), (kw[kb][2 * st], kw[kb][2 * st + 1]))
-            # row g, keys base + 2t, 2t+1 (block 0) and 8 + 2t, 8 + 2t + 1 (block 1); rows g + 8 are padding
-            s0 = sc[0]
-            s1 = sc[1]
-            s2 = sc[4]
-            s3 = sc[5]
-            k0 = base + 2 * t
-            if k0 >= stop:
-                s0 = cutlass.Float32(-math.inf)
-            if k0 + 1 >= stop:
-                s1 = cutlass.Float32(-math.inf)
-            if k0 + 8 >= stop:
-                s2 = cutlass.Float32(-math.inf)
-            if k0 + 9 >= stop:
-                s3 = cutlass.Float32(-math.inf)
-            mt = cute.arch.fmax(cute.arch.fmax(s0, s1), cute.arch.fmax(s2, s3))
-            mt = cute.arch.fmax(mt, cute.arch.shuffle_sync_bfly(mt, offset=1))
-            mt = cute.arch.fmax(mt, cute.arch.shuffle_sync_bfly(mt, offset=2))
-            m_new = cute.arch.fmax(m, mt)
-            alpha = cute.math.exp(m - m_new)
-            p0 = cute.math.exp(s0 - m_new)
-            p1 = cute.math.exp(s1 - m_new)
-            p2 = cute.math.exp(s2 - m_new)
-            p3 = cute.math.exp(s3 - m_new)
-            lsum = lsum * alpha + (p0 + p1 + p2 + p3)
-            m = m_new
-            # P^T as the operand: row g, keys (2t, 2t+1) and (2t+8, 2t+9), rounded to T
-            pb0 = asm_i32(f"{pack} $0, $1, $2;", [p1, p0], "=r,f,f")
-            pb1 = asm_i32(f"{pack} $0, $1, $2;", [p3, p2], "=r,f,f")
-            # the context rows this lane accumulates are 2t and 2t+1: their rescale factors
-            alpha_a = cute.arch.shuffle_sync(alpha, 8 * t)
-            alpha_b = cute.arch.shuffle_sync(alpha, 8 * t + 4)
-            for i in cutlass.range_constexpr(steps):
-                acc[i * 4] = acc[i * 4] * alpha_a
-                acc[i * 4 + 1] = acc[i * 4 + 1] * alpha_b
-                acc[i * 4 + 2] = acc[i * 4 + 2] * alpha_a
-                acc[i * 4 + 3] = acc[i * 4 + 3] * alpha_b
-            # V rows of keys 2t, 2t+1, 2t+8, 2t+9 over this lane's columns [g * D/8, (g + 1) * D/8)
-            if cutlass.const_expr(not PREFETCH):
-                vk = fetch_v(vc32, kv_head, base, last, g, t)
-            for i in cutlass.range_constexpr(steps):
-                # word i of a row holds columns out_col(i, 0) (low half) and out_col(i, 1) (high half)
-                lo01 = asm_i32("prmt.b32 $0, $1, $2, 0x5410;", [vk[0][i], vk[1][i]], "=r,r,r")
-                hi01 = asm_i32("prmt.b32 $0, $1, $2, 0x7632;", [vk[0][i], vk[1][i]], "=r,r,r")
-                lo89 = asm_i32("prmt.b32 $0, $1, $2, 0x5410;", [vk[2][i], vk[3][i]], "=r,r,r")
-                hi89 = asm_i32("prmt.b32 $0, $1, $2, 0x7632;", [vk[2][i], vk[3][i]], "=r,r,r")
-                mma(acc, i, (lo01, hi01, lo89, hi89), (pb0, pb1))
-        # this warp's partial: row g's max and sum; context rows 2t, 2t+1 at this lane's columns
-        lsum = lsum + cute.arch.shuffle_sync_bfly(lsum, offset=1)
-        lsum = lsum + cute.arch.shuffle_sync_bfly(lsum, offset=2)
-        if t == 0 and g < hpb:
-            part_m[warp, g] = m
-            part_l[warp, g] = lsum
-        for i in cutlass.range_constexpr(steps):
-            for h in cutlass.range_constexpr(2):
-                for r in cutlass.range_constexpr(2):
-                    if 2 * t + r < hpb:
-                        part_acc[warp, 2 * t + r, out_col(lane, i, h)] = acc[i * 4 + 2 * h + r]
+                get_v = lambda base=base: fetch_v(vc32, kv_head, base, last, g, t)  # noqa: E731
+                m, lsum = mma_step(qw, kw, get_v, acc, sc, m, lsum, base, stop, t)
+        store_partial(part, acc, m, lsum, warp, lane, out_col)
+
+    # TMA (CUTEDSL_ATTENTION_TMA=1, split schedule): a producer warp (the last) streams the block's
+    # keys, TILE at a time, into a ring of TMA_STAGES stages in shared memory with one bulk copy
+    # (cp.async.bulk) a K or V row, completing on the stage's "full" mbarrier; each consumer warp
+    # takes 16 keys of every tile and releases the stage on its "empty" mbarrier. Rows are padded to
+    # ROW_BYTES = 2 D + 16 and the lanes' columns chosen so no two lanes of a quarter warp read the
+    # same bank: K chunks (8 columns) {2t, 2t+1, 2t+8, 2t+9}, V chunks {g, g+8} (D = 64: the first half).
+    tile = 16 * warps
+    row_bytes = 2 * head_dim + 16
+    row_words = row_bytes // 4
+    ring_bytes = TMA_STAGES * 2 * tile * row_bytes
+
+    def part_layouts():
+        """Each warp's (accumulator, max, sum) in shared memory."""
+        return (
+            cute.make_layout((warps, hpb, head_dim), stride=(hpb * head_dim, head_dim, 1)),
+            cute.make_layout((warps, hpb), stride=(hpb, 1)),
+            cute.make_layout((warps, hpb), stride=(hpb, 1)),
+        )
+
+    def align16(n):
+        return (n + 15) // 16 * 16
+
+    part_offsets = (
+        0,
+        align16(4 * warps * hpb * head_dim),
+        align16(4 * warps * hpb * head_dim) + align16(4 * warps * hpb),
+    )
+    part_bytes = part_offsets[2] + align16(4 * warps * hpb)
+
+    def k_chunks(t):
+        return [2 * t + 8 * j + c for j in range(head_dim // 64) for c in range(2)]
+
+    def v_chunks(g):
+        return [g + 8 * j for j in range(head_dim // 64)]
+
+    def tma_col(lane, i, half):
+        """The context column accumulator register i * 4 + 2 * half (+1) of `lane` holds (TMA walk)."""
+        return (lane // 4 + 8 * (i // 4)) * 8 + 2 * (i % 4) + half
+
+    def ring_words(ring32, stage, which, row, chunks):
+        """The words of `chunks` of row `row` of the K (which 0) or V (1) tile in ring stage `stage`."""
+        pieces = cute.logical_divide(ring32[stage, which, row, None], cute.make_layout(4))
+        out = []
+        for chunk in chunks:
+            v = pieces[None, chunk].load()
+            for j in range(4):
+                out.append(v[j])
+        return out
+
+    def bulk_copy(dst, src, mbar):
+        """One row (2 D bytes) from global `src` into shared `dst`, completing on mbarrier `mbar`."""
+        llvm.inline_asm(
+            None,
+            [dst.toint().ir_value(), src.toint().ir_value(), mbar.toint().ir_value()],
+            f"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], {2 * head_dim}, [$2];",
+            "r,l,r,~{memory}",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+
+    @cute.jit
+    def produce(key_cache, value_cache, ring32, bars, kv_head, start, last, tiles, lane):
+        """The producer warp: tile j of the block's keys into stage j % TMA_STAGES once the consumers
+        released it (rows past the block's keys repeat its last key: finite, masked)."""
+        for j in cutlass.range(0, tiles, 1):
+            stage = j % TMA_STAGES
+            cute.arch.mbarrier_wait(bars.iterator + TMA_STAGES + stage, ((j // TMA_STAGES) % 2) ^ 1)
+            if lane == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(bars.iterator + stage, 2 * tile * 2 * head_dim)
+            cute.arch.sync_warp()
+            for r in cutlass.range_constexpr(tile // WARP):
+                row = lane + WARP * r
+                key = cutlass.min(start + j * tile + row, last)
+                bulk_copy(
+                    ring32[stage, 0, row, None].iterator,
+                    key_cache[0, kv_head, key, None].iterator,
+                    bars.iterator + stage,
+                )
+                bulk_copy(
+                    ring32[stage, 1, row, None].iterator,
+                    value_cache[0, kv_head, key, None].iterator,
+                    bars.iterator + stage,
+                )
+
+    @cute.jit
+    def consume(qw, acc, ring32, bars, start, stop, tiles, warp, lane):
+        """A consumer warp: keys start + j TILE + 16 warp .. + 15 of every tile j; returns (m, lsum)."""
+        g = lane // 4
+        t = lane % 4
+        m = cutlass.Float32(NEG)
+        lsum = cutlass.Float32(0.0)
+        sc = cute.make_rmem_tensor((8,), cutlass.Float32)
+        for j in cutlass.range(0, tiles, 1):
+            stage = j % TMA_STAGES
+            cute.arch.mbarrier_wait(bars.iterator + stage, (j // TMA_STAGES) % 2)
+            first = 16 * warp
+            kw = [ring_words(ring32, stage, 0, first + kb * 8 + g, k_chunks(t)) for kb in range(2)]
+            vk = [ring_words(ring32, stage, 1, first + 2 * t + (r % 2) + 8 * (r // 2), v_chunks(g)) for r in range(4)]
+            cute.arch.sync_warp()  # every lane has its words: the stage may be refilled
+            if lane == 0:
+                cute.arch.mbarrier_arrive(bars.iterator + TMA_STAGES + stage)
+            m, lsum = mma_step(qw, kw, lambda vk=vk: vk, acc, sc, m, lsum, start + j * tile + first, stop, t)
+        return m, lsum
+
+    @cute.jit
+    def walk_tma(query, key_cache, value_cache, ring32, bars, part, head0, kv_head, token, start, stop):
+        """The block's keys [start, stop) through the shared-memory ring; the partials overwrite the
+        ring once every warp is done with it."""
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = tidx // WARP
+        lane = tidx % WARP
+        if tidx == 0:
+            for s in cutlass.range_constexpr(TMA_STAGES):
+                cute.arch.mbarrier_init(bars.iterator + s, 1)  # full: the producer's arrival and the bytes
+                cute.arch.mbarrier_init(bars.iterator + TMA_STAGES + s, warps)  # empty: each consumer warp
+            cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        tiles = cutlass.max((stop - start + tile - 1) // tile, 0)
+        acc = fresh_acc()
+        m = cutlass.Float32(NEG)
+        lsum = cutlass.Float32(0.0)
+        if warp == warps:
+            produce(key_cache, value_cache, ring32, bars, kv_head, start, cutlass.max(stop - 1, 0), tiles, lane)
+        else:
+            qw = load_q(query, head0, token, lane // 4, lane % 4, k_chunks(lane % 4))
+            m, lsum = consume(qw, acc, ring32, bars, start, stop, tiles, warp, lane)
+        cute.arch.sync_threads()  # the ring is read: the partials may overwrite it
+        if warp < warps:
+            store_partial(part, acc, m, lsum, warp, lane, tma_col)
 
     def row_end(length, token, new_tokens):
         """The keys row `token` attends: [0, end) (causal among the new tokens; never past the cache)."""
@@ -695,28 +875,35 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         used = used_splits(end, splits)
 
         smem = cutlass.memory.SmemAllocator()
-        part = (
-            smem.allocate_tensor(
-                cutlass.Float32, cute.make_layout((warps, hpb, head_dim), stride=(hpb * head_dim, head_dim, 1)), 16
-            ),
-            smem.allocate_tensor(cutlass.Float32, cute.make_layout((warps, hpb), stride=(hpb, 1)), 16),
-            smem.allocate_tensor(cutlass.Float32, cute.make_layout((warps, hpb), stride=(hpb, 1)), 16),
-        )  # each warp's (accumulator, max, sum)
         blk = (
             smem.allocate_tensor(cutlass.Float32, cute.make_layout((hpb, head_dim), stride=(head_dim, 1)), 16),
             smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16),
             smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16),
         )  # the block's (accumulator, max, sum)
         flag = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)  # FUSED: "this block merges"
+        ring = (flag, flag)  # TMA: (the ring as words, its mbarriers); else unused
+        if cutlass.const_expr(TMA):  # the warps' partials overwrite the ring once it is read
+            raw = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(max(ring_bytes, part_bytes)), 128)
+            bars = smem.allocate_tensor(cutlass.Int64, cute.make_layout(2 * TMA_STAGES), 16)
+            ring_layout = cute.make_layout(
+                (TMA_STAGES, 2, tile, row_words), stride=(2 * tile * row_words, tile * row_words, row_words, 1)
+            )
+            ring = (cute.make_tensor(cute.recast_ptr(raw.iterator, dtype=cutlass.Int32), ring_layout), bars)
+            part = tuple(
+                cute.make_tensor(cute.recast_ptr(raw.iterator + at, dtype=cutlass.Float32), layout)
+                for at, layout in zip(part_offsets, part_layouts())
+            )
+        else:
+            part = tuple(smem.allocate_tensor(cutlass.Float32, layout, 16) for layout in part_layouts())
         tensors = (query, key_cache, value_cache, context, workspace, counters)
         if cutlass.const_expr(split and SPLIT_KEYS > 0):
             if rank < used:  # the blocks past the row's split count exit here
-                attend(tensors, part, blk, flag, new_tokens, row, rank, end, used, splits)
+                attend(tensors, part, blk, flag, ring, new_tokens, row, rank, end, used, splits)
         else:
-            attend(tensors, part, blk, flag, new_tokens, row, rank, end, used, splits)
+            attend(tensors, part, blk, flag, ring, new_tokens, row, rank, end, used, splits)
 
     @cute.jit
-    def attend(tensors, part, blk, flag, new_tokens, row, rank, end, used, splits):
+    def attend(tensors, part, blk, flag, ring, new_tokens, row, rank, end, used, splits):
         """One block's share of row `row`: walk, merge its warps, then hand the result on (the
         context, a record for the merge, or the cluster's merge)."""
         query, key_cache, value_cache, context, workspace, counters = tensors
@@ -729,13 +916,18 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         # the warps past end get no keys and write an empty record, instead of every warp a part step
         parts = used * warps
         share = cutlass.max((end + parts - 1) // parts, cutlass.Int32(16 if use_mma else WARP))
-        start = (rank * warps + warp) * share
-        stop = cutlass.min(start + share, end)
-        part_acc, part_m, part_l = part
-        if cutlass.const_expr(use_mma):
-            walk_mma(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop)
-        else:
-            walk_scalar(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop)
+        if cutlass.const_expr(TMA):  # the block's keys, one contiguous share, through the ring
+            start = rank * warps * share
+            stop = cutlass.min(start + warps * share, end)
+            walk_tma(query, key_cache, value_cache, ring[0], ring[1], part, head0, kv_head, token, start, stop)
+        else:  # each warp its own contiguous share
+            start = (rank * warps + warp) * share
+            stop = cutlass.min(start + share, end)
+            if cutlass.const_expr(use_mma):
+                walk_mma(query, key_cache, value_cache, part, head0, kv_head, token, start, stop)
+            else:
+                part_acc, part_m, part_l = part
+                walk_scalar(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop)
         if cutlass.const_expr(PDL and not PDL_EARLY):
             # the walk's reads are done: the next kernel may launch (it still waits for all of this
             # one), so its blocks do not sit on the SMs while this one streams. On the H200 that
@@ -948,6 +1140,13 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
             merge_records(workspace, context, row, g, d, used, splits, (row // new_tokens) * hpb, token)
 
     smem_bytes = 4 * (hpb * head_dim + warps * hpb * head_dim + 2 * warps * hpb + 2 * hpb) + 16 * 9
+    if TMA:  # the ring (the partials inside it), its mbarriers, alignment
+        smem_bytes = 4 * (hpb * head_dim + 2 * hpb) + 16 * 4 + max(ring_bytes, part_bytes) + 128 + 16 * TMA_STAGES + 16
+        if smem_bytes > 227 * 1024:  # an sm_90 block's most
+            raise ValueError(
+                f"CUTEDSL_ATTENTION_TMA_STAGES={TMA_STAGES} with {warps} warps needs {smem_bytes // 1024} KB of "
+                "shared memory a block (at most 227 KB); use fewer stages or warps"
+            )
 
     @cute.jit
     def run(
@@ -1258,6 +1457,7 @@ def main(argv=None):
         if SPLIT_KEYS:
             blocks += f", splits from the length ({SPLIT_KEYS} keys a warp)"
         blocks += ", merged by the last block" if FUSED else ""
+        blocks += f", bulk copies through a ring of {TMA_STAGES} stages" if TMA else ""
     else:
         blocks = f"cluster {CLUSTER}"
     launch = ", dependents launched early" if PDL_EARLY else ("" if PDL else ", plain launch")

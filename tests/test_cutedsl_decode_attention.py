@@ -255,6 +255,33 @@ def _ptx(tmp_path: Path, name: str, rp: Path, **env: str) -> tuple[str, str]:
 
 
 @needs_cute
+def test_the_tma_walk_streams_rows_by_bulk_copies_on_mbarriers(tmp_path):
+    """CUTEDSL_ATTENTION_TMA=1: a producer warp issues one bulk copy (cp.async.bulk) a K or V row
+    into the shared-memory ring, completing on mbarriers (a "full" one a stage, armed with the stage's
+    bytes; an "empty" one a stage the consumers arrive on), after the wait for the kernel before;
+    the consumers read the ring with 16-byte shared loads. Without a workspace it is refused."""
+    ws = 32 * 32 * 131 * 4
+    rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=ws))
+    out, text = _ptx(tmp_path, "tma", rp, CUTEDSL_ATTENTION_TMA="1")
+    assert "bulk copies through a ring of 3 stages, 4 warps" in out
+    lines = text.splitlines()
+    copies = [
+        i for i, t in enumerate(lines) if "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in t
+    ]
+    assert copies and all(", 256, [" in lines[i] for i in copies)  # a row of 128 bf16
+    arms = [i for i, t in enumerate(lines) if "mbarrier.arrive.expect_tx" in t]  # a stage's 64 K and V rows
+    assert arms and any(t.strip().endswith(f", {2 * 64 * 256};") for t in lines)
+
+    assert sum("mbarrier.init" in t for t in lines) == 6  # 3 stages, full and empty
+    wait = next(i for i, t in enumerate(lines) if "griddepcontrol.wait" in t)
+    assert wait < min(copies)
+    assert any("ld.shared.v4" in t for t in lines)
+    plain_rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128), "plain")
+    r = run_script("--selection", plain_rp, "--output", tmp_path / "x.so", CUTEDSL_ATTENTION_TMA="1")
+    assert r.returncode != 0 and "CUTEDSL_ATTENTION_TMA=1 needs the split schedule" in r.stderr
+
+
+@needs_cute
 def test_the_fused_merge_is_one_kernel_that_counts_after_a_fence(tmp_path):
     """CUTEDSL_ATTENTION_FUSED_MERGE=1: no merge kernel; every block fences its record stores before
     it counts itself in the row's counter (an atomic add), and the last block fences again before it
@@ -348,6 +375,14 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
         "CUTEDSL_ATTENTION_MMA": "0",
         "CUTEDSL_ATTENTION_SPLIT_KEYS": "32",
     },
+    # keys streamed through a shared-memory ring by bulk copies (a producer warp, mbarriers)
+    "split-tma": {"CUTEDSL_ATTENTION_TMA": "1"},
+    "split-tma-2-stages-fused-keys": {
+        "CUTEDSL_ATTENTION_TMA": "1",
+        "CUTEDSL_ATTENTION_TMA_STAGES": "2",
+        "CUTEDSL_ATTENTION_FUSED_MERGE": "1",
+        "CUTEDSL_ATTENTION_SPLIT_KEYS": "16",
+    },
 }
 # the partial results a head the receipt's workspace holds at one new token, by schedule: 2 leaves
 # 3 new tokens one split (the blocks write the context themselves); 7 of 7 leaves them 2 each
@@ -359,6 +394,8 @@ WORKSPACE_SPLITS = {
     "split-fused": 32,
     "split-fused-keys-early": 32,
     "split-fused-7-scalar-keys": 7,
+    "split-tma": 32,
+    "split-tma-2-stages-fused-keys": 16,
 }
 
 
@@ -468,7 +505,10 @@ def test_gpu_matches_the_reference(gpu_kernels, shape, new_tokens, schedule):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch", "split", "split-keys", "split-fused"])
+@pytest.mark.parametrize(
+    "schedule",
+    ["mma", "mma-prefetch", "split", "split-keys", "split-fused", "split-tma", "split-tma-2-stages-fused-keys"],
+)
 def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
     """Shares of many steps a warp (8192 keys over 64 warps, or 256 with 32 splits), where the test
     above has 1 to 4: the walk that loads a step ahead carries its buffer across many steps."""
@@ -494,7 +534,7 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["per-group", "split", "split-fused-keys-early"])
+@pytest.mark.parametrize("schedule", ["per-group", "split", "split-fused-keys-early", "split-tma"])
 def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels, schedule):
     """No host sync: the length lives on the device, so a captured graph follows later lengths
     (split: both kernels, the walk and the merge, in the graph; fused: the split count changes with
