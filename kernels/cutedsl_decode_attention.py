@@ -41,6 +41,15 @@ With a workspace in the receipt: SPLITS blocks (no cluster) per (KV head, new to
 their partial result (fp32 context row, max, sum per head) to the workspace, and a second kernel
 merges each row's records in split order (deterministic, no atomics; the contents of the workspace
 on entry do not matter). A cluster caps a row at 8 (16) blocks; splits can fill the GPU.
+Split-schedule knobs (issue 31; benchmark variants until the H200 says which pays):
+CUTEDSL_ATTENTION_SPLIT_KEYS=N picks a row's split count at run time from the device length (blocks
+past it exit at once; one split writes the context itself, nothing merged); CUTEDSL_ATTENTION_FUSED_MERGE=1
+merges a row's records in the row's last block to finish, found by an atomic counter in the
+workspace (fences around it; split order kept, so the result is the merge kernel's bit for bit; the
+counter is set back to 0, and must be 0 before the first call: mcore zeroes a slot's workspace);
+CUTEDSL_ATTENTION_PDL=early lets the next kernel launch as soon as the wait returned;
+CUTEDSL_ATTENTION_TMA=1 streams each block's keys through a shared-memory ring filled by bulk copies
+(cp.async.bulk on mbarriers, a producer warp; see `walk_tma`).
 
 Numerics (mirroring mcore/flash_decode.py): products and sums in fp32; the softmax in fp32 (exp
 through ex2.approx); probabilities rounded to T for the product with V (the sum of probabilities is
@@ -914,7 +923,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         kv_head = head0 // group
         # at least one step of the walk a warp (16 keys on tensor cores, 32 scalar): at short lengths
         # the warps past end get no keys and write an empty record, instead of every warp a part step
-        parts = used * warps
+        parts = used * warps if split else CLUSTER * warps
         share = cutlass.max((end + parts - 1) // parts, cutlass.Int32(16 if use_mma else WARP))
         if cutlass.const_expr(TMA):  # the block's keys, one contiguous share, through the ring
             start = rank * warps * share
