@@ -138,10 +138,13 @@ def uses_workspace(name: str) -> bool:
     return "(no workspace" not in name and name.startswith("CuTe split")
 
 
-def export_variants(out: Path, receipt: Path, ws_receipt: Path) -> tuple[dict[str, Path], dict[str, float]]:
+def export_variants(
+    out: Path, receipt: Path, ws_receipt: Path, only: set[int] | None = None
+) -> tuple[dict[str, Path], dict[str, float]]:
     """Each of VARIANTS exported from `receipt` (`ws_receipt`: those with a workspace) as
     out/attn-<index>.so, side by side (each export is a single-threaded CPU-bound compile; the H200
-    box has 16 cores): {name: DSO} in VARIANTS order for those that exported, {name: seconds}."""
+    box has 16 cores; `only`: those indices): {name: DSO} in VARIANTS order for those that exported,
+    {name: seconds}."""
     dsos: dict[str, Path] = {}
     export_s: dict[str, float] = {}
     script = shipped_exporter("cutedsl-decode-attention")
@@ -160,12 +163,15 @@ def export_variants(out: Path, receipt: Path, ws_receipt: Path) -> tuple[dict[st
             print(f"[build] {name}: export failed: {r.stderr.strip()[-400:]}", flush=True)
 
     with ThreadPoolExecutor(max_workers=min(len(VARIANTS), os.cpu_count() or 4)) as pool:
-        list(pool.map(export, enumerate(VARIANTS.items())))
+        list(pool.map(export, [(i, item) for i, item in enumerate(VARIANTS.items()) if only is None or i in only]))
     return {name: dsos[name] for name in VARIANTS if name in dsos}, export_s
 
 
-def build(out: Path, capacity: int, native: bool) -> tuple[Path, dict[str, tuple[Path, str]], dict[str, Path]]:
-    """The native bundle, {"plain" | "workspace": (slot bundle, its ABI hash)}, the exported DSOs."""
+def build(
+    out: Path, capacity: int, native: bool, only: set[int] | None = None
+) -> tuple[Path, dict[str, tuple[Path, str]], dict[str, Path]]:
+    """The native bundle, {"plain" | "workspace": (slot bundle, its ABI hash)}, the exported DSOs
+    (`only`: of those VARIANTS indices)."""
     cfg = write_config_folder(out / "qwen3-8b-config")
     shutil.copy(materialize("qwen3-tiny") / "tokenizer.json", cfg)
     args = BuildArgs(model=str(cfg), weights="random", precision="bf16", max_cache_length=capacity)
@@ -177,7 +183,7 @@ def build(out: Path, capacity: int, native: bool) -> tuple[Path, dict[str, tuple
         args, out / "attn-ws.bundle", recipe=(RECIPE, "all-instances"), device=DEV, workspace_bytes=WORKSPACE
     )
     build_s = time.perf_counter() - t
-    dsos, export_s = export_variants(out, slot.receipt_paths[0], ws.receipt_paths[0])
+    dsos, export_s = export_variants(out, slot.receipt_paths[0], ws.receipt_paths[0], only)
     emit(out, "build", {"slots": len(slot.receipts), "build_s": build_s, "export_s": export_s})
     dsos = precheck(out, dsos, capacity)
     slots = {
@@ -330,10 +336,11 @@ def flashinfer_rows(s: Setup, fi: Any, capacity: int) -> dict[str, dict]:
         own = [(k[0, :, : s.n].contiguous(), v[0, :, : s.n].contiguous()) for k, v in s.caches]
         return (lambda i: run(s.q, *own[i])), (lambda: run(s.q, *own[0]))
 
+    # the tensor-core row last: its JIT module (FlashInfer's prefill kernels) takes the longest to build
     attempt("FlashInfer paged decode (fa2, pages of 16, host plan per context)", lambda: paged(False, False))
-    attempt("FlashInfer paged decode, tensor cores (fa2, host plan per context)", lambda: paged(True, False))
     attempt("FlashInfer single decode (own contiguous cache of n keys)", single)
     attempt("FlashInfer paged decode planned for the capacity, length from the device", lambda: paged(False, True))
+    attempt("FlashInfer paged decode, tensor cores (fa2, host plan per context)", lambda: paged(True, False))
     return rows
 
 
@@ -366,18 +373,20 @@ def flashinfer_child(out: Path, a: argparse.Namespace, timeout: float) -> None:
     process's CUDA context), merged into the kernel table."""
     cmd = [sys.executable, __file__, str(out), "--flashinfer-rows", "--contexts", a.contexts]
     cmd += ["--capacity", str(a.capacity)] + (["--flashinfer", a.flashinfer] if a.flashinfer else [])
+    found = out / "flashinfer.json"
+    found.unlink(missing_ok=True)
+    late = ""
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         print(r.stdout[-3000:] + r.stderr[-2000:], flush=True)
+        why = f"exit {r.returncode}: {r.stderr.strip()[-300:]}"
     except subprocess.TimeoutExpired:
-        emit(out, "flashinfer", f"rows not measured: the child process ran past {timeout:.0f} s")
-        return
-    found = out / "flashinfer.json"
-    if not found.is_file():
-        emit(out, "flashinfer", f"rows not measured (exit {r.returncode}): {r.stderr.strip()[-300:]}")
+        why = late = f"the child process ran past {timeout:.0f} s"
+    if not found.is_file():  # it writes the file after each context: what it finished still counts
+        emit(out, "flashinfer", f"rows not measured ({why})")
         return
     got = json.loads(found.read_text())
-    emit(out, "flashinfer", got["note"])
+    emit(out, "flashinfer", got["note"] + (f"; stopped: {late}" if late else ""))
     k = RESULTS.get("kernel")
     if k and got["rows"]:
         for row in k["rows"]:
@@ -608,11 +617,14 @@ def flashinfer_warm(archive: str | None) -> int:
     q = torch.randn(1, kv * group, 1, d, device="cuda").to(torch.bfloat16)
     k, v = (torch.randn(1, kv, cap, d, device="cuda").to(torch.bfloat16) for _ in range(2))
     out = torch.empty_like(q)
-    for tensor_cores in (False, True):
+    for tensor_cores in (False, True):  # the tensor-core module (prefill kernels) last: the longest build
         p = flashinfer_attention.PagedDecode(fi, kv, cap, d, group, tensor_cores)
         p.plan(100)
         p(q, k, v, out)
-    flashinfer_attention.single_decode(fi)(q, k[0, :, :100].contiguous(), v[0, :, :100].contiguous())
+        if not tensor_cores:
+            flashinfer_attention.single_decode(fi)(q, k[0, :, :100].contiguous(), v[0, :, :100].contiguous())
+        torch.cuda.synchronize()
+        print(f"[flashinfer-warm] {'tensor cores' if tensor_cores else 'paged and single'} ready", flush=True)
     torch.cuda.synchronize()
     print(f"[flashinfer-warm] built and ran in {time.perf_counter() - t:.0f} s", flush=True)
     return 0
@@ -663,7 +675,8 @@ def main() -> None:
         flashinfer_main(out, contexts, a.capacity, a.flashinfer)
         return
     parts = a.parts.split(",")
-    native, slots, dsos = build(out, a.capacity, "pipelines" in parts)
+    only = None if "kernel" in parts or not a.bind.isdigit() else {int(a.bind)}  # pipelines alone: the bound one
+    native, slots, dsos = build(out, a.capacity, "pipelines" in parts, only)
     bound = {"variant": int(a.bind) if a.bind.isdigit() else BIND}
 
     def kernel_part() -> None:
