@@ -63,6 +63,9 @@ RESULTS: dict = {}
 DEV = "cuda"  # a CPU smoke run (tests nothing about speed) sets this to "cpu"
 START = time.monotonic()
 PIPELINES_S = 200  # what the pipelines part needs: two 36-layer compiled pipelines and the step timing
+# FlashInfer's tensor-core decode row (--flashinfer-tensor-cores): off by default, its JIT build (the
+# prefill kernels, 10 files) took 20 minutes of nvcc on a 2-core machine, about 4 minutes on the GPU box
+TENSOR_CORES = False
 
 
 def emit(out: Path, key: str, value) -> None:
@@ -336,11 +339,11 @@ def flashinfer_rows(s: Setup, fi: Any, capacity: int) -> dict[str, dict]:
         own = [(k[0, :, : s.n].contiguous(), v[0, :, : s.n].contiguous()) for k, v in s.caches]
         return (lambda i: run(s.q, *own[i])), (lambda: run(s.q, *own[0]))
 
-    # the tensor-core row last: its JIT module (FlashInfer's prefill kernels) takes the longest to build
     attempt("FlashInfer paged decode (fa2, pages of 16, host plan per context)", lambda: paged(False, False))
     attempt("FlashInfer single decode (own contiguous cache of n keys)", single)
     attempt("FlashInfer paged decode planned for the capacity, length from the device", lambda: paged(False, True))
-    attempt("FlashInfer paged decode, tensor cores (fa2, host plan per context)", lambda: paged(True, False))
+    if TENSOR_CORES:  # its JIT module is FlashInfer's prefill kernels: 10 files, 20 core-minutes of nvcc
+        attempt("FlashInfer paged decode, tensor cores (fa2, host plan per context)", lambda: paged(True, False))
     return rows
 
 
@@ -373,6 +376,7 @@ def flashinfer_child(out: Path, a: argparse.Namespace, timeout: float) -> None:
     process's CUDA context), merged into the kernel table."""
     cmd = [sys.executable, __file__, str(out), "--flashinfer-rows", "--contexts", a.contexts]
     cmd += ["--capacity", str(a.capacity)] + (["--flashinfer", a.flashinfer] if a.flashinfer else [])
+    cmd += ["--flashinfer-tensor-cores"] if a.flashinfer_tensor_cores else []
     found = out / "flashinfer.json"
     found.unlink(missing_ok=True)
     late = ""
@@ -617,7 +621,7 @@ def flashinfer_warm(archive: str | None) -> int:
     q = torch.randn(1, kv * group, 1, d, device="cuda").to(torch.bfloat16)
     k, v = (torch.randn(1, kv, cap, d, device="cuda").to(torch.bfloat16) for _ in range(2))
     out = torch.empty_like(q)
-    for tensor_cores in (False, True):  # the tensor-core module (prefill kernels) last: the longest build
+    for tensor_cores in (False, True) if TENSOR_CORES else (False,):
         p = flashinfer_attention.PagedDecode(fi, kv, cap, d, group, tensor_cores)
         p.plan(100)
         p(q, k, v, out)
@@ -648,6 +652,9 @@ def parse() -> argparse.Namespace:
     )
     ap.add_argument("--flashinfer-warm", action="store_true", help="only JIT-build FlashInfer's modules, then exit")
     ap.add_argument("--no-flashinfer", action="store_true", help="no FlashInfer rows")
+    ap.add_argument(
+        "--flashinfer-tensor-cores", action="store_true", help="also FlashInfer's tensor-core row (slow JIT)"
+    )
     ap.add_argument("--flashinfer-rows", action="store_true", help=argparse.SUPPRESS)  # internal: the child
     ap.add_argument(
         "--budget", type=float, default=math.inf, help="seconds this run may take: pipelines skipped if short"
@@ -663,7 +670,9 @@ def parse() -> argparse.Namespace:
 
 
 def main() -> None:
+    global TENSOR_CORES
     a = parse()
+    TENSOR_CORES = a.flashinfer_tensor_cores
     if a.precheck:
         sys.exit(precheck_one(a.precheck, a.capacity, a.workspace))
     if a.flashinfer_warm:
