@@ -240,11 +240,11 @@ def _add_fusion(report: dict[str, Any], pipe: Any, role: str, prepared: Any, inp
 
 
 def _profile_compiled(pipe: Any, role: str, inputs: tuple, steps: int, progress: Progress) -> dict[str, Any]:
-    from .profile_compiled import HOW, compile_traced, time_step
+    from .profile_compiled import HOW, time_step
 
     dev = pipe.device
     facts = device_facts(dev)
-    step = compile_traced(pipe.runners[role].prepared, dev, inputs, role != "prefill", progress.part(0.0, 0.6))
+    step = _compiled_step(pipe, role, inputs, progress)
     progress.report(f"timing {role}'s kernels over {steps} step(s)", 0.6)
     with torch.no_grad():
         times, step_s, how = time_step(step, inputs, steps)
@@ -279,6 +279,21 @@ def _profile_compiled(pipe: Any, role: str, inputs: tuple, steps: int, progress:
     )
     _rank(report, snap, pipe.manifest, split_input, times.between / max(1, len(kernels)))
     return report
+
+
+def _compiled_step(pipe: Any, role: str, inputs: tuple, progress: Progress) -> Any:
+    """The role compiled for profiling, once per pipeline and input shapes: a decode step reads its
+    context from a device tensor, so profiles at several contexts share one compile (and CUDA graph)."""
+    from .engines.compiled import _signature
+    from .profile_compiled import compile_traced
+
+    cache = pipe.__dict__.setdefault("_profiled_roles", {})
+    key = (role, _signature(inputs))
+    if key not in cache:
+        cache[key] = compile_traced(
+            pipe.runners[role].prepared, pipe.device, inputs, role != "prefill", progress.part(0.0, 0.6)
+        )
+    return cache[key]
 
 
 def _describe(step: Any) -> str:

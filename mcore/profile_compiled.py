@@ -55,8 +55,8 @@ HOW = {
     "inside the graph's replays); between kernels: the graph step's device time minus those kernels",
     "eager": "device time of each kernel (CUDA profiler), the role run compiled without a CUDA graph; "
     "between kernels: the time no kernel covers",
-    "cpu": "CPU time of each kernel call's profiler range inside the compiled step; between kernels: "
-    "the rest of the step (the compiled wrapper's own work)",
+    "cpu": "CPU time of each kernel call's profiler range inside the compiled step (the step's wall time "
+    "from the same profiled steps); between kernels: the rest of the step (the compiled wrapper's own work)",
 }
 
 
@@ -133,24 +133,24 @@ def compile_traced(
 
 
 def time_cpu(step: CompiledStep, inputs: Sequence[torch.Tensor], steps: int) -> tuple[StepTimes, float, str]:
-    """(the median step's kernel times, the unprofiled step's median wall time, how)."""
+    """(the median step's kernel times, the median step's wall time, how). Both come from the same
+    profiled steps: on a shared CPU the load swings from one moment to the next, and the profiler's
+    own cost per kernel range is then in the step as in its kernels."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     run = step.runner
     for _ in range(2):
         run(*inputs)
     walls = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        run(*inputs)
-        walls.append(time.perf_counter() - t)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps + 1):  # the first profiled step carries the profiler's start-up
+            t = time.perf_counter()
             with record_function(STEP_RANGE):
                 run(*inputs)
+            walls.append(time.perf_counter() - t)
     ranges, _ = host_events(prof)
     times = [host_step(r, step.names) for r in ranges[1:]]
-    return median_step(times), statistics.median(walls), "cpu"
+    return median_step(times), statistics.median(walls[1:]), "cpu"
 
 
 def _profiled(fn: Callable[[], Any], device: torch.device, host: bool = True) -> Any:
@@ -204,8 +204,9 @@ def time_cuda(step: CompiledStep, inputs: Sequence[torch.Tensor], steps: int) ->
             torch.cuda.synchronize(device)
             walls.append(time.perf_counter() - t)
         return median_step(eager), statistics.median(walls), "eager"
-    run._warm(inputs, 2)
-    run.graphs[_signature(inputs)] = _Replay.capture(run, inputs)  # as CompiledRoleRunner.prepare captures
+    if _signature(inputs) not in run.graphs:  # as CompiledRoleRunner.prepare captures
+        run._warm(inputs, 2)
+        run.graphs[_signature(inputs)] = _Replay.capture(run, inputs)
     step_s = device_seconds(lambda: run(*inputs), device)
     assert step_s is not None
     t = time.perf_counter()

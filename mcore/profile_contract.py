@@ -204,6 +204,10 @@ def check_profile(data: Any) -> None:
     _fields(data["bundle"], {"model": _str, "fingerprint": _str, "build_args": _any_obj}, "bundle.")
     _fields(data["device"], DEVICE, "device.", DEVICE_OPT)
     _fields(data["versions"], {"mcore": _str, "torch": _str, "cuda": _opt(_str)}, "versions.")
+    compiled = data["engine"]["name"] == "compiled"
+    for key in ("between_kernels", "kernels", "kernel_seconds"):  # a compiled step's timeline, all or none
+        if (data[key] is None) == compiled:
+            raise _Bad(key, "must be given for engine compiled" if compiled else "must be null for engine torch")
     if data["between_kernels"] is not None:
         _fields(data["between_kernels"], BETWEEN, "between_kernels.")
     _rows(data, "nodes", NODE)

@@ -34,8 +34,9 @@ def head_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"step {_ms(step)}; attributed {_ms(total)}{ratio} over {len(report['nodes'])} nodes")
         return lines
     between = report["between_kernels"]
+    clock = "device time" if dev["type"] == "cuda" else "wall clock"
     lines.append(
-        f"step {_ms(step)} (device time); attributed {_ms(total)}{ratio}: kernels "
+        f"step {_ms(step)} ({clock}); attributed {_ms(total)}{ratio}: kernels "
         f"{_ms(report['kernel_seconds'])} in {len(report['kernels'])} calls, between kernels "
         f"{_ms(between['seconds'])} ({between['share']:.1%}, {between['gaps']} gaps)"
         + (
@@ -114,7 +115,7 @@ def check_comparable(a: dict[str, Any], b: dict[str, Any], labels: Sequence[str]
         if get(a) != get(b):
             raise UserError(
                 f"{labels[0]} profiles {what} {get(a)!r} but {labels[1]} {what} {get(b)!r}: profile both with "
-                f"the same --{what if what != 'device' else 'device'} to compare them"
+                f"the same --{what} to compare them region by region"
             )
 
 
@@ -122,10 +123,17 @@ def diff_lines(a: dict[str, Any], b: dict[str, Any], labels: Sequence[str] = ("a
     """Two checked profiles (say native and with a kernel bound), region by region: b minus a."""
     check_comparable(a, b, labels)
     ctx = [p["context"] for p in (a, b)]
+    where = (
+        "" if ctx == [None, None] else f", context {ctx[0]}" if ctx[0] == ctx[1] else f", context {ctx[0]} vs {ctx[1]}"
+    )
     lines = [
-        f"engine {a['engine']['name']}, role {a['role']}"
-        + (f", context {ctx[0]}" if ctx[0] == ctx[1] else f", context {ctx[0]} vs {ctx[1]}"),
-        _delta("step (device time)" if a["between_kernels"] else "step", a["step_seconds"], b["step_seconds"], labels),
+        f"engine {a['engine']['name']}, role {a['role']}{where}",
+        _delta(
+            "step (device time)" if a["device"]["type"] == "cuda" and a["between_kernels"] else "step",
+            a["step_seconds"],
+            b["step_seconds"],
+            labels,
+        ),
         _delta("attributed", a["attributed_seconds"], b["attributed_seconds"], labels),
     ]
     if a["between_kernels"] and b["between_kernels"]:
