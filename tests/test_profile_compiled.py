@@ -180,3 +180,34 @@ def test_diff_of_native_and_kernel_bound_compiled_profiles(built, mcore, tmp_pat
     )
     assert r.code == 0, r
     assert_user_error(mcore("profile", "diff", native, tmp_path / "t.json"), "engine 'compiled'", "engine 'torch'")
+
+
+@pytest.mark.gpu
+@pytest.mark.timing
+def test_gpu_compiled_profile_accounts_for_the_steps_device_time(tmp_path):
+    """On CUDA the default profile is the compiled engine's: each kernel timed in the decode step's
+    CUDA-graph replays, and kernels plus the time between them within 5% of the step's device time
+    measured apart (CUDA events over back-to-back replays, as `mcore run --benchmark` measures it)."""
+    import torch
+
+    from mcore.build import build_bundle
+    from mcore.buildargs import BuildArgs
+    from mcore.fileio import write_json
+    from mcore.pipeline import DecoderPipeline
+    from mcore.profile import profile_pipeline
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    args = BuildArgs(model="demo:qwen3-tiny", precision="bf16", max_cache_length=256)
+    res = build_bundle(args, tmp_path / "q.bundle", device="cuda")
+    pipe = DecoderPipeline(str(res.bundle_path), device="cuda", engine="torch")
+    p = profile_pipeline(pipe, "decode", 100, 5)
+    assert p["engine"]["name"] == "compiled" and "replayed as a CUDA graph" in p["engine"]["how"]
+    assert p["timing"].startswith("device time of each kernel in the step's CUDA-graph replays"), p["timing"]
+    _consistent(p)
+    step, total = p["step_seconds"], p["attributed_seconds"]
+    assert abs(total - step) <= 0.05 * step, (step, total, p["kernel_seconds"], p["between_kernels"])
+    assert all(k["device_kernels"] for k in p["kernels"] if k["seconds"] > 0)
+    assert any(k["kernel"] == "torch.ops.mcore.gemv.default" for k in p["kernels"])  # the engine's one-row products
+    write_json(tmp_path / "p.json", p)
+    assert load_profile(tmp_path / "p.json")["kernels"] == p["kernels"]
