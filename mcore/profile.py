@@ -35,11 +35,13 @@ from .errors import UserError
 from .gemv import enabled as gemv_enabled
 from .profile_attribution import (
     CANDIDATE_BINDING,
+    VIEWS,
     TrafficInterpreter,
     candidates,
     expansion,
     graph_rows,
     module_rows,
+    op_of,
     rates,
     recipe_rows,
 )
@@ -251,7 +253,7 @@ def _profile_compiled(pipe: Any, role: str, inputs: tuple, steps: int, progress:
         progress.report("attributing kernels to graph nodes", 0.9)
         traffic = TrafficInterpreter(step.prepared.gm)
         traffic.run(*step.prepared.state_args, *inputs)
-    kernels, charges = _kernel_rows(step, times, traffic, facts)
+    kernels, charges = _kernel_rows(step, times, traffic)
     snap = pipe.snapshots[role]
     expand = expansion(step.prepared.gm, snap)
     report = _report(pipe, role, charges, expand, facts, extra=times.between + times.unmapped)
@@ -306,14 +308,12 @@ def _describe(step: Any) -> str:
     return how + f", {len(step.kernels)} kernel calls"
 
 
-def _kernel_rows(step: Any, times: Any, traffic: TrafficInterpreter, facts: dict) -> tuple[list[dict], list[tuple]]:
+def _kernel_rows(step: Any, times: Any, traffic: TrafficInterpreter) -> tuple[list[dict], list[tuple]]:
     """One row per kernel call (time, what it moves and computes) and the charges of its nodes: the
     kernel's time and bytes shared by the bytes each node moves on its own, its FLOPs by node."""
     from .profile_compiled import kernel_bytes
 
     gm = step.prepared.gm
-    from .profile_attribution import VIEWS, op_of
-
     views = {n.name for n in gm.graph.nodes if n.op == "call_function" and op_of(n) in VIEWS}
     rows, charges = [], []
     for i, k in enumerate(step.kernels):

@@ -22,7 +22,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import fx
@@ -30,7 +30,7 @@ from torch import fx
 from .engines.compiled import CompiledEngine, CompiledRoleRunner, compile_options, fuse_projections
 from .engines.fusion import fuse_sibling_projections
 from .engines.gemv_pass import use_gemv
-from .engines.kernel_map import EXTERN_PREFIXES, provenance_trace, read_provenance
+from .engines.kernel_map import provenance_trace, read_provenance
 from .engines.prepared import PreparedGraph
 from .engines.slots import SlotCall
 from .gemv import enabled as gemv_enabled
@@ -275,11 +275,3 @@ def kernel_bytes(
 def _in_place(n: fx.Node) -> bool:
     schema = getattr(n.target, "_schema", None)
     return schema is not None and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-
-
-def is_extern(kernel: str) -> bool:
-    return kernel.startswith(EXTERN_PREFIXES)
-
-
-def step_devices(times: StepTimes, i: int) -> Optional[list[str]]:
-    return times.device_names[i] if times.device_names else None
