@@ -7,8 +7,8 @@ where the engine uses it, the engine's Inductor options) and compiled once more 
 provenance tracing (engines/kernel_map.py), bypassing the compiled-code caches. A fixed-shape role on
 CUDA is captured as a CUDA graph as the engine captures it and its replays are what is timed.
 
-Timing (profile_trace.py): on CUDA the device activities of back-to-back graph replays, matched by
-position to what the same code launched without the graph (whose launches the profiler links to
+Timing (profile_trace.py): on CUDA the device activities of back-to-back graph replays, aligned by
+name with what the same code launched without the graph (whose launches the profiler links to
 their kernel calls); where the profiler shows no kernels inside the replays, the kernels are timed
 without the graph and the step's device time minus their sum is the time between kernels. On the
 CPU each kernel call's profiler range (C++ kernels mark themselves) inside the compiled step.
@@ -40,7 +40,6 @@ from .profile_trace import (
     device_events,
     device_step,
     host_events,
-    host_name,
     host_step,
     launch_sequence,
     median_step,
@@ -220,7 +219,7 @@ def time_cuda(step: CompiledStep, inputs: Sequence[torch.Tensor], steps: int) ->
         for _ in range(steps + 1):
             run(*inputs)
 
-    sequence = [(d.name, c, c is not None and host_name(step.names[c])[1]) for d, c in seq]
+    sequence = [(d.name, c) for d, c in seq]
     replayed = replay_steps(sequence, device_events(_profiled(replays, device, host=False)), len(step.names))
     if replayed:
         return median_step(replayed), step_s, "replay"

@@ -11,9 +11,9 @@ Each call is found in the trace as the profiler sees it:
   bookkeeping) is host work between kernels.
 - on CUDA, each device activity (kernel, copy, fill) is linked by the profiler's correlation to the
   host op that launched it, and so to the call whose range holds that op. Replaying a CUDA graph
-  launches no host op per kernel, so the graph's kernels are matched by position to the sequence the
-  same compiled code launched without the graph (the same kernels, in the same order, on one
-  stream); generated kernels must match by name too.
+  launches no host op per kernel, so each replayed step's activities are aligned by name with the
+  sequence the same compiled code launched without the graph (the same kernels in the same order on
+  one stream; a library may pick another kernel when captured, which then takes its call's place).
 
 Time on the device: kernels may overlap (programmatic dependent launch starts the next kernel while
 one drains), so each activity is charged only the part of its interval no earlier one covers, and
@@ -162,23 +162,45 @@ def launch_sequence(
     return out
 
 
-def windows(
-    sequence: Sequence[tuple[str, Optional[int], bool]], device: Sequence[DeviceEvent]
-) -> list[list[DeviceEvent]]:
-    """Runs of `device` (sorted by start) that repeat `sequence` — (name, call index, generated) per
-    activity — one per step: the same count, and the same name wherever the activity is a generated
-    kernel (a library may pick another kernel when captured). Steps cut short are skipped."""
-    n = len(sequence)
+def _head(names: Sequence[str]) -> list[str]:
+    """The shortest start of a step's activity names that occurs once in it: where a step begins."""
+    for k in range(1, min(len(names), 8) + 1):
+        head = list(names[:k])
+        if sum(list(names[i : i + k]) == head for i in range(len(names) - k + 1)) == 1:
+            return head
+    return list(names[: min(len(names), 8)])
+
+
+def windows(sequence: Sequence[tuple[str, Optional[int]]], device: Sequence[DeviceEvent]) -> list[list[DeviceEvent]]:
+    """The steps in a trace of back-to-back replays (activities sorted by start): each from one
+    occurrence of the step's first activities (`sequence`: (name, call index) per activity of the
+    step as launched without the graph) to the next. A step cut short at its start is not one; the
+    last holds the trace's tail and is left out (where its next step would start is unknown)."""
     acts = sorted(device, key=lambda d: d.start)
-    out: list[list[DeviceEvent]] = []
-    i = 0
-    while n and i + n <= len(acts):
-        run = acts[i : i + n]
-        if all(not gen or a.name == name for a, (name, _, gen) in zip(run, sequence)):
-            out.append(run)
-            i += n
-        else:
-            i += 1
+    head = _head([name for name, _ in sequence])
+    if not head:
+        return []
+    names = [a.name for a in acts]
+    starts = [i for i in range(len(acts) - len(head) + 1) if names[i : i + len(head)] == head]
+    return [acts[a:b] for a, b in zip(starts, starts[1:])]
+
+
+def assign(sequence: Sequence[tuple[str, Optional[int]]], run: Sequence[DeviceEvent]) -> list[Optional[int]]:
+    """The kernel call of each activity of a replayed step: aligned by name with the same step's
+    launches without the graph (difflib). Where a library picked other kernels under capture, the
+    replaced run is the call's when the launches it replaces were all one call's; anything else
+    (an activity the eager run lacks) is charged to no call."""
+    import difflib
+
+    ref = [name for name, _ in sequence]
+    calls = [c for _, c in sequence]
+    out: list[Optional[int]] = [None] * len(run)
+    matcher = difflib.SequenceMatcher(None, ref, [a.name for a in run], autojunk=False)
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            out[j1:j2] = calls[i1:i2]
+        elif op == "replace" and len(set(calls[i1:i2])) == 1:
+            out[j1:j2] = [calls[i1]] * (j2 - j1)
     return out
 
 
@@ -208,21 +230,19 @@ def device_step(
 
 
 def replay_steps(
-    sequence: Sequence[tuple[str, Optional[int], bool]], device: Sequence[DeviceEvent], n_calls: int
+    sequence: Sequence[tuple[str, Optional[int]]], device: Sequence[DeviceEvent], n_calls: int
 ) -> list[StepTimes]:
-    """The steps of back-to-back replays: every window but the last is charged up to the next one's
-    start when it follows directly (the last is dropped when others remain: its tail is unknown)."""
-    runs = windows(sequence, device)
+    """The steps of back-to-back replays, each charged up to the next one's first activity; empty
+    where fewer than nine in ten of a step's activities align with its launches without the graph."""
     acts = sorted(device, key=lambda d: d.start)
     position = {id(a): i for i, a in enumerate(acts)}
-    calls = [c for _, c, _ in sequence]
     out = []
-    for k, run in enumerate(runs):
-        nxt = runs[k + 1] if k + 1 < len(runs) else None
-        follows = nxt is not None and position[id(nxt[0])] == position[id(run[-1])] + 1
-        if nxt is None and runs[:-1]:
-            break
-        out.append(device_step(run, calls, n_calls, nxt[0].start if follows and nxt else None))
+    for run in windows(sequence, acts):
+        calls = assign(sequence, run)
+        if sum(c is not None for c in calls) < 0.9 * sum(c is not None for _, c in sequence):
+            return []
+        nxt = acts[position[id(run[-1])] + 1]
+        out.append(device_step(run, calls, n_calls, nxt.start))
     return out
 
 

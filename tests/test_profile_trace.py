@@ -111,9 +111,10 @@ def test_overlapping_kernels_are_charged_once_and_gaps_are_between_kernels():
 
 def test_replays_are_found_by_their_launch_sequence():
     """A replay trace: a spin first, activities lost at the session's start (the first step cut
-    short), then whole steps back to back. Generated kernels must match by name; a library kernel
-    (extern call) may differ under capture; the last step is dropped (its tail is unknown)."""
-    seq = [("triton_a", 0, True), ("libgemm_x", 1, False), ("triton_b", 2, True)]
+    short), then whole steps back to back. Each step runs from one occurrence of the step's first
+    kernel to the next (the last is left out: its tail is unknown); activities align by name with
+    the launches without the graph, a library kernel that differs under capture taking its call's."""
+    seq = [("triton_a", 0), ("libgemm_x", 1), ("triton_b", 2)]
     acts = [DeviceEvent("spin", 0, 50 * US)]
     acts += [DeviceEvent("libgemm_x", 51 * US, 60 * US), DeviceEvent("triton_b", 60 * US, 61 * US)]  # cut short
     t0 = 100 * US
@@ -124,13 +125,32 @@ def test_replays_are_found_by_their_launch_sequence():
             DeviceEvent("libgemm_y", base + 6 * US, base + 20 * US),  # another pick than the eager run's
             DeviceEvent("triton_b", base + 21 * US, base + 25 * US),
         ]
-    assert len(windows(seq, acts)) == 3
+    assert len(windows(seq, acts)) == 2
     steps = replay_steps(seq, acts, 3)
     assert len(steps) == 2
     for s in steps:
         assert s.calls == pytest.approx([5 * US, 14 * US, 4 * US])
         assert s.between == pytest.approx(7 * US) and s.span == pytest.approx(30 * US)
-    m = median_step(steps)
-    assert m.span == pytest.approx(30 * US)
-    # a generated kernel under another name is not this step
-    assert windows([("triton_a", 0, True)], [DeviceEvent("triton_z", 0, 1)]) == []
+        assert s.device_names == [["triton_a"], ["libgemm_y"], ["triton_b"]]
+    assert median_step(steps).span == pytest.approx(30 * US)
+    assert windows([("triton_a", 0)], [DeviceEvent("triton_z", 0, 1)]) == []
+
+
+def test_replayed_steps_align_around_activities_only_one_side_has():
+    """A copy the eager run made that the graph does not hold, and a fill only the graph holds: the
+    rest still aligns, the fill is charged to no call (but counted in the step)."""
+    seq = [("triton_a", 0), ("Memcpy HtoD", None), ("mm", 1), ("triton_b", 2)]
+    acts = []
+    for k in range(3):
+        base = k * 20 * US
+        acts += [
+            DeviceEvent("triton_a", base, base + 2 * US),
+            DeviceEvent("mm", base + 3 * US, base + 9 * US),
+            DeviceEvent("Memset (Device)", base + 9 * US, base + 10 * US),
+            DeviceEvent("triton_b", base + 11 * US, base + 12 * US),
+        ]
+    (first, second) = replay_steps(seq, acts, 3)
+    assert first.calls == pytest.approx([2 * US, 6 * US, 1 * US])
+    assert first.unmapped == pytest.approx(1 * US) and first.span == pytest.approx(20 * US)
+    # too little aligns: not the step the eager run launched
+    assert replay_steps([("triton_a", 0), ("x", 1), ("y", 2), ("z", 3)], acts, 4) == []
