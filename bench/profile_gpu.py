@@ -1,8 +1,8 @@
 """Issue 26, deliverable 1: the compiled engine's profile of the Qwen3-8B-sized config, native and with
 the CuTe DSL decode attention bound in all 36 layers, and their diff.
 
-    python3 bench/profile_gpu.py OUT_DIR [--contexts 1024,32768] [--capacity 40960] [--steps 5] [--top 8]
-                                 [--parts native,cute]
+    python3 bench/profile_gpu.py WORK_DIR [--contexts 1024,32768] [--capacity 40960] [--steps 5] [--top 8]
+                                 [--parts native,cute] [--archive OUT/profiles.tgz]
 
 In one run on the GPU (bf16, batch 1, random weights, KV capacity 40960):
   1. builds the native bundle and the slot bundle with `qwen.decode_attention_region@2 all-instances`
@@ -13,8 +13,8 @@ In one run on the GPU (bf16, batch 1, random weights, KV capacity 40960):
      tensor), printing the top regions, the kernels, the time between kernels and the attributed
      total against the step's device time;
   3. the same with the CuTe kernel bound in every layer, then `mcore profile diff` of the two per context.
-Writes OUT_DIR/{native,cute}-<context>.json (profiles that `mcore profile diff` reads) and prints a
-summary table last. Needs the CuTe DSL for part `cute` (the two-call stash; see docs/gpu-results.md).
+Writes WORK_DIR/{native,cute}-<context>.json (profiles that `mcore profile diff` reads; with
+--archive also as one .tgz, for a device that returns few files) and prints a summary table last. Needs the CuTe DSL for part `cute` (the two-call stash; see docs/gpu-results.md).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -119,6 +120,7 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--parts", default="native,cute")
+    ap.add_argument("--archive", type=Path, default=None, help="also write the profiles and logs here as one .tgz")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: a smoke run on the demo model
     ns = ap.parse_args(argv)
     contexts = [int(c) for c in ns.contexts.split(",")]
@@ -143,6 +145,10 @@ def main(argv: "list[str] | None" = None) -> int:
                 print(f"== diff native -> CuTe attention in all 36 layers, context {n}")
                 print("\n".join(diff_lines(runs["native"][n], runs["cute"][n], ("native", "cute"))), flush=True)
     summary(runs)
+    if ns.archive:
+        with tarfile.open(ns.archive, "w:gz") as tar:
+            for f in sorted(ns.out.glob("*.json")) + sorted(ns.out.glob("*.log")):
+                tar.add(f, arcname=f.name)
     return 0
 
 
