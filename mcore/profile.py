@@ -242,7 +242,7 @@ def _add_fusion(report: dict[str, Any], pipe: Any, role: str, prepared: Any, inp
 
 
 def _profile_compiled(pipe: Any, role: str, inputs: tuple, steps: int, progress: Progress) -> dict[str, Any]:
-    from .profile_compiled import HOW, time_step
+    from .profile_compiled import HOW, SHARED, time_step
 
     dev = pipe.device
     facts = device_facts(dev)
@@ -267,7 +267,7 @@ def _profile_compiled(pipe: Any, role: str, inputs: tuple, steps: int, progress:
         split_input.append({"kernel": k["kernel"], "order": k["order"], "seconds": k["seconds"], "nodes": members})
     report.update(
         engine={"name": "compiled", "how": _describe(step)},
-        timing=HOW[how],
+        timing=HOW[how] + SHARED,
         step_seconds=step_s,
         kernel_seconds=sum(times.calls) + times.unmapped,
         between_kernels={

@@ -57,6 +57,7 @@ HOW = {
     "cpu": "CPU time of each kernel call's profiler range inside the compiled step (the step's wall time "
     "from the same profiled steps); between kernels: the rest of the step (the compiled wrapper's own work)",
 }
+SHARED = "; a kernel's time is shared among the graph nodes it computes by the bytes each moves on its own"
 
 
 @dataclass
