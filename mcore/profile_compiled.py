@@ -42,6 +42,7 @@ from .profile_trace import (
     host_events,
     host_step,
     launch_sequence,
+    median_index,
     median_step,
     replay_steps,
 )
@@ -133,9 +134,9 @@ def compile_traced(
 
 
 def time_cpu(step: CompiledStep, inputs: Sequence[torch.Tensor], steps: int) -> tuple[StepTimes, float, str]:
-    """(the median step's kernel times, the median step's wall time, how). Both come from the same
-    profiled steps: on a shared CPU the load swings from one moment to the next, and the profiler's
-    own cost per kernel range is then in the step as in its kernels."""
+    """(the median profiled step's kernel times, that step's wall time, how). Both come from the same
+    step: on a shared CPU the load swings from one step to the next, and the profiler's own cost per
+    kernel range is then in the step as in its kernels."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     run = step.runner
@@ -150,7 +151,8 @@ def time_cpu(step: CompiledStep, inputs: Sequence[torch.Tensor], steps: int) -> 
             walls.append(time.perf_counter() - t)
     ranges, _ = host_events(prof)
     times = [host_step(r, step.names) for r in ranges[1:]]
-    return median_step(times), statistics.median(walls[1:]), "cpu"
+    k = median_index(times)
+    return times[k], walls[1:][k], "cpu"
 
 
 def _profiled(fn: Callable[[], Any], device: torch.device, host: bool = True) -> Any:

@@ -27,7 +27,6 @@ without a GPU; `host_events`/`device_events` read them from a torch.profiler run
 from __future__ import annotations
 
 import re
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -246,16 +245,16 @@ def replay_steps(
     return out
 
 
+def median_index(steps: Sequence[StepTimes]) -> int:
+    """The step whose span is the median (the lower one of an even count)."""
+    order = sorted(range(len(steps)), key=lambda i: steps[i].span)
+    return order[(len(order) - 1) // 2]
+
+
 def median_step(steps: Sequence[StepTimes]) -> StepTimes:
-    """Per call, the between-kernels time and the unmapped time: the median over the steps."""
-    n = len(steps[0].calls)
-    return StepTimes(
-        calls=[statistics.median(s.calls[i] for s in steps) for i in range(n)],
-        between=statistics.median(s.between for s in steps),
-        unmapped=statistics.median(s.unmapped for s in steps),
-        device_names=steps[0].device_names,
-        gaps=int(statistics.median(s.gaps for s in steps)),
-    )
+    """The step whose span is the median, whole: its kernels and the time between them add up to its
+    span, where medians taken part by part need not (a loaded CPU swings several times between steps)."""
+    return steps[median_index(steps)]
 
 
 # ------------------------------------------------------------------ reading torch.profiler
