@@ -33,6 +33,7 @@ from .engines.gemv_pass import use_gemv
 from .engines.kernel_map import provenance_trace, read_provenance
 from .engines.prepared import PreparedGraph
 from .engines.slots import SlotCall
+from .errors import UserError
 from .gemv import enabled as gemv_enabled
 from .profile_trace import (
     STEP_RANGE,
@@ -197,7 +198,12 @@ def time_cuda(step: CompiledStep, inputs: Sequence[torch.Tensor], steps: int) ->
     device, run = step.runner.device, step.runner
     _profiled(lambda: None, device)  # CUPTI starts before any graph is captured (a later start can break replays)
     seq, eager = launches(step, inputs, device)
-    if not step.fixed_shapes or not eager:
+    if not eager:
+        raise UserError(
+            "the CUDA profiler recorded no kernels of the compiled step (is CUPTI available?); "
+            "profile op by op with --engine torch"
+        )
+    if not step.fixed_shapes:
         walls = []
         for _ in range(steps):
             torch.cuda.synchronize(device)
@@ -211,15 +217,16 @@ def time_cuda(step: CompiledStep, inputs: Sequence[torch.Tensor], steps: int) ->
         run.graphs[_signature(inputs)] = _Replay.capture(run, inputs)
     step_s = device_seconds(lambda: run(*inputs), device)
     assert step_s is not None
+    replays_n = steps + 2  # each step runs to the next one's start; the first may lose its head
     t = time.perf_counter()
-    for _ in range(steps + 1):
+    for _ in range(replays_n):
         run(*inputs)
     enqueue_s = time.perf_counter() - t
     torch.cuda.synchronize(device)
 
     def replays() -> None:
         _queue_ahead(device, enqueue_s)
-        for _ in range(steps + 1):
+        for _ in range(replays_n):
             run(*inputs)
 
     sequence = [(d.name, c) for d, c in seq]
