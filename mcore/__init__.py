@@ -22,7 +22,7 @@ The groups:
 - kernels: build_kernel, write_exporter, run_exporter, shipped_exporter, SHIPPED_EXPORTERS;
   load_bindings_manifest, BindingsManifest, Binding, BINDINGS_SCHEMA_VERSION
 - verify gates: compare_tokens, compare_embeddings, perf_gate, reference_check, lockstep_logits
-- profile: profile_pipeline, CANDIDATE_BINDING; device facts: device_facts, describe_device
+- profile: profile_pipeline, load_profile, CANDIDATE_BINDING; device facts: device_facts, describe_device
 - files: atomic_write, check_fields, read_json, write_json, stdout_failed
 - demo models: demo_names
 """
@@ -99,6 +99,7 @@ _EXPORTS: dict[str, str] = {
     "lockstep_logits": "verify_logits",
     # profile
     "profile_pipeline": "profile",
+    "load_profile": "profile",
     "CANDIDATE_BINDING": "profile",
     # files
     "atomic_write": "fileio",
@@ -159,6 +160,7 @@ __all__ = [
     "open_pipeline",
     "perf_gate",
     "profile_pipeline",
+    "load_profile",
     "read_json",
     "recipe_rows",
     "reference_check",
@@ -204,7 +206,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .exporters import SHIPPED_EXPORTERS, run_exporter, shipped_exporter
     from .kernels import build_kernel
     from .pipeline import DecoderPipeline, EncoderPipeline
-    from .profile import CANDIDATE_BINDING, profile_pipeline
+    from .profile import CANDIDATE_BINDING, load_profile, profile_pipeline
     from .progress import NO_PROGRESS, CancelToken, Progress
     from .recipes import find_recipe, recipe_rows, select_recipe
     from .receipt import Receipt, SlotRecord

@@ -750,14 +750,17 @@ def profile(
     prompt: Optional[str] = None,
     kernel_bindings: Optional[str] = None,
     fusion: bool = False,
+    engine: str = "auto",
 ) -> dict:
-    """`mcore profile -o OUTPUT [--fusion]`: device time per node, module, recipe instance and slot,
-    and the ranked candidate regions (with `fusion`, the fused kernels a slot over each would split).
-    Timings are measured: replay compares only which candidates exist."""
+    """`mcore profile -o OUTPUT [--engine E] [--fusion]`: the time of the engine the pipeline runs
+    (`auto`: compiled on CUDA, op by op on the CPU) per node, module, recipe instance and slot, the
+    time between kernels of a compiled step, and the ranked candidate regions (with the fused kernels
+    a slot over each would split). Timings are measured: replay compares only which candidates exist."""
     from mcore import profile_pipeline, write_json
 
     out = ctx.path(output, "output")
     role = _str(role, "role") if role is not None else None
+    # op by op: the profiler needs the graph, and compiles the profiled role itself for `compiled`
     pipe = _pipeline(ctx, None, bundle, kernel_bindings, engine="torch")  # the bundle's family kind decides
     if role is None:
         role = "decode" if pipe.KIND == "decoder" else "encoder"
@@ -770,13 +773,18 @@ def profile(
         progress=ctx.progress,
         on_partial=ctx.on_partial,
         fusion=_bool(fusion, "fusion"),
+        engine=_str(engine, "engine"),
     )
     write_json(out, report)
-    ctx.say(f"profile written: {ctx.rel(out)} ({len(report['candidates'])} candidate regions)")
+    ctx.say(
+        f"profile written: {ctx.rel(out)} (engine {report['engine']['name']}, "
+        f"{len(report['candidates'])} candidate regions)"
+    )
     ident = [_candidate_ident(c) for c in report["candidates"]]
     return {
         "role": report["role"],
         "context": report["context"],
+        "engine": report["engine"]["name"],
         "profile": ctx.rel(out),
         # which candidates exist is a fact of the graph; their order follows measured headroom
         "candidates": sorted(ident, key=lambda c: json.dumps(c, sort_keys=True)),

@@ -179,9 +179,9 @@ def _apply_gate_logits(st: WorkbenchState, params: Params, results: Params) -> N
 
 
 def _apply_profile(st: WorkbenchState, params: Params, results: Params) -> None:
-    from mcore import read_json
+    from mcore import load_profile
 
-    st.profile = read_json(st.path(results["profile"]), "profile")
+    st.profile = load_profile(st.path(results["profile"]))
     st.profile_path = results["profile"]
 
 
@@ -374,7 +374,7 @@ _SPECS = (
         stable_keys=("role", "context", "candidates"),
         path_params=("bundle", "output", _NATIVE),
         native_param=_NATIVE,
-        shown=("role", "context", "profile"),
+        shown=("role", "context", "engine", "profile"),
         apply=_apply_profile,
     ),
 )
