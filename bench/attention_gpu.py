@@ -9,8 +9,7 @@ In one run on the GPU (bf16, batch 1, random weights, KV capacity 40960):
   1. builds the slot bundles with `qwen.decode_attention_region@2 all-instances` (36 slots, one
      binding; one without and one with a workspace) and the native bundle (pipelines only), and
      exports the kernel from layer 0's receipts with the shipped exporter, once for each of VARIANTS
-     (tuning knobs of the exporter); the experimental ones (TMA) are first run once in a child process
-     and dropped, with the reason printed, if they fail or hang;
+     (tuning knobs of the exporter);
   2. kernel time per call, CuTe DSOs vs the native engine's attention (mcore.flash_decode, what the
      compiled engine runs for mcore::decode_attention) and FlashInfer's decode (bench/flashinfer_attention.py;
      rows skipped with the reason when it is not importable): 36 calls, each over its own cache
@@ -81,60 +80,21 @@ def emit(out: Path, key: str, value) -> None:
 # ahead, 12 warps, 16 blocks of 4 warps; split: 16 ways of 12 warps, 32 of 8, 64 of 4 (ninth
 # session); split 16 ways of 4 or 8 warps, 32 of 4 with a plain launch (ninth session, at 5e35c93:
 # 16 x 4 fastest at 1k only, 6.5 us; the rest within 3% of 32 x 4 or slower).
-# Issue 31 adds: the split count from the device length (SPLIT_KEYS: keys a warp before another
-# block joins), the merge in each row's last block (FUSED), the next kernel launched as soon as the
-# wait returned (PDL early), 33 splits (264 blocks: two an SM), and the TMA ring (experimental).
-KEYS = "CUTEDSL_ATTENTION_SPLIT_KEYS"
-FUSED = {"CUTEDSL_ATTENTION_FUSED_MERGE": "1"}
-EARLY = {"CUTEDSL_ATTENTION_PDL": "early"}
-TMA = {"CUTEDSL_ATTENTION_TMA": "1"}
+# Tenth session (issue 31), slower everywhere and removed from the exporter: the split count from
+# the device length (0.83-0.95x native), the merge in each row's last block (0.46-0.82x; with 33
+# splits too), the TMA ring (0.62-0.74x; 0.32x with the last-block merge). PDL early stays, opt-in.
 VARIANTS = {
     "CuTe cluster 8 (no workspace, default)": {},
     # with a workspace: split over blocks (no cluster); ptxas for sm_90a: the walk 162 registers a
     # thread (218 loading ahead), so 3 blocks (2 loading ahead) of 4 warps an SM
     "CuTe split 32 x 4 warps (workspace, default)": {},
-    "CuTe split 32 x 4, PDL early": EARLY,
-    "CuTe split 32 x 4, splits from the length (16 keys a warp)": {KEYS: "16"},
-    "CuTe split 32 x 4, merged in the last block": FUSED,
-    "CuTe split 32 x 4, length splits (16), last-block merge": {KEYS: "16", **FUSED},
-    "CuTe split 32 x 4, length splits (16), last-block merge, PDL early": {KEYS: "16", **FUSED, **EARLY},
-    "CuTe split 32 x 4, length splits (32), last-block merge, PDL early": {KEYS: "32", **FUSED, **EARLY},
-    "CuTe split 32 x 4, length splits (16), last-block merge, PDL early, loads ahead": {
-        KEYS: "16",
-        **FUSED,
-        **EARLY,
-        "CUTEDSL_ATTENTION_PREFETCH": "1",
-    },
-    "CuTe split 33 x 4, length splits (16), last-block merge, PDL early": {
-        "CUTEDSL_ATTENTION_SPLITS": "33",
-        KEYS: "16",
-        **FUSED,
-        **EARLY,
-    },
-    "CuTe split 32 x 4, TMA ring of 3": TMA,
-    "CuTe split 32 x 4, TMA ring of 3, length splits (16), last-block merge, PDL early": {
-        **TMA,
-        KEYS: "16",
-        **FUSED,
-        **EARLY,
-    },
-    "CuTe split 16 x 4, TMA ring of 4, length splits (16), last-block merge, PDL early": {
-        **TMA,
-        "CUTEDSL_ATTENTION_TMA_STAGES": "4",
-        "CUTEDSL_ATTENTION_SPLITS": "16",
-        KEYS: "16",
-        **FUSED,
-        **EARLY,
-    },
+    "CuTe split 32 x 4, PDL early": {"CUTEDSL_ATTENTION_PDL": "early"},
 }
-EXPERIMENTAL = {name for name, env in VARIANTS.items() if env.get("CUTEDSL_ATTENTION_TMA") == "1"}
 SHIPPED_SPLIT = "CuTe split 32 x 4 warps (workspace, default)"  # what --bind binds unless told
 BIND = list(VARIANTS).index(SHIPPED_SPLIT)  # --bind: the variant the slot pipeline binds
-# the workspace of the split variants' receipt, as the exporter's split_workspace_bytes for the most
-# splits asked here (33): per query head and split an fp32 context row, max and sum, and an int32 of
-# room for the last-block merge's counters (head_dim + 3 words); fewer splits leave part of it unused
-MOST_SPLITS = 33
-WORKSPACE = QWEN3_8B["num_attention_heads"] * MOST_SPLITS * (QWEN3_8B["head_dim"] + 3) * 4
+# the workspace of the split variants' receipt, as the exporter's split_workspace_bytes for its
+# default 32 splits: per query head and split an fp32 context row, max and sum
+WORKSPACE = QWEN3_8B["num_attention_heads"] * 32 * (QWEN3_8B["head_dim"] + 2) * 4
 
 
 def uses_workspace(name: str) -> bool:
@@ -188,55 +148,11 @@ def build(
     build_s = time.perf_counter() - t
     dsos, export_s = export_variants(out, slot.receipt_paths[0], ws.receipt_paths[0], only)
     emit(out, "build", {"slots": len(slot.receipts), "build_s": build_s, "export_s": export_s})
-    dsos = precheck(out, dsos, capacity)
     slots = {
         "plain": (out / "attn.bundle", slot.receipts[0].abi_sha256),
         "workspace": (out / "attn-ws.bundle", ws.receipts[0].abi_sha256),
     }
     return out / "native.bundle", slots, dsos
-
-
-def precheck(out: Path, dsos: dict[str, Path], capacity: int) -> dict[str, Path]:
-    """The EXPERIMENTAL variants each run once in a child process (a wrong pipeline could hang the
-    GPU, and with it this process): kept only if their output matches the reference within 60 s."""
-
-    def check(name: str) -> tuple[str, str]:
-        cmd = [sys.executable, __file__, "--precheck", str(dsos[name]), "--capacity", str(capacity)]
-        cmd += ["--workspace"] if uses_workspace(name) else []
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            return name, "timed out (60 s): dropped"
-        return name, "ok" if r.returncode == 0 else f"failed: {(r.stdout + r.stderr).strip()[-300:]}"
-
-    names = [n for n in dsos if n in EXPERIMENTAL]
-    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-        verdicts = dict(pool.map(check, names))
-    if verdicts:
-        emit(out, "precheck", verdicts)
-    return {n: p for n, p in dsos.items() if verdicts.get(n, "ok") == "ok"}
-
-
-def precheck_one(dso: str, capacity: int, workspace: bool) -> int:
-    """--precheck: one DSO on lengths 1000 and 3000 against the float64 reference (exit 0 if within bf16 tolerance)."""
-    import tvm_ffi
-
-    run = tvm_ffi.load_module(dso)["run"]
-    h, kv, d = QWEN3_8B["num_attention_heads"], QWEN3_8B["num_key_value_heads"], QWEN3_8B["head_dim"]
-    g = torch.Generator(device="cuda").manual_seed(31)
-    k, v = (torch.randn(1, kv, capacity, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    q = (torch.randn(1, h, 1, d, device="cuda", generator=g) * d**-0.5).to(torch.bfloat16)
-    scratch = [torch.zeros(WORKSPACE, dtype=torch.uint8, device="cuda")] if workspace else []
-    worst = 0.0
-    for n in (1000, 3000):
-        lens = torch.tensor([n], dtype=torch.int32, device="cuda")
-        out = torch.full_like(q, float("nan"))
-        run(q, k, v, lens, *scratch, out)
-        torch.cuda.synchronize()
-        ref = decode_attention_reference(q.cpu(), k.cpu(), v.cpu(), lens.cpu())
-        worst = max(worst, float((out.double().cpu() - ref).abs().max()))
-    print(f"max_abs vs fp64 {worst:.3e}")
-    return 0 if worst < 2e-2 else 1
 
 
 class Setup:
@@ -255,8 +171,8 @@ class Setup:
         self.q = (torch.randn(1, h, 1, d, device="cuda", generator=g) * d**-0.5).to(torch.bfloat16)
         self.lens = torch.zeros(1, dtype=torch.int32, device="cuda")
         self.outs = [torch.empty_like(self.q) for _ in range(self.layers)]
-        # one workspace a slot, zeroed as mcore's slot zeroes it when it binds (the fused merge's counters)
-        self.scratch = [torch.zeros(WORKSPACE, dtype=torch.uint8, device="cuda") for _ in range(self.layers)]
+        # one workspace a slot, uninitialised as mcore's slot allocates it
+        self.scratch = [torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda") for _ in range(self.layers)]
         self.kv, self.d, self.group = kv, d, h // kv
 
     def at(self, n: int) -> None:
@@ -307,24 +223,24 @@ def cute_row(s: Setup, run0: Callable[..., None], workspace: bool) -> dict:
     return s.measure(call, result)
 
 
-def flashinfer_rows(s: Setup, fi: Any, capacity: int) -> dict[str, dict]:
-    """FlashInfer's rows at context s.n (bench/flashinfer_attention.py); a row that fails says why."""
-    rows: dict[str, dict] = {}
+def flashinfer_rows(s: Setup, fi: Any, capacity: int, rows: dict[str, dict], save: Callable[[], None]) -> None:
+    """FlashInfer's rows at context s.n into `rows` (bench/flashinfer_attention.py), `save()` after
+    each (a row that stalls leaves the ones before it on disk); a row that fails says why."""
 
     def attempt(name: str, make: Callable[[], tuple[Callable[[int], Any], Callable[[], torch.Tensor]]]) -> None:
+        print(f"[flashinfer {s.n}] {name} ...", flush=True)  # the last one printed is where a stall is
         try:
             rows[name] = s.measure(*make())
         except Exception as e:  # noqa: BLE001 - the other rows still count
             rows[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(f"[flashinfer] {name}: {rows[name]['error']}", flush=True)
+        save()
 
-    def paged(tensor_cores: bool, device_length: bool):
+    def paged(tensor_cores: bool):
         p = flashinfer_attention.PagedDecode(fi, s.kv, capacity, s.d, s.group, tensor_cores)
-        p.plan(capacity if device_length else s.n)
+        p.plan(s.n)
 
         def call(i: int) -> None:
-            if device_length:
-                p.lengths_from_device(s.lens)
             p(s.q, *s.caches[i], s.outs[i])
 
         def result() -> torch.Tensor:
@@ -339,12 +255,10 @@ def flashinfer_rows(s: Setup, fi: Any, capacity: int) -> dict[str, dict]:
         own = [(k[0, :, : s.n].contiguous(), v[0, :, : s.n].contiguous()) for k, v in s.caches]
         return (lambda i: run(s.q, *own[i])), (lambda: run(s.q, *own[0]))
 
-    attempt("FlashInfer paged decode (fa2, pages of 16, host plan per context)", lambda: paged(False, False))
+    attempt("FlashInfer paged decode (fa2, pages of 16, host plan per context)", lambda: paged(False))
     attempt("FlashInfer single decode (own contiguous cache of n keys)", single)
-    attempt("FlashInfer paged decode planned for the capacity, length from the device", lambda: paged(False, True))
     if TENSOR_CORES:  # its JIT module is FlashInfer's prefill kernels: 10 files, 20 core-minutes of nvcc
-        attempt("FlashInfer paged decode, tensor cores (fa2, host plan per context)", lambda: paged(True, False))
-    return rows
+        attempt("FlashInfer paged decode, tensor cores (fa2, host plan per context)", lambda: paged(True))
 
 
 def kernel_times(out: Path, dsos: dict[str, Path], contexts: list[int], capacity: int) -> list[dict]:
@@ -384,9 +298,12 @@ def flashinfer_child(out: Path, a: argparse.Namespace, timeout: float) -> None:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         print(r.stdout[-3000:] + r.stderr[-2000:], flush=True)
         why = f"exit {r.returncode}: {r.stderr.strip()[-300:]}"
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:
+        # what it printed before it was killed says which row stalled (bytes on POSIX, even with text=True)
+        partial = [x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)]
+        print("".join(partial)[-4000:], flush=True)
         why = late = f"the child process ran past {timeout:.0f} s"
-    if not found.is_file():  # it writes the file after each context: what it finished still counts
+    if not found.is_file():  # it writes the file after each row: what it finished still counts
         emit(out, "flashinfer", f"rows not measured ({why})")
         return
     got = json.loads(found.read_text())
@@ -395,7 +312,8 @@ def flashinfer_child(out: Path, a: argparse.Namespace, timeout: float) -> None:
     if k and got["rows"]:
         for row in k["rows"]:
             row.update(got["rows"].get(str(row["context"]), {}))
-        k["dsos"] += [name for name in next(iter(got["rows"].values())) if name not in k["dsos"]]
+        names = [name for row in got["rows"].values() for name in row]  # every context's, in order
+        k["dsos"] += [name for name in dict.fromkeys(names) if name not in k["dsos"]]
         emit(out, "kernel", k)
 
 
@@ -403,16 +321,20 @@ def flashinfer_main(out: Path, contexts: list[int], capacity: int, archive: str 
     """--flashinfer-rows (the child): FlashInfer's rows at each context into OUT/flashinfer.json."""
     fi, note = flashinfer_attention.load(archive)
     rows: dict[str, dict] = {}
+
+    def save() -> None:
+        (out / "flashinfer.json").write_text(json.dumps({"note": note, "rows": rows}, default=str))
+
     if fi is not None:
         s = Setup(capacity)
         for n in contexts:
             s.at(n)
-            rows[str(n)] = flashinfer_rows(s, fi, capacity)
+            rows[str(n)] = {}
+            flashinfer_rows(s, fi, capacity, rows[str(n)], save)
             print(f"[flashinfer {n}] {json.dumps(rows[str(n)], default=str)[:600]}", flush=True)
-            (out / "flashinfer.json").write_text(json.dumps({"note": note, "rows": rows}, default=str))
     else:
         note = f"rows skipped: {note}"
-    (out / "flashinfer.json").write_text(json.dumps({"note": note, "rows": rows}, default=str))
+    save()
 
 
 def good(x: dict) -> bool:
@@ -582,8 +504,6 @@ def table() -> str:
     k = RESULTS.get("kernel")
     if "flashinfer" in RESULTS:
         lines.append(f"FlashInfer: {RESULTS['flashinfer']}")
-    if "precheck" in RESULTS:
-        lines.append(f"experimental variants, run once first: {RESULTS['precheck']}")
     if k:
         lines += kernel_table(k)
     if "lockstep" in RESULTS:
@@ -659,12 +579,10 @@ def parse() -> argparse.Namespace:
     ap.add_argument(
         "--budget", type=float, default=math.inf, help="seconds this run may take: pipelines skipped if short"
     )
-    ap.add_argument("--precheck", default=None, help=argparse.SUPPRESS)  # internal: one DSO against the reference
-    ap.add_argument("--workspace", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.bind not in ("fastest", "balanced") and not (a.bind.isdigit() and int(a.bind) < len(VARIANTS)):
         ap.error(f"--bind must be an index below {len(VARIANTS)}, 'fastest' or 'balanced'")
-    if a.out is None and not (a.flashinfer_warm or a.precheck):
+    if a.out is None and not a.flashinfer_warm:
         ap.error("OUT_DIR is required")
     return a
 
@@ -673,8 +591,6 @@ def main() -> None:
     global TENSOR_CORES
     a = parse()
     TENSOR_CORES = a.flashinfer_tensor_cores
-    if a.precheck:
-        sys.exit(precheck_one(a.precheck, a.capacity, a.workspace))
     if a.flashinfer_warm:
         sys.exit(flashinfer_warm(a.flashinfer))
     out = Path(a.out)

@@ -5,10 +5,21 @@ FlashInfer takes the attended length on the host: its paged decode plans the spl
 host page table (`plan`, before a CUDA graph is captured or replayed) and its single decode takes the
 length from the shape of a contiguous [KV, n, D] cache. The slot passes the length as an int32 on the
 device and is replayed inside the engine's CUDA graph at every length, with no host step between
-layers. So the rows here plan on the host for each context (what FlashInfer can do outside the slot),
-and one row probes the one way it could follow a device length unpatched: plan once for the whole
-capacity and write the page table's length fields on the device from the length tensor before each
-call (the kernel reads them there; chunks past the length hold no keys).
+layers. So the rows here plan on the host for each context: what FlashInfer does outside the slot.
+
+Planning once for the whole capacity and rewriting only the page table (indptr, indices, last page
+length) from the device length does not work (the row that did so is, by every sign, what stalled
+the tenth session's FlashInfer child): with
+use_cuda_graph the plan always splits the keys (split_kv), fixing kv_chunk_size and the tiles
+(request_indices, kv_tile_indices, o_indptr, block_valid_mask) for the capacity. The paged kernel
+(data/include/flashinfer/attention/decode.cuh, BatchDecodeWithPagedKVCacheDevice) then computes a
+tile's keys as chunk_end - chunk_start in uint32, chunk_start = tile * kv_chunk_size and
+chunk_end = min(chunk_start + kv_chunk_size, kv_len): every tile that starts past the device length
+wraps to about 4e9 keys: a loop of ~5e8 steps of 8 keys a block (GQA 4), re-reading the cache's
+first row where the protective page lookup clamps it, so the call does not finish in any budget
+(and would be wrong if it did). flashinfer-python 0.7.4, read in the carried sources. Following
+a device length needs the tile tables rewritten on the device as well (FlashInfer's private plan
+layout in its int workspace), the "length patch" kernels/README.md describes.
 """
 
 from __future__ import annotations
@@ -56,8 +67,6 @@ class PagedDecode:
         self.indptr = torch.zeros(kv + 1, dtype=torch.int32, device=dev)
         self.indices = torch.zeros(kv * self.pages, dtype=torch.int32, device=dev)
         self.last = torch.zeros(kv, dtype=torch.int32, device=dev)
-        self.heads = torch.arange(kv + 1, dtype=torch.int32, device=dev)
-        self.slots = torch.arange(kv * self.pages, dtype=torch.int32, device=dev)
         self.wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
             torch.zeros(256 << 20, dtype=torch.uint8, device=dev),
             "NHD",
@@ -86,16 +95,6 @@ class PagedDecode:
             kv_data_type=torch.bfloat16,
             sm_scale=1.0,  # the query arrives scaled
         )
-
-    def lengths_from_device(self, lens: torch.Tensor) -> None:
-        """Rewrite the page table from the int32 length on the device (no host sync), for a plan made
-        for the whole capacity: `used` pages a head (indptr), head h's pages h C/16 + 0 .. used - 1
-        (indices), and the keys in the last page."""
-        used = (lens + PAGE - 1) // PAGE
-        self.indptr.copy_(self.heads * used)
-        page = torch.minimum((self.slots // used) * self.pages + self.slots % used, self.slots[-1:])
-        self.indices.copy_(page)
-        self.last.copy_((lens - (used - 1) * PAGE).expand(self.kv))
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
         shape = (self.kv * self.pages, PAGE, 1, self.d)

@@ -41,15 +41,9 @@ With a workspace in the receipt: SPLITS blocks (no cluster) per (KV head, new to
 their partial result (fp32 context row, max, sum per head) to the workspace, and a second kernel
 merges each row's records in split order (deterministic, no atomics; the contents of the workspace
 on entry do not matter). A cluster caps a row at 8 (16) blocks; splits can fill the GPU.
-Split-schedule knobs (issue 31; benchmark variants until the H200 says which pays):
-CUTEDSL_ATTENTION_SPLIT_KEYS=N picks a row's split count at run time from the device length (blocks
-past it exit at once; one split writes the context itself, nothing merged); CUTEDSL_ATTENTION_FUSED_MERGE=1
-merges a row's records in the row's last block to finish, found by an atomic counter in the
-workspace (fences around it; split order kept, so the result is the merge kernel's bit for bit; the
-counter is set back to 0, and must be 0 before the first call: mcore zeroes a slot's workspace);
-CUTEDSL_ATTENTION_PDL=early lets the next kernel launch as soon as the wait returned;
-CUTEDSL_ATTENTION_TMA=1 streams each block's keys through a shared-memory ring filled by bulk copies
-(cp.async.bulk on mbarriers, a producer warp; see `walk_tma`).
+Measured slower on the H200 and removed (docs/gpu-results.md, tenth session): the split count from
+the device length, the merge folded into a row's last block (an atomic counter in the workspace),
+and a TMA ring (bulk copies by a producer warp into shared memory); earlier, a cp.async ring.
 
 Numerics (mirroring mcore/flash_decode.py): products and sums in fp32; the softmax in fp32 (exp
 through ex2.approx); probabilities rounded to T for the product with V (the sum of probabilities is
@@ -370,30 +364,12 @@ PREFETCH = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0") == "1"
 # (mcore/pdl.py), so a bound slot keeps the chain of overlapped launches instead of breaking it twice
 # a layer.
 # CUTEDSL_ATTENTION_PDL=0: a plain launch; =early: the next kernel may launch as soon as this one's
-# wait returned (as the engine's Triton kernels do), and the merge kernel lets its successor launch too.
+# wait returned (as the engine's Triton kernels do), and the merge kernel lets its successor launch too
+# (an opt-in: 6.7 / 14.0 / 38.7 us against 6.9 / 14.4 / 38.4 at 1k / 8k / 32k on the H200, tenth
+# session; within 3%, not enough to change the default without a whole-step measurement).
 _PDL_ENV = os.environ.get("CUTEDSL_ATTENTION_PDL", "1")
 PDL = _PDL_ENV != "0"
 PDL_EARLY = _PDL_ENV == "early"
-# With a workspace, CUTEDSL_ATTENTION_SPLIT_KEYS=N (16-4096) picks a row's split count at run time from
-# the length: ceil(keys / (warps * N)) blocks, at most the launch's; the blocks past it exit at once
-# and the merge reads only the records written. One split: the block writes the context itself and
-# nothing is merged. Unset: every launched block takes a share (at least one walk step a warp).
-_KEYS_ENV = os.environ.get("CUTEDSL_ATTENTION_SPLIT_KEYS", "")
-SPLIT_KEYS = int(_KEYS_ENV) if _KEYS_ENV.isdigit() and 16 <= int(_KEYS_ENV) <= 4096 else (0 if not _KEYS_ENV else -1)
-# With a workspace, CUTEDSL_ATTENTION_FUSED_MERGE=1 merges a row's records in the row's last block to
-# finish (one kernel, no merge launch): each block counts itself in the row's counter in the workspace
-# (an atomic add after a fence); the block that counts last merges every record in split order (the
-# same arithmetic as the merge kernel, so the result does not depend on which block came last) and
-# sets the counter back to 0 for the next call. The counters must be 0 before the first call: mcore
-# zeroes a slot's workspace when it binds the slot.
-FUSED = os.environ.get("CUTEDSL_ATTENTION_FUSED_MERGE", "0") == "1"
-# With a workspace, CUTEDSL_ATTENTION_TMA=1 (experimental) streams each block's keys through a ring of
-# CUTEDSL_ATTENTION_TMA_STAGES (2-6, default 3) tiles in shared memory: a producer warp issues a bulk
-# copy (cp.async.bulk, Hopper's copy engine) a K or V row, completing on the stage's mbarrier, and
-# the consumer warps run the tensor-core walk on the tiles (see `walk_tma`).
-TMA = os.environ.get("CUTEDSL_ATTENTION_TMA", "0") == "1"
-_STAGES_ENV = os.environ.get("CUTEDSL_ATTENTION_TMA_STAGES", "3")
-TMA_STAGES = int(_STAGES_ENV) if _STAGES_ENV in ("2", "3", "4", "5", "6") else 0  # 0: refused
 
 
 def schedule(heads, kv_heads):
@@ -405,25 +381,13 @@ def schedule(heads, kv_heads):
 
 def workspace_bytes_for(heads, head_dim, splits):
     """Workspace bytes for `splits` partial results (fp32 context row, max and sum) of every query
-    head at one new token, plus room for the merged-in-the-last-block counters (one int32 a head
-    and split, more than they take): what `--workspace-bytes` should be for that many splits."""
-    return heads * splits * (head_dim + 3) * 4
-
-
-def workspace_layout(workspace_bytes, hpb, head_dim, fused=None):
-    """(records, counters) a workspace holds: partial records of hpb heads x (fp32 context row, max,
-    sum) from byte 0, then (fused merge only) one int32 counter a row for every row that can have two
-    or more splits (rows <= records // 2)."""
-    record = 4 * hpb * (head_dim + 2)
-    if not (FUSED if fused is None else fused):
-        return workspace_bytes // record, 0
-    counters = workspace_bytes // record // 2
-    return (workspace_bytes - 4 * counters) // record, counters
+    head at one new token: what `--workspace-bytes` should be for that many splits."""
+    return heads * splits * (head_dim + 2) * 4
 
 
 def partials_held(workspace_bytes, hpb, head_dim):
     """The partial records (hpb heads x (fp32 context row, max, sum)) a workspace holds."""
-    return workspace_layout(workspace_bytes, hpb, head_dim)[0]
+    return workspace_bytes // (4 * hpb * (head_dim + 2))
 
 
 NEG = -1.0e30  # an empty share's running max: finite, so merges never compute inf - inf
@@ -447,13 +411,6 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         raise ValueError("CUTEDSL_ATTENTION_WARPS must be 4, 8 or 12")
     if workspace_bytes and not SPLITS:
         raise ValueError("CUTEDSL_ATTENTION_SPLITS must be 2 to 64")
-    if SPLIT_KEYS < 0:
-        raise ValueError("CUTEDSL_ATTENTION_SPLIT_KEYS must be 16 to 4096 (keys a warp before another split)")
-    if TMA and (not workspace_bytes or not schedule(heads, kv_heads)[1] or not TMA_STAGES):
-        raise ValueError(
-            "CUTEDSL_ATTENTION_TMA=1 needs the split schedule (a workspace), the tensor-core walk (a GQA group "
-            "of at most 8 heads) and CUTEDSL_ATTENTION_TMA_STAGES 2 to 6"
-        )
     element = {"BF16": cutlass.BFloat16, "FP16": cutlass.Float16}[dtype]
     # Query heads per block: the whole group reads K and V once for all of them (64 blocks on a
     # Qwen3-8B layer, 255 registers a thread); one head per block puts 256 blocks on the GPU, two per
@@ -462,9 +419,9 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
     hpb, use_mma = schedule(heads, kv_heads)
     cols = head_dim // WARP  # P @ V columns per lane: lane * cols ...
     split = workspace_bytes > 0  # partial results through the workspace instead of a cluster
-    warps = warps_for(split)  # the warps that walk the keys (TMA: consumers; a producer warp besides)
-    threads = (warps + (1 if TMA else 0)) * WARP
-    partials, n_counters = workspace_layout(workspace_bytes, hpb, head_dim)
+    warps = warps_for(split)
+    threads = warps * WARP
+    partials = partials_held(workspace_bytes, hpb, head_dim)
 
     def remote(ptr, rank):
         """The fp32 at shared-memory address `ptr` of block `rank` of this cluster."""
@@ -577,26 +534,19 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         return (lane // 4) * (head_dim // 8) + 2 * i + half
 
     @cute.jit
-    def load_q(query, head0, token, g, t, chunks):
+    def load_q(query, head0, token, g, t):
         """This lane's query words: row g of the group (zeros past it), the head-dim columns its K words
-        hold (`chunks`: 8-column pieces, or None: columns [t * D/4, (t + 1) * D/4)), packed in pairs
-        exactly. Loaded by element: the query's alignment is not promised."""
+        hold (columns [t * D/4, (t + 1) * D/4)), packed in pairs exactly. Loaded by element: the
+        query's alignment is not promised."""
         zero = cutlass.Int32(0)
         qw = cute.make_rmem_tensor((qk_words,), cutlass.Int32)
         for w in cutlass.range_constexpr(qk_words):
             qw[w] = zero
         if g < hpb:
-            if cutlass.const_expr(chunks is None):
-                qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(2 * qk_words))
-                qv = qrow[None, t].load().to(cutlass.Float32)
-                for w in cutlass.range_constexpr(qk_words):
-                    qw[w] = asm_i32(f"{pack} $0, $1, $2;", [qv[2 * w + 1], qv[2 * w]], "=r,f,f")
-            else:
-                qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(8))
-                for c, chunk in enumerate(chunks):
-                    qv = qrow[None, chunk].load().to(cutlass.Float32)
-                    for w in cutlass.range_constexpr(4):
-                        qw[c * 4 + w] = asm_i32(f"{pack} $0, $1, $2;", [qv[2 * w + 1], qv[2 * w]], "=r,f,f")
+            qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(2 * qk_words))
+            qv = qrow[None, t].load().to(cutlass.Float32)
+            for w in cutlass.range_constexpr(qk_words):
+                qw[w] = asm_i32(f"{pack} $0, $1, $2;", [qv[2 * w + 1], qv[2 * w]], "=r,f,f")
         return qw
 
     @cute.jit
@@ -658,9 +608,9 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         return m_new, lsum
 
     @cute.jit
-    def store_partial(part, acc, m, lsum, warp, lane, column):
+    def store_partial(part, acc, m, lsum, warp, lane):
         """This warp's partial into shared memory: row g's max and sum; context rows 2t, 2t+1 at this
-        lane's columns (`column(lane, i, half)`)."""
+        lane's columns (`out_col`)."""
         part_acc, part_m, part_l = part
         g = lane // 4
         t = lane % 4
@@ -673,7 +623,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
             for h in cutlass.range_constexpr(2):
                 for r in cutlass.range_constexpr(2):
                     if 2 * t + r < hpb:
-                        part_acc[warp, 2 * t + r, column(lane, i, h)] = acc[i * 4 + 2 * h + r]
+                        part_acc[warp, 2 * t + r, out_col(lane, i, h)] = acc[i * 4 + 2 * h + r]
 
     @cute.jit
     def fresh_acc():
@@ -692,7 +642,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         vc32 = cute.recast_tensor(value_cache, cutlass.Int32)
         g = lane // 4
         t = lane % 4
-        qw = load_q(query, head0, token, g, t, None)
+        qw = load_q(query, head0, token, g, t)
         acc = fresh_acc()
         m = cutlass.Float32(NEG)  # running max of row g
         lsum = cutlass.Float32(0.0)  # this lane's share of row g's sum
@@ -711,18 +661,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
                 kw = fetch_k(kc32, kv_head, base, last, g, t)
                 get_v = lambda base=base: fetch_v(vc32, kv_head, base, last, g, t)  # noqa: E731
                 m, lsum = mma_step(qw, kw, get_v, acc, sc, m, lsum, base, stop, t)
-        store_partial(part, acc, m, lsum, warp, lane, out_col)
-
-    # TMA (CUTEDSL_ATTENTION_TMA=1, split schedule): a producer warp (the last) streams the block's
-    # keys, TILE at a time, into a ring of TMA_STAGES stages in shared memory with one bulk copy
-    # (cp.async.bulk) a K or V row, completing on the stage's "full" mbarrier; each consumer warp
-    # takes 16 keys of every tile and releases the stage on its "empty" mbarrier. Rows are padded to
-    # ROW_BYTES = 2 D + 16 and the lanes' columns chosen so no two lanes of a quarter warp read the
-    # same bank: K chunks (8 columns) {2t, 2t+1, 2t+8, 2t+9}, V chunks {g, g+8} (D = 64: the first half).
-    tile = 16 * warps
-    row_bytes = 2 * head_dim + 16
-    row_words = row_bytes // 4
-    ring_bytes = TMA_STAGES * 2 * tile * row_bytes
+        store_partial(part, acc, m, lsum, warp, lane)
 
     def part_layouts():
         """Each warp's (accumulator, max, sum) in shared memory."""
@@ -732,129 +671,9 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
             cute.make_layout((warps, hpb), stride=(hpb, 1)),
         )
 
-    def align16(n):
-        return (n + 15) // 16 * 16
-
-    part_offsets = (
-        0,
-        align16(4 * warps * hpb * head_dim),
-        align16(4 * warps * hpb * head_dim) + align16(4 * warps * hpb),
-    )
-    part_bytes = part_offsets[2] + align16(4 * warps * hpb)
-
-    def k_chunks(t):
-        return [2 * t + 8 * j + c for j in range(head_dim // 64) for c in range(2)]
-
-    def v_chunks(g):
-        return [g + 8 * j for j in range(head_dim // 64)]
-
-    def tma_col(lane, i, half):
-        """The context column accumulator register i * 4 + 2 * half (+1) of `lane` holds (TMA walk)."""
-        return (lane // 4 + 8 * (i // 4)) * 8 + 2 * (i % 4) + half
-
-    def ring_words(ring32, stage, which, row, chunks):
-        """The words of `chunks` of row `row` of the K (which 0) or V (1) tile in ring stage `stage`."""
-        pieces = cute.logical_divide(ring32[stage, which, row, None], cute.make_layout(4))
-        out = []
-        for chunk in chunks:
-            v = pieces[None, chunk].load()
-            for j in range(4):
-                out.append(v[j])
-        return out
-
-    def bulk_copy(dst, src, mbar):
-        """One row (2 D bytes) from global `src` into shared `dst`, completing on mbarrier `mbar`."""
-        llvm.inline_asm(
-            None,
-            [dst.toint().ir_value(), src.toint().ir_value(), mbar.toint().ir_value()],
-            f"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], {2 * head_dim}, [$2];",
-            "r,l,r,~{memory}",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-
-    @cute.jit
-    def produce(key_cache, value_cache, ring32, bars, kv_head, start, last, tiles, lane):
-        """The producer warp: tile j of the block's keys into stage j % TMA_STAGES once the consumers
-        released it (rows past the block's keys repeat its last key: finite, masked)."""
-        for j in cutlass.range(0, tiles, 1):
-            stage = j % TMA_STAGES
-            cute.arch.mbarrier_wait(bars.iterator + TMA_STAGES + stage, ((j // TMA_STAGES) % 2) ^ 1)
-            if lane == 0:
-                cute.arch.mbarrier_arrive_and_expect_tx(bars.iterator + stage, 2 * tile * 2 * head_dim)
-            cute.arch.sync_warp()
-            for r in cutlass.range_constexpr(tile // WARP):
-                row = lane + WARP * r
-                key = cutlass.min(start + j * tile + row, last)
-                bulk_copy(
-                    ring32[stage, 0, row, None].iterator,
-                    key_cache[0, kv_head, key, None].iterator,
-                    bars.iterator + stage,
-                )
-                bulk_copy(
-                    ring32[stage, 1, row, None].iterator,
-                    value_cache[0, kv_head, key, None].iterator,
-                    bars.iterator + stage,
-                )
-
-    @cute.jit
-    def consume(qw, acc, ring32, bars, start, stop, tiles, warp, lane):
-        """A consumer warp: keys start + j TILE + 16 warp .. + 15 of every tile j; returns (m, lsum)."""
-        g = lane // 4
-        t = lane % 4
-        m = cutlass.Float32(NEG)
-        lsum = cutlass.Float32(0.0)
-        sc = cute.make_rmem_tensor((8,), cutlass.Float32)
-        for j in cutlass.range(0, tiles, 1):
-            stage = j % TMA_STAGES
-            cute.arch.mbarrier_wait(bars.iterator + stage, (j // TMA_STAGES) % 2)
-            first = 16 * warp
-            kw = [ring_words(ring32, stage, 0, first + kb * 8 + g, k_chunks(t)) for kb in range(2)]
-            vk = [ring_words(ring32, stage, 1, first + 2 * t + (r % 2) + 8 * (r // 2), v_chunks(g)) for r in range(4)]
-            cute.arch.sync_warp()  # every lane has its words: the stage may be refilled
-            if lane == 0:
-                cute.arch.mbarrier_arrive(bars.iterator + TMA_STAGES + stage)
-            m, lsum = mma_step(qw, kw, lambda vk=vk: vk, acc, sc, m, lsum, start + j * tile + first, stop, t)
-        return m, lsum
-
-    @cute.jit
-    def walk_tma(query, key_cache, value_cache, ring32, bars, part, head0, kv_head, token, start, stop):
-        """The block's keys [start, stop) through the shared-memory ring; the partials overwrite the
-        ring once every warp is done with it."""
-        tidx, _, _ = cute.arch.thread_idx()
-        warp = tidx // WARP
-        lane = tidx % WARP
-        if tidx == 0:
-            for s in cutlass.range_constexpr(TMA_STAGES):
-                cute.arch.mbarrier_init(bars.iterator + s, 1)  # full: the producer's arrival and the bytes
-                cute.arch.mbarrier_init(bars.iterator + TMA_STAGES + s, warps)  # empty: each consumer warp
-            cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
-        tiles = cutlass.max((stop - start + tile - 1) // tile, 0)
-        acc = fresh_acc()
-        m = cutlass.Float32(NEG)
-        lsum = cutlass.Float32(0.0)
-        if warp == warps:
-            produce(key_cache, value_cache, ring32, bars, kv_head, start, cutlass.max(stop - 1, 0), tiles, lane)
-        else:
-            qw = load_q(query, head0, token, lane // 4, lane % 4, k_chunks(lane % 4))
-            m, lsum = consume(qw, acc, ring32, bars, start, stop, tiles, warp, lane)
-        cute.arch.sync_threads()  # the ring is read: the partials may overwrite it
-        if warp < warps:
-            store_partial(part, acc, m, lsum, warp, lane, tma_col)
-
     def row_end(length, token, new_tokens):
         """The keys row `token` attends: [0, end) (causal among the new tokens; never past the cache)."""
         return cutlass.min(length - new_tokens + token + 1, capacity)
-
-    def used_splits(end, splits):
-        """Blocks of a row that take keys: every launched one, or with SPLIT_KEYS as many as the
-        length needs (at least SPLIT_KEYS keys a warp), one at the least."""
-        if split and SPLIT_KEYS > 0:
-            per = warps * SPLIT_KEYS
-            return cutlass.max(cutlass.min((end + per - 1) // per, splits), cutlass.Int32(1))
-        return splits
 
     @cute.kernel
     def attention_kernel(
@@ -865,10 +684,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         context: cute.Tensor,
         new_tokens: cutlass.Int32,
         workspace: cute.Tensor,  # split: (partials, hpb, D + 2) fp32; else unused (context passed)
-        counters: cute.Tensor,  # split with FUSED: an int32 a row; else unused
         splits: cutlass.Int32,  # blocks per row: the split count, or CLUSTER
     ):
-        tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         rank = cute.arch.block_idx_in_cluster()
         row = bidx // CLUSTER
@@ -881,7 +698,6 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
                 cute.arch.griddepcontrol_launch_dependents()
         token = row % new_tokens
         end = row_end(kv_lengths[0], token, new_tokens)  # the length is read on the device: no host sync
-        used = used_splits(end, splits)
 
         smem = cutlass.memory.SmemAllocator()
         blk = (
@@ -889,33 +705,14 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
             smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16),
             smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16),
         )  # the block's (accumulator, max, sum)
-        flag = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)  # FUSED: "this block merges"
-        ring = (flag, flag)  # TMA: (the ring as words, its mbarriers); else unused
-        if cutlass.const_expr(TMA):  # the warps' partials overwrite the ring once it is read
-            raw = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(max(ring_bytes, part_bytes)), 128)
-            bars = smem.allocate_tensor(cutlass.Int64, cute.make_layout(2 * TMA_STAGES), 16)
-            ring_layout = cute.make_layout(
-                (TMA_STAGES, 2, tile, row_words), stride=(2 * tile * row_words, tile * row_words, row_words, 1)
-            )
-            ring = (cute.make_tensor(cute.recast_ptr(raw.iterator, dtype=cutlass.Int32), ring_layout), bars)
-            part = tuple(
-                cute.make_tensor(cute.recast_ptr(raw.iterator + at, dtype=cutlass.Float32), layout)
-                for at, layout in zip(part_offsets, part_layouts())
-            )
-        else:
-            part = tuple(smem.allocate_tensor(cutlass.Float32, layout, 16) for layout in part_layouts())
-        tensors = (query, key_cache, value_cache, context, workspace, counters)
-        if cutlass.const_expr(split and SPLIT_KEYS > 0):
-            if rank < used:  # the blocks past the row's split count exit here
-                attend(tensors, part, blk, flag, ring, new_tokens, row, rank, end, used, splits)
-        else:
-            attend(tensors, part, blk, flag, ring, new_tokens, row, rank, end, used, splits)
+        part = tuple(smem.allocate_tensor(cutlass.Float32, layout, 16) for layout in part_layouts())
+        attend((query, key_cache, value_cache, context, workspace), part, blk, new_tokens, row, rank, end, splits)
 
     @cute.jit
-    def attend(tensors, part, blk, flag, ring, new_tokens, row, rank, end, used, splits):
+    def attend(tensors, part, blk, new_tokens, row, rank, end, splits):
         """One block's share of row `row`: walk, merge its warps, then hand the result on (the
         context, a record for the merge, or the cluster's merge)."""
-        query, key_cache, value_cache, context, workspace, counters = tensors
+        query, key_cache, value_cache, context, workspace = tensors
         tidx, _, _ = cute.arch.thread_idx()
         warp = tidx // WARP
         token = row % new_tokens
@@ -923,20 +720,15 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         kv_head = head0 // group
         # at least one step of the walk a warp (16 keys on tensor cores, 32 scalar): at short lengths
         # the warps past end get no keys and write an empty record, instead of every warp a part step
-        parts = used * warps if split else CLUSTER * warps
+        parts = splits * warps if split else CLUSTER * warps
         share = cutlass.max((end + parts - 1) // parts, cutlass.Int32(16 if use_mma else WARP))
-        if cutlass.const_expr(TMA):  # the block's keys, one contiguous share, through the ring
-            start = rank * warps * share
-            stop = cutlass.min(start + warps * share, end)
-            walk_tma(query, key_cache, value_cache, ring[0], ring[1], part, head0, kv_head, token, start, stop)
-        else:  # each warp its own contiguous share
-            start = (rank * warps + warp) * share
-            stop = cutlass.min(start + share, end)
-            if cutlass.const_expr(use_mma):
-                walk_mma(query, key_cache, value_cache, part, head0, kv_head, token, start, stop)
-            else:
-                part_acc, part_m, part_l = part
-                walk_scalar(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop)
+        start = (rank * warps + warp) * share  # each warp its own contiguous share
+        stop = cutlass.min(start + share, end)
+        if cutlass.const_expr(use_mma):
+            walk_mma(query, key_cache, value_cache, part, head0, kv_head, token, start, stop)
+        else:
+            part_acc, part_m, part_l = part
+            walk_scalar(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop)
         if cutlass.const_expr(PDL and not PDL_EARLY):
             # the walk's reads are done: the next kernel may launch (it still waits for all of this
             # one), so its blocks do not sit on the SMs while this one streams. On the H200 that
@@ -944,12 +736,9 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
             # slower at 1k (7.6 against 6.9 us): docs/gpu-results.md, eighth session.
             cute.arch.griddepcontrol_launch_dependents()
         cute.arch.sync_threads()
-        block_partial(part, blk, context, workspace, row, rank, used, splits, head0, token, tidx)
+        block_partial(part, blk, context, workspace, row, rank, splits, head0, token, tidx)
         if cutlass.const_expr(not split):
             cluster_merge(context, blk[0], blk[1], blk[2], head0, token, rank, tidx)
-        if cutlass.const_expr(split and FUSED):
-            if used > 1:
-                finish_row(workspace, counters, context, flag, row, used, splits, head0, token, tidx)
 
     @cute.jit
     def walk_scalar(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop):
@@ -1025,7 +814,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
                 part_acc[warp, g, lane * cols + c] = acc[g * cols + c]
 
     @cute.jit
-    def block_partial(part, blk, context, workspace, row, rank, used, splits, head0, token, tidx):
+    def block_partial(part, blk, context, workspace, row, rank, splits, head0, token, tidx):
         """The block's partial: its warps merged in warp order (an empty share has l = 0 and acc = 0),
         written as the context (a row of one split), a record for the merge, or (cluster) `blk`."""
         part_acc, part_m, part_l = part
@@ -1042,9 +831,9 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
                 num = num + part_acc[w, g, d] * weight
                 den = den + part_l[w, g] * weight
             if cutlass.const_expr(split):
-                if used == 1:  # one split (a short row, or a workspace too small for two): the result
+                if splits == 1:  # a workspace too small for two splits of these rows: the block's is the result
                     context[0, head0 + g, token, d] = (num / den).to(element)
-                else:  # this block's record; the merge (kernel, or FUSED the row's last block) merges them
+                else:  # this block's record; merge_kernel merges a row's records in split order
                     record = row * splits + rank
                     workspace[record, g, d] = num
                     if d == 0:
@@ -1057,29 +846,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
                     blk[2][g] = den
 
     @cute.jit
-    def finish_row(workspace, counters, context, flag, row, used, splits, head0, token, tidx):
-        """FUSED: count this block in the row's counter; the row's last block merges the records.
-        Each thread fences its record stores before the block counts itself (release), and the last
-        block fences again before it reads the others' records (acquire); it resets the counter."""
-        cute.arch.fence_acq_rel_gpu()
-        cute.arch.sync_threads()
-        if tidx == 0:
-            arrived = cute.arch.atomic_add(counters.iterator + row, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-            last = cutlass.Int32(0)
-            if arrived == used - 1:
-                last = cutlass.Int32(1)
-                counters[row] = cutlass.Int32(0)  # every block of this call has counted: ready for the next
-            flag[0] = last
-        cute.arch.sync_threads()
-        if flag[0] == 1:
-            cute.arch.fence_acq_rel_gpu()
-            for i in cutlass.range(tidx, hpb * head_dim, threads):
-                g = i // head_dim
-                merge_records(workspace, context, row, g, i - g * head_dim, used, splits, head0, token)
-
-    @cute.jit
-    def merge_records(workspace, context, row, g, d, used, splits, head0, token):
-        """Column d of head g of row `row`: its `used` records merged in split order. The loop over
+    def merge_records(workspace, context, row, g, d, splits, head0, token):
+        """Column d of head g of row `row`: its `splits` records merged in split order. The loop over
         splits is unrolled to SPLITS with indices clamped to the last record (weight 0 past it), so
         the loads are independent and issue together. The first version (one block a row, a loop of
         dependent loads) took 11 / 19 / 45 us a call at 1k with 16 / 32 / 64 splits on the H200
@@ -1088,14 +856,14 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         ms = cute.make_rmem_tensor((SPLITS,), cutlass.Float32)
         mall = cutlass.Float32(NEG)
         for r in cutlass.range_constexpr(SPLITS):
-            ms[r] = workspace[first + cutlass.min(r, used - 1), g, head_dim]  # a repeat cannot raise the max
+            ms[r] = workspace[first + cutlass.min(r, splits - 1), g, head_dim]  # a repeat cannot raise the max
             mall = cute.arch.fmax(mall, ms[r])
         num = cutlass.Float32(0.0)
         den = cutlass.Float32(0.0)
         for r in cutlass.range_constexpr(SPLITS):
-            at = first + cutlass.min(r, used - 1)
+            at = first + cutlass.min(r, splits - 1)
             weight = cute.math.exp(ms[r] - mall)
-            if r >= used:
+            if r >= splits:
                 weight = cutlass.Float32(0.0)
             num = num + workspace[at, g, d] * weight
             den = den + workspace[at, g, head_dim + 1] * weight
@@ -1126,15 +894,9 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         cute.arch.cluster_wait()
 
     @cute.kernel
-    def merge_kernel(
-        workspace: cute.Tensor,
-        context: cute.Tensor,
-        kv_lengths: cute.Tensor,
-        new_tokens: cutlass.Int32,
-        splits: cutlass.Int32,
-    ):
+    def merge_kernel(workspace: cute.Tensor, context: cute.Tensor, new_tokens: cutlass.Int32, splits: cutlass.Int32):
         """split: one block per (row, head), a thread per column, merges the row's records in split
-        order (rows of one split were written by their block)."""
+        order (a row of one split was written by its block)."""
         d, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         g = bidx % hpb
@@ -1143,19 +905,10 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
             cute.arch.griddepcontrol_wait()
             if cutlass.const_expr(PDL_EARLY):
                 cute.arch.griddepcontrol_launch_dependents()
-        token = row % new_tokens
-        used = used_splits(row_end(kv_lengths[0], token, new_tokens), splits)
-        if used > 1:
-            merge_records(workspace, context, row, g, d, used, splits, (row // new_tokens) * hpb, token)
+        if splits > 1:
+            merge_records(workspace, context, row, g, d, splits, (row // new_tokens) * hpb, row % new_tokens)
 
-    smem_bytes = 4 * (hpb * head_dim + warps * hpb * head_dim + 2 * warps * hpb + 2 * hpb) + 16 * 9
-    if TMA:  # the ring (the partials inside it), its mbarriers, alignment
-        smem_bytes = 4 * (hpb * head_dim + 2 * hpb) + 16 * 4 + max(ring_bytes, part_bytes) + 128 + 16 * TMA_STAGES + 16
-        if smem_bytes > 227 * 1024:  # an sm_90 block's most
-            raise ValueError(
-                f"CUTEDSL_ATTENTION_TMA_STAGES={TMA_STAGES} with {warps} warps needs {smem_bytes // 1024} KB of "
-                "shared memory a block (at most 227 KB); use fewer stages or warps"
-            )
+    smem_bytes = 4 * (hpb * head_dim + warps * hpb * head_dim + 2 * warps * hpb + 2 * hpb) + 16 * 8
 
     @cute.jit
     def run(
@@ -1169,7 +922,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         """The exported run(query, key_cache, value_cache, kv_lengths, context); `stream` is the TVM-FFI env stream."""
         new_tokens = cute.size(query, mode=[2])  # s: dynamic, from the tensor the engine passes
         attention_kernel(
-            query, key_cache, value_cache, kv_lengths, context, new_tokens, context, context, cutlass.Int32(CLUSTER)
+            query, key_cache, value_cache, kv_lengths, context, new_tokens, context, cutlass.Int32(CLUSTER)
         ).launch(
             grid=(heads // hpb * new_tokens * CLUSTER, 1, 1),
             block=(threads, 1, 1),
@@ -1190,7 +943,7 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         stream: cuda.CUstream,
     ):
         """run(query, key_cache, value_cache, kv_lengths, workspace, context): split over blocks, merged
-        by a second kernel (FUSED: by each row's last block); as many splits (up to SPLITS) as the
+        by a second kernel; as many splits (up to SPLITS) as the
         workspace holds for these rows."""
         new_tokens = cute.size(query, mode=[2])
         rows = heads // hpb * new_tokens
@@ -1199,28 +952,19 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
             cute.recast_ptr(workspace.iterator, dtype=cutlass.Float32),
             cute.make_layout((partials, hpb, head_dim + 2), stride=(hpb * (head_dim + 2), head_dim + 2, 1)),
         )
-        counters = records
-        if cutlass.const_expr(FUSED):  # after the records
-            counters = cute.make_tensor(
-                cute.recast_ptr(workspace.iterator + partials * 4 * hpb * (head_dim + 2), dtype=cutlass.Int32),
-                cute.make_layout(max(n_counters, 1)),
-            )
-        attention_kernel(
-            query, key_cache, value_cache, kv_lengths, context, new_tokens, records, counters, splits
-        ).launch(
+        attention_kernel(query, key_cache, value_cache, kv_lengths, context, new_tokens, records, splits).launch(
             grid=(rows * splits, 1, 1),
             block=(threads, 1, 1),
             smem=smem_bytes,
             stream=stream,
             use_pdl=PDL,
         )
-        if cutlass.const_expr(not FUSED):
-            merge_kernel(records, context, kv_lengths, new_tokens, splits).launch(
-                grid=(rows * hpb, 1, 1),
-                block=(head_dim, 1, 1),
-                stream=stream,
-                use_pdl=PDL,
-            )
+        merge_kernel(records, context, new_tokens, splits).launch(
+            grid=(rows * hpb, 1, 1),
+            block=(head_dim, 1, 1),
+            stream=stream,
+            use_pdl=PDL,
+        )
 
     return run_split if split else run
 
@@ -1463,10 +1207,6 @@ def main(argv=None):
         rows = shapes["heads"] // hpb
         most = min(SPLITS, partials_held(shapes["workspace_bytes"], hpb, shapes["head_dim"]) // rows)
         blocks = f"split {most} ways over blocks at 1 new token (workspace {shapes['workspace_bytes']} bytes)"
-        if SPLIT_KEYS:
-            blocks += f", splits from the length ({SPLIT_KEYS} keys a warp)"
-        blocks += ", merged by the last block" if FUSED else ""
-        blocks += f", bulk copies through a ring of {TMA_STAGES} stages" if TMA else ""
     else:
         blocks = f"cluster {CLUSTER}"
     launch = ", dependents launched early" if PDL_EARLY else ("" if PDL else ", plain launch")

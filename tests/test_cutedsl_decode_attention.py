@@ -157,9 +157,8 @@ def test_export_links_a_loadable_tvm_ffi_dso(tmp_path):
     assert f"abi_sha256={receipt['abi_sha256']}" in r.stdout and arch in r.stdout
     assert f"dso={out.resolve()}" in r.stdout and [p.name for p in out.parent.iterdir()] == [out.name]
     assert "schedule=cluster 8, 8 warps, 4 heads a block, tensor cores\n" in r.stdout  # the default for GQA 4
-    # what to declare for the split schedule: 32 splits of 32 heads' fp32 (context row, max, sum), and
-    # an int32 a head and split of room for the fused merge's counters
-    assert "split_workspace_bytes=536576 (`mcore build ... --workspace-bytes 536576`: 32 splits a row)" in r.stdout
+    # what to declare for the split schedule: 32 splits of 32 heads' fp32 (context row, max, sum)
+    assert "split_workspace_bytes=532480 (`mcore build ... --workspace-bytes 532480`: 32 splits a row)" in r.stdout
     fn = tvm_ffi.load_module(str(out))["run"]
     q = torch.zeros(1, 32, 3, 128, dtype=torch.bfloat16)
     cache = torch.zeros(1, 8, 4096, 128, dtype=torch.bfloat16)
@@ -228,17 +227,10 @@ def test_a_receipt_with_a_workspace_exports_the_split_schedule(tmp_path):
 
 
 @needs_cute
-@pytest.mark.parametrize(
-    "knob, value, message",
-    [
-        ("CUTEDSL_ATTENTION_SPLITS", "1", "CUTEDSL_ATTENTION_SPLITS must be 2 to 64"),
-        ("CUTEDSL_ATTENTION_SPLIT_KEYS", "8", "CUTEDSL_ATTENTION_SPLIT_KEYS must be 16 to 4096"),
-    ],
-)
-def test_a_bad_split_knob_is_named(tmp_path, knob, value, message):
+def test_a_bad_split_count_is_named(tmp_path):
     rp, sp = write_pair(tmp_path, *attention_pair(workspace_bytes=32 * 16 * 130 * 4))
-    r = run_script("--selection", rp, "--output", tmp_path / "x.so", **{knob: value})
-    assert r.returncode != 0 and message in r.stderr
+    r = run_script("--selection", rp, "--output", tmp_path / "x.so", CUTEDSL_ATTENTION_SPLITS="1")
+    assert r.returncode != 0 and "CUTEDSL_ATTENTION_SPLITS must be 2 to 64" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.so").exists()
 
 
@@ -252,57 +244,6 @@ def _ptx(tmp_path: Path, name: str, rp: Path, **env: str) -> tuple[str, str]:
     assert r.returncode == 0, r.stderr[-3000:]
     (text,) = [p.read_text() for p in dump.rglob("*.ptx")]
     return r.stdout, text
-
-
-@needs_cute
-def test_the_tma_walk_streams_rows_by_bulk_copies_on_mbarriers(tmp_path):
-    """CUTEDSL_ATTENTION_TMA=1: a producer warp issues one bulk copy (cp.async.bulk) a K or V row
-    into the shared-memory ring, completing on mbarriers (a "full" one a stage, armed with the stage's
-    bytes; an "empty" one a stage the consumers arrive on), after the wait for the kernel before;
-    the consumers read the ring with 16-byte shared loads. Without a workspace it is refused."""
-    ws = 32 * 32 * 131 * 4
-    rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=ws))
-    out, text = _ptx(tmp_path, "tma", rp, CUTEDSL_ATTENTION_TMA="1")
-    assert "bulk copies through a ring of 3 stages, 4 warps" in out
-    lines = text.splitlines()
-    copies = [
-        i for i, t in enumerate(lines) if "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in t
-    ]
-    assert copies and all(", 256, [" in lines[i] for i in copies)  # a row of 128 bf16
-    arms = [i for i, t in enumerate(lines) if "mbarrier.arrive.expect_tx" in t]  # a stage's 64 K and V rows
-    assert arms and any(t.strip().endswith(f", {2 * 64 * 256};") for t in lines)
-
-    assert sum("mbarrier.init" in t for t in lines) == 6  # 3 stages, full and empty
-    wait = next(i for i, t in enumerate(lines) if "griddepcontrol.wait" in t)
-    assert wait < min(copies)
-    assert any("ld.shared.v4" in t for t in lines)
-    plain_rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128), "plain")
-    r = run_script("--selection", plain_rp, "--output", tmp_path / "x.so", CUTEDSL_ATTENTION_TMA="1")
-    assert r.returncode != 0 and "CUTEDSL_ATTENTION_TMA=1 needs the split schedule" in r.stderr
-
-
-@needs_cute
-def test_the_fused_merge_is_one_kernel_that_counts_after_a_fence(tmp_path):
-    """CUTEDSL_ATTENTION_FUSED_MERGE=1: no merge kernel; every block fences its record stores before
-    it counts itself in the row's counter (an atomic add), and the last block fences again before it
-    reads the records, and sets the counter back to 0 (checked in the PTX)."""
-    ws = 32 * 32 * 131 * 4
-    rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=ws))
-    out, text = _ptx(tmp_path, "fused", rp, CUTEDSL_ATTENTION_FUSED_MERGE="1", CUTEDSL_ATTENTION_SPLIT_KEYS="32")
-    assert (
-        "split 32 ways over blocks at 1 new token (workspace 536576 bytes), splits from the length (32 keys a warp), merged by the last block, 4 warps"
-        in out
-    )
-    lines = text.splitlines()
-    assert sum(t.startswith(".visible .entry") for t in lines) == 1
-    at = {k: [i for i, t in enumerate(lines) if k in t] for k in ("fence.acq_rel.gpu", "atom.global", "st.global")}
-    (atom,) = at["atom.global"]
-    assert "add" in lines[atom] and "acq_rel" in lines[atom]
-    release, acquire = at["fence.acq_rel.gpu"]
-    records = [i for i in at["st.global"] if i < release]
-    assert records and release < atom < acquire
-    reset = [i for i in at["st.global"] if atom < i < acquire]
-    assert len(reset) == 1 and lines[reset[0]].strip().endswith(", 0;")  # the counter, back to 0
 
 
 @needs_cute
@@ -331,7 +272,7 @@ def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
     assert "dependents launched early" in out
     (wait,), (launch,) = at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"]
     assert wait < launch < min(at["ld.global"] + at["st.global"])
-    ws_rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 131 * 4), "ws")
+    ws_rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4), "ws")
     at = places(_ptx(tmp_path, "early-split", ws_rp, CUTEDSL_ATTENTION_PDL="early")[1])
     assert len(at["griddepcontrol.wait"]) == len(at["griddepcontrol.launch_dependents"]) == 2  # walk and merge
     for wait, launch in zip(at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"]):
@@ -360,62 +301,17 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "split": {},
     "split-7-scalar": {"CUTEDSL_ATTENTION_SPLITS": "7", "CUTEDSL_ATTENTION_MMA": "0"},
     "split-tight-8-warps": {"CUTEDSL_ATTENTION_WARPS": "8"},
-    # the split count from the length (16 keys a warp: 1 to 4 of the 32 splits at these lengths, one
-    # split writing the context itself); the merge folded into each row's last block; both
-    "split-keys": {"CUTEDSL_ATTENTION_SPLIT_KEYS": "16"},
-    "split-fused": {"CUTEDSL_ATTENTION_FUSED_MERGE": "1"},
-    "split-fused-keys-early": {
-        "CUTEDSL_ATTENTION_FUSED_MERGE": "1",
-        "CUTEDSL_ATTENTION_SPLIT_KEYS": "16",
-        "CUTEDSL_ATTENTION_PDL": "early",
-    },
-    "split-fused-7-scalar-keys": {
-        "CUTEDSL_ATTENTION_FUSED_MERGE": "1",
-        "CUTEDSL_ATTENTION_SPLITS": "7",
-        "CUTEDSL_ATTENTION_MMA": "0",
-        "CUTEDSL_ATTENTION_SPLIT_KEYS": "32",
-    },
-    # keys streamed through a shared-memory ring by bulk copies (a producer warp, mbarriers)
-    "split-tma": {"CUTEDSL_ATTENTION_TMA": "1"},
-    "split-tma-2-stages-fused-keys": {
-        "CUTEDSL_ATTENTION_TMA": "1",
-        "CUTEDSL_ATTENTION_TMA_STAGES": "2",
-        "CUTEDSL_ATTENTION_FUSED_MERGE": "1",
-        "CUTEDSL_ATTENTION_SPLIT_KEYS": "16",
-    },
+    # the next kernel launched as soon as the wait returned (both kernels)
+    "split-early": {"CUTEDSL_ATTENTION_PDL": "early"},
 }
 # the partial results a head the receipt's workspace holds at one new token, by schedule: 2 leaves
 # 3 new tokens one split (the blocks write the context themselves); 7 of 7 leaves them 2 each
-WORKSPACE_SPLITS = {
-    "split": 32,
-    "split-7-scalar": 7,
-    "split-tight-8-warps": 2,
-    "split-keys": 32,
-    "split-fused": 32,
-    "split-fused-keys-early": 32,
-    "split-fused-7-scalar-keys": 7,
-    "split-tma": 32,
-    "split-tma-2-stages-fused-keys": 16,
-}
+WORKSPACE_SPLITS = {"split": 32, "split-7-scalar": 7, "split-tight-8-warps": 2, "split-early": 32}
 
 
 def workspace_bytes(schedule: str, heads: int, head_dim: int) -> int:
-    """As the exporter's split_workspace_bytes: per head and split an fp32 context row, max and sum,
-    and an int32 of room for the fused merge's counters."""
-    return heads * WORKSPACE_SPLITS.get(schedule, 0) * (head_dim + 3) * 4
-
-
-def counter_bytes(schedule: str, shape: tuple) -> tuple[int, int]:
-    """[first, last) bytes of the fused merge's counters in the workspace of `schedule` (empty unless fused)."""
-    if SCHEDULES[schedule].get("CUTEDSL_ATTENTION_FUSED_MERGE") != "1":
-        return 0, 0
-    heads, kv_heads, head_dim = shape[1], shape[2], shape[4]
-    hpb = heads // kv_heads  # these schedules serve the whole GQA group a block
-    record = 4 * hpb * (head_dim + 2)
-    ws = workspace_bytes(schedule, heads, head_dim)
-    counters = ws // record // 2
-    first = (ws - 4 * counters) // record * record
-    return first, first + 4 * counters
+    """As the exporter's split_workspace_bytes: per head and split an fp32 context row, max and sum."""
+    return heads * WORKSPACE_SPLITS.get(schedule, 0) * (head_dim + 2) * 4
 
 
 class _Kernels:
@@ -447,12 +343,10 @@ class _Kernels:
                     tmp.rename(out)
             run = tvm_ffi.load_module(str(out))["run"]
             ws = workspace_bytes(key[1], key[0][1], key[0][4])
-            if ws:  # called like the others, with a workspace of NaN bit patterns, but for the fused
-                import torch  # merge's counters: 0, as the slot zeroes its workspace when it binds
+            if ws:  # called like the others; the workspace as a slot holds it, all NaN bit patterns
+                import torch
 
                 scratch = torch.full((ws,), 255, dtype=torch.uint8, device="cuda")
-                first, last = counter_bytes(key[1], key[0])
-                scratch[first:last] = 0
                 self.loaded[key] = lambda q, k, v, n, out, run=run: run(q, k, v, n, scratch, out)
             else:
                 self.loaded[key] = run
@@ -505,10 +399,7 @@ def test_gpu_matches_the_reference(gpu_kernels, shape, new_tokens, schedule):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "schedule",
-    ["mma", "mma-prefetch", "split", "split-keys", "split-fused", "split-tma", "split-tma-2-stages-fused-keys"],
-)
+@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch", "split", "split-early"])
 def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
     """Shares of many steps a warp (8192 keys over 64 warps, or 256 with 32 splits), where the test
     above has 1 to 4: the walk that loads a step ahead carries its buffer across many steps."""
@@ -534,11 +425,10 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["per-group", "split", "split-fused-keys-early", "split-tma"])
+@pytest.mark.parametrize("schedule", ["per-group", "split", "split-early"])
 def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels, schedule):
     """No host sync: the length lives on the device, so a captured graph follows later lengths
-    (split: both kernels, the walk and the merge, in the graph; fused: the split count changes with
-    the length between replays, 1 split at 7 keys and 4 at 200, and the counters are reset)."""
+    (split: both kernels, the walk and the merge, in the graph)."""
     import torch
 
     from mcore.ops import decode_attention_reference
@@ -562,51 +452,6 @@ def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels, schedul
         torch.cuda.synchronize()
         ref = decode_attention_reference(q.cpu(), k.cpu(), v.cpu(), n.cpu())
         assert torch.allclose(out.double().cpu(), ref, atol=2e-2, rtol=2e-2), length
-
-
-@pytest.mark.gpu
-def test_gpu_fused_merge_equals_the_merge_kernel_bit_for_bit(gpu_kernels):
-    """The row's last block merges in split order with the merge kernel's arithmetic, whichever block
-    finishes last: the fused schedule's output equals the two-kernel schedule's bit for bit, on
-    every one of many calls (each also resets the counters for the next), with the split count
-    fixed (32) and chosen from the length (16 keys a warp)."""
-    import torch
-
-    shape = ("BF16", 32, 8, 8192, 128)
-    gen = torch.Generator().manual_seed(31)
-    q = (torch.randn(1, 32, 1, 128, generator=gen) * 128**-0.5).to(torch.bfloat16).cuda()
-    k = torch.randn(1, 8, 8192, 128, generator=gen).to(torch.bfloat16).cuda()
-    v = torch.randn(1, 8, 8192, 128, generator=gen).to(torch.bfloat16).cuda()
-    for two, fused in (("split", "split-fused"), ("split-keys", "split-fused-keys-early")):
-        for length in (100, 3000, 8192):
-            n = torch.tensor([length], dtype=torch.int32, device="cuda")
-            want = torch.empty_like(q)
-            gpu_kernels[shape, two](q, k, v, n, want)
-            outs = [torch.empty_like(q) for _ in range(20)]
-            for out in outs:
-                gpu_kernels[shape, fused](q, k, v, n, out)
-            torch.cuda.synchronize()
-            assert all(torch.equal(out, want) for out in outs), (fused, length)
-
-
-def test_a_bound_slot_gets_a_zeroed_workspace(tmp_path):
-    """The fused merge keeps its counters in the workspace between calls, starting from 0: the engine
-    zeroes a slot's workspace once, when it binds the slot."""
-    import torch
-
-    from mcore.engines.slots import SlotCall
-    from mcore.receipt import Receipt
-
-    ws = 32 * 32 * 131 * 4
-    receipt = Receipt.from_dict(attention_pair(workspace_bytes=ws)[1], "test")
-    seen = []
-    call = SlotCall(receipt.slot())
-    call.bind(lambda q, k, v, n, workspace, out: seen.append(workspace.clone()), torch.device("cpu"))
-    q = torch.zeros(1, 32, 1, 128, dtype=torch.bfloat16)
-    cache = torch.zeros(1, 8, 4096, 128, dtype=torch.bfloat16)
-    call(q, cache, cache, torch.ones(1, dtype=torch.int32))
-    (workspace,) = seen
-    assert workspace.dtype == torch.uint8 and workspace.numel() == ws and not workspace.any()
 
 
 # ---------------------------------------------------------------- the stub generator points here

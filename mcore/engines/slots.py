@@ -8,7 +8,8 @@ cache entry) holds no Python object and two pipelines in one process keep their 
 
 The slot calls the bound TVM-FFI function in ABI order: inputs, workspace, outputs, extra
 args. The engine allocates the output (fresh, so it never aliases an input) and the workspace
-(once per slot, zeroed); the kernel launches on the current stream, also during CUDA-graph capture.
+(once per slot, when it binds, uninitialised); the kernel launches on the current stream, also
+during CUDA-graph capture.
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ class SlotCall:
             raise RuntimeError(f"slot {self.binding_id} is already bound; construct a new pipeline to rebind")
         self.fn = fn
         if self.workspace_bytes:
-            # zeroed once: a kernel may keep state there between its calls if it restores it (the CuTe
-            # attention's fused merge counts a row's finished blocks there and resets the count)
-            self._workspace = torch.zeros(self.workspace_bytes, dtype=torch.uint8, device=device)
+            # uninitialised scratch: a kernel may not rely on what it holds when a call starts (the CuTe
+            # attention writes every record it reads in the same call)
+            self._workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=device)
 
     def output_like(self, inputs: list[torch.Tensor]) -> torch.Tensor:
         if self.shape_input is None:
