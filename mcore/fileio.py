@@ -113,6 +113,30 @@ def write_error(path: Path, e: OSError) -> UserError:
     )
 
 
+PATH_MAX_BYTES = 4095  # Linux PATH_MAX less the terminating NUL
+NAME_MAX_BYTES = 255
+
+
+def check_path_text(p: Any, where: str) -> str:
+    """A path named in someone's file (a session, a manifest) that OS calls can take: text without
+    NUL bytes, encodable as a file name, at most PATH_MAX bytes with no part over NAME_MAX; else
+    a one-line UserError naming `where` (an OS call would raise ValueError or ENAMETOOLONG)."""
+    if not isinstance(p, str) or not p:
+        raise UserError(f"{where}: must be a non-empty path string, got {type(p).__name__}")
+    if "\0" in p:
+        raise UserError(f"{where}: contains a NUL byte; give a plain path")
+    try:
+        raw = os.fsencode(p)
+    except UnicodeEncodeError:
+        raise UserError(f"{where}: is not a valid file name (unencodable characters); give a plain path") from None
+    if len(raw) > PATH_MAX_BYTES or any(len(part) > NAME_MAX_BYTES for part in raw.split(b"/")):
+        raise UserError(
+            f"{where}: path is too long ({len(raw)} bytes; at most {PATH_MAX_BYTES}, "
+            f"{NAME_MAX_BYTES} a part); give a shorter path"
+        )
+    return p
+
+
 def check_output_path(path: str | os.PathLike) -> Path:
     """Fail fast (before long work) when an output cannot be written where asked: the one rule for
     every output. Only a regular file (or nothing) may be replaced; a symlink, FIFO, socket or

@@ -103,31 +103,70 @@ def captured_from(
     return Captured(source, family, gargs, role, io, ep, Snapshot.from_dict(snap, f"captured {role} graph"))
 
 
+def program_sha256(ep: torch.export.ExportedProgram) -> str:
+    """The whole exported graph, scalar arguments included (an RMSNorm eps, a rope theta), with its
+    signature (which name feeds which input) and its state's names, shapes and dtypes. A snapshot's
+    fingerprint covers nodes and tensors, not scalar arguments: this is what a cached program is
+    checked against after it loads."""
+    state = [(k, tuple(v.shape), str(v.dtype)) for k, v in sorted(ep.state_dict.items())]
+    text = "\n".join([str(ep.graph), str(ep.graph_signature), repr(state), repr(sorted(map(str, ep.constants)))])
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def capture_cached(
     args: BuildArgs, role: str, fingerprint: str, resolved: tuple[ModelSource, Family, dict[str, Any]]
 ) -> Captured:
     """capture(), reusing an ExportedProgram saved by an earlier load of the same graph on this machine.
 
-    A loaded program counts only if its snapshot has exactly the expected fingerprint (which covers the
-    model, the role, the build args and every node and tensor), so a stale or foreign file is never used."""
-    from .families.demo import cache_root
-    from .fileio import atomic_write
+    The cache folder must be safe (mcore/cache.py), and an entry counts only when its record says it
+    was made from this fingerprint, role and tool versions, its file has the recorded sha256 (checked
+    before torch.export.load unpickles anything), and the loaded program has the recorded whole-graph
+    hash and a snapshot with exactly the expected fingerprint; else it is captured afresh and replaced."""
+    from . import cache
 
     tag = "-".join(f"{k}{v}" for k, v in sorted(tool_versions().items()))
-    path = cache_root() / "exported" / f"{fingerprint}-{tag}.pt2"
-    source, family, gargs = resolved
-    if path.is_file():
-        try:
-            cap = captured_from(torch.export.load(str(path)), source, family, gargs, role)
-            if cap.snapshot.fingerprint == fingerprint:
-                return cap
-        except Exception:  # unreadable or from another layout: capture again and replace it
-            pass
+    folder = cache.cache_dir("exported")
+    path = folder / f"{fingerprint}-{tag}.pt2"
+    record = path.with_suffix(".json")
+    made_from = {"fingerprint": fingerprint, "engine_role": role, "tool_versions": tool_versions()}
+    cap = _load_cached(path, record, made_from, resolved, role, fingerprint)
+    if cap is not None:
+        return cap
     cap = capture(args, role, resolved=resolved)
     if cap.snapshot.fingerprint == fingerprint:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, lambda f: torch.export.save(cap.exported, f), binary=True)
+            cache.write_private(path, lambda p: torch.export.save(cap.exported, str(p)))
+            cache.write_entry(record, made_from, {"program": path}, program_sha256=program_sha256(cap.exported))
         except Exception:  # the cache is a convenience; loading works without it
             pass
     return cap
+
+
+def _load_cached(
+    path: Any, record_path: Any, made_from: dict, resolved: tuple, role: str, fingerprint: str
+) -> Optional[Captured]:
+    """The cached capture when its entry holds (see capture_cached), else None (with a note when one
+    was there but did not hold)."""
+    from . import cache
+
+    record, why = cache.read_entry(record_path, made_from, {"program": path})
+    if record is None:
+        if why is None and path.exists():
+            why = "it has no record"
+        if why is not None:
+            cache.stale(f"{role} graph", path, why, "capturing")
+        return None
+    source, family, gargs = resolved
+    try:
+        ep = torch.export.load(str(path))
+        if program_sha256(ep) != record.get("program_sha256"):
+            why = "its graph differs from its record"
+        else:
+            cap = captured_from(ep, source, family, gargs, role)
+            if cap.snapshot.fingerprint == fingerprint:
+                return cap
+            why = "its graph has another fingerprint"
+    except Exception as e:  # noqa: BLE001 - unreadable or from another layout: capture again and replace it
+        why = f"it does not load: {type(e).__name__}"
+    cache.stale(f"{role} graph", path, why, "capturing")
+    return None
