@@ -147,7 +147,9 @@ def file_sha256(path: Path) -> str:
 
 
 def _self_hash(record: Mapping[str, Any]) -> str:
-    return hashlib.sha256(canonical_json({k: v for k, v in record.items() if k != "record_sha256"}).encode()).hexdigest()
+    return hashlib.sha256(
+        canonical_json({k: v for k, v in record.items() if k != "record_sha256"}).encode()
+    ).hexdigest()
 
 
 def write_private(path: Path, write: Callable[[Path], None]) -> None:

@@ -365,6 +365,7 @@ def select_nodes(
 def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto", overwrite: bool = False) -> dict:
     """`mcore kernel build`: compile a shipped kernel into a TVM-FFI DSO."""
     from mcore import build_kernel as _build
+    from mcore import library_sha256
 
     out = ctx.path(output, "output")
     k = _build(_str(name, "name"), out, cuda=cuda, progress=ctx.progress, overwrite=bool(overwrite))
@@ -376,6 +377,7 @@ def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto",
         "variant": variant,
         "function": getattr(k, "function", "run"),
         "description": describe,
+        "library_sha256": library_sha256(k),
     }
 
 
@@ -424,12 +426,18 @@ def export_kernel(ctx: ActionContext, exporter: str, receipt: str, output: str, 
         cwd=ctx.workdir,
     )
     ctx.say(f"exported {ctx.rel(r.library)} ({r.arch or 'arch not printed'})")
-    return {"library": ctx.rel(r.library), "binding_id": r.binding_id, "abi_sha256": r.abi_sha256, "arch": r.arch}
+    return {
+        "library": ctx.rel(r.library),
+        "binding_id": r.binding_id,
+        "abi_sha256": r.abi_sha256,
+        "arch": r.arch,
+        "library_sha256": r.library_sha256,
+    }
 
 
 def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str, function: str = "run") -> dict:
     """Write a kernel bindings manifest binding the receipt's slot to a DSO next to it."""
-    from mcore import BINDINGS_SCHEMA_VERSION, BindingsManifest, load_receipt, write_json
+    from mcore import BINDINGS_SCHEMA_VERSION, BindingsManifest, library_sha256, load_receipt, write_json
 
     rec = load_receipt(ctx.path(receipt, "receipt"))
     mpath = ctx.path(manifest, "manifest")
@@ -444,17 +452,17 @@ def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str
             "copy the DSO next to the manifest"
         )
     rel_lib = "./" + Path(rel_lib).as_posix()
-    data = {
-        "schema_version": BINDINGS_SCHEMA_VERSION,
-        "bindings": [
-            {
-                "id": rec.binding_id,
-                "abi_sha256": rec.abi_sha256,
-                "library": rel_lib,
-                "function": _str(function, "function"),
-            }
-        ],
+    entry = {
+        "id": rec.binding_id,
+        "abi_sha256": rec.abi_sha256,
+        "library": rel_lib,
+        "function": _str(function, "function"),
     }
+    # pin the DSO's bytes: the manifest binds this build, not whatever is at the path later
+    lib_sha = library_sha256(lib) if lib.is_file() else None
+    if lib_sha is not None:
+        entry["library_sha256"] = lib_sha
+    data = {"schema_version": BINDINGS_SCHEMA_VERSION, "bindings": [entry]}
     # the same strict check a pipeline applies (loads no DSO), before anything is written
     write_json(mpath, BindingsManifest.from_dict(data, mpath).to_dict())
     return {
@@ -462,6 +470,7 @@ def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str
         "binding_id": rec.binding_id,
         "abi_sha256": rec.abi_sha256,
         "library": rel_lib,
+        "library_sha256": lib_sha,
     }
 
 
