@@ -154,7 +154,7 @@ def _self_hash(record: Mapping[str, Any]) -> str:
 
 def write_private(path: Path, write: Callable[[Path], None]) -> None:
     """Write a cache file owner-only and whole: `write(staged)` fills a temp file beside `path`."""
-    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staged = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # torch.export wants its suffix
     try:
         write(staged)
         os.chmod(staged, 0o600)

@@ -64,6 +64,34 @@ def graph_metadata(source: ModelSource, family: Family, gargs: dict[str, Any], r
     }
 
 
+def build_core(family: Family, config: dict, gargs: dict[str, Any], device: Any) -> torch.nn.Module:
+    """family.build_core, with a config.json that describes a model too large to build (a hidden size
+    of 10**12) as a one-line error: built first on the meta device, which allocates nothing, then
+    on `device` only when its weights fit that device's memory."""
+    from .bundle_contents import device_memory, state_bytes
+
+    dims = "check its dimensions (hidden_size, intermediate_size, num_hidden_layers, vocab_size)"
+    try:
+        meta = family.build_core(config, gargs, "meta")
+    except (RuntimeError, OverflowError, ValueError, MemoryError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise UserError(f"config.json: the model it describes cannot be built ({first}); {dims}") from None
+    dev = torch.device(device)
+    if dev.type == "meta":
+        return meta
+    need, have = state_bytes(meta), device_memory(dev)
+    if need > have:
+        raise UserError(
+            f"config.json: the model's weights need {need / 2**30:.1f} GiB but {dev} has {have / 2**30:.1f} GiB; {dims}"
+        )
+    try:
+        return family.build_core(config, gargs, dev)
+    except (RuntimeError, MemoryError) as e:
+        if isinstance(e, RuntimeError) and "memory" not in str(e) and "allocate" not in str(e):
+            raise
+        raise UserError(f"config.json: the model's weights ({need / 2**30:.1f} GiB) do not fit on {dev}") from None
+
+
 def resolve(args: BuildArgs) -> tuple[ModelSource, Family, dict[str, Any]]:
     source = resolve_model(args.model, args.model_revision)
     family = family_for_config(source.config)
@@ -81,7 +109,7 @@ def capture(
     source, family, gargs = resolved or resolve(args)
     check_role(family, role)
     progress.report(f"building {family.name} {role} graph module", 0.05)
-    core = family.build_core(source.config, gargs, "meta")
+    core = build_core(family, source.config, gargs, "meta")
     module = family.role_module(core, role)
     example, dynamic = family.example_inputs(source.config, gargs, role, "meta")
     progress.report(f"exporting {role} with torch.export", 0.2)
