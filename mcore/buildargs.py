@@ -60,7 +60,9 @@ class BuildArgs:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, types):
                 kind = "an integer" if int in types else "a string"
-                raise UserError(f"build args: {name} must be {kind}{' or null' if type(None) in types else ''}, got {v!r}")
+                raise UserError(
+                    f"build args: {name} must be {kind}{' or null' if type(None) in types else ''}, got {v!r}"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -168,10 +168,14 @@ def check_slots(slots: Sequence[Any], snapshot: Any, where: str) -> None:
     for s in slots:
         for nid in s.node_ids:
             if nid not in nodes:
-                raise UserError(f"{where}: slot {s.label} names {nid}, which the {s.engine_role} graph lacks; {REBUILD}")
+                raise UserError(
+                    f"{where}: slot {s.label} names {nid}, which the {s.engine_role} graph lacks; {REBUILD}"
+                )
         for tid in (*s.input_tensor_ids, *s.output_tensor_ids):
             if tid not in tensors:
-                raise UserError(f"{where}: slot {s.label} names {tid}, which the {s.engine_role} graph lacks; {REBUILD}")
+                raise UserError(
+                    f"{where}: slot {s.label} names {tid}, which the {s.engine_role} graph lacks; {REBUILD}"
+                )
 
 
 def state_bytes(core: torch.nn.Module) -> int:

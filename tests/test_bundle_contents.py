@@ -30,8 +30,9 @@ def bundles(tmp_path_factory) -> dict[str, Path]:
     args = BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=64)
     return {
         "native": build_bundle(args, tmp / "n.bundle").bundle_path,
-        "slot": build_bundle(args, tmp / "s.bundle", recipe=("qwen.decode_logits_copy@1", "decoder.logits_zero_bias"))
-        .bundle_path,
+        "slot": build_bundle(
+            args, tmp / "s.bundle", recipe=("qwen.decode_logits_copy@1", "decoder.logits_zero_bias")
+        ).bundle_path,
         "other": build_bundle(args.with_(model="demo:qwen3-tiny-hd64"), tmp / "o.bundle").bundle_path,
     }
 
@@ -59,7 +60,11 @@ def _config(mem: dict, **changes: Any) -> None:
 
 
 CASES: dict[str, tuple[Optional[Callable], Optional[Callable], str]] = {
-    "config.json not JSON": (None, lambda mem: mem.update({"config.json": b"{garbage"}), "malformed JSON in config.json"),
+    "config.json not JSON": (
+        None,
+        lambda mem: mem.update({"config.json": b"{garbage"}),
+        "malformed JSON in config.json",
+    ),
     "config.json a list": (None, lambda mem: mem.update({"config.json": b"[1]"}), "must be a JSON object"),
     "huge hidden_size": (None, lambda mem: _config(mem, hidden_size=10**12), "check its dimensions"),
     "tokenizer.json not text": (None, lambda mem: mem.update({"tokenizer.json": b"\xff\xfe"}), "not UTF-8"),
@@ -75,7 +80,11 @@ CASES: dict[str, tuple[Optional[Callable], Optional[Callable], str]] = {
         None,
         "max_cache_length must be an integer",
     ),
-    "graph_args disagree": (lambda m: m["graph_args"].update(max_cache_length=63), None, "graph_args (max_cache_length)"),
+    "graph_args disagree": (
+        lambda m: m["graph_args"].update(max_cache_length=63),
+        None,
+        "graph_args (max_cache_length)",
+    ),
     "precision fp8": (lambda m: m["graph_args"].update(precision="fp8"), None, "graph_args (precision)"),
     "alias to nothing": (lambda m: m["weights"].update(aliases={"a": "nope"}), None, "names no stored tensor"),
     "huge seed": (lambda m: m.update(weights={"kind": "random", "seed": 10**30}), None, "weights.seed"),
@@ -94,7 +103,9 @@ def test_garbage_inside_a_whole_bundle_is_one_line(case, bundles, tmp_path, mcor
 
 def test_another_models_weights_are_refused(bundles, tmp_path, mcore):
     other = open_bundle(bundles["other"]).read("weights.safetensors")
-    bad = remake(bundles["native"], tmp_path / "bad.bundle", members=lambda mem: mem.update({"weights.safetensors": other}))
+    bad = remake(
+        bundles["native"], tmp_path / "bad.bundle", members=lambda mem: mem.update({"weights.safetensors": other})
+    )
     assert_user_error(
         mcore("run", bad, "--prompt", "hi", "--device", "cpu"), "the weights are not this model's", "embed_tokens"
     )
@@ -119,7 +130,11 @@ def test_slot_nodes_the_graph_lacks_are_refused(bundles, tmp_path, mcore):
     (tmp_path / "kb.json").write_text(json.dumps({"schema_version": 1, "bindings": [entry]}))
     res = mcore("run", bad, "--kernel-bindings", tmp_path / "kb.json", "--prompt", "hi", "--device", "cpu")
     assert res.code == 2 and "Traceback" not in res.err, res  # after the one native-code notice, one line:
-    assert res.err.strip().splitlines()[-1].endswith("names node:99999, which the decode graph lacks; rebuild it with `mcore build`")
+    assert (
+        res.err.strip()
+        .splitlines()[-1]
+        .endswith("names node:99999, which the decode graph lacks; rebuild it with `mcore build`")
+    )
 
 
 # ---------------------------------------------------------------- fuzz

@@ -596,6 +596,7 @@ def verify_reference(
         **_gate_results(ctx, r),
         "first_diverging_step": d.get("first_diverging_step"),
         "max_abs": d.get("max_abs"),
+        "max_rel": d.get("max_rel"),
         "min_cosine": d.get("min_cosine"),
     }
 
