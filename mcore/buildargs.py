@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
 from .errors import UserError
+from .fileio import check_path_text
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 LAYOUTS = ("split",)
@@ -28,6 +29,7 @@ class BuildArgs:
         self._check_types()
         if not self.model:
             raise UserError("no model given; name a demo (demo:qwen3-tiny), a checkpoint folder or a hub ID")
+        check_path_text(self.model, "model")
         if self.precision not in PRECISIONS:
             raise UserError(f"--precision {self.precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
         if self.decoder_engine_layout is not None and self.decoder_engine_layout not in LAYOUTS:

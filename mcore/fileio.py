@@ -9,9 +9,9 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import AbstractSet, Any, Callable
+from typing import AbstractSet, Any, Callable, Optional
 
-from .errors import UserError
+from .errors import UserError, printable
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: bool = False) -> Path:
@@ -91,10 +91,19 @@ def _alive(pid: int) -> bool:
 _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF, errno.EFBIG, errno.EROFS}
 
 
+# a path the user gave that no OS call can take: its name, not a traceback
+_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ELOOP}
+
+
 def stdout_failed(prog: str, e: OSError) -> int:
     """A CLI's answer to stdout failing (disk full, closed descriptor): one line on stderr, exit 2,
-    and stdout pointed at /dev/null so the interpreter's final flush cannot fail again. Other
-    OSErrors are re-raised (they are bugs)."""
+    and stdout pointed at /dev/null so the interpreter's final flush cannot fail again. A path too
+    long (or looping through symlinks) for any OS call is one line too. Other OSErrors are
+    re-raised (they are bugs)."""
+    if e.errno in _PATH_ERRNOS:
+        name = printable(str(e.filename)[:80]) + ("..." if len(str(e.filename)) > 80 else "")
+        print(f"{prog}: error: {name}: {e.strerror}; give a shorter path", file=sys.stderr)
+        return 2
     if e.errno not in _OUTPUT_ERRNOS:
         raise e
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -103,6 +112,27 @@ def stdout_failed(prog: str, e: OSError) -> int:
         f"elsewhere and rerun",
         file=sys.stderr,
     )
+    return 2
+
+
+def check_std_streams(prog: str) -> Optional[int]:
+    """Before a CLI does anything: a stdout closed at start (Python sets it to None) is the one-line
+    error of a failed write (exit 2), not a traceback at the first print; text that cannot be encoded
+    (a lone surrogate from someone's file) is written escaped instead of failing."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+    if sys.stdout is not None:
+        return None
+    if sys.stderr is not None:
+        print(
+            f"{prog}: error: cannot write the output (stdout is closed); redirect stdout elsewhere and rerun",
+            file=sys.stderr,
+        )
     return 2
 
 

@@ -157,6 +157,9 @@ TRUST_FLAG = "--trust-libraries"
 def confine(root: Path, p: str, where: str) -> Path:
     """The one rule for a path a session names: relative, and inside `root` once `..` and
     symlinks are resolved. Returns the resolved path; else a one-line error naming `where`."""
+    from mcore import check_path_text
+
+    check_path_text(p, where)
     if os.path.isabs(p) or p.startswith("~"):
         raise UserError(f"{where}: {p!r} is an absolute path; a session names paths relative to its workdir")
     root = Path(root).resolve()
@@ -817,10 +820,13 @@ def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: 
     """Every path a step names stays inside `workdir` (before anything runs); model specs too."""
     from .registry import REGISTRY
 
+    from mcore import check_path_text
+
     for name in REGISTRY[action].path_params:
         if params.get(name) is not None:
             if not isinstance(params[name], str) or not params[name].strip():
                 raise UserError(f"{where}: field {name} must be a non-empty path string, got {params[name]!r}")
+            check_path_text(params[name], f"{where}: field {name}")
             confine(workdir, params[name], f"{where}: field {name}")
     specs = {
         "build_args.model": (params.get("build_args") or {}).get("model")
@@ -829,6 +835,8 @@ def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: 
         "checkpoint": params.get("checkpoint") if action == "verify_reference" else None,
     }
     for name, spec in specs.items():
+        if isinstance(spec, str):
+            check_path_text(spec, f"{where}: field {name}")
         why = _model_spec_where(spec)
         if why is not None:
             raise UserError(f"{where}: field {name}: {why}; a session names model folders inside its workdir")
