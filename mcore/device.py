@@ -124,7 +124,7 @@ def copy_bandwidth(device: torch.device, facts: Optional[dict[str, Any]] = None)
             if float(cached["copy_bytes_per_s"]) > 0:
                 _BANDWIDTH[key] = float(cached["copy_bytes_per_s"])
                 return _BANDWIDTH[key]
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             pass
     _BANDWIDTH[key] = _measure_copy(device)
     if path is not None:

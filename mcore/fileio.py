@@ -271,17 +271,31 @@ def read_input_text(path: str | os.PathLike, what: str, hint: str = "check the p
 
 def parse_json(text: str, where: str, what: str, constants: bool = False) -> Any:
     """json.loads with one-line errors; NaN/Infinity refused unless `constants` (the tutorial's own
-    json.load accepts them in embeddings); too deep a nesting is an error, not a RecursionError."""
+    json.load accepts them in embeddings); a key twice in one object and too deep a nesting are
+    errors, not a silent pick or a RecursionError."""
 
     def no_constants(name: str):
         raise ValueError(f"non-standard JSON constant {name}")
 
     try:
-        return json.loads(text) if constants else json.loads(text, parse_constant=no_constants)
+        if constants:
+            return json.loads(text, object_pairs_hook=_unique_keys)
+        return json.loads(text, parse_constant=no_constants, object_pairs_hook=_unique_keys)
     except ValueError as e:
         raise UserError(f"{where}: malformed JSON in {what}: {e}") from None
     except RecursionError:
         raise UserError(f"{where}: malformed JSON in {what}: nested too deeply") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are unique: a repeated key (which json.loads would let the last
+    copy win silently) is an error."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} appears twice in one object")
+        out[k] = v
+    return out
 
 
 def read_json(path: str | os.PathLike, what: str) -> Any:

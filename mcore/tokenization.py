@@ -73,8 +73,10 @@ def read_tokenizer_files(folder: Path) -> tuple[str, dict]:
     if cpath.is_file():
         try:
             config = json.loads(cpath.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise UserError(f"{cpath}: cannot read tokenizer_config.json ({e}); fix or remove it") from None
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise UserError(
+                f"{cpath}: cannot read tokenizer_config.json ({type(e).__name__}: {e}); fix or remove it"
+            ) from None
         if not isinstance(config, dict):
             raise UserError(f"{cpath}: expected a JSON object")
     jpath = folder / CHAT_TEMPLATE_FILE

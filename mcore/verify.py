@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .errors import UserError
-from .fileio import parse_json, read_input_text
+from .fileio import check_fields, parse_json, read_input_text
 from .progress import NO_PROGRESS, Progress
 
 # The `run --benchmark` and `embed --benchmark` lines (DESIGN.md §8); the first is the tutorial's.
@@ -42,6 +42,9 @@ class GateResult:
 # ---------------------------------------------------------------- tokens
 
 
+TOKEN_RECORD_FIELDS = frozenset({"prompt", "text"})  # beside the required tokens
+
+
 def load_token_records(path: str | os.PathLike) -> list[dict]:
     """Records written by `mcore run --output` (JSONL; each with a `tokens` list of ints)."""
     path = Path(path)
@@ -55,6 +58,10 @@ def load_token_records(path: str | os.PathLike) -> list[dict]:
             raise UserError(f"{path}: line {n}: expected a JSON object, got {type(rec).__name__}")
         if "tokens" not in rec:
             raise UserError(f"{path}: line {n}: missing field tokens; write records with `mcore run --output`")
+        check_fields(rec, f"{path}: line {n}", {"tokens"}, TOKEN_RECORD_FIELDS)  # as `mcore run --output` writes
+        for k in ("prompt", "text"):
+            if k in rec and not isinstance(rec[k], str):
+                raise UserError(f"{path}: line {n}: field {k} must be a string")
         toks = rec["tokens"]
         if not isinstance(toks, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in toks):
             raise UserError(f"{path}: line {n}: field tokens must be a list of integers")

@@ -413,7 +413,7 @@ def _signature(inputs: Sequence[torch.Tensor]) -> tuple:
 def _read_marker(path: Path) -> Optional[dict]:
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 
