@@ -505,6 +505,7 @@ def test_a_malformed_library_sha256_is_refused(work, bad):
 @pytest.mark.parametrize(
     "lib, says",
     [("./ker\0nel.so", "NUL byte"), ("./" + "k" * 300 + ".so", "too long"), ("./a/" * 1100 + "k.so", "too long")],
+    ids=["nul", "long-part", "long-path"],
 )
 def test_nul_bytes_and_over_long_library_paths_are_one_line_errors(work, mcore, lib, says):
     m = write_manifest(work, [entry(library=lib)])

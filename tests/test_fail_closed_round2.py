@@ -217,3 +217,34 @@ def test_a_workspace_slot_bound_to_a_kernel_without_one_is_one_line(tmp_path, mc
     last = res.err.strip().splitlines()[-1]
     assert "does not take the slot's call run(input0, workspace, output0)" in last
     assert "Expected 2 but got 3 arguments" in last and "workspace (16 bytes)" in last
+
+
+# ---------------------------------------------------------------- the README's export line
+
+
+def _readme_command(prefix: str) -> list[str]:
+    """The README's documented command starting with `prefix` (continuation lines joined, comments dropped)."""
+    import shlex
+
+    text = (REPO / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
+    (line,) = [ln.split("#")[0] for ln in text.splitlines() if ln.startswith(prefix)]
+    return shlex.split(line)[1:]  # without `mcore`
+
+
+def test_the_readme_kernel_export_line_runs_a_stub(tmp_path, mcore, monkeypatch):
+    """`mcore kernel export STUB --selection ... -o ...` as the README documents it passes the stub's
+    argument and contract checks (it used to exit 2: a stub needs --snapshot)."""
+    args = _readme_command("mcore kernel export kernels/my_residual_add.py")
+    snap = dag_snapshot(4, [(0, 2), (1, 2), (2, 3)])  # node:2 adds two tensors: a generated kernel body
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "kernels").mkdir()
+    _write(work / "encoder.graph.json", snap)
+    _write(work / "residual-add.selection.json", select_region(snap, ["node:2"], "k@1").to_dict())
+    monkeypatch.chdir(tmp_path)
+    stub = ("kernel", "stub", "work/residual-add.selection.json", "--snapshot", "work/encoder.graph.json")
+    assert mcore(*stub, "-o", "kernels/my_residual_add.py").code == 0
+    res = mcore(*args)
+    assert "--snapshot" not in res.err and "contract" not in res.err.lower(), res
+    # exported, or stopped by a missing CuTe DSL (exit 1 of the exporter), never a usage error
+    assert res.code == 0 or "exit 1" in res.err, res
