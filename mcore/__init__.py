@@ -23,7 +23,7 @@ The groups:
   load_bindings_manifest, BindingsManifest, Binding, BINDINGS_SCHEMA_VERSION
 - verify gates: compare_tokens, compare_embeddings, perf_gate, reference_check, lockstep_logits
 - profile: profile_pipeline, CANDIDATE_BINDING; device facts: device_facts, describe_device
-- files: atomic_write, check_fields, check_path_text, read_json, write_json, stdout_failed;
+- files: atomic_write, check_fields, check_path_text, read_json, write_json, stdout_failed, check_std_streams;
   library_sha256 (a DSO's sha256, as a bindings manifest records it); set_cache_note_sink
 - demo models: demo_names
 """
@@ -105,6 +105,7 @@ _EXPORTS: dict[str, str] = {
     "atomic_write": "fileio",
     "check_fields": "fileio",
     "check_path_text": "fileio",
+    "check_std_streams": "fileio",
     "library_sha256": "dso",
     "set_cache_note_sink": "cache",
     "read_json": "fileio",
@@ -147,6 +148,7 @@ __all__ = [
     "capture",
     "check_fields",
     "check_path_text",
+    "check_std_streams",
     "compare_embeddings",
     "compare_tokens",
     "demo_names",
@@ -205,7 +207,15 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .families.demo import demo_names
     from .cache import set_cache_note_sink
     from .dso import library_sha256
-    from .fileio import atomic_write, check_fields, check_path_text, read_json, stdout_failed, write_json
+    from .fileio import (
+        atomic_write,
+        check_fields,
+        check_path_text,
+        check_std_streams,
+        read_json,
+        stdout_failed,
+        write_json,
+    )
     from .graph_capture import capture, resolve, tool_versions
     from .graph.display import abi_lines, module_tree, node_matches, node_row
     from .graph.snapshot import Node, RecipeRow, Snapshot, Tensor, load_snapshot

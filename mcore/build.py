@@ -62,7 +62,7 @@ def tensor_sha256(t: torch.Tensor) -> str:
 
     t = t.detach().contiguous().cpu()
     h = hashlib.sha256(f"{dtype_name(t.dtype)}{list(t.shape)}".encode())
-    h.update(t.reshape(-1).view(torch.uint8).numpy())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # the bytes, not a copy
     return h.hexdigest()
 
 

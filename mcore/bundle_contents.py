@@ -113,7 +113,7 @@ def weights_header(blob: bytes, where: str) -> dict[str, tuple[torch.dtype, tupl
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype = _ST_DTYPES.get(info.get("dtype")) if isinstance(info, dict) else None
+        dtype = _ST_DTYPES.get(str(info.get("dtype"))) if isinstance(info, dict) else None
         shape = info.get("shape") if isinstance(info, dict) else None
         if dtype is None or not isinstance(shape, list) or not all(type(x) is int and x >= 0 for x in shape):
             raise UserError(bad.format(f"tensor {name!r} has no valid dtype and shape"))

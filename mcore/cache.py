@@ -152,7 +152,7 @@ def _self_hash(record: Mapping[str, Any]) -> str:
     ).hexdigest()
 
 
-def write_private(path: Path, write: Callable[[Path], None]) -> None:
+def write_private(path: Path, write: Callable[[Path], object]) -> None:
     """Write a cache file owner-only and whole: `write(staged)` fills a temp file beside `path`."""
     staged = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # torch.export wants its suffix
     try:

@@ -162,7 +162,7 @@ def headless_replay(
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from mcore.fileio import check_std_streams
+    from mcore import check_std_streams
 
     closed = check_std_streams(PROG)
     if closed is not None:
