@@ -239,7 +239,7 @@ class CompiledRoleRunner:
                 f"the compiled engine could not compile the {role} graph ({type(e).__name__}: {first[:200]}); "
                 "run with --engine torch"
             ) from None
-        if record is not None and self.snapshot is not None and self.artifact is not None:
+        if record is not None and self.snapshot is not None and self.made_from is not None:
             _write_record(record, self)
         self.compile_s = time.perf_counter() - t0 + self.load_s
         self.cached = loaded or known is not None
@@ -358,7 +358,8 @@ def _write_record(path: Path, runner: "CompiledRoleRunner") -> None:
     """The role record beside a precompiled artifact: what it was made from, the artifact's sha256,
     and what a later load needs instead of the graph."""
     prog, snapshot = runner.prepared, runner.snapshot
-    assert runner.artifact is not None and snapshot is not None and runner.made_from is not None
+    if runner.artifact is None or snapshot is None or runner.made_from is None:
+        return  # nothing to record: no artifact, or a runner made outside an engine (bench variants)
     graph = runner._graph().gm
     made = {**runner.made_from, **_role_made_from(prog.role, list(prog.slot_keys)), "graph_sha256": graph_sha256(graph)}
     try:
