@@ -208,3 +208,57 @@ def test_an_edited_record_or_program_in_an_unsafe_folder_is_never_loaded(two_eps
     monkeypatch.setattr(cache, "_private", {})
     assert all(torch.equal(x, y) for x, y in zip(want, _logits(bundles["a"])))
     assert any("was edited (its own hash differs)" in n for n in notes) and len(loads) == 1
+
+
+# ---------------------------------------------------------------- on the GPU (the CUDA default: precompiled roles)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_precompiled_entries_are_checked_and_inductor_caches_under_mcore(tmp_path, monkeypatch):
+    """The CUDA default path: both roles precompiled with records; a reload uses them; the prefill
+    artifact copied over decode's is refused before unpickling (compiled afresh, same tokens); and
+    Inductor's own cache fills $MCORE_CACHE_DIR/inductor, not /tmp/torchinductor_$USER."""
+    monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # an earlier test's engine set it
+    monkeypatch.setattr(cache, "_private", {})
+    notes: list[str] = []
+    monkeypatch.setattr(cache, "_note_sink", notes.append)
+    bundle = build_bundle(
+        BuildArgs(model="demo:qwen3-tiny", precision="bf16", max_cache_length=128), tmp_path / "n.bundle"
+    ).bundle_path
+    first = DecoderPipeline(str(bundle), device="cuda")
+    want = first.generate(PROMPT, 12, stop_at_eos=False).tokens
+    art = {r: first.runners[r].artifact for r in ("prefill", "decode")}
+    assert all(a is not None and a.with_name(a.name.replace(".artifact", ".role.json")).is_file() for a in art.values())
+    again = DecoderPipeline(str(bundle), device="cuda")
+    assert all("precompiled artifact" in r.describe() and r.cached for r in again.runners.values()) and notes == []
+    assert again.generate(PROMPT, 12, stop_at_eos=False).tokens == want
+    shutil.copyfile(art["prefill"], art["decode"])
+    third = DecoderPipeline(str(bundle), device="cuda")
+    assert third.generate(PROMPT, 12, stop_at_eos=False).tokens == want
+    assert any("decode" in n and "differs from its record (sha256)" in n for n in notes), notes
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
+    assert any((tmp_path / "cache" / "inductor").iterdir())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_a_kernel_without_the_workspace_argument_is_one_line_on_the_compiled_engine(tmp_path):
+    """On the CUDA default (precompiled, CUDA-graph replay) the first call of a kernel that does not
+    take the slot's workspace is the one-line error naming the slot's call, not tvm_ffi's TypeError."""
+    from mcore.errors import UserError
+    from mcore.kernels import build_kernel
+
+    args = BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=64)
+    res = build_bundle(
+        args,
+        tmp_path / "s.bundle",
+        recipe=("qwen.decode_logits_copy@1", "decoder.logits_zero_bias"),
+        workspace_bytes=16,
+    )
+    build_kernel("identity-copy", tmp_path / "k.so", cuda="on")
+    entry = {"id": res.receipt.binding_id, "abi_sha256": res.receipt.abi_sha256, "library": "./k.so", "function": "run"}
+    (tmp_path / "kb.json").write_text(json.dumps({"schema_version": 1, "bindings": [entry]}))
+    with pytest.raises(UserError, match=r"does not take the slot's call run\(input0, workspace, output0\)"):
+        DecoderPipeline(str(res.bundle_path), kernel_bindings=str(tmp_path / "kb.json"), device="cuda")
