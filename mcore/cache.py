@@ -183,12 +183,15 @@ def read_entry(
     record_path: Path, made_from: Mapping[str, Any], files: Mapping[str, Path], ignore: tuple[str, ...] = ()
 ) -> tuple[Optional[dict[str, Any]], Optional[str]]:
     """(record, None) when the entry at `record_path` was made from `made_from` (keys in `ignore`
-    aside) and each of `files` has its recorded sha256; else (None, why), why None for no entry.
-    Reads JSON and hashes bytes only: nothing is unpickled here."""
+    aside) and each of `files` has its recorded sha256; else (None, why), why None for no entry
+    (or one an older mcore wrote, replaced without a word). Reads JSON and hashes bytes only:
+    nothing is unpickled here."""
     if not record_path.exists() and not record_path.is_symlink():
         return None, None
     try:
         record = _parse_record(record_path)
+    except _Legacy:
+        return None, None
     except ValueError as e:
         return None, str(e)
     got = {k: v for k, v in record["made_from"].items() if k not in ignore}
@@ -208,11 +211,14 @@ def _parse_record(path: Path) -> dict[str, Any]:
     if why is not None:
         raise ValueError(f"its record {why}")
     try:
-        if path.stat().st_size > MAX_RECORD_BYTES:
-            raise ValueError("its record is too large")
-        record = json.loads(path.read_text(encoding="utf-8"))
+        too_large = path.stat().st_size > MAX_RECORD_BYTES
+        record = None if too_large else json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, RecursionError, ValueError):
         raise ValueError("its record is unreadable") from None
+    if too_large:
+        raise ValueError("its record is too large")
+    if isinstance(record, dict) and record.get("kind") in LEGACY_KINDS:
+        raise _Legacy()
     if (
         not isinstance(record, dict)
         or record.get("kind") != ENTRY_KIND
@@ -227,6 +233,13 @@ def _parse_record(path: Path) -> dict[str, Any]:
     except (TypeError, ValueError) as e:
         raise ValueError(str(e) if "edited" in str(e) else "its record is unreadable") from None
     return record
+
+
+LEGACY_KINDS = ("mcore.precompiled_role",)  # role records before entries carried their files' sha256
+
+
+class _Legacy(ValueError):
+    """A record an older mcore wrote: not used, replaced, not worth a note."""
 
 
 def _file_mismatch(entry: Any, path: Path) -> Optional[str]:

@@ -178,9 +178,7 @@ def _load_cached(
     from . import cache
 
     record, why = cache.read_entry(record_path, made_from, {"program": path})
-    if record is None:
-        if why is None and path.exists():
-            why = "it has no record"
+    if record is None:  # none, or one without a record (an older mcore's): captured afresh, unread
         if why is not None:
             cache.stale(f"{role} graph", path, why, "capturing")
         return None
