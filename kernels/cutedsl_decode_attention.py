@@ -133,8 +133,8 @@ def _load_json(path, what):
         raise ContractError(f"{path}: {what} not found; check the path")
     try:
         return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ContractError(f"{path}: cannot read the {what} as JSON ({e})") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ContractError(f"{path}: cannot read the {what} as JSON ({type(e).__name__}: {e})") from None
 
 
 def _is_int(v):
@@ -145,6 +145,26 @@ PATTERN = "query T [1,H,-1,D], key and value caches T [1,KV,C,D], INT32 [1] -> T
 RESELECT = (
     "select the region with `mcore build --recipe qwen.decode_attention_region@2 INSTANCE` "
     "on a BF16 or FP16 Qwen3 build"
+)
+
+
+# every field of a selection receipt (mcore.receipt.RECEIPT_FIELDS); any other is refused
+RECEIPT_FIELDS = (
+    "schema_version",
+    "kind",
+    "graph_fingerprint",
+    "engine_role",
+    "binding_id",
+    "abi_sha256",
+    "workspace_bytes",
+    "extra_args",
+    "node_ids",
+    "input_tensor_ids",
+    "output_tensor_ids",
+    "output_shape_input",
+    "abi",
+    "recipe",
+    "graph",
 )
 
 
@@ -166,6 +186,9 @@ def check_selection(receipt, where):
     missing = [k for k in required if k not in receipt]
     if missing:
         raise ContractError(f"{where}: the selection receipt lacks {', '.join(missing)}; {RESELECT}")
+    unknown = sorted(str(k) for k in receipt if k not in RECEIPT_FIELDS)
+    if unknown:
+        raise ContractError(f"{where}: the selection receipt has unknown field(s) {', '.join(unknown)}; {RESELECT}")
     abi = receipt["abi"]
     try:
         ins, outs = abi["inputs"], abi["outputs"]

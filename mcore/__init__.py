@@ -23,7 +23,8 @@ The groups:
   load_bindings_manifest, BindingsManifest, Binding, BINDINGS_SCHEMA_VERSION
 - verify gates: compare_tokens, compare_embeddings, perf_gate, reference_check, lockstep_logits
 - profile: profile_pipeline, load_profile, CANDIDATE_BINDING; device facts: device_facts, describe_device
-- files: atomic_write, check_fields, read_json, write_json, stdout_failed
+- files: atomic_write, check_fields, check_path_text, read_json, write_json, stdout_failed, check_std_streams;
+  library_sha256 (a DSO's sha256, as a bindings manifest records it); set_cache_note_sink
 - demo models: demo_names
 """
 
@@ -104,6 +105,10 @@ _EXPORTS: dict[str, str] = {
     # files
     "atomic_write": "fileio",
     "check_fields": "fileio",
+    "check_path_text": "fileio",
+    "check_std_streams": "fileio",
+    "library_sha256": "dso",
+    "set_cache_note_sink": "cache",
     "read_json": "fileio",
     "write_json": "fileio",
     "stdout_failed": "fileio",
@@ -143,12 +148,15 @@ __all__ = [
     "build_kernel",
     "capture",
     "check_fields",
+    "check_path_text",
+    "check_std_streams",
     "compare_embeddings",
     "compare_tokens",
     "demo_names",
     "describe_device",
     "device_facts",
     "find_recipe",
+    "library_sha256",
     "load_bindings_manifest",
     "load_receipt",
     "load_snapshot",
@@ -168,6 +176,7 @@ __all__ = [
     "run_exporter",
     "select_recipe",
     "select_region",
+    "set_cache_note_sink",
     "shipped_exporter",
     "stdout_failed",
     "tool_versions",
@@ -198,7 +207,17 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .bundle_manifest import BundleManifest
     from .errors import Cancelled, RegionError, UserError
     from .families.demo import demo_names
-    from .fileio import atomic_write, check_fields, read_json, stdout_failed, write_json
+    from .cache import set_cache_note_sink
+    from .dso import library_sha256
+    from .fileio import (
+        atomic_write,
+        check_fields,
+        check_path_text,
+        check_std_streams,
+        read_json,
+        stdout_failed,
+        write_json,
+    )
     from .graph_capture import capture, resolve, tool_versions
     from .graph.display import abi_lines, module_tree, node_matches, node_row
     from .graph.snapshot import Node, RecipeRow, Snapshot, Tensor, load_snapshot

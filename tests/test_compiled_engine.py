@@ -9,11 +9,13 @@ and an identity-copy-slot pipeline give bit-identical logits in lockstep.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from mcore import cache
 from mcore.build import build_bundle
 from mcore.buildargs import BuildArgs
 from mcore.errors import Cancelled, UserError
@@ -149,13 +151,28 @@ def test_cpu_precompiled_artifact_is_saved_then_loaded(cpu_bundles, tmp_path, mo
             assert all(torch.equal(x, y) for x, y in zip(want, got)), (prompt, len(ids))
     assert len(default.encode("the")) == 1  # the one-token prompt ran through the symbolic prefill
 
+    # a valid artifact of the other role under decode's name, and two same-shaped weights swapped in
+    # prefill's record: each entry's record (sha256 of its file, its own hash) tells, before unpickling
     tokens = default.generate(PROMPT, 6, stop_at_eos=False).tokens
-    artifacts[0].write_bytes(b"not an artifact")
-    records[1].write_text("{}")
+    art = {r: first.runners[r].artifact for r in ("prefill", "decode")}
+    record = art["prefill"].with_name(art["prefill"].name.replace(".artifact", ".role.json"))
+    shutil.copyfile(art["prefill"], art["decode"])
+    data = json.loads(record.read_text())
+    names = data["state_names"]
+    a, b = (n for n in names if n.endswith("layernorm.weight") and "layers.0." in n)
+    i, j = names.index(a), names.index(b)
+    names[i], names[j] = b, a
+    record.write_text(json.dumps(data))
+    notes: list[str] = []
+    monkeypatch.setattr(cache, "_note_sink", notes.append)
+    loads = []
+    monkeypatch.setattr(torch._inductor.CompiledArtifact, "load", lambda *a, **k: loads.append(a))
     third = DecoderPipeline(str(native), device="cpu", engine="compiled")
-    assert len(captures) == 2  # both roles captured again (one lacked its artifact, one its record)
+    assert len(captures) == 2 and loads == []  # both roles captured again, neither artifact unpickled
     assert third.generate(PROMPT, 6, stop_at_eos=False).tokens == tokens
-    assert artifacts[0].stat().st_size > 100 and "snapshot" in records[1].read_text()  # written whole again
+    assert any("decode" in n and "differs from its record (sha256)" in n for n in notes), notes
+    assert any("prefill" in n and "was edited" in n for n in notes), notes
+    assert "snapshot" in record.read_text() and art["decode"].read_bytes() != art["prefill"].read_bytes()
 
 
 def test_cpu_precompiled_slot_pipelines_each_call_their_own_kernel(cpu_bundles, tmp_path, monkeypatch):

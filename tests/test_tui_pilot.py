@@ -454,8 +454,16 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
         await pilot.press("w")
         await wait_idle(app, pilot)
         manifest = json.loads((tmp_path / "kernel-bindings.json").read_text())
-        assert manifest["bindings"] == [
-            {"id": "my.bias_copy@1", "abi_sha256": expected, "library": "./kernel.so", "function": "run"}
+        from mcore import library_sha256
+
+        assert manifest["bindings"] == [  # the manifest pins the DSO it was written for
+            {
+                "id": "my.bias_copy@1",
+                "abi_sha256": expected,
+                "library": "./kernel.so",
+                "function": "run",
+                "library_sha256": library_sha256(tmp_path / "kernel.so"),
+            }
         ]
         assert [s.action for s in app.session.steps[-4:]] == [
             "kernel_stub",

@@ -157,6 +157,9 @@ TRUST_FLAG = "--trust-libraries"
 def confine(root: Path, p: str, where: str) -> Path:
     """The one rule for a path a session names: relative, and inside `root` once `..` and
     symlinks are resolved. Returns the resolved path; else a one-line error naming `where`."""
+    from mcore import check_path_text
+
+    check_path_text(p, where)
     if os.path.isabs(p) or p.startswith("~"):
         raise UserError(f"{where}: {p!r} is an absolute path; a session names paths relative to its workdir")
     root = Path(root).resolve()
@@ -365,6 +368,7 @@ def select_nodes(
 def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto", overwrite: bool = False) -> dict:
     """`mcore kernel build`: compile a shipped kernel into a TVM-FFI DSO."""
     from mcore import build_kernel as _build
+    from mcore import library_sha256
 
     out = ctx.path(output, "output")
     k = _build(_str(name, "name"), out, cuda=cuda, progress=ctx.progress, overwrite=bool(overwrite))
@@ -376,6 +380,7 @@ def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto",
         "variant": variant,
         "function": getattr(k, "function", "run"),
         "description": describe,
+        "library_sha256": library_sha256(k),
     }
 
 
@@ -424,12 +429,18 @@ def export_kernel(ctx: ActionContext, exporter: str, receipt: str, output: str, 
         cwd=ctx.workdir,
     )
     ctx.say(f"exported {ctx.rel(r.library)} ({r.arch or 'arch not printed'})")
-    return {"library": ctx.rel(r.library), "binding_id": r.binding_id, "abi_sha256": r.abi_sha256, "arch": r.arch}
+    return {
+        "library": ctx.rel(r.library),
+        "binding_id": r.binding_id,
+        "abi_sha256": r.abi_sha256,
+        "arch": r.arch,
+        "library_sha256": r.library_sha256,
+    }
 
 
 def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str, function: str = "run") -> dict:
     """Write a kernel bindings manifest binding the receipt's slot to a DSO next to it."""
-    from mcore import BINDINGS_SCHEMA_VERSION, BindingsManifest, load_receipt, write_json
+    from mcore import BINDINGS_SCHEMA_VERSION, BindingsManifest, library_sha256, load_receipt, write_json
 
     rec = load_receipt(ctx.path(receipt, "receipt"))
     mpath = ctx.path(manifest, "manifest")
@@ -444,17 +455,17 @@ def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str
             "copy the DSO next to the manifest"
         )
     rel_lib = "./" + Path(rel_lib).as_posix()
-    data = {
-        "schema_version": BINDINGS_SCHEMA_VERSION,
-        "bindings": [
-            {
-                "id": rec.binding_id,
-                "abi_sha256": rec.abi_sha256,
-                "library": rel_lib,
-                "function": _str(function, "function"),
-            }
-        ],
+    entry = {
+        "id": rec.binding_id,
+        "abi_sha256": rec.abi_sha256,
+        "library": rel_lib,
+        "function": _str(function, "function"),
     }
+    # pin the DSO's bytes: the manifest binds this build, not whatever is at the path later
+    lib_sha = library_sha256(lib) if lib.is_file() else None
+    if lib_sha is not None:
+        entry["library_sha256"] = lib_sha
+    data = {"schema_version": BINDINGS_SCHEMA_VERSION, "bindings": [entry]}
     # the same strict check a pipeline applies (loads no DSO), before anything is written
     write_json(mpath, BindingsManifest.from_dict(data, mpath).to_dict())
     return {
@@ -462,6 +473,7 @@ def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str
         "binding_id": rec.binding_id,
         "abi_sha256": rec.abi_sha256,
         "library": rel_lib,
+        "library_sha256": lib_sha,
     }
 
 
@@ -587,6 +599,7 @@ def verify_reference(
         **_gate_results(ctx, r),
         "first_diverging_step": d.get("first_diverging_step"),
         "max_abs": d.get("max_abs"),
+        "max_rel": d.get("max_rel"),
         "min_cosine": d.get("min_cosine"),
     }
 
@@ -815,10 +828,13 @@ def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: 
     """Every path a step names stays inside `workdir` (before anything runs); model specs too."""
     from .registry import REGISTRY
 
+    from mcore import check_path_text
+
     for name in REGISTRY[action].path_params:
         if params.get(name) is not None:
             if not isinstance(params[name], str) or not params[name].strip():
                 raise UserError(f"{where}: field {name} must be a non-empty path string, got {params[name]!r}")
+            check_path_text(params[name], f"{where}: field {name}")
             confine(workdir, params[name], f"{where}: field {name}")
     specs = {
         "build_args.model": (params.get("build_args") or {}).get("model")
@@ -827,6 +843,8 @@ def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: 
         "checkpoint": params.get("checkpoint") if action == "verify_reference" else None,
     }
     for name, spec in specs.items():
+        if isinstance(spec, str):
+            check_path_text(spec, f"{where}: field {name}")
         why = _model_spec_where(spec)
         if why is not None:
             raise UserError(f"{where}: field {name}: {why}; a session names model folders inside its workdir")

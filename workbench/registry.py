@@ -42,6 +42,8 @@ class ActionSpec:
     apply        ``apply(state, params, results)``: its results into the TUI's state (UI thread)
     code_param   the param naming a Python script it runs (an exporter), unless the value is a
                  shipped exporter's name; asked for like native code
+    recorded_keys results a replay compares when the recording has them (added after sessions were
+                 recorded without them, such as a bound library's sha256)
     """
 
     name: str
@@ -53,6 +55,7 @@ class ActionSpec:
     shown: tuple[str, ...]
     apply: ApplyFn
     code_param: Optional[str] = None
+    recorded_keys: tuple[str, ...] = ()
 
     def trust_needed(self, params: Params) -> Optional[str]:
         """The param whose value this step would run as someone's native code or script, or None."""
@@ -281,6 +284,7 @@ _SPECS = (
         native_param=None,
         shown=("manifest", "abi_sha256"),
         apply=_apply_write_bindings,
+        recorded_keys=("library_sha256",),
     ),
     ActionSpec(
         "build_bundle",

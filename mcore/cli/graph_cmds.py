@@ -71,7 +71,7 @@ def parse_extra_arg(text: str) -> object:
 
     try:
         return json.loads(text, parse_constant=no_constants)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise UserError(
             f"--extra-arg {text!r} is not strict JSON ({e}); e.g. '{{\"type\":\"int\",\"value\":32}}'"
         ) from None

@@ -73,12 +73,24 @@ class SlotCall:
         if self.fn is None:
             raise RuntimeError(f"slot {self.binding_id} is unbound")
         out = self.output_like(list(inputs))
-        self.fn(
-            *self.slot.call_args(
-                [x if x.is_contiguous() else x.contiguous() for x in inputs], self._workspace, [out], self.extras
-            )
+        args = self.slot.call_args(
+            [x if x.is_contiguous() else x.contiguous() for x in inputs], self._workspace, [out], self.extras
         )
+        try:
+            self.fn(*args)
+        except (TypeError, ValueError, RuntimeError) as e:  # the DSO's, not ours: one line naming the slot
+            raise self._failed(e) from None
         return out
+
+    def _failed(self, e: Exception) -> UserError:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        if isinstance(e, TypeError):  # TVM-FFI: the function's parameters are not the slot's call
+            ws = f"; its workspace ({self.workspace_bytes} bytes) is passed between the inputs and the output"
+            return UserError(
+                f"the kernel bound to slot {self.slot.label} does not take the slot's call {self.slot.call} "
+                f"({first}){ws if self.workspace_bytes else ''}; build the kernel for the receipt's ABI"
+            )
+        return UserError(f"the kernel bound to slot {self.slot.label} failed ({type(e).__name__}: {first})")
 
 
 def release_dropped() -> None:

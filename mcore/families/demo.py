@@ -486,6 +486,7 @@ def materialize(name: str, root: Optional[str | Path] = None) -> Path:
     if final.is_dir() and _valid(final, name):
         return final
     try:
+        base.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # $MCORE_CACHE_DIR owner-only (mcore/cache.py)
         base.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=base))
         os.chmod(tmp, 0o755)
