@@ -12,14 +12,15 @@ from ..errors import UserError
 from .base import DTYPES, Family, ModelSource, RecipeSpec, RoleIO
 from .bert import BertFamily
 from .distilbert import DistilBertFamily
+from .llama import LlamaFamily
 from .qwen3 import Qwen3Family
 
 if TYPE_CHECKING:
     from ..bundle_manifest import BundleManifest
 
-_FAMILIES: dict[str, Family] = {f.name: f for f in (Qwen3Family(), DistilBertFamily(), BertFamily())}
+_FAMILIES: dict[str, Family] = {f.name: f for f in (Qwen3Family(), LlamaFamily(), DistilBertFamily(), BertFamily())}
 # config.json model_type -> family name
-_MODEL_TYPES = {"qwen3": "qwen3", "distilbert": "distilbert", "bert": "bert"}
+_MODEL_TYPES = {"qwen3": "qwen3", "llama": "llama", "distilbert": "distilbert", "bert": "bert"}
 
 
 def family_names() -> list[str]:

@@ -1,0 +1,345 @@
+"""The decoder families (llama, mistral, qwen2, and qwen3 on the same implementation) against transformers,
+on tiny twins of published checkpoints (tests/checkpoints.py PUBLISHED: the published config.json,
+tokenizer files and generation config at small widths): token IDs and chat templates, logits and KV
+caches in lockstep (fp32), greedy generation through a built bundle, `mcore verify reference` and
+`mcore run --chat`, the RoPE tables at long positions, the recipes, and the config errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+import torch
+
+from mcore.build import build_bundle
+from mcore.buildargs import BuildArgs
+from mcore.families import family_for_config, get_family
+from mcore.families.source import resolve_model
+from mcore.pipeline import DecoderPipeline
+from mcore.tokenization import load_tokenizer_from_folder
+
+from .checkpoints import PUBLISHED, make_published_checkpoint
+from .conftest import assert_user_error
+
+transformers = pytest.importorskip("transformers")
+
+NAMES = list(PUBLISHED)
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Numbers 12345 and 7, spaces  \n\nnew lines, accents: é ü ß, 日本語",
+    "a",
+]
+ATOL = 1e-4  # fp32: the same operations in another order
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    base = tmp_path_factory.mktemp("published")
+    return {n: make_published_checkpoint(base / n, n, seed=i) for i, n in enumerate(NAMES)}
+
+
+def _core(folder, cap=32, precision="fp32"):
+    source = resolve_model(str(folder))
+    fam = get_family(source.family)
+    gargs = fam.graph_args(source.config, BuildArgs(model=str(folder), max_cache_length=cap, precision=precision))
+    core = fam.build_core(source.config, gargs, "cpu")
+    fam.load_checkpoint(core, source)
+    return source, fam, gargs, core.eval()
+
+
+def _reference(folder, dtype=torch.float32):
+    return transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).eval()
+
+
+# ------------------------------------------------------------------------------- the families
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_family_comes_from_model_type(ckpts, name):
+    source = resolve_model(str(ckpts[name]))
+    fam = family_for_config(source.config)
+    assert source.family == fam.name == source.config["model_type"]
+    assert fam.kind == "decoder" and fam.roles == ("prefill", "decode")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_prefill_and_decode_match_transformers_in_lockstep(ckpts, name):
+    """prefill(5), decode s=1 x3, s=3, s=1: every step's logits and the caches against one
+    transformers forward over the 12 tokens (its keys and values are the cache transformers keeps)."""
+    source, fam, gargs, core = _core(ckpts[name])
+    prefill, decode = fam.role_module(core, "prefill"), fam.role_module(core, "decode")
+    caches = [torch.zeros(fam.cache_shape(source.config, gargs)) for _ in range(2 * core.dims.num_layers)]
+    toks = torch.randint(0, source.config["vocab_size"], (12,), generator=torch.Generator().manual_seed(7))
+    got, positions = [], []
+    with torch.no_grad():
+        got.append(prefill(toks[None, :5].to(torch.int32), *caches))
+        positions.append(4)
+        for a, b in [(5, 6), (6, 7), (7, 8), (8, 11), (11, 12)]:
+            got.append(decode(toks[None, a:b].to(torch.int32), torch.tensor([a], dtype=torch.int32), *caches))
+            positions.append(b - 1)
+        out = _reference(ckpts[name])(toks[None], use_cache=True)
+    for logits, p in zip(got, positions):
+        torch.testing.assert_close(logits[0], out.logits[0, p], atol=ATOL, rtol=0)
+    for i in range(core.dims.num_layers):
+        layer = out.past_key_values.layers[i]
+        torch.testing.assert_close(caches[2 * i][0, :, :12], layer.keys[0], atol=ATOL, rtol=0)
+        torch.testing.assert_close(caches[2 * i + 1][0, :, :12], layer.values[0], atol=ATOL, rtol=0)
+        assert caches[2 * i][0, :, 12:].abs().max() == 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_token_ids_and_chat_match_transformers_tokenizer(ckpts, name):
+    folder = ckpts[name]
+    source = resolve_model(str(folder))
+    ours = load_tokenizer_from_folder(folder, source.config["model_type"])
+    ref = transformers.AutoTokenizer.from_pretrained(str(folder))
+    for text in TEXTS:
+        assert ours.encode(text) == ref(text)["input_ids"], text
+        assert ours.decode(ours.encode(text)) == ref.decode(ref(text)["input_ids"], skip_special_tokens=True)
+    if ours.chat_template is None:
+        assert ref.chat_template is None
+        return
+    for text in TEXTS:
+        want = ref.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        assert ours.render_chat(text) == want
+        want_ids = ref(want, add_special_tokens=False)["input_ids"]
+        assert ours.encode(ours.render_chat(text), add_special_tokens=False) == want_ids
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bundle_generates_transformers_greedy_tokens(ckpts, name, tmp_path):
+    folder = ckpts[name]
+    bundle = build_bundle(BuildArgs(model=str(folder), max_cache_length=64), tmp_path / "n.bundle").bundle_path
+    pipe = DecoderPipeline(str(bundle), device="cpu", engine="torch")
+    r = pipe.generate(TEXTS[0], 16, greedy=True, stop_at_eos=False)
+    with torch.no_grad():
+        gen = _reference(folder).generate(
+            torch.tensor([r.prompt_tokens]),
+            attention_mask=torch.ones(1, len(r.prompt_tokens), dtype=torch.long),
+            max_new_tokens=16,
+            min_new_tokens=16,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    assert r.tokens == gen[0, len(r.prompt_tokens) :].tolist()
+    assert len(set(r.tokens)) >= 3, f"degenerate greedy output: {r.tokens}"
+    m = pipe.manifest
+    assert m.family == resolve_model(str(folder)).config["model_type"] and m.family_kind == "decoder"
+    eos = json.loads((folder / "generation_config.json").read_text())["eos_token_id"]
+    assert pipe.eos_ids == set(eos if isinstance(eos, list) else [eos])
+
+
+def _steps(out: str) -> list[tuple[int, float, float, int, int]]:
+    rows = re.findall(r"step (\d+) \([^)]*\): max_abs=(\S+) cosine=(\S+) engine_token=(\d+) reference_token=(\d+)", out)
+    return [(int(a), float(b), float(c), int(d), int(e)) for a, b, c, d, e in rows]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_verify_reference_passes(ckpts, name, tmp_path, mcore):
+    folder = ckpts[name]
+    bundle = tmp_path / "n.bundle"
+    assert mcore("build", folder, "--max-cache-length", "256", "-o", bundle).code == 0
+    chat = ["--chat"] if PUBLISHED[name]()[2].get("chat_template") else []
+    res = mcore(
+        "verify", "reference", bundle, "--checkpoint", folder, "--prompt", TEXTS[1], "--max-new-tokens", "6", *chat
+    )
+    assert res.code == 0, res
+    steps = _steps(res.out)
+    assert [s[0] for s in steps] == list(range(6))
+    assert all(m < ATOL and c > 0.99999 and e == r for _, m, c, e, r in steps), steps
+    assert "token IDs equal to transformers' tokenizer" in res.out
+    assert res.out.strip().splitlines()[-1].startswith("PASS: reference check (6 step(s)")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_verify_reference_passes_in_bf16(ckpts, name, tmp_path, mcore):
+    """bf16 on both sides: the default bounds (cosine >= 0.999 a step, no greedy divergence)."""
+    folder = ckpts[name]
+    bundle = tmp_path / "b.bundle"
+    assert mcore("build", folder, "--precision", "bf16", "--max-cache-length", "64", "-o", bundle).code == 0
+    res = mcore("verify", "reference", bundle, "--checkpoint", folder, "--prompt", TEXTS[0], "--max-new-tokens", "6")
+    assert res.code == 0, res
+    assert res.out.strip().splitlines()[-1].startswith("PASS: reference check (6 step(s)")
+
+
+def test_run_chat_generates_what_transformers_generates_for_the_template(ckpts, tmp_path, mcore):
+    folder = ckpts["llama-3.2-1b"]
+    bundle = tmp_path / "n.bundle"
+    assert mcore("build", folder, "--max-cache-length", "128", "-o", bundle).code == 0
+    out = tmp_path / "out.jsonl"
+    res = mcore("run", bundle, "--prompt", "Say hi", "--max-new-tokens", "8", "--greedy", "--chat", "--output", out)
+    assert res.code == 0, res
+    row = json.loads(out.read_text().splitlines()[0])
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ids = tok(
+        tok.apply_chat_template([{"role": "user", "content": "Say hi"}], add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False,
+    )["input_ids"]
+    assert (
+        ids[0] == tok.convert_tokens_to_ids("<|begin_of_text|>") and ids.count(ids[0]) == 1
+    )  # the template's BOS only
+    with torch.no_grad():
+        gen = _reference(folder).generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=8,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    want = gen[0, len(ids) :].tolist()
+    assert row["tokens"] == want, row  # both stop at the first of the checkpoint's end tokens, if any
+
+
+# ------------------------------------------------------------------------------------ RoPE
+
+
+ROPES = {
+    "llama3-factor-32": {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "llama3-factor-8": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "linear-4": {"type": "linear", "factor": 4.0},
+    "default": None,
+}
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("rope", list(ROPES))
+def test_rope_tables_equal_transformers_at_long_positions(rope, head_dim):
+    """cos/sin at positions up to 131071 (Llama 3.1's context) against transformers' rotary embedding."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from mcore.families.rope import parse_rope, rope_tables
+
+    fields = {"rope_theta": 500000.0, "rope_scaling": ROPES[rope], "max_position_embeddings": 131072}
+    cfg = LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, head_dim=head_dim, **fields)
+    positions = torch.tensor([[0, 1, 2, 100, 4095, 8191, 8192, 32767, 65536, 131071]])
+    with torch.no_grad():
+        cos_ref, sin_ref = LlamaRotaryEmbedding(cfg)(torch.zeros(1, dtype=torch.float32), positions)
+    cos, sin = rope_tables(parse_rope(fields, "llama", ("default", "linear", "llama3")), head_dim, 131072, "cpu")
+    assert torch.equal(cos[positions[0]], cos_ref[0]) and torch.equal(sin[positions[0]], sin_ref[0])
+
+
+# --------------------------------------------------------------------- graph, recipes, ABI
+
+
+def test_llama_recipes_one_attention_instance_per_layer_with_qwen3s_boundary(tmp_path):
+    """The attention recipe of a Llama-3.1-8B-shaped config (one layer, random weights): the region is
+    the one mcore::decode_attention node and its boundary the Qwen3 recipe's, so the ABI hash is the
+    one a Qwen3 build of the same shapes gives (same contract, same hash)."""
+    from mcore.graph_capture import capture
+    from mcore.recipes import select_recipe
+
+    from .checkpoints import _llama_3_1_8b
+
+    shapes = dict(
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        vocab_size=256,
+    )
+    cfg, *_ = _llama_3_1_8b()
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({**cfg, **shapes}))
+    qcfg = {"model_type": "qwen3", "head_dim": 128, "max_position_embeddings": 4096, **shapes}
+    (tmp_path / "qwen3").mkdir()
+    (tmp_path / "qwen3" / "config.json").write_text(json.dumps(qcfg))
+    receipts = {}
+    for fam, recipe in (("llama", "llama.decode_attention_region@1"), ("qwen3", "qwen.decode_attention_region@2")):
+        args = BuildArgs(model=str(tmp_path / fam), precision="bf16", max_cache_length=256, weights="random")
+        snap = capture(args, "decode").snapshot
+        rows = [r for r in snap.recipe_rows if r.id == recipe]
+        assert [r.instance for r in rows] == [f"decoder.layers.{i}.decode_attention" for i in range(2)]
+        assert snap.metadata["family"] == fam
+        receipts[fam] = select_recipe(snap, recipe, "decoder.layers.1.decode_attention")
+        assert {r.id for r in snap.recipe_rows} == {recipe, recipe.split(".")[0] + ".decode_logits_copy@1"}
+    r = receipts["llama"]
+    assert len(r.node_ids) == 1 and r.binding_id == "llama.decode_attention_region@1"
+    assert [(t["dtype"], t["shape"]) for t in r.to_dict()["abi"]["inputs"]] == [
+        ("BF16", [1, 32, -1, 128]),
+        ("BF16", [1, 8, 256, 128]),
+        ("BF16", [1, 8, 256, 128]),
+        ("INT32", [1]),
+    ]
+    assert r.abi_sha256 == receipts["qwen3"].abi_sha256
+
+
+def test_tied_llama_has_no_lm_head_tensor_and_ties(ckpts):
+    from safetensors import safe_open
+
+    with safe_open(str(ckpts["llama-3.2-1b"] / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in set(f.keys())
+    *_, core = _core(ckpts["llama-3.2-1b"])
+    assert core.lm_head.weight is core.embed_tokens.weight
+    *_, untied = _core(ckpts["llama-3.1-8b"])
+    assert untied.lm_head.weight is not untied.embed_tokens.weight
+
+
+def test_llama_biases_load_and_matter(ckpts):
+    """llama-2-linear sets attention_bias and mlp_bias: every projection carries its bias."""
+    *_, core = _core(ckpts["llama-2-linear"])
+    attn, mlp = core.layers[0].self_attn, core.layers[0].mlp
+    for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+        assert lin.bias is not None and lin.bias.abs().max() > 0
+    assert attn.q_norm is None and attn.k_norm is None
+
+
+# ------------------------------------------------------------------------------ config errors
+
+
+def _edited(src, tmp_path, **fields):
+    folder = tmp_path / "edited"
+    shutil.copytree(src, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    for k, v in fields.items():
+        if v is None and k.startswith("-"):
+            cfg.pop(k[1:], None)
+        else:
+            cfg[k] = v
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+LLAMA_BAD = [
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}}, "yarn"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "dynamic"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}}, "high_freq_factor"),
+    (
+        {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0}},
+        "high_freq_factor",
+    ),
+    ({"rope_scaling": {"rope_type": "linear"}}, "factor"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": "2"}}, "factor"),
+    ({"rope_scaling": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ({"rope_scaling": "llama3"}, "rope_scaling"),
+    ({"hidden_act": "relu2"}, "hidden_act"),
+    ({"mlp_bias": "false"}, "mlp_bias"),
+    ({"attention_bias": 1}, "attention_bias"),
+    ({"head_dim": 15}, "head_dim"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads"),
+    ({"rms_norm_eps": -1.0}, "rms_norm_eps"),
+]
+
+
+@pytest.mark.parametrize("fields,named", LLAMA_BAD, ids=[f"{n}-{i}" for i, (_, n) in enumerate(LLAMA_BAD)])
+def test_llama_config_errors_name_the_field(ckpts, tmp_path, mcore, fields, named):
+    folder = _edited(ckpts["llama-3.1-8b"], tmp_path, **fields)
+    res = mcore("graph", "inspect", folder, "--engine-role", "decode", "--snapshot", tmp_path / "s.json")
+    assert_user_error(res, "config.json", named)
+    assert not (tmp_path / "s.json").exists()
