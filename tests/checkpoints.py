@@ -16,7 +16,9 @@ from mcore.families.demo import (
     LLAMA3_CHAT_TEMPLATE,
     LLAMA3_SPECIALS,
     LLAMA3_SPLIT,
+    MISTRAL_CHAT_TEMPLATE,
     MISTRAL_CONTROLS,
+    QWEN2_CHAT_TEMPLATE,
     QWEN2_SPECIALS,
     QWEN2_SPLIT,
     build_tokenizer,
@@ -403,10 +405,125 @@ def _llama_2_linear() -> tuple:
     return config, tok, tok_cfg, {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
 
 
+def _mistral_7b_v0_3() -> tuple:
+    """Mistral-7B-v0.3: 32 layers of 32/8 heads (head_dim 128 from hidden/heads), sliding_window null,
+    the SentencePiece tokenizer with add_bos_token and the [INST] chat format."""
+    tok = _sentencepiece_tokenizer()
+    config = {
+        "architectures": ["MistralForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": 64,
+        "initializer_range": 0.02,
+        "intermediate_size": 224,
+        "max_position_embeddings": 32768,
+        "model_type": "mistral",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 1,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.42.0.dev0",
+        "use_cache": True,
+        "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+    }
+    tok_cfg = {
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "bos_token": "<s>",
+        "chat_template": MISTRAL_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "</s>",
+        "legacy": False,
+        "model_max_length": 1000000000000000019884624838656,
+        "pad_token": None,
+        "sp_model_kwargs": {},
+        "spaces_between_special_tokens": False,
+        "tokenizer_class": "LlamaTokenizer",
+        "unk_token": "<unk>",
+        "use_default_system_prompt": False,
+    }
+    return config, tok, tok_cfg, {"bos_token_id": 1, "eos_token_id": 2}
+
+
+def _mistral_7b_v0_1() -> tuple:
+    """Mistral-7B-v0.1: as v0.3 but a 4096-token sliding window and RoPE base 10000 (no chat template)."""
+    config, tok, tok_cfg, gen = _mistral_7b_v0_3()
+    config.update(sliding_window=4096, rope_theta=10000.0, transformers_version="4.34.0.dev0")
+    tok_cfg = {k: v for k, v in tok_cfg.items() if k != "chat_template"}
+    return config, tok, tok_cfg, gen
+
+
+def _qwen2_5(hidden_ratio: float, tied: bool, max_positions: int, window_layers: int) -> tuple:
+    tok = _qwen2_tokenizer()
+    eos = tok.token_to_id("<|endoftext|>")
+    padded = (tok.get_vocab_size(with_added_tokens=True) + 63) // 64 * 64 + 64  # published: 151936 for 151665
+    config = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "hidden_act": "silu",
+        "hidden_size": 112,
+        "initializer_range": 0.02,
+        "intermediate_size": int(112 * hidden_ratio) // 16 * 16,
+        "max_position_embeddings": max_positions,
+        "max_window_layers": window_layers,
+        "model_type": "qwen2",
+        "num_attention_heads": 7,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 1,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": max_positions,
+        "tie_word_embeddings": tied,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.40.1",
+        "use_cache": True,
+        "use_mrope": False,
+        "use_sliding_window": False,
+        "vocab_size": padded,
+    }
+    tok_cfg = {
+        "add_prefix_space": False,
+        "bos_token": None,
+        "chat_template": QWEN2_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|endoftext|>",
+        "errors": "replace",
+        "model_max_length": 131072,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+    gen = {"bos_token_id": eos, "do_sample": False, "eos_token_id": eos, "max_new_tokens": 2048}
+    return config, tok, tok_cfg, gen
+
+
+def _qwen2_5_0_5b() -> tuple:
+    """Qwen2.5-0.5B: 24 layers of 14/2 heads (GQA 7, head_dim 64), tied embeddings, q/k/v biases."""
+    return _qwen2_5(5.43, tied=True, max_positions=32768, window_layers=24)
+
+
+def _qwen2_5_7b() -> tuple:
+    """Qwen2.5-7B: 28 layers of 28/4 heads (GQA 7, head_dim 128), untied, a 131072-token context."""
+    return _qwen2_5(5.29, tied=False, max_positions=131072, window_layers=28)
+
+
 PUBLISHED = {
     "llama-3.2-1b": _llama_3_2_1b,
     "llama-3.1-8b": _llama_3_1_8b,
     "llama-2-linear": _llama_2_linear,
+    "mistral-7b-v0.3": _mistral_7b_v0_3,
+    "mistral-7b-v0.1": _mistral_7b_v0_1,
+    "qwen2.5-0.5b": _qwen2_5_0_5b,
+    "qwen2.5-7b": _qwen2_5_7b,
 }
 
 

@@ -15,7 +15,7 @@ from mcore.families.source import load_tokenizer, resolve_model, special_tokens
 
 transformers = pytest.importorskip("transformers")
 
-NAMES = ["qwen3-tiny", "qwen3-tiny-hd64", "llama-tiny", "distilbert-tiny", "bert-tiny"]
+NAMES = ["qwen3-tiny", "qwen3-tiny-hd64", "llama-tiny", "mistral-tiny", "qwen2-tiny", "distilbert-tiny", "bert-tiny"]
 
 # The weights are part of the "same bytes on any machine" contract: a change here means every
 # demo-based snapshot fingerprint and bundle changes too (bump demo.GENERATOR_VERSION).
@@ -23,6 +23,8 @@ PINNED_WEIGHTS_SHA256 = {
     "qwen3-tiny": "e8b7c4e0c8ea1e0d36eae641f3432fa687f47b72be20a7f2b2bd4fe482214e2c",
     "qwen3-tiny-hd64": "10b8259bde7e053059e1acb6ecccdafe040071178e323e7c7d1a3679e415ec0b",
     "llama-tiny": "0d3db6220c70af0c00e07cc0711953c21b0c70caa42ea882e09aa1ef8fa19d20",
+    "mistral-tiny": "970a0f583da732f614f601476b56eb7eebfabe7e91c00bb8f4a5127d244bcf6f",
+    "qwen2-tiny": "5682255ea337a43cb10ecb152c5c675e2afcb552a9c3c0a81b9c23346003920c",
     "distilbert-tiny": "816b57493eb14a530e9dc648c8239b5763a3049c9a618e5db5765d3e25ae4e65",
     "bert-tiny": "da9640f2ca23ab44c0f6998638353675894ce587875b48ac5eca382c7d379446",
 }
@@ -130,7 +132,7 @@ def _decoder(folder, cap=64):
     return s, fam, core.eval(), caches
 
 
-@pytest.mark.parametrize("name", ["qwen3-tiny", "llama-tiny"])
+@pytest.mark.parametrize("name", ["qwen3-tiny", "llama-tiny", "mistral-tiny", "qwen2-tiny"])
 def test_decoder_demo_matches_transformers_and_generates(demo_root, name):
     folder = demo_root / "demo" / name
     s, fam, core, caches = _decoder(folder)

@@ -54,10 +54,10 @@ def _load(folder):
 
 
 def test_registry():
-    assert family_names() == ["qwen3", "llama", "distilbert", "bert"]
+    assert family_names() == ["qwen3", "llama", "mistral", "qwen2", "distilbert", "bert"]
     for n in family_names():
         assert get_family(n).name == n
-    for decoder in ("qwen3", "llama"):
+    for decoder in ("qwen3", "llama", "mistral", "qwen2"):
         assert family_for_config({"model_type": decoder}).kind == "decoder"
         assert family_for_config({"model_type": decoder}).roles == ("prefill", "decode")
     assert family_for_config({"model_type": "bert"}).kind == "encoder"

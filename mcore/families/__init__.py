@@ -13,14 +13,18 @@ from .base import DTYPES, Family, ModelSource, RecipeSpec, RoleIO
 from .bert import BertFamily
 from .distilbert import DistilBertFamily
 from .llama import LlamaFamily
+from .mistral import MistralFamily
+from .qwen2 import Qwen2Family
 from .qwen3 import Qwen3Family
 
 if TYPE_CHECKING:
     from ..bundle_manifest import BundleManifest
 
-_FAMILIES: dict[str, Family] = {f.name: f for f in (Qwen3Family(), LlamaFamily(), DistilBertFamily(), BertFamily())}
-# config.json model_type -> family name
-_MODEL_TYPES = {"qwen3": "qwen3", "llama": "llama", "distilbert": "distilbert", "bert": "bert"}
+_FAMILIES: dict[str, Family] = {
+    f.name: f for f in (Qwen3Family(), LlamaFamily(), MistralFamily(), Qwen2Family(), DistilBertFamily(), BertFamily())
+}
+# config.json model_type -> family name (each family is named after the model_type it reads)
+_MODEL_TYPES = {name: name for name in _FAMILIES}
 
 
 def family_names() -> list[str]:

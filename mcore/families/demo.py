@@ -1,6 +1,6 @@
 """Demo models, materialized offline and deterministically on first use.
 
-`demo:qwen3-tiny`, `demo:distilbert-tiny`, `demo:bert-tiny` become real Hugging Face style
+`demo:qwen3-tiny`, `demo:llama-tiny`, `demo:distilbert-tiny`, ... (DEMOS) become real Hugging Face style
 checkpoint folders (config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
 generation_config.json for the decoder) under
 
@@ -476,6 +476,107 @@ def _llama_tiny() -> dict:
     }
 
 
+def _mistral_tiny() -> dict:
+    """Shaped like Mistral-7B-v0.3 at a small width: head_dim 64 from hidden/heads, GQA 4, no
+    sliding window, a SentencePiece-style tokenizer that adds <s>, and the [INST] chat format."""
+    L, H, KV, HID, FF = 2, 4, 1, 256, 512
+    D = HID // H
+    tok = sentencepiece_tokenizer(MISTRAL_CONTROLS, 512)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    config = {
+        "architectures": ["MistralForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": HID,
+        "initializer_range": 0.02,
+        "intermediate_size": FF,
+        "max_position_embeddings": 32768,
+        "model_type": "mistral",
+        "num_attention_heads": H,
+        "num_hidden_layers": L,
+        "num_key_value_heads": KV,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "vocab_size": vocab,
+        "dtype": "float32",
+    }
+    tok_cfg = {
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "bos_token": "<s>",
+        "chat_template": MISTRAL_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "</s>",
+        "legacy": False,
+        "pad_token": None,
+        "tokenizer_class": "LlamaTokenizer",
+        "unk_token": "<unk>",
+    }
+    return {
+        "config": config,
+        "weights": _weights(_decoder_weight_spec(L, H, KV, D, HID, FF, vocab, qk_norm=False), seed=6006),
+        "tokenizer": tok,
+        "tokenizer_config": tok_cfg,
+        "generation_config": {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False},
+    }
+
+
+def _qwen2_tiny() -> dict:
+    """Shaped like Qwen2.5-0.5B at a small width: 7 query heads a KV head (GQA 7), head_dim 64 from
+    hidden/heads, q/k/v biases, tied embeddings, Qwen's byte-level tokenizer (no BOS) and chat format."""
+    L, H, KV, HID, FF = 2, 7, 1, 448, 1024
+    D = HID // H
+    tok = split_byte_level_tokenizer([], QWEN2_SPECIALS, 512, QWEN2_SPLIT, nfc=True)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    eos = tok.token_to_id("<|endoftext|>")
+    config = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "hidden_act": "silu",
+        "hidden_size": HID,
+        "initializer_range": 0.02,
+        "intermediate_size": FF,
+        "max_position_embeddings": 32768,
+        "max_window_layers": L,
+        "model_type": "qwen2",
+        "num_attention_heads": H,
+        "num_hidden_layers": L,
+        "num_key_value_heads": KV,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": 32768,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": vocab,
+        "dtype": "float32",
+    }
+    tok_cfg = {
+        "bos_token": None,
+        "chat_template": QWEN2_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|endoftext|>",
+        "model_max_length": 32768,
+        "pad_token": "<|endoftext|>",
+        "tokenizer_class": "Qwen2Tokenizer",
+    }
+    spec = _decoder_weight_spec(L, H, KV, D, HID, FF, vocab, qk_norm=False, qkv_bias=True, tied=True)
+    return {
+        "config": config,
+        "weights": _weights(spec, seed=7007),
+        "tokenizer": tok,
+        "tokenizer_config": tok_cfg,
+        "generation_config": {"bos_token_id": eos, "eos_token_id": eos, "do_sample": False},
+    }
+
+
 _ENC_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -617,6 +718,8 @@ DEMOS: dict[str, Callable[[], dict]] = {
     "qwen3-tiny": _qwen3_tiny,
     "qwen3-tiny-hd64": _qwen3_tiny_hd64,
     "llama-tiny": _llama_tiny,
+    "mistral-tiny": _mistral_tiny,
+    "qwen2-tiny": _qwen2_tiny,
     "distilbert-tiny": _distilbert_tiny,
     "bert-tiny": _bert_tiny,
 }
