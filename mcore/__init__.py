@@ -24,7 +24,8 @@ The groups:
 - verify gates: compare_tokens, compare_embeddings, perf_gate, reference_check, lockstep_logits
 - profile: profile_pipeline, CANDIDATE_BINDING; device facts: device_facts, describe_device
 - files: atomic_write, check_fields, read_json, write_json, stdout_failed
-- demo models: demo_names
+- demo models and families: demo_names; family_kind (a family's), model_kind (a model spec's),
+  bundle_kind (a bundle manifest's): decoder or encoder, always from mcore, never from a name
 """
 
 from __future__ import annotations
@@ -106,8 +107,11 @@ _EXPORTS: dict[str, str] = {
     "read_json": "fileio",
     "write_json": "fileio",
     "stdout_failed": "fileio",
-    # demo models
+    # demo models and model families
     "demo_names": "families.demo",
+    "family_kind": "families",
+    "model_kind": "families",
+    "bundle_kind": "families",
 }
 
 # the public names (the keys of _EXPORTS; tests/test_public_api.py checks they agree)
@@ -144,14 +148,17 @@ __all__ = [
     "check_fields",
     "compare_embeddings",
     "compare_tokens",
+    "bundle_kind",
     "demo_names",
     "describe_device",
     "device_facts",
+    "family_kind",
     "find_recipe",
     "load_bindings_manifest",
     "load_receipt",
     "load_snapshot",
     "lockstep_logits",
+    "model_kind",
     "module_tree",
     "node_matches",
     "node_row",
@@ -195,6 +202,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .bundle import open_bundle
     from .bundle_manifest import BundleManifest
     from .errors import Cancelled, RegionError, UserError
+    from .families import bundle_kind, family_kind, model_kind
     from .families.demo import demo_names
     from .fileio import atomic_write, check_fields, read_json, stdout_failed, write_json
     from .graph_capture import capture, resolve, tool_versions

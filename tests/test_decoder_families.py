@@ -431,3 +431,27 @@ def test_qwen2_has_qkv_biases_only_and_ties_small_models(ckpts):
     *_, big = _core(ckpts["qwen2.5-7b"])
     assert big.lm_head.weight is not big.embed_tokens.weight
     assert big.dims.num_heads // big.dims.num_kv_heads == 7
+
+
+# ------------------------------------------------------------------ the kind comes from mcore
+
+
+def test_family_kind_comes_from_the_config_never_the_name(ckpts, tmp_path):
+    """A folder named like a Qwen holding a BERT config is an encoder, one named like a BERT holding a
+    Llama is a decoder: the workbench asks mcore (model_kind, family_kind), which reads config.json."""
+    import mcore
+    from workbench.app import WorkbenchState
+
+    from .checkpoints import make_bert_checkpoint
+
+    enc = make_bert_checkpoint(tmp_path / "qwen3-lookalike")
+    dec = shutil.copytree(ckpts["llama-3.1-8b"], tmp_path / "bert-lookalike")
+    assert mcore.model_kind(str(enc)) == "encoder" and mcore.model_kind(str(dec)) == "decoder"
+    assert mcore.model_kind(str(tmp_path / "qwen3-missing")) is None
+    assert mcore.model_kind("demo:mistral-tiny") == "decoder" and mcore.model_kind("demo:bert-tiny") == "encoder"
+    assert [mcore.family_kind(n) for n in ("qwen3", "llama", "mistral", "qwen2", "bert")] == ["decoder"] * 4 + [
+        "encoder"
+    ]
+    assert WorkbenchState(tmp_path, build_args={"model": str(enc)}).is_decoder is False
+    assert WorkbenchState(tmp_path, build_args={"model": str(dec)}).is_decoder is True
+    assert WorkbenchState(tmp_path, build_args={"model": "Qwen/not-cached"}).is_decoder is False

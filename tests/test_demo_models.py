@@ -83,6 +83,13 @@ def test_unwritable_cache_is_a_user_error(tmp_path, monkeypatch):
     assert "MCORE_CACHE_DIR" in str(e.value)
 
 
+def test_demo_families_table_is_each_demos_model_type(demo_root):
+    """model_kind reads a demo's family from DEMO_FAMILIES without generating it: it must agree."""
+    assert sorted(demo.DEMO_FAMILIES) == sorted(NAMES)
+    for n in NAMES:
+        assert resolve_model(str(demo_root / "demo" / n)).config["model_type"] == demo.DEMO_FAMILIES[n]
+
+
 def test_unknown_demo_name(tmp_path):
     with pytest.raises(UserError) as e:
         demo.materialize("qwen3-huge", root=tmp_path)

@@ -25,11 +25,12 @@ def cmd_profile(ns: argparse.Namespace) -> int:
     if ns.top < 1:
         raise UserError(f"--top {ns.top} must be at least 1")
     from ..bundle import open_bundle
+    from ..families import bundle_kind
     from ..pipeline import DecoderPipeline, EncoderPipeline
     from ..profile import profile_pipeline, top_lines
 
     bundle = open_bundle(ns.bundle)
-    cls = EncoderPipeline if bundle.runnable().family in ("bert", "distilbert") else DecoderPipeline
+    cls = EncoderPipeline if bundle_kind(bundle.runnable()) == "encoder" else DecoderPipeline
     role = ns.role or ("encoder" if cls is EncoderPipeline else "decode")
     pipe = cls(
         ns.bundle,

@@ -5,7 +5,7 @@ Importing this package registers the custom op mcore::decode_attention.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from .. import ops as _ops  # noqa: F401  (registers mcore::decode_attention)
 from ..errors import UserError
@@ -43,6 +43,32 @@ def bundle_kind(manifest: "BundleManifest") -> str:
     return manifest.family_kind or get_family(manifest.family).kind
 
 
+def family_kind(name: str) -> str:
+    """decoder or encoder: the kind of the family `name` (a snapshot's or bundle's `family`)."""
+    return get_family(name).kind
+
+
+def model_kind(spec: str) -> Optional[str]:
+    """decoder or encoder for what a user typed as the model, from its config.json's model_type (a demo's
+    from the table of demos, without materializing it); None when no config.json is readable here
+    (a hub ID not in the local cache, a mistyped path). Never guessed from the name."""
+    from pathlib import Path
+
+    from .demo import DEMO_FAMILIES
+    from .source import read_config
+
+    if not isinstance(spec, str) or not spec.strip():
+        return None
+    spec = spec.strip()
+    if spec.startswith("demo:"):
+        name = DEMO_FAMILIES.get(spec[len("demo:") :])
+        return family_kind(name) if name else None
+    try:
+        return family_for_config(read_config(Path(spec).expanduser())).kind
+    except (UserError, OSError):
+        return None
+
+
 def family_for_config(config: dict) -> Family:
     mt = config.get("model_type") if isinstance(config, dict) else None
     if not isinstance(mt, str) or mt not in _MODEL_TYPES:
@@ -62,4 +88,7 @@ __all__ = [
     "family_names",
     "get_family",
     "family_for_config",
+    "family_kind",
+    "model_kind",
+    "bundle_kind",
 ]

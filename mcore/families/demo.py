@@ -725,6 +725,18 @@ DEMOS: dict[str, Callable[[], dict]] = {
 }
 
 
+# Each demo's family (its config.json model_type), for asking a demo's kind without generating it.
+DEMO_FAMILIES: dict[str, str] = {
+    "qwen3-tiny": "qwen3",
+    "qwen3-tiny-hd64": "qwen3",
+    "llama-tiny": "llama",
+    "mistral-tiny": "mistral",
+    "qwen2-tiny": "qwen2",
+    "distilbert-tiny": "distilbert",
+    "bert-tiny": "bert",
+}
+
+
 def demo_names() -> list[str]:
     return list(DEMOS)
 

@@ -177,7 +177,9 @@ def special_tokens(source: ModelSource) -> dict:
         "bos_token_id": first_id("bos_token_id"),
         "pad_token_id": first_id("pad_token_id"),
     }
-    if source.family in ("bert", "distilbert"):
+    from . import family_kind
+
+    if family_kind(source.family) == "encoder":
         out["cls_token_id"] = lookup("cls_token", "[CLS]")
         out["sep_token_id"] = lookup("sep_token", "[SEP]")
     return out
