@@ -753,3 +753,25 @@ def test_gpu_llama_with_every_layer_bound_matches_native(llama_build, engine):
     assert (got - want).abs().max().item() <= 0.05 * max(scale, 1e-3), ((got - want).abs().max().item(), scale)
     cos = torch.nn.functional.cosine_similarity(got.flatten(1), want.flatten(1), dim=1)
     assert cos.min().item() > 0.999, cos
+
+
+def test_stub_on_a_llama_receipt_points_at_this_kernel(llama_build, tmp_path, mcore):
+    """`mcore kernel stub` on a receipt of the Llama build (its snapshot captured with the same
+    arguments): a generated exporter pinned to that graph, which checks the receipt, and the pointer to
+    this hand-written kernel for the region's decode attention."""
+    snap = tmp_path / "decode.graph.json"
+    args = ["demo:llama-tiny", "--precision", "bf16", "--max-cache-length", "256", "--decoder-engine-layout", "split"]
+    assert mcore("graph", "inspect", *args, "--engine-role", "decode", "--snapshot", snap).code == 0
+    rp = llama_build / "attn.selection.decoder.layers.1.decode_attention.json"
+    assert json.loads(snap.read_text())["fingerprint"] == json.loads(rp.read_text())["graph_fingerprint"]
+    r = mcore("kernel", "stub", rp, "--snapshot", snap, "-o", tmp_path / "llama_attention.py")
+    assert r.code == 0, r
+    assert f"binding_id={LLAMA_BINDING}" in r.out and "kernels/cutedsl_decode_attention.py" in r.out
+    stub = tmp_path / "llama_attention.py"
+    check = subprocess.run(
+        [sys.executable, str(stub), "--selection", str(rp), "--snapshot", str(snap), "--check-only"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert check.returncode == 0, check.stderr

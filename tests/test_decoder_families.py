@@ -455,3 +455,49 @@ def test_family_kind_comes_from_the_config_never_the_name(ckpts, tmp_path):
     assert WorkbenchState(tmp_path, build_args={"model": str(enc)}).is_decoder is False
     assert WorkbenchState(tmp_path, build_args={"model": str(dec)}).is_decoder is True
     assert WorkbenchState(tmp_path, build_args={"model": "Qwen/not-cached"}).is_decoder is False
+
+
+# ------------------------------------------------------------------------- sessions and replay
+
+
+def test_a_llama_session_records_and_replays_clean(tmp_path):
+    """The tutorial's recipe flow on demo:llama-tiny through the workbench's actions (what the TUI
+    records), saved as a session and replayed headless: every recorded fingerprint, ABI hash, token
+    and verdict reproduces."""
+    from workbench.actions import ActionContext, run_action
+    from workbench.replay import replay
+    from workbench.session import Session
+
+    args = BuildArgs("demo:llama-tiny", precision="fp32", max_cache_length=128).validate().to_dict()
+    prompt, recipe = "Explain grouped-query attention.", ["llama.decode_logits_copy@1", "decoder.logits_zero_bias"]
+    steps = [
+        ("capture_graph", dict(build_args=args, engine_role="decode", snapshot="decode.graph.json")),
+        ("list_recipes", dict(snapshot="decode.graph.json")),
+        ("build_bundle", dict(build_args=args, recipe=recipe, output="llama-slot.bundle")),
+        ("build_kernel", dict(name="identity-copy", output="kernel.so", overwrite=True)),
+        ("write_bindings", dict(receipt="llama-slot.selection.json", library="kernel.so", manifest="bindings.json")),
+        ("build_bundle", dict(build_args=args, output="llama-native.bundle")),
+        ("generate", dict(bundle="llama-native.bundle", prompt=prompt, max_new_tokens=8, output="native.jsonl")),
+        (
+            "generate",
+            dict(
+                bundle="llama-slot.bundle",
+                kernel_bindings="bindings.json",
+                prompt=prompt,
+                max_new_tokens=8,
+                output="external.jsonl",
+            ),
+        ),
+        ("gate_tokens", dict(native="native.jsonl", external="external.jsonl")),
+    ]
+    session = Session.new("llama recipe flow", guided=False)
+    ctx = ActionContext(workdir=tmp_path / "rec", log=lambda line: None)
+    for action, params in steps:
+        results, error = run_action(ctx, action, params)
+        assert error is None, (action, error)
+        session.record(action, params, results)
+    assert session.steps[4].results["binding_id"] == "llama.decode_logits_copy@1"
+    assert session.steps[0].results["recipes"] and session.steps[-1].results["passed"] is True
+    path = session.save(tmp_path / "llama.json")
+    report = replay(path, tmp_path / "wd", trust_libraries=".")
+    assert report.ok and report.differences == [], report.render_table()
