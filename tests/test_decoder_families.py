@@ -501,3 +501,15 @@ def test_a_llama_session_records_and_replays_clean(tmp_path):
     path = session.save(tmp_path / "llama.json")
     report = replay(path, tmp_path / "wd", trust_libraries=".")
     assert report.ok and report.differences == [], report.render_table()
+
+
+def test_profile_attributes_a_llama_step_to_its_recipe_instances(tmp_path, mcore):
+    bundle = tmp_path / "llama.bundle"
+    assert mcore("build", "demo:llama-tiny", "--max-cache-length", "64", "-o", bundle).code == 0
+    res = mcore("profile", bundle, "--context", "16", "--steps", "1", "--top", "20", "-o", tmp_path / "p.json")
+    assert res.code == 0, res
+    for layer in (0, 1):
+        assert f"llama.decode_attention_region@1 decoder.layers.{layer}.decode_attention" in res.out
+    report = json.loads((tmp_path / "p.json").read_text())
+    attention = [r for r in report["recipes"] if r["recipe"] == "llama.decode_attention_region@1"]
+    assert sorted(r["instance"] for r in attention) == [f"decoder.layers.{i}.decode_attention" for i in (0, 1)]
