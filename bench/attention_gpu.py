@@ -1,14 +1,18 @@
-"""Issue 13, items 4 and 5: the CuTe DSL decode-attention kernel on the Qwen3-8B-sized config.
+"""Issue 13, items 4 and 5: the CuTe DSL decode-attention kernel on an 8B-sized config.
 
-    python3 bench/attention_gpu.py OUT_DIR [--contexts 1024,8192,32768] [--capacity 40960] [--parts kernel,pipelines]
+    python3 bench/attention_gpu.py OUT_DIR [--model qwen3-8b|llama3.1-8b] [--contexts 1024,8192,32768]
+                                   [--capacity 40960] [--parts kernel,pipelines] [--variants all|default]
 
+--model picks the config (bench/model_configs.py; Qwen3-8B by default, or Llama-3.1-8B) and so the
+family's attention recipe; --variants default exports only the shipped schedules (cluster and split).
 In one run on the GPU (bf16, batch 1, random weights, KV capacity 40960):
-  1. builds the native bundle and the slot bundle with `qwen.decode_attention_region@2 all-instances`
-     (36 slots, one binding), and exports the kernel from layer 0's receipt with the shipped exporter
+  1. builds the native bundle and the slot bundle with the attention recipe's `all-instances`
+     (Qwen3: `qwen.decode_attention_region@2`, 36 slots; Llama: `llama.decode_attention_region@1`,
+     32 slots; one binding), and exports the kernel from layer 0's receipt with the shipped exporter
      (VARIANTS below for the kernel table; the one `--bind` names, by default the shipped default
      schedule, bound in the pipelines);
   2. kernel time per call, CuTe DSO vs the native engine's attention (mcore.flash_decode, what the
-     compiled engine runs for mcore::decode_attention): 36 calls, each over its own cache (nothing
+     compiled engine runs for mcore::decode_attention): a call a layer, each over its own cache (nothing
      from L2), in one CUDA graph; K+V bytes of the active length / time, as a share of the measured
      copy rate and of the theoretical peak; and the DSO's output against the float64 reference;
   3. both pipelines (compiled engine) in one process: logits in lockstep after a prompt (max_abs,
@@ -24,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -37,14 +40,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flash_decode_sweep import time_graph  # noqa: E402
-from qwen3_8b_config import QWEN3_8B, write_config_folder  # noqa: E402
+from model_configs import MODELS, attention_recipe, head_dim, write_model_folder  # noqa: E402
 
 from mcore import BuildArgs, DecoderPipeline, build_bundle, shipped_exporter  # noqa: E402
 from mcore.device import device_facts  # noqa: E402
-from mcore.families.demo import materialize  # noqa: E402
 from mcore.ops import decode_attention_reference  # noqa: E402
 
-RECIPE = "qwen.decode_attention_region@2"
+MODEL = "qwen3-8b"  # --model: a name in bench/model_configs.py
+CONFIG = MODELS[MODEL][0]
+RECIPE = attention_recipe(CONFIG)
 PROMPT = "Explain grouped-query attention, KV caching, and decode latency."
 MIN_RATIO = 0.98  # mcore verify perf's default
 RESULTS: dict = {}
@@ -82,15 +86,31 @@ VARIANTS = {
 SHIPPED_SPLIT = "CuTe split 32 ways, 4 warps (workspace, default)"  # what --bind binds unless told
 BIND = list(VARIANTS).index(SHIPPED_SPLIT)  # --bind: the variant the slot pipeline binds
 # the workspace of the split variants' receipt, as the exporter prints it for its default 32 splits:
-# 32 fp32 partial results (context row, max, sum) of every query head at one new token (532,480 bytes)
-WORKSPACE = QWEN3_8B["num_attention_heads"] * 32 * (128 + 2) * 4
+# 32 fp32 partial results (context row, max, sum) of every query head at one new token (532,480 bytes
+# for the 32 heads of head_dim 128 of Qwen3-8B and Llama-3.1-8B)
+WORKSPACE = CONFIG["num_attention_heads"] * 32 * (head_dim(CONFIG) + 2) * 4
+DEFAULT_VARIANTS = ("CuTe tensor cores, cluster 8 (default)", "CuTe split 32 ways, 4 warps (workspace, default)")
+
+
+def use_model(name: str, variants: str) -> None:
+    """--model and --variants: the config, its recipe and workspace, and the kernel variants to export."""
+    global MODEL, CONFIG, RECIPE, WORKSPACE, VARIANTS, BIND
+    MODEL, CONFIG = name, MODELS[name][0]
+    RECIPE = attention_recipe(CONFIG)
+    WORKSPACE = CONFIG["num_attention_heads"] * 32 * (head_dim(CONFIG) + 2) * 4
+    if variants != "all":
+        keep = DEFAULT_VARIANTS if variants == "default" else (SHIPPED_SPLIT,)
+        VARIANTS = {k: v for k, v in VARIANTS.items() if k in keep}
+    BIND = list(VARIANTS).index(SHIPPED_SPLIT)
 
 
 def uses_workspace(name: str) -> bool:
     return "(workspace" in name
 
 
-def export_variants(out: Path, receipt: Path, ws_receipt: Path) -> tuple[dict[str, Path], dict[str, float]]:
+def export_variants(
+    out: Path, receipt: Path | None, ws_receipt: Path | None
+) -> tuple[dict[str, Path], dict[str, float]]:
     """Each of VARIANTS exported from `receipt` (`ws_receipt`: those with a workspace) as
     out/attn-<index>.so, side by side (each export is a single-threaded CPU-bound compile; the H200
     box has 16 cores): {name: DSO} in VARIANTS order for those that exported, {name: seconds}."""
@@ -116,26 +136,29 @@ def export_variants(out: Path, receipt: Path, ws_receipt: Path) -> tuple[dict[st
     return {name: dsos[name] for name in VARIANTS if name in dsos}, export_s
 
 
-def build(out: Path, capacity: int, native: bool) -> tuple[Path, dict[str, tuple[Path, str]], dict[str, Path]]:
-    """The native bundle, {"plain" | "workspace": (slot bundle, its ABI hash)}, the exported DSOs."""
-    cfg = write_config_folder(out / "qwen3-8b-config")
-    shutil.copy(materialize("qwen3-tiny") / "tokenizer.json", cfg)
+def build(
+    out: Path, capacity: int, native: bool, given_native: Path | None = None
+) -> tuple[Path, dict[str, tuple[Path, str]], dict[str, Path]]:
+    """The native bundle (`given_native` when a run in the same OUT_DIR built it: bench/engine_gpu.py's,
+    whose compiled code its cache then holds), {"plain" | "workspace": (slot bundle, its ABI hash)} for
+    the variants to export, the exported DSOs."""
+    cfg = write_model_folder(out / f"{MODEL}-config", MODEL)
     args = BuildArgs(model=str(cfg), weights="random", precision="bf16", max_cache_length=capacity)
     t = time.perf_counter()
-    if native:
-        build_bundle(args, out / "native.bundle", device=DEV)
-    slot = build_bundle(args, out / "attn.bundle", recipe=(RECIPE, "all-instances"), device=DEV)
-    ws = build_bundle(
-        args, out / "attn-ws.bundle", recipe=(RECIPE, "all-instances"), device=DEV, workspace_bytes=WORKSPACE
-    )
+    native_path = given_native or out / "native.bundle"
+    if native and given_native is None:
+        build_bundle(args, native_path, device=DEV)
+    built, receipts = {}, {}
+    for kind, name, ws in (("plain", "attn.bundle", 0), ("workspace", "attn-ws.bundle", WORKSPACE)):
+        if any(uses_workspace(v) == bool(ws) for v in VARIANTS):
+            res = build_bundle(args, out / name, recipe=(RECIPE, "all-instances"), device=DEV, workspace_bytes=ws)
+            built[kind] = (out / name, res.receipts[0].abi_sha256)
+            receipts[kind] = res.receipt_paths[0]
     build_s = time.perf_counter() - t
-    dsos, export_s = export_variants(out, slot.receipt_paths[0], ws.receipt_paths[0])
-    emit(out, "build", {"slots": len(slot.receipts), "build_s": build_s, "export_s": export_s})
-    slots = {
-        "plain": (out / "attn.bundle", slot.receipts[0].abi_sha256),
-        "workspace": (out / "attn-ws.bundle", ws.receipts[0].abi_sha256),
-    }
-    return out / "native.bundle", slots, dsos
+    dsos, export_s = export_variants(out, receipts.get("plain"), receipts.get("workspace"))
+    slots = len(res.receipts)
+    emit(out, "build", {"slots": slots, "build_s": build_s, "export_s": export_s})
+    return native_path, built, dsos
 
 
 def bind(out: Path, slots: dict[str, tuple[Path, str]], index: int) -> tuple[Path, Path]:
@@ -153,7 +176,8 @@ def kernel_times(out: Path, dsos: dict[str, Path], contexts: list[int], capacity
     from mcore import flash_decode as fd
 
     runs = {name: tvm_ffi.load_module(str(p))["run"] for name, p in dsos.items() if p.exists()}
-    h, kv, d, layers = QWEN3_8B["num_attention_heads"], QWEN3_8B["num_key_value_heads"], 128, 36
+    h, kv, d = CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"], head_dim(CONFIG)
+    layers = CONFIG["num_hidden_layers"]
     facts = device_facts(torch.device("cuda"))
     copy, peak = facts["copy_bytes_per_s"], facts.get("theoretical_bytes_per_s")
     g = torch.Generator(device="cuda").manual_seed(13)
@@ -309,11 +333,13 @@ def pipelines(out: Path, native: Path, slot: Path, manifest: Path, contexts: lis
 
 
 def table() -> str:
-    lines = ["", "== CuTe DSL decode attention vs the native engine (Qwen3-8B-sized, bf16, capacity 40960)"]
+    layers = CONFIG["num_hidden_layers"]
+    lines = ["", f"== CuTe DSL decode attention vs the native engine ({MODEL}-sized, {RECIPE}, bf16, capacity 40960)"]
     k = RESULTS.get("kernel")
     if k:
         lines.append(
-            f"kernel, per call (36 calls in one CUDA graph); copy {k['copy_TBps']:.2f} TB/s, peak {k['peak_TBps']:.2f} TB/s"
+            f"kernel, per call ({layers} calls in one CUDA graph); copy {k['copy_TBps']:.2f} TB/s, "
+            f"peak {k['peak_TBps']:.2f} TB/s"
         )
         lines.append(
             "| context | kernel | us | TB/s | of copy | of peak | native us / this | max_abs vs fp64 | deterministic |"
@@ -340,8 +366,8 @@ def table() -> str:
             "decode step (user loop, median of 6 alternating rounds); verdict by verify perf's rule, in process"
         )
         bound = RESULTS.get("bind", {}).get("variant", list(VARIANTS)[BIND])
-        lines.append(f"bound in all 36 layers: {bound}")
-        lines.append("| context | native ms | all 36 bound ms | ratio | verdict | logits max_abs | cosine |")
+        lines.append(f"bound in all {layers} layers: {bound}")
+        lines.append(f"| context | native ms | all {layers} bound ms | ratio | verdict | logits max_abs | cosine |")
         for r in RESULTS["steps"]:
             lines.append(
                 f"| {r['context']} | {r['native_ms']:.2f} | {r['external_ms']:.2f} | {r['ratio']:.3f} | {r['verdict']} | "
@@ -354,6 +380,14 @@ def main() -> None:
     global BIND
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
+    ap.add_argument("--model", default="qwen3-8b", choices=sorted(MODELS), help="bench/model_configs.py")
+    ap.add_argument(
+        "--variants",
+        default="all",
+        choices=["all", "default", "split"],
+        help="kernel variants to export: all, the shipped two (cluster, split) or the shipped split alone",
+    )
+    ap.add_argument("--native", default=None, help="a native bundle of the same model and capacity to use as is")
     ap.add_argument("--contexts", default="1024,8192,32768")
     ap.add_argument("--capacity", type=int, default=40960)
     ap.add_argument("--steps", type=int, default=20)
@@ -364,13 +398,18 @@ def main() -> None:
         help="which of VARIANTS the slot pipeline binds: an index (default: the shipped split schedule), "
         "or 'fastest' (at the longest context)",
     )
+    default_bind = str(BIND)
     a = ap.parse_args()
-    BIND = 0 if a.bind == "fastest" else int(a.bind)
+    use_model(a.model, a.variants)  # BIND: the shipped split schedule among the variants exported
+    if a.bind == "fastest":
+        BIND = 0
+    elif a.bind != default_bind:
+        BIND = int(a.bind)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     contexts = [int(x) for x in a.contexts.split(",")]
     parts = a.parts.split(",")
-    native, slots, dsos = build(out, a.capacity, "pipelines" in parts)
+    native, slots, dsos = build(out, a.capacity, "pipelines" in parts, Path(a.native) if a.native else None)
     bound = {"variant": BIND}
 
     def kernel_part() -> None:
