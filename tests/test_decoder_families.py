@@ -513,3 +513,27 @@ def test_profile_attributes_a_llama_step_to_its_recipe_instances(tmp_path, mcore
     report = json.loads((tmp_path / "p.json").read_text())
     attention = [r for r in report["recipes"] if r["recipe"] == "llama.decode_attention_region@1"]
     assert sorted(r["instance"] for r in attention) == [f"decoder.layers.{i}.decode_attention" for i in (0, 1)]
+
+
+# ------------------------------------------------------------------ Qwen3 on the shared decoder
+
+
+@pytest.mark.parametrize("session", ["qwen-recipe", "qwen-attention"])
+def test_qwen3_graphs_and_abi_hashes_are_the_ones_the_shipped_sessions_recorded(session):
+    """Qwen3 runs on the shared decoder with the graphs it had: every role's fingerprint and the recipe
+    receipts' ABI hashes a shipped tutorial recorded come out of a fresh capture unchanged."""
+    from mcore.graph_capture import capture
+    from mcore.recipes import select_recipe_instances
+
+    from .conftest import REPO
+
+    steps = json.loads((REPO / "sessions" / f"{session}.json").read_text())["steps"]
+    build = next(s for s in steps if s["action"] == "build_bundle" and s["params"].get("recipe"))
+    args = BuildArgs.from_dict(build["params"]["build_args"])
+    recipe_id, *instances = build["params"]["recipe"]
+    for role, fingerprint in build["results"]["fingerprints"].items():
+        snap = capture(args, role).snapshot
+        assert snap.fingerprint == fingerprint, role
+        if role == "decode":
+            receipts = select_recipe_instances(snap, recipe_id, instances)
+            assert [r.abi_sha256 for r in receipts] == [k["abi_sha256"] for k in build["results"]["kernel_slots"]]
