@@ -145,6 +145,10 @@ def test_hub_id_from_local_cache(tmp_path, monkeypatch, qwen3_dir):
     assert s.revision == commit and s.path == snap.resolve()
     msg = _err(resolve_model, "acme/tiny-qwen3", revision="b" * 40)
     assert "not in the local" in msg
+    # its kind is read from the cached config.json too (no download), and unknown when not cached
+    from mcore import model_kind
+
+    assert model_kind("acme/tiny-qwen3") == "decoder" and model_kind("acme/not-cached") is None
 
 
 # ----------------------------------------------------------------------------- weights

@@ -55,7 +55,7 @@ def model_kind(spec: str) -> Optional[str]:
     from pathlib import Path
 
     from .demo import DEMO_FAMILIES
-    from .source import read_config
+    from .source import cached_hub_folder, read_config
 
     if not isinstance(spec, str) or not spec.strip():
         return None
@@ -63,8 +63,11 @@ def model_kind(spec: str) -> Optional[str]:
     if spec.startswith("demo:"):
         name = DEMO_FAMILIES.get(spec[len("demo:") :])
         return family_kind(name) if name else None
+    folder = Path(spec).expanduser()
+    if not folder.exists():
+        folder = cached_hub_folder(spec) or folder
     try:
-        return family_for_config(read_config(Path(spec).expanduser())).kind
+        return family_for_config(read_config(folder)).kind
     except (UserError, OSError):
         return None
 
