@@ -537,3 +537,36 @@ def test_qwen3_graphs_and_abi_hashes_are_the_ones_the_shipped_sessions_recorded(
         if role == "decode":
             receipts = select_recipe_instances(snap, recipe_id, instances)
             assert [r.abi_sha256 for r in receipts] == [k["abi_sha256"] for k in build["results"]["kernel_slots"]]
+
+
+# ---------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "mistral-7b-v0.3", "qwen2.5-0.5b"])
+def test_roles_on_cuda_match_cpu(ckpts, name, precision):
+    """The op-by-op roles on CUDA (mcore::decode_attention's split-KV Triton kernel there) against CPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    results = {}
+    for device in ("cpu", "cuda"):
+        source = resolve_model(str(ckpts[name]))
+        fam = get_family(source.family)
+        gargs = fam.graph_args(source.config, BuildArgs(model="x", precision=precision, max_cache_length=32))
+        core = fam.build_core(source.config, gargs, device)
+        fam.load_checkpoint(core, source)
+        shape = fam.cache_shape(source.config, gargs)
+        caches = [torch.zeros(shape, dtype=core.dtype, device=device) for _ in range(2 * core.dims.num_layers)]
+        prefill, decode = fam.role_module(core.eval(), "prefill"), fam.role_module(core, "decode")
+        with torch.no_grad():
+            outs = [prefill(torch.tensor([[3, 1, 4, 1, 5]], dtype=torch.int32, device=device), *caches)]
+            cl = torch.tensor([5], dtype=torch.int32, device=device)
+            outs.append(decode(torch.tensor([[9]], dtype=torch.int32, device=device), cl, *caches))
+            cl.fill_(6)
+            outs.append(decode(torch.tensor([[2, 6, 5]], dtype=torch.int32, device=device), cl, *caches))
+        results[device] = [o.cpu() for o in outs]
+    tol = 1e-4 if precision == "fp32" else 5e-2
+    for a, b in zip(results["cpu"], results["cuda"]):
+        scale = max(a.abs().max().item(), 1.0)
+        torch.testing.assert_close(b, a, atol=tol * scale, rtol=0)
