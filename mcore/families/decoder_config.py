@@ -45,10 +45,6 @@ class DecoderDims:
     max_position_embeddings: int
     sliding_window: Optional[int] = None  # every layer sees this many keys at most; None: all of them
 
-    @property
-    def rope_theta(self) -> float:
-        return self.rope.theta
-
 
 _DIMS: dict[tuple[str, str], DecoderDims] = {}  # (family, config JSON) -> its parsed dims
 
