@@ -527,10 +527,13 @@ PUBLISHED = {
 }
 
 
-def make_published_checkpoint(dir: str | Path, name: str, seed: int = 0, **config_overrides) -> Path:
+def make_published_checkpoint(
+    dir: str | Path, name: str, seed: int = 0, as_saved: bool = False, **config_overrides
+) -> Path:
     """The tiny twin of a published checkpoint (PUBLISHED[name]): transformers builds and saves the
     model, then config.json and generation_config.json are written back as published (v4 spellings
-    such as `rope_scaling`, which save_pretrained would rewrite)."""
+    such as `rope_scaling`, which save_pretrained would rewrite), or, `as_saved`, config.json stays
+    as this transformers saved it (v5: `rope_parameters`, `layer_types`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(dir)
@@ -543,7 +546,8 @@ def make_published_checkpoint(dir: str | Path, name: str, seed: int = 0, **confi
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32).eval()
     _perturb(model, seed + 1, scale=0.2)  # large enough that greedy decoding does not repeat one token
     _save(model, folder, False)
-    (folder / "config.json").write_text(text)
+    if not as_saved:
+        (folder / "config.json").write_text(text)
     (folder / "generation_config.json").write_text(json.dumps(gen, indent=2))
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))

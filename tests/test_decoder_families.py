@@ -89,6 +89,26 @@ def test_prefill_and_decode_match_transformers_in_lockstep(ckpts, name):
         assert caches[2 * i][0, :, 12:].abs().max() == 0
 
 
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "mistral-7b-v0.1", "qwen2.5-0.5b"])
+def test_configs_as_transformers_5_saves_them_load_the_same_model(ckpts, name, tmp_path):
+    """save_pretrained rewrites config.json (rope_parameters instead of rope_theta and rope_scaling,
+    layer_types): the same weights read through either spelling give the same logits."""
+    saved = make_published_checkpoint(tmp_path / name, name, seed=NAMES.index(name), as_saved=True)
+    cfg = json.loads((saved / "config.json").read_text())
+    assert "rope_parameters" in cfg and cfg != json.loads((ckpts[name] / "config.json").read_text())
+    ids = torch.tensor([[5, 17, 42, 99, 3, 250]], dtype=torch.int32)
+    logits = []
+    for folder in (ckpts[name], saved):
+        source, fam, gargs, core = _core(folder)
+        caches = [torch.zeros(fam.cache_shape(source.config, gargs)) for _ in range(2 * core.dims.num_layers)]
+        with torch.no_grad():
+            logits.append(fam.role_module(core, "prefill")(ids, *caches))
+    assert torch.equal(logits[0], logits[1])
+    with torch.no_grad():
+        want = _reference(saved)(ids.long()).logits[0, -1]
+    torch.testing.assert_close(logits[1][0], want, atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_token_ids_and_chat_match_transformers_tokenizer(ckpts, name):
     folder = ckpts[name]
