@@ -1,12 +1,12 @@
-"""Issues 13 and 31: the CuTe DSL decode-attention kernel on the Qwen3-8B-sized config, beside the
-native engine's attention and FlashInfer's.
+"""Issues 13, 28 and 31: the CuTe DSL decode-attention kernel on an 8B-sized config (--model: Qwen3-8B by
+default, or Llama-3.1-8B; bench/model_configs.py), beside the native engine's attention and FlashInfer's.
 
-    python3 bench/attention_gpu.py OUT_DIR [--contexts 1024,8192,32768] [--capacity 40960]
+    python3 bench/attention_gpu.py OUT_DIR [--model qwen3-8b|llama3.1-8b] [--contexts 1024,8192,32768] [--capacity 40960]
         [--parts kernel,pipelines] [--bind INDEX|fastest|balanced] [--flashinfer ARCHIVE] [--budget SECONDS]
     python3 bench/attention_gpu.py --flashinfer-warm [--flashinfer ARCHIVE]   # only JIT-build FlashInfer's modules
 
 In one run on the GPU (bf16, batch 1, random weights, KV capacity 40960):
-  1. builds the slot bundles with `qwen.decode_attention_region@2 all-instances` (36 slots, one
+  1. builds the slot bundles with the family's attention recipe and `all-instances` (Qwen3: 36 slots, one
      binding; one without and one with a workspace) and the native bundle (pipelines only), and
      exports the kernel from layer 0's receipts with the shipped exporter, once for each of VARIANTS
      (tuning knobs of the exporter);
@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -48,14 +47,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import flashinfer_attention  # noqa: E402
 from flash_decode_sweep import time_graph  # noqa: E402
-from qwen3_8b_config import QWEN3_8B, write_config_folder  # noqa: E402
+from model_configs import MODELS, attention_recipe, head_dim, write_model_folder  # noqa: E402
 
 from mcore import BuildArgs, DecoderPipeline, build_bundle, shipped_exporter  # noqa: E402
 from mcore.device import device_facts  # noqa: E402
-from mcore.families.demo import materialize  # noqa: E402
 from mcore.ops import decode_attention_reference  # noqa: E402
 
-RECIPE = "qwen.decode_attention_region@2"
+MODEL = "qwen3-8b"  # --model: a name in bench/model_configs.py
+CONFIG = MODELS[MODEL][0]
+RECIPE = attention_recipe(CONFIG)
 PROMPT = "Explain grouped-query attention, KV caching, and decode latency."
 MIN_RATIO = 0.98  # mcore verify perf's default
 RESULTS: dict = {}
@@ -94,7 +94,15 @@ SHIPPED_SPLIT = "CuTe split 32 x 4 warps (workspace, default)"  # what --bind bi
 BIND = list(VARIANTS).index(SHIPPED_SPLIT)  # --bind: the variant the slot pipeline binds
 # the workspace of the split variants' receipt, as the exporter's split_workspace_bytes for its
 # default 32 splits: per query head and split an fp32 context row, max and sum
-WORKSPACE = QWEN3_8B["num_attention_heads"] * 32 * (QWEN3_8B["head_dim"] + 2) * 4
+WORKSPACE = CONFIG["num_attention_heads"] * 32 * (head_dim(CONFIG) + 2) * 4
+
+
+def use_model(name: str) -> None:
+    """--model: the config, its family's attention recipe and the split workspace."""
+    global MODEL, CONFIG, RECIPE, WORKSPACE
+    MODEL, CONFIG = name, MODELS[name][0]
+    RECIPE = attention_recipe(CONFIG)
+    WORKSPACE = CONFIG["num_attention_heads"] * 32 * (head_dim(CONFIG) + 2) * 4
 
 
 def uses_workspace(name: str) -> bool:
@@ -131,16 +139,17 @@ def export_variants(
 
 
 def build(
-    out: Path, capacity: int, native: bool, only: set[int] | None = None
+    out: Path, capacity: int, native: bool, only: set[int] | None = None, given_native: Path | None = None
 ) -> tuple[Path, dict[str, tuple[Path, str]], dict[str, Path]]:
-    """The native bundle, {"plain" | "workspace": (slot bundle, its ABI hash)}, the exported DSOs
-    (`only`: of those VARIANTS indices)."""
-    cfg = write_config_folder(out / "qwen3-8b-config")
-    shutil.copy(materialize("qwen3-tiny") / "tokenizer.json", cfg)
+    """The native bundle (`given_native` when another run built it, e.g. bench/engine_gpu.py's, whose
+    compiled code its cache holds), {"plain" | "workspace": (slot bundle, its ABI hash)}, the exported
+    DSOs (`only`: of those VARIANTS indices)."""
+    cfg = write_model_folder(out / f"{MODEL}-config", MODEL)
     args = BuildArgs(model=str(cfg), weights="random", precision="bf16", max_cache_length=capacity)
     t = time.perf_counter()
-    if native:
-        build_bundle(args, out / "native.bundle", device=DEV)
+    native_path = given_native or out / "native.bundle"
+    if native and given_native is None:
+        build_bundle(args, native_path, device=DEV)
     slot = build_bundle(args, out / "attn.bundle", recipe=(RECIPE, "all-instances"), device=DEV)
     ws = build_bundle(
         args, out / "attn-ws.bundle", recipe=(RECIPE, "all-instances"), device=DEV, workspace_bytes=WORKSPACE
@@ -152,7 +161,7 @@ def build(
         "plain": (out / "attn.bundle", slot.receipts[0].abi_sha256),
         "workspace": (out / "attn-ws.bundle", ws.receipts[0].abi_sha256),
     }
-    return out / "native.bundle", slots, dsos
+    return native_path, slots, dsos
 
 
 class Setup:
@@ -160,7 +169,8 @@ class Setup:
     length, the reference of layer 0, the byte count and the native time."""
 
     def __init__(self, capacity: int):
-        h, kv, d, self.layers = QWEN3_8B["num_attention_heads"], QWEN3_8B["num_key_value_heads"], 128, 36
+        h, kv, d = CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"], head_dim(CONFIG)
+        self.layers = CONFIG["num_hidden_layers"]
         facts = device_facts(torch.device("cuda"))
         self.copy, self.peak = facts["copy_bytes_per_s"], facts.get("theoretical_bytes_per_s")
         g = torch.Generator(device="cuda").manual_seed(13)
@@ -288,7 +298,7 @@ def kernel_times(out: Path, dsos: dict[str, Path], contexts: list[int], capacity
 def flashinfer_child(out: Path, a: argparse.Namespace, timeout: float) -> None:
     """FlashInfer's rows, measured in a child process (a fault or a hang there cannot spoil this
     process's CUDA context), merged into the kernel table."""
-    cmd = [sys.executable, __file__, str(out), "--flashinfer-rows", "--contexts", a.contexts]
+    cmd = [sys.executable, __file__, str(out), "--flashinfer-rows", "--contexts", a.contexts, "--model", a.model]
     cmd += ["--capacity", str(a.capacity)] + (["--flashinfer", a.flashinfer] if a.flashinfer else [])
     cmd += ["--flashinfer-tensor-cores"] if a.flashinfer_tensor_cores else []
     found = out / "flashinfer.json"
@@ -457,7 +467,7 @@ def pipelines(out: Path, native: Path, slot: Path, manifest: Path, contexts: lis
 
 def kernel_table(k: dict) -> list[str]:
     lines = [
-        f"kernel, per call (36 calls in one CUDA graph); copy {k['copy_TBps']:.2f} TB/s, peak {k['peak_TBps']:.2f} TB/s",
+        f"kernel, per call ({CONFIG['num_hidden_layers']} calls in one CUDA graph); copy {k['copy_TBps']:.2f} TB/s, peak {k['peak_TBps']:.2f} TB/s",
         "| context | kernel | us | TB/s | of copy | of peak | native us / this | max_abs vs fp64 | deterministic |",
     ]
     for r in k["rows"]:
@@ -500,7 +510,7 @@ def short_table(k: dict) -> list[str]:
 
 
 def table() -> str:
-    lines = ["", "== CuTe DSL decode attention vs the native engine (Qwen3-8B-sized, bf16, capacity 40960)"]
+    lines = ["", f"== CuTe DSL decode attention vs the native engine ({MODEL}-sized, {RECIPE}, bf16, capacity 40960)"]
     k = RESULTS.get("kernel")
     if "flashinfer" in RESULTS:
         lines.append(f"FlashInfer: {RESULTS['flashinfer']}")
@@ -517,8 +527,9 @@ def table() -> str:
             "decode step (user loop, median of 6 alternating rounds); verdict by verify perf's rule, in process"
         )
         bound = RESULTS.get("bind", {}).get("variant", list(VARIANTS)[BIND])
-        lines.append(f"bound in all 36 layers: {bound}")
-        lines.append("| context | native ms | all 36 bound ms | ratio | verdict | logits max_abs | cosine |")
+        layers = CONFIG["num_hidden_layers"]
+        lines.append(f"bound in all {layers} layers: {bound}")
+        lines.append(f"| context | native ms | all {layers} bound ms | ratio | verdict | logits max_abs | cosine |")
         for r in RESULTS["steps"]:
             lines.append(
                 f"| {r['context']} | {r['native_ms']:.2f} | {r['external_ms']:.2f} | {r['ratio']:.3f} | {r['verdict']} | "
@@ -537,7 +548,8 @@ def flashinfer_warm(archive: str | None) -> int:
     if fi is None:
         return 1
     t = time.perf_counter()
-    kv, d, group, cap = QWEN3_8B["num_key_value_heads"], QWEN3_8B["head_dim"], 4, 256
+    kv, d = CONFIG["num_key_value_heads"], head_dim(CONFIG)
+    group, cap = CONFIG["num_attention_heads"] // kv, 256
     q = torch.randn(1, kv * group, 1, d, device="cuda").to(torch.bfloat16)
     k, v = (torch.randn(1, kv, cap, d, device="cuda").to(torch.bfloat16) for _ in range(2))
     out = torch.empty_like(q)
@@ -557,6 +569,8 @@ def flashinfer_warm(archive: str | None) -> int:
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?")
+    ap.add_argument("--model", default=MODEL, choices=sorted(MODELS), help="bench/model_configs.py")
+    ap.add_argument("--native", default=None, help="a native bundle of the same model and capacity to use as is")
     ap.add_argument("--contexts", default="1024,8192,32768")
     ap.add_argument("--capacity", type=int, default=40960)
     ap.add_argument("--steps", type=int, default=20)
@@ -590,6 +604,7 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     global TENSOR_CORES
     a = parse()
+    use_model(a.model)
     TENSOR_CORES = a.flashinfer_tensor_cores
     if a.flashinfer_warm:
         sys.exit(flashinfer_warm(a.flashinfer))
@@ -601,7 +616,8 @@ def main() -> None:
         return
     parts = a.parts.split(",")
     only = None if "kernel" in parts or not a.bind.isdigit() else {int(a.bind)}  # pipelines alone: the bound one
-    native, slots, dsos = build(out, a.capacity, "pipelines" in parts, only)
+    given = Path(a.native) if a.native else None
+    native, slots, dsos = build(out, a.capacity, "pipelines" in parts, only, given)
     bound = {"variant": int(a.bind) if a.bind.isdigit() else BIND}
 
     def kernel_part() -> None:

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""CuTe DSL decode attention for the recipe qwen.decode_attention_region@2 (tutorial step 5).
+"""CuTe DSL decode attention for the decoder families' attention recipe (tutorial step 5):
+qwen.decode_attention_region@2 (Qwen3), llama.decode_attention_region@1, mistral.decode_attention_region@1
+and qwen2.decode_attention_region@1, one region per layer with the same boundary.
 
 STATUS: the GPU checks in tests/test_cutedsl_decode_attention.py (marked `gpu`, against
 mcore.ops.decode_attention_reference) and bench/attention_gpu.py (speed on the Qwen3-8B-sized
@@ -7,10 +9,12 @@ config) are what vouch for it; docs/gpu-results.md has their latest results on t
 
 Written by hand (not by `mcore kernel stub`), in the generated exporters' structure: a contract check
 that needs no CuTe DSL, the kernel, then compile (`--enable-tvm-ffi`), export_to_c and link. Unlike a
-generated exporter it is not pinned to one graph: it serves every receipt of this recipe whose ABI
-fits (any model, any layer), and compiles for that receipt's shapes.
+generated exporter it is not pinned to one graph: it serves every receipt of these recipes whose ABI
+fits (any model of those families, any layer), and compiles for that receipt's shapes: the published
+Llama 3.x, Mistral 7B and Qwen2.5 models have head_dim 64 or 128 and 1 to 8 query heads a KV head.
 
-The ABI (the receipt's call order; `mcore build --recipe qwen.decode_attention_region@2 ...`):
+The ABI (the receipt's call order; `mcore build --recipe qwen.decode_attention_region@2 ...`, or the
+family's own id, e.g. llama.decode_attention_region@1):
     run(query, key_cache, value_cache, kv_lengths, context)
     run(query, key_cache, value_cache, kv_lengths, workspace, context)   (built with --workspace-bytes N)
     query        T     [1, H, -1, D]   already scaled by the model (softmax scale here is 1.0)
@@ -85,7 +89,14 @@ from pathlib import Path
 
 # ---------------------------------------------------------------- the contract
 
-BINDING_ID = "qwen.decode_attention_region@2"
+# The attention recipe of each decoder family (mcore/families/decoder_family.py): one boundary, so one
+# kernel serves them all. A receipt keeps its recipe's id as the binding id; this prints it back.
+BINDING_IDS = (
+    "qwen.decode_attention_region@2",
+    "llama.decode_attention_region@1",
+    "mistral.decode_attention_region@1",
+    "qwen2.decode_attention_region@1",
+)
 ABI_FORMAT = "mcore.tvm_ffi.abi/1"
 DTYPES = ("BF16", "FP16")
 HEAD_DIMS = (64, 128)
@@ -143,8 +154,9 @@ def _is_int(v):
 
 PATTERN = "query T [1,H,-1,D], key and value caches T [1,KV,C,D], INT32 [1] -> T [1,H,-1,D]"
 RESELECT = (
-    "select the region with `mcore build --recipe qwen.decode_attention_region@2 INSTANCE` "
-    "on a BF16 or FP16 Qwen3 build"
+    "select the region with `mcore build --recipe RECIPE INSTANCE` on a BF16 or FP16 build, RECIPE being "
+    "the model's attention recipe (qwen.decode_attention_region@2 for Qwen3, <family>.decode_attention_region@1 "
+    "for llama, mistral, qwen2)"
 )
 
 
@@ -203,8 +215,10 @@ def check_selection(receipt, where):
         )
     if abi.get("format") != ABI_FORMAT:
         raise ContractError(f"{where}: ABI format {abi.get('format')!r} is not {ABI_FORMAT!r}; {RESELECT}")
-    if receipt["binding_id"] != BINDING_ID:
-        raise ContractError(f"{where}: binding ID {receipt['binding_id']!r} is not {BINDING_ID!r}; {RESELECT}")
+    if receipt["binding_id"] not in BINDING_IDS:
+        raise ContractError(
+            f"{where}: binding ID {receipt['binding_id']!r} is not one of {', '.join(BINDING_IDS)}; {RESELECT}"
+        )
     shapes = [list(t.get("shape", [])) for t in ins + outs]
     dts = [t.get("dtype") for t in ins + outs]
     ok = len(ins) == 4 and len(outs) == 1 and all(len(s) == r for s, r in zip(shapes, (4, 4, 4, 1, 4)))
@@ -1182,7 +1196,8 @@ def export(output, shapes):
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description=f"Export the CuTe DSL decode attention for {BINDING_ID} as a TVM-FFI DSO (GPU-tested on the H200).",
+        description=f"Export the CuTe DSL decode attention for {', '.join(BINDING_IDS)} as a TVM-FFI DSO "
+        "(GPU-tested on the H200).",
     )
     parser.add_argument("--selection", required=True, help="selection receipt (.selection.json) of the recipe")
     parser.add_argument("--snapshot", default=None, help="graph snapshot the selection was made from (optional check)")
@@ -1200,7 +1215,7 @@ def main(argv=None):
     )
     if args.check_only:
         print(f"contract OK: {args.selection} is decode attention ({described})")
-        print(f"binding_id={BINDING_ID}")
+        print(f"binding_id={receipt['binding_id']}")
         print(f"abi_sha256={receipt['abi_sha256']}")
         return 0
     if not args.output:
@@ -1221,7 +1236,7 @@ def main(argv=None):
     except ExportError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_EXPORT
-    print(f"binding_id={BINDING_ID}")
+    print(f"binding_id={receipt['binding_id']}")
     print(f"abi_sha256={receipt['abi_sha256']}")
     print(f"shapes: {described}")
     hpb, mma = schedule(shapes["heads"], shapes["kv_heads"])

@@ -25,7 +25,8 @@ The groups:
 - profile: profile_pipeline, load_profile, CANDIDATE_BINDING; device facts: device_facts, describe_device
 - files: atomic_write, check_fields, check_path_text, read_json, write_json, stdout_failed, check_std_streams;
   library_sha256 (a DSO's sha256, as a bindings manifest records it); set_cache_note_sink
-- demo models: demo_names
+- demo models and families: demo_names; family_kind (a family's), model_kind (a model spec's),
+  bundle_kind (a bundle manifest's): decoder or encoder, always from mcore, never from a name
 """
 
 from __future__ import annotations
@@ -112,8 +113,11 @@ _EXPORTS: dict[str, str] = {
     "read_json": "fileio",
     "write_json": "fileio",
     "stdout_failed": "fileio",
-    # demo models
+    # demo models and model families
     "demo_names": "families.demo",
+    "family_kind": "families",
+    "model_kind": "families",
+    "bundle_kind": "families",
 }
 
 # the public names (the keys of _EXPORTS; tests/test_public_api.py checks they agree)
@@ -152,15 +156,18 @@ __all__ = [
     "check_std_streams",
     "compare_embeddings",
     "compare_tokens",
+    "bundle_kind",
     "demo_names",
     "describe_device",
     "device_facts",
+    "family_kind",
     "find_recipe",
     "library_sha256",
     "load_bindings_manifest",
     "load_receipt",
     "load_snapshot",
     "lockstep_logits",
+    "model_kind",
     "module_tree",
     "node_matches",
     "node_row",
@@ -206,6 +213,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .bundle import open_bundle
     from .bundle_manifest import BundleManifest
     from .errors import Cancelled, RegionError, UserError
+    from .families import bundle_kind, family_kind, model_kind
     from .families.demo import demo_names
     from .cache import set_cache_note_sink
     from .dso import library_sha256

@@ -288,7 +288,8 @@ class DecoderPipeline(Pipeline):
         self.capacity = int(self.gargs["max_cache_length"])
         self.cache_length = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.step_ids = torch.zeros(1, 1, dtype=torch.int32, device=self.device)
-        eos = self.special.get("eos_token_id")
+        # every end token the checkpoint names (Llama 3 instruct ends a turn with its third, <|eot_id|>)
+        eos = self.special.get("eos_token_ids") or self.special.get("eos_token_id")
         self.eos_ids = set(eos if isinstance(eos, list) else ([eos] if eos is not None else []))
         caches = self.cache_list = tuple(self.caches[n] for n in self.cache_names)  # the decode role's order
         prompt = torch.zeros(1, min(2, self.capacity), dtype=torch.int32, device=self.device)

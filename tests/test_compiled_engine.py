@@ -29,11 +29,13 @@ PROMPT = "the quick brown fox"
 RECIPE = ("qwen.decode_logits_copy@1", "decoder.logits_zero_bias")
 
 
-def _bundles(folder: Path, precision: str, device: str) -> tuple[Path, Path, Path]:
-    """A native and a logits-copy slot bundle of demo:qwen3-tiny, plus a bindings manifest for identity-copy."""
-    args = BuildArgs(model="demo:qwen3-tiny", precision=precision, max_cache_length=128)
+def _bundles(
+    folder: Path, precision: str, device: str, model: str = "demo:qwen3-tiny", recipe: tuple[str, str] = RECIPE
+) -> tuple[Path, Path, Path]:
+    """A native and a logits-copy slot bundle of `model`, plus a bindings manifest for identity-copy."""
+    args = BuildArgs(model=model, precision=precision, max_cache_length=128)
     native = build_bundle(args, folder / "native.bundle", device=device).bundle_path
-    res = build_bundle(args, folder / "slot.bundle", recipe=RECIPE, device=device)
+    res = build_bundle(args, folder / "slot.bundle", recipe=recipe, device=device)
     build_kernel("identity-copy", folder / "kernel.so", cuda="on" if device == "cuda" else "off", overwrite=True)
     manifest = folder / "bindings.json"
     manifest.write_text(
@@ -42,7 +44,7 @@ def _bundles(folder: Path, precision: str, device: str) -> tuple[Path, Path, Pat
                 "schema_version": 1,
                 "bindings": [
                     {
-                        "id": RECIPE[0],
+                        "id": recipe[0],
                         "abi_sha256": res.receipt["abi_sha256"],
                         "library": "./kernel.so",
                         "function": "run",
@@ -83,6 +85,25 @@ def test_cpu_compiled_matches_the_reference_engine(cpu_bundles):
     torch.testing.assert_close(lg.float(), la[2], atol=2e-5, rtol=2e-5)
     lines = comp.engine_lines()
     assert any("decode: compiled (Inductor)" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("model", ["demo:llama-tiny", "demo:qwen2-tiny"])
+def test_cpu_compiled_runs_the_other_families(tmp_path, model):
+    """Llama (GQA 4, tied) and Qwen2 (q/k/v biases: their projections stay unfused) compiled: the
+    reference engine's tokens, close logits, and a logits-copy slot kept as one opaque node."""
+    family = model.removeprefix("demo:").split("-")[0]
+    native, slot, manifest = _bundles(
+        tmp_path, "fp32", "cpu", model, (f"{family}.decode_logits_copy@1", "decoder.logits_zero_bias")
+    )
+    ref = DecoderPipeline(str(native), device="cpu", engine="torch")
+    comp = DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cpu", engine="compiled")
+    a = ref.generate(PROMPT, 10, stop_at_eos=False)
+    assert comp.generate(PROMPT, 10, stop_at_eos=False).tokens == a.tokens
+    for x, y in zip(ref.step_logits(a.prompt_tokens, a.tokens[:-1]), comp.step_logits(a.prompt_tokens, a.tokens[:-1])):
+        torch.testing.assert_close(y, x, atol=1e-4, rtol=1e-4)  # fp32 in another order (qwen2-tiny's logits are larger)
+    gm = comp.runners["decode"].prepared.gm
+    slots = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.mcore.slot.default]
+    assert [n.meta["mcore_binding_id"] for n in slots] == [f"{family}.decode_logits_copy@1"]
 
 
 def test_cpu_slot_stays_one_opaque_node_and_runs(cpu_bundles):
@@ -456,6 +477,31 @@ def test_gpu_precompiled_reload_captures_nothing_and_keeps_the_bits(gpu_bundles,
             assert pipe.generate(prompt, 16, stop_at_eos=False).tokens == r.tokens
             got = pipe.step_logits(r.prompt_tokens, r.tokens[:-1])
             assert all(torch.equal(x, y) for x, y in zip(want, got)), prompt
+
+
+@pytest.fixture(scope="module")
+def llama_gpu_bundles(tmp_path_factory):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    recipe = ("llama.decode_logits_copy@1", "decoder.logits_zero_bias")
+    return _bundles(tmp_path_factory.mktemp("compiled-gpu-llama"), "bf16", "cuda", "demo:llama-tiny", recipe)
+
+
+@gpu
+@needs_cuda
+def test_gpu_llama_replays_a_cuda_graph_and_an_identity_slot_keeps_the_bits(llama_gpu_bundles):
+    """demo:llama-tiny (GQA 4, tied, llama3 RoPE) compiled on the GPU: the decode step replays as a CUDA
+    graph, twice the same bits, and an identity-copy slot in lockstep changes none of them."""
+    native, slot, manifest = llama_gpu_bundles
+    nat = DecoderPipeline(str(native), device="cuda")
+    ext = DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cuda")
+    r = nat.generate(PROMPT, 40, stop_at_eos=False)
+    assert nat.runners["decode"].graphs and nat.runners["decode"].calls_compiled == 0
+    assert ext.generate(PROMPT, 40, stop_at_eos=False).tokens == r.tokens
+    ln = nat.step_logits(r.prompt_tokens, r.tokens[:-1])
+    assert all(torch.equal(x, y) for x, y in zip(ln, nat.step_logits(r.prompt_tokens, r.tokens[:-1])))
+    assert all(torch.equal(x, y) for x, y in zip(ln, ext.step_logits(r.prompt_tokens, r.tokens[:-1])))
+    assert ext.runners["decode"].graphs
 
 
 @gpu

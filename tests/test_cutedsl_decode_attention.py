@@ -75,16 +75,31 @@ def run_script(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
 # ---------------------------------------------------------------- contract (no CuTe DSL needed)
 
 
-@pytest.mark.parametrize(
-    "dtype, heads, kv_heads, head_dim", [("BF16", 32, 8, 128), ("FP16", 8, 8, 64), ("BF16", 16, 2, 64)]
-)
-def test_check_only_accepts_every_fitting_shape(exporter, tmp_path, capsys, dtype, heads, kv_heads, head_dim):
-    snap, receipt = attention_pair(dtype, heads, kv_heads, 1024, head_dim)
+# The attention shapes of published models (query heads, KV heads, head_dim) with their family's recipe:
+# head_dim 64 and 128, 1 to 8 query heads a KV head.
+PUBLISHED_SHAPES = {
+    "qwen3-8b": ("BF16", 32, 8, 128, BINDING),
+    "llama-3.1-8b": ("BF16", 32, 8, 128, "llama.decode_attention_region@1"),
+    "llama-3.2-1b": ("BF16", 32, 8, 64, "llama.decode_attention_region@1"),
+    "llama-3.2-3b": ("BF16", 24, 8, 128, "llama.decode_attention_region@1"),  # GQA 3
+    "llama-3.3-70b": ("BF16", 64, 8, 128, "llama.decode_attention_region@1"),  # GQA 8
+    "llama-2-7b": ("FP16", 32, 32, 128, "llama.decode_attention_region@1"),  # GQA 1
+    "mistral-7b": ("BF16", 32, 8, 128, "mistral.decode_attention_region@1"),
+    "qwen2.5-0.5b": ("BF16", 14, 2, 64, "qwen2.decode_attention_region@1"),  # GQA 7
+    "qwen2.5-7b": ("BF16", 28, 4, 128, "qwen2.decode_attention_region@1"),  # GQA 7
+    "fp16-gqa-8x8-64": ("FP16", 8, 8, 64, BINDING),
+}
+
+
+@pytest.mark.parametrize("model", list(PUBLISHED_SHAPES))
+def test_check_only_accepts_every_fitting_shape(exporter, tmp_path, capsys, model):
+    dtype, heads, kv_heads, head_dim, binding = PUBLISHED_SHAPES[model]
+    snap, receipt = attention_pair(dtype, heads, kv_heads, 1024, head_dim, binding=binding)
     rp, sp = write_pair(tmp_path, snap, receipt)
     assert exporter.main(["--selection", str(rp), "--snapshot", str(sp), "--check-only"]) == 0
     out = capsys.readouterr().out
     assert f"({dtype} heads={heads} kv_heads={kv_heads} capacity=1024 head_dim={head_dim})" in out
-    assert f"abi_sha256={receipt['abi_sha256']}" in out and f"binding_id={BINDING}" in out
+    assert f"abi_sha256={receipt['abi_sha256']}" in out and f"binding_id={binding}" in out
 
 
 def _edited(receipt: dict, mutate) -> dict:
@@ -197,6 +212,37 @@ def test_other_walks_export_and_say_which_they_are(tmp_path, shape, env, walk):
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"schedule=cluster 8, {walk}\n" in r.stdout
     assert callable(tvm_ffi.load_module(str(out))["run"])
+
+
+@needs_cute
+def test_a_qwen2_group_of_seven_exports_on_tensor_cores(tmp_path):
+    """Qwen2.5-7B's 28 query heads over 4 KV heads (7 a group, padded to the 16 rows of the tensor-core
+    tile) through `mcore kernel export`, the receipt's own binding id printed back."""
+    rp, sp = write_pair(tmp_path, *attention_pair("BF16", 28, 4, 4096, 128, binding="qwen2.decode_attention_region@1"))
+    out = tmp_path / "qwen2.so"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mcore",
+            "kernel",
+            "export",
+            "cutedsl-decode-attention",
+            "--selection",
+            str(rp),
+            "--snapshot",
+            str(sp),
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "binding_id=qwen2.decode_attention_region@1" in r.stdout
+    assert "schedule=cluster 8, 8 warps, 7 heads a block, tensor cores\n" in r.stdout and out.is_file()
 
 
 @needs_cute
@@ -396,6 +442,19 @@ def test_gpu_matches_the_reference(gpu_kernels, shape, new_tokens, schedule):
         tol = 2e-2 if dtype == "BF16" else 4e-3
         assert torch.allclose(out.double().cpu(), ref, atol=tol, rtol=tol), (shape, schedule, new_tokens, length)
         assert torch.equal(out, again), "not deterministic"
+
+
+# The GQA groups of published models the shapes above leave out (3: Llama-3.2-3B; 7: Qwen2.5), in the
+# default schedules only (tensor cores a cluster; split over blocks with a workspace).
+PUBLISHED_GPU_SHAPES = [("BF16", 24, 8, 256, 128), ("BF16", 14, 2, 256, 64), ("BF16", 28, 4, 256, 128)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", PUBLISHED_GPU_SHAPES, ids=["_".join(map(str, s)) for s in PUBLISHED_GPU_SHAPES])
+@pytest.mark.parametrize("schedule", ["mma", "split"])
+def test_gpu_published_groups_match_the_reference(gpu_kernels, shape, schedule):
+    test_gpu_matches_the_reference(gpu_kernels, shape, 1, schedule)
+    test_gpu_matches_the_reference(gpu_kernels, shape, 3, schedule)
 
 
 @pytest.mark.gpu
@@ -601,3 +660,127 @@ def test_gpu_pipeline_with_every_layer_bound_matches_native(wide_qwen, engine):
     assert (got - want).abs().max().item() <= 0.05 * max(scale, 1e-3), ((got - want).abs().max().item(), scale)
     cos = torch.nn.functional.cosine_similarity(got.flatten(1), want.flatten(1), dim=1)
     assert cos.min().item() > 0.999, cos
+
+
+# ---------------------------------------------------------------- a Llama build (demo:llama-tiny: head_dim 64, GQA 4)
+
+LLAMA_BINDING = "llama.decode_attention_region@1"
+
+
+@pytest.fixture(scope="module")
+def llama_build(tmp_path_factory):
+    """demo:llama-tiny in BF16 with every attention instance as a slot (receipts from the real recipe),
+    and its native twin."""
+    from mcore.cli.main import main
+
+    work = tmp_path_factory.mktemp("llama-attn")
+    args = ["demo:llama-tiny", "--precision", "bf16", "--max-cache-length", "256", "--decoder-engine-layout", "split"]
+    assert main(["build", *args, "--recipe", LLAMA_BINDING, "all-instances", "-o", str(work / "attn.bundle")]) == 0
+    assert main(["build", *args, "-o", str(work / "native.bundle")]) == 0
+    return work
+
+
+def _llama_bindings(work: Path) -> Path:
+    """Export the kernel through `mcore kernel export` for the build's receipt (once); the bindings manifest."""
+    from mcore.cli.main import main
+
+    rp = work / "attn.selection.decoder.layers.0.decode_attention.json"
+    if not (work / "attention.so").exists():
+        assert (
+            main(
+                [
+                    "kernel",
+                    "export",
+                    "cutedsl-decode-attention",
+                    "--selection",
+                    str(rp),
+                    "-o",
+                    str(work / "attention.so"),
+                ]
+            )
+            == 0
+        )
+    manifest = work / "kernel-bindings.json"
+    entry = {
+        "id": LLAMA_BINDING,
+        "abi_sha256": json.loads(rp.read_text())["abi_sha256"],
+        "library": "./attention.so",
+        "function": "run",
+    }
+    manifest.write_text(json.dumps({"schema_version": 1, "bindings": [entry]}))
+    return manifest
+
+
+def test_the_recipe_receipts_of_a_llama_build_pass_the_contract(llama_build, exporter, capsys):
+    receipts = sorted(llama_build.glob("attn.selection.*.json"))
+    assert [p.name for p in receipts] == [f"attn.selection.decoder.layers.{i}.decode_attention.json" for i in (0, 1)]
+    for rp in receipts:
+        assert exporter.main(["--selection", str(rp), "--check-only"]) == 0
+        out = capsys.readouterr().out
+        assert "(BF16 heads=8 kv_heads=2 capacity=256 head_dim=64)" in out and f"binding_id={LLAMA_BINDING}" in out
+
+
+@needs_cute
+def test_one_exported_dso_binds_every_llama_layer(llama_build):
+    from mcore.pipeline import DecoderPipeline
+
+    pipe = DecoderPipeline(
+        str(llama_build / "attn.bundle"),
+        kernel_bindings=str(_llama_bindings(llama_build)),
+        device="cpu",
+        engine="torch",
+        announce=lambda line: None,
+    )
+    assert len(pipe.slot_calls) == 2 and list(pipe.kernels) == [LLAMA_BINDING]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["torch", "compiled"])
+def test_gpu_llama_with_every_layer_bound_matches_native(llama_build, engine):
+    import torch
+
+    if not torch.cuda.is_available() or not HAVE_CUTE:
+        pytest.skip("needs a CUDA GPU and the CuTe DSL")
+    from mcore.pipeline import DecoderPipeline
+
+    manifest = _llama_bindings(llama_build)
+    prompt = "Explain grouped-query attention, KV caching, and decode latency."
+    native = DecoderPipeline(str(llama_build / "native.bundle"), device="cuda", engine=engine)
+    byok = DecoderPipeline(
+        str(llama_build / "attn.bundle"),
+        kernel_bindings=str(manifest),
+        device="cuda",
+        engine=engine,
+        announce=lambda line: None,
+    )
+    prompt_ids = native.encode(prompt)
+    tokens = native.generate(prompt, 24, stop_at_eos=False).tokens
+    want = torch.stack(native.step_logits(prompt_ids, tokens)[1:])  # decode steps only: the slots run there
+    got = torch.stack(byok.step_logits(prompt_ids, tokens)[1:])
+    assert torch.isfinite(got).all()
+    scale = want.abs().max().item()
+    assert (got - want).abs().max().item() <= 0.05 * max(scale, 1e-3), ((got - want).abs().max().item(), scale)
+    cos = torch.nn.functional.cosine_similarity(got.flatten(1), want.flatten(1), dim=1)
+    assert cos.min().item() > 0.999, cos
+
+
+def test_stub_on_a_llama_receipt_points_at_this_kernel(llama_build, tmp_path, mcore):
+    """`mcore kernel stub` on a receipt of the Llama build (its snapshot captured with the same
+    arguments): a generated exporter pinned to that graph, which checks the receipt, and the pointer to
+    this hand-written kernel for the region's decode attention."""
+    snap = tmp_path / "decode.graph.json"
+    args = ["demo:llama-tiny", "--precision", "bf16", "--max-cache-length", "256", "--decoder-engine-layout", "split"]
+    assert mcore("graph", "inspect", *args, "--engine-role", "decode", "--snapshot", snap).code == 0
+    rp = llama_build / "attn.selection.decoder.layers.1.decode_attention.json"
+    assert json.loads(snap.read_text())["fingerprint"] == json.loads(rp.read_text())["graph_fingerprint"]
+    r = mcore("kernel", "stub", rp, "--snapshot", snap, "-o", tmp_path / "llama_attention.py")
+    assert r.code == 0, r
+    assert f"binding_id={LLAMA_BINDING}" in r.out and "kernels/cutedsl_decode_attention.py" in r.out
+    stub = tmp_path / "llama_attention.py"
+    check = subprocess.run(
+        [sys.executable, str(stub), "--selection", str(rp), "--snapshot", str(snap), "--check-only"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert check.returncode == 0, check.stderr

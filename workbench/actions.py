@@ -717,11 +717,11 @@ def gate_perf(
     native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`), on
     wall-clock throughput or (`metric="device"`, CUDA) device time per step.
     The verdict is measured, so replay shows it but never compares it."""
-    from mcore import open_bundle, perf_gate
+    from mcore import bundle_kind, open_bundle, perf_gate
 
     nb, eb = ctx.path(native_bundle, "native_bundle"), ctx.path(external_bundle, "external_bundle")
     ctx.check_native(kernel_bindings)
-    kind = open_bundle(nb).runnable().family_kind or "decoder"
+    kind = bundle_kind(open_bundle(nb).runnable())
     if kind == "decoder":
         _int(max_new_tokens, "max_new_tokens", 1)
     _str(prompt, "prompt")

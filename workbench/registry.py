@@ -73,7 +73,7 @@ class ActionSpec:
 
 
 def _apply_capture_graph(st: WorkbenchState, params: Params, results: Params) -> None:
-    from mcore import load_snapshot
+    from mcore import family_kind, load_snapshot
 
     snap = load_snapshot(st.path(results["snapshot"]))
     if st.snapshot is None or st.snapshot.fingerprint != snap.fingerprint:
@@ -84,7 +84,7 @@ def _apply_capture_graph(st: WorkbenchState, params: Params, results: Params) ->
     st.listing = None
     st.build_args = dict(params.get("build_args") or st.build_args)
     st.engine_role = snap.engine_role
-    st.family_kind = "decoder" if snap.family == "qwen3" else "encoder"
+    st.family_kind = family_kind(snap.family)
     if st.receipt is not None and st.receipt.graph_fingerprint != snap.fingerprint:
         st.receipt = None
 

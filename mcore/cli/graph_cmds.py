@@ -134,7 +134,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     gs.required = True
 
     p = gs.add_parser("inspect", help="capture a role's graph (no weights) and write its snapshot")
-    p.add_argument("--engine-role", required=True, help="prefill | decode (qwen3), encoder (distilbert, bert)")
+    p.add_argument(
+        "--engine-role",
+        required=True,
+        help="prefill | decode (decoders: qwen3, llama, mistral, qwen2), encoder (distilbert, bert)",
+    )
     p.add_argument("--snapshot", required=True, help="where to write the graph snapshot JSON")
     add_build_args(p)
     p.set_defaults(func=cmd_inspect)

@@ -25,13 +25,14 @@ def cmd_profile(ns: argparse.Namespace) -> int:
     if ns.top < 1:
         raise UserError(f"--top {ns.top} must be at least 1")
     from ..bundle import open_bundle
+    from ..families import bundle_kind
     from ..pipeline import DecoderPipeline, EncoderPipeline
     from ..profile import ENGINES, profile_pipeline, top_lines
 
     if ns.engine not in ENGINES:
         raise UserError(f"--engine {ns.engine!r} is not one of {', '.join(ENGINES)}")
     bundle = open_bundle(ns.bundle)
-    cls = EncoderPipeline if bundle.runnable().family in ("bert", "distilbert") else DecoderPipeline
+    cls = EncoderPipeline if bundle_kind(bundle.runnable()) == "encoder" else DecoderPipeline
     role = ns.role or ("encoder" if cls is EncoderPipeline else "decode")
     pipe = cls(  # op by op: the profiler needs the graph, and compiles the profiled role itself
         ns.bundle,
