@@ -146,6 +146,7 @@ def check_watch(cfg: WatchConfig) -> tuple[str, Any]:
     folder (new or empty). Returns (family kind, receipt)."""
     from .bundle import open_bundle
     from .exporters import exporter_script
+    from .families import bundle_kind
     from .selection import load_receipt
     from .verify import METRICS, check_threshold
 
@@ -157,8 +158,8 @@ def check_watch(cfg: WatchConfig) -> tuple[str, Any]:
             f"{cfg.slot_bundle}: no kernel slot of binding {receipt.binding_id} with abi_sha256 "
             f"{receipt.abi_sha256[:16]}… ({cfg.selection}); build the slot bundle from this receipt"
         )
-    kind = nm.family_kind or "decoder"
-    if (sm.family_kind or "decoder") != kind or sm.model != nm.model:
+    kind = bundle_kind(nm)
+    if bundle_kind(sm) != kind or sm.model != nm.model:
         raise UserError(f"{cfg.slot_bundle} is not the slot twin of {cfg.native_bundle} (another model or kind)")
     if not cfg.prompt.strip():
         raise UserError("--prompt is empty; give the text both pipelines run")
@@ -306,6 +307,8 @@ def _export_and_bind(
         "library": f"./{res.library.name}",
         "function": cfg.function,
     }
+    if res.library_sha256:  # pin this round's bytes, as every manifest mcore writes for a DSO it made
+        entry["library_sha256"] = res.library_sha256
     data = {"schema_version": BINDINGS_SCHEMA_VERSION, "bindings": [entry]}
     write_json(manifest, BindingsManifest.from_dict(data, manifest).to_dict())
     return res.library, manifest

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..dso import library_sha256
 from ..errors import UserError
 from ..exporters import SHIPPED_EXPORTERS, kernel_catalog, run_exporter
 from ..kernels import CUDA_MODES, KERNELS, build_kernel
@@ -134,6 +135,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     print(f"built {built.kernel}: {built.resolve()}")
     print(f"variant: {built.describe()}")
     print(f"function: {built.function}  (ABI: {KERNELS[built.kernel].abi})")
+    print(f"library_sha256={library_sha256(built)}  (a bindings manifest entry may pin it)")
     print(TRUST_NOTE)
     return 0
 
@@ -225,5 +227,6 @@ def cmd_export(args: argparse.Namespace) -> int:
         overwrite=args.force,
     )
     print(f"exported {res.library}")
+    print(f"library_sha256={res.library_sha256}  (a bindings manifest entry may pin it)")
     print(TRUST_NOTE)
     return 0

@@ -254,8 +254,10 @@ HELP = [
     (
         "Profile",
         [
-            ("r", "profile the native bundle (torch engine, op by op); the candidates take the keys"),
-            ("up / down", "move through the candidates"),
+            ("r", "profile the native bundle on the engine shown (auto: the one the pipeline runs)"),
+            ("e", "the engine to profile: auto, compiled, torch (op by op)"),
+            ("f", "profile op by op and report what the compiled engine fuses"),
+            ("up / down", "move through the candidates (they take the keys once the profile is done)"),
             ("s / enter", "select the candidate: Region screen with its nodes marked"),
             ("x", "cancel"),
         ],

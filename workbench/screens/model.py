@@ -11,7 +11,7 @@ from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
 from textual.css.query import NoMatches
-from textual.containers import Grid, Vertical
+from textual.containers import Grid
 from textual.widget import Widget
 from textual.widgets import Input, Label, OptionList, Select, Static
 from textual.widgets.option_list import Option
@@ -91,13 +91,13 @@ class ModelScreen(WorkbenchScreen):
         self._first_focus = True  # the first time the screen shows: focus where the user types first
 
     def compose_body(self) -> Iterable[Widget]:
-        with Vertical(id="model-pick"):
-            yield Static(
-                "Model: type a demo, a checkpoint folder or a hub ID (enter when done), or pick one below",
-                classes="section",
-            )
-            yield Input(placeholder="demo:qwen3-tiny, /path/to/checkpoint or org/name", id="model-spec", compact=True)
-            yield OptionList(id="model-list", compact=True)
+        # no auto-height wrapper around the list: one would count the list's every row, not its max-height
+        yield Static(
+            "Model: type a demo, a checkpoint folder or a hub ID (enter when done), or pick one below",
+            classes="section",
+        )
+        yield Input(placeholder="demo:qwen3-tiny, /path/to/checkpoint or org/name", id="model-spec", compact=True)
+        yield OptionList(id="model-list", compact=True)
         with Grid(id="args-form"):
             yield Label("revision", classes="lbl")
             yield Input(placeholder="(not pinned)", id="arg-revision", compact=True)
