@@ -21,7 +21,8 @@ The groups:
 - run: open_pipeline (the class from the bundle's family kind), DecoderPipeline, EncoderPipeline
 - kernels: build_kernel, write_exporter, run_exporter, shipped_exporter, SHIPPED_EXPORTERS;
   load_bindings_manifest, BindingsManifest, Binding, BINDINGS_SCHEMA_VERSION
-- verify gates: compare_tokens, compare_embeddings, perf_gate, reference_check, lockstep_logits
+- verify gates: compare_tokens, compare_embeddings, perf_gate (and its PERF_DEFAULTS), reference_check,
+  lockstep_logits
 - profile: profile_pipeline, CANDIDATE_BINDING; device facts: device_facts, describe_device
 - files: atomic_write, check_fields, read_json, write_json, stdout_failed
 - demo models: demo_names
@@ -95,6 +96,7 @@ _EXPORTS: dict[str, str] = {
     "compare_tokens": "verify",
     "compare_embeddings": "verify",
     "perf_gate": "verify",
+    "PERF_DEFAULTS": "verify_perf",
     "reference_check": "verify_reference",
     "lockstep_logits": "verify_logits",
     # profile
@@ -116,6 +118,7 @@ __all__ = [
     "CANDIDATE_BINDING",
     "LAYOUTS",
     "NO_PROGRESS",
+    "PERF_DEFAULTS",
     "PRECISIONS",
     "SHIPPED_EXPORTERS",
     "WEIGHTS",
@@ -212,4 +215,5 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .stubgen import write_exporter
     from .verify import compare_embeddings, compare_tokens, perf_gate
     from .verify_logits import lockstep_logits
+    from .verify_perf import PERF_DEFAULTS
     from .verify_reference import reference_check

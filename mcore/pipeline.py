@@ -356,6 +356,7 @@ class DecoderPipeline(Pipeline):
         steps: list[float] = []
         if count < 1 or (stop_at_eos and token in self.eos_ids):
             return out, steps
+        queued = time.perf_counter()
         pending: Optional[torch.Tensor] = queue(token, position)
         while pending is not None:
             progress.report(f"generated {len(out) + 1}/{count + 1} tokens", (len(out) + 1) / (count + 1))
@@ -365,11 +366,13 @@ class DecoderPipeline(Pipeline):
             if ahead and not last:  # the next step goes in before this pick is read
                 pending = queue(pick, position + len(out) + 1)
             tok = int(pick.item())
+            # ahead, a token costs the wait between picks; without, its step ran when it was queued
+            steps.append(time.perf_counter() - (ts if ahead else queued))
             out.append(tok)
             stop = stop_at_eos and tok in self.eos_ids
             if not ahead and not last and not stop:
+                queued = time.perf_counter()
                 pending = queue(tok, position + len(out))
-            steps.append(time.perf_counter() - ts)
             if stop:
                 break
         return out, steps
