@@ -231,9 +231,7 @@ def test_pairs_auto_stops_when_the_time_budget_runs_out(fake):
 
 def test_pairs_auto_takes_more_pairs_when_the_first_ones_are_noisy(fake):
     # pairs 1-3 spread widely, then the runs settle at 0.95: the gate keeps measuring and REJECTs
-    r = perf_gate(
-        fake("native"), fake("external", values="92,99,95" + ",95" * 9), pairs="auto", max_pairs=12, warmup=0
-    )
+    r = perf_gate(fake("native"), fake("external", values="92,99,95" + ",95" * 9), pairs="auto", max_pairs=12, warmup=0)
     assert r.verdict == "REJECT" and r.details["pairs"] == 8 and r.details["stop"] == "decided after 8 pairs"
 
 

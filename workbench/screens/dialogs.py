@@ -324,7 +324,7 @@ def summary_text(app) -> Text:
         ratio, iv = p.get("ratio"), p.get("interval")
         nums = f" ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
         if isinstance(iv, dict):
-            nums += f", {iv['confidence'] * 100:.4g}% interval [{iv['low']:.4f}, {iv['high']:.4f}]"
+            nums += f", {iv['confidence'] * 100:.4g}% [{iv['low']:.4f}, {iv['high']:.4f}]"
         style = {"PROMOTE": "green", "INCONCLUSIVE": "yellow"}.get(pw, "red")
         t.append(f"  performance     {pw}{nums}\n", style=style)
     word, reason = verdict(c, p)

@@ -59,17 +59,20 @@ def verdict(correctness: Optional[dict[str, Any]], perf: Optional[dict[str, Any]
         return "REJECT", f"correctness gate failed: {_one_line(correctness.get('line', ''))}"
     word = perf_verdict(perf) if perf is not None else None
     if word in ("REJECT", "FAIL"):
-        return "REJECT", f"performance gate: {_one_line(perf.get('line', '')) if perf else ''}"
+        assert perf is not None
+        iv = _interval_text(perf)
+        if iv and word == "REJECT":
+            return "REJECT", f"performance: {iv} is below {_min_ratio(perf):g}"
+        return "REJECT", f"performance gate failed: {_one_line(perf.get('line', ''))}"
     missing = [name for name, r in (("correctness (c)", correctness), ("performance (p)", perf)) if r is None]
     if missing:
         return "PENDING", "run the " + " and ".join(missing) + " gate" + ("s" if len(missing) > 1 else "")
     assert perf is not None
     if word == "INCONCLUSIVE":
-        return "INCONCLUSIVE", "correctness passed; the performance gate cannot tell (" + _interval_text(perf) + ")"
+        return "INCONCLUSIVE", f"cannot tell: the interval straddles {_min_ratio(perf):g} (correctness passed)"
     ratio = perf.get("ratio")
-    tail = f"; external/native ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
-    iv = _interval_text(perf)
-    return "PROMOTE", f"correctness and performance gates passed{tail}" + (f" ({iv})" if iv else "")
+    tail = f"; ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
+    return "PROMOTE", f"correctness and performance gates passed{tail}"
 
 
 def perf_verdict(perf: dict[str, Any]) -> str:
@@ -83,8 +86,25 @@ def _interval_text(perf: dict[str, Any]) -> str:
     iv = perf.get("interval")
     if not isinstance(iv, dict):
         return ""
-    mr = perf.get("min_ratio", (perf.get("params") or {}).get("min_ratio", PERF_DEFAULTS.min_ratio))
-    return f"{iv.get('confidence', 0) * 100:.4g}% interval [{iv.get('low', 0):.4f}, {iv.get('high', 0):.4f}] vs {mr:g}"
+    return f"{iv.get('confidence', 0) * 100:.4g}% interval [{iv.get('low', 0):.4f}, {iv.get('high', 0):.4f}]"
+
+
+def _append_decided(t: Text, perf: dict[str, Any]) -> None:
+    """A decided perf gate in two rows (80 columns): the verdict with its ratio, interval, pairs and
+    metric, then the rule that turned the interval into the verdict."""
+    word, iv = perf_verdict(perf), perf["interval"]
+    conf = f"{iv['confidence'] * 100:.4g}%"
+    t.append(f"{word}", style=VERDICT_STYLE.get(word, "bold"))
+    n = len(perf.get("pairs") or []) or len((perf.get("samples") or {}).get("native") or [])
+    ratio = perf.get("ratio")
+    t.append(f" ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else "")
+    t.append(f" · {conf} [{iv['low']:.4f}, {iv['high']:.4f}] · {n} pairs")  # the metric: the plot's unit
+    mr = _min_ratio(perf)
+    t.append(f"\n rule: PROMOTE if the {conf} interval ≥ {mr:g} · REJECT if below · else INCONCLUSIVE", style="dim")
+
+
+def _min_ratio(perf: dict[str, Any]) -> float:
+    return float(perf.get("min_ratio") or (perf.get("params") or {}).get("min_ratio") or PERF_DEFAULTS.min_ratio)
 
 
 def _append_gate(t: Text, result: dict) -> None:
@@ -297,14 +317,14 @@ class VerifyScreen(WorkbenchScreen):
             t.append("measuring… (fresh processes, alternating native/external; x cancels)", style="yellow")
         elif p is None:
             t.append(
-                f"p measures native vs external in fresh-process pairs: PROMOTE when the "
-                f"{PERF_DEFAULTS.confidence * 100:g}% interval of their ratio clears {PERF_DEFAULTS.min_ratio:g}",
+                f"p runs the pairs; PROMOTE if the ratio's {PERF_DEFAULTS.confidence * 100:g}% interval clears "
+                f"{PERF_DEFAULTS.min_ratio:g}",
                 style="dim",
             )
-        else:
+        elif isinstance(p.get("interval"), dict) and perf_verdict(p) != "FAIL":
+            _append_decided(t, p)
+        else:  # a run failed (or a recording from before intervals): the gate's own line
             _append_gate(t, p)
-            if p.get("rule"):
-                t.append(f"\n rule: {p['rule']}", style="dim")
         self.query_one("#perf-line", Static).update(t)
 
     def show_verdict(self) -> None:

@@ -224,16 +224,14 @@ VERDICT_STYLE = {"PROMOTE": "bold green", "REJECT": "bold red", "INCONCLUSIVE": 
 def ratio_gauge(
     ratios: Sequence[float], interval: Optional[tuple[float, float, float]], min_ratio: float, verdict: str, width: int
 ) -> Text:
-    """Two rows: what the gate decided from (the interval, its confidence, the threshold, the verdict),
-    then a ratio axis with every pair's ratio ×, the interval ━ and the threshold ┃ (red)."""
+    """Two rows: a key (pair ratio ×, the interval ━ and its confidence, the threshold ┃, the verdict),
+    then the ratio axis with every pair's ratio, the interval and the threshold (red)."""
     t = Text(no_wrap=True)
-    t.append("ratio × per pair", style="bold")
+    t.append("× pair ratio", style="bold")
     if interval is not None:
-        lo, hi, conf = interval
-        t.append(f" · {conf * 100:.4g}% interval ", style="dim")
-        t.append(f"[{lo:.4f}, {hi:.4f}]" if math.isfinite(hi) else "(no spread yet)")
-    t.append(f" · min {min_ratio:g}", style="red")
-    if verdict:
+        t.append(f" ━ {interval[2] * 100:.4g}% interval", style="dim")
+    t.append(f" ┃ {min_ratio:g}", style="red")
+    if verdict and t.cell_len + len(verdict) + 3 <= width:  # the verdict also heads the lines below
         t.append(f" → {verdict}", style=VERDICT_STYLE.get(verdict, "bold"))
     t.truncate(width)
     t.append("\n")
@@ -289,10 +287,11 @@ class ThroughputPlot(Static):
             return
         body = legend(self.series, w)
         ratios = pair_ratios(self.series)
-        gauge = h >= 9 and bool(ratios)
-        body.append("\n")
-        body.append_text(throughput_plot(self.series, w, h - 2 - (2 if gauge else 0), self.unit))
-        if gauge:
+        room = h - 2 - (2 if ratios else 0)  # the ratio axis first: it is what the gate decides on
+        if room >= 5:
+            body.append("\n")
+            body.append_text(throughput_plot(self.series, w, room, self.unit))
+        if ratios:
             body.append("\n")
             body.append_text(ratio_gauge(ratios, self.interval, self.min_ratio, self.verdict, w))
         self.update(body)
