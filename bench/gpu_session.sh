@@ -6,8 +6,8 @@
 # suite:   the whole test suite (names of failures printed: -rfE); more than one call's 10 minutes now:
 #          suite-gpu (GPU-marked tests and shipped-session replays) + suite-rest (the others) split it
 # engine:  bench/engine_gpu.py (roofline, compiled cold/cached, op by op, transformers peers)   ~9 min
-# gate:    bench/perf_gate_gpu.sh (native vs native, identity-copy, slow-copy; 6 pairs) ~6 min a gate:
-#          each run is a fresh process (about 26 s on the H200); pass GATES=... to split over calls
+# gate:    bench/perf_gate_gpu.sh (native vs native, identity-copy, slow-copy; --pairs auto, at most 4)
+#          each run is a fresh process (about 26 s on the H200); gates run side by side, one per GPU
 # profile: mcore profile --fusion on the 8B-sized config, decode at 1k context (issue 14)      ~3 min
 # attention: tutorial step 5 on the GPU (bench/tutorial_cli.sh, all steps) and the qwen-attention
 #          session replayed with its CUDA steps (needs the CuTe DSL carried: prepare.sh --cute)    ~8 min

@@ -342,3 +342,49 @@ def test_keep_going_reports_every_step(tmp_path):
     assert fields == [(1, "status"), (2, "status")]
     assert "engine role 'nonsense'" in report.differences[0][2].actual
     assert "FAIL: 0/2 steps matched, 2 difference(s)" in report.summary()
+
+
+def test_the_tui_replay_summary_says_what_the_headline_says(tmp_path):
+    """The TUI's replay summary (screens/dialogs.replay_verdict) and the headless headline agree: a
+    reproduced recorded failure is REPRODUCED with its note, a changed verdict is FAIL."""
+    from workbench.screens.dialogs import replay_verdict
+    from workbench.screens.guide import GuideState
+    from workbench.session import Session
+
+    s = Session.new("gates", device="cpu")
+    s.record("gate_tokens", {"native": "a", "external": "b"}, {"passed": False, "verdict": "FAIL", "line": "FAIL: x"})
+    s.record("gate_perf", {**PERF_PARAMS}, {"passed": True, "verdict": "PROMOTE", "line": "PROMOTE: x"})
+    g = GuideState(s, mode="replay")
+    g.finish(0, {"passed": False, "verdict": "FAIL", "line": "FAIL: x"}, None, "ok")
+    g.finish(1, {"passed": True, "verdict": "PROMOTE", "line": "PROMOTE: y"}, None, "ok")
+    assert replay_verdict(g) == ("REPRODUCED", ["step 1 gate_tokens FAIL: reproduced a recorded failure"])
+    g = GuideState(s, mode="replay")
+    g.finish(0, {"passed": False, "verdict": "FAIL", "line": "FAIL: x"}, None, "ok")
+    g.finish(1, {"passed": False, "verdict": "INCONCLUSIVE", "line": "INCONCLUSIVE: y"}, None, "ok")
+    word, notes = replay_verdict(g)
+    assert word == "FAIL" and notes[1] == "step 2 gate_perf verdict changed PROMOTE -> INCONCLUSIVE"
+    assert g.outcomes[1].diffs == [("verdict", "PROMOTE", "INCONCLUSIVE")]
+
+
+PERF_PARAMS = {"native_bundle": "n", "external_bundle": "e", "kernel_bindings": None, "prompt": "p", "pairs": "auto"}
+
+
+def test_the_verify_screen_verdict_follows_both_gates():
+    from workbench.screens.verify import verdict
+
+    ok = {"passed": True, "line": "PASS: tokens identical"}
+    iv = {"low": 0.93, "high": 1.03, "confidence": 0.95}
+    assert verdict(ok, {"passed": False, "verdict": "INCONCLUSIVE", "interval": iv, "min_ratio": 0.98}) == (
+        "INCONCLUSIVE",
+        "cannot tell: the interval straddles 0.98 (correctness passed)",
+    )
+    assert verdict(ok, {"passed": False, "verdict": "REJECT", "interval": {**iv, "high": 0.95}, "min_ratio": 0.98})[
+        1
+    ] == ("performance: 95% interval [0.9300, 0.9500] is below 0.98")
+    assert verdict({"passed": False, "line": "FAIL: x"}, {"passed": True, "verdict": "PROMOTE"})[0] == "REJECT"
+    assert verdict(ok, {"passed": True, "verdict": "PROMOTE", "ratio": 0.99})[0] == "PROMOTE"
+    # a recording from before verdicts: its `passed` decides (the median rule's PASS reads as PROMOTE)
+    assert verdict(ok, {"passed": False, "line": "FAIL: external/native throughput median ratio 0.5 is below"})[0] == (
+        "REJECT"
+    )
+    assert verdict(ok, None)[0] == "PENDING"

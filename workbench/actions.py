@@ -691,6 +691,9 @@ def _mcore_cmd(
     return prefix + " ".join(shlex.quote(c) for c in cmd)
 
 
+ENCODER_BENCH_RUNS = 200
+
+
 def gate_perf(
     ctx: ActionContext,
     native_bundle: str,
@@ -702,14 +705,15 @@ def gate_perf(
     min_ratio: float = PERF_DEFAULTS.min_ratio,
     warmup: int = 1,
     bench_warmup: int = 2,
-    bench_runs: int = 5,
+    bench_runs: Optional[int] = None,
     metric: str = PERF_DEFAULTS.metric,
     max_pairs: Optional[int] = None,
     budget_s: Optional[float] = None,
     confidence: float = PERF_DEFAULTS.confidence,
 ) -> dict:
     """`mcore verify perf` on two bundles: `warmup` runs of each arm, then alternating fresh-process
-    native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`), a fixed
+    native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`; bench_runs
+    defaults to 5 generations for a decoder, 200 calls for an encoder), a fixed
     count or `pairs="auto"` (bounded by max_pairs / budget_s), decided by the t-interval of the pairs'
     log-ratios: PROMOTE, REJECT or INCONCLUSIVE. The gate, its options and defaults are the CLI's.
     Replay compares the verdict with the recording; the numbers are shown only."""
@@ -721,7 +725,10 @@ def gate_perf(
     if kind == "decoder":
         _int(max_new_tokens, "max_new_tokens", 1)
     _str(prompt, "prompt")
-    bw, br = _int(bench_warmup, "bench_warmup", 0), _int(bench_runs, "bench_runs", 1)
+    # the default: 5 generations of max_new_tokens, or 200 encoder calls (calls are few and short:
+    # a fastest-call metric needs enough of them to find undisturbed ones on a loaded CPU)
+    runs = bench_runs if bench_runs is not None else (5 if kind == "decoder" else ENCODER_BENCH_RUNS)
+    bw, br = _int(bench_warmup, "bench_warmup", 0), _int(runs, "bench_runs", 1)
     native_cmd = _mcore_cmd(kind, nb, None, prompt, max_new_tokens, bw, br)
     external_cmd = _mcore_cmd(
         kind, eb, _opt_path(ctx, kernel_bindings, "kernel_bindings"), prompt, max_new_tokens, bw, br
