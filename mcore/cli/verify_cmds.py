@@ -150,7 +150,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="--pairs auto: start no new pair after this many seconds (default: no time limit)",
+        help=f"--pairs auto: start no new pair after this many seconds (the first {P.FIRST_LOOK} always run; default: no limit)",
     )
     p.add_argument("--warmup", type=int, default=1, help="warm-up runs of each command first (default 1)")
     p.add_argument(
