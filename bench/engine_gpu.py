@@ -1,7 +1,11 @@
-"""Engines side by side on a Qwen3-8B-sized bf16 config, batch 1, one run on the GPU (issue 8).
+"""Engines side by side on an 8B-sized bf16 config, batch 1, one run on the GPU (issue 8).
 
-    python3 bench/engine_gpu.py OUT_DIR [--contexts 128,1024,8192,32768] [--capacity 40960]
-                                [--parts roofline,compiled,torch,hf-eager,hf-compiled] [--steps 30]
+    python3 bench/engine_gpu.py OUT_DIR [--model qwen3-8b|llama3.1-8b] [--contexts 128,1024,8192,32768]
+                                [--capacity 40960] [--parts roofline,compiled,torch,hf-eager,hf-compiled]
+                                [--steps 30] [--no-reload]
+
+--model picks the config (bench/model_configs.py: Qwen3-8B, the default, or Llama-3.1-8B; random
+weights). --no-reload skips the compiled engine's cached-reload run (the cold compile's row stays).
 
 Rows: the copy-bandwidth roofline (weights read once per token), mcore's compiled engine (cold
 compile, then a cached reload in a fresh process), mcore's op-by-op engine, transformers eager
@@ -70,18 +74,19 @@ def part_roofline(a) -> None:
     _sync()
     s = start.elapsed_time(end) / 10 / 1e3
     bw = 2 * n / s  # bytes read plus written
-    from bench.qwen3_8b_config import QWEN3_8B as c
+    from bench.model_configs import MODELS, head_dim
 
-    h, i, L, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
-    qkv = h * (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * c["head_dim"]
-    o = c["num_attention_heads"] * c["head_dim"] * h
+    c = MODELS[a.model][0]
+    h, i, L, v, d = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"], head_dim(c)
+    qkv = h * (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * d
+    o = c["num_attention_heads"] * d * h
     weights = 2 * (L * (qkv + o + 3 * h * i) + v * h)  # bf16 bytes read per token (embedding row aside)
-    kv_per_token = 2 * 2 * L * c["num_key_value_heads"] * c["head_dim"]  # K and V bytes per cached position
+    kv_per_token = 2 * 2 * L * c["num_key_value_heads"] * d  # K and V bytes per cached position
     _emit({"part": "roofline", "copy_TBps": bw / 1e12, "weight_bytes": weights, "kv_bytes_per_position": kv_per_token})
 
 
 def _bundle(a) -> str:
-    return str(Path(a.out) / f"native-{a.capacity}.bundle")
+    return str(Path(a.out) / f"native-{a.model}-{a.capacity}.bundle")
 
 
 def _determinism(pipe) -> dict:
@@ -162,11 +167,12 @@ def part_mcore(a) -> None:
         "decode_ms": {},
     }
     tok = [1234]
+    vocab = int(pipe.config["vocab_size"])
 
     def step():
         pipe.step_ids.fill_(tok[0])
         (logits,) = dec(pipe.step_ids, pipe.cache_length, *caches)
-        tok[0] = int(torch.argmax(logits).item()) % 151936
+        tok[0] = int(torch.argmax(logits).item()) % vocab
 
     for n in a.contexts:
         pipe.cache_length.fill_(n)
@@ -178,7 +184,7 @@ def part_mcore(a) -> None:
         _, seconds = pipe.decode_tokens(tok[0], n, count + 3, stop_at_eos=False)
         rec.setdefault("loop_ms", {})[n] = statistics.median(seconds[3:]) * 1e3
     if (1024 in a.contexts or a.ttft) and not a.decode_only:
-        ids = torch.randint(0, 151936, (1, 1024), dtype=torch.int32, device=DEV, generator=g)
+        ids = torch.randint(0, vocab, (1, 1024), dtype=torch.int32, device=DEV, generator=g)
 
         def first():
             (logits,) = pipe.runners["prefill"](ids, *caches)
@@ -219,13 +225,13 @@ def graph_nodes(runner, inputs) -> dict:
         return {"unavailable": f"{type(e).__name__}: {str(e)[:120]}"}
 
 
-def _hf_model():
+def _hf_model(a):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from bench.qwen3_8b_config import QWEN3_8B
+    from bench.model_configs import MODELS
 
-    conf = json.loads(os.environ["BENCH_CONFIG"]) if "BENCH_CONFIG" in os.environ else QWEN3_8B
+    conf = json.loads(os.environ["BENCH_CONFIG"]) if "BENCH_CONFIG" in os.environ else MODELS[a.model][0]
     cfg = AutoConfig.for_model(**{k: v for k, v in conf.items() if k != "architectures"})
     torch.manual_seed(0)
     with torch.device(DEV):
@@ -237,13 +243,13 @@ def part_hf_eager(a) -> None:
     import torch
     from transformers import DynamicCache
 
-    model = _hf_model()
+    model = _hf_model(a)
     rec = {"part": "transformers-eager", "decode_ms": {}}
     g = torch.Generator(device=DEV).manual_seed(0)
     with torch.no_grad():
         for n in a.contexts:
             cache = DynamicCache(config=model.config)
-            ids = torch.randint(0, 151936, (1, n), device=DEV, generator=g)
+            ids = torch.randint(0, model.config.vocab_size, (1, n), device=DEV, generator=g)
             _sync()
             t = time.perf_counter()
             out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -274,7 +280,7 @@ def part_hf_compiled(a) -> None:
     import torch
     from transformers import StaticCache
 
-    model = _hf_model()
+    model = _hf_model(a)
     rec = {"part": "transformers-static-compiled", "capacity": a.capacity, "decode_ms": {}}
     try:
         cache = StaticCache(config=model.config, max_cache_len=a.capacity)
@@ -341,6 +347,8 @@ def run_part(a, name: str, *extra: str, env: dict | None = None, timeout: int = 
         str(a.capacity),
         "--steps",
         str(a.steps),
+        "--model",
+        a.model,
         *extra,
     ]
     t = time.perf_counter()
@@ -358,15 +366,13 @@ def run_part(a, name: str, *extra: str, env: dict | None = None, timeout: int = 
 
 
 def build(a) -> None:
-    from bench.qwen3_8b_config import write_config_folder
+    from bench.model_configs import write_model_folder
     from mcore.build import build_bundle
     from mcore.buildargs import BuildArgs
-    from mcore.families.demo import materialize
 
     if Path(_bundle(a)).exists():
         return
-    cfg = write_config_folder(Path(a.out) / "qwen3-8b-config")
-    shutil.copy(materialize("qwen3-tiny") / "tokenizer.json", cfg)
+    cfg = write_model_folder(Path(a.out) / f"{a.model}-config", a.model)
     args = BuildArgs(model=str(cfg), weights="random", precision="bf16", max_cache_length=a.capacity)
     build_bundle(args, _bundle(a), device=DEV)
 
@@ -436,6 +442,8 @@ def table(recs: list[dict], contexts: list[int]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
+    ap.add_argument("--model", default="qwen3-8b", choices=["qwen3-8b", "llama3.1-8b"], help="bench/model_configs.py")
+    ap.add_argument("--no-reload", action="store_true", help="skip the compiled engine's cached-reload run")
     ap.add_argument("--contexts", default="128,1024,8192,32768")
     ap.add_argument("--capacity", type=int, default=40960)
     ap.add_argument(
@@ -496,7 +504,9 @@ def main() -> None:
     if "compiled" in parts:
         shutil.rmtree(cache, ignore_errors=True)
         env = {"MCORE_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
-        runs = [("mcore compiled (cold compile)", ()), ("mcore compiled (cached reload)", ("--label", "cached"))]
+        runs = [("mcore compiled (cold compile)", ())]
+        if not a.no_reload:
+            runs.append(("mcore compiled (cached reload)", ("--label", "cached")))
         if a.profile_load:  # its timings pay cProfile's overhead: kept out of the table
             runs.append(("profiled", ("--profile-load", str(Path(a.out) / "load-profile.txt"))))
         for label, more in runs:
@@ -543,6 +553,7 @@ def main() -> None:
     for r in recs:  # where each mcore load's seconds went (progress stamps, seconds since the part began)
         if r.get("load_stamps"):
             print(f"  {r.get('label', r['part'])} load: " + " | ".join(x.strip() for x in r["load_stamps"]))
+    print(f"model: {a.model} (bench/model_configs.py), bf16, random weights, capacity {a.capacity}")
     print(table(recs, a.contexts))
     print(determinism(recs))
 

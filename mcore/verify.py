@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import UserError
-from .fileio import parse_json, read_input_text
+from .fileio import check_fields, parse_json, read_input_text
 from .verify_perf import METRICS, BenchmarkReading, parse_benchmark, perf_gate, run_shell  # noqa: F401 - the gates' home
 from .verdicts import GateResult, check_threshold  # noqa: F401 - imported from here by the other gates
 
 
 # ---------------------------------------------------------------- tokens
+
+
+TOKEN_RECORD_FIELDS = frozenset({"prompt", "text"})  # beside the required tokens
 
 
 def load_token_records(path: str | os.PathLike) -> list[dict]:
@@ -37,6 +40,10 @@ def load_token_records(path: str | os.PathLike) -> list[dict]:
             raise UserError(f"{path}: line {n}: expected a JSON object, got {type(rec).__name__}")
         if "tokens" not in rec:
             raise UserError(f"{path}: line {n}: missing field tokens; write records with `mcore run --output`")
+        check_fields(rec, f"{path}: line {n}", {"tokens"}, TOKEN_RECORD_FIELDS)  # as `mcore run --output` writes
+        for k in ("prompt", "text"):
+            if k in rec and not isinstance(rec[k], str):
+                raise UserError(f"{path}: line {n}: field {k} must be a string")
         toks = rec["tokens"]
         if not isinstance(toks, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in toks):
             raise UserError(f"{path}: line {n}: field tokens must be a list of integers")

@@ -21,18 +21,15 @@ the chance that any of them decides wrongly stays within 1 - C.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .errors import UserError
 from .interval import RatioInterval, look_confidence, ratio_interval
-from .progress import Progress
+from .progress import NO_PROGRESS, Progress
 from .verdicts import FAIL, INCONCLUSIVE, PROMOTE, REJECT, GateResult, check_threshold
 
 # The `run --benchmark` and `embed --benchmark` lines (DESIGN.md §8); the first is the tutorial's.
@@ -133,32 +130,16 @@ def resolve_metric(metric: str, native: BenchmarkReading, external: BenchmarkRea
 
 
 def run_shell(cmd: str, progress: Optional[Progress] = None, poll_s: float = 0.2) -> tuple[int, str, str]:
-    """Run `cmd` through the shell in a fresh process group; return (rc, stdout, stderr).
-    Cancellation (through `progress`) or Ctrl-C kills the whole group."""
-    proc = subprocess.Popen(
-        cmd,
-        shell=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        while True:
-            try:
-                out, err = proc.communicate(timeout=poll_s)
-                break
-            except subprocess.TimeoutExpired:
-                if progress is not None:
-                    progress.check()
-    except BaseException:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.communicate()
-        raise
-    return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    """Run `cmd` through the shell in a fresh process group; return (rc, stdout, stderr), each the
+    last MiB of what it printed. Cancellation (through `progress`) or Ctrl-C kills the whole group;
+    so do running past MCORE_COMMAND_TIMEOUT seconds (default 3600) and printing more than 16 MiB,
+    which are one-line errors (mcore/subproc.py)."""
+    from .subproc import run_bounded, timeout_from_env
+
+    timeout = timeout_from_env("MCORE_COMMAND_TIMEOUT", 3600.0)
+    hint = "; set MCORE_COMMAND_TIMEOUT=SECONDS to allow longer"
+    done = run_bounded(cmd, f"command `{cmd[:80]}`", timeout, progress or NO_PROGRESS, limit_hint=hint)
+    return done.returncode, done.stdout, done.stderr
 
 
 def _last_line(text: str) -> str:
