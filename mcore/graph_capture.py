@@ -104,12 +104,18 @@ def captured_from(
 
 
 def capture_cached(
-    args: BuildArgs, role: str, fingerprint: str, resolved: tuple[ModelSource, Family, dict[str, Any]]
+    args: BuildArgs,
+    role: str,
+    fingerprint: str,
+    resolved: tuple[ModelSource, Family, dict[str, Any]],
+    save: bool = True,
 ) -> Captured:
     """capture(), reusing an ExportedProgram saved by an earlier load of the same graph on this machine.
 
     A loaded program counts only if its snapshot has exactly the expected fingerprint (which covers the
-    model, the role, the build args and every node and tensor), so a stale or foreign file is never used."""
+    model, the role, the build args and every node and tensor), so a stale or foreign file is never used.
+    `save=False` where the engine keeps what it compiled without the graph (a precompiled role): saving
+    the program costs half as much again as capturing it, for a file such an engine never reads."""
     from .families.demo import cache_root
     from .fileio import atomic_write
 
@@ -124,7 +130,7 @@ def capture_cached(
         except Exception:  # unreadable or from another layout: capture again and replace it
             pass
     cap = capture(args, role, resolved=resolved)
-    if cap.snapshot.fingerprint == fingerprint:
+    if save and cap.snapshot.fingerprint == fingerprint:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, lambda f: torch.export.save(cap.exported, f), binary=True)

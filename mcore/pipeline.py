@@ -20,10 +20,11 @@ from .engines import get_engine, resolve_engine_name
 from .errors import UserError
 from .families import bundle_kind, get_family
 from .families.base import ModelSource
-from .graph_capture import capture_cached
+from .graph_capture import capture_cached, graph_metadata
 from .graph.from_export import TORCH_DTYPES
 from .graph.snapshot import Snapshot, Tensor
 from .engines.slots import SlotCall, release_dropped
+from .engines.structure import RoleStructure, structure_key
 from .progress import NO_PROGRESS, Progress
 
 
@@ -176,10 +177,15 @@ class Pipeline:
                 call.bind(self.kernels[slot.binding_id].function, self.device)
                 self.slot_calls.append(call)
                 slots.append((slot, call))
-            loaded = engine_.load_role(expected, role, state, slots, self.device)
+            structure = RoleStructure(
+                structure_key(self.family, self.config, self.gargs, role),
+                graph_metadata(source, self.family, self.gargs, role),
+            )
+            loaded = engine_.load_role(expected, role, state, slots, self.device, structure)
             if loaded is None:
                 progress.report(f"capturing {role} graph", 0.3 + 0.3 * i / len(roles))
-                cap = capture_cached(args, role, expected, (source, self.family, self.gargs))
+                keep = engine_.keeps_captures(self.device)
+                cap = capture_cached(args, role, expected, (source, self.family, self.gargs), save=keep)
                 if cap.snapshot.fingerprint != expected:
                     raise UserError(
                         f"{bundle_path}: the {role} graph this mcore captures ({cap.snapshot.fingerprint[:12]}…) "

@@ -38,6 +38,17 @@ from ..gemv import glu_enabled
 from .fusion import fuse_sibling_projections, fuse_weights
 from .gemv_pass import use_gemv
 from .prepared import PreparedGraph, RoleProgram, prepare_graph
+from .regions import plan_regions
+from .structure import RoleStructure, rebased, structure_key
+from .standalone import (
+    CompiledRegions,
+    compile_regions,
+    is_regions_file,
+    load_regions,
+    regional,
+    save_regions,
+    standalone,
+)
 
 
 def _use_mcore_inductor_cache() -> None:
@@ -52,17 +63,19 @@ def device_label(device: torch.device) -> str:
     return "cpu"
 
 
-def compile_key(fingerprint: str, slots: Sequence[SlotRecord], device: torch.device) -> str:
-    """What decides the compiled code: the role graph, its slots' ABIs, the device and torch."""
+def compile_key(structure: str, slots: Sequence[SlotRecord], device: torch.device) -> str:
+    """What decides the compiled code: the role graph's structure (structure.py: not the model's
+    identity, so a fine-tune shares it), its slots' ABIs, the device, torch and the options."""
     payload = {
-        "fingerprint": fingerprint,
+        "structure": structure,
         "slots": [[s.binding_id, s.abi_sha256, list(s.node_ids)] for s in slots],
         "device": device_label(device),
         "torch": torch.__version__,
         "options": [fuse_projections(), tuning()]
         + (["gemv"] if gemv_enabled(device) else [])
         + (["gemv-glu"] if gemv_enabled(device) and glu_enabled() else [])
-        + inductor.settings(device),
+        + inductor.settings(device)
+        + (["regional"] if regional() else []),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -205,7 +218,9 @@ class CompiledRoleRunner:
         try:
             if artifact is not None:
                 graph = self._graph()
-                self.fn = _artifact(artifact, graph.gm, p.state_args, inputs, graph.dynamic_dims, options)
+                self.fn = _artifact(
+                    artifact, graph.gm, p.state_args, inputs, graph.dynamic_dims, options, progress.part(0.0, 0.8)
+                )
                 self.artifact = artifact
             self._warm(inputs, 1)
         except UserError:
@@ -254,7 +269,8 @@ class CompiledRoleRunner:
     def describe(self) -> str:
         p = self.prepared
         how = "compiled (Inductor" + "".join(f", {name}" for name in self.settings)
-        how += ", precompiled artifact)" if self.artifact else ")"
+        how += ", precompiled artifact" if self.artifact else ""
+        how += f", {self.fn.describe()})" if isinstance(self.fn, CompiledRegions) else ")"
         if self.graphs:
             how += ", replayed as a CUDA graph"
         if self.compile_s is not None:
@@ -292,11 +308,18 @@ class _Replay:
 
 
 def _load_artifact(path: Path) -> Any:
-    """The compiled role saved at `path`, or None where it is missing, damaged or from another torch."""
-    from torch._inductor import CompiledArtifact
-
+    """The compiled role saved at `path` (one graph or its regions), or None where it is missing,
+    damaged or from another torch."""
     if not path.is_file():
         return None
+    if is_regions_file(path):
+        return load_regions(path, _load_one)
+    return _load_one(path)
+
+
+def _load_one(path: Path) -> Any:
+    from torch._inductor import CompiledArtifact
+
     try:
         return CompiledArtifact.load(path=str(path), format="binary")
     except Exception:  # noqa: BLE001 - a stale or damaged artifact is compiled again, never trusted
@@ -310,29 +333,26 @@ def _artifact(
     inputs: Sequence[torch.Tensor],
     dynamic_dims: dict[int, tuple[int, ...]],
     options: dict[str, Any],
+    progress: Progress = NO_PROGRESS,
 ) -> Any:
     """The role compiled by Inductor alone (no Dynamo), from `path` when an earlier load saved it,
-    else compiled now and saved there. `dynamic_dims` (user input -> dimensions) stay symbolic: the
-    example inputs reach Inductor as fake tensors with those sizes as symbols."""
-    from torch._inductor import standalone_compile
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-
+    else compiled now and saved there: by regions where regions.py finds cuts that change no bit
+    (each distinct region compiled once), else as one graph. `dynamic_dims` (user input ->
+    dimensions) stay symbolic: the example inputs reach Inductor as fake tensors with those sizes
+    as symbols."""
     art = _load_artifact(path)
     if art is not None:
         return art
-    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-    examples: list[Any] = [fake_mode.from_tensor(a, static_shapes=True) for a in state_args]
-    for i, a in enumerate(inputs):
-        dims = dynamic_dims.get(i, ())
-        sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(a.dim())]
-        examples.append(fake_mode.from_tensor(a, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes)))
-    # our own tracing context carries the shape environment (the `fake_mode=` argument is newer than torch 2.11)
-    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
-        art = standalone_compile(
-            gm, examples, dynamic_shapes="from_tracing_context", options={"config_patches": options}
-        )
+    n = len(state_args)
+    flat = [*state_args, *inputs]
+    dims = {n + i: d for i, d in dynamic_dims.items()}
+    plan = plan_regions(gm) if regional() else None
     try:
+        if plan is not None:
+            art = compile_regions(plan, flat, dims, options, note=lambda s: progress.report(s, 0.1))
+            save_regions(art, path)
+            return art
+        art = standalone(gm, flat, dims, options, n_static=n)
         path.parent.mkdir(parents=True, exist_ok=True)
         staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         art.save(path=str(staged), format="binary")
@@ -418,11 +438,28 @@ def _write_marker(path: Path, data: dict) -> None:
         pass  # the index is a convenience; Inductor's own cache still works
 
 
+def _start_compile_workers(device: torch.device) -> None:
+    """Inductor hands Triton kernels to its worker processes only once they are up, and compiles
+    them one by one in this process until then; Dynamo starts them early, a compile without Dynamo
+    does not. Started here, they come up while the role graphs are captured."""
+    if device.type != "cuda":
+        return
+    try:
+        from torch._inductor.async_compile import maybe_warm_pool
+
+        maybe_warm_pool()
+    except Exception:  # noqa: BLE001 - an optimization: the compile works without it
+        pass
+
+
 class CompiledEngine:
     name = "compiled"
 
     def __init__(self) -> None:
         _use_mcore_inductor_cache()
+
+    def keeps_captures(self, device: torch.device) -> bool:
+        return not precompiled(device)  # a precompiled role reloads from its artifact and record alone
 
     def compile_role(
         self,
@@ -434,7 +471,8 @@ class CompiledEngine:
         prepared = prepare_graph(captured, state, slots, device)
         if fuse_projections():
             fuse_sibling_projections(prepared)
-        key = compile_key(captured.snapshot.fingerprint, [s for s, _ in slots], device)
+        structure = structure_key(captured.family, captured.source.config, captured.gargs, captured.role)
+        key = compile_key(structure, [s for s, _ in slots], device)
         return CompiledRoleRunner(prepared, device, key, snapshot=captured.snapshot)
 
     def load_role(
@@ -444,13 +482,29 @@ class CompiledEngine:
         state: dict[str, torch.Tensor],
         slots: Sequence[tuple[SlotRecord, Any]],
         device: torch.device,
+        structure: Optional[RoleStructure] = None,
     ) -> Optional[tuple[CompiledRoleRunner, Snapshot]]:
         """The role and its snapshot from its precompiled artifact and record (see `precompiled`), with no capture
-        and no graph; None where there is none for this graph, these slots, device and torch, or it
-        does not load (the caller then captures and compiles as usual)."""
-        if not precompiled(device):
+        and no graph; None where there is none for this structure, these slots, device and torch, it
+        does not load, or its recorded graph, under this model's metadata, is not exactly the graph
+        of `fingerprint` (the caller then captures and compiles as usual)."""
+        loaded = self._load_role(fingerprint, role, state, slots, device, structure)
+        if loaded is None:
+            _start_compile_workers(device)
+        return loaded
+
+    def _load_role(
+        self,
+        fingerprint: str,
+        role: str,
+        state: dict[str, torch.Tensor],
+        slots: Sequence[tuple[SlotRecord, Any]],
+        device: torch.device,
+        structure: Optional[RoleStructure],
+    ) -> Optional[tuple[CompiledRoleRunner, Snapshot]]:
+        if not precompiled(device) or structure is None:
             return None
-        key = compile_key(fingerprint, [s for s, _ in slots], device)
+        key = compile_key(structure.key, [s for s, _ in slots], device)
         slot_keys = [c.key for _, c in slots]
         artifact, record = _precompiled_paths(key, slot_keys)
         t0 = time.perf_counter()
@@ -462,8 +516,8 @@ class CompiledEngine:
         if fn is None:
             return None
         try:
-            snapshot = Snapshot.from_dict(data.get("snapshot"), str(record))
-            if snapshot.fingerprint != fingerprint:
+            snapshot = rebased(Snapshot.from_dict(data.get("snapshot"), str(record)), structure.metadata, fingerprint)
+            if snapshot is None:
                 return None
             prog = _program_from_record(data, role, state, slot_keys)
         except (UserError, ValueError, KeyError, TypeError, AttributeError):

@@ -16,6 +16,7 @@ attends over the updated caches through mcore::decode_attention (see mcore/ops.p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, cast
@@ -358,6 +359,11 @@ class Qwen3Family(Family):
     name = "qwen3"
     kind = "decoder"
     roles = ("prefill", "decode")
+
+    def structure(self, config: dict) -> Any:
+        # the graphs are built from these alone (build_core): a fine-tune whose config differs in
+        # fields the family never reads (torch_dtype, use_cache, ...) shares their compiled code
+        return dataclasses.asdict(Qwen3Dims.from_config(config))
 
     def graph_args(self, config: dict, args: BuildArgs) -> dict[str, Any]:
         if args.max_seq_length is not None:
