@@ -1,8 +1,9 @@
 """Regional compilation and compiled code shared by structure (issue 32), on the CPU.
 
 A 6-layer bf16 Qwen3 (the demo's width): its role graphs cut into regions, each distinct region
-compiled once, must compute the logits bit for bit as the whole-graph compile does (bf16 is where
-a badly placed cut would show: Inductor does not round a value it keeps in registers). A second
+compiled once (the decode role in a helper process beside the prefill one's), must compute the
+logits bit for bit as the whole-graph compile in one process does (bf16 is where a badly placed
+cut would show: Inductor does not round a value it keeps in registers). A second
 checkpoint of the same config (other weights, another folder) reuses the compiled roles without
 capturing its graphs, and computes what its own weights give.
 """
@@ -22,6 +23,7 @@ from mcore.engines.regions import plan_regions, unique_regions
 from mcore.engines.structure import rebased, structure_key
 from mcore.families import get_family
 from mcore.families.demo import materialize
+from mcore.graph.snapshot import Snapshot, fingerprint
 from mcore.pipeline import DecoderPipeline
 
 LAYERS = 6
@@ -56,20 +58,25 @@ def _logits(pipe: DecoderPipeline) -> list[torch.Tensor]:
     return pipe.step_logits(ids, [5, 9, 200, 31]) + pipe.step_logits(ids[:1], [17, 3])
 
 
-def _load(bundle: Path, cache: Path, mp: pytest.MonkeyPatch, regional: bool = True) -> DecoderPipeline:
+def _load(
+    bundle: Path, cache: Path, mp: pytest.MonkeyPatch, regional: bool = True, helper: bool = False
+) -> DecoderPipeline:
     mp.setenv("MCORE_CACHE_DIR", str(cache))
     mp.setenv("MCORE_PRECOMPILED", "1")
     mp.setenv("MCORE_REGIONAL", "1" if regional else "0")
+    mp.setenv("MCORE_PARALLEL_ROLES", "1" if helper else "0")
     return DecoderPipeline(str(bundle), device="cpu", engine="compiled")
 
 
 @pytest.fixture(scope="module")
 def compiled_a(bundles, tmp_path_factory) -> tuple[Path, list[torch.Tensor]]:
-    """A compiled by regions into a cache (its folder), and its logits."""
+    """A compiled by regions into a cache (its folder), the decode role by a helper process while
+    this one compiled prefill (as on CUDA by default), and its logits."""
     cache = tmp_path_factory.mktemp("regional-cache")
     with pytest.MonkeyPatch.context() as mp:
-        pipe = _load(bundles[0], cache, mp)
+        pipe = _load(bundles[0], cache, mp, helper=True)
         assert all("regions" in r.describe() for r in pipe.runners.values()), pipe.engine_lines()
+        assert [r.compiled_beside for r in pipe.runners.values()] == [False, True]  # prefill here, decode beside
         return cache, _logits(pipe)
 
 
@@ -110,11 +117,22 @@ def test_a_fine_tune_reuses_the_compiled_roles_without_capture(bundles, compiled
         r: manifest.roles[r].fingerprint for r in manifest.roles
     }
     assert tuned.snapshots["decode"].metadata["model"] == manifest.model.spec and "ckpt-b" in manifest.model.spec
-    # B's own weights: the same bits as B compiled from scratch in an empty cache
+    # B loaded as if alone (captured, compiled into an empty mcore cache): the same snapshots and bits
     fresh = _load(b, tmp_path / "fresh", monkeypatch)
     assert len(captures) == 2 and not any(r.cached for r in fresh.runners.values())
+    assert all(tuned.snapshots[r].to_dict() == fresh.snapshots[r].to_dict() for r in manifest.roles)
     assert all(torch.equal(x, y) for x, y in zip(_logits(fresh), _logits(tuned)))
-    assert not all(torch.equal(x, y) for x, y in zip(_logits(tuned), compiled_a[1]))  # not A's numbers
+    assert not all(torch.equal(x, y) for x, y in zip(_logits(tuned), compiled_a[1]))  # B's weights, not A's
+    # a recorded graph that differs in one node serves no other model
+    other = fresh.snapshots["decode"].to_dict()
+    other["nodes"][3]["op"] = "aten.mul.Tensor"
+    other["fingerprint"] = fingerprint(other)
+    assert (
+        rebased(
+            Snapshot.from_dict(other, "test"), tuned.snapshots["decode"].metadata, manifest.roles["decode"].fingerprint
+        )
+        is None
+    )
 
 
 def test_structure_key_covers_what_builds_the_graph_and_nothing_else():
@@ -134,19 +152,3 @@ def test_structure_key_covers_what_builds_the_graph_and_nothing_else():
         assert structure_key(family, {**config, **change}, gargs, "decode") != key, change
     assert structure_key(family, config, {**gargs, "max_cache_length": 128}, "decode") != key
     assert structure_key(family, config, gargs, "prefill") != key
-
-
-def test_a_recorded_snapshot_serves_another_model_only_if_its_graph_is_the_same(bundles):
-    a, b = bundles
-    pa = DecoderPipeline(str(a), device="cpu", engine="torch")
-    pb = DecoderPipeline(str(b), device="cpu", engine="torch")
-    snap_a, snap_b = pa.snapshots["decode"], pb.snapshots["decode"]
-    assert snap_a.fingerprint != snap_b.fingerprint  # another model: another identity
-    moved = rebased(snap_a, snap_b.metadata, snap_b.fingerprint)
-    assert moved is not None and moved.to_dict() == snap_b.to_dict()
-    other = snap_a.to_dict()
-    other["nodes"][3]["op"] = "aten.mul.Tensor"  # a graph that differs in one node
-    from mcore.graph.snapshot import Snapshot, fingerprint
-
-    other["fingerprint"] = fingerprint(other)
-    assert rebased(Snapshot.from_dict(other, "test"), snap_b.metadata, snap_b.fingerprint) is None

@@ -161,6 +161,7 @@ class CompiledRoleRunner:
         self.artifact: Optional[Path] = None  # the precompiled artifact this role runs (see `precompiled`)
         self.load_s = 0.0  # reading a precompiled role (artifact and record), counted in compile_s
         self.settings: list[str] = []  # Inductor settings beyond deterministic mode (describe() names them)
+        self.compiled_beside = False  # compiled by a helper process while this one did another role
 
     # ------------------------------------------------------------------ running
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -275,6 +276,8 @@ class CompiledRoleRunner:
             how += ", replayed as a CUDA graph"
         if self.compile_s is not None:
             how += f", compile {self.compile_s:.1f} s" + (" (cached)" if self.cached else "")
+        if self.compiled_beside:
+            how += ", compiled by a helper process beside the other role"
         if p.slot_keys:
             how += f", {len(p.slot_keys)} opaque slot(s)"
         return f"{p.role}: {how}"
