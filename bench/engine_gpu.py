@@ -59,6 +59,17 @@ def _median_ms(fn, steps: int) -> float:
     return statistics.median(times)
 
 
+def bench_config() -> dict:
+    """The config benchmarked: the 8B-sized one, or BENCH_CONFIG (JSON; a CPU smoke run of the script)."""
+    from bench.qwen3_8b_config import QWEN3_8B
+
+    return json.loads(os.environ["BENCH_CONFIG"]) if "BENCH_CONFIG" in os.environ else QWEN3_8B
+
+
+def _vocab() -> int:
+    return int(bench_config()["vocab_size"])
+
+
 def _emit(rec: dict) -> None:
     print("RESULT " + json.dumps(rec), flush=True)
 
@@ -178,7 +189,7 @@ def part_mcore(a) -> None:
     def step():
         pipe.step_ids.fill_(tok[0])
         (logits,) = dec(pipe.step_ids, pipe.cache_length, *caches)
-        tok[0] = int(torch.argmax(logits).item()) % 151936
+        tok[0] = int(torch.argmax(logits).item()) % _vocab()
 
     for n in a.contexts:
         pipe.cache_length.fill_(n)
@@ -190,7 +201,7 @@ def part_mcore(a) -> None:
         _, seconds = pipe.decode_tokens(tok[0], n, count + 3, stop_at_eos=False)
         rec.setdefault("loop_ms", {})[n] = statistics.median(seconds[3:]) * 1e3
     if (1024 in a.contexts or a.ttft) and not a.decode_only:
-        ids = torch.randint(0, 151936, (1, 1024), dtype=torch.int32, device=DEV, generator=g)
+        ids = torch.randint(0, _vocab(), (1, 1024), dtype=torch.int32, device=DEV, generator=g)
 
         def first():
             (logits,) = pipe.runners["prefill"](ids, *caches)
@@ -215,7 +226,7 @@ def _prefill_ms(run, lengths: list[int], reps: int = 3) -> dict:
     out = {}
     g = torch.Generator(device=DEV).manual_seed(3)
     for n in lengths:
-        ids = torch.randint(0, 151936, (1, n), dtype=torch.int32, device=DEV, generator=g)
+        ids = torch.randint(0, _vocab(), (1, n), dtype=torch.int32, device=DEV, generator=g)
 
         def once():
             int(torch.argmax(run(ids)).item())
@@ -228,8 +239,7 @@ def _prefill_ms(run, lengths: list[int], reps: int = 3) -> dict:
 def prefill_flops(n: int) -> float:
     """Multiply-adds x2 of a prefill of n tokens on the 8B config: every projection over n rows,
     causal attention (half of the n x n scores and context), the logits of the last row only."""
-    from bench.qwen3_8b_config import QWEN3_8B as c
-
+    c = bench_config()
     h, i, L, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
     hq, hk, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     per_token = L * (h * (hq + 2 * hk) * d + hq * d * h + 3 * h * i)
@@ -282,9 +292,7 @@ def _hf_model():
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from bench.qwen3_8b_config import QWEN3_8B
-
-    conf = json.loads(os.environ["BENCH_CONFIG"]) if "BENCH_CONFIG" in os.environ else QWEN3_8B
+    conf = bench_config()
     cfg = AutoConfig.for_model(**{k: v for k, v in conf.items() if k != "architectures"})
     torch.manual_seed(0)
     with torch.device(DEV):
@@ -315,7 +323,7 @@ def part_hf_eager(a) -> None:
     with torch.no_grad():
         for n in a.contexts:
             cache = DynamicCache(config=model.config)
-            ids = torch.randint(0, 151936, (1, n), device=DEV, generator=g)
+            ids = torch.randint(0, _vocab(), (1, n), device=DEV, generator=g)
             _sync()
             t = time.perf_counter()
             out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -433,10 +441,9 @@ def run_part(a, name: str, *extra: str, env: dict | None = None, timeout: int = 
 
 def build(a) -> tuple[Path, Path]:
     """The 8B-sized bundle (OUT/native-CAP.bundle) and a fine-tune of it (same config, other weights)."""
-    from bench.qwen3_8b_config import QWEN3_8B
     from bench.startup import build_pair
 
-    return build_pair(Path(a.out), QWEN3_8B, DEV, a.capacity, names=("native", "finetune"))
+    return build_pair(Path(a.out), bench_config(), DEV, a.capacity, names=("native", "finetune"))
 
 
 def determinism(recs: list[dict]) -> str:
@@ -474,6 +481,8 @@ def table(recs: list[dict], contexts: list[int]) -> str:
         if "error" in r:
             lines.append(f"{r['part']:34} ERROR {r['error']}")
             continue
+        if not r.get("decode_ms"):
+            continue  # a prefill-only row (the prefill table shows it)
         cells = []
         for n in contexts:
             ms = r["decode_ms"].get(str(n), r["decode_ms"].get(n))
@@ -551,6 +560,9 @@ def main() -> None:
             (Path(a.out) / "engine_gpu.json").write_text(json.dumps(list(self), indent=1))
             if r.get("part") == "startup":
                 return  # startup_rows prints each process as it ends
+            if r.get("part") != "roofline" and not r.get("decode_ms") and "error" not in r:
+                print(f"{r.get('label', r['part'])}: prefill ms {r.get('prefill_ms')}", flush=True)
+                return
             lines = table([r], a.contexts).splitlines()
             print(lines[0] if r.get("part") == "roofline" else lines[-2], flush=True)
 
@@ -600,7 +612,7 @@ def main() -> None:
         for r in run_part(
             a, "mcore", "--engine", "compiled", "--label", "whole", env={**cache_env(ref), **MODES["whole"]}
         ):
-            r["label"] = "mcore compiled, whole graph (before), cold"
+            r["label"] = "mcore whole-graph compile, cold"
             recs.append(r)
     if "prefill" in parts and "hf-eager" not in parts:
         for r in run_part(a, "hf-eager", "--prefill-only"):

@@ -3,8 +3,9 @@
     python3 bench/startup.py OUT [--device cpu|cuda] [--config 8b|deep-narrow] [--modes regional,whole]
                                 [--capacity N] [--skip-build]
 
-For each compile mode (regional: the default, each distinct region of a role graph compiled once;
-whole: MCORE_REGIONAL=0, each role graph compiled as one, as before) in a cache of its own, emptied
+For each compile mode (regional: the default, each distinct region of a role graph compiled once,
+the decode role in a helper process where the engine does that (CUDA); whole: MCORE_REGIONAL=0
+MCORE_PARALLEL_ROLES=0, each role graph compiled as one, in this process, as before) in a cache of its own, emptied
 first: the cold process (`mcore run A --prompt ... --max-new-tokens 1`, empty caches), a warm second
 process, then the first process of a fine-tune B (another checkpoint folder, other random weights,
 the same config) on the now warm cache; then, in one more process, the logits of a fixed prompt and
@@ -32,7 +33,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 PROMPT = "The capital of France is"
-MODES = {"regional": {}, "whole": {"MCORE_REGIONAL": "0"}}
+# the default, and the compile as it was before issue 32 (each role graph whole, one after the other)
+MODES = {"regional": {}, "whole": {"MCORE_REGIONAL": "0", "MCORE_PARALLEL_ROLES": "0"}}
 
 
 def deep_narrow() -> dict:

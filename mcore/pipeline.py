@@ -170,7 +170,12 @@ class Pipeline:
         self._capture_from = (args, source, bundle_path)
         self._roles: dict[str, tuple[str, dict[str, torch.Tensor], list, RoleStructure]] = {}
         self._pending: dict[str, RoleHelper] = {}  # roles a helper process compiles (role_helper.py)
-        missing = [role for role in m.roles if not self._load_role(m, role, source)]
+        missing = []
+        for i, role in enumerate(m.roles):
+            if self._load_role(m, role, source):
+                progress.report(f"loaded precompiled {role} graph", 0.3 + 0.3 * (i + 1) / len(m.roles))
+            else:
+                missing.append(role)
         helper = None
         wanted = len(missing) > 1 and helper_wanted(
             self.device, engine_, bool(m.kernel_slots), self.family, self.config, self.gargs, self.core

@@ -441,7 +441,7 @@ def _write_marker(path: Path, data: dict) -> None:
         pass  # the index is a convenience; Inductor's own cache still works
 
 
-def _start_compile_workers(device: torch.device) -> None:
+def start_compile_workers(device: torch.device) -> None:
     """Inductor hands Triton kernels to its worker processes only once they are up, and compiles
     them one by one in this process until then; Dynamo starts them early, a compile without Dynamo
     does not. Started here, they come up while the role graphs are captured."""
@@ -493,7 +493,7 @@ class CompiledEngine:
         of `fingerprint` (the caller then captures and compiles as usual)."""
         loaded = self._load_role(fingerprint, role, state, slots, device, structure)
         if loaded is None:
-            _start_compile_workers(device)
+            start_compile_workers(device)
         return loaded
 
     def _load_role(

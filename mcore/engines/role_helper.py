@@ -109,7 +109,9 @@ def compile_roles(bundle_path: str, device: torch.device, roles: Sequence[str]) 
     from ..graph_capture import capture_cached
     from ..pipeline import DecoderBuffers
     from . import get_engine
+    from .compiled import start_compile_workers
 
+    start_compile_workers(device)  # up by the time the graph is captured
     bundle = open_bundle(bundle_path)
     m = bundle.runnable()
     family = get_family(m.family)
