@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def cache_env(cache: Path) -> dict[str, str]:
     }
 
 
-def run_process(cmd: list[str], env: dict[str, str], log: Path) -> dict:
+def run_process(cmd: list[str], env: dict[str, str], log: Path, timeout: float = 420) -> dict:
     """One whole process: seconds to its first stdout line (`mcore run` prints the generated text
     there once it has it; its progress goes to stderr, kept in `log`), to its end, and its CPU seconds."""
     t0 = time.perf_counter()
@@ -96,12 +97,15 @@ def run_process(cmd: list[str], env: dict[str, str], log: Path) -> dict:
     with open(log, "w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **env})
         assert proc.stdout is not None
+        watchdog = threading.Timer(timeout, proc.kill)  # a hung process costs the run this long at most
+        watchdog.start()
         text = []
         for line in proc.stdout:
             if first is None:
                 first = time.perf_counter() - t0
             text.append(line)
         _, status, usage = os.wait4(proc.pid, 0)
+        watchdog.cancel()
     proc.returncode = os.waitstatus_to_exitcode(status)
     end = time.perf_counter() - t0
     rec = {"first_token_s": first, "process_s": end, "cpu_s": usage.ru_utime + usage.ru_stime, "rc": proc.returncode}
@@ -123,7 +127,11 @@ def prime_bytecode(env: dict[str, str]) -> float:
     bytecode (the GPU image), the first process would otherwise compile torch's sources to bytecode
     (seconds) inside the cold start (with PYTHONPYCACHEPREFIX set, as gpu_session.sh does)."""
     t = time.perf_counter()
-    code = "import mcore.pipeline, mcore.engines.compiled, torch._inductor.compile_fx, torch.export"
+    code = (
+        "import importlib.util, mcore.pipeline, mcore.engines.compiled, torch._inductor.compile_fx, torch.export\n"
+        "import torch._inductor.async_compile, torch._inductor.compile_worker.subproc_pool\n"
+        "if importlib.util.find_spec('triton'): import triton, torch._inductor.codegen.triton"
+    )
     subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=False)
     return time.perf_counter() - t
 

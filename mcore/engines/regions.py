@@ -79,6 +79,8 @@ def _inputs(n: fx.Node) -> list[fx.Node]:
 def _pure_aten(n: fx.Node) -> bool:
     t = n.target
     if isinstance(t, torch._ops.OpOverload):
+        if torch.Tag.nondeterministic_seeded in t.tags:
+            return False  # computed twice, a random op would draw twice
         return t.namespace in ("aten", "prims") and not _mutates(n) and not _is_extern(n)
     return getattr(t, "__module__", "") in ("_operator", "operator")  # getitem, sym arithmetic
 

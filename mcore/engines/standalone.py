@@ -95,7 +95,7 @@ def compile_regions(
     times: list[float] = []
     for r, (module, idx) in enumerate(zip(plan.modules, plan.args)):
         args = [env[i] for i in idx]
-        key = (plan.signatures[first[r]], tuple(_layout(a) for a in args))
+        key = (plan.signatures[first[r]], tuple(_layout(a) for a in args), _aliasing(args))
         slot = by_key.get(key)
         if slot is None:
             note(f"compiling region {r + 1}/{len(plan.modules)} ({plan.layers[r]})")
@@ -121,6 +121,17 @@ def compile_regions(
     )
     result.compile_s = times
     return result
+
+
+def _aliasing(args: Sequence[Any]) -> tuple[int, ...]:
+    """Per argument, the first argument sharing its storage: code compiled for inputs that alias
+    serves only inputs that alias the same way."""
+    seen: dict[int, int] = {}
+    out = []
+    for i, a in enumerate(args):
+        ptr = a.untyped_storage().data_ptr() if isinstance(a, torch.Tensor) else -1 - i
+        out.append(seen.setdefault(ptr, i))
+    return tuple(out)
 
 
 def _layout(t: Any) -> tuple:
