@@ -582,7 +582,8 @@ def main() -> None:
         for cap in caps:
             b = argparse.Namespace(**{**vars(a), "capacity": cap})
             t = time.perf_counter()
-            pair = build(b) if pair is None else pair
+            built = build(b)
+            pair = pair or built  # the main capacity's: startup runs those
             print(f"bundles capacity {cap}: {time.perf_counter() - t:.1f} s", flush=True)
     env = cache_env(cache)
     if "startup" in parts:  # issue 32: whole processes; the compiled row below reloads from their cache
