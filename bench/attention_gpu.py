@@ -1,30 +1,38 @@
-"""Issue 13, items 4 and 5: the CuTe DSL decode-attention kernel on the Qwen3-8B-sized config.
+"""Issues 13, 28 and 31: the CuTe DSL decode-attention kernel on an 8B-sized config (--model: Qwen3-8B by
+default, or Llama-3.1-8B; bench/model_configs.py), beside the native engine's attention and FlashInfer's.
 
-    python3 bench/attention_gpu.py OUT_DIR [--contexts 1024,8192,32768] [--capacity 40960] [--parts kernel,pipelines]
+    python3 bench/attention_gpu.py OUT_DIR [--model qwen3-8b|llama3.1-8b] [--contexts 1024,8192,32768] [--capacity 40960]
+        [--parts kernel,pipelines] [--bind INDEX|fastest|balanced] [--flashinfer ARCHIVE] [--budget SECONDS]
+    python3 bench/attention_gpu.py --flashinfer-warm [--flashinfer ARCHIVE]   # only JIT-build FlashInfer's modules
 
 In one run on the GPU (bf16, batch 1, random weights, KV capacity 40960):
-  1. builds the native bundle and the slot bundle with `qwen.decode_attention_region@2 all-instances`
-     (36 slots, one binding), and exports the kernel from layer 0's receipt with the shipped exporter
-     (VARIANTS below for the kernel table; the one `--bind` names, by default the shipped default
-     schedule, bound in the pipelines);
-  2. kernel time per call, CuTe DSO vs the native engine's attention (mcore.flash_decode, what the
-     compiled engine runs for mcore::decode_attention): 36 calls, each over its own cache (nothing
-     from L2), in one CUDA graph; K+V bytes of the active length / time, as a share of the measured
-     copy rate and of the theoretical peak; and the DSO's output against the float64 reference;
-  3. both pipelines (compiled engine) in one process: logits in lockstep after a prompt (max_abs,
-     cosine, greedy pick per step), then at each context the same random caches in both, one step's
-     logits compared and the decode step timed alternately (a user's loop: step, argmax, one read);
+  1. builds the slot bundles with the family's attention recipe and `all-instances` (Qwen3: 36 slots, one
+     binding; one without and one with a workspace) and the native bundle (pipelines only), and
+     exports the kernel from layer 0's receipts with the shipped exporter, once for each of VARIANTS
+     (tuning knobs of the exporter);
+  2. kernel time per call, CuTe DSOs vs the native engine's attention (mcore.flash_decode, what the
+     compiled engine runs for mcore::decode_attention) and FlashInfer's decode (bench/flashinfer_attention.py;
+     rows skipped with the reason when it is not importable): 36 calls, each over its own cache
+     (nothing from L2), in one CUDA graph; K+V bytes of the active length / time, as a share of the
+     measured copy rate and of the theoretical peak; the output against the float64 reference, and
+     two calls compared bit for bit;
+  3. both pipelines (compiled engine) in one process, the slot bound to VARIANTS[--bind] ('fastest':
+     fastest at the longest context; 'balanced': the best worst ratio to native over the contexts):
+     logits in lockstep after a prompt, then at each context the same random caches in both, one
+     step's logits compared and the decode step timed alternately (a user's loop: step, argmax, one read);
+     skipped when fewer than PIPELINES_S seconds of --budget are left;
   4. the perf verdict on those step times with `mcore verify perf`'s rule (external throughput at
      least 0.98 of native), in process — labelled so; the fresh-process gate runs on the small model.
-Prints a table last; writes OUT_DIR/attention.json.
+Prints the full table, then a short one (per context: native, the shipped default, the best CuTe,
+FlashInfer) last; writes OUT_DIR/attention.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -32,23 +40,31 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import flashinfer_attention  # noqa: E402
 from flash_decode_sweep import time_graph  # noqa: E402
-from qwen3_8b_config import QWEN3_8B, write_config_folder  # noqa: E402
+from model_configs import MODELS, attention_recipe, head_dim, write_model_folder  # noqa: E402
 
 from mcore import BuildArgs, DecoderPipeline, build_bundle, shipped_exporter  # noqa: E402
 from mcore.device import device_facts  # noqa: E402
-from mcore.families.demo import materialize  # noqa: E402
 from mcore.ops import decode_attention_reference  # noqa: E402
 
-RECIPE = "qwen.decode_attention_region@2"
+MODEL = "qwen3-8b"  # --model: a name in bench/model_configs.py
+CONFIG = MODELS[MODEL][0]
+RECIPE = attention_recipe(CONFIG)
 PROMPT = "Explain grouped-query attention, KV caching, and decode latency."
 MIN_RATIO = 0.98  # mcore verify perf's default
 RESULTS: dict = {}
 DEV = "cuda"  # a CPU smoke run (tests nothing about speed) sets this to "cpu"
+START = time.monotonic()
+PIPELINES_S = 200  # what the pipelines part needs: two 36-layer compiled pipelines and the step timing
+# FlashInfer's tensor-core decode row (--flashinfer-tensor-cores): off by default, its JIT build (the
+# prefill kernels, 10 files) took 20 minutes of nvcc on a 2-core machine, about 4 minutes on the GPU box
+TENSOR_CORES = False
 
 
 def emit(out: Path, key: str, value) -> None:
@@ -57,43 +73,49 @@ def emit(out: Path, key: str, value) -> None:
     print(f"[{key}] {json.dumps(value, default=str)[:400]}", flush=True)
 
 
-# kernel variants for the table: name -> exporter environment (tuning knobs of the shipped exporter)
+# kernel variants for the table: name -> exporter environment (tuning knobs of the shipped exporter).
 # Measured slower everywhere and dropped here (docs/gpu-results.md): two heads a block, the scalar
 # walk, loads ahead with 12 warps (seventh session); keys staged through shared memory by cp.async,
 # 2-4 steps ahead (eighth session: 0.36-0.72x native, removed from the exporter); in a cluster: loads
-# ahead, 12 warps, 16 blocks of 4 warps; split: 16 ways of 12 warps, 32 of 8, 64 of 4 (ninth session).
+# ahead, 12 warps, 16 blocks of 4 warps; split: 16 ways of 12 warps, 32 of 8, 64 of 4 (ninth
+# session); split 16 ways of 4 or 8 warps, 32 of 4 with a plain launch (ninth session, at 5e35c93:
+# 16 x 4 fastest at 1k only, 6.5 us; the rest within 3% of 32 x 4 or slower).
+# Tenth session (issue 31), slower everywhere and removed from the exporter: the split count from
+# the device length (0.83-0.95x native), the merge in each row's last block (0.46-0.82x; with 33
+# splits too), the TMA ring (0.62-0.74x; 0.32x with the last-block merge). PDL early stays, opt-in.
 VARIANTS = {
-    "CuTe tensor cores, cluster 8 (default)": {},
-    "CuTe tensor cores, cluster 8, plain launch (no PDL)": {"CUTEDSL_ATTENTION_PDL": "0"},
-    # exported from the receipt of a build with --workspace-bytes WORKSPACE: split over blocks (no
-    # cluster), the partial results merged by a second kernel. ptxas for sm_90a: the walk 162
-    # registers a thread (218 loading ahead), so one block an SM at 8 warps, 3 (2 loading ahead) at 4
-    "CuTe split 32 ways, 4 warps (workspace, default)": {},
-    "CuTe split 32 ways, 4 warps, loads ahead (workspace)": {"CUTEDSL_ATTENTION_PREFETCH": "1"},
-    "CuTe split 32 ways, 4 warps, plain launch (workspace)": {"CUTEDSL_ATTENTION_PDL": "0"},
-    "CuTe split 16 ways, 4 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16"},
-    "CuTe split 16 ways, 8 warps (workspace)": {"CUTEDSL_ATTENTION_SPLITS": "16", "CUTEDSL_ATTENTION_WARPS": "8"},
-    "CuTe split 16 ways, 8 warps, loads ahead (workspace)": {
-        "CUTEDSL_ATTENTION_SPLITS": "16",
-        "CUTEDSL_ATTENTION_WARPS": "8",
-        "CUTEDSL_ATTENTION_PREFETCH": "1",
-    },
+    "CuTe cluster 8 (no workspace, default)": {},
+    # with a workspace: split over blocks (no cluster); ptxas for sm_90a: the walk 162 registers a
+    # thread (218 loading ahead), so 3 blocks (2 loading ahead) of 4 warps an SM
+    "CuTe split 32 x 4 warps (workspace, default)": {},
+    "CuTe split 32 x 4, PDL early": {"CUTEDSL_ATTENTION_PDL": "early"},
 }
-SHIPPED_SPLIT = "CuTe split 32 ways, 4 warps (workspace, default)"  # what --bind binds unless told
+SHIPPED_SPLIT = "CuTe split 32 x 4 warps (workspace, default)"  # what --bind binds unless told
 BIND = list(VARIANTS).index(SHIPPED_SPLIT)  # --bind: the variant the slot pipeline binds
-# the workspace of the split variants' receipt, as the exporter prints it for its default 32 splits:
-# 32 fp32 partial results (context row, max, sum) of every query head at one new token (532,480 bytes)
-WORKSPACE = QWEN3_8B["num_attention_heads"] * 32 * (128 + 2) * 4
+# the workspace of the split variants' receipt, as the exporter's split_workspace_bytes for its
+# default 32 splits: per query head and split an fp32 context row, max and sum
+WORKSPACE = CONFIG["num_attention_heads"] * 32 * (head_dim(CONFIG) + 2) * 4
+
+
+def use_model(name: str) -> None:
+    """--model: the config, its family's attention recipe and the split workspace."""
+    global MODEL, CONFIG, RECIPE, WORKSPACE
+    MODEL, CONFIG = name, MODELS[name][0]
+    RECIPE = attention_recipe(CONFIG)
+    WORKSPACE = CONFIG["num_attention_heads"] * 32 * (head_dim(CONFIG) + 2) * 4
 
 
 def uses_workspace(name: str) -> bool:
-    return "(workspace" in name
+    return "(no workspace" not in name and name.startswith("CuTe split")
 
 
-def export_variants(out: Path, receipt: Path, ws_receipt: Path) -> tuple[dict[str, Path], dict[str, float]]:
+def export_variants(
+    out: Path, receipt: Path, ws_receipt: Path, only: set[int] | None = None
+) -> tuple[dict[str, Path], dict[str, float]]:
     """Each of VARIANTS exported from `receipt` (`ws_receipt`: those with a workspace) as
     out/attn-<index>.so, side by side (each export is a single-threaded CPU-bound compile; the H200
-    box has 16 cores): {name: DSO} in VARIANTS order for those that exported, {name: seconds}."""
+    box has 16 cores; `only`: those indices): {name: DSO} in VARIANTS order for those that exported,
+    {name: seconds}."""
     dsos: dict[str, Path] = {}
     export_s: dict[str, float] = {}
     script = shipped_exporter("cutedsl-decode-attention")
@@ -112,30 +134,239 @@ def export_variants(out: Path, receipt: Path, ws_receipt: Path) -> tuple[dict[st
             print(f"[build] {name}: export failed: {r.stderr.strip()[-400:]}", flush=True)
 
     with ThreadPoolExecutor(max_workers=min(len(VARIANTS), os.cpu_count() or 4)) as pool:
-        list(pool.map(export, enumerate(VARIANTS.items())))
+        list(pool.map(export, [(i, item) for i, item in enumerate(VARIANTS.items()) if only is None or i in only]))
     return {name: dsos[name] for name in VARIANTS if name in dsos}, export_s
 
 
-def build(out: Path, capacity: int, native: bool) -> tuple[Path, dict[str, tuple[Path, str]], dict[str, Path]]:
-    """The native bundle, {"plain" | "workspace": (slot bundle, its ABI hash)}, the exported DSOs."""
-    cfg = write_config_folder(out / "qwen3-8b-config")
-    shutil.copy(materialize("qwen3-tiny") / "tokenizer.json", cfg)
+def build(
+    out: Path, capacity: int, native: bool, only: set[int] | None = None, given_native: Path | None = None
+) -> tuple[Path, dict[str, tuple[Path, str]], dict[str, Path]]:
+    """The native bundle (`given_native` when another run built it, e.g. bench/engine_gpu.py's, whose
+    compiled code its cache holds), {"plain" | "workspace": (slot bundle, its ABI hash)}, the exported
+    DSOs (`only`: of those VARIANTS indices)."""
+    cfg = write_model_folder(out / f"{MODEL}-config", MODEL)
     args = BuildArgs(model=str(cfg), weights="random", precision="bf16", max_cache_length=capacity)
     t = time.perf_counter()
-    if native:
-        build_bundle(args, out / "native.bundle", device=DEV)
+    native_path = given_native or out / "native.bundle"
+    if native and given_native is None:
+        build_bundle(args, native_path, device=DEV)
     slot = build_bundle(args, out / "attn.bundle", recipe=(RECIPE, "all-instances"), device=DEV)
     ws = build_bundle(
         args, out / "attn-ws.bundle", recipe=(RECIPE, "all-instances"), device=DEV, workspace_bytes=WORKSPACE
     )
     build_s = time.perf_counter() - t
-    dsos, export_s = export_variants(out, slot.receipt_paths[0], ws.receipt_paths[0])
+    dsos, export_s = export_variants(out, slot.receipt_paths[0], ws.receipt_paths[0], only)
     emit(out, "build", {"slots": len(slot.receipts), "build_s": build_s, "export_s": export_s})
     slots = {
         "plain": (out / "attn.bundle", slot.receipts[0].abi_sha256),
         "workspace": (out / "attn-ws.bundle", ws.receipts[0].abi_sha256),
     }
-    return out / "native.bundle", slots, dsos
+    return native_path, slots, dsos
+
+
+class Setup:
+    """What every kernel row of one context shares: the query, 36 layers' caches and outputs, the
+    length, the reference of layer 0, the byte count and the native time."""
+
+    def __init__(self, capacity: int):
+        h, kv, d = CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"], head_dim(CONFIG)
+        self.layers = CONFIG["num_hidden_layers"]
+        facts = device_facts(torch.device("cuda"))
+        self.copy, self.peak = facts["copy_bytes_per_s"], facts.get("theoretical_bytes_per_s")
+        g = torch.Generator(device="cuda").manual_seed(13)
+        self.caches = [
+            tuple(torch.randn(1, kv, capacity, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+            for _ in range(self.layers)
+        ]
+        self.q = (torch.randn(1, h, 1, d, device="cuda", generator=g) * d**-0.5).to(torch.bfloat16)
+        self.lens = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self.outs = [torch.empty_like(self.q) for _ in range(self.layers)]
+        # one workspace a slot, uninitialised as mcore's slot allocates it
+        self.scratch = [torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda") for _ in range(self.layers)]
+        self.kv, self.d, self.group = kv, d, h // kv
+
+    def at(self, n: int) -> None:
+        from mcore import flash_decode as fd
+
+        self.n = n
+        self.lens.fill_(n)
+        self.nbytes = 2 * n * self.kv * self.d * 2
+        k0, v0 = self.caches[0]
+        self.ref = decode_attention_reference(self.q.cpu(), k0.cpu(), v0.cpu(), self.lens.cpu())
+        self.native_ms = time_graph(lambda: [fd.decode_attention(self.q, k, v, self.lens) for k, v in self.caches])
+        self.native_ms /= self.layers
+        self.native_max_abs = float(
+            (fd.decode_attention(self.q, k0, v0, self.lens).double().cpu() - self.ref).abs().max()
+        )
+
+    def measure(self, call: Callable[[int], Any], result: Callable[[], torch.Tensor]) -> dict:
+        """`call(i)` runs layer i (timed: all 36 in one CUDA graph); `result()` runs layer 0 and
+        returns its output (checked against the reference, twice for determinism)."""
+        first = result().clone()
+        again = result().clone()
+        ms = time_graph(lambda: [call(i) for i in range(self.layers)]) / self.layers
+        bw = self.nbytes / (ms * 1e-3)
+        return {
+            "us": ms * 1e3,
+            "TBps": bw / 1e12,
+            "of_copy": bw / self.copy,
+            "of_peak": bw / self.peak if self.peak else None,
+            "native_over_this": self.native_ms / ms,
+            "max_abs_vs_fp64": float((first.double().cpu() - self.ref).abs().max()),
+            "deterministic": bool(torch.equal(first, again)),
+        }
+
+
+def cute_row(s: Setup, run0: Callable[..., None], workspace: bool) -> dict:
+    def call(i: int) -> None:
+        k, v = s.caches[i]
+        if workspace:  # the slot passes its workspace between the inputs and the output
+            run0(s.q, k, v, s.lens, s.scratch[i], s.outs[i])
+        else:
+            run0(s.q, k, v, s.lens, s.outs[i])
+
+    def result() -> torch.Tensor:
+        s.outs[0].fill_(float("nan"))
+        call(0)
+        return s.outs[0]
+
+    return s.measure(call, result)
+
+
+def flashinfer_rows(s: Setup, fi: Any, capacity: int, rows: dict[str, dict], save: Callable[[], None]) -> None:
+    """FlashInfer's rows at context s.n into `rows` (bench/flashinfer_attention.py), `save()` after
+    each (a row that stalls leaves the ones before it on disk); a row that fails says why."""
+
+    def attempt(name: str, make: Callable[[], tuple[Callable[[int], Any], Callable[[], torch.Tensor]]]) -> None:
+        print(f"[flashinfer {s.n}] {name} ...", flush=True)  # the last one printed is where a stall is
+        try:
+            rows[name] = s.measure(*make())
+        except Exception as e:  # noqa: BLE001 - the other rows still count
+            rows[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(f"[flashinfer] {name}: {rows[name]['error']}", flush=True)
+        save()
+
+    def paged(tensor_cores: bool):
+        p = flashinfer_attention.PagedDecode(fi, s.kv, capacity, s.d, s.group, tensor_cores)
+        p.plan(s.n)
+
+        def call(i: int) -> None:
+            p(s.q, *s.caches[i], s.outs[i])
+
+        def result() -> torch.Tensor:
+            s.outs[0].fill_(float("nan"))
+            call(0)
+            return s.outs[0]
+
+        return call, result
+
+    def single():
+        run = flashinfer_attention.single_decode(fi)
+        own = [(k[0, :, : s.n].contiguous(), v[0, :, : s.n].contiguous()) for k, v in s.caches]
+        return (lambda i: run(s.q, *own[i])), (lambda: run(s.q, *own[0]))
+
+    attempt("FlashInfer paged decode (fa2, pages of 16, host plan per context)", lambda: paged(False))
+    attempt("FlashInfer single decode (own contiguous cache of n keys)", single)
+    if TENSOR_CORES:  # its JIT module is FlashInfer's prefill kernels: 10 files, 20 core-minutes of nvcc
+        attempt("FlashInfer paged decode, tensor cores (fa2, host plan per context)", lambda: paged(True))
+
+
+def kernel_times(out: Path, dsos: dict[str, Path], contexts: list[int], capacity: int) -> list[dict]:
+    import tvm_ffi
+
+    runs = {name: tvm_ffi.load_module(str(p))["run"] for name, p in dsos.items() if p.exists()}
+    s = Setup(capacity)
+    rows = []
+    for n in contexts:
+        s.at(n)
+        row: dict[str, Any] = {
+            "context": n,
+            "native_us": s.native_ms * 1e3,
+            "native_TBps": s.nbytes / (s.native_ms * 1e-3) / 1e12,
+            "native_max_abs_vs_fp64": s.native_max_abs,
+        }
+        for name, run0 in runs.items():
+            row[name] = cute_row(s, run0, uses_workspace(name))
+        rows.append(row)
+        emit(out, f"kernel_{n}", row)
+    emit(
+        out, "kernel", {"copy_TBps": s.copy / 1e12, "peak_TBps": (s.peak or 0) / 1e12, "dsos": list(runs), "rows": rows}
+    )
+    return rows
+
+
+def flashinfer_child(out: Path, a: argparse.Namespace, timeout: float) -> None:
+    """FlashInfer's rows, measured in a child process (a fault or a hang there cannot spoil this
+    process's CUDA context), merged into the kernel table."""
+    cmd = [sys.executable, __file__, str(out), "--flashinfer-rows", "--contexts", a.contexts, "--model", a.model]
+    cmd += ["--capacity", str(a.capacity)] + (["--flashinfer", a.flashinfer] if a.flashinfer else [])
+    cmd += ["--flashinfer-tensor-cores"] if a.flashinfer_tensor_cores else []
+    found = out / "flashinfer.json"
+    found.unlink(missing_ok=True)
+    late = ""
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        print(r.stdout[-3000:] + r.stderr[-2000:], flush=True)
+        why = f"exit {r.returncode}: {r.stderr.strip()[-300:]}"
+    except subprocess.TimeoutExpired as e:
+        # what it printed before it was killed says which row stalled (bytes on POSIX, even with text=True)
+        partial = [x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)]
+        print("".join(partial)[-4000:], flush=True)
+        why = late = f"the child process ran past {timeout:.0f} s"
+    if not found.is_file():  # it writes the file after each row: what it finished still counts
+        emit(out, "flashinfer", f"rows not measured ({why})")
+        return
+    got = json.loads(found.read_text())
+    emit(out, "flashinfer", got["note"] + (f"; stopped: {late}" if late else ""))
+    k = RESULTS.get("kernel")
+    if k and got["rows"]:
+        for row in k["rows"]:
+            row.update(got["rows"].get(str(row["context"]), {}))
+        names = [name for row in got["rows"].values() for name in row]  # every context's, in order
+        k["dsos"] += [name for name in dict.fromkeys(names) if name not in k["dsos"]]
+        emit(out, "kernel", k)
+
+
+def flashinfer_main(out: Path, contexts: list[int], capacity: int, archive: str | None) -> None:
+    """--flashinfer-rows (the child): FlashInfer's rows at each context into OUT/flashinfer.json."""
+    fi, note = flashinfer_attention.load(archive)
+    rows: dict[str, dict] = {}
+
+    def save() -> None:
+        (out / "flashinfer.json").write_text(json.dumps({"note": note, "rows": rows}, default=str))
+
+    if fi is not None:
+        s = Setup(capacity)
+        for n in contexts:
+            s.at(n)
+            rows[str(n)] = {}
+            flashinfer_rows(s, fi, capacity, rows[str(n)], save)
+            print(f"[flashinfer {n}] {json.dumps(rows[str(n)], default=str)[:600]}", flush=True)
+    else:
+        note = f"rows skipped: {note}"
+    save()
+
+
+def good(x: dict) -> bool:
+    return "us" in x and x["deterministic"] and x["max_abs_vs_fp64"] < 1e-2
+
+
+def fastest(rows: list[dict]) -> int:
+    """The VARIANTS index fastest at the longest context measured, among those correct and deterministic."""
+    last = rows[-1]
+    ok = [(last[name]["us"], i) for i, name in enumerate(VARIANTS) if name in last and good(last[name])]
+    return min(ok)[1] if ok else BIND
+
+
+def balanced(rows: list[dict]) -> int:
+    """The VARIANTS index whose worst ratio to native over the contexts is best (correct and
+    deterministic at every context): what the whole decode step needs at every context."""
+    ok = []
+    for i, name in enumerate(VARIANTS):
+        xs = [r.get(name) for r in rows]
+        if all(x is not None and good(x) for x in xs):
+            ok.append((min(x["native_over_this"] for x in xs), i))
+    return max(ok)[1] if ok else BIND
 
 
 def bind(out: Path, slots: dict[str, tuple[Path, str]], index: int) -> tuple[Path, Path]:
@@ -145,80 +376,6 @@ def bind(out: Path, slots: dict[str, tuple[Path, str]], index: int) -> tuple[Pat
     entry = {"id": RECIPE, "abi_sha256": abi, "library": f"./attn-{index}.so", "function": "run"}
     manifest.write_text(json.dumps({"schema_version": 1, "bindings": [entry]}))
     return bundle, manifest
-
-
-def kernel_times(out: Path, dsos: dict[str, Path], contexts: list[int], capacity: int) -> list[dict]:
-    import tvm_ffi
-
-    from mcore import flash_decode as fd
-
-    runs = {name: tvm_ffi.load_module(str(p))["run"] for name, p in dsos.items() if p.exists()}
-    h, kv, d, layers = QWEN3_8B["num_attention_heads"], QWEN3_8B["num_key_value_heads"], 128, 36
-    facts = device_facts(torch.device("cuda"))
-    copy, peak = facts["copy_bytes_per_s"], facts.get("theoretical_bytes_per_s")
-    g = torch.Generator(device="cuda").manual_seed(13)
-    caches = [
-        tuple(torch.randn(1, kv, capacity, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-        for _ in range(layers)
-    ]
-    q = (torch.randn(1, h, 1, d, device="cuda", generator=g) * d**-0.5).to(torch.bfloat16)
-    lens = torch.zeros(1, dtype=torch.int32, device="cuda")
-    outs = [torch.empty_like(q) for _ in range(layers)]
-    scratch = [torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda") for _ in range(layers)]  # one a slot
-    rows = []
-    for n in contexts:
-        lens.fill_(n)
-        nbytes = 2 * n * kv * d * 2
-        ref = decode_attention_reference(q.cpu(), caches[0][0].cpu(), caches[0][1].cpu(), lens.cpu())
-        native_ms = time_graph(lambda: [fd.decode_attention(q, k, v, lens) for k, v in caches]) / layers
-        row = {
-            "context": n,
-            "native_us": native_ms * 1e3,
-            "native_TBps": nbytes / (native_ms * 1e-3) / 1e12,
-            "native_max_abs_vs_fp64": float(
-                (fd.decode_attention(q, *caches[0], lens).double().cpu() - ref).abs().max()
-            ),
-        }
-        for name, run0 in runs.items():
-            if uses_workspace(name):  # the slot passes its workspace between the inputs and the output
-                run = lambda q, k, v, n, o, i=0, run0=run0: run0(q, k, v, n, scratch[i], o)  # noqa: E731
-            else:
-                run = lambda q, k, v, n, o, i=0, run0=run0: run0(q, k, v, n, o)  # noqa: E731
-            outs[0].fill_(float("nan"))
-            run(q, caches[0][0], caches[0][1], lens, outs[0])
-            first = outs[0].clone()
-            run(q, caches[0][0], caches[0][1], lens, outs[0])
-            ms = (
-                time_graph(
-                    lambda run=run: [run(q, k, v, lens, o, i) for i, ((k, v), o) in enumerate(zip(caches, outs))]
-                )
-                / layers
-            )
-            bw = nbytes / (ms * 1e-3)
-            row[name] = {
-                "us": ms * 1e3,
-                "TBps": bw / 1e12,
-                "of_copy": bw / copy,
-                "of_peak": bw / peak if peak else None,
-                "native_over_this": native_ms / ms,
-                "max_abs_vs_fp64": float((first.double().cpu() - ref).abs().max()),
-                "deterministic": bool(torch.equal(first, outs[0])),
-            }
-        rows.append(row)
-        emit(out, f"kernel_{n}", row)
-    emit(out, "kernel", {"copy_TBps": copy / 1e12, "peak_TBps": (peak or 0) / 1e12, "dsos": list(runs), "rows": rows})
-    return rows
-
-
-def fastest(rows: list[dict]) -> int:
-    """The VARIANTS index fastest at the longest context measured, among those correct and deterministic."""
-    last = rows[-1]
-    ok = [
-        (last[name]["us"], i)
-        for i, name in enumerate(VARIANTS)
-        if name in last and last[name]["deterministic"] and last[name]["max_abs_vs_fp64"] < 1e-2
-    ]
-    return min(ok)[1] if ok else 0
 
 
 def cosine(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -308,27 +465,57 @@ def pipelines(out: Path, native: Path, slot: Path, manifest: Path, contexts: lis
     emit(out, "steps", rows)
 
 
-def table() -> str:
-    lines = ["", "== CuTe DSL decode attention vs the native engine (Qwen3-8B-sized, bf16, capacity 40960)"]
-    k = RESULTS.get("kernel")
-    if k:
+def kernel_table(k: dict) -> list[str]:
+    lines = [
+        f"kernel, per call ({CONFIG['num_hidden_layers']} calls in one CUDA graph); copy {k['copy_TBps']:.2f} TB/s, peak {k['peak_TBps']:.2f} TB/s",
+        "| context | kernel | us | TB/s | of copy | of peak | native us / this | max_abs vs fp64 | deterministic |",
+    ]
+    for r in k["rows"]:
         lines.append(
-            f"kernel, per call (36 calls in one CUDA graph); copy {k['copy_TBps']:.2f} TB/s, peak {k['peak_TBps']:.2f} TB/s"
+            f"| {r['context']} | native (Triton split-KV) | {r['native_us']:.1f} | {r['native_TBps']:.2f} | | | 1.00 | "
+            f"{r['native_max_abs_vs_fp64']:.2e} | |"
         )
-        lines.append(
-            "| context | kernel | us | TB/s | of copy | of peak | native us / this | max_abs vs fp64 | deterministic |"
-        )
-        for r in k["rows"]:
+        for name in k["dsos"]:
+            x = r.get(name, {"error": "not run"})
+            if "us" not in x:
+                lines.append(f"| {r['context']} | {name} | {x['error'][:90]} | | | | | | |")
+                continue
             lines.append(
-                f"| {r['context']} | native (Triton split-KV) | {r['native_us']:.1f} | {r['native_TBps']:.2f} | | | 1.00 | "
-                f"{r['native_max_abs_vs_fp64']:.2e} | |"
+                f"| {r['context']} | {name} | {x['us']:.1f} | {x['TBps']:.2f} | {x['of_copy']:.0%} | {(x['of_peak'] or 0):.0%} | "
+                f"{x['native_over_this']:.2f} | {x['max_abs_vs_fp64']:.2e} | {x['deterministic']} |"
             )
-            for name in k["dsos"]:
-                x = r[name]
-                lines.append(
-                    f"| {r['context']} | {name} | {x['us']:.1f} | {x['TBps']:.2f} | {x['of_copy']:.0%} | {(x['of_peak'] or 0):.0%} | "
-                    f"{x['native_over_this']:.2f} | {x['max_abs_vs_fp64']:.2e} | {x['deterministic']} |"
-                )
+    return lines
+
+
+def short_table(k: dict) -> list[str]:
+    """Per context: native, the shipped default, the best correct CuTe variant and the best FlashInfer row."""
+    lines = ["", "== short: us per call (native us / this, share of copy)"]
+    lines.append("| context | native | CuTe shipped split | best CuTe (which) | best FlashInfer (which) |")
+
+    def cell(x: dict | None) -> str:
+        return f"{x['us']:.1f} ({x['native_over_this']:.2f}x, {x['of_copy']:.0%})" if x else "-"
+
+    for r in k["rows"]:
+
+        def best(prefix: str) -> tuple[dict | None, str]:
+            xs = [(r[n]["us"], n) for n in k["dsos"] if n.startswith(prefix) and n in r and good(r[n])]
+            return (r[min(xs)[1]], min(xs)[1]) if xs else (None, "")
+
+        (cute, cname), (fi, fname) = best("CuTe"), best("FlashInfer")
+        lines.append(
+            f"| {r['context']} | {r['native_us']:.1f} | {cell(r.get(SHIPPED_SPLIT))} | {cell(cute)} {cname} | "
+            f"{cell(fi)} {fname} |"
+        )
+    return lines
+
+
+def table() -> str:
+    lines = ["", f"== CuTe DSL decode attention vs the native engine ({MODEL}-sized, {RECIPE}, bf16, capacity 40960)"]
+    k = RESULTS.get("kernel")
+    if "flashinfer" in RESULTS:
+        lines.append(f"FlashInfer: {RESULTS['flashinfer']}")
+    if k:
+        lines += kernel_table(k)
     if "lockstep" in RESULTS:
         lk = RESULTS["lockstep"]
         lines.append(
@@ -340,20 +527,50 @@ def table() -> str:
             "decode step (user loop, median of 6 alternating rounds); verdict by verify perf's rule, in process"
         )
         bound = RESULTS.get("bind", {}).get("variant", list(VARIANTS)[BIND])
-        lines.append(f"bound in all 36 layers: {bound}")
-        lines.append("| context | native ms | all 36 bound ms | ratio | verdict | logits max_abs | cosine |")
+        layers = CONFIG["num_hidden_layers"]
+        lines.append(f"bound in all {layers} layers: {bound}")
+        lines.append(f"| context | native ms | all {layers} bound ms | ratio | verdict | logits max_abs | cosine |")
         for r in RESULTS["steps"]:
             lines.append(
                 f"| {r['context']} | {r['native_ms']:.2f} | {r['external_ms']:.2f} | {r['ratio']:.3f} | {r['verdict']} | "
                 f"{r['logits']['max_abs']:.4g} | {r['logits']['cosine']:.6f} |"
             )
+    if k:
+        lines += short_table(k)
     return "\n".join(lines)
 
 
-def main() -> None:
-    global BIND
+def flashinfer_warm(archive: str | None) -> int:
+    """--flashinfer-warm: JIT-build FlashInfer's modules for these rows on a small problem (run in
+    the background while something else uses the GPU, so the timed run finds them cached)."""
+    fi, note = flashinfer_attention.load(archive)
+    print(f"[flashinfer-warm] {note}", flush=True)
+    if fi is None:
+        return 1
+    t = time.perf_counter()
+    kv, d = CONFIG["num_key_value_heads"], head_dim(CONFIG)
+    group, cap = CONFIG["num_attention_heads"] // kv, 256
+    q = torch.randn(1, kv * group, 1, d, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn(1, kv, cap, d, device="cuda").to(torch.bfloat16) for _ in range(2))
+    out = torch.empty_like(q)
+    for tensor_cores in (False, True) if TENSOR_CORES else (False,):
+        p = flashinfer_attention.PagedDecode(fi, kv, cap, d, group, tensor_cores)
+        p.plan(100)
+        p(q, k, v, out)
+        if not tensor_cores:
+            flashinfer_attention.single_decode(fi)(q, k[0, :, :100].contiguous(), v[0, :, :100].contiguous())
+        torch.cuda.synchronize()
+        print(f"[flashinfer-warm] {'tensor cores' if tensor_cores else 'paged and single'} ready", flush=True)
+    torch.cuda.synchronize()
+    print(f"[flashinfer-warm] built and ran in {time.perf_counter() - t:.0f} s", flush=True)
+    return 0
+
+
+def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
-    ap.add_argument("out")
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--model", default=MODEL, choices=sorted(MODELS), help="bench/model_configs.py")
+    ap.add_argument("--native", default=None, help="a native bundle of the same model and capacity to use as is")
     ap.add_argument("--contexts", default="1024,8192,32768")
     ap.add_argument("--capacity", type=int, default=40960)
     ap.add_argument("--steps", type=int, default=20)
@@ -362,24 +579,62 @@ def main() -> None:
         "--bind",
         default=str(BIND),
         help="which of VARIANTS the slot pipeline binds: an index (default: the shipped split schedule), "
-        "or 'fastest' (at the longest context)",
+        "'fastest' (at the longest context) or 'balanced' (the best worst ratio to native)",
+    )
+    ap.add_argument(
+        "--flashinfer", default=None, help="archive from bench/flashinfer_carry.py (else: import flashinfer)"
+    )
+    ap.add_argument("--flashinfer-warm", action="store_true", help="only JIT-build FlashInfer's modules, then exit")
+    ap.add_argument("--no-flashinfer", action="store_true", help="no FlashInfer rows")
+    ap.add_argument(
+        "--flashinfer-tensor-cores", action="store_true", help="also FlashInfer's tensor-core row (slow JIT)"
+    )
+    ap.add_argument("--flashinfer-rows", action="store_true", help=argparse.SUPPRESS)  # internal: the child
+    ap.add_argument(
+        "--budget", type=float, default=math.inf, help="seconds this run may take: pipelines skipped if short"
     )
     a = ap.parse_args()
-    BIND = 0 if a.bind == "fastest" else int(a.bind)
+    if a.bind not in ("fastest", "balanced") and not (a.bind.isdigit() and int(a.bind) < len(VARIANTS)):
+        ap.error(f"--bind must be an index below {len(VARIANTS)}, 'fastest' or 'balanced'")
+    if a.out is None and not a.flashinfer_warm:
+        ap.error("OUT_DIR is required")
+    return a
+
+
+def main() -> None:
+    global TENSOR_CORES
+    a = parse()
+    use_model(a.model)
+    TENSOR_CORES = a.flashinfer_tensor_cores
+    if a.flashinfer_warm:
+        sys.exit(flashinfer_warm(a.flashinfer))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     contexts = [int(x) for x in a.contexts.split(",")]
+    if a.flashinfer_rows:
+        flashinfer_main(out, contexts, a.capacity, a.flashinfer)
+        return
     parts = a.parts.split(",")
-    native, slots, dsos = build(out, a.capacity, "pipelines" in parts)
-    bound = {"variant": BIND}
+    only = None if "kernel" in parts or not a.bind.isdigit() else {int(a.bind)}  # pipelines alone: the bound one
+    given = Path(a.native) if a.native else None
+    native, slots, dsos = build(out, a.capacity, "pipelines" in parts, only, given)
+    bound = {"variant": int(a.bind) if a.bind.isdigit() else BIND}
 
     def kernel_part() -> None:
         rows = kernel_times(out, dsos, contexts, a.capacity)
-        if a.bind == "fastest":  # the pipelines bind the variant the kernel table found fastest
-            bound["variant"] = fastest(rows)
-            emit(out, "bind", {"variant": list(VARIANTS)[bound["variant"]]})
+        if not a.no_flashinfer:
+            flashinfer_child(out, a, timeout=max(60.0, min(300.0, a.budget - (time.monotonic() - START) - 30)))
+        if a.bind in ("fastest", "balanced"):  # the pipelines bind the variant the kernel table chose
+            bound["variant"] = fastest(rows) if a.bind == "fastest" else balanced(rows)
+            emit(out, "bind", {"variant": list(VARIANTS)[bound["variant"]], "rule": a.bind})
 
     def pipelines_part() -> None:
+        left = a.budget - (time.monotonic() - START)
+        if left < PIPELINES_S:
+            emit(
+                out, "pipelines", f"skipped: {left:.0f} s of the {a.budget:.0f} s budget left, they need {PIPELINES_S}"
+            )
+            return
         slot, manifest = bind(out, slots, bound["variant"])
         pipelines(out, native, slot, manifest, contexts, a.steps)
 

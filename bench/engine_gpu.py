@@ -1,9 +1,13 @@
-"""Engines side by side on a Qwen3-8B-sized bf16 config, batch 1, one run on the GPU (issues 8, 32).
+"""Engines side by side on an 8B-sized bf16 config, batch 1, one run on the GPU (issues 8, 32).
 
-    python3 bench/engine_gpu.py OUT_DIR [--contexts 128,1024,8192,32768] [--capacity 40960]
-                                [--parts roofline,compiled,torch,hf-eager,hf-compiled] [--steps 30]
+    python3 bench/engine_gpu.py OUT_DIR [--model qwen3-8b|llama3.1-8b] [--contexts 128,1024,8192,32768]
+                                [--capacity 40960] [--parts roofline,compiled,torch,hf-eager,hf-compiled]
+                                [--steps 30] [--no-reload]
     python3 bench/engine_gpu.py OUT_DIR --parts roofline,startup,compiled,reference,prefill
                                 --contexts 1024,32768 --steps 20 --extra-capacity=      (issue 32)
+
+--model picks the config (bench/model_configs.py: Qwen3-8B, the default, or Llama-3.1-8B; random
+weights). --no-reload skips the compiled engine's cached-reload run (the cold compile's row stays).
 
 startup (bench/startup.py): whole `mcore run` processes, the first token printed: cold (empty
 caches), warm (a second process), and a fine-tune's first (another checkpoint, same config); the
@@ -59,15 +63,12 @@ def _median_ms(fn, steps: int) -> float:
     return statistics.median(times)
 
 
-def bench_config() -> dict:
-    """The config benchmarked: the 8B-sized one, or BENCH_CONFIG (JSON; a CPU smoke run of the script)."""
-    from bench.qwen3_8b_config import QWEN3_8B
+def bench_config(model: str) -> dict:
+    """The config benchmarked: the 8B-sized one `--model` names (bench/model_configs.py), or
+    BENCH_CONFIG (JSON; a CPU smoke run of the script)."""
+    from bench.model_configs import MODELS
 
-    return json.loads(os.environ["BENCH_CONFIG"]) if "BENCH_CONFIG" in os.environ else QWEN3_8B
-
-
-def _vocab() -> int:
-    return int(bench_config()["vocab_size"])
+    return json.loads(os.environ["BENCH_CONFIG"]) if "BENCH_CONFIG" in os.environ else MODELS[model][0]
 
 
 def _emit(rec: dict) -> None:
@@ -93,18 +94,19 @@ def part_roofline(a) -> None:
     _sync()
     s = start.elapsed_time(end) / 10 / 1e3
     bw = 2 * n / s  # bytes read plus written
-    from bench.qwen3_8b_config import QWEN3_8B as c
+    from bench.model_configs import head_dim
 
-    h, i, L, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
-    qkv = h * (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * c["head_dim"]
-    o = c["num_attention_heads"] * c["head_dim"] * h
+    c = bench_config(a.model)
+    h, i, L, v, d = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"], head_dim(c)
+    qkv = h * (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * d
+    o = c["num_attention_heads"] * d * h
     weights = 2 * (L * (qkv + o + 3 * h * i) + v * h)  # bf16 bytes read per token (embedding row aside)
-    kv_per_token = 2 * 2 * L * c["num_key_value_heads"] * c["head_dim"]  # K and V bytes per cached position
+    kv_per_token = 2 * 2 * L * c["num_key_value_heads"] * d  # K and V bytes per cached position
     _emit({"part": "roofline", "copy_TBps": bw / 1e12, "weight_bytes": weights, "kv_bytes_per_position": kv_per_token})
 
 
 def _bundle(a) -> str:
-    return str(Path(a.out) / f"native-{a.capacity}.bundle")
+    return str(Path(a.out) / f"native-{a.model}-{a.capacity}.bundle")
 
 
 def _determinism(pipe) -> dict:
@@ -175,6 +177,7 @@ def part_mcore(a) -> None:
     for c in caches:  # never time on zeros
         c.normal_(generator=g)
     dec = pipe.runners["decode"]
+    vocab = int(pipe.config["vocab_size"])
     rec = {
         "part": f"mcore-{pipe.engine_name}",
         "capacity": a.capacity,
@@ -184,12 +187,12 @@ def part_mcore(a) -> None:
         "load_stamps": stamps,
         "decode_ms": {},
     }
-    tok = [1234]
+    tok = [1234 % vocab]  # any token of the vocabulary (a smoke config's may be small)
 
     def step():
         pipe.step_ids.fill_(tok[0])
         (logits,) = dec(pipe.step_ids, pipe.cache_length, *caches)
-        tok[0] = int(torch.argmax(logits).item()) % _vocab()
+        tok[0] = int(torch.argmax(logits).item()) % vocab
 
     for n in a.contexts:
         pipe.cache_length.fill_(n)
@@ -201,7 +204,7 @@ def part_mcore(a) -> None:
         _, seconds = pipe.decode_tokens(tok[0], n, count + 3, stop_at_eos=False)
         rec.setdefault("loop_ms", {})[n] = statistics.median(seconds[3:]) * 1e3
     if (1024 in a.contexts or a.ttft) and not a.decode_only:
-        ids = torch.randint(0, _vocab(), (1, 1024), dtype=torch.int32, device=DEV, generator=g)
+        ids = torch.randint(0, vocab, (1, 1024), dtype=torch.int32, device=DEV, generator=g)
 
         def first():
             (logits,) = pipe.runners["prefill"](ids, *caches)
@@ -210,7 +213,7 @@ def part_mcore(a) -> None:
         first()
         rec["ttft_1k_ms"] = _median_ms(first, 5)
     if a.prefill and not a.decode_only:
-        rec["prefill_ms"] = _prefill_ms(lambda ids: pipe.runners["prefill"](ids, *caches)[0], a.prefill)
+        rec["prefill_ms"] = _prefill_ms(lambda ids: pipe.runners["prefill"](ids, *caches)[0], a.prefill, vocab)
     if not a.decode_only:  # deliverable 3 on this config: the same bits twice, and after a reload
         rec.update(_determinism(pipe))
     if getattr(dec, "graphs", None) is not None:
@@ -219,14 +222,14 @@ def part_mcore(a) -> None:
     _emit(rec)
 
 
-def _prefill_ms(run, lengths: list[int], reps: int = 3) -> dict:
+def _prefill_ms(run, lengths: list[int], vocab: int, reps: int = 3) -> dict:
     """Median time of a prompt's prefill (its logits read back) at each length, after one warm-up."""
     import torch
 
     out = {}
     g = torch.Generator(device=DEV).manual_seed(3)
     for n in lengths:
-        ids = torch.randint(0, _vocab(), (1, n), dtype=torch.int32, device=DEV, generator=g)
+        ids = torch.randint(0, vocab, (1, n), dtype=torch.int32, device=DEV, generator=g)
 
         def once():
             int(torch.argmax(run(ids)).item())
@@ -236,18 +239,20 @@ def _prefill_ms(run, lengths: list[int], reps: int = 3) -> dict:
     return out
 
 
-def prefill_flops(n: int) -> float:
+def prefill_flops(n: int, model: str) -> float:
     """Multiply-adds x2 of a prefill of n tokens on the 8B config: every projection over n rows,
     causal attention (half of the n x n scores and context), the logits of the last row only."""
-    c = bench_config()
+    from bench.model_configs import head_dim
+
+    c = bench_config(model)
     h, i, L, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
-    hq, hk, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    hq, hk, d = c["num_attention_heads"], c["num_key_value_heads"], head_dim(c)
     per_token = L * (h * (hq + 2 * hk) * d + hq * d * h + 3 * h * i)
     attention = L * 2 * (n * (n + 1) / 2) * hq * d  # QK^T and PV over the causal half
     return 2 * (n * per_token + attention + h * v)
 
 
-def prefill_table(recs: list[dict], peak: float) -> str:
+def prefill_table(recs: list[dict], peak: float, model: str) -> str:
     rows = [r for r in recs if r.get("prefill_ms")]
     if not rows:
         return ""
@@ -258,7 +263,9 @@ def prefill_table(recs: list[dict], peak: float) -> str:
         cells = []
         for n in lengths:
             ms = r["prefill_ms"].get(str(n), r["prefill_ms"].get(n))
-            cells.append(f"{'-':>22}" if ms is None else f"{ms:9.1f} ms {prefill_flops(n) / (ms / 1e3) / peak:6.1%}")
+            cells.append(
+                f"{'-':>22}" if ms is None else f"{ms:9.1f} ms {prefill_flops(n, model) / (ms / 1e3) / peak:6.1%}"
+            )
         lines.append(f"{r.get('label', r['part']):48} " + " ".join(f"{c:>22}" for c in cells))
     return "\n".join(lines)
 
@@ -288,11 +295,11 @@ def graph_nodes(runner, inputs) -> dict:
         return {"unavailable": f"{type(e).__name__}: {str(e)[:120]}"}
 
 
-def _hf_model():
+def _hf_model(a):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    conf = bench_config()
+    conf = bench_config(a.model)
     cfg = AutoConfig.for_model(**{k: v for k, v in conf.items() if k != "architectures"})
     torch.manual_seed(0)
     with torch.device(DEV):
@@ -304,7 +311,7 @@ def part_hf_eager(a) -> None:
     import torch
     from transformers import DynamicCache
 
-    model = _hf_model()
+    model = _hf_model(a)
     rec = {"part": "transformers-eager", "decode_ms": {}}
     if a.prefill:
         with torch.no_grad():
@@ -315,7 +322,7 @@ def part_hf_eager(a) -> None:
                 )
                 return out.logits[0, -1]
 
-            rec["prefill_ms"] = _prefill_ms(prefill, a.prefill)
+            rec["prefill_ms"] = _prefill_ms(prefill, a.prefill, model.config.vocab_size)
         if a.prefill_only:
             _emit(rec)
             return
@@ -323,7 +330,7 @@ def part_hf_eager(a) -> None:
     with torch.no_grad():
         for n in a.contexts:
             cache = DynamicCache(config=model.config)
-            ids = torch.randint(0, _vocab(), (1, n), device=DEV, generator=g)
+            ids = torch.randint(0, model.config.vocab_size, (1, n), device=DEV, generator=g)
             _sync()
             t = time.perf_counter()
             out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -354,7 +361,7 @@ def part_hf_compiled(a) -> None:
     import torch
     from transformers import StaticCache
 
-    model = _hf_model()
+    model = _hf_model(a)
     rec = {"part": "transformers-static-compiled", "capacity": a.capacity, "decode_ms": {}}
     try:
         cache = StaticCache(config=model.config, max_cache_len=a.capacity)
@@ -423,6 +430,8 @@ def run_part(a, name: str, *extra: str, env: dict | None = None, timeout: int = 
         str(a.steps),
         "--prefill",
         ",".join(map(str, a.prefill)),
+        "--model",
+        a.model,
         *extra,
     ]
     t = time.perf_counter()
@@ -440,10 +449,15 @@ def run_part(a, name: str, *extra: str, env: dict | None = None, timeout: int = 
 
 
 def build(a) -> tuple[Path, Path]:
-    """The 8B-sized bundle (OUT/native-CAP.bundle) and a fine-tune of it (same config, other weights)."""
+    """The 8B-sized bundle (OUT/native-MODEL-CAP.bundle) and a fine-tune of it (same config, other weights)."""
+    from bench.model_configs import MODELS
     from bench.startup import build_pair
 
-    return build_pair(Path(a.out), bench_config(), DEV, a.capacity, names=("native", "finetune"))
+    names = (f"native-{a.model}", f"finetune-{a.model}")
+    tuned = "startup" in a.parts.split(",")  # only the startup part runs the fine-tune
+    return build_pair(
+        Path(a.out), bench_config(a.model), DEV, a.capacity, names=names, demo=MODELS[a.model][1], fine_tune=tuned
+    )
 
 
 def determinism(recs: list[dict]) -> str:
@@ -520,6 +534,8 @@ def main() -> None:
     )
     ap.add_argument("--parts", default="roofline,compiled,torch,hf-eager,hf-compiled")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--model", default="qwen3-8b", choices=["qwen3-8b", "llama3.1-8b"], help="bench/model_configs.py")
+    ap.add_argument("--no-reload", action="store_true", help="skip the compiled engine's cached-reload run")
     ap.add_argument("--peer-capacities", default=None, help="transformers static cache capacities (default: as ours)")
     ap.add_argument("--part", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="compiled", help=argparse.SUPPRESS)
@@ -592,7 +608,9 @@ def main() -> None:
         recs += startup_rows(Path(a.out), *pair, DEV, ["regional"], note=lambda m: print(m, flush=True), hashed=False)
         env = mode_env(Path(a.out), "regional", DEV)
     if "compiled" in parts:
-        runs = [("mcore compiled (cold compile)", ()), ("mcore compiled (cached reload)", ("--label", "cached"))]
+        runs = [("mcore compiled (cold compile)", ())]
+        if not a.no_reload:
+            runs.append(("mcore compiled (cached reload)", ("--label", "cached")))
         if "startup" in parts:
             runs = runs[1:]  # cold: the startup rows (whole `mcore run` processes)
         else:
@@ -655,12 +673,13 @@ def main() -> None:
     for r in recs:  # where each mcore load's seconds went (progress stamps, seconds since the part began)
         if r.get("load_stamps"):
             print(f"  {r.get('label', r['part'])} load: " + " | ".join(x.strip() for x in r["load_stamps"]))
+    print(f"model: {a.model} (bench/model_configs.py), bf16, random weights, capacity {a.capacity}")
     print(table([r for r in recs if r.get("part") != "startup"], a.contexts))
     print(determinism(recs))
     starts = [r for r in recs if r.get("part") == "startup"]
     if starts:
         print(startup_table(starts))
-    print(prefill_table(recs, a.peak_tflops * 1e12))
+    print(prefill_table(recs, a.peak_tflops * 1e12, a.model))
 
 
 if __name__ == "__main__":

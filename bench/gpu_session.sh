@@ -10,7 +10,7 @@
 #          ENGINE_ARGS="--parts roofline,startup,compiled,reference,prefill --contexts 1024,32768 --steps 20 --extra-capacity="
 # gate:    bench/perf_gate_gpu.sh (native vs native, identity-copy, slow-copy; 6 pairs) ~6 min a gate:
 #          each run is a fresh process (about 26 s on the H200); pass GATES=... to split over calls
-# profile: mcore profile --fusion on the 8B-sized config, decode at 1k context (issue 14)      ~3 min
+# profile: bench/profile_gpu.py, the compiled 8B-sized decode step at 1k/32k, native vs CuTe attention ~6 min
 # attention: tutorial step 5 on the GPU (bench/tutorial_cli.sh, all steps) and the qwen-attention
 #          session replayed with its CUDA steps (needs the CuTe DSL carried: prepare.sh --cute)    ~8 min
 # attnbench: bench/attention_gpu.py, the CuTe attention kernel against native on the 8B-sized config
@@ -64,18 +64,13 @@ if has gate; then
   keep gate
 fi
 if has profile; then
+  # the compiled engine's profile of the 8B-sized decode step at 1k and 32k, native and with the CuTe
+  # attention in all 36 layers (needs the CuTe DSL carried for that half), and their diff (issue 26)
   P=$W/profile
   mkdir -p "$P"
-  python3 -c "import sys; sys.path.insert(0, '$here'); from qwen3_8b_config import write_config_folder; \
-from pathlib import Path; import shutil; from mcore.families.demo import materialize; \
-d = write_config_folder(Path('$P/cfg')); shutil.copy(materialize('qwen3-tiny') / 'tokenizer.json', d)"
-  python3 -m mcore build "$P/cfg" --weights random --precision bf16 --max-cache-length 40960 --device cuda \
-    -o "$P/q8b.bundle" > "$P/build.log" 2>&1
-  python3 -m mcore profile "$P/q8b.bundle" --context 1024 --steps 3 --top 10 --fusion -o "$P/decode.json" \
-    > "$P/top.txt" 2> "$P/profile.log"
-  echo "== profile"; head -n 14 "$P/top.txt"
-  rm -rf "$P/q8b.bundle" "$P/cfg"
-  keep profile
+  python3 "$here/profile_gpu.py" "$P" --archive "$OUT/profile.tgz" > "$OUT/profile.log" 2>&1
+  echo "== profile"; grep -Ev '^\[ *[0-9]+%\]|^W[0-9]|USDT|^ +mcore (build|graph select)' "$OUT/profile.log" | tail -n 160
+  rm -rf "$P"
 fi
 if has attention; then
   A=$W/attention

@@ -55,10 +55,18 @@ def deep_narrow() -> dict:
 
 
 def build_pair(
-    out: Path, config: dict, device: str, capacity: int, names: tuple[str, str] = ("a", "b")
+    out: Path,
+    config: dict,
+    device: str,
+    capacity: int,
+    names: tuple[str, str] = ("a", "b"),
+    demo: str = "qwen3-tiny",
+    fine_tune: bool = True,
 ) -> tuple[Path, Path]:
     """Bundle A and its 'fine-tune' B (OUT/NAME-CAPACITY.bundle): two checkpoint folders with the
-    same config.json (B's also names where it came from, as a fine-tune's does), other random weights."""
+    same config.json (B's also names where it came from, as a fine-tune's does), other random
+    weights, the tokenizer of demo model `demo` (its IDs fit the vocabulary). `fine_tune=False`
+    builds A alone (B's path is still returned)."""
     from qwen3_8b_config import write_config_folder
 
     from mcore.build import build_bundle
@@ -66,13 +74,14 @@ def build_pair(
     from mcore.families.demo import materialize
 
     paths = []
-    for name, seed, extra in ((names[0], 0, {}), (names[1], 1, {"_name_or_path": "someone/qwen3-fine-tune"})):
+    for name, seed, extra in ((names[0], 0, {}), (names[1], 1, {"_name_or_path": "someone/fine-tune"})):
         bundle = out / f"{name}-{capacity}.bundle"
         paths.append(bundle)
-        if bundle.exists():
+        if bundle.exists() or (seed and not fine_tune):
             continue
         folder = write_config_folder(out / f"cfg-{name}", {**config, **extra})
-        shutil.copy(materialize("qwen3-tiny") / "tokenizer.json", folder)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(materialize(demo) / f, folder)
         t = time.perf_counter()
         args = BuildArgs(model=str(folder), weights="random", seed=seed, precision="bf16", max_cache_length=capacity)
         build_bundle(args, str(bundle), device=device)

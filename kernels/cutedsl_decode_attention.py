@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""CuTe DSL decode attention for the recipe qwen.decode_attention_region@2 (tutorial step 5).
+"""CuTe DSL decode attention for the decoder families' attention recipe (tutorial step 5):
+qwen.decode_attention_region@2 (Qwen3), llama.decode_attention_region@1, mistral.decode_attention_region@1
+and qwen2.decode_attention_region@1, one region per layer with the same boundary.
 
 STATUS: the GPU checks in tests/test_cutedsl_decode_attention.py (marked `gpu`, against
 mcore.ops.decode_attention_reference) and bench/attention_gpu.py (speed on the Qwen3-8B-sized
@@ -7,10 +9,12 @@ config) are what vouch for it; docs/gpu-results.md has their latest results on t
 
 Written by hand (not by `mcore kernel stub`), in the generated exporters' structure: a contract check
 that needs no CuTe DSL, the kernel, then compile (`--enable-tvm-ffi`), export_to_c and link. Unlike a
-generated exporter it is not pinned to one graph: it serves every receipt of this recipe whose ABI
-fits (any model, any layer), and compiles for that receipt's shapes.
+generated exporter it is not pinned to one graph: it serves every receipt of these recipes whose ABI
+fits (any model of those families, any layer), and compiles for that receipt's shapes: the published
+Llama 3.x, Mistral 7B and Qwen2.5 models have head_dim 64 or 128 and 1 to 8 query heads a KV head.
 
-The ABI (the receipt's call order; `mcore build --recipe qwen.decode_attention_region@2 ...`):
+The ABI (the receipt's call order; `mcore build --recipe qwen.decode_attention_region@2 ...`, or the
+family's own id, e.g. llama.decode_attention_region@1):
     run(query, key_cache, value_cache, kv_lengths, context)
     run(query, key_cache, value_cache, kv_lengths, workspace, context)   (built with --workspace-bytes N)
     query        T     [1, H, -1, D]   already scaled by the model (softmax scale here is 1.0)
@@ -41,6 +45,9 @@ With a workspace in the receipt: SPLITS blocks (no cluster) per (KV head, new to
 their partial result (fp32 context row, max, sum per head) to the workspace, and a second kernel
 merges each row's records in split order (deterministic, no atomics; the contents of the workspace
 on entry do not matter). A cluster caps a row at 8 (16) blocks; splits can fill the GPU.
+Measured slower on the H200 and removed (docs/gpu-results.md, tenth session): the split count from
+the device length, the merge folded into a row's last block (an atomic counter in the workspace),
+and a TMA ring (bulk copies by a producer warp into shared memory); earlier, a cp.async ring.
 
 Numerics (mirroring mcore/flash_decode.py): products and sums in fp32; the softmax in fp32 (exp
 through ex2.approx); probabilities rounded to T for the product with V (the sum of probabilities is
@@ -82,7 +89,14 @@ from pathlib import Path
 
 # ---------------------------------------------------------------- the contract
 
-BINDING_ID = "qwen.decode_attention_region@2"
+# The attention recipe of each decoder family (mcore/families/decoder_family.py): one boundary, so one
+# kernel serves them all. A receipt keeps its recipe's id as the binding id; this prints it back.
+BINDING_IDS = (
+    "qwen.decode_attention_region@2",
+    "llama.decode_attention_region@1",
+    "mistral.decode_attention_region@1",
+    "qwen2.decode_attention_region@1",
+)
 ABI_FORMAT = "mcore.tvm_ffi.abi/1"
 DTYPES = ("BF16", "FP16")
 HEAD_DIMS = (64, 128)
@@ -130,8 +144,8 @@ def _load_json(path, what):
         raise ContractError(f"{path}: {what} not found; check the path")
     try:
         return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ContractError(f"{path}: cannot read the {what} as JSON ({e})") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ContractError(f"{path}: cannot read the {what} as JSON ({type(e).__name__}: {e})") from None
 
 
 def _is_int(v):
@@ -140,8 +154,29 @@ def _is_int(v):
 
 PATTERN = "query T [1,H,-1,D], key and value caches T [1,KV,C,D], INT32 [1] -> T [1,H,-1,D]"
 RESELECT = (
-    "select the region with `mcore build --recipe qwen.decode_attention_region@2 INSTANCE` "
-    "on a BF16 or FP16 Qwen3 build"
+    "select the region with `mcore build --recipe RECIPE INSTANCE` on a BF16 or FP16 build, RECIPE being "
+    "the model's attention recipe (qwen.decode_attention_region@2 for Qwen3, <family>.decode_attention_region@1 "
+    "for llama, mistral, qwen2)"
+)
+
+
+# every field of a selection receipt (mcore.receipt.RECEIPT_FIELDS); any other is refused
+RECEIPT_FIELDS = (
+    "schema_version",
+    "kind",
+    "graph_fingerprint",
+    "engine_role",
+    "binding_id",
+    "abi_sha256",
+    "workspace_bytes",
+    "extra_args",
+    "node_ids",
+    "input_tensor_ids",
+    "output_tensor_ids",
+    "output_shape_input",
+    "abi",
+    "recipe",
+    "graph",
 )
 
 
@@ -163,6 +198,9 @@ def check_selection(receipt, where):
     missing = [k for k in required if k not in receipt]
     if missing:
         raise ContractError(f"{where}: the selection receipt lacks {', '.join(missing)}; {RESELECT}")
+    unknown = sorted(str(k) for k in receipt if k not in RECEIPT_FIELDS)
+    if unknown:
+        raise ContractError(f"{where}: the selection receipt has unknown field(s) {', '.join(unknown)}; {RESELECT}")
     abi = receipt["abi"]
     try:
         ins, outs = abi["inputs"], abi["outputs"]
@@ -177,8 +215,10 @@ def check_selection(receipt, where):
         )
     if abi.get("format") != ABI_FORMAT:
         raise ContractError(f"{where}: ABI format {abi.get('format')!r} is not {ABI_FORMAT!r}; {RESELECT}")
-    if receipt["binding_id"] != BINDING_ID:
-        raise ContractError(f"{where}: binding ID {receipt['binding_id']!r} is not {BINDING_ID!r}; {RESELECT}")
+    if receipt["binding_id"] not in BINDING_IDS:
+        raise ContractError(
+            f"{where}: binding ID {receipt['binding_id']!r} is not one of {', '.join(BINDING_IDS)}; {RESELECT}"
+        )
     shapes = [list(t.get("shape", [])) for t in ins + outs]
     dts = [t.get("dtype") for t in ins + outs]
     ok = len(ins) == 4 and len(outs) == 1 and all(len(s) == r for s, r in zip(shapes, (4, 4, 4, 1, 4)))
@@ -360,8 +400,13 @@ PREFETCH = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0") == "1"
 # launch once its walk is done; the compiled engine launches its own kernels that way on Hopper
 # (mcore/pdl.py), so a bound slot keeps the chain of overlapped launches instead of breaking it twice
 # a layer.
-# CUTEDSL_ATTENTION_PDL=0: a plain launch.
-PDL = os.environ.get("CUTEDSL_ATTENTION_PDL", "1") != "0"
+# CUTEDSL_ATTENTION_PDL=0: a plain launch; =early: the next kernel may launch as soon as this one's
+# wait returned (as the engine's Triton kernels do), and the merge kernel lets its successor launch too
+# (an opt-in: 6.7 / 14.0 / 38.7 us against 6.9 / 14.4 / 38.4 at 1k / 8k / 32k on the H200, tenth
+# session; within 3%, not enough to change the default without a whole-step measurement).
+_PDL_ENV = os.environ.get("CUTEDSL_ATTENTION_PDL", "1")
+PDL = _PDL_ENV != "0"
+PDL_EARLY = _PDL_ENV == "early"
 
 
 def schedule(heads, kv_heads):
@@ -526,7 +571,107 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         return (lane // 4) * (head_dim // 8) + 2 * i + half
 
     @cute.jit
-    def walk_mma(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop):
+    def load_q(query, head0, token, g, t):
+        """This lane's query words: row g of the group (zeros past it), the head-dim columns its K words
+        hold (columns [t * D/4, (t + 1) * D/4)), packed in pairs exactly. Loaded by element: the
+        query's alignment is not promised."""
+        zero = cutlass.Int32(0)
+        qw = cute.make_rmem_tensor((qk_words,), cutlass.Int32)
+        for w in cutlass.range_constexpr(qk_words):
+            qw[w] = zero
+        if g < hpb:
+            qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(2 * qk_words))
+            qv = qrow[None, t].load().to(cutlass.Float32)
+            for w in cutlass.range_constexpr(qk_words):
+                qw[w] = asm_i32(f"{pack} $0, $1, $2;", [qv[2 * w + 1], qv[2 * w]], "=r,f,f")
+        return qw
+
+    @cute.jit
+    def mma_step(qw, kw, get_v, acc, sc, m, lsum, base, stop, t):
+        """Keys base .. base + 15 folded into this warp's (acc, m, lsum) on tensor cores: scores, an
+        online softmax of row g, then context^T += V^T P^T. `get_v()` gives the V words (called after
+        the softmax: the walk loads them there). Returns the new (m, lsum)."""
+        zero = cutlass.Int32(0)
+        # scores: key block kb holds keys base + kb*8 + (0..7); this lane feeds key row g of each
+        for kb in cutlass.range_constexpr(2):
+            for j in cutlass.range_constexpr(4):
+                sc[kb * 4 + j] = cutlass.Float32(0.0)
+            for st in cutlass.range_constexpr(steps):
+                mma(sc, kb, (qw[2 * st], zero, qw[2 * st + 1], zero), (kw[kb][2 * st], kw[kb][2 * st + 1]))
+        # row g, keys base + 2t, 2t+1 (block 0) and 8 + 2t, 8 + 2t + 1 (block 1); rows g + 8 are padding
+        s0 = sc[0]
+        s1 = sc[1]
+        s2 = sc[4]
+        s3 = sc[5]
+        k0 = base + 2 * t
+        if k0 >= stop:
+            s0 = cutlass.Float32(-math.inf)
+        if k0 + 1 >= stop:
+            s1 = cutlass.Float32(-math.inf)
+        if k0 + 8 >= stop:
+            s2 = cutlass.Float32(-math.inf)
+        if k0 + 9 >= stop:
+            s3 = cutlass.Float32(-math.inf)
+        mt = cute.arch.fmax(cute.arch.fmax(s0, s1), cute.arch.fmax(s2, s3))
+        mt = cute.arch.fmax(mt, cute.arch.shuffle_sync_bfly(mt, offset=1))
+        mt = cute.arch.fmax(mt, cute.arch.shuffle_sync_bfly(mt, offset=2))
+        m_new = cute.arch.fmax(m, mt)
+        alpha = cute.math.exp(m - m_new)
+        p0 = cute.math.exp(s0 - m_new)
+        p1 = cute.math.exp(s1 - m_new)
+        p2 = cute.math.exp(s2 - m_new)
+        p3 = cute.math.exp(s3 - m_new)
+        lsum = lsum * alpha + (p0 + p1 + p2 + p3)
+        # P^T as the operand: row g, keys (2t, 2t+1) and (2t+8, 2t+9), rounded to T
+        pb0 = asm_i32(f"{pack} $0, $1, $2;", [p1, p0], "=r,f,f")
+        pb1 = asm_i32(f"{pack} $0, $1, $2;", [p3, p2], "=r,f,f")
+        # the context rows this lane accumulates are 2t and 2t+1: their rescale factors
+        alpha_a = cute.arch.shuffle_sync(alpha, 8 * t)
+        alpha_b = cute.arch.shuffle_sync(alpha, 8 * t + 4)
+        for i in cutlass.range_constexpr(steps):
+            acc[i * 4] = acc[i * 4] * alpha_a
+            acc[i * 4 + 1] = acc[i * 4 + 1] * alpha_b
+            acc[i * 4 + 2] = acc[i * 4 + 2] * alpha_a
+            acc[i * 4 + 3] = acc[i * 4 + 3] * alpha_b
+        # V rows of keys 2t, 2t+1, 2t+8, 2t+9 over this lane's columns
+        vk = get_v()
+        for i in cutlass.range_constexpr(steps):
+            # word i of a row holds columns out_col(i, 0) (low half) and out_col(i, 1) (high half)
+            lo01 = asm_i32("prmt.b32 $0, $1, $2, 0x5410;", [vk[0][i], vk[1][i]], "=r,r,r")
+            hi01 = asm_i32("prmt.b32 $0, $1, $2, 0x7632;", [vk[0][i], vk[1][i]], "=r,r,r")
+            lo89 = asm_i32("prmt.b32 $0, $1, $2, 0x5410;", [vk[2][i], vk[3][i]], "=r,r,r")
+            hi89 = asm_i32("prmt.b32 $0, $1, $2, 0x7632;", [vk[2][i], vk[3][i]], "=r,r,r")
+            mma(acc, i, (lo01, hi01, lo89, hi89), (pb0, pb1))
+        return m_new, lsum
+
+    @cute.jit
+    def store_partial(part, acc, m, lsum, warp, lane):
+        """This warp's partial into shared memory: row g's max and sum; context rows 2t, 2t+1 at this
+        lane's columns (`out_col`)."""
+        part_acc, part_m, part_l = part
+        g = lane // 4
+        t = lane % 4
+        lsum = lsum + cute.arch.shuffle_sync_bfly(lsum, offset=1)
+        lsum = lsum + cute.arch.shuffle_sync_bfly(lsum, offset=2)
+        if t == 0 and g < hpb:
+            part_m[warp, g] = m
+            part_l[warp, g] = lsum
+        for i in cutlass.range_constexpr(steps):
+            for h in cutlass.range_constexpr(2):
+                for r in cutlass.range_constexpr(2):
+                    if 2 * t + r < hpb:
+                        part_acc[warp, 2 * t + r, out_col(lane, i, h)] = acc[i * 4 + 2 * h + r]
+
+    @cute.jit
+    def fresh_acc():
+        acc = cute.make_rmem_tensor((steps * 4,), cutlass.Float32)  # context^T: steps blocks x 4 registers
+        for i in cutlass.range_constexpr(steps * 4):
+            acc[i] = cutlass.Float32(0.0)
+        return acc
+
+    @cute.jit
+    def walk_mma(query, key_cache, value_cache, part, head0, kv_head, token, start, stop):
+        """A warp's keys [start, stop), 16 a step, loaded from global memory into registers."""
         tidx, _, _ = cute.arch.thread_idx()
         warp = tidx // WARP
         lane = tidx % WARP
@@ -534,19 +679,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         vc32 = cute.recast_tensor(value_cache, cutlass.Int32)
         g = lane // 4
         t = lane % 4
-        zero = cutlass.Int32(0)
-        # this lane's query words: row g of the group (zeros past it), columns [t * D/4, (t + 1) * D/4)
-        qw = cute.make_rmem_tensor((qk_words,), cutlass.Int32)
-        for w in cutlass.range_constexpr(qk_words):
-            qw[w] = zero
-        if g < hpb:  # elements (the query's alignment is not promised), packed in pairs exactly
-            qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(2 * qk_words))
-            qv = qrow[None, t].load().to(cutlass.Float32)
-            for w in cutlass.range_constexpr(qk_words):
-                qw[w] = asm_i32(f"{pack} $0, $1, $2;", [qv[2 * w + 1], qv[2 * w]], "=r,f,f")
-        acc = cute.make_rmem_tensor((steps * 4,), cutlass.Float32)  # context^T: steps blocks x 4 registers
-        for i in cutlass.range_constexpr(steps * 4):
-            acc[i] = cutlass.Float32(0.0)
+        qw = load_q(query, head0, token, g, t)
+        acc = fresh_acc()
         m = cutlass.Float32(NEG)  # running max of row g
         lsum = cutlass.Float32(0.0)  # this lane's share of row g's sum
         sc = cute.make_rmem_tensor((8,), cutlass.Float32)  # scores: 2 key blocks x 4 registers
@@ -559,71 +693,24 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
                 kw, vk = take(buf)
                 nxt = base + 16
                 keep(buf, fetch_k(kc32, kv_head, nxt, last, g, t), fetch_v(vc32, kv_head, nxt, last, g, t))
+                m, lsum = mma_step(qw, kw, lambda vk=vk: vk, acc, sc, m, lsum, base, stop, t)
             else:
                 kw = fetch_k(kc32, kv_head, base, last, g, t)
-            # scores: key block kb holds keys base + kb*8 + (0..7); this lane feeds key row g of each
-            for kb in cutlass.range_constexpr(2):
-                for j in cutlass.range_constexpr(4):
-                    sc[kb * 4 + j] = cutlass.Float32(0.0)
-                for st in cutlass.range_constexpr(steps):
-                    mma(sc, kb, (qw[2 * st], zero, qw[2 * st + 1], zero), (kw[kb][2 * st], kw[kb][2 * st + 1]))
-            # row g, keys base + 2t, 2t+1 (block 0) and 8 + 2t, 8 + 2t + 1 (block 1); rows g + 8 are padding
-            s0 = sc[0]
-            s1 = sc[1]
-            s2 = sc[4]
-            s3 = sc[5]
-            k0 = base + 2 * t
-            if k0 >= stop:
-                s0 = cutlass.Float32(-math.inf)
-            if k0 + 1 >= stop:
-                s1 = cutlass.Float32(-math.inf)
-            if k0 + 8 >= stop:
-                s2 = cutlass.Float32(-math.inf)
-            if k0 + 9 >= stop:
-                s3 = cutlass.Float32(-math.inf)
-            mt = cute.arch.fmax(cute.arch.fmax(s0, s1), cute.arch.fmax(s2, s3))
-            mt = cute.arch.fmax(mt, cute.arch.shuffle_sync_bfly(mt, offset=1))
-            mt = cute.arch.fmax(mt, cute.arch.shuffle_sync_bfly(mt, offset=2))
-            m_new = cute.arch.fmax(m, mt)
-            alpha = cute.math.exp(m - m_new)
-            p0 = cute.math.exp(s0 - m_new)
-            p1 = cute.math.exp(s1 - m_new)
-            p2 = cute.math.exp(s2 - m_new)
-            p3 = cute.math.exp(s3 - m_new)
-            lsum = lsum * alpha + (p0 + p1 + p2 + p3)
-            m = m_new
-            # P^T as the operand: row g, keys (2t, 2t+1) and (2t+8, 2t+9), rounded to T
-            pb0 = asm_i32(f"{pack} $0, $1, $2;", [p1, p0], "=r,f,f")
-            pb1 = asm_i32(f"{pack} $0, $1, $2;", [p3, p2], "=r,f,f")
-            # the context rows this lane accumulates are 2t and 2t+1: their rescale factors
-            alpha_a = cute.arch.shuffle_sync(alpha, 8 * t)
-            alpha_b = cute.arch.shuffle_sync(alpha, 8 * t + 4)
-            for i in cutlass.range_constexpr(steps):
-                acc[i * 4] = acc[i * 4] * alpha_a
-                acc[i * 4 + 1] = acc[i * 4 + 1] * alpha_b
-                acc[i * 4 + 2] = acc[i * 4 + 2] * alpha_a
-                acc[i * 4 + 3] = acc[i * 4 + 3] * alpha_b
-            # V rows of keys 2t, 2t+1, 2t+8, 2t+9 over this lane's columns [g * D/8, (g + 1) * D/8)
-            if cutlass.const_expr(not PREFETCH):
-                vk = fetch_v(vc32, kv_head, base, last, g, t)
-            for i in cutlass.range_constexpr(steps):
-                # word i of a row holds columns out_col(i, 0) (low half) and out_col(i, 1) (high half)
-                lo01 = asm_i32("prmt.b32 $0, $1, $2, 0x5410;", [vk[0][i], vk[1][i]], "=r,r,r")
-                hi01 = asm_i32("prmt.b32 $0, $1, $2, 0x7632;", [vk[0][i], vk[1][i]], "=r,r,r")
-                lo89 = asm_i32("prmt.b32 $0, $1, $2, 0x5410;", [vk[2][i], vk[3][i]], "=r,r,r")
-                hi89 = asm_i32("prmt.b32 $0, $1, $2, 0x7632;", [vk[2][i], vk[3][i]], "=r,r,r")
-                mma(acc, i, (lo01, hi01, lo89, hi89), (pb0, pb1))
-        # this warp's partial: row g's max and sum; context rows 2t, 2t+1 at this lane's columns
-        lsum = lsum + cute.arch.shuffle_sync_bfly(lsum, offset=1)
-        lsum = lsum + cute.arch.shuffle_sync_bfly(lsum, offset=2)
-        if t == 0 and g < hpb:
-            part_m[warp, g] = m
-            part_l[warp, g] = lsum
-        for i in cutlass.range_constexpr(steps):
-            for h in cutlass.range_constexpr(2):
-                for r in cutlass.range_constexpr(2):
-                    if 2 * t + r < hpb:
-                        part_acc[warp, 2 * t + r, out_col(lane, i, h)] = acc[i * 4 + 2 * h + r]
+                get_v = lambda base=base: fetch_v(vc32, kv_head, base, last, g, t)  # noqa: E731
+                m, lsum = mma_step(qw, kw, get_v, acc, sc, m, lsum, base, stop, t)
+        store_partial(part, acc, m, lsum, warp, lane)
+
+    def part_layouts():
+        """Each warp's (accumulator, max, sum) in shared memory."""
+        return (
+            cute.make_layout((warps, hpb, head_dim), stride=(hpb * head_dim, head_dim, 1)),
+            cute.make_layout((warps, hpb), stride=(hpb, 1)),
+            cute.make_layout((warps, hpb), stride=(hpb, 1)),
+        )
+
+    def row_end(length, token, new_tokens):
+        """The keys row `token` attends: [0, end) (causal among the new tokens; never past the cache)."""
+        return cutlass.min(length - new_tokens + token + 1, capacity)
 
     @cute.kernel
     def attention_kernel(
@@ -636,120 +723,138 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         workspace: cute.Tensor,  # split: (partials, hpb, D + 2) fp32; else unused (context passed)
         splits: cutlass.Int32,  # blocks per row: the split count, or CLUSTER
     ):
-        tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        warp = tidx // WARP
-        lane = tidx % WARP
         rank = cute.arch.block_idx_in_cluster()
         row = bidx // CLUSTER
-        parts = CLUSTER * warps
         if cutlass.const_expr(split):  # `splits` consecutive blocks a row
             rank = bidx % splits
             row = bidx // splits
-            parts = splits * warps
-        token = row % new_tokens
-        head_block = row // new_tokens  # which hpb query heads: head0 .. head0 + hpb - 1
-        head0 = head_block * hpb
-        kv_head = head0 // group
         if cutlass.const_expr(PDL):  # every input is an earlier kernel's output; nothing is touched before this
             cute.arch.griddepcontrol_wait()
-        length = kv_lengths[0]  # read on the device: no host sync
-        end = cutlass.min(length - new_tokens + token + 1, capacity)  # causal: keys [0, end)
-        # at least one step of the walk a warp (16 keys on tensor cores, 32 scalar): at short lengths
-        # the warps past end get no keys and write an empty record, instead of every warp a part step
-        share = cutlass.max((end + parts - 1) // parts, cutlass.Int32(16 if use_mma else WARP))
-        start = (rank * warps + warp) * share
-        stop = cutlass.min(start + share, end)
+            if cutlass.const_expr(PDL_EARLY):
+                cute.arch.griddepcontrol_launch_dependents()
+        token = row % new_tokens
+        end = row_end(kv_lengths[0], token, new_tokens)  # the length is read on the device: no host sync
 
         smem = cutlass.memory.SmemAllocator()
-        part_acc = smem.allocate_tensor(
-            cutlass.Float32, cute.make_layout((warps, hpb, head_dim), stride=(hpb * head_dim, head_dim, 1)), 16
-        )
-        part_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout((warps, hpb), stride=(hpb, 1)), 16)
-        part_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout((warps, hpb), stride=(hpb, 1)), 16)
-        blk_acc = smem.allocate_tensor(cutlass.Float32, cute.make_layout((hpb, head_dim), stride=(head_dim, 1)), 16)
-        blk_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16)
-        blk_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16)
+        blk = (
+            smem.allocate_tensor(cutlass.Float32, cute.make_layout((hpb, head_dim), stride=(head_dim, 1)), 16),
+            smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16),
+            smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16),
+        )  # the block's (accumulator, max, sum)
+        part = tuple(smem.allocate_tensor(cutlass.Float32, layout, 16) for layout in part_layouts())
+        attend((query, key_cache, value_cache, context, workspace), part, blk, new_tokens, row, rank, end, splits)
 
+    @cute.jit
+    def attend(tensors, part, blk, new_tokens, row, rank, end, splits):
+        """One block's share of row `row`: walk, merge its warps, then hand the result on (the
+        context, a record for the merge, or the cluster's merge)."""
+        query, key_cache, value_cache, context, workspace = tensors
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = tidx // WARP
+        token = row % new_tokens
+        head0 = (row // new_tokens) * hpb  # this block's query heads: head0 .. head0 + hpb - 1
+        kv_head = head0 // group
+        # at least one step of the walk a warp (16 keys on tensor cores, 32 scalar): at short lengths
+        # the warps past end get no keys and write an empty record, instead of every warp a part step
+        parts = splits * warps if split else CLUSTER * warps
+        share = cutlass.max((end + parts - 1) // parts, cutlass.Int32(16 if use_mma else WARP))
+        start = (rank * warps + warp) * share  # each warp its own contiguous share
+        stop = cutlass.min(start + share, end)
         if cutlass.const_expr(use_mma):
-            walk_mma(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop)
+            walk_mma(query, key_cache, value_cache, part, head0, kv_head, token, start, stop)
         else:
-            # Each lane owns `cols` contiguous columns of the head dimension: its slice of q (per head),
-            # of every K and V row it reads (one 8- or 4-byte load), and of the output accumulator.
-            q = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
-            m = cute.make_rmem_tensor((hpb,), cutlass.Float32)
-            lsum = cute.make_rmem_tensor((hpb,), cutlass.Float32)  # over this lane's keys only
-            acc = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
-            for g in cutlass.range_constexpr(hpb):
-                qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(cols))
-                for c in cutlass.range_constexpr(cols):
-                    q[g * cols + c] = qrow[c, lane].to(cutlass.Float32)
-                    acc[g * cols + c] = cutlass.Float32(0.0)
-                m[g] = cutlass.Float32(NEG)
-                lsum[g] = cutlass.Float32(0.0)
-            part = cute.make_rmem_tensor((WARP,), cutlass.Float32)
-            prob = cute.make_rmem_tensor((hpb,), cutlass.Float32)
-            for base in cutlass.range(start, stop, WARP):
-                masked = base + lane >= stop
-                for g in cutlass.range_constexpr(hpb):
-                    # partial dot products of the 32 keys over this lane's columns ...
-                    for j in cutlass.range_constexpr(WARP):
-                        kpos = cutlass.min(base + j, stop - 1)  # in bounds; keys past stop are masked below
-                        k = cute.logical_divide(key_cache[0, kv_head, kpos, None], cute.make_layout(cols))[None, lane]
-                        kv = k.load().to(cutlass.Float32)
-                        dot = q[g * cols] * kv[0]
-                        for c in cutlass.range_constexpr(1, cols):
-                            dot = dot + q[g * cols + c] * kv[c]
-                        part[j] = dot
-                    # ... summed across the warp by recursive halving: 31 shuffles leave lane L with the
-                    # score of key base + L (at each step a lane keeps the half its lane bit selects).
-                    for step in cutlass.range_constexpr(5):
-                        half = 16 >> step
-                        upper = (lane & half) != 0
-                        for i in cutlass.range_constexpr(half):
-                            keep = part[i]
-                            send = part[i + half]
-                            if upper:
-                                keep = part[i + half]
-                                send = part[i]
-                            part[i] = keep + cute.arch.shuffle_sync_bfly(send, offset=half)
-                    sc = part[0]
-                    if masked:
-                        sc = cutlass.Float32(-math.inf)
-                    m_new = cute.arch.fmax(m[g], cute.arch.warp_reduction_max(sc))
-                    alpha = cute.math.exp(m[g] - m_new)
-                    p = cute.math.exp(sc - m_new)  # 0 for a masked key
-                    lsum[g] = lsum[g] * alpha + p
-                    prob[g] = p.to(element).to(cutlass.Float32)  # as fused attention kernels feed P @ V
-                    m[g] = m_new
-                    for c in cutlass.range_constexpr(cols):
-                        acc[g * cols + c] = acc[g * cols + c] * alpha
-                for j in cutlass.range_constexpr(WARP):
-                    vpos = cutlass.min(base + j, stop - 1)  # a masked key has probability 0
-                    v = cute.logical_divide(value_cache[0, kv_head, vpos, None], cute.make_layout(cols))[None, lane]
-                    vv = v.load().to(cutlass.Float32)
-                    for g in cutlass.range_constexpr(hpb):
-                        pj = cute.arch.shuffle_sync(prob[g], j)
-                        for c in cutlass.range_constexpr(cols):
-                            acc[g * cols + c] = acc[g * cols + c] + pj * vv[c]
-
-            # this warp's partial: max, sum over its lanes, accumulator columns
-            for g in cutlass.range_constexpr(hpb):
-                total = cute.arch.warp_reduction_sum(lsum[g])
-                if lane == 0:
-                    part_m[warp, g] = m[g]
-                    part_l[warp, g] = total
-                for c in cutlass.range_constexpr(cols):
-                    part_acc[warp, g, lane * cols + c] = acc[g * cols + c]
-        if cutlass.const_expr(PDL):
+            part_acc, part_m, part_l = part
+            walk_scalar(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop)
+        if cutlass.const_expr(PDL and not PDL_EARLY):
             # the walk's reads are done: the next kernel may launch (it still waits for all of this
             # one), so its blocks do not sit on the SMs while this one streams. On the H200 that
             # changed little (63.4 -> 63.0 us at 32k); a plain launch is faster there (55.5 us) and
             # slower at 1k (7.6 against 6.9 us): docs/gpu-results.md, eighth session.
             cute.arch.griddepcontrol_launch_dependents()
         cute.arch.sync_threads()
+        block_partial(part, blk, context, workspace, row, rank, splits, head0, token, tidx)
+        if cutlass.const_expr(not split):
+            cluster_merge(context, blk[0], blk[1], blk[2], head0, token, rank, tidx)
 
-        # the block's partial: warps merged in warp order (an empty share has l = 0 and acc = 0)
+    @cute.jit
+    def walk_scalar(query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop):
+        """The scalar walk (groups of more than 8 heads, or CUTEDSL_ATTENTION_MMA=0), 32 keys a step.
+        Each lane owns `cols` contiguous columns of the head dimension: its slice of q (per head), of
+        every K and V row it reads (one 8- or 4-byte load), and of the output accumulator."""
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = tidx // WARP
+        lane = tidx % WARP
+        q = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
+        m = cute.make_rmem_tensor((hpb,), cutlass.Float32)
+        lsum = cute.make_rmem_tensor((hpb,), cutlass.Float32)  # over this lane's keys only
+        acc = cute.make_rmem_tensor((hpb * cols,), cutlass.Float32)
+        for g in cutlass.range_constexpr(hpb):
+            qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(cols))
+            for c in cutlass.range_constexpr(cols):
+                q[g * cols + c] = qrow[c, lane].to(cutlass.Float32)
+                acc[g * cols + c] = cutlass.Float32(0.0)
+            m[g] = cutlass.Float32(NEG)
+            lsum[g] = cutlass.Float32(0.0)
+        part = cute.make_rmem_tensor((WARP,), cutlass.Float32)
+        prob = cute.make_rmem_tensor((hpb,), cutlass.Float32)
+        for base in cutlass.range(start, stop, WARP):
+            masked = base + lane >= stop
+            for g in cutlass.range_constexpr(hpb):
+                # partial dot products of the 32 keys over this lane's columns ...
+                for j in cutlass.range_constexpr(WARP):
+                    kpos = cutlass.min(base + j, stop - 1)  # in bounds; keys past stop are masked below
+                    k = cute.logical_divide(key_cache[0, kv_head, kpos, None], cute.make_layout(cols))[None, lane]
+                    kv = k.load().to(cutlass.Float32)
+                    dot = q[g * cols] * kv[0]
+                    for c in cutlass.range_constexpr(1, cols):
+                        dot = dot + q[g * cols + c] * kv[c]
+                    part[j] = dot
+                # ... summed across the warp by recursive halving: 31 shuffles leave lane L with the
+                # score of key base + L (at each step a lane keeps the half its lane bit selects).
+                for step in cutlass.range_constexpr(5):
+                    half = 16 >> step
+                    upper = (lane & half) != 0
+                    for i in cutlass.range_constexpr(half):
+                        keep = part[i]
+                        send = part[i + half]
+                        if upper:
+                            keep = part[i + half]
+                            send = part[i]
+                        part[i] = keep + cute.arch.shuffle_sync_bfly(send, offset=half)
+                sc = part[0]
+                if masked:
+                    sc = cutlass.Float32(-math.inf)
+                m_new = cute.arch.fmax(m[g], cute.arch.warp_reduction_max(sc))
+                alpha = cute.math.exp(m[g] - m_new)
+                p = cute.math.exp(sc - m_new)  # 0 for a masked key
+                lsum[g] = lsum[g] * alpha + p
+                prob[g] = p.to(element).to(cutlass.Float32)  # as fused attention kernels feed P @ V
+                m[g] = m_new
+                for c in cutlass.range_constexpr(cols):
+                    acc[g * cols + c] = acc[g * cols + c] * alpha
+            for j in cutlass.range_constexpr(WARP):
+                vpos = cutlass.min(base + j, stop - 1)  # a masked key has probability 0
+                v = cute.logical_divide(value_cache[0, kv_head, vpos, None], cute.make_layout(cols))[None, lane]
+                vv = v.load().to(cutlass.Float32)
+                for g in cutlass.range_constexpr(hpb):
+                    pj = cute.arch.shuffle_sync(prob[g], j)
+                    for c in cutlass.range_constexpr(cols):
+                        acc[g * cols + c] = acc[g * cols + c] + pj * vv[c]
+        # this warp's partial: max, sum over its lanes, accumulator columns
+        for g in cutlass.range_constexpr(hpb):
+            total = cute.arch.warp_reduction_sum(lsum[g])
+            if lane == 0:
+                part_m[warp, g] = m[g]
+                part_l[warp, g] = total
+            for c in cutlass.range_constexpr(cols):
+                part_acc[warp, g, lane * cols + c] = acc[g * cols + c]
+
+    @cute.jit
+    def block_partial(part, blk, context, workspace, row, rank, splits, head0, token, tidx):
+        """The block's partial: its warps merged in warp order (an empty share has l = 0 and acc = 0),
+        written as the context (a row of one split), a record for the merge, or (cluster) `blk`."""
+        part_acc, part_m, part_l = part
         for i in cutlass.range(tidx, hpb * head_dim, threads):
             g = i // head_dim
             d = i - g * head_dim
@@ -772,13 +877,34 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
                         workspace[record, g, head_dim] = mb
                         workspace[record, g, head_dim + 1] = den
             else:
-                blk_acc[g, d] = num
+                blk[0][g, d] = num
                 if d == 0:
-                    blk_m[g] = mb
-                    blk_l[g] = den
+                    blk[1][g] = mb
+                    blk[2][g] = den
 
-        if cutlass.const_expr(not split):
-            cluster_merge(context, blk_acc, blk_m, blk_l, head0, token, rank, tidx)
+    @cute.jit
+    def merge_records(workspace, context, row, g, d, splits, head0, token):
+        """Column d of head g of row `row`: its `splits` records merged in split order. The loop over
+        splits is unrolled to SPLITS with indices clamped to the last record (weight 0 past it), so
+        the loads are independent and issue together. The first version (one block a row, a loop of
+        dependent loads) took 11 / 19 / 45 us a call at 1k with 16 / 32 / 64 splits on the H200
+        against 6.9 us for the cluster schedule: the time grew with the splits, not the keys."""
+        first = row * splits
+        ms = cute.make_rmem_tensor((SPLITS,), cutlass.Float32)
+        mall = cutlass.Float32(NEG)
+        for r in cutlass.range_constexpr(SPLITS):
+            ms[r] = workspace[first + cutlass.min(r, splits - 1), g, head_dim]  # a repeat cannot raise the max
+            mall = cute.arch.fmax(mall, ms[r])
+        num = cutlass.Float32(0.0)
+        den = cutlass.Float32(0.0)
+        for r in cutlass.range_constexpr(SPLITS):
+            at = first + cutlass.min(r, splits - 1)
+            weight = cute.math.exp(ms[r] - mall)
+            if r >= splits:
+                weight = cutlass.Float32(0.0)
+            num = num + workspace[at, g, d] * weight
+            den = den + workspace[at, g, head_dim + 1] * weight
+        context[0, head0 + g, token, d] = (num / den).to(element)
 
     @cute.jit
     def cluster_merge(context, blk_acc, blk_m, blk_l, head0, token, rank, tidx):
@@ -806,35 +932,18 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
 
     @cute.kernel
     def merge_kernel(workspace: cute.Tensor, context: cute.Tensor, new_tokens: cutlass.Int32, splits: cutlass.Int32):
-        """split: one block per (row, head), a thread per column, merges the row's `splits` records in
-        split order. The loop over splits is unrolled to SPLITS with indices clamped to the last
-        record (weight 0 past it), so a thread's loads are independent and issue together. The first
-        version (one block a row, a loop of dependent loads) took 11 / 19 / 45 us a call at 1k with
-        16 / 32 / 64 splits on the H200 against 6.9 us for the cluster schedule: the time grew with
-        the splits, not the keys."""
+        """split: one block per (row, head), a thread per column, merges the row's records in split
+        order (a row of one split was written by its block)."""
         d, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         g = bidx % hpb
         row = bidx // hpb
         if cutlass.const_expr(PDL):  # the records are the kernel before's output
             cute.arch.griddepcontrol_wait()
+            if cutlass.const_expr(PDL_EARLY):
+                cute.arch.griddepcontrol_launch_dependents()
         if splits > 1:
-            first = row * splits
-            ms = cute.make_rmem_tensor((SPLITS,), cutlass.Float32)
-            mall = cutlass.Float32(NEG)
-            for r in cutlass.range_constexpr(SPLITS):
-                ms[r] = workspace[first + cutlass.min(r, splits - 1), g, head_dim]  # a repeat cannot raise the max
-                mall = cute.arch.fmax(mall, ms[r])
-            num = cutlass.Float32(0.0)
-            den = cutlass.Float32(0.0)
-            for r in cutlass.range_constexpr(SPLITS):
-                at = first + cutlass.min(r, splits - 1)
-                weight = cute.math.exp(ms[r] - mall)
-                if r >= splits:
-                    weight = cutlass.Float32(0.0)
-                num = num + workspace[at, g, d] * weight
-                den = den + workspace[at, g, head_dim + 1] * weight
-            context[0, (row // new_tokens) * hpb + g, row % new_tokens, d] = (num / den).to(element)
+            merge_records(workspace, context, row, g, d, splits, (row // new_tokens) * hpb, row % new_tokens)
 
     smem_bytes = 4 * (hpb * head_dim + warps * hpb * head_dim + 2 * warps * hpb + 2 * hpb) + 16 * 8
 
@@ -871,7 +980,8 @@ def make_run(dtype, heads, kv_heads, capacity, head_dim, workspace_bytes=0):
         stream: cuda.CUstream,
     ):
         """run(query, key_cache, value_cache, kv_lengths, workspace, context): split over blocks, merged
-        by a second kernel; as many splits (up to SPLITS) as the workspace holds for these rows."""
+        by a second kernel; as many splits (up to SPLITS) as the
+        workspace holds for these rows."""
         new_tokens = cute.size(query, mode=[2])
         rows = heads // hpb * new_tokens
         splits = cutlass.max(cutlass.min(cutlass.Int32(SPLITS), cutlass.Int32(partials) // rows), cutlass.Int32(1))
@@ -1086,7 +1196,8 @@ def export(output, shapes):
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description=f"Export the CuTe DSL decode attention for {BINDING_ID} as a TVM-FFI DSO (GPU-tested on the H200).",
+        description=f"Export the CuTe DSL decode attention for {', '.join(BINDING_IDS)} as a TVM-FFI DSO "
+        "(GPU-tested on the H200).",
     )
     parser.add_argument("--selection", required=True, help="selection receipt (.selection.json) of the recipe")
     parser.add_argument("--snapshot", default=None, help="graph snapshot the selection was made from (optional check)")
@@ -1104,7 +1215,7 @@ def main(argv=None):
     )
     if args.check_only:
         print(f"contract OK: {args.selection} is decode attention ({described})")
-        print(f"binding_id={BINDING_ID}")
+        print(f"binding_id={receipt['binding_id']}")
         print(f"abi_sha256={receipt['abi_sha256']}")
         return 0
     if not args.output:
@@ -1125,7 +1236,7 @@ def main(argv=None):
     except ExportError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_EXPORT
-    print(f"binding_id={BINDING_ID}")
+    print(f"binding_id={receipt['binding_id']}")
     print(f"abi_sha256={receipt['abi_sha256']}")
     print(f"shapes: {described}")
     hpb, mma = schedule(shapes["heads"], shapes["kv_heads"])
@@ -1136,7 +1247,7 @@ def main(argv=None):
         blocks = f"split {most} ways over blocks at 1 new token (workspace {shapes['workspace_bytes']} bytes)"
     else:
         blocks = f"cluster {CLUSTER}"
-    launch = "" if PDL else ", plain launch"
+    launch = ", dependents launched early" if PDL_EARLY else ("" if PDL else ", plain launch")
     print(f"schedule={blocks}, {warps_for(bool(shapes['workspace_bytes']))} warps, {hpb} heads a block, {walk}{launch}")
     if SPLITS:  # what to declare at build for the split schedule (a bad knob was refused with a workspace)
         need = workspace_bytes_for(shapes["heads"], shapes["head_dim"], SPLITS)

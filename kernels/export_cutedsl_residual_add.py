@@ -64,6 +64,8 @@ GRAPH_FINGERPRINT = "63511cd093bd205b6a508720563481f56500c4ba51aecb8e8b6b71a47a7
 UNHASHED_METADATA = ["tool_versions"]
 ABI_SHA256 = "6086c4ac3e5c19b54f90197f02200b945bf0b98f213a3a6bde5c2c1cfdd8c758"
 ABI_FORMAT = "mcore.tvm_ffi.abi/1"
+# Every field a selection receipt has (mcore.receipt); any other is refused.
+RECEIPT_FIELDS = ["schema_version", "kind", "graph_fingerprint", "engine_role", "binding_id", "abi_sha256", "workspace_bytes", "extra_args", "node_ids", "input_tensor_ids", "output_tensor_ids", "output_shape_input", "abi", "recipe", "graph"]
 NODE_IDS = ["node:49"]
 NODE_OPS = {
     "node:49": "aten.add.Tensor",
@@ -128,8 +130,8 @@ def _load_json(path, what):
         raise ContractError(f"{path}: {what} not found; check the path")
     try:
         return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ContractError(f"{path}: cannot read the {what} as JSON ({e})") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ContractError(f"{path}: cannot read the {what} as JSON ({type(e).__name__}: {e})") from None
 
 
 def _describe(entries):
@@ -149,6 +151,10 @@ def check_selection(receipt, where):
     missing = [k for k in required if k not in receipt]
     if missing:
         raise ContractError(f"{where}: the selection receipt lacks {', '.join(missing)}; "
+                            "recreate it with `mcore graph select`")
+    unknown = sorted(str(k) for k in receipt if k not in RECEIPT_FIELDS)
+    if unknown:
+        raise ContractError(f"{where}: the selection receipt has unknown field(s) {', '.join(unknown)}; "
                             "recreate it with `mcore graph select`")
     abi = receipt["abi"]
     try:

@@ -22,9 +22,11 @@ The groups:
 - kernels: build_kernel, write_exporter, run_exporter, shipped_exporter, SHIPPED_EXPORTERS;
   load_bindings_manifest, BindingsManifest, Binding, BINDINGS_SCHEMA_VERSION
 - verify gates: compare_tokens, compare_embeddings, perf_gate, reference_check, lockstep_logits
-- profile: profile_pipeline, CANDIDATE_BINDING; device facts: device_facts, describe_device
-- files: atomic_write, check_fields, read_json, write_json, stdout_failed
-- demo models: demo_names
+- profile: profile_pipeline, load_profile, CANDIDATE_BINDING; device facts: device_facts, describe_device
+- files: atomic_write, check_fields, check_path_text, read_json, write_json, stdout_failed, check_std_streams;
+  library_sha256 (a DSO's sha256, as a bindings manifest records it); set_cache_note_sink
+- demo models and families: demo_names; family_kind (a family's), model_kind (a model spec's),
+  bundle_kind (a bundle manifest's): decoder or encoder, always from mcore, never from a name
 """
 
 from __future__ import annotations
@@ -99,15 +101,23 @@ _EXPORTS: dict[str, str] = {
     "lockstep_logits": "verify_logits",
     # profile
     "profile_pipeline": "profile",
+    "load_profile": "profile",
     "CANDIDATE_BINDING": "profile",
     # files
     "atomic_write": "fileio",
     "check_fields": "fileio",
+    "check_path_text": "fileio",
+    "check_std_streams": "fileio",
+    "library_sha256": "dso",
+    "set_cache_note_sink": "cache",
     "read_json": "fileio",
     "write_json": "fileio",
     "stdout_failed": "fileio",
-    # demo models
+    # demo models and model families
     "demo_names": "families.demo",
+    "family_kind": "families",
+    "model_kind": "families",
+    "bundle_kind": "families",
 }
 
 # the public names (the keys of _EXPORTS; tests/test_public_api.py checks they agree)
@@ -142,16 +152,22 @@ __all__ = [
     "build_kernel",
     "capture",
     "check_fields",
+    "check_path_text",
+    "check_std_streams",
     "compare_embeddings",
     "compare_tokens",
+    "bundle_kind",
     "demo_names",
     "describe_device",
     "device_facts",
+    "family_kind",
     "find_recipe",
+    "library_sha256",
     "load_bindings_manifest",
     "load_receipt",
     "load_snapshot",
     "lockstep_logits",
+    "model_kind",
     "module_tree",
     "node_matches",
     "node_row",
@@ -159,6 +175,7 @@ __all__ = [
     "open_pipeline",
     "perf_gate",
     "profile_pipeline",
+    "load_profile",
     "read_json",
     "recipe_rows",
     "reference_check",
@@ -166,6 +183,7 @@ __all__ = [
     "run_exporter",
     "select_recipe",
     "select_region",
+    "set_cache_note_sink",
     "shipped_exporter",
     "stdout_failed",
     "tool_versions",
@@ -195,8 +213,19 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .bundle import open_bundle
     from .bundle_manifest import BundleManifest
     from .errors import Cancelled, RegionError, UserError
+    from .families import bundle_kind, family_kind, model_kind
     from .families.demo import demo_names
-    from .fileio import atomic_write, check_fields, read_json, stdout_failed, write_json
+    from .cache import set_cache_note_sink
+    from .dso import library_sha256
+    from .fileio import (
+        atomic_write,
+        check_fields,
+        check_path_text,
+        check_std_streams,
+        read_json,
+        stdout_failed,
+        write_json,
+    )
     from .graph_capture import capture, resolve, tool_versions
     from .graph.display import abi_lines, module_tree, node_matches, node_row
     from .graph.snapshot import Node, RecipeRow, Snapshot, Tensor, load_snapshot
@@ -204,7 +233,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .exporters import SHIPPED_EXPORTERS, run_exporter, shipped_exporter
     from .kernels import build_kernel
     from .pipeline import DecoderPipeline, EncoderPipeline
-    from .profile import CANDIDATE_BINDING, profile_pipeline
+    from .profile import CANDIDATE_BINDING, load_profile, profile_pipeline
     from .progress import NO_PROGRESS, CancelToken, Progress
     from .recipes import find_recipe, recipe_rows, select_recipe
     from .receipt import Receipt, SlotRecord

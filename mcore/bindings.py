@@ -3,12 +3,14 @@
 Manifest::
 
     {"schema_version": 1,
-     "bindings": [{"id": BINDING_ID, "abi_sha256": HEX64, "library": "./kernel.so", "function": "run"}]}
+     "bindings": [{"id": BINDING_ID, "abi_sha256": HEX64, "library": "./kernel.so", "function": "run"
+                   [, "library_sha256": HEX64]}]}
 
 Missing or unknown fields fail; `library` is relative to the manifest and may not leave its
 folder (neither by `..` nor through a symlink); every slot is bound exactly once; an ABI hash
-mismatch fails. There is deliberately no DSO hash: any DSO implementing the slot's ABI may be
-bound when a pipeline is constructed.
+mismatch fails. `library_sha256` is optional (DESIGN.md contract 5 had no DSO hash; docs/trust.md
+says why it was added): without it any DSO implementing the slot's ABI may be bound; with it, the
+DSO's bytes must have that sha256, checked before dlopen.
 
 The manifest is read once, inside `bind_slots`; the returned `BoundKernel`s hold the loaded
 functions, so later edits of the manifest file do not affect them.
@@ -24,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
+from .dso import check_sha256
 from .errors import UserError
-from .fileio import check_fields, read_json
+from .fileio import check_fields, check_path_text, read_json
 from .patch import SlotKey, slot_groups
 from .receipt import SlotRecord, check_binding_id
 
@@ -51,9 +54,13 @@ class Binding:
     function: str
     manifest_dir: Path
     library_path: Path = field(default=None, compare=False)  # type: ignore[assignment]
+    library_sha256: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "abi_sha256": self.abi_sha256, "library": self.library, "function": self.function}
+        d = {"id": self.id, "abi_sha256": self.abi_sha256, "library": self.library, "function": self.function}
+        if self.library_sha256 is not None:
+            d["library_sha256"] = self.library_sha256
+        return d
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,7 @@ class BoundKernel:
 
 
 def _resolve_library(library: str, manifest_dir: Path, where: str) -> Path:
+    check_path_text(library, f"{where}: field library")
     if os.path.isabs(library) or library.startswith("~"):
         raise UserError(
             f"{where}: library {library!r} is an absolute path; give a path relative to the "
@@ -123,7 +131,7 @@ class BindingsManifest:
         seen: dict[str, int] = {}
         for i, entry in enumerate(entries):
             ew = f"{where}: bindings[{i}]"
-            check_fields(entry, ew, {"id", "abi_sha256", "library", "function"})
+            check_fields(entry, ew, {"id", "abi_sha256", "library", "function"}, {"library_sha256"})
             try:
                 bid = check_binding_id(entry["id"])
             except UserError as e:
@@ -144,8 +152,13 @@ class BindingsManifest:
             fn = entry["function"]
             if not isinstance(fn, str) or not _IDENT_RE.match(fn):
                 raise UserError(f"{ew}: field function {fn!r} must be a non-empty identifier such as run")
+            lib_sha = entry.get("library_sha256")
+            if "library_sha256" in entry and (not isinstance(lib_sha, str) or not _HEX64_RE.match(lib_sha)):
+                raise UserError(
+                    f"{ew}: field library_sha256 must be 64 lowercase hex digits (sha256sum of the DSO) or absent"
+                )
             resolved = _resolve_library(lib, manifest_dir, f"{ew} (binding {bid})")
-            out.append(Binding(bid, abi, lib, fn, manifest_dir, resolved))
+            out.append(Binding(bid, abi, lib, fn, manifest_dir, resolved, lib_sha))
         return cls(tuple(out), path)
 
     @classmethod
@@ -303,6 +316,8 @@ def bind_slots(
     for sid in by_id:
         b = entries[sid]
         _announce_once(b.library_path, sid, announce)
+        if b.library_sha256 is not None:  # before dlopen: only the bytes the manifest names may run
+            check_sha256(b.library_path, b.library_sha256, f"binding {sid}")
         module, func = _load_function(b.library_path, b.function, sid)
         bound[sid] = BoundKernel(sid, b.abi_sha256, b.library_path, b.function, func, module)
     return bound

@@ -16,7 +16,7 @@ from .bundle import write_bundle
 from .bundle_manifest import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION, BundleManifest
 from .errors import UserError
 from .fileio import check_output_path, read_json, write_json
-from .graph_capture import Captured, capture, resolve, tool_versions
+from .graph_capture import Captured, build_core, capture, resolve, tool_versions
 from .patch import check_receipt_against
 from .progress import NO_PROGRESS, Progress
 from .recipes import select_recipe_instances
@@ -44,10 +44,30 @@ def receipt_path_for(bundle_path: Path, instance: Optional[str] = None) -> Path:
     return bundle_path.with_name(f"{stem}.selection.{instance}.json" if instance else f"{stem}.selection.json")
 
 
-def _weights_member(core: torch.nn.Module) -> tuple[bytes, dict[str, str]]:
-    """Serialize the core's state; tied tensors are stored once and recorded as aliases."""
+def _weights_member(core: torch.nn.Module) -> tuple[bytes, dict[str, str], dict[str, str]]:
+    """Serialize the core's state; tied tensors are stored once and recorded as aliases. Also the
+    sha256 of each stored tensor (tensor_sha256), which `verify reference` compares with the
+    checkpoint's."""
     from safetensors.torch import save
 
+    kept, aliases = stored_state(core)
+    return save(dict(sorted(kept.items()))), aliases, {n: tensor_sha256(t) for n, t in sorted(kept.items())}
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """A tensor's identity: dtype, shape and bytes (on the CPU, contiguous)."""
+    import hashlib
+
+    from .families.weights import dtype_name
+
+    t = t.detach().contiguous().cpu()
+    h = hashlib.sha256(f"{dtype_name(t.dtype)}{list(t.shape)}".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # the bytes, not a copy
+    return h.hexdigest()
+
+
+def stored_state(core: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(the tensors a bundle stores, aliases): tied tensors once, the others named as aliases."""
     seen: dict[tuple, str] = {}
     kept: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
@@ -58,7 +78,7 @@ def _weights_member(core: torch.nn.Module) -> tuple[bytes, dict[str, str]]:
             continue
         seen[key] = name
         kept[name] = t.detach().contiguous().cpu()
-    return save(dict(sorted(kept.items()))), aliases
+    return kept, aliases
 
 
 def build_bundle(
@@ -125,11 +145,11 @@ def build_bundle(
     if args.weights == "random":
         weights = {"kind": "random", "seed": args.seed}
     else:
-        core = family.build_core(source.config, gargs, "cpu")
+        core = build_core(family, source.config, gargs, "cpu")
         family.load_checkpoint(core, source)
-        blob, aliases = _weights_member(core)
+        blob, aliases, digests = _weights_member(core)
         members["weights.safetensors"] = blob
-        weights = {"kind": "checkpoint", "member": "weights.safetensors", "aliases": aliases}
+        weights = {"kind": "checkpoint", "member": "weights.safetensors", "aliases": aliases, "tensor_sha256": digests}
     progress.check()
     manifest_json = {
         "schema_version": BUNDLE_SCHEMA_VERSION,

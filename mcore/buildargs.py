@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
 from .errors import UserError
+from .fileio import check_path_text
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 LAYOUTS = ("split",)
@@ -25,14 +26,18 @@ class BuildArgs:
     seed: int = 0
 
     def validate(self) -> "BuildArgs":
+        self._check_types()
         if not self.model:
             raise UserError("no model given; name a demo (demo:qwen3-tiny), a checkpoint folder or a hub ID")
+        check_path_text(self.model, "model")
         if self.precision not in PRECISIONS:
             raise UserError(f"--precision {self.precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
         if self.decoder_engine_layout is not None and self.decoder_engine_layout not in LAYOUTS:
             raise UserError(
                 f"--decoder-engine-layout {self.decoder_engine_layout!r} is not supported; use one of {', '.join(LAYOUTS)}"
             )
+        if not 0 <= self.seed < 1 << 63:
+            raise UserError(f"--seed {self.seed} is out of range; use 0..{(1 << 63) - 1}")
         for name in ("max_cache_length", "max_seq_length"):
             v = getattr(self, name)
             if v is not None and not (1 <= v <= 1 << 20):
@@ -40,6 +45,26 @@ class BuildArgs:
         if self.weights not in WEIGHTS:
             raise UserError(f"--weights {self.weights!r} is not supported; use one of {', '.join(WEIGHTS)}")
         return self
+
+    def _check_types(self) -> None:
+        """Every field its type (build args read back from a bundle or a session are someone's JSON)."""
+        want = {
+            "model": (str,),
+            "model_revision": (str, type(None)),
+            "precision": (str,),
+            "max_cache_length": (int, type(None)),
+            "decoder_engine_layout": (str, type(None)),
+            "max_seq_length": (int, type(None)),
+            "weights": (str,),
+            "seed": (int,),
+        }
+        for name, types in want.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, types):
+                kind = "an integer" if int in types else "a string"
+                raise UserError(
+                    f"build args: {name} must be {kind}{' or null' if type(None) in types else ''}, got {v!r}"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

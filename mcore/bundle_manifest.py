@@ -8,6 +8,7 @@ here is checked once, by `BundleManifest.from_dict`, and a bundle lacking one fa
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
@@ -42,6 +43,47 @@ _KEYS = (
 _REQUIRED = ("engine", "family", "model", "build_args", "graph_args", "roles", "weights")
 _OPTIONAL = frozenset({"family_kind", "device", "special_tokens", "sentence_embedding", "tool_versions", "built_on"})
 FAMILY_KINDS = ("decoder", "encoder")
+
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_SPECIAL_IDS = ("eos_token_id", "bos_token_id", "pad_token_id", "cls_token_id", "sep_token_id")
+
+
+def _check_weights(weights: dict[str, Any], w: str) -> dict[str, Any]:
+    """{"kind": "random", "seed"} | {"kind": "checkpoint", "member", "aliases"[, "tensor_sha256"]}."""
+    wk = weights.get("kind")
+    if not (wk == "random" and is_int(weights.get("seed"))) and not (
+        wk == "checkpoint" and isinstance(weights.get("member"), str)
+    ):
+        raise field_error(
+            w, "weights.kind", "must be random (with an integer seed) or checkpoint (with its member)", REBUILD
+        )
+    if wk == "random":
+        check_fields(weights, f"{w} weights", {"kind", "seed"})
+        if not 0 <= weights["seed"] < 1 << 63:
+            raise field_error(w, "weights.seed", f"{weights['seed']} is out of range 0..2**63-1", REBUILD)
+        return weights
+    check_fields(weights, f"{w} weights", {"kind", "member"}, {"aliases", "tensor_sha256"})
+    aliases = weights.get("aliases", {})
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        raise field_error(w, "weights.aliases", "must map tensor names to tensor names", REBUILD)
+    digests = weights.get("tensor_sha256", {})
+    if not isinstance(digests, dict) or not all(isinstance(v, str) and _HEX64.match(v) for v in digests.values()):
+        raise field_error(w, "weights.tensor_sha256", "must map tensor names to sha256 hex digests", REBUILD)
+    return weights
+
+
+def _check_special_tokens(special: Any, w: str) -> None:
+    """Token IDs are non-negative integers or null; eos_token_ids a list of them."""
+    if not isinstance(special, dict):
+        return  # absent, or refused as not an object below
+    for k in _SPECIAL_IDS:
+        v = special.get(k)
+        if v is not None and (not is_int(v) or not 0 <= v < 1 << 31):
+            raise field_error(w, f"special_tokens.{k}", f"{v!r} must be a token ID (an integer >= 0) or null", REBUILD)
+    ids = special.get("eos_token_ids", [])
+    if not isinstance(ids, list) or not all(is_int(v) and 0 <= v < 1 << 31 for v in ids):
+        raise field_error(w, "special_tokens.eos_token_ids", "must be a list of token IDs", REBUILD)
 
 
 @dataclass(frozen=True)
@@ -100,16 +142,7 @@ class BundleManifest(JsonView):
             or not isinstance(model["revision"], (str, type(None)))
         ):
             raise field_error(w, "model", "needs spec (a string) and revision", REBUILD)
-        weights = need_dict(m, "weights", w, REBUILD)
-        wk = weights.get("kind")
-        if not (wk == "random" and is_int(weights.get("seed"))) and not (
-            wk == "checkpoint" and isinstance(weights.get("member"), str)
-        ):
-            raise field_error(
-                w, "weights.kind", "must be random (with an integer seed) or checkpoint (with its member)", REBUILD
-            )
-        if not isinstance(weights.get("aliases", {}), dict):
-            raise field_error(w, "weights.aliases", "must be an object", REBUILD)
+        weights = _check_weights(need_dict(m, "weights", w, REBUILD), w)
         roles_d = need_dict(m, "roles", w, REBUILD)
         roles = {}
         for role, r in roles_d.items():
@@ -130,6 +163,7 @@ class BundleManifest(JsonView):
                     f"{w} kernel_slots[{i}] (binding {s.binding_id}): engine role {s.engine_role!r} does not exist "
                     f"in this bundle (roles: {', '.join(roles) or 'none'}); {REBUILD}"
                 )
+        _check_special_tokens(m.get("special_tokens"), w)
         opt: dict[str, Any] = {}
         if m.get("device") is not None:
             opt["device"] = need_str(m, "device", w, REBUILD)

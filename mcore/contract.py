@@ -26,7 +26,7 @@ def check_kind(data: Mapping[str, Any], where: str, kind: str, version: int, wha
     """The file says what it is (kind) and which schema it follows, before any field is read."""
     if data["kind"] != kind:
         raise UserError(f"{where}: kind is {data['kind']!r}, not {what}; pass {source}")
-    if data["schema_version"] != version:
+    if not is_int(data["schema_version"]) or data["schema_version"] != version:  # true == 1 in Python
         raise UserError(
             f"{where}: schema_version {data['schema_version']!r} is not supported (expected {version})"
             + (f"; {todo}" if todo else "")

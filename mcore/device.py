@@ -17,7 +17,6 @@ from typing import Any, Optional
 
 import torch
 
-from .families.demo import cache_root
 from .fileio import write_json
 
 _BANDWIDTH: dict[str, float] = {}  # per process, by torch device string
@@ -118,13 +117,15 @@ def copy_bandwidth(device: torch.device, facts: Optional[dict[str, Any]] = None)
     path = None
     if device.type == "cuda" and facts is not None:
         ident = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{facts.get('name', 'cuda')}-{facts.get('uuid', key)}")
-        path = cache_root() / "devices" / f"{ident}.json"
+        from .cache import cache_dir
+
+        path = cache_dir("devices") / f"{ident}.json"  # owner-only, checked like every cache folder
         try:
             cached = json.loads(path.read_text())
             if float(cached["copy_bytes_per_s"]) > 0:
                 _BANDWIDTH[key] = float(cached["copy_bytes_per_s"])
                 return _BANDWIDTH[key]
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             pass
     _BANDWIDTH[key] = _measure_copy(device)
     if path is not None:

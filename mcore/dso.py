@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import struct
@@ -87,6 +88,28 @@ def check_elf(path: Path, what: str) -> None:
         raise UserError(f"{path}: cannot read the DSO ({e.strerror or e}); {what}") from None
     except struct.error:
         raise bad("truncated or malformed ELF tables") from None
+
+
+def library_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a DSO's bytes, as a bindings manifest's `library_sha256` records it."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the DSO ({e.strerror or e})") from None
+    return h.hexdigest()
+
+
+def check_sha256(path: Path, sha256: str, what: str) -> None:
+    """Before dlopen, when a bindings manifest pins the DSO's bytes (`library_sha256`)."""
+    if library_sha256(path) != sha256:
+        raise UserError(
+            f"{path}: the DSO's sha256 is not the library_sha256 the bindings manifest gives ({what}); "
+            f"the library was replaced or rebuilt: bind the one you meant, or update library_sha256 "
+            f"(`sha256sum {path.name}`)"
+        )
 
 
 def check_before_load(path: Path, what: str) -> None:

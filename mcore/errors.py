@@ -7,8 +7,15 @@ _CONTROL.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
 
 def printable(text: str) -> str:
     """`text` with control characters shown escaped (\\xNN): a name from someone else's file must
-    not move the cursor, recolour or retitle the terminal, or break a one-line message."""
-    return str(text).translate(_CONTROL)
+    not move the cursor, recolour or retitle the terminal, or break a one-line message. Lone
+    surrogates (bytes that are not UTF-8, or a JSON "\\ud800") are shown escaped too: they cannot be
+    written to a UTF-8 terminal."""
+    text = str(text).translate(_CONTROL)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 class UserError(Exception):

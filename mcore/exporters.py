@@ -3,25 +3,24 @@ writes one TVM-FFI DSO (the generated CuTe DSL stubs, the shipped decode-attenti
 
 One implementation for `mcore kernel export`, the workbench's `export_kernel` step and its
 replay. An exporter is run in a fresh interpreter (it may import the CuTe DSL, which this process
-need not have), its output streamed line by line, cancellable; its last lines say what it wrote
-(`binding_id=`, `abi_sha256=`, `arch=`, `dso=`). An exporter that refuses its input exits 2 with
-one line, which becomes this module's error.
+need not have), in its own process group with a time limit (MCORE_EXPORT_TIMEOUT seconds, default
+1800) and bounded output (mcore/subproc.py), its output streamed line by line, cancellable; its
+last lines say what it wrote (`binding_id=`, `abi_sha256=`, `arch=`, `dso=`). An exporter that
+refuses its input exits 2 with one line, which becomes this module's error.
 """
 
 from __future__ import annotations
 
 import os
-import queue
-import subprocess
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from .errors import Cancelled, UserError
+from .errors import UserError
 from .kernels import kernels_dir
 from .progress import NO_PROGRESS, Progress
+from .subproc import run_bounded, timeout_from_env
 
 PathArg = Union[str, os.PathLike]
 
@@ -38,6 +37,7 @@ class ExportResult:
     abi_sha256: Optional[str]
     arch: Optional[str]
     lines: list[str] = field(default_factory=list)
+    library_sha256: Optional[str] = None  # of the DSO written, as mcore read it (not as the exporter said)
 
 
 def shipped_exporter(name: str) -> Optional[Path]:
@@ -87,7 +87,19 @@ def run_exporter(
     if snapshot is not None:
         cmd += ["--snapshot", str(snapshot)]
     progress.report(f"running {script.name}", 0.0)
-    text, rc = _stream(cmd, progress, log, cwd)
+    text: list[str] = []
+
+    def line(ln: str) -> None:
+        text.append(ln)
+        del text[:-1000]  # the last lines say what it wrote; the log has seen the rest
+        if log is not None:
+            log(ln)
+
+    timeout = timeout_from_env("MCORE_EXPORT_TIMEOUT", 1800.0)
+    hint = "; set MCORE_EXPORT_TIMEOUT=SECONDS to allow longer"
+    rc = run_bounded(
+        cmd, f"exporter {script.name}", timeout, progress, line, merge_stderr=True, cwd=cwd, limit_hint=hint
+    ).returncode
     if rc != 0:
         last = next((ln for ln in reversed(text) if ln.strip()), f"exit code {rc}")
         hint = "" if rc == 2 else " (the CuTe DSL exporters need `pip install nvidia-cutlass-dsl`, gcc and libcudart)"
@@ -98,47 +110,9 @@ def run_exporter(
         dso = Path(cwd or ".") / dso
     if not dso.is_file():
         raise UserError(f"exporter {script.name} exited 0 but wrote no DSO at {dso}")
+    from .dso import library_sha256
+
     progress.report(f"exported {dso.name}", 1.0)
-    return ExportResult(dso, fields.get("binding_id"), fields.get("abi_sha256"), fields.get("arch"), text)
-
-
-def _stream(
-    cmd: list[str], progress: Progress, log: Optional[Callable[[str], None]], cwd: Optional[PathArg]
-) -> tuple[list[str], int]:
-    """Run `cmd`, passing each output line to `log`; kill it when `progress` is cancelled.
-    Returns the lines and the exit status."""
-    try:
-        proc = subprocess.Popen(
-            cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-        )
-    except OSError as e:
-        raise UserError(f"could not start the exporter: {e}") from None
-    out = proc.stdout
-    assert out is not None
-    q: queue.Queue = queue.Queue()
-
-    def read() -> None:  # a thread, so that waiting for a line never blocks cancellation
-        for ln in out:
-            q.put(ln)
-        q.put(None)
-
-    threading.Thread(target=read, daemon=True).start()
-    lines: list[str] = []
-    try:
-        while True:
-            progress.check()
-            try:
-                line = q.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            line = line.rstrip("\n")
-            lines.append(line)
-            if log is not None:
-                log(line)
-    except (Cancelled, KeyboardInterrupt):
-        proc.kill()
-        proc.wait()
-        raise
-    return lines, proc.wait()
+    return ExportResult(
+        dso, fields.get("binding_id"), fields.get("abi_sha256"), fields.get("arch"), text, library_sha256(dso)
+    )

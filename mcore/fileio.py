@@ -9,9 +9,9 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import AbstractSet, Any, Callable
+from typing import AbstractSet, Any, Callable, Optional
 
-from .errors import UserError
+from .errors import UserError, printable
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: bool = False) -> Path:
@@ -91,10 +91,19 @@ def _alive(pid: int) -> bool:
 _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF, errno.EFBIG, errno.EROFS}
 
 
+# a path the user gave that no OS call can take: its name, not a traceback
+_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ELOOP}
+
+
 def stdout_failed(prog: str, e: OSError) -> int:
     """A CLI's answer to stdout failing (disk full, closed descriptor): one line on stderr, exit 2,
-    and stdout pointed at /dev/null so the interpreter's final flush cannot fail again. Other
-    OSErrors are re-raised (they are bugs)."""
+    and stdout pointed at /dev/null so the interpreter's final flush cannot fail again. A path too
+    long (or looping through symlinks) for any OS call is one line too. Other OSErrors are
+    re-raised (they are bugs)."""
+    if e.errno in _PATH_ERRNOS:
+        name = printable(str(e.filename)[:80]) + ("..." if len(str(e.filename)) > 80 else "")
+        print(f"{prog}: error: {name}: {e.strerror}; give a shorter path", file=sys.stderr)
+        return 2
     if e.errno not in _OUTPUT_ERRNOS:
         raise e
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -106,11 +115,56 @@ def stdout_failed(prog: str, e: OSError) -> int:
     return 2
 
 
+def check_std_streams(prog: str) -> Optional[int]:
+    """Before a CLI does anything: a stdout closed at start (Python sets it to None) is the one-line
+    error of a failed write (exit 2), not a traceback at the first print; text that cannot be encoded
+    (a lone surrogate from someone's file) is written escaped instead of failing."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+    if sys.stdout is not None:
+        return None
+    if sys.stderr is not None:
+        print(
+            f"{prog}: error: cannot write the output (stdout is closed); redirect stdout elsewhere and rerun",
+            file=sys.stderr,
+        )
+    return 2
+
+
 def write_error(path: Path, e: OSError) -> UserError:
     """The one-line error for a failed write (disk full, permissions, I/O)."""
     return UserError(
         f"{path}: cannot write ({e.strerror or e}); nothing was written there; free some space or choose another path"
     )
+
+
+PATH_MAX_BYTES = 4095  # Linux PATH_MAX less the terminating NUL
+NAME_MAX_BYTES = 255
+
+
+def check_path_text(p: Any, where: str) -> str:
+    """A path named in someone's file (a session, a manifest) that OS calls can take: text without
+    NUL bytes, encodable as a file name, at most PATH_MAX bytes with no part over NAME_MAX; else
+    a one-line UserError naming `where` (an OS call would raise ValueError or ENAMETOOLONG)."""
+    if not isinstance(p, str) or not p:
+        raise UserError(f"{where}: must be a non-empty path string, got {type(p).__name__}")
+    if "\0" in p:
+        raise UserError(f"{where}: contains a NUL byte; give a plain path")
+    try:
+        raw = os.fsencode(p)
+    except UnicodeEncodeError:
+        raise UserError(f"{where}: is not a valid file name (unencodable characters); give a plain path") from None
+    if len(raw) > PATH_MAX_BYTES or any(len(part) > NAME_MAX_BYTES for part in raw.split(b"/")):
+        raise UserError(
+            f"{where}: path is too long ({len(raw)} bytes; at most {PATH_MAX_BYTES}, "
+            f"{NAME_MAX_BYTES} a part); give a shorter path"
+        )
+    return p
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
@@ -217,17 +271,31 @@ def read_input_text(path: str | os.PathLike, what: str, hint: str = "check the p
 
 def parse_json(text: str, where: str, what: str, constants: bool = False) -> Any:
     """json.loads with one-line errors; NaN/Infinity refused unless `constants` (the tutorial's own
-    json.load accepts them in embeddings); too deep a nesting is an error, not a RecursionError."""
+    json.load accepts them in embeddings); a key twice in one object and too deep a nesting are
+    errors, not a silent pick or a RecursionError."""
 
     def no_constants(name: str):
         raise ValueError(f"non-standard JSON constant {name}")
 
     try:
-        return json.loads(text) if constants else json.loads(text, parse_constant=no_constants)
+        if constants:
+            return json.loads(text, object_pairs_hook=_unique_keys)
+        return json.loads(text, parse_constant=no_constants, object_pairs_hook=_unique_keys)
     except ValueError as e:
         raise UserError(f"{where}: malformed JSON in {what}: {e}") from None
     except RecursionError:
         raise UserError(f"{where}: malformed JSON in {what}: nested too deeply") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are unique: a repeated key (which json.loads would let the last
+    copy win silently) is an error."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} appears twice in one object")
+        out[k] = v
+    return out
 
 
 def read_json(path: str | os.PathLike, what: str) -> Any:

@@ -64,6 +64,34 @@ def graph_metadata(source: ModelSource, family: Family, gargs: dict[str, Any], r
     }
 
 
+def build_core(family: Family, config: dict, gargs: dict[str, Any], device: Any) -> torch.nn.Module:
+    """family.build_core, with a config.json that describes a model too large to build (a hidden size
+    of 10**12) as a one-line error: built first on the meta device, which allocates nothing, then
+    on `device` only when its weights fit that device's memory."""
+    from .bundle_contents import device_memory, state_bytes
+
+    dims = "check its dimensions (hidden_size, intermediate_size, num_hidden_layers, vocab_size)"
+    try:
+        meta = family.build_core(config, gargs, "meta")
+    except (RuntimeError, OverflowError, ValueError, MemoryError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise UserError(f"config.json: the model it describes cannot be built ({first}); {dims}") from None
+    dev = torch.device(device)
+    if dev.type == "meta":
+        return meta
+    need, have = state_bytes(meta), device_memory(dev)
+    if need > have:
+        raise UserError(
+            f"config.json: the model's weights need {need / 2**30:.1f} GiB but {dev} has {have / 2**30:.1f} GiB; {dims}"
+        )
+    try:
+        return family.build_core(config, gargs, dev)
+    except (RuntimeError, MemoryError) as e:
+        if isinstance(e, RuntimeError) and "memory" not in str(e) and "allocate" not in str(e):
+            raise
+        raise UserError(f"config.json: the model's weights ({need / 2**30:.1f} GiB) do not fit on {dev}") from None
+
+
 def resolve(args: BuildArgs) -> tuple[ModelSource, Family, dict[str, Any]]:
     source = resolve_model(args.model, args.model_revision)
     family = family_for_config(source.config)
@@ -81,7 +109,7 @@ def capture(
     source, family, gargs = resolved or resolve(args)
     check_role(family, role)
     progress.report(f"building {family.name} {role} graph module", 0.05)
-    core = family.build_core(source.config, gargs, "meta")
+    core = build_core(family, source.config, gargs, "meta")
     module = family.role_module(core, role)
     example, dynamic = family.example_inputs(source.config, gargs, role, "meta")
     progress.report(f"exporting {role} with torch.export", 0.2)
@@ -103,6 +131,16 @@ def captured_from(
     return Captured(source, family, gargs, role, io, ep, Snapshot.from_dict(snap, f"captured {role} graph"))
 
 
+def program_sha256(ep: torch.export.ExportedProgram) -> str:
+    """The whole exported graph, scalar arguments included (an RMSNorm eps, a rope theta), with its
+    signature (which name feeds which input) and its state's names, shapes and dtypes. A snapshot's
+    fingerprint covers nodes and tensors, not scalar arguments: this is what a cached program is
+    checked against after it loads."""
+    state = [(k, tuple(v.shape), str(v.dtype)) for k, v in sorted(ep.state_dict.items())]
+    text = "\n".join([str(ep.graph), str(ep.graph_signature), repr(state), repr(sorted(map(str, ep.constants)))])
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def capture_cached(
     args: BuildArgs,
     role: str,
@@ -112,28 +150,55 @@ def capture_cached(
 ) -> Captured:
     """capture(), reusing an ExportedProgram saved by an earlier load of the same graph on this machine.
 
-    A loaded program counts only if its snapshot has exactly the expected fingerprint (which covers the
-    model, the role, the build args and every node and tensor), so a stale or foreign file is never used.
+    The cache folder must be safe (mcore/cache.py), and an entry counts only when its record says it
+    was made from this fingerprint, role and tool versions, its file has the recorded sha256 (checked
+    before torch.export.load unpickles anything), and the loaded program has the recorded whole-graph
+    hash and a snapshot with exactly the expected fingerprint; else it is captured afresh and replaced.
     `save=False` where the engine keeps what it compiled without the graph (a precompiled role): saving
     the program costs half as much again as capturing it, for a file such an engine never reads."""
-    from .families.demo import cache_root
-    from .fileio import atomic_write
+    from . import cache
 
     tag = "-".join(f"{k}{v}" for k, v in sorted(tool_versions().items()))
-    path = cache_root() / "exported" / f"{fingerprint}-{tag}.pt2"
-    source, family, gargs = resolved
-    if path.is_file():
-        try:
-            cap = captured_from(torch.export.load(str(path)), source, family, gargs, role)
-            if cap.snapshot.fingerprint == fingerprint:
-                return cap
-        except Exception:  # unreadable or from another layout: capture again and replace it
-            pass
+    folder = cache.cache_dir("exported")
+    path = folder / f"{fingerprint}-{tag}.pt2"
+    record = path.with_suffix(".json")
+    made_from = {"fingerprint": fingerprint, "engine_role": role, "tool_versions": tool_versions()}
+    cap = _load_cached(path, record, made_from, resolved, role, fingerprint)
+    if cap is not None:
+        return cap
     cap = capture(args, role, resolved=resolved)
     if save and cap.snapshot.fingerprint == fingerprint:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, lambda f: torch.export.save(cap.exported, f), binary=True)
+            cache.write_private(path, lambda p: torch.export.save(cap.exported, str(p)))
+            cache.write_entry(record, made_from, {"program": path}, program_sha256=program_sha256(cap.exported))
         except Exception:  # the cache is a convenience; loading works without it
             pass
     return cap
+
+
+def _load_cached(
+    path: Any, record_path: Any, made_from: dict, resolved: tuple, role: str, fingerprint: str
+) -> Optional[Captured]:
+    """The cached capture when its entry holds (see capture_cached), else None (with a note when one
+    was there but did not hold)."""
+    from . import cache
+
+    record, why = cache.read_entry(record_path, made_from, {"program": path})
+    if record is None:  # none, or one without a record (an older mcore's): captured afresh, unread
+        if why is not None:
+            cache.stale(f"{role} graph", path, why, "capturing")
+        return None
+    source, family, gargs = resolved
+    try:
+        ep = torch.export.load(str(path))
+        if program_sha256(ep) != record.get("program_sha256"):
+            why = "its graph differs from its record"
+        else:
+            cap = captured_from(ep, source, family, gargs, role)
+            if cap.snapshot.fingerprint == fingerprint:
+                return cap
+            why = "its graph has another fingerprint"
+    except Exception as e:  # noqa: BLE001 - unreadable or from another layout: capture again and replace it
+        why = f"it does not load: {type(e).__name__}"
+    cache.stale(f"{role} graph", path, why, "capturing")
+    return None

@@ -6,21 +6,29 @@ rebound. Two pipelines from one bundle may hold different compatible bindings.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .buildargs import BuildArgs
 from .bundle import open_bundle
+from .bundle_contents import (
+    check_family,
+    check_graph_args,
+    check_slots,
+    check_weights,
+    load_weights,
+    read_json_member,
+    read_text_member,
+    weights_header,
+)
 from .bindings import bind_slots
 from .engines import get_engine, resolve_engine_name
 from .errors import UserError
 from .families import bundle_kind, get_family
 from .families.base import ModelSource
-from .graph_capture import capture_cached, graph_metadata
+from .graph_capture import build_core, capture_cached, graph_metadata
 from .graph.from_export import TORCH_DTYPES
 from .graph.snapshot import Snapshot, Tensor
 from .engines.slots import SlotCall, release_dropped
@@ -88,27 +96,35 @@ def device_seconds(run: Callable[[], Any], device: torch.device, reps: int = 200
     return sorted(times)[len(times) // 2]
 
 
-def load_weights_state(blob: bytes, aliases: dict[str, str]) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load
-
-    state = load(blob)
-    for dup, kept in aliases.items():
-        state[dup] = state[kept]
-    return state
-
-
 def bundle_tokenizer(bundle: Any, config: dict, where: str):
     """The bundle's tokenizer, configured as transformers configures it (mcore.tokenization)."""
     from .tokenization import TOKENIZER_CONFIG, TOKENIZER_JSON, TextTokenizer
 
     names = set(bundle.names())
-    tok_config = json.loads(bundle.read(TOKENIZER_CONFIG)) if TOKENIZER_CONFIG in names else {}
+    tok_config = read_json_member(bundle, TOKENIZER_CONFIG) if TOKENIZER_CONFIG in names else {}
+    model_type = config.get("model_type")
     return TextTokenizer(
-        bundle.read(TOKENIZER_JSON).decode("utf-8"),
+        read_text_member(bundle, TOKENIZER_JSON),
         tok_config,
-        config.get("model_type", ""),
+        model_type if isinstance(model_type, str) else "",
         f"{where}: {TOKENIZER_JSON}",
     )
+
+
+def load_core(bundle: Any, family: Any, config: dict, m: Any, device: torch.device) -> torch.nn.Module:
+    """The model with the bundle's weights: stored names, shapes and dtypes checked against the
+    model's state before any tensor loads (another model's weights are refused, one line)."""
+    core = build_core(family, config, m.graph_args, device)
+    w = m.weights
+    if w["kind"] == "random":
+        family.random_init(core, w["seed"])
+        return core
+    where = f"{bundle.path}: member {w['member']}"
+    blob = bundle.read(w["member"])
+    aliases = w.get("aliases", {})
+    check_weights(weights_header(blob, where), aliases, core.state_dict(), where)
+    core.load_state_dict(load_weights(blob, aliases, where), strict=True)
+    return core
 
 
 class Pipeline:
@@ -132,6 +148,7 @@ class Pipeline:
         m = self.bundle.runnable()
         self.manifest = m
         # the wrong verb is an input error: say so before any DSO is bound or weights load
+        check_family(m, str(self.bundle.path))
         kind = bundle_kind(m)
         if self.KIND is not None and kind != self.KIND:
             article, verb = ("an", "mcore embed") if kind == "encoder" else ("a", "mcore run")
@@ -142,24 +159,16 @@ class Pipeline:
         bind_kw = {"announce": announce} if announce else {}
         self.kernels = bind_slots(kernel_bindings, m.kernel_slots, **bind_kw)
         self.family = get_family(m.family)
-        self.config = json.loads(self.bundle.read("config.json"))
+        self.config = read_json_member(self.bundle, "config.json")
+        args = check_graph_args(self.family, self.config, m, str(self.bundle.path))
         self.gargs = m.graph_args
-        args = BuildArgs.from_dict(m.build_args)
         source = ModelSource(
             spec=m.model.spec, family=m.family, config=self.config, path=None, revision=m.model.revision
         )
         self.tokenizer = bundle_tokenizer(self.bundle, self.config, bundle_path)
         self.special = m.special_tokens or {}
         progress.report("loading weights", 0.15)
-        dtype_core = self.family.build_core(self.config, self.gargs, self.device)
-        w = m.weights
-        if w["kind"] == "random":
-            self.family.random_init(dtype_core, w["seed"])
-        else:
-            dtype_core.load_state_dict(
-                load_weights_state(self.bundle.read(w["member"]), w.get("aliases", {})), strict=True
-            )
-        self.core = dtype_core.eval()
+        self.core = load_core(self.bundle, self.family, self.config, m, self.device).eval()
         engine_ = get_engine(self.engine_name, self.device)
         self.runners: dict[str, Any] = {}
         self.snapshots: dict[str, Snapshot] = {}
@@ -232,6 +241,7 @@ class Pipeline:
                 f"{bundle_path}: the {role} graph this mcore captures ({cap.snapshot.fingerprint[:12]}…) "
                 f"differs from the bundle's ({expected[:12]}…); rebuild the bundle with this mcore"
             )
+        check_slots(self.manifest.slots_of(role), cap.snapshot, str(self.bundle.path))
         self.runners[role] = self._engine.compile_role(cap, state, slots, self.device)
         self.snapshots[role] = cap.snapshot
 
@@ -250,6 +260,7 @@ class Pipeline:
             progress.report(f"capturing {role} graph (its helper process failed: {helper.failure()})", 0.0)
             self._capture_role(role)
             return
+        helper.done()
         self.runners[role], self.snapshots[role] = loaded
         self.runners[role].compiled_beside = True
         self.runners = {r: self.runners[r] for r in self._roles if r in self.runners}  # the bundle's order
@@ -371,7 +382,8 @@ class DecoderPipeline(Pipeline):
         self.cache_list = caches = tuple(self.caches[n] for n in self.cache_names)
         self.capacity = buffers.capacity
         self.cache_length, self.step_ids = buffers.cache_length, buffers.step_ids
-        eos = self.special.get("eos_token_id")
+        # every end token the checkpoint names (Llama 3 instruct ends a turn with its third, <|eot_id|>)
+        eos = self.special.get("eos_token_ids") or self.special.get("eos_token_id")
         self.eos_ids = set(eos if isinstance(eos, list) else ([eos] if eos is not None else []))
         self._ready(buffers.examples())
         if [n for n, _ in self.state_inputs("decode") if n in self.caches] != self.cache_names:

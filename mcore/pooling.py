@@ -26,8 +26,8 @@ _UNSUPPORTED_KEYS = ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weighted
 def _read(path: Path, what: str) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise UserError(f"{path}: cannot read {what} ({e}); fix or remove it") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise UserError(f"{path}: cannot read {what} ({type(e).__name__}: {e}); fix or remove it") from None
 
 
 def _pooling_mode(path: Path) -> str:

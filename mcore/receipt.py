@@ -411,6 +411,9 @@ _RECEIPT_KEYS = (
 )
 
 
+RECEIPT_FIELDS = _RECEIPT_KEYS  # every field of a receipt file (the generated exporters refuse any other)
+
+
 @dataclass(frozen=True)
 class Receipt(SlotRecord):
     """A selection receipt file: a slot record plus the graph it was selected on."""

@@ -25,7 +25,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from .errors import UserError
 from .fileio import check_output_path, install_file
 from .graph.snapshot import UNHASHED_METADATA, Snapshot, load_snapshot
-from .receipt import ABI_FORMAT, Receipt
+from .patch import check_receipt_against
+from .receipt import ABI_FORMAT, RECEIPT_FIELDS, Receipt
 from .selection import load_receipt
 
 TEMPLATE_NAME = "templates/cutedsl_exporter.py.tmpl"
@@ -144,7 +145,9 @@ def _py(obj: Any) -> str:
 
 def _doc(text: Any) -> str:
     """Text that is safe inside a triple-quoted docstring or a comment."""
-    s = str(text).replace("\\", "/").replace('"""', "'''")
+    # a lone surrogate (a name from someone's JSON) is shown escaped: the file is written as UTF-8
+    s = str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    s = s.replace("\\", "/").replace('"""', "'''")
     return re.sub(r"[\x00-\x1f\x7f]", " ", s)
 
 
@@ -317,6 +320,8 @@ def _constants(c: _Ctx) -> str:
         f"UNHASHED_METADATA = {_py(list(UNHASHED_METADATA))}",
         f"ABI_SHA256 = {_py(r.abi_sha256)}",
         f"ABI_FORMAT = {_py(ABI_FORMAT)}",
+        "# Every field a selection receipt has (mcore.receipt); any other is refused.",
+        f"RECEIPT_FIELDS = {_py(list(RECEIPT_FIELDS))}",
         f"NODE_IDS = {_py(list(r.node_ids))}",
         "NODE_OPS = {",
     ]
@@ -560,6 +565,9 @@ def generate_exporter(
     for tid in receipt.input_tensor_ids + receipt.output_tensor_ids:
         if tid not in snapshot.tensor_by_id:
             raise UserError(f"{selection_name}: {tid} is not in {snapshot_name}; recreate the selection")
+    # the region rules once more, on this snapshot (boundary dtypes, rank, shapes): the one validator
+    check_receipt_against(receipt, snapshot, selection_name)
+    _check_index_range(receipt, selection_name)
     c = _Ctx(receipt, snapshot)
     text = _template()
     for key, value in (
@@ -570,6 +578,20 @@ def generate_exporter(
         text = text.replace(key, value)
     compile(text, "<generated exporter>", "exec")  # a generator bug must not reach the user's disk
     return text
+
+
+MAX_ELEMENTS = 2**31 - 1  # the generated kernels index elements with 32-bit integers
+
+
+def _check_index_range(receipt: Receipt, where: str) -> None:
+    """Every boundary tensor's fixed size fits the generated kernel's 32-bit element index."""
+    for e in (*receipt.inputs, *receipt.outputs):
+        n = math.prod(d for d in e.shape if d >= 0)
+        if n > MAX_ELEMENTS:
+            raise UserError(
+                f"{where}: {e.tensor_id} {list(e.shape)} has {n} elements; the generated kernel indexes at most "
+                f"{MAX_ELEMENTS} (32-bit); select a smaller region"
+            )
 
 
 def write_exporter(

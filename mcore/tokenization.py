@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .errors import UserError
 
@@ -73,8 +73,10 @@ def read_tokenizer_files(folder: Path) -> tuple[str, dict]:
     if cpath.is_file():
         try:
             config = json.loads(cpath.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise UserError(f"{cpath}: cannot read tokenizer_config.json ({e}); fix or remove it") from None
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise UserError(
+                f"{cpath}: cannot read tokenizer_config.json ({type(e).__name__}: {e}); fix or remove it"
+            ) from None
         if not isinstance(config, dict):
             raise UserError(f"{cpath}: expected a JSON object")
     jpath = folder / CHAT_TEMPLATE_FILE
@@ -172,33 +174,130 @@ class TextTokenizer:
                 f"{self.where}: this checkpoint has no chat template (tokenizer_config.json "
                 "chat_template); run without --chat"
             )
-        from jinja2 import TemplateError
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str):
-            raise TemplateError(message)
-
-        def tojson(
-            x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
-        ) -> str:
-            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         specials = {
             k: self.special(k)
             for k in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
             if self.special(k) is not None
         }
-        try:
-            return env.from_string(template).render(
-                messages=[{"role": "user", "content": prompt}], add_generation_prompt=True, **specials
-            )
-        except TemplateError as e:
-            raise UserError(f"{self.where}: the chat template failed: {e}") from None
+        return render_template(
+            template,
+            {"messages": [{"role": "user", "content": prompt}], "add_generation_prompt": True, **specials},
+            f"{self.where}: the chat template",
+        )
+
+
+# A chat template is someone's program: it runs sandboxed (no attribute access outside the safe
+# set, immutable containers), with an operation budget (lines of the compiled template executed),
+# a time budget, a cap on what one `*`/`**` may build, and a cap on its output.
+TEMPLATE_OPS = 2_000_000
+TEMPLATE_SECONDS = 5.0
+TEMPLATE_OUTPUT = 1 << 20
+TEMPLATE_VALUE = 1 << 20  # the largest string/list one `*` may make, the largest power `**` may compute
+
+
+class TemplateBudget(Exception):
+    """A chat template ran past its operation or time budget."""
+
+
+def render_template(template: str, context: dict[str, Any], what: str) -> str:
+    """Render a chat template with transformers' Jinja settings, bounded; any failure of the
+    template (an error it raises, 1//0, recursion, memory, a loop that would run for hours) is one
+    line naming `what`."""
+    from jinja2 import TemplateError
+
+    env = _template_env()
+    try:
+        compiled = env.from_string(template)
+        text = _bounded(lambda: compiled.render(**context))
+    except TemplateBudget as e:
+        raise UserError(f"{what} was stopped: it {e} (a prompt template needs far less)") from None
+    except RecursionError:
+        raise UserError(f"{what} failed: it recurses too deeply") from None
+    except MemoryError:
+        raise UserError(f"{what} failed: it ran out of memory") from None
+    except TemplateError as e:  # raise_exception() in the template, or jinja's own errors
+        raise UserError(f"{what} failed: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a template can raise anything (ZeroDivisionError, TypeError...)
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise UserError(f"{what} failed: {type(e).__name__}: {first}") from None
+    if len(text) > TEMPLATE_OUTPUT:
+        raise UserError(f"{what} made {len(text)} characters; a prompt template makes far fewer")
+    return text
+
+
+def _bounded(render: Callable[[], str]) -> str:
+    """Run `render` with a trace on the compiled template's lines: past TEMPLATE_OPS lines or
+    TEMPLATE_SECONDS it stops with TemplateBudget."""
+    import sys
+    import time
+
+    deadline = time.monotonic() + TEMPLATE_SECONDS
+    count = 0
+
+    def lines(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal count
+        if event == "line":
+            count += 1
+            if count > TEMPLATE_OPS:
+                raise TemplateBudget(f"ran past its budget of {TEMPLATE_OPS} operations")
+            if count % 1024 == 0 and time.monotonic() > deadline:
+                raise TemplateBudget(f"ran past its time budget of {TEMPLATE_SECONDS:g} s")
+        return lines
+
+    def calls(frame: Any, event: str, arg: Any) -> Any:
+        return lines if frame.f_code.co_filename == "<template>" else None
+
+    previous = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        return render()
+    finally:
+        sys.settrace(previous)
+
+
+def _template_env() -> Any:
+    from jinja2 import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Env(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            _check_binop(operator, left, right)
+            return super().call_binop(context, operator, left, right)
+
+    def raise_exception(message: str):
+        raise TemplateError(message)
+
+    def tojson(
+        x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+    ) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt: Any) -> str:
+        if not isinstance(fmt, str) or len(fmt) > 200:
+            raise TemplateError("strftime_now takes a format string")
+        return datetime.now().strftime(fmt)
+
+    env = Env(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def _check_binop(operator: str, left: Any, right: Any) -> None:
+    """What one `*` or `**` may build: TemplateBudget past TEMPLATE_VALUE."""
+    import math
+
+    if operator == "*":
+        for seq, n in ((left, right), (right, left)):
+            if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * max(n, 0) > TEMPLATE_VALUE:
+                raise TemplateBudget(f"would build a value of {len(seq) * n} items")
+    elif isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
+        if right * math.log2(abs(left)) > 8 * TEMPLATE_VALUE:
+            raise TemplateBudget(f"would compute {left} ** {right}")
 
 
 def load_tokenizer_from_folder(folder: Path, model_type: str) -> TextTokenizer:

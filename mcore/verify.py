@@ -11,16 +11,14 @@ from __future__ import annotations
 import math
 import os
 import re
-import signal
 import statistics
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .errors import UserError
-from .fileio import parse_json, read_input_text
-from .progress import Progress
+from .fileio import check_fields, parse_json, read_input_text
+from .progress import NO_PROGRESS, Progress
 
 # The `run --benchmark` and `embed --benchmark` lines (DESIGN.md §8); the first is the tutorial's.
 RUN_BENCH_RE = re.compile(r"generated_tokens_mean=([0-9.]+).*tokens_per_sec=([0-9.]+)")
@@ -44,6 +42,9 @@ class GateResult:
 # ---------------------------------------------------------------- tokens
 
 
+TOKEN_RECORD_FIELDS = frozenset({"prompt", "text"})  # beside the required tokens
+
+
 def load_token_records(path: str | os.PathLike) -> list[dict]:
     """Records written by `mcore run --output` (JSONL; each with a `tokens` list of ints)."""
     path = Path(path)
@@ -57,6 +58,10 @@ def load_token_records(path: str | os.PathLike) -> list[dict]:
             raise UserError(f"{path}: line {n}: expected a JSON object, got {type(rec).__name__}")
         if "tokens" not in rec:
             raise UserError(f"{path}: line {n}: missing field tokens; write records with `mcore run --output`")
+        check_fields(rec, f"{path}: line {n}", {"tokens"}, TOKEN_RECORD_FIELDS)  # as `mcore run --output` writes
+        for k in ("prompt", "text"):
+            if k in rec and not isinstance(rec[k], str):
+                raise UserError(f"{path}: line {n}: field {k} must be a string")
         toks = rec["tokens"]
         if not isinstance(toks, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in toks):
             raise UserError(f"{path}: line {n}: field tokens must be a list of integers")
@@ -259,32 +264,16 @@ def parse_benchmark(text: str) -> Optional[BenchmarkReading]:
 
 
 def run_shell(cmd: str, progress: Optional[Progress] = None, poll_s: float = 0.2) -> tuple[int, str, str]:
-    """Run `cmd` through the shell in a fresh process group; return (rc, stdout, stderr).
-    Cancellation (through `progress`) or Ctrl-C kills the whole group."""
-    proc = subprocess.Popen(
-        cmd,
-        shell=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        while True:
-            try:
-                out, err = proc.communicate(timeout=poll_s)
-                break
-            except subprocess.TimeoutExpired:
-                if progress is not None:
-                    progress.check()
-    except BaseException:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.communicate()
-        raise
-    return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    """Run `cmd` through the shell in a fresh process group; return (rc, stdout, stderr), each the
+    last MiB of what it printed. Cancellation (through `progress`) or Ctrl-C kills the whole group;
+    so do running past MCORE_COMMAND_TIMEOUT seconds (default 3600) and printing more than 16 MiB,
+    which are one-line errors (mcore/subproc.py)."""
+    from .subproc import run_bounded, timeout_from_env
+
+    timeout = timeout_from_env("MCORE_COMMAND_TIMEOUT", 3600.0)
+    hint = "; set MCORE_COMMAND_TIMEOUT=SECONDS to allow longer"
+    done = run_bounded(cmd, f"command `{cmd[:80]}`", timeout, progress or NO_PROGRESS, limit_hint=hint)
+    return done.returncode, done.stdout, done.stderr
 
 
 def _last_line(text: str) -> str:

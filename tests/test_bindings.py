@@ -469,3 +469,53 @@ def test_messages_are_one_line(work):
     with pytest.raises(UserError) as e:
         bind_slots(m, [slot()], announce=Lines())
     assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- library_sha256 and path text
+
+
+def test_library_sha256_pins_the_dso_bytes_before_dlopen(work, monkeypatch):
+    """An entry with library_sha256 binds only that DSO: the copy kernel's hash on the fill kernel's
+    file is refused before anything is loaded; the right hash binds; without it any DSO binds."""
+    from mcore.dso import library_sha256
+
+    good = library_sha256(work / "kernel.so")
+    m = write_manifest(work, [{**entry(), "library_sha256": good}])
+    assert load_bindings_manifest(m).bindings[0].to_dict()["library_sha256"] == good
+    bound = bind_slots(str(m), [slot()], announce=Lines())
+    x = torch.arange(4, dtype=torch.float32)
+    y = torch.zeros_like(x)
+    bound["demo.copy@1"](x, y)
+    assert torch.equal(x, y)
+    loaded = []
+    monkeypatch.setattr(bindings_mod, "_load_function", lambda *a: loaded.append(a))
+    m = write_manifest(work, [{**entry(library="./fill.so"), "library_sha256": good}])
+    with pytest.raises(UserError, match=r"fill.so: the DSO's sha256 is not the library_sha256 .*binding demo.copy@1"):
+        bind_slots(str(m), [slot()], announce=Lines())
+    assert loaded == []
+
+
+@pytest.mark.parametrize("bad", ["A" * 64, "ab", 7, None, "g" * 64])
+def test_a_malformed_library_sha256_is_refused(work, bad):
+    m = write_manifest(work, [{**entry(), "library_sha256": bad}])
+    with pytest.raises(UserError, match=r"bindings\[0\]: field library_sha256 must be 64 lowercase hex"):
+        load_bindings_manifest(m)
+
+
+@pytest.mark.parametrize(
+    "lib, says",
+    [("./ker\0nel.so", "NUL byte"), ("./" + "k" * 300 + ".so", "too long"), ("./a/" * 1100 + "k.so", "too long")],
+    ids=["nul", "long-part", "long-path"],
+)
+def test_nul_bytes_and_over_long_library_paths_are_one_line_errors(work, mcore, lib, says):
+    m = write_manifest(work, [entry(library=lib)])
+    with pytest.raises(UserError, match=says):
+        load_bindings_manifest(m)
+
+
+def test_kernel_build_prints_the_library_sha256(tmp_path, mcore):
+    from mcore.dso import library_sha256
+
+    res = mcore("kernel", "build", "identity-copy", "--cuda", "off", "-o", tmp_path / "k.so")
+    assert res.code == 0, res
+    assert f"library_sha256={library_sha256(tmp_path / 'k.so')}" in res.out

@@ -9,11 +9,13 @@ and an identity-copy-slot pipeline give bit-identical logits in lockstep.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from mcore import cache
 from mcore.build import build_bundle
 from mcore.buildargs import BuildArgs
 from mcore.errors import Cancelled, UserError
@@ -27,11 +29,13 @@ PROMPT = "the quick brown fox"
 RECIPE = ("qwen.decode_logits_copy@1", "decoder.logits_zero_bias")
 
 
-def _bundles(folder: Path, precision: str, device: str) -> tuple[Path, Path, Path]:
-    """A native and a logits-copy slot bundle of demo:qwen3-tiny, plus a bindings manifest for identity-copy."""
-    args = BuildArgs(model="demo:qwen3-tiny", precision=precision, max_cache_length=128)
+def _bundles(
+    folder: Path, precision: str, device: str, model: str = "demo:qwen3-tiny", recipe: tuple[str, str] = RECIPE
+) -> tuple[Path, Path, Path]:
+    """A native and a logits-copy slot bundle of `model`, plus a bindings manifest for identity-copy."""
+    args = BuildArgs(model=model, precision=precision, max_cache_length=128)
     native = build_bundle(args, folder / "native.bundle", device=device).bundle_path
-    res = build_bundle(args, folder / "slot.bundle", recipe=RECIPE, device=device)
+    res = build_bundle(args, folder / "slot.bundle", recipe=recipe, device=device)
     build_kernel("identity-copy", folder / "kernel.so", cuda="on" if device == "cuda" else "off", overwrite=True)
     manifest = folder / "bindings.json"
     manifest.write_text(
@@ -40,7 +44,7 @@ def _bundles(folder: Path, precision: str, device: str) -> tuple[Path, Path, Pat
                 "schema_version": 1,
                 "bindings": [
                     {
-                        "id": RECIPE[0],
+                        "id": recipe[0],
                         "abi_sha256": res.receipt["abi_sha256"],
                         "library": "./kernel.so",
                         "function": "run",
@@ -81,6 +85,25 @@ def test_cpu_compiled_matches_the_reference_engine(cpu_bundles):
     torch.testing.assert_close(lg.float(), la[2], atol=2e-5, rtol=2e-5)
     lines = comp.engine_lines()
     assert any("decode: compiled (Inductor)" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("model", ["demo:llama-tiny", "demo:qwen2-tiny"])
+def test_cpu_compiled_runs_the_other_families(tmp_path, model):
+    """Llama (GQA 4, tied) and Qwen2 (q/k/v biases: their projections stay unfused) compiled: the
+    reference engine's tokens, close logits, and a logits-copy slot kept as one opaque node."""
+    family = model.removeprefix("demo:").split("-")[0]
+    native, slot, manifest = _bundles(
+        tmp_path, "fp32", "cpu", model, (f"{family}.decode_logits_copy@1", "decoder.logits_zero_bias")
+    )
+    ref = DecoderPipeline(str(native), device="cpu", engine="torch")
+    comp = DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cpu", engine="compiled")
+    a = ref.generate(PROMPT, 10, stop_at_eos=False)
+    assert comp.generate(PROMPT, 10, stop_at_eos=False).tokens == a.tokens
+    for x, y in zip(ref.step_logits(a.prompt_tokens, a.tokens[:-1]), comp.step_logits(a.prompt_tokens, a.tokens[:-1])):
+        torch.testing.assert_close(y, x, atol=1e-4, rtol=1e-4)  # fp32 in another order (qwen2-tiny's logits are larger)
+    gm = comp.runners["decode"].prepared.gm
+    slots = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.mcore.slot.default]
+    assert [n.meta["mcore_binding_id"] for n in slots] == [f"{family}.decode_logits_copy@1"]
 
 
 def test_cpu_slot_stays_one_opaque_node_and_runs(cpu_bundles):
@@ -149,13 +172,28 @@ def test_cpu_precompiled_artifact_is_saved_then_loaded(cpu_bundles, tmp_path, mo
             assert all(torch.equal(x, y) for x, y in zip(want, got)), (prompt, len(ids))
     assert len(default.encode("the")) == 1  # the one-token prompt ran through the symbolic prefill
 
+    # a valid artifact of the other role under decode's name, and two same-shaped weights swapped in
+    # prefill's record: each entry's record (sha256 of its file, its own hash) tells, before unpickling
     tokens = default.generate(PROMPT, 6, stop_at_eos=False).tokens
-    artifacts[0].write_bytes(b"not an artifact")
-    records[1].write_text("{}")
+    art = {r: first.runners[r].artifact for r in ("prefill", "decode")}
+    record = art["prefill"].with_name(art["prefill"].name.replace(".artifact", ".role.json"))
+    shutil.copyfile(art["prefill"], art["decode"])
+    data = json.loads(record.read_text())
+    names = data["state_names"]
+    a, b = (n for n in names if n.endswith("layernorm.weight") and "layers.0." in n)
+    i, j = names.index(a), names.index(b)
+    names[i], names[j] = b, a
+    record.write_text(json.dumps(data))
+    notes: list[str] = []
+    monkeypatch.setattr(cache, "_note_sink", notes.append)
+    loads = []
+    monkeypatch.setattr(torch._inductor.CompiledArtifact, "load", lambda *a, **k: loads.append(a))
     third = DecoderPipeline(str(native), device="cpu", engine="compiled")
-    assert len(captures) == 2  # both roles captured again (one lacked its artifact, one its record)
+    assert len(captures) == 2 and loads == []  # both roles captured again, neither artifact unpickled
     assert third.generate(PROMPT, 6, stop_at_eos=False).tokens == tokens
-    assert artifacts[0].stat().st_size > 100 and "snapshot" in records[1].read_text()  # written whole again
+    assert any("decode" in n and "differs from its record (sha256)" in n for n in notes), notes
+    assert any("prefill" in n and "was edited" in n for n in notes), notes
+    assert "snapshot" in record.read_text() and art["decode"].read_bytes() != art["prefill"].read_bytes()
 
 
 def test_cpu_precompiled_slot_pipelines_each_call_their_own_kernel(cpu_bundles, tmp_path, monkeypatch):
@@ -439,6 +477,31 @@ def test_gpu_precompiled_reload_captures_nothing_and_keeps_the_bits(gpu_bundles,
             assert pipe.generate(prompt, 16, stop_at_eos=False).tokens == r.tokens
             got = pipe.step_logits(r.prompt_tokens, r.tokens[:-1])
             assert all(torch.equal(x, y) for x, y in zip(want, got)), prompt
+
+
+@pytest.fixture(scope="module")
+def llama_gpu_bundles(tmp_path_factory):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    recipe = ("llama.decode_logits_copy@1", "decoder.logits_zero_bias")
+    return _bundles(tmp_path_factory.mktemp("compiled-gpu-llama"), "bf16", "cuda", "demo:llama-tiny", recipe)
+
+
+@gpu
+@needs_cuda
+def test_gpu_llama_replays_a_cuda_graph_and_an_identity_slot_keeps_the_bits(llama_gpu_bundles):
+    """demo:llama-tiny (GQA 4, tied, llama3 RoPE) compiled on the GPU: the decode step replays as a CUDA
+    graph, twice the same bits, and an identity-copy slot in lockstep changes none of them."""
+    native, slot, manifest = llama_gpu_bundles
+    nat = DecoderPipeline(str(native), device="cuda")
+    ext = DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cuda")
+    r = nat.generate(PROMPT, 40, stop_at_eos=False)
+    assert nat.runners["decode"].graphs and nat.runners["decode"].calls_compiled == 0
+    assert ext.generate(PROMPT, 40, stop_at_eos=False).tokens == r.tokens
+    ln = nat.step_logits(r.prompt_tokens, r.tokens[:-1])
+    assert all(torch.equal(x, y) for x, y in zip(ln, nat.step_logits(r.prompt_tokens, r.tokens[:-1])))
+    assert all(torch.equal(x, y) for x, y in zip(ln, ext.step_logits(r.prompt_tokens, r.tokens[:-1])))
+    assert ext.runners["decode"].graphs
 
 
 @gpu

@@ -75,16 +75,31 @@ def run_script(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
 # ---------------------------------------------------------------- contract (no CuTe DSL needed)
 
 
-@pytest.mark.parametrize(
-    "dtype, heads, kv_heads, head_dim", [("BF16", 32, 8, 128), ("FP16", 8, 8, 64), ("BF16", 16, 2, 64)]
-)
-def test_check_only_accepts_every_fitting_shape(exporter, tmp_path, capsys, dtype, heads, kv_heads, head_dim):
-    snap, receipt = attention_pair(dtype, heads, kv_heads, 1024, head_dim)
+# The attention shapes of published models (query heads, KV heads, head_dim) with their family's recipe:
+# head_dim 64 and 128, 1 to 8 query heads a KV head.
+PUBLISHED_SHAPES = {
+    "qwen3-8b": ("BF16", 32, 8, 128, BINDING),
+    "llama-3.1-8b": ("BF16", 32, 8, 128, "llama.decode_attention_region@1"),
+    "llama-3.2-1b": ("BF16", 32, 8, 64, "llama.decode_attention_region@1"),
+    "llama-3.2-3b": ("BF16", 24, 8, 128, "llama.decode_attention_region@1"),  # GQA 3
+    "llama-3.3-70b": ("BF16", 64, 8, 128, "llama.decode_attention_region@1"),  # GQA 8
+    "llama-2-7b": ("FP16", 32, 32, 128, "llama.decode_attention_region@1"),  # GQA 1
+    "mistral-7b": ("BF16", 32, 8, 128, "mistral.decode_attention_region@1"),
+    "qwen2.5-0.5b": ("BF16", 14, 2, 64, "qwen2.decode_attention_region@1"),  # GQA 7
+    "qwen2.5-7b": ("BF16", 28, 4, 128, "qwen2.decode_attention_region@1"),  # GQA 7
+    "fp16-gqa-8x8-64": ("FP16", 8, 8, 64, BINDING),
+}
+
+
+@pytest.mark.parametrize("model", list(PUBLISHED_SHAPES))
+def test_check_only_accepts_every_fitting_shape(exporter, tmp_path, capsys, model):
+    dtype, heads, kv_heads, head_dim, binding = PUBLISHED_SHAPES[model]
+    snap, receipt = attention_pair(dtype, heads, kv_heads, 1024, head_dim, binding=binding)
     rp, sp = write_pair(tmp_path, snap, receipt)
     assert exporter.main(["--selection", str(rp), "--snapshot", str(sp), "--check-only"]) == 0
     out = capsys.readouterr().out
     assert f"({dtype} heads={heads} kv_heads={kv_heads} capacity=1024 head_dim={head_dim})" in out
-    assert f"abi_sha256={receipt['abi_sha256']}" in out and f"binding_id={BINDING}" in out
+    assert f"abi_sha256={receipt['abi_sha256']}" in out and f"binding_id={binding}" in out
 
 
 def _edited(receipt: dict, mutate) -> dict:
@@ -200,6 +215,37 @@ def test_other_walks_export_and_say_which_they_are(tmp_path, shape, env, walk):
 
 
 @needs_cute
+def test_a_qwen2_group_of_seven_exports_on_tensor_cores(tmp_path):
+    """Qwen2.5-7B's 28 query heads over 4 KV heads (7 a group, padded to the 16 rows of the tensor-core
+    tile) through `mcore kernel export`, the receipt's own binding id printed back."""
+    rp, sp = write_pair(tmp_path, *attention_pair("BF16", 28, 4, 4096, 128, binding="qwen2.decode_attention_region@1"))
+    out = tmp_path / "qwen2.so"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mcore",
+            "kernel",
+            "export",
+            "cutedsl-decode-attention",
+            "--selection",
+            str(rp),
+            "--snapshot",
+            str(sp),
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "binding_id=qwen2.decode_attention_region@1" in r.stdout
+    assert "schedule=cluster 8, 8 warps, 7 heads a block, tensor cores\n" in r.stdout and out.is_file()
+
+
+@needs_cute
 def test_a_receipt_with_a_workspace_exports_the_split_schedule(tmp_path):
     """A workspace in the receipt (its ABI hash covers it) selects the schedule split over blocks:
     run(query, key_cache, value_cache, kv_lengths, workspace, context) launches the walk and a merge
@@ -234,6 +280,18 @@ def test_a_bad_split_count_is_named(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.so").exists()
 
 
+def _ptx(tmp_path: Path, name: str, rp: Path, **env: str) -> tuple[str, str]:
+    """(stdout, the PTX) of an export of `rp` with `env`."""
+    dump = tmp_path / name
+    dump.mkdir()  # the DSL writes its PTX only into a folder that exists
+    r = run_script(
+        "--selection", rp, "--output", tmp_path / f"{name}.so", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump), **env
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    (text,) = [p.read_text() for p in dump.rglob("*.ptx")]
+    return r.stdout, text
+
+
 @needs_cute
 def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
     """Launched with programmatic dependent launch (it may start while the kernel before it drains),
@@ -241,35 +299,30 @@ def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
     kernel launch only once its walk has read the caches (the next kernel's blocks would otherwise
     wait on the SMs while this one streams): checked in the PTX the exporter compiled.
     CUTEDSL_ATTENTION_PDL=0 builds a plain launch, with neither."""
-    rp, sp = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128))
+    rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128))
 
-    def ptx(name: str, **env: str) -> str:
-        dump = tmp_path / name
-        dump.mkdir()  # the DSL writes its PTX only into a folder that exists
-        r = run_script(
-            "--selection",
-            rp,
-            "--snapshot",
-            sp,
-            "--output",
-            tmp_path / f"{name}.so",
-            CUTE_DSL_KEEP="ptx",
-            CUTE_DSL_DUMP_DIR=str(dump),
-            **env,
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
-        (text,) = [p.read_text() for p in dump.rglob("*.ptx")]
-        return text
+    def places(text: str) -> dict[str, list[int]]:
+        lines = text.splitlines()
+        kinds = ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global", "st.global")
+        return {kind: [i for i, t in enumerate(lines) if kind in t] for kind in kinds}
 
-    lines = ptx("pdl").splitlines()
-    at = {
-        kind: [i for i, t in enumerate(lines) if kind in t]
-        for kind in ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global", "st.global")
-    }
+    at = places(_ptx(tmp_path, "pdl", rp)[1])
     (wait,), (launch,) = at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"]
     assert wait < min(at["ld.global"]) and wait < min(at["st.global"])
     assert max(at["ld.global"]) < launch < min(at["st.global"])
-    assert "griddepcontrol" not in ptx("plain", CUTEDSL_ATTENTION_PDL="0")
+    assert "griddepcontrol" not in _ptx(tmp_path, "plain", rp, CUTEDSL_ATTENTION_PDL="0")[1]
+    # =early: the next kernel may launch once the wait returned, before any global access (as the
+    # engine's Triton kernels do); with a workspace the merge kernel does the same
+    out, text = _ptx(tmp_path, "early", rp, CUTEDSL_ATTENTION_PDL="early")
+    at = places(text)
+    assert "dependents launched early" in out
+    (wait,), (launch,) = at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"]
+    assert wait < launch < min(at["ld.global"] + at["st.global"])
+    ws_rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4), "ws")
+    at = places(_ptx(tmp_path, "early-split", ws_rp, CUTEDSL_ATTENTION_PDL="early")[1])
+    assert len(at["griddepcontrol.wait"]) == len(at["griddepcontrol.launch_dependents"]) == 2  # walk and merge
+    for wait, launch in zip(at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"]):
+        assert wait < launch and not any(wait < i < launch for i in at["ld.global"] + at["st.global"])
 
 
 # ---------------------------------------------------------------- GPU numerics (run on the device: pytest -m gpu)
@@ -294,15 +347,17 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "split": {},
     "split-7-scalar": {"CUTEDSL_ATTENTION_SPLITS": "7", "CUTEDSL_ATTENTION_MMA": "0"},
     "split-tight-8-warps": {"CUTEDSL_ATTENTION_WARPS": "8"},
+    # the next kernel launched as soon as the wait returned (both kernels)
+    "split-early": {"CUTEDSL_ATTENTION_PDL": "early"},
 }
 # the partial results a head the receipt's workspace holds at one new token, by schedule: 2 leaves
 # 3 new tokens one split (the blocks write the context themselves); 7 of 7 leaves them 2 each
-WORKSPACE_SPLITS = {"split": 32, "split-7-scalar": 7, "split-tight-8-warps": 2}
+WORKSPACE_SPLITS = {"split": 32, "split-7-scalar": 7, "split-tight-8-warps": 2, "split-early": 32}
 
 
 def workspace_bytes(schedule: str, heads: int, head_dim: int) -> int:
-    splits = WORKSPACE_SPLITS.get(schedule, 0)
-    return heads * splits * (head_dim + 2) * 4  # fp32 context row, max and sum per head and split
+    """As the exporter's split_workspace_bytes: per head and split an fp32 context row, max and sum."""
+    return heads * WORKSPACE_SPLITS.get(schedule, 0) * (head_dim + 2) * 4
 
 
 class _Kernels:
@@ -389,8 +444,21 @@ def test_gpu_matches_the_reference(gpu_kernels, shape, new_tokens, schedule):
         assert torch.equal(out, again), "not deterministic"
 
 
+# The GQA groups of published models the shapes above leave out (3: Llama-3.2-3B; 7: Qwen2.5), in the
+# default schedules only (tensor cores a cluster; split over blocks with a workspace).
+PUBLISHED_GPU_SHAPES = [("BF16", 24, 8, 256, 128), ("BF16", 14, 2, 256, 64), ("BF16", 28, 4, 256, 128)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch", "split"])
+@pytest.mark.parametrize("shape", PUBLISHED_GPU_SHAPES, ids=["_".join(map(str, s)) for s in PUBLISHED_GPU_SHAPES])
+@pytest.mark.parametrize("schedule", ["mma", "split"])
+def test_gpu_published_groups_match_the_reference(gpu_kernels, shape, schedule):
+    test_gpu_matches_the_reference(gpu_kernels, shape, 1, schedule)
+    test_gpu_matches_the_reference(gpu_kernels, shape, 3, schedule)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch", "split", "split-early"])
 def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
     """Shares of many steps a warp (8192 keys over 64 warps, or 256 with 32 splits), where the test
     above has 1 to 4: the walk that loads a step ahead carries its buffer across many steps."""
@@ -416,7 +484,7 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["per-group", "split"])
+@pytest.mark.parametrize("schedule", ["per-group", "split", "split-early"])
 def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels, schedule):
     """No host sync: the length lives on the device, so a captured graph follows later lengths
     (split: both kernels, the walk and the merge, in the graph)."""
@@ -592,3 +660,127 @@ def test_gpu_pipeline_with_every_layer_bound_matches_native(wide_qwen, engine):
     assert (got - want).abs().max().item() <= 0.05 * max(scale, 1e-3), ((got - want).abs().max().item(), scale)
     cos = torch.nn.functional.cosine_similarity(got.flatten(1), want.flatten(1), dim=1)
     assert cos.min().item() > 0.999, cos
+
+
+# ---------------------------------------------------------------- a Llama build (demo:llama-tiny: head_dim 64, GQA 4)
+
+LLAMA_BINDING = "llama.decode_attention_region@1"
+
+
+@pytest.fixture(scope="module")
+def llama_build(tmp_path_factory):
+    """demo:llama-tiny in BF16 with every attention instance as a slot (receipts from the real recipe),
+    and its native twin."""
+    from mcore.cli.main import main
+
+    work = tmp_path_factory.mktemp("llama-attn")
+    args = ["demo:llama-tiny", "--precision", "bf16", "--max-cache-length", "256", "--decoder-engine-layout", "split"]
+    assert main(["build", *args, "--recipe", LLAMA_BINDING, "all-instances", "-o", str(work / "attn.bundle")]) == 0
+    assert main(["build", *args, "-o", str(work / "native.bundle")]) == 0
+    return work
+
+
+def _llama_bindings(work: Path) -> Path:
+    """Export the kernel through `mcore kernel export` for the build's receipt (once); the bindings manifest."""
+    from mcore.cli.main import main
+
+    rp = work / "attn.selection.decoder.layers.0.decode_attention.json"
+    if not (work / "attention.so").exists():
+        assert (
+            main(
+                [
+                    "kernel",
+                    "export",
+                    "cutedsl-decode-attention",
+                    "--selection",
+                    str(rp),
+                    "-o",
+                    str(work / "attention.so"),
+                ]
+            )
+            == 0
+        )
+    manifest = work / "kernel-bindings.json"
+    entry = {
+        "id": LLAMA_BINDING,
+        "abi_sha256": json.loads(rp.read_text())["abi_sha256"],
+        "library": "./attention.so",
+        "function": "run",
+    }
+    manifest.write_text(json.dumps({"schema_version": 1, "bindings": [entry]}))
+    return manifest
+
+
+def test_the_recipe_receipts_of_a_llama_build_pass_the_contract(llama_build, exporter, capsys):
+    receipts = sorted(llama_build.glob("attn.selection.*.json"))
+    assert [p.name for p in receipts] == [f"attn.selection.decoder.layers.{i}.decode_attention.json" for i in (0, 1)]
+    for rp in receipts:
+        assert exporter.main(["--selection", str(rp), "--check-only"]) == 0
+        out = capsys.readouterr().out
+        assert "(BF16 heads=8 kv_heads=2 capacity=256 head_dim=64)" in out and f"binding_id={LLAMA_BINDING}" in out
+
+
+@needs_cute
+def test_one_exported_dso_binds_every_llama_layer(llama_build):
+    from mcore.pipeline import DecoderPipeline
+
+    pipe = DecoderPipeline(
+        str(llama_build / "attn.bundle"),
+        kernel_bindings=str(_llama_bindings(llama_build)),
+        device="cpu",
+        engine="torch",
+        announce=lambda line: None,
+    )
+    assert len(pipe.slot_calls) == 2 and list(pipe.kernels) == [LLAMA_BINDING]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["torch", "compiled"])
+def test_gpu_llama_with_every_layer_bound_matches_native(llama_build, engine):
+    import torch
+
+    if not torch.cuda.is_available() or not HAVE_CUTE:
+        pytest.skip("needs a CUDA GPU and the CuTe DSL")
+    from mcore.pipeline import DecoderPipeline
+
+    manifest = _llama_bindings(llama_build)
+    prompt = "Explain grouped-query attention, KV caching, and decode latency."
+    native = DecoderPipeline(str(llama_build / "native.bundle"), device="cuda", engine=engine)
+    byok = DecoderPipeline(
+        str(llama_build / "attn.bundle"),
+        kernel_bindings=str(manifest),
+        device="cuda",
+        engine=engine,
+        announce=lambda line: None,
+    )
+    prompt_ids = native.encode(prompt)
+    tokens = native.generate(prompt, 24, stop_at_eos=False).tokens
+    want = torch.stack(native.step_logits(prompt_ids, tokens)[1:])  # decode steps only: the slots run there
+    got = torch.stack(byok.step_logits(prompt_ids, tokens)[1:])
+    assert torch.isfinite(got).all()
+    scale = want.abs().max().item()
+    assert (got - want).abs().max().item() <= 0.05 * max(scale, 1e-3), ((got - want).abs().max().item(), scale)
+    cos = torch.nn.functional.cosine_similarity(got.flatten(1), want.flatten(1), dim=1)
+    assert cos.min().item() > 0.999, cos
+
+
+def test_stub_on_a_llama_receipt_points_at_this_kernel(llama_build, tmp_path, mcore):
+    """`mcore kernel stub` on a receipt of the Llama build (its snapshot captured with the same
+    arguments): a generated exporter pinned to that graph, which checks the receipt, and the pointer to
+    this hand-written kernel for the region's decode attention."""
+    snap = tmp_path / "decode.graph.json"
+    args = ["demo:llama-tiny", "--precision", "bf16", "--max-cache-length", "256", "--decoder-engine-layout", "split"]
+    assert mcore("graph", "inspect", *args, "--engine-role", "decode", "--snapshot", snap).code == 0
+    rp = llama_build / "attn.selection.decoder.layers.1.decode_attention.json"
+    assert json.loads(snap.read_text())["fingerprint"] == json.loads(rp.read_text())["graph_fingerprint"]
+    r = mcore("kernel", "stub", rp, "--snapshot", snap, "-o", tmp_path / "llama_attention.py")
+    assert r.code == 0, r
+    assert f"binding_id={LLAMA_BINDING}" in r.out and "kernels/cutedsl_decode_attention.py" in r.out
+    stub = tmp_path / "llama_attention.py"
+    check = subprocess.run(
+        [sys.executable, str(stub), "--selection", str(rp), "--snapshot", str(snap), "--check-only"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert check.returncode == 0, check.stderr

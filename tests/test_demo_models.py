@@ -15,13 +15,16 @@ from mcore.families.source import load_tokenizer, resolve_model, special_tokens
 
 transformers = pytest.importorskip("transformers")
 
-NAMES = ["qwen3-tiny", "qwen3-tiny-hd64", "distilbert-tiny", "bert-tiny"]
+NAMES = ["qwen3-tiny", "qwen3-tiny-hd64", "llama-tiny", "mistral-tiny", "qwen2-tiny", "distilbert-tiny", "bert-tiny"]
 
 # The weights are part of the "same bytes on any machine" contract: a change here means every
 # demo-based snapshot fingerprint and bundle changes too (bump demo.GENERATOR_VERSION).
 PINNED_WEIGHTS_SHA256 = {
     "qwen3-tiny": "e8b7c4e0c8ea1e0d36eae641f3432fa687f47b72be20a7f2b2bd4fe482214e2c",
     "qwen3-tiny-hd64": "10b8259bde7e053059e1acb6ecccdafe040071178e323e7c7d1a3679e415ec0b",
+    "llama-tiny": "0d3db6220c70af0c00e07cc0711953c21b0c70caa42ea882e09aa1ef8fa19d20",
+    "mistral-tiny": "970a0f583da732f614f601476b56eb7eebfabe7e91c00bb8f4a5127d244bcf6f",
+    "qwen2-tiny": "5682255ea337a43cb10ecb152c5c675e2afcb552a9c3c0a81b9c23346003920c",
     "distilbert-tiny": "816b57493eb14a530e9dc648c8239b5763a3049c9a618e5db5765d3e25ae4e65",
     "bert-tiny": "da9640f2ca23ab44c0f6998638353675894ce587875b48ac5eca382c7d379446",
 }
@@ -80,6 +83,13 @@ def test_unwritable_cache_is_a_user_error(tmp_path, monkeypatch):
     assert "MCORE_CACHE_DIR" in str(e.value)
 
 
+def test_demo_families_table_is_each_demos_model_type(demo_root):
+    """model_kind reads a demo's family from DEMO_FAMILIES without generating it: it must agree."""
+    assert sorted(demo.DEMO_FAMILIES) == sorted(NAMES)
+    for n in NAMES:
+        assert resolve_model(str(demo_root / "demo" / n)).config["model_type"] == demo.DEMO_FAMILIES[n]
+
+
 def test_unknown_demo_name(tmp_path):
     with pytest.raises(UserError) as e:
         demo.materialize("qwen3-huge", root=tmp_path)
@@ -119,7 +129,7 @@ def test_qwen3_tiny_config_sizes(demo_root):
     assert c["tie_word_embeddings"] is False
 
 
-def _qwen3(folder, cap=64):
+def _decoder(folder, cap=64):
     s = resolve_model(str(folder))
     fam = get_family(s.family)
     g = fam.graph_args(s.config, BuildArgs(model=str(folder), max_cache_length=cap))
@@ -129,9 +139,10 @@ def _qwen3(folder, cap=64):
     return s, fam, core.eval(), caches
 
 
-def test_qwen3_tiny_matches_transformers_and_generates(demo_root):
-    folder = demo_root / "demo" / "qwen3-tiny"
-    s, fam, core, caches = _qwen3(folder)
+@pytest.mark.parametrize("name", ["qwen3-tiny", "llama-tiny", "mistral-tiny", "qwen2-tiny"])
+def test_decoder_demo_matches_transformers_and_generates(demo_root, name):
+    folder = demo_root / "demo" / name
+    s, fam, core, caches = _decoder(folder)
     tok = load_tokenizer(s)
     prompt = tok.encode("Explain grouped-query attention in one sentence.").ids
     prefill, decode = fam.role_module(core, "prefill"), fam.role_module(core, "decode")
@@ -146,7 +157,12 @@ def test_qwen3_tiny_matches_transformers_and_generates(demo_root):
             )
         ref = transformers.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
         gen = ref.generate(
-            torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0
+            torch.tensor([prompt]),
+            max_new_tokens=20,
+            min_new_tokens=20,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
         )
     assert out == gen[0, len(prompt) :].tolist()
     assert len(set(out)) >= 5, f"greedy output is degenerate: {out}"

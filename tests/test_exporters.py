@@ -3,6 +3,7 @@ CuTe DSL decode attention for a real recipe receipt, stub scripts, refusals, and
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -227,5 +228,6 @@ def test_export_action_records_what_the_exporter_printed(tmp_path):
         "binding_id": "k@1",
         "abi_sha256": "cd" * 32,
         "arch": "sm_90a",
+        "library_sha256": hashlib.sha256(b"x").hexdigest(),  # of the file written, as mcore read it
     }
     assert "binding_id=k@1" in lines

@@ -54,19 +54,21 @@ def _load(folder):
 
 
 def test_registry():
-    assert family_names() == ["qwen3", "distilbert", "bert"]
+    assert family_names() == ["qwen3", "llama", "mistral", "qwen2", "distilbert", "bert"]
     for n in family_names():
         assert get_family(n).name == n
-    assert family_for_config({"model_type": "qwen3"}).kind == "decoder"
+    for decoder in ("qwen3", "llama", "mistral", "qwen2"):
+        assert family_for_config({"model_type": decoder}).kind == "decoder"
+        assert family_for_config({"model_type": decoder}).roles == ("prefill", "decode")
     assert family_for_config({"model_type": "bert"}).kind == "encoder"
     assert family_for_config({"model_type": "distilbert"}).roles == ("encoder",)
-    msg = _err(get_family, "llama")
-    assert "llama" in msg and "qwen3" in msg
+    msg = _err(get_family, "phi3")
+    assert "phi3" in msg and "qwen3" in msg and "llama" in msg
 
 
 def test_unknown_model_type(tmp_path, qwen3_dir):
-    msg = _err(family_for_config, {"model_type": "llama"})
-    assert "'llama'" in msg and "qwen3" in msg and "distilbert" in msg and "bert" in msg
+    msg = _err(family_for_config, {"model_type": "phi3"})
+    assert "'phi3'" in msg and "qwen3" in msg and "llama" in msg and "distilbert" in msg and "bert" in msg
     d = _copy(qwen3_dir, tmp_path / "m")
     cfg = json.loads((d / "config.json").read_text())
     cfg["model_type"] = "gpt2"
@@ -143,6 +145,10 @@ def test_hub_id_from_local_cache(tmp_path, monkeypatch, qwen3_dir):
     assert s.revision == commit and s.path == snap.resolve()
     msg = _err(resolve_model, "acme/tiny-qwen3", revision="b" * 40)
     assert "not in the local" in msg
+    # its kind is read from the cached config.json too (no download), and unknown when not cached
+    from mcore import model_kind
+
+    assert model_kind("acme/tiny-qwen3") == "decoder" and model_kind("acme/not-cached") is None
 
 
 # ----------------------------------------------------------------------------- weights
@@ -280,7 +286,10 @@ def test_unsupported_rope_scaling(tmp_path, qwen3_dir):
     msg = _err(get_family("qwen3").graph_args, source.config, BuildArgs(model="x"))
     assert "yarn" in msg and "rope" in msg
     cfg["rope_scaling"] = None  # the pre-v5 spelling of the default type
-    from mcore.families.qwen3 import rope_theta
+    from mcore.families.rope import parse_rope
+
+    def rope_theta(config):
+        return parse_rope(config, "qwen3").theta
 
     assert rope_theta(cfg) == 1e6
     assert rope_theta({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}) == 5e5

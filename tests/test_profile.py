@@ -33,7 +33,9 @@ def _profile(mcore, tmp_path, bundle, *extra):
 def test_decoder_profile_attributes_the_step(mcore, tmp_path, bundles):
     qwen, _ = bundles
     r, p = _profile(mcore, tmp_path, qwen.bundle_path, "--context", "100")
-    assert p["schema_version"] == 1 and p["role"] == "decode" and p["context"] == 100
+    assert p["schema_version"] == 2 and p["role"] == "decode" and p["context"] == 100
+    assert p["engine"]["name"] == "torch"  # what the pipeline runs on the CPU
+    assert p["between_kernels"] is None and p["kernels"] is None
     assert p["bundle"]["fingerprint"] == qwen.manifest["roles"]["decode"]["fingerprint"]
     assert p["device"]["type"] == "cpu" and p["device"]["copy_bytes_per_s"] > 0 and p["versions"]["torch"]
     # every timed graph node is a snapshot node, and the node times add up to the attributed total
@@ -81,7 +83,7 @@ def test_encoder_profile_and_diff(mcore, tmp_path, bundles):
     fa.write_text(json.dumps(a))
     fb.write_text(json.dumps(a))
     r = mcore("profile", "diff", fa, fb)
-    assert r.code == 0 and "(+0.000 ms)" in r.out
+    assert r.code == 0 and "(+0.000 ms, x1.000)" in r.out and r.out.startswith("engine torch, role encoder\n")
 
 
 def test_bad_profile_inputs(mcore, tmp_path, bundles):
@@ -92,6 +94,7 @@ def test_bad_profile_inputs(mcore, tmp_path, bundles):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"kind": "other"}))
     assert_user_error(mcore("profile", "diff", bad, bad), "not an mcore profile")
+    assert_user_error(mcore("profile", qwen.bundle_path, "--engine", "tensorrt"), "--engine 'tensorrt'")
     assert_user_error(mcore("profile", "diff", bad), "two profile files")
 
 
@@ -120,8 +123,10 @@ def test_bound_slot_is_attributed_by_binding_id(mcore, tmp_path):
     r, p = _profile(mcore, tmp_path, res.bundle_path, "--kernel-bindings", tmp_path / "b.json", "--context", "10")
     assert [(s["binding_id"], s["calls"]) for s in p["slots"]] == [(rid, 1)]
     assert p["slots"][0]["seconds"] > 0 and f"slot {rid}:" in r.out
-    # the slot replaced the recipe's nodes: the recipe instance has no timed node left
-    assert not [c for c in p["candidates"] if c.get("instance") == "decoder.logits_zero_bias" and c["seconds"] > 0]
+    # the slot's time is its region's (tests/test_profile_compiled.py: the same on the compiled engine)
+    (inst,) = [r for r in p["recipes"] if r["instance"] == "decoder.logits_zero_bias"]
+    assert inst["seconds"] == pytest.approx(p["slots"][0]["seconds"])
+    assert {n["binding_id"] for n in p["nodes"] if n["id"] in inst["node_ids"]} == {rid}
 
 
 def test_profiler_ranges_attribute_the_same_nodes(bundles):
@@ -161,7 +166,7 @@ def test_gpu_profile_charges_kernel_time_not_launch_latency(bundles):
         pytest.skip("needs a CUDA GPU")
     qwen, _ = bundles
     pipe = DecoderPipeline(qwen.bundle_path, device="cuda", engine="torch")
-    p = profile_pipeline(pipe, "decode", 100, 3)
+    p = profile_pipeline(pipe, "decode", 100, 3, engine="torch")
     assert p["timing"].startswith("device time"), p["timing"]
     assert 0 < p["attributed_seconds"] < p["step_seconds"]
     att = [n for n in p["nodes"] if n["op"] == "mcore.decode_attention.default"]
@@ -207,7 +212,7 @@ def test_fusion_report_names_the_kernels_a_slot_would_split(mcore, tmp_path, bun
 def test_the_limit_is_the_roofline_of_bytes_and_math():
     """A node's time at the limit is the longer of its bytes at the copy rate and its matrix-product
     FLOPs at the peak math rate; without a known peak only the bytes count."""
-    from mcore.profile import _rates
+    from mcore.profile_attribution import rates as _rates
 
     bw, peak = 4e12, 1e15
     gemv = _rates({"seconds": 2e-3, "bytes": 4e9, "flops": 4e9}, 1.0, bw, peak)  # memory-bound

@@ -142,6 +142,26 @@ def test_tampered_abi_hash_is_named(tmp_path, workbench):  # noqa: F811
     assert rows[0][4].startswith("ffff")
 
 
+def test_a_bound_library_other_than_the_recorded_one_is_named(tmp_path, workbench):  # noqa: F811
+    """write_bindings pins the DSO it binds (library_sha256, in the manifest and the results); a replay
+    whose library has other bytes than the recording's says so. Recordings without it compare as before."""
+    name = "qwen-manual"
+    idx = [1, step_index(name, "select_nodes", 1), step_index(name, "build_kernel"), step_index(name, "write_bindings")]
+
+    def tamper(steps):
+        steps[3]["results"]["library_sha256"] = "0" * 64
+
+    res = workbench("replay", slice_session(name, idx, tmp_path, tamper), "--headless", "--workdir", tmp_path / "wd")
+    assert res.code == 1, res
+    assert [r[:4] for r in diff_rows(res.out)] == [["4", "write_bindings", "DIFF", "library_sha256"]]
+    from mcore import library_sha256
+
+    (entry,) = json.loads((tmp_path / "wd" / "kernel-bindings.json").read_text())["bindings"]
+    assert entry["library_sha256"] == library_sha256(tmp_path / "wd" / "kernel.so")
+    res = workbench("replay", slice_session(name, idx, tmp_path), "--headless", "--workdir", tmp_path / "wd2")
+    assert res.code == 0 and not diff_rows(res.out), res
+
+
 def test_tampered_token_is_named(tmp_path):
     name = "qwen-recipe"
     native = step_index(name, "build_bundle", recipe=None, graph_patch=None)

@@ -454,8 +454,16 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
         await pilot.press("w")
         await wait_idle(app, pilot)
         manifest = json.loads((tmp_path / "kernel-bindings.json").read_text())
-        assert manifest["bindings"] == [
-            {"id": "my.bias_copy@1", "abi_sha256": expected, "library": "./kernel.so", "function": "run"}
+        from mcore import library_sha256
+
+        assert manifest["bindings"] == [  # the manifest pins the DSO it was written for
+            {
+                "id": "my.bias_copy@1",
+                "abi_sha256": expected,
+                "library": "./kernel.so",
+                "function": "run",
+                "library_sha256": library_sha256(tmp_path / "kernel.so"),
+            }
         ]
         assert [s.action for s in app.session.steps[-4:]] == [
             "kernel_stub",
@@ -579,3 +587,34 @@ async def test_a_link_made_after_open_cannot_lead_a_step_out(tmp_path):
         assert not app.busy and 0 not in app.guide.outcomes
         assert "field snapshot: 'decode.graph.json' leaves the workdir" in static_text(app, "#error")
         assert list(outside.iterdir()) == []
+
+
+@pytest.mark.asyncio
+async def test_a_llama_model_in_the_workbench(tmp_path, monkeypatch):
+    """demo:llama-tiny typed on the Model screen: mcore names its family and kind, the capture is a
+    decoder graph whose Region screen lists the llama recipes (one attention instance per layer), and the
+    Verify screen treats it as a decoder (no name guessing anywhere)."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
+    app = WorkbenchApp(workdir=str(tmp_path))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        app.screen.query_one("#model-spec").value = "demo:llama-tiny"
+        for _ in range(300):
+            await pilot.pause(0.1)
+            if app.screen.family == "llama":
+                break
+        assert "family llama (decoder); roles prefill, decode" in static_text(app, "#args-status")
+        await pilot.press("c")
+        for _ in range(600):
+            await pilot.pause(0.1)
+            if app.state.snapshot is not None and not app.busy:
+                break
+        snap = app.state.snapshot
+        assert snap.family == "llama" and app.state.family_kind == "decoder" and app.state.is_decoder
+        await pilot.press("f3")
+        await pilot.pause(0.3)
+        table = app.screen.query_one("#recipes")
+        rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+        text = " ".join(" ".join(r) for r in rows)
+        assert "llama.decode_attention_region@1" in text and "llama.decode_logits_copy@1" in text
+        assert sum("decode_attention_region" in " ".join(r) for r in rows) == 2  # one per layer

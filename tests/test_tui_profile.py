@@ -18,6 +18,7 @@ from workbench.app import DEFAULT_BUILD_ARGS, WorkbenchApp
 from workbench.commands import palette_entries
 from workbench.registry import REGISTRY
 
+from .profile_reports import fixed_report
 from .tui_helpers import no_hf_cache, text_of  # noqa: F401 (autouse fixture)
 
 SIZE = (80, 24)
@@ -142,6 +143,34 @@ async def test_profile_with_fusion_marks_the_candidates_a_slot_would_split(built
 
 
 @pytest.mark.asyncio
+async def test_profile_names_the_engine_it_profiled(built, tmp_path):
+    """e picks the engine r profiles: compiled on this CPU (Inductor's C++ kernels) shows its kernels,
+    the time between them as a bar of its own and how much of the step they account for."""
+    wd, steps = built
+    app = WorkbenchApp(workdir=str(tmp_path))
+    async with app.run_test(size=(120, 40)) as pilot:
+        load(app, steps)
+        await pilot.press("f2", "p")
+        await pilot.pause(0.1)
+        assert "on engine auto" in text_of(app, "#profile-empty")
+        await pilot.press("e")
+        await pilot.pause(0.1)
+        assert "on engine compiled" in text_of(app, "#profile-empty")
+        await pilot.press("r")
+        await wait(pilot, lambda: app.last_outcome is not None and not app.busy)
+        assert app.last_outcome.kind == "ok", app.last_outcome.error
+        assert app.session.steps[-1].params["engine"] == "compiled"
+        report = json.loads((tmp_path / "profile-decode.json").read_text())
+        assert report["engine"]["name"] == "compiled" and app.state.profile["kernels"]
+        head = text_of(app, "#profile-head")
+        assert f"engine compiled: {len(report['kernels'])} kernels, between kernels" in head, head
+        assert "between kernels" in text_of(app, "#bars-ops")
+        names = [c["instance"] if c["kind"] == "recipe" else c["module_path"] for c in report["candidates"]]
+        marks = [f"  splits {len(c['splits'])} fused" if c["splits"] else "" for c in report["candidates"]]
+        assert table_names(app) == [n + m for n, m in zip(names, marks)] and any(marks)
+
+
+@pytest.mark.asyncio
 async def test_profile_cancels_with_x_and_writes_nothing(built, tmp_path):
     _, steps = built
     app = WorkbenchApp(workdir=str(tmp_path))
@@ -192,86 +221,16 @@ def test_palette_lists_the_profile_screen():
 # ------------------------------------------------------------------ snapshots: a fixed, hand-made report
 
 
-def _row(seconds: float, total: float, **kw) -> dict:
-    return dict(kw, seconds=seconds, share=seconds / total, headroom_seconds=seconds * 0.6, bytes=0)
-
-
-def fixed_report() -> dict:
-    total = 1.0
-    modules = [
-        _row(s, total, path=p)
-        for p, s in (
-            ("<root>", 1.0),
-            ("decoder", 1.0),
-            ("decoder.layers", 0.8),
-            ("decoder.layers.0", 0.41),
-            ("decoder.layers.1", 0.39),
-            ("decoder.layers.0.mlp", 0.22),
-            ("decoder.layers.1.mlp", 0.21),
-            ("decoder.layers.0.self_attn", 0.15),
-            ("decoder.layers.1.self_attn", 0.14),
-            ("decoder.lm_head", 0.12),
-            ("decoder.norm", 0.03),
-            ("decoder.embed_tokens", 0.02),
-        )
-    ]
-    nodes = [
-        _row(s, total, id=f"node:{i}", name=f"n{i}", op=op, module_path="decoder")
-        for i, (op, s) in enumerate(
-            (
-                ("aten.linear.default", 0.55),
-                ("mcore.decode_attention.default", 0.2),
-                ("aten.mul.Tensor", 0.1),
-                ("aten.add.Tensor", 0.08),
-                ("aten.rsqrt.default", 0.04),
-                ("aten.silu.default", 0.03),
-            )
-        )
-    ]
-    cands = [
-        _row(
-            0.10,
-            total,
-            kind="recipe",
-            recipe="qwen.decode_attention_region@2",
-            instance=f"decoder.layers.{i}.decode_attention",
-            node_ids=[f"node:{i}"],
-        )
-        for i in (0, 1)
-    ]
-    cands += [
-        _row(s, total, kind="region", module_path=p, node_ids=[f"node:{k}" for k in range(n)])
-        for p, s, n in (
-            ("decoder.layers.0.mlp", 0.22, 7),
-            ("decoder.layers.1.mlp", 0.21, 7),
-            ("decoder.lm_head", 0.12, 2),
-            ("decoder.layers.0.input_layernorm", 0.02, 6),
-        )
-    ]
-    return {
-        "schema_version": 1,
-        "kind": "mcore-profile",
-        "role": "decode",
-        "context": 128,
-        "steps": 3,
-        "bundle": {"model": "demo:qwen3-tiny", "fingerprint": "0" * 64, "build_args": {}},
-        "device": {"type": "cpu", "name": "cpu", "copy_bytes_per_s": 1e10},
-        "step_seconds": 1.0,
-        "attributed_seconds": total,
-        "nodes": nodes,
-        "modules": modules,
-        "recipes": [],
-        "slots": [],
-        "candidates": cands,
-    }
-
-
-@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_profile_screen_snapshot(snap_compare, tmp_path, size):
+@pytest.mark.parametrize(
+    "size, engine",
+    [((80, 24), "torch"), ((120, 40), "torch"), ((120, 40), "compiled")],
+    ids=["80x24", "120x40", "120x40-compiled"],
+)
+def test_profile_screen_snapshot(snap_compare, tmp_path, size, engine):
     async def show(pilot) -> None:
         app = pilot.app
         await wait(pilot, lambda: bool(app.get_screen("model").family or app.get_screen("model").args_error), 60)
-        app.state.profile = fixed_report()
+        app.state.profile = fixed_report(engine)
         app.state.profile_path = "profile-decode.json"
         await pilot.press("f2", "p")
         await pilot.pause(0.3)

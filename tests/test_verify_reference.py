@@ -111,3 +111,89 @@ def test_without_transformers_says_how_to_install(built, mcore, monkeypatch):
     assert_user_error(
         mcore("verify", "reference", bundle, "--checkpoint", ckpt, "--prompt", "hi"), "pip install transformers"
     )
+
+
+def _scaled_copy(src, dst, name: str, factor: float):
+    """The checkpoint at `src` with one tensor scaled (config untouched): transformers then computes
+    what a bundle with that tensor scaled would."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    (path,) = [p for p in dst.glob("*.safetensors")]
+    state = load_file(str(path))
+    state[name] = state[name] * factor
+    save_file(state, str(path), metadata={"format": "pt"})
+    return dst
+
+
+@pytest.mark.parametrize("tensor,factor,rel", [("model.norm.weight", 2.0, 0.5), ("lm_head.weight", 1.5, 1 / 3)])
+def test_values_are_gated_not_only_their_direction(built, mcore, monkeypatch, tmp_path, tensor, factor, rel):
+    """A doubled final norm (or lm_head x1.5) keeps every cosine at 1.0 and every greedy token: the
+    weight comparison names the tensor, and the relative error fails the values by itself."""
+    import mcore.verify_reference as V
+
+    ckpt, bundle = built["q"]
+    other = _scaled_copy(ckpt, tmp_path / "scaled", tensor, factor)
+    args = (
+        "verify",
+        "reference",
+        bundle,
+        "--checkpoint",
+        other,
+        "--prompt",
+        "The quick brown fox",
+        "--max-new-tokens",
+        "3",
+    )
+    res = mcore(*args)
+    assert res.code == 1, res
+    assert "the bundle's weights are not the checkpoint's: 1 of" in res.out
+    assert tensor.removeprefix("model.") in res.out
+    monkeypatch.setattr(V, "weights_differences", lambda *a: [])  # the values alone
+    res = mcore(*args)
+    assert res.code == 1, res
+    steps = _steps(res.out)
+    assert all(c > 0.99999 and e == r for _, _, c, e, r in steps)  # what passed before
+    rels = [float(x) for x in re.findall(r"reference_token=\d+ rel=(\S+)", res.out)]
+    assert len(rels) == 3 and all(abs(x - rel) < 1e-3 for x in rels)
+    assert res.out.strip().splitlines()[-1].startswith("FAIL: reference check") and "rel <= 0.05" in res.out
+
+
+def test_a_bundle_whose_weights_are_not_those_it_recorded_is_named(built, mcore, tmp_path):
+    from .test_bundle_contents import remake
+
+    ckpt, bundle = built["q"]
+
+    def swap(m):
+        d = m["weights"]["tensor_sha256"]
+        a, b = sorted(d)[:2]
+        d[a], d[b] = d[b], d[a]
+
+    bad = remake(bundle, tmp_path / "bad.bundle", swap)
+    res = mcore("verify", "reference", bad, "--checkpoint", ckpt, "--prompt", "hi")
+    assert res.code == 1 and "not those it recorded at build: 2 of" in res.out, res
+
+
+def test_transformers_failing_to_load_the_checkpoint_is_one_line(built, mcore, tmp_path):
+    import shutil
+
+    ckpt, bundle = built["q"]
+    other = tmp_path / "ckpt"
+    shutil.copytree(ckpt, other)
+    (other / "tokenizer_config.json").write_text('{"eos_token": 7}')  # mcore ignores it; transformers raises
+    res = mcore("verify", "reference", bundle, "--checkpoint", other, "--prompt", "hi")
+    assert_user_error(res, "transformers could not load the checkpoint's tokenizer")
+    (other / "tokenizer_config.json").write_text((ckpt / "tokenizer_config.json").read_text())
+    # the weights under another file name: mcore's reader takes a folder's one safetensors file, transformers does not
+    (other / "model.safetensors").rename(other / "weights.safetensors")
+    res = mcore("verify", "reference", bundle, "--checkpoint", other, "--prompt", "hi")
+    assert_user_error(res, "transformers could not load the checkpoint")
+
+
+def test_max_rel_must_be_a_finite_number(built, mcore):
+    ckpt, bundle = built["q"]
+    assert_user_error(
+        mcore("verify", "reference", bundle, "--checkpoint", ckpt, "--prompt", "hi", "--max-rel", "nan"), "--max-rel"
+    )

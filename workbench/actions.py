@@ -157,6 +157,9 @@ TRUST_FLAG = "--trust-libraries"
 def confine(root: Path, p: str, where: str) -> Path:
     """The one rule for a path a session names: relative, and inside `root` once `..` and
     symlinks are resolved. Returns the resolved path; else a one-line error naming `where`."""
+    from mcore import check_path_text
+
+    check_path_text(p, where)
     if os.path.isabs(p) or p.startswith("~"):
         raise UserError(f"{where}: {p!r} is an absolute path; a session names paths relative to its workdir")
     root = Path(root).resolve()
@@ -365,6 +368,7 @@ def select_nodes(
 def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto", overwrite: bool = False) -> dict:
     """`mcore kernel build`: compile a shipped kernel into a TVM-FFI DSO."""
     from mcore import build_kernel as _build
+    from mcore import library_sha256
 
     out = ctx.path(output, "output")
     k = _build(_str(name, "name"), out, cuda=cuda, progress=ctx.progress, overwrite=bool(overwrite))
@@ -376,6 +380,7 @@ def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto",
         "variant": variant,
         "function": getattr(k, "function", "run"),
         "description": describe,
+        "library_sha256": library_sha256(k),
     }
 
 
@@ -424,12 +429,18 @@ def export_kernel(ctx: ActionContext, exporter: str, receipt: str, output: str, 
         cwd=ctx.workdir,
     )
     ctx.say(f"exported {ctx.rel(r.library)} ({r.arch or 'arch not printed'})")
-    return {"library": ctx.rel(r.library), "binding_id": r.binding_id, "abi_sha256": r.abi_sha256, "arch": r.arch}
+    return {
+        "library": ctx.rel(r.library),
+        "binding_id": r.binding_id,
+        "abi_sha256": r.abi_sha256,
+        "arch": r.arch,
+        "library_sha256": r.library_sha256,
+    }
 
 
 def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str, function: str = "run") -> dict:
     """Write a kernel bindings manifest binding the receipt's slot to a DSO next to it."""
-    from mcore import BINDINGS_SCHEMA_VERSION, BindingsManifest, load_receipt, write_json
+    from mcore import BINDINGS_SCHEMA_VERSION, BindingsManifest, library_sha256, load_receipt, write_json
 
     rec = load_receipt(ctx.path(receipt, "receipt"))
     mpath = ctx.path(manifest, "manifest")
@@ -444,17 +455,17 @@ def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str
             "copy the DSO next to the manifest"
         )
     rel_lib = "./" + Path(rel_lib).as_posix()
-    data = {
-        "schema_version": BINDINGS_SCHEMA_VERSION,
-        "bindings": [
-            {
-                "id": rec.binding_id,
-                "abi_sha256": rec.abi_sha256,
-                "library": rel_lib,
-                "function": _str(function, "function"),
-            }
-        ],
+    entry = {
+        "id": rec.binding_id,
+        "abi_sha256": rec.abi_sha256,
+        "library": rel_lib,
+        "function": _str(function, "function"),
     }
+    # pin the DSO's bytes: the manifest binds this build, not whatever is at the path later
+    lib_sha = library_sha256(lib) if lib.is_file() else None
+    if lib_sha is not None:
+        entry["library_sha256"] = lib_sha
+    data = {"schema_version": BINDINGS_SCHEMA_VERSION, "bindings": [entry]}
     # the same strict check a pipeline applies (loads no DSO), before anything is written
     write_json(mpath, BindingsManifest.from_dict(data, mpath).to_dict())
     return {
@@ -462,6 +473,7 @@ def write_bindings(ctx: ActionContext, receipt: str, library: str, manifest: str
         "binding_id": rec.binding_id,
         "abi_sha256": rec.abi_sha256,
         "library": rel_lib,
+        "library_sha256": lib_sha,
     }
 
 
@@ -587,6 +599,7 @@ def verify_reference(
         **_gate_results(ctx, r),
         "first_diverging_step": d.get("first_diverging_step"),
         "max_abs": d.get("max_abs"),
+        "max_rel": d.get("max_rel"),
         "min_cosine": d.get("min_cosine"),
     }
 
@@ -704,11 +717,11 @@ def gate_perf(
     native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`), on
     wall-clock throughput or (`metric="device"`, CUDA) device time per step.
     The verdict is measured, so replay shows it but never compares it."""
-    from mcore import open_bundle, perf_gate
+    from mcore import bundle_kind, open_bundle, perf_gate
 
     nb, eb = ctx.path(native_bundle, "native_bundle"), ctx.path(external_bundle, "external_bundle")
     ctx.check_native(kernel_bindings)
-    kind = open_bundle(nb).runnable().family_kind or "decoder"
+    kind = bundle_kind(open_bundle(nb).runnable())
     if kind == "decoder":
         _int(max_new_tokens, "max_new_tokens", 1)
     _str(prompt, "prompt")
@@ -750,14 +763,17 @@ def profile(
     prompt: Optional[str] = None,
     kernel_bindings: Optional[str] = None,
     fusion: bool = False,
+    engine: str = "auto",
 ) -> dict:
-    """`mcore profile -o OUTPUT [--fusion]`: device time per node, module, recipe instance and slot,
-    and the ranked candidate regions (with `fusion`, the fused kernels a slot over each would split).
-    Timings are measured: replay compares only which candidates exist."""
+    """`mcore profile -o OUTPUT [--engine E] [--fusion]`: the time of the engine the pipeline runs
+    (`auto`: compiled on CUDA, op by op on the CPU) per node, module, recipe instance and slot, the
+    time between kernels of a compiled step, and the ranked candidate regions (with the fused kernels
+    a slot over each would split). Timings are measured: replay compares only which candidates exist."""
     from mcore import profile_pipeline, write_json
 
     out = ctx.path(output, "output")
     role = _str(role, "role") if role is not None else None
+    # op by op: the profiler needs the graph, and compiles the profiled role itself for `compiled`
     pipe = _pipeline(ctx, None, bundle, kernel_bindings, engine="torch")  # the bundle's family kind decides
     if role is None:
         role = "decode" if pipe.KIND == "decoder" else "encoder"
@@ -770,13 +786,18 @@ def profile(
         progress=ctx.progress,
         on_partial=ctx.on_partial,
         fusion=_bool(fusion, "fusion"),
+        engine=_str(engine, "engine"),
     )
     write_json(out, report)
-    ctx.say(f"profile written: {ctx.rel(out)} ({len(report['candidates'])} candidate regions)")
+    ctx.say(
+        f"profile written: {ctx.rel(out)} (engine {report['engine']['name']}, "
+        f"{len(report['candidates'])} candidate regions)"
+    )
     ident = [_candidate_ident(c) for c in report["candidates"]]
     return {
         "role": report["role"],
         "context": report["context"],
+        "engine": report["engine"]["name"],
         "profile": ctx.rel(out),
         # which candidates exist is a fact of the graph; their order follows measured headroom
         "candidates": sorted(ident, key=lambda c: json.dumps(c, sort_keys=True)),
@@ -807,10 +828,13 @@ def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: 
     """Every path a step names stays inside `workdir` (before anything runs); model specs too."""
     from .registry import REGISTRY
 
+    from mcore import check_path_text
+
     for name in REGISTRY[action].path_params:
         if params.get(name) is not None:
             if not isinstance(params[name], str) or not params[name].strip():
                 raise UserError(f"{where}: field {name} must be a non-empty path string, got {params[name]!r}")
+            check_path_text(params[name], f"{where}: field {name}")
             confine(workdir, params[name], f"{where}: field {name}")
     specs = {
         "build_args.model": (params.get("build_args") or {}).get("model")
@@ -819,6 +843,8 @@ def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: 
         "checkpoint": params.get("checkpoint") if action == "verify_reference" else None,
     }
     for name, spec in specs.items():
+        if isinstance(spec, str):
+            check_path_text(spec, f"{where}: field {name}")
         why = _model_spec_where(spec)
         if why is not None:
             raise UserError(f"{where}: field {name}: {why}; a session names model folders inside its workdir")

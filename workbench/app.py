@@ -112,9 +112,11 @@ class WorkbenchState:
     def is_decoder(self) -> bool:
         if self.family_kind:
             return self.family_kind == "decoder"
+        from mcore import family_kind, model_kind
+
         if self.snapshot is not None:
-            return self.snapshot.family == "qwen3"
-        return "qwen" in str(self.build_args.get("model", "")).lower()
+            return family_kind(self.snapshot.family) == "decoder"
+        return model_kind(str(self.build_args.get("model", ""))) == "decoder"
 
 
 @dataclass

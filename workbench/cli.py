@@ -162,6 +162,11 @@ def headless_replay(
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from mcore import check_std_streams
+
+    closed = check_std_streams(PROG)
+    if closed is not None:
+        return closed
     parser = make_parser()
     ns = parser.parse_args(argv)
     try:

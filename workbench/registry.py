@@ -42,6 +42,8 @@ class ActionSpec:
     apply        ``apply(state, params, results)``: its results into the TUI's state (UI thread)
     code_param   the param naming a Python script it runs (an exporter), unless the value is a
                  shipped exporter's name; asked for like native code
+    recorded_keys results a replay compares when the recording has them (added after sessions were
+                 recorded without them, such as a bound library's sha256)
     """
 
     name: str
@@ -53,6 +55,7 @@ class ActionSpec:
     shown: tuple[str, ...]
     apply: ApplyFn
     code_param: Optional[str] = None
+    recorded_keys: tuple[str, ...] = ()
 
     def trust_needed(self, params: Params) -> Optional[str]:
         """The param whose value this step would run as someone's native code or script, or None."""
@@ -70,7 +73,7 @@ class ActionSpec:
 
 
 def _apply_capture_graph(st: WorkbenchState, params: Params, results: Params) -> None:
-    from mcore import load_snapshot
+    from mcore import family_kind, load_snapshot
 
     snap = load_snapshot(st.path(results["snapshot"]))
     if st.snapshot is None or st.snapshot.fingerprint != snap.fingerprint:
@@ -81,7 +84,7 @@ def _apply_capture_graph(st: WorkbenchState, params: Params, results: Params) ->
     st.listing = None
     st.build_args = dict(params.get("build_args") or st.build_args)
     st.engine_role = snap.engine_role
-    st.family_kind = "decoder" if snap.family == "qwen3" else "encoder"
+    st.family_kind = family_kind(snap.family)
     if st.receipt is not None and st.receipt.graph_fingerprint != snap.fingerprint:
         st.receipt = None
 
@@ -179,9 +182,9 @@ def _apply_gate_logits(st: WorkbenchState, params: Params, results: Params) -> N
 
 
 def _apply_profile(st: WorkbenchState, params: Params, results: Params) -> None:
-    from mcore import read_json
+    from mcore import load_profile
 
-    st.profile = read_json(st.path(results["profile"]), "profile")
+    st.profile = load_profile(st.path(results["profile"]))
     st.profile_path = results["profile"]
 
 
@@ -281,6 +284,7 @@ _SPECS = (
         native_param=None,
         shown=("manifest", "abi_sha256"),
         apply=_apply_write_bindings,
+        recorded_keys=("library_sha256",),
     ),
     ActionSpec(
         "build_bundle",
@@ -374,7 +378,7 @@ _SPECS = (
         stable_keys=("role", "context", "candidates"),
         path_params=("bundle", "output", _NATIVE),
         native_param=_NATIVE,
-        shown=("role", "context", "profile"),
+        shown=("role", "context", "engine", "profile"),
         apply=_apply_profile,
     ),
 )

@@ -251,7 +251,8 @@ def _compare_step(step: Step, status: str, results: Optional[dict], error: Optio
             return [Difference("status", exp, act)]
         return [] if step.error == error else [Difference("error", step.error, error)]
     out = []
-    for key in REGISTRY[step.action].stable_keys:
+    spec = REGISTRY[step.action]
+    for key in spec.stable_keys + tuple(k for k in spec.recorded_keys if k in step.results):
         exp = step.results.get(key, "(absent)")
         act = (results or {}).get(key, "(absent)")
         out.extend(compare(key, exp, act))

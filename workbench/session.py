@@ -335,7 +335,7 @@ def list_tutorials() -> list[tuple[str, str, Path]]:
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
             title = data["header"]["title"]
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             title = "(unreadable session)"
         out.append((p.stem, str(title), p))
     return out

@@ -55,6 +55,7 @@ def cmd_build(ns: argparse.Namespace) -> int:
 
 
 def _pipeline(ns: argparse.Namespace, kind: str, prompts: tuple[str, ...] = ()):
+    from ..bundle_contents import read_json_member
     from ..pipeline import DecoderPipeline, EncoderPipeline, bundle_tokenizer, check_fits, encode_prompt
     from ..bundle import open_bundle
     from ..families import bundle_kind
@@ -65,7 +66,7 @@ def _pipeline(ns: argparse.Namespace, kind: str, prompts: tuple[str, ...] = ()):
     if kind == "decoder" and bundle_kind(m) != "decoder":
         prompts = ()  # the wrong verb: the pipeline says which one to use
     if chat or prompts:  # no chat template, a prompt too long: the clear error before any DSO or weight loads
-        tok = bundle_tokenizer(bundle, json.loads(bundle.read("config.json")), ns.bundle)
+        tok = bundle_tokenizer(bundle, read_json_member(bundle, "config.json"), ns.bundle)
         if chat:
             tok.render_chat("")
         capacity = m.graph_args.get("max_cache_length")
@@ -185,6 +186,7 @@ def cmd_embed(ns: argparse.Namespace) -> int:
 
 def cmd_inspect(ns: argparse.Namespace) -> int:
     from ..bundle import open_bundle
+    from ..bundle_contents import check_family
     from ..graph.display import printable
     from ..patch import slot_groups
 
@@ -193,6 +195,7 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
         print(json.dumps(b.manifest, indent=2))  # JSON escapes control characters itself
         return 0
     m = b.runnable()
+    check_family(m, ns.bundle)
 
     def out(line: str) -> None:  # names come from someone's file: no terminal escapes
         print(printable(line))

@@ -71,7 +71,7 @@ def parse_extra_arg(text: str) -> object:
 
     try:
         return json.loads(text, parse_constant=no_constants)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise UserError(
             f"--extra-arg {text!r} is not strict JSON ({e}); e.g. '{{\"type\":\"int\",\"value\":32}}'"
         ) from None
@@ -134,7 +134,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     gs.required = True
 
     p = gs.add_parser("inspect", help="capture a role's graph (no weights) and write its snapshot")
-    p.add_argument("--engine-role", required=True, help="prefill | decode (qwen3), encoder (distilbert, bert)")
+    p.add_argument(
+        "--engine-role",
+        required=True,
+        help="prefill | decode (decoders: qwen3, llama, mistral, qwen2), encoder (distilbert, bert)",
+    )
     p.add_argument("--snapshot", required=True, help="where to write the graph snapshot JSON")
     add_build_args(p)
     p.set_defaults(func=cmd_inspect)

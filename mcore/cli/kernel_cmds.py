@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..dso import library_sha256
 from ..exporters import SHIPPED_EXPORTERS, run_exporter
 from ..kernels import CUDA_MODES, KERNELS, build_kernel
 from ..stubgen import write_exporter
@@ -86,6 +87,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     print(f"built {built.kernel}: {built.resolve()}")
     print(f"variant: {built.describe()}")
     print(f"function: {built.function}  (ABI: {KERNELS[built.kernel].abi})")
+    print(f"library_sha256={library_sha256(built)}  (a bindings manifest entry may pin it)")
     print(TRUST_NOTE)
     return 0
 
@@ -116,5 +118,6 @@ def cmd_export(args: argparse.Namespace) -> int:
         args.exporter, args.selection, args.output, snapshot=args.snapshot, log=lambda line: print(line, flush=True)
     )
     print(f"exported {res.library}")
+    print(f"library_sha256={res.library_sha256}  (a bindings manifest entry may pin it)")
     print(TRUST_NOTE)
     return 0

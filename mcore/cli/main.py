@@ -9,7 +9,7 @@ import sys
 from typing import Optional, Sequence
 
 from ..errors import Cancelled, UserError
-from ..fileio import stdout_failed
+from ..fileio import check_std_streams, stdout_failed
 
 # Verb groups, each a module in mcore.cli with register(subparsers).
 GROUPS = ("graph_cmds", "build_cmds", "kernel_cmds", "verify_cmds", "profile_cmds")
@@ -41,6 +41,9 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    closed = check_std_streams("mcore")
+    if closed is not None:
+        return closed
     parser = make_parser()
     args = parser.parse_args(argv)
     try:

@@ -56,6 +56,7 @@ def cmd_reference(ns: argparse.Namespace) -> int:
             min_cosine=ns.min_cosine,
             max_abs=ns.max_abs,
             progress=stderr_progress(),
+            max_rel=ns.max_rel,
         )
     )
 
@@ -128,6 +129,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the bundle's, else auto)")
     p.add_argument("--min-cosine", type=float, default=0.999, help="smallest allowed cosine per step (default 0.999)")
     p.add_argument("--max-abs", type=float, default=None, help="largest allowed abs difference (default: not gated)")
+    p.add_argument(
+        "--max-rel",
+        type=float,
+        default=0.05,
+        help="largest allowed relative error per step: max_abs over the reference's largest magnitude (default 0.05)",
+    )
     p.set_defaults(func=cmd_reference)
 
     p = vs.add_parser(

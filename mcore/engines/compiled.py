@@ -10,8 +10,11 @@ capture). Roles with a dynamic token count (prefill) run compiled with a dynamic
 
 Compiled artifacts live in Inductor's cache under $MCORE_CACHE_DIR/inductor, keyed by the graph
 Inductor sees (which covers the graph, the slot ops, the device and the torch version); a small
-index beside it (compiled/<key>.json, our key: role fingerprint, slot ABIs, device, torch) says
-whether this pipeline was compiled on this machine before and how long that took.
+index beside it (compiled/<key>.json, our key: the role graph's structure, slot ABIs, device,
+torch, options) says whether this pipeline was compiled on this machine before and how long that
+took. Every folder is checked and every precompiled entry carries its record before it is
+unpickled (mcore/cache.py); a role compiled by regions (regions.py, standalone.py) is one file
+under one record.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -26,10 +30,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch._inductor.config
 
-from .. import inductor
+from .. import __version__, cache, inductor
 from ..errors import UserError
-from ..families.demo import cache_root
-from ..fileio import write_json
 from ..progress import NO_PROGRESS, Progress
 from ..receipt import SlotRecord
 from ..graph.snapshot import Snapshot
@@ -43,7 +45,7 @@ from .structure import RoleStructure, rebased, structure_key
 from .standalone import (
     CompiledRegions,
     compile_regions,
-    is_regions_file,
+    is_regions,
     load_regions,
     regional,
     save_regions,
@@ -51,9 +53,26 @@ from .standalone import (
 )
 
 
+def _torch_default_inductor_dir() -> Optional[str]:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return None
+    return default_cache_dir()
+
+
 def _use_mcore_inductor_cache() -> None:
-    # Only where the user has not chosen a folder: Inductor and Triton read this at compile time.
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+    """Inductor's (and Triton's) cache under $MCORE_CACHE_DIR/inductor, checked like mcore's own.
+    Importing torch._inductor.config already set TORCHINDUCTOR_CACHE_DIR to torch's default (the
+    shared /tmp/torchinductor_$USER), so that value counts as not chosen; a folder the user chose is
+    kept only when it is safe (one line, exit 2, otherwise). Inductor reads it at compile time."""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen and chosen != _torch_default_inductor_dir():
+        problem = cache.check_dir(Path(chosen), "TORCHINDUCTOR_CACHE_DIR")
+        if problem is not None and Path(chosen).exists():
+            raise UserError(f"{problem}; or unset TORCHINDUCTOR_CACHE_DIR to use $MCORE_CACHE_DIR/inductor")
+        return
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache.cache_dir("inductor"))
 
 
 def device_label(device: torch.device) -> str:
@@ -64,10 +83,19 @@ def device_label(device: torch.device) -> str:
 
 
 def compile_key(structure: str, slots: Sequence[SlotRecord], device: torch.device) -> str:
-    """What decides the compiled code: the role graph's structure (structure.py: not the model's
-    identity, so a fine-tune shares it), its slots' ABIs, the device, torch and the options."""
-    payload = {
+    """What decides the compiled code: the hash of `made_from`."""
+    return hashlib.sha256(json.dumps(made_from(structure, slots, device), sort_keys=True).encode()).hexdigest()
+
+
+def made_from(structure: str, slots: Sequence[SlotRecord], device: torch.device) -> dict[str, Any]:
+    """The inputs of a compile that a cached one must share: the role graph's structure
+    (structure.py: the family, role, graph arguments and `Family.structure(config)`, not the
+    model's identity, so a fine-tune shares it), the slots' ABIs, the device, torch, mcore and the
+    compile options. Weights are not among them: the compiled code takes the weights as arguments
+    (docs/trust.md)."""
+    return {
         "structure": structure,
+        "mcore": __version__,
         "slots": [[s.binding_id, s.abi_sha256, list(s.node_ids)] for s in slots],
         "device": device_label(device),
         "torch": torch.__version__,
@@ -77,7 +105,6 @@ def compile_key(structure: str, slots: Sequence[SlotRecord], device: torch.devic
         + inductor.settings(device)
         + (["regional"] if regional() else []),
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def fuse_projections() -> bool:
@@ -113,10 +140,8 @@ def _slots_tag(slot_keys: Sequence[str]) -> str:
 def _precompiled_paths(key: str, slot_keys: Sequence[str]) -> tuple[Path, Path]:
     """(artifact, role record) of a role compiled under `key` for these slot keys."""
     stem = f"{key}.{_slots_tag(slot_keys)}"
-    return cache_root() / "compiled" / f"{stem}.artifact", cache_root() / "compiled" / f"{stem}.role.json"
-
-
-RECORD_KIND = "mcore.precompiled_role"
+    folder = cache.cache_dir("compiled")
+    return folder / f"{stem}.artifact", folder / f"{stem}.role.json"
 
 
 def compile_options(device: torch.device, fixed_shapes: bool) -> dict[str, Any]:
@@ -139,7 +164,8 @@ def compile_options(device: torch.device, fixed_shapes: bool) -> dict[str, Any]:
 class CompiledRoleRunner:
     """`prepared` is the role's graph (a PreparedGraph), or for a precompiled role loaded from its
     artifact the RoleProgram alone with `fn` already set. `snapshot`: the role's graph snapshot, kept
-    in the role record that lets a later load skip capture (see `precompiled`)."""
+    in the role record that lets a later load skip capture (see `precompiled`); `made_from`: what
+    the compile depends on (`made_from()`, whose hash is `key`), recorded with the artifact."""
 
     def __init__(
         self,
@@ -148,10 +174,12 @@ class CompiledRoleRunner:
         key: str,
         snapshot: Optional[Snapshot] = None,
         fn: Optional[Callable[..., Any]] = None,
+        made_from: Optional[dict[str, Any]] = None,
     ):
         self.prepared = prepared
         self.device = device
         self.key = key
+        self.made_from = made_from
         self.snapshot = snapshot
         self.fn: Optional[Callable[..., Any]] = fn  # made by prepare(), which knows the role's shapes
         self.graphs: dict[tuple, _Replay] = {}
@@ -190,7 +218,7 @@ class CompiledRoleRunner:
         which later steps overwrite before reading)."""
         p = self.prepared
         role = p.role
-        marker = cache_root() / "compiled" / f"{self.key}.json"
+        marker = cache.cache_dir("compiled") / f"{self.key}.json"
         known = _read_marker(marker)
         options = compile_options(self.device, fixed_shapes)
         self.settings = sorted(k for k, v in options.items() if v is True and k != "deterministic")
@@ -198,8 +226,7 @@ class CompiledRoleRunner:
         artifact = record = None
         if not loaded and precompiled(self.device):
             artifact, record = _precompiled_paths(self.key, p.slot_keys)
-            if not artifact.is_file():
-                known = None  # compiled before through Dynamo, perhaps, but not into an artifact
+            known = None  # a usable artifact would have been loaded (load_role): this compiles one
         if not loaded and fixed_shapes and gemv_enabled(self.device):
             use_gemv(self._graph(), inputs)  # one-row products (the decode step) as mcore::gemv
         if not loaded and artifact is None:
@@ -219,10 +246,10 @@ class CompiledRoleRunner:
         try:
             if artifact is not None:
                 graph = self._graph()
-                self.fn = _artifact(
+                self.fn, saved = _artifact(
                     artifact, graph.gm, p.state_args, inputs, graph.dynamic_dims, options, progress.part(0.0, 0.8)
                 )
-                self.artifact = artifact
+                self.artifact = artifact if saved else None  # no record for a file this compile did not write
             self._warm(inputs, 1)
         except UserError:
             raise
@@ -232,8 +259,8 @@ class CompiledRoleRunner:
                 f"the compiled engine could not compile the {role} graph ({type(e).__name__}: {first[:200]}); "
                 "run with --engine torch"
             ) from None
-        if record is not None and self.snapshot is not None and self.artifact is not None:
-            _write_record(record, self.prepared, self.snapshot)
+        if record is not None and self.snapshot is not None and self.made_from is not None:
+            _write_record(record, self)
         self.compile_s = time.perf_counter() - t0 + self.load_s
         self.cached = loaded or known is not None
         if not self.cached:
@@ -310,25 +337,6 @@ class _Replay:
         return self.outputs
 
 
-def _load_artifact(path: Path) -> Any:
-    """The compiled role saved at `path` (one graph or its regions), or None where it is missing,
-    damaged or from another torch."""
-    if not path.is_file():
-        return None
-    if is_regions_file(path):
-        return load_regions(path, _load_one)
-    return _load_one(path)
-
-
-def _load_one(path: Path) -> Any:
-    from torch._inductor import CompiledArtifact
-
-    try:
-        return CompiledArtifact.load(path=str(path), format="binary")
-    except Exception:  # noqa: BLE001 - a stale or damaged artifact is compiled again, never trusted
-        return None
-
-
 def _artifact(
     path: Path,
     gm: torch.fx.GraphModule,
@@ -337,68 +345,68 @@ def _artifact(
     dynamic_dims: dict[int, tuple[int, ...]],
     options: dict[str, Any],
     progress: Progress = NO_PROGRESS,
-) -> Any:
-    """The role compiled by Inductor alone (no Dynamo), from `path` when an earlier load saved it,
-    else compiled now and saved there: by regions where regions.py finds cuts that change no bit
-    (each distinct region compiled once), else as one graph. `dynamic_dims` (user input ->
-    dimensions) stay symbolic: the example inputs reach Inductor as fake tensors with those sizes
-    as symbols."""
-    art = _load_artifact(path)
-    if art is not None:
-        return art
+) -> tuple[Any, bool]:
+    """The role compiled now by Inductor alone (no Dynamo) and saved at `path` (owner-only; its record
+    is written after it): by regions where regions.py finds cuts that change no bit (each distinct
+    region compiled once, all of them kept in the one file), else as one graph. `dynamic_dims` (user
+    input -> dimensions) stay symbolic: the example inputs reach Inductor as fake tensors with those
+    sizes as symbols. An artifact already at `path` is never read here: only `load_role` loads one,
+    after its record holds. Returns (compiled role, whether it was saved at `path`)."""
     n = len(state_args)
     flat = [*state_args, *inputs]
     dims = {n + i: d for i, d in dynamic_dims.items()}
     plan = plan_regions(gm) if regional() else None
-    try:
-        if plan is not None:
-            art = compile_regions(plan, flat, dims, options, note=lambda s: progress.report(s, 0.1))
-            save_regions(art, path)
-            return art
+    art: Any
+    if plan is not None:
+        art = compile_regions(plan, flat, dims, options, note=lambda s: progress.report(s, 0.1))
+    else:
         art = standalone(gm, flat, dims, options, n_static=n)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        art.save(path=str(staged), format="binary")
-        os.replace(staged, path)  # whole or not at all: a concurrent load never reads half a file
+    try:  # whole or not at all: a concurrent load never reads half a file
+        if isinstance(art, CompiledRegions):
+            save_regions(art, path)
+        else:
+            cache.write_private(path, lambda staged: art.save(path=str(staged), format="binary"))
     except OSError:
-        pass  # the artifact is a convenience: this process runs the compiled code anyway
-    return art
+        return art, False  # the artifact is a convenience: this process runs the compiled code anyway
+    return art, True
 
 
-def _write_record(path: Path, prog: RoleProgram, snapshot: Snapshot) -> None:
-    """The role record beside a precompiled artifact: what a later load needs instead of the graph."""
-    _write_marker(
-        path,
-        {
-            "kind": RECORD_KIND,
-            "schema_version": 1,
-            "role": prog.role,
-            "torch": torch.__version__,
-            "state_names": prog.state_names,
-            "fused_groups": prog.fused_groups,
-            "output_index": prog.output_index,
-            "mutated_inputs": sorted(prog.mutated_inputs),
-            "dynamic_dims": {str(i): list(d) for i, d in prog.dynamic_dims.items()},
-            "slot_keys": list(prog.slot_keys),
-            "snapshot": snapshot.to_dict(),
-        },
-    )
+def graph_sha256(gm: torch.fx.GraphModule) -> str:
+    """The compiled graph itself, scalar arguments included (its Python code), recorded with the
+    artifact as what it was made from."""
+    return hashlib.sha256(gm.code.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _record_fits(data: Any, role: str, slot_keys: list[str]) -> bool:
-    """A role record of this role, these slot keys and this torch (checked before the artifact loads)."""
-    return (
-        isinstance(data, dict)
-        and data.get("kind") == RECORD_KIND
-        and data.get("schema_version") == 1
-        and data.get("role") == role
-        and data.get("slot_keys") == slot_keys
-        and data.get("torch") == torch.__version__
-    )
+def _write_record(path: Path, runner: "CompiledRoleRunner") -> None:
+    """The role record beside a precompiled artifact: what it was made from, the artifact's sha256,
+    and what a later load needs instead of the graph."""
+    prog, snapshot = runner.prepared, runner.snapshot
+    if runner.artifact is None or snapshot is None or runner.made_from is None:
+        return  # nothing to record: no artifact, or a runner made outside an engine (bench variants)
+    graph = runner._graph().gm
+    made = {**runner.made_from, **_role_made_from(prog.role, list(prog.slot_keys)), "graph_sha256": graph_sha256(graph)}
+    try:
+        cache.write_entry(
+            path,
+            made,
+            {"artifact": runner.artifact},
+            state_names=prog.state_names,
+            fused_groups=prog.fused_groups,
+            output_index=prog.output_index,
+            mutated_inputs=sorted(prog.mutated_inputs),
+            dynamic_dims={str(i): list(d) for i, d in prog.dynamic_dims.items()},
+            snapshot=snapshot.to_dict(),
+        )
+    except (OSError, ValueError):
+        pass  # the record is a convenience; without it the next load compiles again
+
+
+def _role_made_from(role: str, slot_keys: list[str]) -> dict[str, Any]:
+    return {"engine_role": role, "slot_keys": slot_keys, "torch_version": torch.__version__}
 
 
 def _program_from_record(data: dict, role: str, state: dict[str, torch.Tensor], slot_keys: list[str]) -> RoleProgram:
-    """The role's program from its record (one that `_record_fits`), over this pipeline's tensors (the
+    """The role's program from its record (one `cache.read_entry` accepted), over this pipeline's tensors (the
     recorded weight fusions replayed); ValueError where it does not fit this pipeline's state."""
     names = data["state_names"]
     if not isinstance(names, list) or any(n not in state for n in names):
@@ -429,15 +437,15 @@ def _signature(inputs: Sequence[torch.Tensor]) -> tuple:
 def _read_marker(path: Path) -> Optional[dict]:
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 
 def _write_marker(path: Path, data: dict) -> None:
+    text = json.dumps(data, indent=2) + "\n"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, data)
-    except (OSError, UserError):
+        cache.write_private(path, lambda p: p.write_text(text, encoding="utf-8"))
+    except OSError:
         pass  # the index is a convenience; Inductor's own cache still works
 
 
@@ -475,8 +483,9 @@ class CompiledEngine:
         if fuse_projections():
             fuse_sibling_projections(prepared)
         structure = structure_key(captured.family, captured.source.config, captured.gargs, captured.role)
+        made = made_from(structure, [s for s, _ in slots], device)
         key = compile_key(structure, [s for s, _ in slots], device)
-        return CompiledRoleRunner(prepared, device, key, snapshot=captured.snapshot)
+        return CompiledRoleRunner(prepared, device, key, snapshot=captured.snapshot, made_from=made)
 
     def load_role(
         self,
@@ -507,25 +516,50 @@ class CompiledEngine:
     ) -> Optional[tuple[CompiledRoleRunner, Snapshot]]:
         if not precompiled(device) or structure is None:
             return None
+        made = made_from(structure.key, [s for s, _ in slots], device)
         key = compile_key(structure.key, [s for s, _ in slots], device)
         slot_keys = [c.key for _, c in slots]
         artifact, record = _precompiled_paths(key, slot_keys)
         t0 = time.perf_counter()
-        data = _read_marker(record)
-        if not _record_fits(data, role, slot_keys) or not artifact.is_file():
-            return None
-        assert data is not None
-        fn = _load_artifact(artifact)
-        if fn is None:
+        expected = {**made, **_role_made_from(role, slot_keys)}
+        data, why = cache.read_entry(record, expected, {"artifact": artifact}, ignore=("graph_sha256",))
+        if data is None:  # checked before anything is unpickled
+            if why is not None:
+                cache.stale(f"compiled {role} graph", artifact, why, "compiling")
             return None
         try:
+            # another checkpoint of this structure compiled it: used only if its recorded graph,
+            # under this model's metadata, is exactly the bundle's (every node, tensor, input, output)
             snapshot = rebased(Snapshot.from_dict(data.get("snapshot"), str(record)), structure.metadata, fingerprint)
             if snapshot is None:
-                return None
+                raise ValueError("its recorded graph, under this model's metadata, has another fingerprint")
             prog = _program_from_record(data, role, state, slot_keys)
-        except (UserError, ValueError, KeyError, TypeError, AttributeError):
+            fn = _load_artifact(artifact, data)
+        except (UserError, ValueError, KeyError, TypeError, AttributeError) as e:
+            cache.stale(f"compiled {role} graph", artifact, str(e) or type(e).__name__, "compiling")
             return None
-        runner = CompiledRoleRunner(prog, device, key, snapshot=snapshot, fn=fn)
+        runner = CompiledRoleRunner(prog, device, key, snapshot=snapshot, fn=fn, made_from=made)
         runner.artifact = artifact
         runner.load_s = time.perf_counter() - t0
         return runner, snapshot
+
+
+def _load_artifact(path: Path, record: dict) -> Any:
+    """The compiled role saved at `path` (one graph, or its regions: standalone.py) under `record`,
+    which `load_role` accepted: the bytes unpickled are the bytes checked against it once more
+    (cache.read_checked). ValueError where it still does not load (another layout of this torch, say)."""
+    raw = cache.read_checked(record, "artifact", path)
+    return load_regions(raw, _load_one) if is_regions(raw) else _load_one(raw)
+
+
+def _load_one(raw: bytes) -> Any:
+    """One Inductor artifact from its checked bytes, through a private temporary file (the API reads a path)."""
+    from torch._inductor import CompiledArtifact
+
+    with tempfile.TemporaryDirectory(prefix="mcore-artifact-") as tmp:  # 0700, this user's
+        part = Path(tmp) / "artifact.bin"
+        part.write_bytes(raw)
+        try:
+            return CompiledArtifact.load(path=str(part), format="binary")
+        except Exception as e:  # noqa: BLE001 - compiled again, never trusted half-loaded
+            raise ValueError(f"it does not load: {type(e).__name__}") from None

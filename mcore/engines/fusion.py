@@ -50,6 +50,7 @@ def fuse_sibling_projections(p: PreparedGraph) -> int:
         first = min(lins, key=lambda n: list(gm.graph.nodes).index(n))
         with gm.graph.inserting_before(first):
             y = gm.graph.call_function(torch.ops.aten.linear.default, (x, ph))
+            y.meta["mcore_fused_nodes"] = [lin.name for lin in lins]  # a profile charges them its kernel
             for lin, (a, b) in zip(lins, bounds):
                 part = gm.graph.call_function(torch.ops.aten.slice.Tensor, (y, -1, a, b))
                 if "val" in lin.meta:  # the same value as the product it stands for (later passes read it)

@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..families.demo import cache_root
+from .. import cache
 from ..progress import Progress
 
 ENV = "MCORE_PARALLEL_ROLES"
@@ -37,6 +37,8 @@ def helper_wanted(
     flag = os.environ.get(ENV, "")
     if flag == "0" or has_slots or family.kind != "decoder" or engine.keeps_captures(device):
         return False  # keeps_captures: an engine that compiles from the graph at each load, not precompiled roles
+    if cache.cache_dir("compiled") != cache.cache_root() / "compiled":
+        return False  # an unsafe cache folder: this process's private one, which a helper would not share
     if flag == "1":
         return True
     return device.type == "cuda" and _room_for_a_copy(device, family, config, gargs, core)
@@ -58,11 +60,12 @@ class RoleHelper:
 
     @classmethod
     def start(cls, bundle_path: str, roles: Sequence[str], device: torch.device) -> Optional["RoleHelper"]:
-        log = cache_root() / "compiled" / f"helper-{os.getpid()}-{'-'.join(roles)}.log"
+        # beside what it compiles (a checked, owner-only folder); the file owner-only too, never through a link
+        log = cache.cache_dir("compiled") / f"helper-{os.getpid()}-{'-'.join(roles)}.log"
         cmd = [sys.executable, "-m", "mcore.engines.role_helper", str(bundle_path), str(device), *roles]
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
         try:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with open(log, "w") as f:
+            with os.fdopen(os.open(log, flags, 0o600), "w") as f:
                 proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         except OSError:
             return None  # compiled here instead
@@ -84,11 +87,19 @@ class RoleHelper:
         return self.proc.returncode == 0
 
     def failure(self) -> str:
+        """Why the helper's roles are compiled here after all (its log is kept for a look)."""
         try:
-            lines = self.log.read_text().strip().splitlines()
+            lines = self.log.read_text(errors="replace").strip().splitlines()
         except OSError:
             lines = []
-        return f"exit {self.proc.returncode}: {lines[-1][:200] if lines else 'no output'}"
+        return f"exit {self.proc.returncode}: {lines[-1][:200] if lines else 'no output'}; log {self.log}"
+
+    def done(self) -> None:
+        """Its roles were taken: its log goes (one per process would pile up in the cache)."""
+        try:
+            self.log.unlink()
+        except OSError:
+            pass
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -99,14 +110,12 @@ class RoleHelper:
 def compile_roles(bundle_path: str, device: torch.device, roles: Sequence[str]) -> None:
     """Capture and compile `roles` of a slot-free decoder bundle into the cache, as a pipeline's
     load would (its weights left uninitialized: compiled code never reads their values)."""
-    import json
-
-    from ..buildargs import BuildArgs
     from ..bundle import open_bundle
+    from ..bundle_contents import check_family, check_graph_args, read_json_member
     from ..errors import UserError
     from ..families import get_family
     from ..families.base import ModelSource
-    from ..graph_capture import capture_cached
+    from ..graph_capture import build_core, capture_cached
     from ..pipeline import DecoderBuffers
     from . import get_engine
     from .compiled import start_compile_workers
@@ -114,19 +123,19 @@ def compile_roles(bundle_path: str, device: torch.device, roles: Sequence[str]) 
     start_compile_workers(device)  # up by the time the graph is captured
     bundle = open_bundle(bundle_path)
     m = bundle.runnable()
+    check_family(m, str(bundle.path))
     family = get_family(m.family)
-    config = json.loads(bundle.read("config.json"))
+    config = read_json_member(bundle, "config.json")
+    args = check_graph_args(family, config, m, str(bundle.path))
     gargs = m.graph_args
     source = ModelSource(spec=m.model.spec, family=m.family, config=config, path=None, revision=m.model.revision)
-    core = family.build_core(config, gargs, device).eval()
+    core = build_core(family, config, gargs, device).eval()
     engine = get_engine("compiled", device)
     for role in roles:
         module = family.role_module(core, role)
         state: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
         state.update(dict(module.named_buffers(remove_duplicate=False)))
-        cap = capture_cached(
-            BuildArgs.from_dict(m.build_args), role, m.roles[role].fingerprint, (source, family, gargs), save=False
-        )
+        cap = capture_cached(args, role, m.roles[role].fingerprint, (source, family, gargs), save=False)
         if cap.snapshot.fingerprint != m.roles[role].fingerprint:
             raise UserError(f"{bundle_path}: the {role} graph this mcore captures differs from the bundle's")
         runner = engine.compile_role(cap, state, [], device)

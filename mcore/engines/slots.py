@@ -8,7 +8,8 @@ cache entry) holds no Python object and two pipelines in one process keep their 
 
 The slot calls the bound TVM-FFI function in ABI order: inputs, workspace, outputs, extra
 args. The engine allocates the output (fresh, so it never aliases an input) and the workspace
-(once per pipeline); the kernel launches on the current stream, also during CUDA-graph capture.
+(once per slot, when it binds, uninitialised); the kernel launches on the current stream, also
+during CUDA-graph capture.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class SlotCall:
             raise RuntimeError(f"slot {self.binding_id} is already bound; construct a new pipeline to rebind")
         self.fn = fn
         if self.workspace_bytes:
+            # uninitialised scratch: a kernel may not rely on what it holds when a call starts (the CuTe
+            # attention writes every record it reads in the same call)
             self._workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=device)
 
     def output_like(self, inputs: list[torch.Tensor]) -> torch.Tensor:
@@ -70,12 +73,24 @@ class SlotCall:
         if self.fn is None:
             raise RuntimeError(f"slot {self.binding_id} is unbound")
         out = self.output_like(list(inputs))
-        self.fn(
-            *self.slot.call_args(
-                [x if x.is_contiguous() else x.contiguous() for x in inputs], self._workspace, [out], self.extras
-            )
+        args = self.slot.call_args(
+            [x if x.is_contiguous() else x.contiguous() for x in inputs], self._workspace, [out], self.extras
         )
+        try:
+            self.fn(*args)
+        except (TypeError, ValueError, RuntimeError) as e:  # the DSO's, not ours: one line naming the slot
+            raise self._failed(e) from None
         return out
+
+    def _failed(self, e: Exception) -> UserError:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        if isinstance(e, TypeError):  # TVM-FFI: the function's parameters are not the slot's call
+            ws = f"; its workspace ({self.workspace_bytes} bytes) is passed between the inputs and the output"
+            return UserError(
+                f"the kernel bound to slot {self.slot.label} does not take the slot's call {self.slot.call} "
+                f"({first}){ws if self.workspace_bytes else ''}; build the kernel for the receipt's ABI"
+            )
+        return UserError(f"the kernel bound to slot {self.slot.label} failed ({type(e).__name__}: {first})")
 
 
 def release_dropped() -> None:

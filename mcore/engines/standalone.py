@@ -4,7 +4,8 @@ one file a compiled role is kept in.
 A whole-graph role is one Inductor artifact file, as `CompiledArtifact.save` writes it. A role
 compiled by regions is one file too: a small header (the region calls: which values each region
 reads, which compiled region runs it, the role's outputs) followed by each distinct region's
-artifact, so whatever checks a role's file before loading it covers every region in it.
+artifact, so the role record's sha256 of that file (mcore/cache.py), checked before anything is
+unpickled, covers every region in it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
+from .. import cache
 from .regions import RegionalProgram, RegionPlan, unique_regions
 
 MAGIC = b"mcore regional artifact v1\n"
@@ -141,7 +143,8 @@ def _layout(t: Any) -> tuple:
 
 
 def save_regions(regions: CompiledRegions, path: Path) -> None:
-    """One file: the header, then each distinct region's artifact (whole or not at all)."""
+    """One file, owner-only (cache.write_private): the header, then each distinct region's artifact
+    (whole or not at all). The role record written after it covers the whole file's sha256."""
     with tempfile.TemporaryDirectory(prefix="mcore-regions-") as tmp:
         blobs = []
         for k, art in enumerate(regions.artifacts):
@@ -162,53 +165,46 @@ def save_regions(regions: CompiledRegions, path: Path) -> None:
             "sizes": [len(b) for b in blobs],
         }
     ).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(staged, "wb") as f:
-        f.write(MAGIC + len(header).to_bytes(8, "little") + header)
-        for b in blobs:
-            f.write(b)
-    os.replace(staged, path)  # a concurrent load never reads half a file
+
+    def write(staged: Path) -> None:
+        with open(staged, "wb") as f:
+            f.write(MAGIC + len(header).to_bytes(8, "little") + header)
+            for b in blobs:
+                f.write(b)
+
+    cache.write_private(path, write)  # a concurrent load never reads half a file
 
 
-def is_regions_file(path: Path) -> bool:
+def is_regions(raw: bytes) -> bool:
+    """Whether a role's artifact bytes are save_regions' file (else one Inductor artifact)."""
+    return raw.startswith(MAGIC)
+
+
+def load_regions(raw: bytes, load_one: Callable[[bytes], Any]) -> CompiledRegions:
+    """The role save_regions kept in `raw` (the file's bytes, already checked against the role
+    record's sha256: mcore/cache.read_checked), each region's artifact read by `load_one` (its
+    bytes -> artifact, ValueError where it does not load); ValueError where the file is damaged,
+    from another torch or incomplete."""
     try:
-        with open(path, "rb") as f:
-            return f.read(len(MAGIC)) == MAGIC
-    except OSError:
-        return False
-
-
-def load_regions(path: Path, load_one: Callable[[Path], Any]) -> Optional[CompiledRegions]:
-    """The role kept at `path` by save_regions, each region's artifact read by `load_one` (a
-    path -> artifact or None); None where the file is damaged, from another torch or incomplete."""
-    try:
-        raw = path.read_bytes()
         n = int.from_bytes(raw[len(MAGIC) : len(MAGIC) + 8], "little")
         start = len(MAGIC) + 8
         header = json.loads(raw[start : start + n])
         if not isinstance(header, dict) or header.get("kind") != KIND or header.get("schema_version") != 1:
-            return None
+            raise ValueError("its header is not a regional artifact's")
         if header.get("torch") != torch.__version__:
-            return None
-        sizes, compiled = header["sizes"], header["compiled"]
+            raise ValueError("it was compiled by another torch")
+        sizes, compiled = [int(x) for x in header["sizes"]], [int(c) for c in header["compiled"]]
         args, outputs, n_in = header["args"], header["outputs"], int(header["n_in"])
         if len(compiled) != len(args) or any(not 0 <= c < len(sizes) for c in compiled):
-            return None
-        if start + n + sum(sizes) != len(raw):
-            return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+            raise ValueError("its header does not fit its regions")
+        if any(x < 0 for x in sizes) or start + n + sum(sizes) != len(raw):
+            raise ValueError("it is incomplete")
+    except (KeyError, TypeError, RecursionError, UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError("its header is unreadable") from None
     artifacts = []
     offset = start + n
-    with tempfile.TemporaryDirectory(prefix="mcore-regions-") as tmp:
-        for k, size in enumerate(sizes):
-            part = Path(tmp) / f"{k}.bin"
-            part.write_bytes(raw[offset : offset + size])
-            offset += size
-            art = load_one(part)
-            if art is None:
-                return None
-            artifacts.append(art)
+    for size in sizes:
+        artifacts.append(load_one(raw[offset : offset + size]))
+        offset += size
     program = RegionalProgram([artifacts[c] for c in compiled], args, outputs, n_in)
-    return CompiledRegions(program, compiled, artifacts, list(header.get("layers", [])))
+    return CompiledRegions(program, compiled, artifacts, [str(x) for x in header.get("layers", [])])

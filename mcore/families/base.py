@@ -25,7 +25,7 @@ class ModelSource:
     """A resolved model: where its files are and what its config says."""
 
     spec: str  # what the user typed: demo:qwen3-tiny, a folder, a hub ID
-    family: str  # qwen3 | distilbert | bert
+    family: str  # its config.json model_type: qwen3 | llama | mistral | qwen2 | distilbert | bert
     config: dict  # config.json
     path: Optional[Path]  # folder holding config.json, *.safetensors, tokenizer.json
     revision: Optional[str]  # pinned revision (recorded in metadata)

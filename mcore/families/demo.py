@@ -1,6 +1,6 @@
 """Demo models, materialized offline and deterministically on first use.
 
-`demo:qwen3-tiny`, `demo:distilbert-tiny`, `demo:bert-tiny` become real Hugging Face style
+`demo:qwen3-tiny`, `demo:llama-tiny`, `demo:distilbert-tiny`, ... (DEMOS) become real Hugging Face style
 checkpoint folders (config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
 generation_config.json for the decoder) under
 
@@ -86,7 +86,12 @@ def train_bpe(text: str, num_merges: int) -> list[tuple[str, str]]:
 
     pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     counts = Counter(piece for piece, _ in pre.pre_tokenize_str(text))
-    words = {tuple(w): c for w, c in sorted(counts.items())}
+    return _train_merges({tuple(w): c for w, c in sorted(counts.items())}, num_merges)
+
+
+def _train_merges(words: dict[tuple[str, ...], int], num_merges: int) -> list[tuple[str, str]]:
+    """BPE merges over `words` (symbol tuples -> counts): the most frequent pair first, ties broken
+    by the pair's characters, stopping early when no pair occurs twice. Deterministic."""
     merges: list[tuple[str, str]] = []
     for _ in range(num_merges):
         pairs: Counter = Counter()
@@ -117,11 +122,10 @@ def train_bpe(text: str, num_merges: int) -> list[tuple[str, str]]:
     return merges
 
 
-def build_tokenizer(specials_first: list[str], specials_last: list[str], vocab_size: int, encoder: bool):
-    """A byte-level BPE tokenizers.Tokenizer with exactly `vocab_size` entries (fewer only if the
-    text runs out of repeated pairs): specials_first, 256 bytes, merges, specials_last."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-
+def _byte_level_vocab(
+    specials_first: list[str], specials_last: list[str], vocab_size: int
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """(vocab, merges): specials_first, the 256 byte characters, the learned merges, specials_last."""
     alphabet = [bytes_to_unicode()[b] for b in range(256)]
     n_merges = vocab_size - len(specials_first) - 256 - len(specials_last)
     merges = train_bpe(DEMO_TEXT, n_merges)
@@ -133,6 +137,15 @@ def build_tokenizer(specials_first: list[str], specials_last: list[str], vocab_s
             vocab[a + b] = len(vocab)
     for text in specials_last:
         vocab[text] = len(vocab)
+    return vocab, merges
+
+
+def build_tokenizer(specials_first: list[str], specials_last: list[str], vocab_size: int, encoder: bool):
+    """A byte-level BPE tokenizers.Tokenizer with exactly `vocab_size` entries (fewer only if the
+    text runs out of repeated pairs): specials_first, 256 bytes, merges, specials_last."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    vocab, merges = _byte_level_vocab(specials_first, specials_last, vocab_size)
     model = models.BPE(vocab=vocab, merges=merges, unk_token="[UNK]" if encoder else None)
     tok = Tokenizer(model)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -146,6 +159,83 @@ def build_tokenizer(specials_first: list[str], specials_last: list[str], vocab_s
         )
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
+
+
+# The pre-tokenizer splits of published byte-level tokenizers (tokenizer.json's Split pattern): Llama 3
+# groups up to three digits, Qwen2/2.5/3 one. Letters, then numbers, punctuation, newlines, spaces.
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+
+
+def split_byte_level_tokenizer(
+    specials_first: list[str],
+    specials_last: list[str],
+    vocab_size: int,
+    split: str,
+    bos: Optional[str] = None,
+    nfc: bool = False,
+):
+    """A byte-level BPE laid out as Llama 3 (split=LLAMA3_SPLIT, bos="<|begin_of_text|>": its
+    post-processor adds the BOS) or Qwen2.5 (split=QWEN2_SPLIT, nfc=True, no BOS) publish theirs: a
+    Split pre-tokenizer, then bytes to characters; the same vocabulary rule as build_tokenizer."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    vocab, merges = _byte_level_vocab(specials_first, specials_last, vocab_size)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=bos is not None))
+    if nfc:
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials_first + specials_last])
+    byte_level = processors.ByteLevel(trim_offsets=False)
+    if bos is None:
+        tok.post_processor = byte_level
+    else:
+        adds_bos = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, vocab[bos])]
+        )
+        tok.post_processor = processors.Sequence([byte_level, adds_bos])
+    return tok
+
+
+def sentencepiece_tokenizer(controls: list[str], vocab_size: int):
+    """A SentencePiece-style BPE laid out as Mistral 7B v0.3 (and Llama 2) publish theirs: <unk>, <s>,
+    </s>, the control tokens, the 256 byte-fallback tokens <0x00>..<0xFF>, then pieces, where "▁"
+    marks a space and starts the text (Metaspace, prepend "first"); the post-processor adds <s>."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    specials = ["<unk>", "<s>", "</s>"] + controls
+    vocab: dict[str, int] = {t: i for i, t in enumerate(specials)}
+    for byte in range(256):
+        vocab[f"<0x{byte:02X}>"] = len(vocab)
+    words = Counter("▁" + w for w in DEMO_TEXT.replace("\n", " ").split(" ") if w)
+    for ch in sorted({c for w in words for c in w}):
+        vocab[ch] = len(vocab)
+    merges = _train_merges({tuple(w): c for w, c in sorted(words.items())}, vocab_size - len(vocab))
+    for left, right in merges:
+        if left + right not in vocab:
+            vocab[left + right] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s>:0 $A:0", pair="<s>:0 $A:0 <s>:1 $B:1", special_tokens=[("<s>", vocab["<s>"])]
+    )
     return tok
 
 
@@ -196,6 +286,37 @@ def _qwen3_tiny_hd64() -> dict:
     return _qwen3_demo(L=2, H=8, KV=2, D=64, HID=128, FF=256, seed=1004)
 
 
+def _decoder_weight_spec(
+    L: int, H: int, KV: int, D: int, HID: int, FF: int, vocab: int, qk_norm: bool, qkv_bias: bool = False, tied=False
+) -> WeightSpec:
+    """The tensors of a *ForCausalLM checkpoint (model.* and lm_head, unless tied) and their scales."""
+    spec: WeightSpec = [("model.embed_tokens.weight", (vocab, HID), "w", 1.0)]
+    if not tied:
+        spec.append(("lm_head.weight", (vocab, HID), "w", 0.3))
+    spec.append(("model.norm.weight", (HID,), "one", 0.1))
+    for i in range(L):
+        p = f"model.layers.{i}."
+        spec += [
+            (p + "input_layernorm.weight", (HID,), "one", 0.1),
+            (p + "post_attention_layernorm.weight", (HID,), "one", 0.1),
+            (p + "self_attn.q_proj.weight", (H * D, HID), "w", 0.25),
+            (p + "self_attn.k_proj.weight", (KV * D, HID), "w", 0.25),
+            (p + "self_attn.v_proj.weight", (KV * D, HID), "w", 0.25),
+            (p + "self_attn.o_proj.weight", (HID, H * D), "w", 0.25),
+            (p + "mlp.gate_proj.weight", (FF, HID), "w", 0.25),
+            (p + "mlp.up_proj.weight", (FF, HID), "w", 0.25),
+            (p + "mlp.down_proj.weight", (HID, FF), "w", 0.2),
+        ]
+        if qk_norm:
+            spec += [
+                (p + "self_attn.q_norm.weight", (D,), "one", 0.1),
+                (p + "self_attn.k_norm.weight", (D,), "one", 0.1),
+            ]
+        if qkv_bias:
+            spec += [(p + f"self_attn.{x}_proj.bias", (n * D,), "w", 0.1) for x, n in (("q", H), ("k", KV), ("v", KV))]
+    return spec
+
+
 def _qwen3_demo(L: int, H: int, KV: int, D: int, HID: int, FF: int, seed: int) -> dict:
     tok = build_tokenizer([], ["<|endoftext|>"], 512, encoder=False)
     vocab = tok.get_vocab_size(with_added_tokens=True)
@@ -228,26 +349,7 @@ def _qwen3_demo(L: int, H: int, KV: int, D: int, HID: int, FF: int, seed: int) -
         "pad_token_id": None,
         "dtype": "float32",
     }
-    spec: WeightSpec = [
-        ("model.embed_tokens.weight", (vocab, HID), "w", 1.0),
-        ("lm_head.weight", (vocab, HID), "w", 0.3),
-    ]
-    spec.append(("model.norm.weight", (HID,), "one", 0.1))
-    for i in range(L):
-        p = f"model.layers.{i}."
-        spec += [
-            (p + "input_layernorm.weight", (HID,), "one", 0.1),
-            (p + "post_attention_layernorm.weight", (HID,), "one", 0.1),
-            (p + "self_attn.q_proj.weight", (H * D, HID), "w", 0.25),
-            (p + "self_attn.k_proj.weight", (KV * D, HID), "w", 0.25),
-            (p + "self_attn.v_proj.weight", (KV * D, HID), "w", 0.25),
-            (p + "self_attn.o_proj.weight", (HID, H * D), "w", 0.25),
-            (p + "self_attn.q_norm.weight", (D,), "one", 0.1),
-            (p + "self_attn.k_norm.weight", (D,), "one", 0.1),
-            (p + "mlp.gate_proj.weight", (FF, HID), "w", 0.25),
-            (p + "mlp.up_proj.weight", (FF, HID), "w", 0.25),
-            (p + "mlp.down_proj.weight", (HID, FF), "w", 0.2),
-        ]
+    spec = _decoder_weight_spec(L, H, KV, D, HID, FF, vocab, qk_norm=True)
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": "<|endoftext|>",
@@ -262,6 +364,216 @@ def _qwen3_demo(L: int, H: int, KV: int, D: int, HID: int, FF: int, seed: int) -
         "tokenizer": tok,
         "tokenizer_config": tok_cfg,
         "generation_config": gen,
+    }
+
+
+# Special tokens and chat templates in the formats the published checkpoints use (the templates are
+# written here, not copied): Llama 3.x's header turns with a dated system block, Mistral's [INST]
+# turns, Qwen2.5's im_start/im_end with a default system turn.
+LLAMA3_SPECIALS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|reserved_special_token_2|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+]
+MISTRAL_CONTROLS = ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"]
+QWEN2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>"]
+
+LLAMA3_CHAT_TEMPLATE = (
+    "{{- bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] | trim %}"
+    "{%- set messages = messages[1:] %}{%- else %}{%- set system = '' %}{%- endif %}\n"
+    "{%- if date_string is not defined %}{%- set date_string = strftime_now('%d %b %Y') %}{%- endif %}\n"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: ' + date_string + '\\n\\n' }}"
+    "{{- system + '<|eot_id|>' }}\n"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}\n"
+)
+MISTRAL_CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}"
+    "{%- if message['role'] == 'user' %}{{- '[INST] ' + message['content'] + '[/INST]' }}"
+    "{%- else %}{{- message['content'] + eos_token }}{%- endif %}"
+    "{%- endfor %}"
+)
+QWEN2_CHAT_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}\n"
+    "{%- for message in messages %}{%- if message.role != 'system' %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}\n"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}\n"
+)
+
+
+def _llama_tiny() -> dict:
+    """Shaped like Llama-3.2-1B-Instruct at a small width: head_dim 64 (the CuTe DSL decode attention
+    in kernels/ takes it), GQA 4, tied embeddings, llama3 RoPE scaling, a tokenizer whose
+    post-processor adds <|begin_of_text|>, Llama 3's chat format and its three end tokens."""
+    L, H, KV, D, HID, FF = 2, 8, 2, 64, 128, 256
+    tok = split_byte_level_tokenizer([], LLAMA3_SPECIALS, 512, LLAMA3_SPLIT, bos="<|begin_of_text|>")
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    bos = tok.token_to_id("<|begin_of_text|>")
+    eos = [tok.token_to_id(t) for t in ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")]
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "head_dim": D,
+        "hidden_act": "silu",
+        "hidden_size": HID,
+        "initializer_range": 0.02,
+        "intermediate_size": FF,
+        "max_position_embeddings": 131072,
+        "mlp_bias": False,
+        "model_type": "llama",
+        "num_attention_heads": H,
+        "num_hidden_layers": L,
+        "num_key_value_heads": KV,
+        "pretraining_tp": 1,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "vocab_size": vocab,
+        "dtype": "float32",
+    }
+    tok_cfg = {
+        "bos_token": "<|begin_of_text|>",
+        "chat_template": LLAMA3_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": True,
+        "eos_token": "<|eot_id|>",
+        "model_input_names": ["input_ids", "attention_mask"],
+        "model_max_length": 131072,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    return {
+        "config": config,
+        "weights": _weights(_decoder_weight_spec(L, H, KV, D, HID, FF, vocab, qk_norm=False, tied=True), seed=5005),
+        "tokenizer": tok,
+        "tokenizer_config": tok_cfg,
+        "generation_config": {"bos_token_id": bos, "eos_token_id": eos, "do_sample": False},
+    }
+
+
+def _mistral_tiny() -> dict:
+    """Shaped like Mistral-7B-v0.3 at a small width: head_dim 64 from hidden/heads, GQA 4, no
+    sliding window, a SentencePiece-style tokenizer that adds <s>, and the [INST] chat format."""
+    L, H, KV, HID, FF = 2, 4, 1, 256, 512
+    D = HID // H
+    tok = sentencepiece_tokenizer(MISTRAL_CONTROLS, 512)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    config = {
+        "architectures": ["MistralForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": HID,
+        "initializer_range": 0.02,
+        "intermediate_size": FF,
+        "max_position_embeddings": 32768,
+        "model_type": "mistral",
+        "num_attention_heads": H,
+        "num_hidden_layers": L,
+        "num_key_value_heads": KV,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "vocab_size": vocab,
+        "dtype": "float32",
+    }
+    tok_cfg = {
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "bos_token": "<s>",
+        "chat_template": MISTRAL_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "</s>",
+        "legacy": False,
+        "pad_token": None,
+        "tokenizer_class": "LlamaTokenizer",
+        "unk_token": "<unk>",
+    }
+    return {
+        "config": config,
+        "weights": _weights(_decoder_weight_spec(L, H, KV, D, HID, FF, vocab, qk_norm=False), seed=6006),
+        "tokenizer": tok,
+        "tokenizer_config": tok_cfg,
+        "generation_config": {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False},
+    }
+
+
+def _qwen2_tiny() -> dict:
+    """Shaped like Qwen2.5-0.5B at a small width: 7 query heads a KV head (GQA 7), head_dim 64 from
+    hidden/heads, q/k/v biases, tied embeddings, Qwen's byte-level tokenizer (no BOS) and chat format."""
+    L, H, KV, HID, FF = 2, 7, 1, 448, 1024
+    D = HID // H
+    tok = split_byte_level_tokenizer([], QWEN2_SPECIALS, 512, QWEN2_SPLIT, nfc=True)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    eos = tok.token_to_id("<|endoftext|>")
+    config = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "hidden_act": "silu",
+        "hidden_size": HID,
+        "initializer_range": 0.02,
+        "intermediate_size": FF,
+        "max_position_embeddings": 32768,
+        "max_window_layers": L,
+        "model_type": "qwen2",
+        "num_attention_heads": H,
+        "num_hidden_layers": L,
+        "num_key_value_heads": KV,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": 32768,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": vocab,
+        "dtype": "float32",
+    }
+    tok_cfg = {
+        "bos_token": None,
+        "chat_template": QWEN2_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|endoftext|>",
+        "model_max_length": 32768,
+        "pad_token": "<|endoftext|>",
+        "tokenizer_class": "Qwen2Tokenizer",
+    }
+    spec = _decoder_weight_spec(L, H, KV, D, HID, FF, vocab, qk_norm=False, qkv_bias=True, tied=True)
+    return {
+        "config": config,
+        "weights": _weights(spec, seed=7007),
+        "tokenizer": tok,
+        "tokenizer_config": tok_cfg,
+        "generation_config": {"bos_token_id": eos, "eos_token_id": eos, "do_sample": False},
     }
 
 
@@ -405,8 +717,23 @@ def _bert_tiny() -> dict:
 DEMOS: dict[str, Callable[[], dict]] = {
     "qwen3-tiny": _qwen3_tiny,
     "qwen3-tiny-hd64": _qwen3_tiny_hd64,
+    "llama-tiny": _llama_tiny,
+    "mistral-tiny": _mistral_tiny,
+    "qwen2-tiny": _qwen2_tiny,
     "distilbert-tiny": _distilbert_tiny,
     "bert-tiny": _bert_tiny,
+}
+
+
+# Each demo's family (its config.json model_type), for asking a demo's kind without generating it.
+DEMO_FAMILIES: dict[str, str] = {
+    "qwen3-tiny": "qwen3",
+    "qwen3-tiny-hd64": "qwen3",
+    "llama-tiny": "llama",
+    "mistral-tiny": "mistral",
+    "qwen2-tiny": "qwen2",
+    "distilbert-tiny": "distilbert",
+    "bert-tiny": "bert",
 }
 
 
@@ -486,6 +813,7 @@ def materialize(name: str, root: Optional[str | Path] = None) -> Path:
     if final.is_dir() and _valid(final, name):
         return final
     try:
+        base.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # $MCORE_CACHE_DIR owner-only (mcore/cache.py)
         base.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=base))
         os.chmod(tmp, 0o755)

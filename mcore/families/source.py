@@ -77,6 +77,18 @@ def _hub_snapshot(repo_id: str, revision: Optional[str]) -> Path:
         raise UserError(f"{how} (download failed: {reason})") from None
 
 
+def cached_hub_folder(repo_id: str) -> Optional[Path]:
+    """The local Hugging Face cache's snapshot of hub ID `repo_id`, or None; never downloads."""
+    if not _HUB_ID.match(repo_id) or repo_id.startswith((".", "/", "~")):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # not cached, or no huggingface_hub: unknown here
+        return None
+
+
 def resolve_model(spec: str, revision: Optional[str] = None) -> ModelSource:
     """demo:NAME, an existing local folder (holding config.json), or a hub ID org/name."""
     if not isinstance(spec, str) or not spec.strip():
@@ -177,7 +189,9 @@ def special_tokens(source: ModelSource) -> dict:
         "bos_token_id": first_id("bos_token_id"),
         "pad_token_id": first_id("pad_token_id"),
     }
-    if source.family in ("bert", "distilbert"):
+    from . import family_kind
+
+    if family_kind(source.family) == "encoder":
         out["cls_token_id"] = lookup("cls_token", "[CLS]")
         out["sep_token_id"] = lookup("sep_token", "[SEP]")
     return out

@@ -55,7 +55,7 @@ def checkpoint_files(folder: str | Path) -> dict[str, Path]:
             weight_map = data["weight_map"]
             if not isinstance(weight_map, dict):
                 raise TypeError("weight_map is not an object")
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             raise UserError(
                 f"{index}: malformed checkpoint index ({e}); re-download or re-save the checkpoint"
             ) from None

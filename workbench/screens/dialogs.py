@@ -195,7 +195,9 @@ HELP = [
     (
         "Profile",
         [
-            ("r", "profile the native bundle (torch engine, op by op)"),
+            ("r", "profile the native bundle on the engine shown (auto: the one the pipeline runs)"),
+            ("e", "the engine to profile: auto, compiled, torch (op by op)"),
+            ("f", "profile op by op and report what the compiled engine fuses"),
             ("s / enter", "select the candidate: Region screen with its nodes marked"),
             ("x", "cancel"),
         ],

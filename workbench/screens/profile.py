@@ -1,7 +1,9 @@
 """Profile screen (p on the Graph screen): where the time goes in one role of a bundle, from
-mcore's profile report: time by module subtree and by op kind as bars, and the candidate regions
-ranked by headroom. `s` (or enter) takes the highlighted candidate to the Region screen with its
-nodes marked (its recipe instance picked), where the receipt is saved as usual."""
+mcore's profile report of the engine it names (by default the one the pipeline runs: compiled on
+CUDA, op by op on the CPU; `e` picks another): time by module subtree and by op kind as bars (a
+compiled profile's time between kernels among them), and the candidate regions ranked by net
+headroom. `s` (or enter) takes the highlighted candidate to the Region screen with its nodes marked
+(its recipe instance picked), where the receipt is saved as usual."""
 
 from __future__ import annotations
 
@@ -28,12 +30,34 @@ def module_rows(report: dict[str, Any], top: int) -> list[tuple[str, float]]:
 
 
 def op_rows(report: dict[str, Any], top: int) -> list[tuple[str, float]]:
-    """Time by op kind (aten.mm.default -> mm), summed over the role's nodes."""
+    """Time by op kind (aten.mm.default -> mm), summed over the role's nodes, and a compiled step's
+    time between kernels as a row of its own."""
     shares: dict[str, float] = defaultdict(float)
     for n in report["nodes"]:
         op = n["op"].removeprefix("aten.").removesuffix(".default")
         shares[op] += n["share"]
+    if report.get("between_kernels"):
+        shares["between kernels"] += report["between_kernels"]["share"]
     return sorted(shares.items(), key=lambda r: -r[1])[:top]
+
+
+ENGINES = ("auto", "compiled", "torch")
+
+
+def engine_text(p: dict[str, Any]) -> str:
+    """Which engine the report profiled, and for a compiled one how its step's time splits."""
+    engine = p.get("engine")
+    if not engine:  # a live view of an op-by-op profile
+        return f"{len(p['nodes'])} nodes timed op by op"
+    if engine["name"] == "torch":
+        return f"engine torch: {len(p['nodes'])} nodes timed op by op"
+    between = p["between_kernels"]
+    return (
+        f"engine compiled: {len(p['kernels'])} kernels, between kernels {between['share']:.1%}, "
+        f"attributed {p['attributed_seconds'] / p['step_seconds']:.1%} of the step"
+        if p["step_seconds"] > 0
+        else f"engine compiled: {len(p['kernels'])} kernels"
+    )
 
 
 def candidate_name(c: dict[str, Any]) -> str:
@@ -44,13 +68,15 @@ class ProfileScreen(WorkbenchScreen):
     SCREEN_NAME = "profile"
     BINDINGS = [
         Binding("r", "run_profile", "profile"),
-        Binding("f", "run_profile(True)", "profile + fusion"),
+        Binding("e", "next_engine", "engine"),
+        Binding("f", "run_profile(True)", "op by op + fusion"),
         Binding("s", "select_candidate", "select region"),
     ]
 
     def __init__(self) -> None:
         super().__init__()
         self._shown: Optional[dict[str, Any]] = None  # the report the widgets show
+        self.engine = "auto"  # what r profiles: auto is the engine the pipeline runs on its device
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="profile-empty", classes="empty")
@@ -100,9 +126,10 @@ class ProfileScreen(WorkbenchScreen):
             if self.wb.busy != "profile":
                 empty.update(
                     Text(
-                        "No profile yet. Press r to profile the native bundle (build it on the Build "
-                        "screen, F5, first): each graph node is timed op by op and the time attributed "
-                        "to modules, recipe instances and candidate regions.",
+                        f"No profile yet. Press r to profile the native bundle on engine {self.engine} "
+                        "(build it on the Build screen, F5, first; e picks the engine: auto is the one the "
+                        "pipeline runs, compiled on CUDA and op by op on the CPU): the time of its kernels "
+                        "or nodes attributed to modules, recipe instances and candidate regions.",
                         style="dim",
                     )
                 )
@@ -117,9 +144,7 @@ class ProfileScreen(WorkbenchScreen):
         ctx = f" · context {p['context']}" if p.get("context") else ""
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append(f"Profile {p['role']}{ctx}", style="bold")
-        head.append(
-            f" · {p['bundle']['model']} · {len(p['nodes'])} nodes timed op by op on {describe_device(p['device'])}"
-        )
+        head.append(f" · {p['bundle']['model']} · {engine_text(p)} · {describe_device(p['device'])}")
         if p.get("partial"):
             head.append(f" · live: step {p['step']}/{p['steps']}, candidates when done (x cancels)", style="yellow")
         elif self.state.profile_path:
@@ -130,8 +155,9 @@ class ProfileScreen(WorkbenchScreen):
         t = self.query_one("#candidates", DataTable)
         t.clear()
         for i, c in enumerate(p.get("candidates", [])):  # a live view has none yet
-            # headroom as a share of the step: what a kernel at the copy limit could save at most
-            room = c["headroom_seconds"] / (p["attributed_seconds"] or 1e-12)
+            # net headroom as a share of the step: what a kernel at the copy limit could save at most,
+            # less what splitting the compiled engine's fused kernels there costs
+            room = c["net_headroom_seconds"] / (p["attributed_seconds"] or 1e-12)
             t.add_row(
                 str(i + 1),
                 f"{c['share']:.1%}",
@@ -148,9 +174,18 @@ class ProfileScreen(WorkbenchScreen):
             empty.update(Text.assemble((bar_text(fraction, 30), "cyan"), f" {step}  ", ("x cancels", "dim")))
 
     # ------------------------------------------------------------------ keys
+    def action_next_engine(self) -> None:
+        """e: the engine r profiles, in turn auto, compiled, torch."""
+        self.engine = ENGINES[(ENGINES.index(self.engine) + 1) % len(ENGINES)]
+        self.wb.say(
+            f"r profiles engine {self.engine}" + (" (the one the pipeline runs)" if self.engine == "auto" else "")
+        )
+        self._shown = None
+        self.refresh_view()
+
     def action_run_profile(self, fusion: bool = False) -> None:
-        """r: profile the native bundle; f: also compile once more and mark under each candidate how
-        many fused kernels a slot there would split (the compiled engine's fusion)."""
+        """r: profile the native bundle on the chosen engine; f: op by op, also compiled once more to
+        mark under each candidate how many fused kernels a slot there would split."""
         st = self.state
         b = st.bundles.get("native")
         if b is None:
@@ -164,8 +199,11 @@ class ProfileScreen(WorkbenchScreen):
             "steps": 3,
         }
         if fusion:
-            params["fusion"] = True
-        self.wb.perform("profile", params, label="profile the native bundle" + (" and its fusion" if fusion else ""))
+            params.update(fusion=True, engine="torch")
+        elif self.engine != "auto":
+            params["engine"] = self.engine
+        label = "profile the native bundle" + (" op by op, and its fusion" if fusion else f" (engine {self.engine})")
+        self.wb.perform("profile", params, label=label)
 
     @on(DataTable.RowSelected, "#candidates")
     async def candidate_chosen(self, event: DataTable.RowSelected) -> None:
