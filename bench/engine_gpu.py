@@ -1,11 +1,20 @@
-"""Engines side by side on an 8B-sized bf16 config, batch 1, one run on the GPU (issue 8).
+"""Engines side by side on an 8B-sized bf16 config, batch 1, one run on the GPU (issues 8, 32).
 
     python3 bench/engine_gpu.py OUT_DIR [--model qwen3-8b|llama3.1-8b] [--contexts 128,1024,8192,32768]
                                 [--capacity 40960] [--parts roofline,compiled,torch,hf-eager,hf-compiled]
                                 [--steps 30] [--no-reload]
+    python3 bench/engine_gpu.py OUT_DIR --parts roofline,startup,compiled,reference,prefill
+                                --contexts 1024,32768 --steps 20 --extra-capacity=      (issue 32)
 
 --model picks the config (bench/model_configs.py: Qwen3-8B, the default, or Llama-3.1-8B; random
 weights). --no-reload skips the compiled engine's cached-reload run (the cold compile's row stays).
+
+startup (bench/startup.py): whole `mcore run` processes, the first token printed: cold (empty
+caches), warm (a second process), and a fine-tune's first (another checkpoint, same config); the
+`compiled` row is then a reload from that cache. reference: the compile as it was before regional
+compilation (MCORE_REGIONAL=0), cold, in a cache of its own: its step time and logits hash beside
+the default's. prefill: prefill's time and share of the bf16 peak at 1k/8k/32k prompts, mcore's
+compiled engine beside transformers (eager, sdpa attention).
 
 Rows: the copy-bandwidth roofline (weights read once per token), mcore's compiled engine (cold
 compile, then a cached reload in a fresh process), mcore's op-by-op engine, transformers eager
@@ -32,6 +41,9 @@ DEV = os.environ.get("BENCH_DEVICE", "cuda")  # cpu: a smoke run of the script i
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+from bench.startup import MODES, cache_env, mode_env, prime_bytecode, startup_rows  # noqa: E402
+from bench.startup import table as startup_table  # noqa: E402
+
 
 def _sync():
     import torch
@@ -49,6 +61,14 @@ def _median_ms(fn, steps: int) -> float:
         _sync()
         times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
+
+
+def bench_config(model: str) -> dict:
+    """The config benchmarked: the 8B-sized one `--model` names (bench/model_configs.py), or
+    BENCH_CONFIG (JSON; a CPU smoke run of the script)."""
+    from bench.model_configs import MODELS
+
+    return json.loads(os.environ["BENCH_CONFIG"]) if "BENCH_CONFIG" in os.environ else MODELS[model][0]
 
 
 def _emit(rec: dict) -> None:
@@ -74,9 +94,9 @@ def part_roofline(a) -> None:
     _sync()
     s = start.elapsed_time(end) / 10 / 1e3
     bw = 2 * n / s  # bytes read plus written
-    from bench.model_configs import MODELS, head_dim
+    from bench.model_configs import head_dim
 
-    c = MODELS[a.model][0]
+    c = bench_config(a.model)
     h, i, L, v, d = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"], head_dim(c)
     qkv = h * (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * d
     o = c["num_attention_heads"] * d * h
@@ -157,6 +177,7 @@ def part_mcore(a) -> None:
     for c in caches:  # never time on zeros
         c.normal_(generator=g)
     dec = pipe.runners["decode"]
+    vocab = int(pipe.config["vocab_size"])
     rec = {
         "part": f"mcore-{pipe.engine_name}",
         "capacity": a.capacity,
@@ -166,8 +187,7 @@ def part_mcore(a) -> None:
         "load_stamps": stamps,
         "decode_ms": {},
     }
-    tok = [1234]
-    vocab = int(pipe.config["vocab_size"])
+    tok = [1234 % vocab]  # any token of the vocabulary (a smoke config's may be small)
 
     def step():
         pipe.step_ids.fill_(tok[0])
@@ -192,12 +212,62 @@ def part_mcore(a) -> None:
 
         first()
         rec["ttft_1k_ms"] = _median_ms(first, 5)
+    if a.prefill and not a.decode_only:
+        rec["prefill_ms"] = _prefill_ms(lambda ids: pipe.runners["prefill"](ids, *caches)[0], a.prefill, vocab)
     if not a.decode_only:  # deliverable 3 on this config: the same bits twice, and after a reload
         rec.update(_determinism(pipe))
     if getattr(dec, "graphs", None) is not None:
         rec["decode_replays_cuda_graph"] = bool(dec.graphs) and dec.calls_compiled == 0
         rec["decode_graph_nodes"] = graph_nodes(dec, (pipe.step_ids, pipe.cache_length, *caches))
     _emit(rec)
+
+
+def _prefill_ms(run, lengths: list[int], vocab: int, reps: int = 3) -> dict:
+    """Median time of a prompt's prefill (its logits read back) at each length, after one warm-up."""
+    import torch
+
+    out = {}
+    g = torch.Generator(device=DEV).manual_seed(3)
+    for n in lengths:
+        ids = torch.randint(0, vocab, (1, n), dtype=torch.int32, device=DEV, generator=g)
+
+        def once():
+            int(torch.argmax(run(ids)).item())
+
+        once()
+        out[n] = _median_ms(once, reps)
+    return out
+
+
+def prefill_flops(n: int, model: str) -> float:
+    """Multiply-adds x2 of a prefill of n tokens on the 8B config: every projection over n rows,
+    causal attention (half of the n x n scores and context), the logits of the last row only."""
+    from bench.model_configs import head_dim
+
+    c = bench_config(model)
+    h, i, L, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    hq, hk, d = c["num_attention_heads"], c["num_key_value_heads"], head_dim(c)
+    per_token = L * (h * (hq + 2 * hk) * d + hq * d * h + 3 * h * i)
+    attention = L * 2 * (n * (n + 1) / 2) * hq * d  # QK^T and PV over the causal half
+    return 2 * (n * per_token + attention + h * v)
+
+
+def prefill_table(recs: list[dict], peak: float, model: str) -> str:
+    rows = [r for r in recs if r.get("prefill_ms")]
+    if not rows:
+        return ""
+    lengths = sorted({int(n) for r in rows for n in r["prefill_ms"]})
+    head = f"{'prefill (one prompt, logits of its last token)':48} " + " ".join(f"{n:>22}" for n in lengths)
+    lines = [f"prefill: ms and share of the bf16 peak ({peak / 1e12:.0f} TFLOPS)", head, "-" * len(head)]
+    for r in rows:
+        cells = []
+        for n in lengths:
+            ms = r["prefill_ms"].get(str(n), r["prefill_ms"].get(n))
+            cells.append(
+                f"{'-':>22}" if ms is None else f"{ms:9.1f} ms {prefill_flops(n, model) / (ms / 1e3) / peak:6.1%}"
+            )
+        lines.append(f"{r.get('label', r['part']):48} " + " ".join(f"{c:>22}" for c in cells))
+    return "\n".join(lines)
 
 
 def graph_nodes(runner, inputs) -> dict:
@@ -229,9 +299,7 @@ def _hf_model(a):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from bench.model_configs import MODELS
-
-    conf = json.loads(os.environ["BENCH_CONFIG"]) if "BENCH_CONFIG" in os.environ else MODELS[a.model][0]
+    conf = bench_config(a.model)
     cfg = AutoConfig.for_model(**{k: v for k, v in conf.items() if k != "architectures"})
     torch.manual_seed(0)
     with torch.device(DEV):
@@ -245,6 +313,19 @@ def part_hf_eager(a) -> None:
 
     model = _hf_model(a)
     rec = {"part": "transformers-eager", "decode_ms": {}}
+    if a.prefill:
+        with torch.no_grad():
+
+            def prefill(ids):
+                out = model(
+                    input_ids=ids, past_key_values=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1
+                )
+                return out.logits[0, -1]
+
+            rec["prefill_ms"] = _prefill_ms(prefill, a.prefill, model.config.vocab_size)
+        if a.prefill_only:
+            _emit(rec)
+            return
     g = torch.Generator(device=DEV).manual_seed(0)
     with torch.no_grad():
         for n in a.contexts:
@@ -347,6 +428,8 @@ def run_part(a, name: str, *extra: str, env: dict | None = None, timeout: int = 
         str(a.capacity),
         "--steps",
         str(a.steps),
+        "--prefill",
+        ",".join(map(str, a.prefill)),
         "--model",
         a.model,
         *extra,
@@ -365,16 +448,16 @@ def run_part(a, name: str, *extra: str, env: dict | None = None, timeout: int = 
     return recs
 
 
-def build(a) -> None:
-    from bench.model_configs import write_model_folder
-    from mcore.build import build_bundle
-    from mcore.buildargs import BuildArgs
+def build(a) -> tuple[Path, Path]:
+    """The 8B-sized bundle (OUT/native-MODEL-CAP.bundle) and a fine-tune of it (same config, other weights)."""
+    from bench.model_configs import MODELS
+    from bench.startup import build_pair
 
-    if Path(_bundle(a)).exists():
-        return
-    cfg = write_model_folder(Path(a.out) / f"{a.model}-config", a.model)
-    args = BuildArgs(model=str(cfg), weights="random", precision="bf16", max_cache_length=a.capacity)
-    build_bundle(args, _bundle(a), device=DEV)
+    names = (f"native-{a.model}", f"finetune-{a.model}")
+    tuned = "startup" in a.parts.split(",")  # only the startup part runs the fine-tune
+    return build_pair(
+        Path(a.out), bench_config(a.model), DEV, a.capacity, names=names, demo=MODELS[a.model][1], fine_tune=tuned
+    )
 
 
 def determinism(recs: list[dict]) -> str:
@@ -412,6 +495,8 @@ def table(recs: list[dict], contexts: list[int]) -> str:
         if "error" in r:
             lines.append(f"{r['part']:34} ERROR {r['error']}")
             continue
+        if not r.get("decode_ms"):
+            continue  # a prefill-only row (the prefill table shows it)
         cells = []
         for n in contexts:
             ms = r["decode_ms"].get(str(n), r["decode_ms"].get(n))
@@ -442,8 +527,6 @@ def table(recs: list[dict], contexts: list[int]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
-    ap.add_argument("--model", default="qwen3-8b", choices=["qwen3-8b", "llama3.1-8b"], help="bench/model_configs.py")
-    ap.add_argument("--no-reload", action="store_true", help="skip the compiled engine's cached-reload run")
     ap.add_argument("--contexts", default="128,1024,8192,32768")
     ap.add_argument("--capacity", type=int, default=40960)
     ap.add_argument(
@@ -451,12 +534,19 @@ def main() -> None:
     )
     ap.add_argument("--parts", default="roofline,compiled,torch,hf-eager,hf-compiled")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--model", default="qwen3-8b", choices=["qwen3-8b", "llama3.1-8b"], help="bench/model_configs.py")
+    ap.add_argument("--no-reload", action="store_true", help="skip the compiled engine's cached-reload run")
     ap.add_argument("--peer-capacities", default=None, help="transformers static cache capacities (default: as ours)")
     ap.add_argument("--part", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="compiled", help=argparse.SUPPRESS)
     ap.add_argument("--ttft", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--label", default="", help=argparse.SUPPRESS)  # names a part's log apart from its twin's
     ap.add_argument("--decode-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--prefill-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--prefill", default="", help="prefill lengths timed by the mcore parts (the `prefill` part sets them)"
+    )
+    ap.add_argument("--peak-tflops", type=float, default=989.4, help="bf16 dense peak (H200 SXM: 989.4)")
     ap.add_argument(
         "--profile-load",
         nargs="?",
@@ -472,6 +562,7 @@ def main() -> None:
     )
     a = ap.parse_args()
     a.contexts = [int(x) for x in a.contexts.split(",") if x]
+    a.prefill = [int(x) for x in a.prefill.split(",") if x]
     Path(a.out).mkdir(parents=True, exist_ok=True)
     if a.part:
         PARTS[a.part](a)
@@ -483,6 +574,11 @@ def main() -> None:
         def append(self, r):
             super().append(r)
             (Path(a.out) / "engine_gpu.json").write_text(json.dumps(list(self), indent=1))
+            if r.get("part") == "startup":
+                return  # startup_rows prints each process as it ends
+            if r.get("part") != "roofline" and not r.get("decode_ms") and "error" not in r:
+                print(f"{r.get('label', r['part'])}: prefill ms {r.get('prefill_ms')}", flush=True)
+                return
             lines = table([r], a.contexts).splitlines()
             print(lines[0] if r.get("part") == "roofline" else lines[-2], flush=True)
 
@@ -495,18 +591,30 @@ def main() -> None:
     if "roofline" in parts:
         recs += run_part(a, "roofline")
     caps = [a.capacity] + [int(c) for c in a.extra_capacity.split(",") if c]
-    if "compiled" in parts or "torch" in parts or a.variants:
+    if "prefill" in parts and not a.prefill:
+        a.prefill = [1024, 8192, 32768]
+    pair = None
+    if {"compiled", "torch", "startup", "reference"} & set(parts) or a.variants:
         for cap in caps:
             b = argparse.Namespace(**{**vars(a), "capacity": cap})
             t = time.perf_counter()
-            build(b)
-            print(f"bundle capacity {cap}: {time.perf_counter() - t:.1f} s", flush=True)
+            built = build(b)
+            pair = pair or built  # the main capacity's: startup runs those
+            print(f"bundles capacity {cap}: {time.perf_counter() - t:.1f} s", flush=True)
+    env = cache_env(cache)
+    if "startup" in parts:  # issue 32: whole processes; the compiled row below reloads from their cache
+        assert pair is not None
+        print(f"bytecode primed: {prime_bytecode({}):.1f} s", flush=True)
+        recs += startup_rows(Path(a.out), *pair, DEV, ["regional"], note=lambda m: print(m, flush=True), hashed=False)
+        env = mode_env(Path(a.out), "regional", DEV)
     if "compiled" in parts:
-        shutil.rmtree(cache, ignore_errors=True)
-        env = {"MCORE_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
         runs = [("mcore compiled (cold compile)", ())]
         if not a.no_reload:
             runs.append(("mcore compiled (cached reload)", ("--label", "cached")))
+        if "startup" in parts:
+            runs = runs[1:]  # cold: the startup rows (whole `mcore run` processes)
+        else:
+            shutil.rmtree(cache, ignore_errors=True)
         if a.profile_load:  # its timings pay cProfile's overhead: kept out of the table
             runs.append(("profiled", ("--profile-load", str(Path(a.out) / "load-profile.txt"))))
         for label, more in runs:
@@ -517,6 +625,18 @@ def main() -> None:
                     print("profiled cached reload: " + " | ".join(r.get("load_stamps", [])), flush=True)
                     continue
                 recs.append(r)
+    if "reference" in parts:  # the compile before regions (MCORE_REGIONAL=0), cold: step time and bits beside
+        ref = Path(a.out) / "reference-cache"
+        shutil.rmtree(ref, ignore_errors=True)
+        for r in run_part(
+            a, "mcore", "--engine", "compiled", "--label", "whole", env={**cache_env(ref), **MODES["whole"]}
+        ):
+            r["label"] = "mcore whole-graph compile, cold"
+            recs.append(r)
+    if "prefill" in parts and "hf-eager" not in parts:
+        for r in run_part(a, "hf-eager", "--prefill-only"):
+            r["label"] = "transformers eager (sdpa)"
+            recs.append(r)
     if "hf-compiled" in parts:
         peer_caps = [int(c) for c in (a.peer_capacities or ",".join(map(str, caps))).split(",") if c]
         for cap in peer_caps:
@@ -554,8 +674,12 @@ def main() -> None:
         if r.get("load_stamps"):
             print(f"  {r.get('label', r['part'])} load: " + " | ".join(x.strip() for x in r["load_stamps"]))
     print(f"model: {a.model} (bench/model_configs.py), bf16, random weights, capacity {a.capacity}")
-    print(table(recs, a.contexts))
+    print(table([r for r in recs if r.get("part") != "startup"], a.contexts))
     print(determinism(recs))
+    starts = [r for r in recs if r.get("part") == "startup"]
+    if starts:
+        print(startup_table(starts))
+    print(prefill_table(recs, a.peak_tflops * 1e12, a.model))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@
 # suite:   the whole test suite (names of failures printed: -rfE); more than one call's 10 minutes now:
 #          suite-gpu (GPU-marked tests and shipped-session replays) + suite-rest (the others) split it
 # engine:  bench/engine_gpu.py (roofline, compiled cold/cached, op by op, transformers peers)   ~9 min
-# gate:    bench/perf_gate_gpu.sh (native vs native, identity-copy, slow-copy; 6 pairs) ~6 min a gate:
-#          each run is a fresh process (about 26 s on the H200); pass GATES=... to split over calls
+#          issue 32 (start-up as whole processes, the whole-graph compile beside, prefill share), ~6 min:
+#          ENGINE_ARGS="--parts roofline,startup,compiled,reference,prefill --contexts 1024,32768 --steps 20 --extra-capacity="
+# gate:    bench/perf_gate_gpu.sh (native vs native, identity-copy, slow-copy; --pairs auto, at most 4)
+#          each run is a fresh process (about 26 s on the H200); gates run side by side, one per GPU
 # profile: bench/profile_gpu.py, the compiled 8B-sized decode step at 1k/32k, native vs CuTe attention ~6 min
 # attention: tutorial step 5 on the GPU (bench/tutorial_cli.sh, all steps) and the qwen-attention
 #          session replayed with its CUDA steps (needs the CuTe DSL carried: prepare.sh --cute)    ~8 min
@@ -51,8 +53,9 @@ has suite-rest && suite suite-rest -n 16 -m "not gpu and not slow" tests/
 if has engine; then
   # shellcheck disable=SC2086
   python3 "$here/engine_gpu.py" "$W/engine" $ENGINE_ARGS > "$OUT/engine.log" 2>&1
-  echo "== engine"; grep -v '^\[' "$OUT/engine.log" | tail -n 16
-  rm -rf "$W"/engine/*.bundle "$W"/engine/mcore-cache*
+  echo "== engine"; grep -v '^\[' "$OUT/engine.log" | tail -n 40
+  rm -rf "$W"/engine/*.bundle "$W"/engine/mcore-cache* "$W"/engine/*-cache* "$W"/engine/cfg-*
+  keep engine  # the parts' logs (each mcore run's progress stamps, the load stamps)
 fi
 if has gate; then
   mkdir -p "$W/gate"

@@ -21,7 +21,8 @@ The groups:
 - run: open_pipeline (the class from the bundle's family kind), DecoderPipeline, EncoderPipeline
 - kernels: build_kernel, write_exporter, run_exporter, shipped_exporter, SHIPPED_EXPORTERS, kernel_catalog;
   load_bindings_manifest, BindingsManifest, Binding, BINDINGS_SCHEMA_VERSION
-- verify gates: compare_tokens, compare_embeddings, perf_gate, reference_check, lockstep_logits
+- verify gates: compare_tokens, compare_embeddings, perf_gate (and its PERF_DEFAULTS), reference_check,
+  lockstep_logits
 - the edit-export-verify loop: watch_kernel, WatchConfig, benchmark_command (a perf gate arm's command)
 - profile: profile_pipeline, load_profile, CANDIDATE_BINDING; device facts: device_facts, describe_device
 - files: atomic_write, check_fields, check_overwrite (the one overwrite rule), check_path_text, read_json,
@@ -100,6 +101,7 @@ _EXPORTS: dict[str, str] = {
     "compare_tokens": "verify",
     "compare_embeddings": "verify",
     "perf_gate": "verify",
+    "PERF_DEFAULTS": "verify_perf",
     "reference_check": "verify_reference",
     "lockstep_logits": "verify_logits",
     # the edit-export-verify loop
@@ -134,6 +136,7 @@ __all__ = [
     "CANDIDATE_BINDING",
     "LAYOUTS",
     "NO_PROGRESS",
+    "PERF_DEFAULTS",
     "PRECISIONS",
     "SHIPPED_EXPORTERS",
     "WEIGHTS",
@@ -255,5 +258,6 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .stubgen import write_exporter
     from .verify import compare_embeddings, compare_tokens, perf_gate
     from .verify_logits import lockstep_logits
+    from .verify_perf import PERF_DEFAULTS
     from .verify_reference import reference_check
     from .watch import WatchConfig, benchmark_command, watch_kernel

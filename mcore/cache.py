@@ -256,6 +256,26 @@ def _file_mismatch(entry: Any, path: Path) -> Optional[str]:
     return None
 
 
+def read_checked(record: Mapping[str, Any], key: str, path: Path) -> bytes:
+    """The bytes of file `key` of an entry whose record `read_entry` accepted, read once (never
+    through a symbolic link) and checked against the record again: what the caller then unpickles
+    is exactly what was checked, even where the file changed after `read_entry` hashed it.
+    ValueError (why, one line) where they differ."""
+    files = record.get("files")
+    entry = files.get(key) if isinstance(files, dict) else None
+    if not isinstance(entry, dict) or entry.get("name") != path.name:
+        raise ValueError(f"its record does not name {path.name}")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ValueError(f"{path.name} cannot be read ({e.strerror or e})") from None
+    if len(raw) != entry.get("size") or hashlib.sha256(raw).hexdigest() != entry.get("sha256"):
+        raise ValueError(f"{path.name} differs from its record (sha256)")
+    return raw
+
+
 def stale(what: str, path: Path, why: str, redo: str) -> None:
     """The one-line note for an entry that is there but not used: `redo` says what happens instead."""
     note(f"note: cached {what} at {path} not used ({why}); {redo} afresh")

@@ -142,14 +142,20 @@ def program_sha256(ep: torch.export.ExportedProgram) -> str:
 
 
 def capture_cached(
-    args: BuildArgs, role: str, fingerprint: str, resolved: tuple[ModelSource, Family, dict[str, Any]]
+    args: BuildArgs,
+    role: str,
+    fingerprint: str,
+    resolved: tuple[ModelSource, Family, dict[str, Any]],
+    save: bool = True,
 ) -> Captured:
     """capture(), reusing an ExportedProgram saved by an earlier load of the same graph on this machine.
 
     The cache folder must be safe (mcore/cache.py), and an entry counts only when its record says it
     was made from this fingerprint, role and tool versions, its file has the recorded sha256 (checked
     before torch.export.load unpickles anything), and the loaded program has the recorded whole-graph
-    hash and a snapshot with exactly the expected fingerprint; else it is captured afresh and replaced."""
+    hash and a snapshot with exactly the expected fingerprint; else it is captured afresh and replaced.
+    `save=False` where the engine keeps what it compiled without the graph (a precompiled role): saving
+    the program costs half as much again as capturing it, for a file such an engine never reads."""
     from . import cache
 
     tag = "-".join(f"{k}{v}" for k, v in sorted(tool_versions().items()))
@@ -161,7 +167,7 @@ def capture_cached(
     if cap is not None:
         return cap
     cap = capture(args, role, resolved=resolved)
-    if cap.snapshot.fingerprint == fingerprint:
+    if save and cap.snapshot.fingerprint == fingerprint:
         try:
             cache.write_private(path, lambda p: torch.export.save(cap.exported, str(p)))
             cache.write_entry(record, made_from, {"program": path}, program_sha256=program_sha256(cap.exported))

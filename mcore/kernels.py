@@ -62,11 +62,11 @@ KERNELS: dict[str, KernelSpec] = {
         name="slow-copy",
         cpp_sources=("identity_copy.cc",),
         cuda_sources=(),
-        description="identity-copy that repeats its copy 512 times: correct but slow, for checking that the "
-        "perf gate rejects a regression",
+        description="identity-copy that repeats its copy 512 times (65536 on CPU, where one copy of a small "
+        "row takes nanoseconds): correct but slow, for checking that the perf gate rejects a regression",
         abi="run(input, output): as identity-copy",
         dtypes=("any",),
-        defines=("MCORE_COPY_REPEAT=512",),
+        defines=("MCORE_COPY_REPEAT=512", "MCORE_COPY_REPEAT_CPU=65536"),
     ),
     "residual-add": KernelSpec(
         name="residual-add",

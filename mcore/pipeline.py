@@ -28,10 +28,12 @@ from .engines import get_engine, resolve_engine_name
 from .errors import UserError
 from .families import bundle_kind, get_family
 from .families.base import ModelSource
-from .graph_capture import build_core, capture_cached
+from .graph_capture import build_core, capture_cached, graph_metadata
 from .graph.from_export import TORCH_DTYPES
 from .graph.snapshot import Snapshot, Tensor
 from .engines.slots import SlotCall, release_dropped
+from .engines.role_helper import RoleHelper, helper_wanted
+from .engines.structure import RoleStructure, structure_key
 from .progress import NO_PROGRESS, Progress
 
 
@@ -173,44 +175,109 @@ class Pipeline:
         self.slot_calls: list[SlotCall] = []
         if m.kernel_slots:
             release_dropped()  # a dropped pipeline's slot keys (and compiled code) serve this one
-        roles = list(m.roles)
-        for i, role in enumerate(roles):
-            expected = m.roles[role].fingerprint
-            module = self.family.role_module(self.core, role)
-            state: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
-            state.update(dict(module.named_buffers(remove_duplicate=False)))
-            slots = []
-            for slot in m.slots_of(role):
-                call = SlotCall(slot)
-                call.bind(self.kernels[slot.binding_id].function, self.device)
-                self.slot_calls.append(call)
-                slots.append((slot, call))
-            loaded = engine_.load_role(expected, role, state, slots, self.device)
-            if loaded is None:
-                progress.report(f"capturing {role} graph", 0.3 + 0.3 * i / len(roles))
-                cap = capture_cached(args, role, expected, (source, self.family, self.gargs))
-                if cap.snapshot.fingerprint != expected:
-                    raise UserError(
-                        f"{bundle_path}: the {role} graph this mcore captures ({cap.snapshot.fingerprint[:12]}…) "
-                        f"differs from the bundle's ({expected[:12]}…); rebuild the bundle with this mcore"
-                    )
-                check_slots(m.slots_of(role), cap.snapshot, str(self.bundle.path))
-                runner = engine_.compile_role(cap, state, slots, self.device)
-                self.snapshots[role] = cap.snapshot
-            else:  # precompiled: its record holds the snapshot, checked against the bundle's fingerprint
-                runner, self.snapshots[role] = loaded
-                progress.report(f"loaded precompiled {role} graph", 0.3 + 0.3 * (i + 1) / len(roles))
-            self.runners[role] = runner
+        self._engine = engine_
+        self._capture_from = (args, source, bundle_path)
+        self._roles: dict[str, tuple[str, dict[str, torch.Tensor], list, RoleStructure]] = {}
+        self._pending: dict[str, RoleHelper] = {}  # roles a helper process compiles (role_helper.py)
+        missing = []
+        for i, role in enumerate(m.roles):
+            if self._load_role(m, role, source):
+                progress.report(f"loaded precompiled {role} graph", 0.3 + 0.3 * (i + 1) / len(m.roles))
+            else:
+                missing.append(role)
+        helper = None
+        wanted = len(missing) > 1 and helper_wanted(
+            self.device, engine_, bool(m.kernel_slots), self.family, self.config, self.gargs, self.core
+        )
+        if wanted:
+            helper = RoleHelper.start(bundle_path, missing[1:], self.device)
+        try:
+            for i, role in enumerate(missing):
+                if helper is not None and role in helper.roles:
+                    self._pending[role] = helper
+                    continue
+                progress.report(f"capturing {role} graph", 0.3 + 0.3 * i / len(missing))
+                self._capture_role(role)
+        except BaseException:
+            if helper is not None:
+                helper.stop()
+            raise
+        self.runners = {r: self.runners[r] for r in self._roles if r in self.runners}  # the bundle's order
         self.kind = self.family.kind
         self._progress = progress
+
+    def _load_role(self, m: Any, role: str, source: ModelSource) -> bool:
+        """Bind the role's slots and take it precompiled where the engine has it; False where it
+        must be captured and compiled."""
+        module = self.family.role_module(self.core, role)
+        state: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
+        state.update(dict(module.named_buffers(remove_duplicate=False)))
+        slots = []
+        for slot in m.slots_of(role):
+            call = SlotCall(slot)
+            call.bind(self.kernels[slot.binding_id].function, self.device)
+            self.slot_calls.append(call)
+            slots.append((slot, call))
+        structure = RoleStructure(
+            structure_key(self.family, self.config, self.gargs, role),
+            graph_metadata(source, self.family, self.gargs, role),
+        )
+        expected = m.roles[role].fingerprint
+        self._roles[role] = (expected, state, slots, structure)
+        loaded = self._engine.load_role(expected, role, state, slots, self.device, structure)
+        if loaded is None:
+            return False
+        # precompiled: its record holds the snapshot, checked against the bundle's fingerprint
+        self.runners[role], self.snapshots[role] = loaded
+        return True
+
+    def _capture_role(self, role: str) -> None:
+        expected, state, slots, _ = self._roles[role]
+        args, source, bundle_path = self._capture_from
+        keep = self._engine.keeps_captures(self.device)
+        cap = capture_cached(args, role, expected, (source, self.family, self.gargs), save=keep)
+        if cap.snapshot.fingerprint != expected:
+            raise UserError(
+                f"{bundle_path}: the {role} graph this mcore captures ({cap.snapshot.fingerprint[:12]}…) "
+                f"differs from the bundle's ({expected[:12]}…); rebuild the bundle with this mcore"
+            )
+        check_slots(self.manifest.slots_of(role), cap.snapshot, str(self.bundle.path))
+        self.runners[role] = self._engine.compile_role(cap, state, slots, self.device)
+        self.snapshots[role] = cap.snapshot
+
+    def _take_from_helper(self, role: str, progress: Progress) -> None:
+        """The role its helper process compiled, loaded as a precompiled role; captured and compiled
+        here instead where the helper failed."""
+        helper = self._pending.pop(role)
+        progress.report(f"waiting for the {role} graph (compiled beside this one)", 0.0)
+        expected, state, slots, structure = self._roles[role]
+        loaded = (
+            self._engine.load_role(expected, role, state, slots, self.device, structure)
+            if helper.wait(progress)
+            else None
+        )
+        if loaded is None:
+            progress.report(f"capturing {role} graph (its helper process failed: {helper.failure()})", 0.0)
+            self._capture_role(role)
+            return
+        helper.done()
+        self.runners[role], self.snapshots[role] = loaded
+        self.runners[role].compiled_beside = True
+        self.runners = {r: self.runners[r] for r in self._roles if r in self.runners}  # the bundle's order
 
     def _ready(self, examples: dict[str, tuple[tuple[torch.Tensor, ...], bool]]) -> None:
         """Let each role's runner compile (and capture) on the pipeline's own buffers: role ->
         (inputs, fixed_shapes). Cancellable between roles and stages."""
         progress = self._progress
-        for i, (role, (inputs, fixed)) in enumerate(examples.items()):
-            part = progress.part(0.6 + 0.4 * i / len(examples), 0.6 + 0.4 * (i + 1) / len(examples))
-            self.runners[role].prepare(*inputs, progress=part, fixed_shapes=fixed)
+        try:
+            for i, (role, (inputs, fixed)) in enumerate(examples.items()):
+                part = progress.part(0.6 + 0.4 * i / len(examples), 0.6 + 0.4 * (i + 1) / len(examples))
+                if role in self._pending:
+                    self._take_from_helper(role, part)
+                self.runners[role].prepare(*inputs, progress=part, fixed_shapes=fixed)
+        finally:
+            for helper in self._pending.values():
+                helper.stop()
         progress.report(f"pipeline ready (engine {self.engine_name})", 1.0)
 
     def engine_lines(self) -> list[str]:
@@ -259,6 +326,35 @@ def check_fits(prompt_tokens: int, max_new_tokens: int, capacity: int) -> None:
         )
 
 
+class DecoderBuffers:
+    """A decoder pipeline's own buffers (the KV caches, one step's token and position) and the
+    example inputs its roles compile on; `state_inputs` are a role's (name, tensor) graph inputs.
+    The role helper process (role_helper.py) compiles on buffers made the same way."""
+
+    def __init__(self, state_inputs: list[tuple[str, Tensor]], gargs: dict[str, Any], device: torch.device):
+        self.caches: dict[str, torch.Tensor] = {}
+        for name, t in state_inputs:
+            if name in ("input_ids", "cache_length"):
+                continue
+            if -1 in t.shape:
+                raise RuntimeError(f"state input {name} has a dynamic shape")
+            self.caches[name] = torch.zeros(t.shape, dtype=TORCH_DTYPES[t.dtype], device=device)
+        self.cache_names = [n for n, _ in state_inputs if n in self.caches]
+        self.capacity = int(gargs["max_cache_length"])
+        self.cache_length = torch.zeros(1, dtype=torch.int32, device=device)
+        self.step_ids = torch.zeros(1, 1, dtype=torch.int32, device=device)
+        self.prompt = torch.zeros(1, min(2, self.capacity), dtype=torch.int32, device=device)
+
+    def examples(self) -> dict[str, tuple[tuple[torch.Tensor, ...], bool]]:
+        """role -> (inputs, fixed shapes): prefill varies in length (compiled with a dynamic token
+        count); a decode step is fixed."""
+        caches = tuple(self.caches[n] for n in self.cache_names)
+        return {
+            "prefill": ((self.prompt, *caches), False),
+            "decode": ((self.step_ids, self.cache_length, *caches), True),
+        }
+
+
 @dataclass
 class GenerationResult:
     prompt: str
@@ -277,26 +373,21 @@ class DecoderPipeline(Pipeline):
 
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
-        self.caches: dict[str, torch.Tensor] = {}
-        for name, t in self.state_inputs("decode"):
-            if name in ("input_ids", "cache_length"):
-                continue
-            if -1 in t.shape:
-                raise RuntimeError(f"state input {name} has a dynamic shape")
-            self.caches[name] = torch.zeros(t.shape, dtype=TORCH_DTYPES[t.dtype], device=self.device)
-        self.cache_names = [n for n, _ in self.state_inputs("decode") if n in self.caches]
-        self.capacity = int(self.gargs["max_cache_length"])
-        self.cache_length = torch.zeros(1, dtype=torch.int32, device=self.device)
-        self.step_ids = torch.zeros(1, 1, dtype=torch.int32, device=self.device)
+        # both roles take the caches in one order; the decode role's snapshot may still be on its
+        # way from a helper process (role_helper.py), then the prefill role's names them
+        buffers = DecoderBuffers(
+            self.state_inputs("decode" if "decode" in self.snapshots else "prefill"), self.gargs, self.device
+        )
+        self.caches, self.cache_names = buffers.caches, buffers.cache_names
+        self.cache_list = caches = tuple(self.caches[n] for n in self.cache_names)
+        self.capacity = buffers.capacity
+        self.cache_length, self.step_ids = buffers.cache_length, buffers.step_ids
         # every end token the checkpoint names (Llama 3 instruct ends a turn with its third, <|eot_id|>)
         eos = self.special.get("eos_token_ids") or self.special.get("eos_token_id")
         self.eos_ids = set(eos if isinstance(eos, list) else ([eos] if eos is not None else []))
-        caches = self.cache_list = tuple(self.caches[n] for n in self.cache_names)  # the decode role's order
-        prompt = torch.zeros(1, min(2, self.capacity), dtype=torch.int32, device=self.device)
-        # Prefill varies in length (compiled with a dynamic token count); a decode step is fixed.
-        self._ready(
-            {"prefill": ((prompt, *caches), False), "decode": ((self.step_ids, self.cache_length, *caches), True)}
-        )
+        self._ready(buffers.examples())
+        if [n for n, _ in self.state_inputs("decode") if n in self.caches] != self.cache_names:
+            raise RuntimeError("the prefill and decode roles take the KV caches in different orders")
         for c in caches:  # compiling ran the roles once on these buffers
             c.zero_()
 
@@ -367,6 +458,7 @@ class DecoderPipeline(Pipeline):
         steps: list[float] = []
         if count < 1 or (stop_at_eos and token in self.eos_ids):
             return out, steps
+        queued = time.perf_counter()
         pending: Optional[torch.Tensor] = queue(token, position)
         while pending is not None:
             progress.report(f"generated {len(out) + 1}/{count + 1} tokens", (len(out) + 1) / (count + 1))
@@ -376,11 +468,13 @@ class DecoderPipeline(Pipeline):
             if ahead and not last:  # the next step goes in before this pick is read
                 pending = queue(pick, position + len(out) + 1)
             tok = int(pick.item())
+            # ahead, a token costs the wait between picks; without, its step ran when it was queued
+            steps.append(time.perf_counter() - (ts if ahead else queued))
             out.append(tok)
             stop = stop_at_eos and tok in self.eos_ids
             if not ahead and not last and not stop:
+                queued = time.perf_counter()
                 pending = queue(tok, position + len(out))
-            steps.append(time.perf_counter() - ts)
             if stop:
                 break
         return out, steps

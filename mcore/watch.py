@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 from .errors import Cancelled, UserError
 from .progress import NO_PROGRESS, Progress
+from .verify_perf import PERF_DEFAULTS
 
 LineFn = Callable[[str], None]
 
@@ -44,12 +45,12 @@ class WatchConfig:
     max_abs: Optional[float] = None  # None: 0 for decoders (bit-identical logits), 0.02 for encoders
     min_cosine: float = 0.999  # encoders
     perf: bool = True
-    pairs: int = 3
-    min_ratio: float = 0.98
+    pairs: int = 3  # fewer than the CLI gate's 6: a round should be quick (at least 2: a spread)
+    min_ratio: float = PERF_DEFAULTS.min_ratio
     warmup: int = 1
     bench_warmup: int = 2
     bench_runs: int = 5
-    metric: str = "throughput"
+    metric: str = PERF_DEFAULTS.metric
     device: Optional[str] = None
     engine: str = "auto"
     function: str = "run"
@@ -148,7 +149,8 @@ def check_watch(cfg: WatchConfig) -> tuple[str, Any]:
     from .exporters import exporter_script
     from .families import bundle_kind
     from .selection import load_receipt
-    from .verify import METRICS, check_threshold
+    from .verify import check_threshold
+    from .verify_perf import check_plan
 
     exporter_script(cfg.exporter)
     receipt = load_receipt(cfg.selection)
@@ -163,13 +165,14 @@ def check_watch(cfg: WatchConfig) -> tuple[str, Any]:
         raise UserError(f"{cfg.slot_bundle} is not the slot twin of {cfg.native_bundle} (another model or kind)")
     if not cfg.prompt.strip():
         raise UserError("--prompt is empty; give the text both pipelines run")
-    if cfg.max_new_tokens < 1 or cfg.pairs < 1 or cfg.warmup < 0 or cfg.bench_runs < 1 or cfg.bench_warmup < 0:
-        raise UserError("--max-new-tokens, --pairs and --bench-runs must be >= 1; --warmup and --bench-warmup >= 0")
+    if cfg.max_new_tokens < 1 or cfg.bench_runs < 1 or cfg.bench_warmup < 0:
+        raise UserError("--max-new-tokens and --bench-runs must be >= 1; --bench-warmup >= 0")
     if cfg.max_abs is not None:
         check_threshold("--max-abs", cfg.max_abs, 0.0)
-    check_threshold("--min-ratio", cfg.min_ratio, 0.0, lo_open=True)
-    if cfg.metric not in METRICS:
-        raise UserError(f"--metric {cfg.metric!r} must be one of {', '.join(METRICS)}")
+    # the perf gate's own checks of its settings (pairs, warmup, min ratio, metric), before round 1
+    check_plan(
+        "native", "external", cfg.pairs, cfg.min_ratio, cfg.warmup, cfg.metric, None, None, PERF_DEFAULTS.confidence
+    )
     _check_out_dir(cfg.out_dir)
     return kind, receipt
 
@@ -274,7 +277,8 @@ def run_round(
             r.note = correct.line if r.correctness != "PASS" else "correctness PASS; perf gate off"
         else:
             perf = _perf(cfg, kind, r.manifest, progress.part(0.6, 1.0), log)
-            r.perf, r.ratio = gate_verdict(perf), perf.details.get("median_ratio")
+            # the ratio the verdict is decided by (the interval's estimate); a run that failed has none
+            r.perf, r.ratio = gate_verdict(perf), perf.details.get("ratio")
             r.details["perf"] = perf.line
             r.verdict = {"PASS": "PROMOTE", "FAIL": "REJECT"}.get(r.perf, r.perf)
             r.note = perf.line

@@ -156,7 +156,7 @@ def test_cpu_precompiled_artifact_is_saved_then_loaded(cpu_bundles, tmp_path, mo
 
     captures = []
     real_capture = mcore.pipeline.capture_cached
-    monkeypatch.setattr(mcore.pipeline, "capture_cached", lambda *a: captures.append(a) or real_capture(*a))
+    monkeypatch.setattr(mcore.pipeline, "capture_cached", lambda *a, **k: captures.append(a) or real_capture(*a, **k))
     again = DecoderPipeline(str(native), device="cpu", engine="compiled")
     assert captures == []  # neither role graph was captured: both came from their records
     assert all(r.cached and "precompiled artifact" in r.describe() for r in again.runners.values())
@@ -463,7 +463,7 @@ def test_gpu_precompiled_reload_captures_nothing_and_keeps_the_bits(gpu_bundles,
     DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cuda")
     captures = []
     real_capture = mcore.pipeline.capture_cached
-    monkeypatch.setattr(mcore.pipeline, "capture_cached", lambda *a: captures.append(a) or real_capture(*a))
+    monkeypatch.setattr(mcore.pipeline, "capture_cached", lambda *a, **k: captures.append(a) or real_capture(*a, **k))
     nat = DecoderPipeline(str(native), device="cuda")
     assert captures == [] and nat.runners["decode"].graphs
     assert all("precompiled artifact" in r.describe() for r in nat.runners.values())

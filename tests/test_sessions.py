@@ -12,7 +12,7 @@ import pytest
 
 from mcore.errors import UserError
 from workbench.actions import ActionContext, action_params, run_action
-from workbench.registry import REGISTRY
+from workbench.registry import GATES, REGISTRY
 from workbench.session import SESSION_KIND, Session, list_tutorials
 
 from .conftest import REPO, CliResult, assert_user_error
@@ -95,7 +95,17 @@ def test_every_action_has_stable_keys_and_a_workdir_relative_signature():
     for name in REGISTRY:
         req, opt = action_params(name)
         assert not set(req) & set(opt)
-    assert REGISTRY["gate_perf"].stable_keys == ()  # measured, never compared
+    # a gate's verdict is compared (DESIGN.md contract 11); the perf gate's measurements are not
+    assert REGISTRY["gate_perf"].stable_keys == ("verdict",)
+    assert all(REGISTRY[g].stable_keys[0] == "verdict" for g in GATES)
+
+
+def test_a_recorded_verdict_must_be_a_verdict_word():
+    s = Session.new("t", device="cpu")
+    with pytest.raises(UserError, match="results.verdict 'MAYBE' must be one of PASS, FAIL, PROMOTE"):
+        s.record("gate_tokens", {"native": "a", "external": "b"}, {"passed": False, "verdict": "MAYBE"})
+    s.record("gate_tokens", {"native": "a", "external": "b"}, {"passed": False, "verdict": "FAIL"})
+    assert len(s) == 1
 
 
 def test_action_paths_are_workdir_relative(tmp_path):
@@ -270,7 +280,11 @@ def test_shipped_session_is_a_guided_recorded_tutorial(name):
         assert g in actions
         gate = s.steps[actions.index(g)]
         if g != "gate_perf" and gate.status == "ok":
-            assert gate.results["passed"] is True
+            assert gate.results["passed"] is True and gate.results["verdict"] == "PASS"
+        if g == "gate_perf" and gate.status == "ok":  # measured: any verdict, with its pairs, interval and rule
+            assert gate.results["verdict"] in ("PROMOTE", "REJECT", "INCONCLUSIVE")
+            assert gate.params["pairs"] == "auto" and len(gate.results["pairs"]) >= 3
+            assert {"low", "high", "confidence"} <= set(gate.results["interval"]) and gate.results["rule"]
     if name == "qwen-attention":  # what runs only on a GPU says so; the rest was recorded here
         assert [st.action for st in s.steps if st.requires == "cuda"] == [
             "generate",

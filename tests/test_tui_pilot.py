@@ -54,9 +54,11 @@ async def modal_text(app, pilot, selector: str) -> str:
 
 
 def shorten_perf(app: WorkbenchApp) -> None:
+    """The fewest pairs a verdict can come from (two), no warm-up: the gate runs for real, briefly."""
     for step in app.guide.session.steps:
         if step.action == "gate_perf":
-            step.params.update(pairs=1, warmup=0)
+            step.params.update(pairs=2, warmup=0)
+            step.params.pop("max_pairs", None)
 
 
 async def drive(app: WorkbenchApp, pilot) -> dict:
@@ -149,8 +151,14 @@ async def check_common(app: WorkbenchApp, pilot, session: Session, seen: dict, w
     word, _ = verdict(st.correctness, st.perf)
     shown = static_text(app, "#verdict")
     assert word in shown
-    if st.perf is not None:
-        assert word == ("PROMOTE" if st.correctness["passed"] and st.perf["passed"] else "REJECT")
+    if st.perf is not None:  # REJECT on a failed gate, INCONCLUSIVE when the perf interval straddles
+        perf = st.perf["verdict"]
+        assert perf in ("PROMOTE", "REJECT", "INCONCLUSIVE") and st.perf["interval"]["confidence"] == 0.95
+        expected = "REJECT" if not st.correctness["passed"] or perf == "REJECT" else perf
+        assert word == expected
+        line = static_text(app, "#perf-line")  # the interval and the rule that decided, with the verdict
+        assert f"{perf} ratio {st.perf['ratio']:.4f} · 95% [{st.perf['interval']['low']:.4f}," in line
+        assert "rule: PROMOTE if the 95% interval ≥ 0.98 · REJECT if below · else INCONCLUSIVE" in line
     # the session saves and loads back (ctrl+s, a path, enter)
     await pilot.press("ctrl+s")
     await pilot.pause(0.2)
@@ -193,7 +201,8 @@ async def test_tutorial_qwen_recipe(tmp_path):
         assert summary is not None
         for path in ("qwen3-slot-ready.bundle", "qwen3-native.bundle", "kernel-bindings.json", "kernel.so"):
             assert path in summary
-        assert f"median ratio {st.perf['ratio']:.4f}" in summary and "ctrl+s" in summary
+        assert f"performance     {st.perf['verdict']} ratio {st.perf['ratio']:.4f}, 95% [" in summary
+        assert "ctrl+s" in summary
         assert "workbench replay FILE" in summary
         assert "all 10 steps done" in static_text(app, "#stepbar")
         # the footer no longer offers n as the next step: n shows the summary again
@@ -526,7 +535,7 @@ async def test_replay_shows_expected_vs_actual(tmp_path):
         # the end of the replay: the summary counts the matched steps; esc closes it
         await pilot.pause(0.1)
         assert isinstance(app.screen, SummaryModal)
-        assert "2/3 steps matched the recording" in await modal_text(app, pilot, "#summary-text")
+        assert "FAIL: 2/3 steps matched the recording" in await modal_text(app, pilot, "#summary-text")
         await pilot.press("escape")
         await pilot.pause(0.1)
         text = static_text(app, "#guide-text")

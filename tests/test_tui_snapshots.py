@@ -3,7 +3,8 @@
 The screens show real results: the qwen-recipe tutorial's steps (all but the measured
 performance gate) run once through the actions into a shared work folder, and each snapshot
 app loads those results. Nothing time-dependent is shown: paths are relative to the work
-folder, the throughput plot uses fixed sample values, notifications are cleared.
+folder, the perf plot uses fixed sample values (their verdict and interval by mcore's own rule),
+notifications are cleared.
 Regenerate with `pytest tests/test_tui_snapshots.py --snapshot-update` after a deliberate
 UI change, then review the SVGs.
 """
@@ -24,17 +25,45 @@ SIZES = [(80, 24), (120, 40)]
 SCREENS = ["model", "graph", "region", "kernel", "build", "verify"]
 KEYS = {name: f"f{i + 1}" for i, name in enumerate(SCREENS)}
 
-# A deterministic stand-in for measured throughput (the real gate is exercised by the pilot tests).
-PERF = {
-    "passed": True,
-    "ratio": 0.9975,
-    "native": 41.2,
-    "external": 41.1,
-    "unit": "tokens/s",
-    "line": "PASS: external/native throughput median ratio 0.9975 (native=41.20 external=41.10 tokens/s over 6 pairs)",
-    "params": {"pairs": 6, "warmup": 1},
-}
+# A deterministic stand-in for a measured gate (the real gate is exercised by the pilot tests): fixed
+# samples, with the verdict, interval and rule the gate's own rule gives them.
 SAMPLES = {"native": [40.1, 41.5, 41.2, 40.8, 41.9, 41.2], "external": [39.8, 41.0, 41.1, 41.3, 41.6, 40.9]}
+
+
+def perf_result(samples: dict, params: Optional[dict] = None) -> dict:
+    """What gate_perf records for these per-pair samples (fastest-step steps/s), by mcore's rule."""
+    import statistics
+
+    from mcore.interval import ratio_interval
+    from mcore.verify_perf import PerfPlan
+
+    plan = PerfPlan(6, 12, None, 0.98, 0.95, 1, "min-step")
+    ratios = [e / n for n, e in zip(samples["native"], samples["external"])]
+    iv = ratio_interval(ratios, 0.95)
+    word = iv.verdict(0.98)
+    where = {"PROMOTE": "is at or above 0.98", "REJECT": "is below 0.98", "INCONCLUSIVE": "straddles 0.98"}[word]
+    nm, em = statistics.median(samples["native"]), statistics.median(samples["external"])
+    return {
+        "passed": word == "PROMOTE",
+        "verdict": word,
+        "ratio": iv.estimate,
+        "interval": {"low": iv.low, "high": iv.high, "confidence": 0.95, "t": iv.t, "sd_log": iv.sd_log},
+        "rule": plan.rule(),
+        "native": nm,
+        "external": em,
+        "unit": "steps/s (fastest)",
+        "line": f"{word}: external/native fastest-step ratio {iv.estimate:.4f}, 95% interval [{iv.low:.4f}, "
+        f"{iv.high:.4f}] {where} (6 pairs; medians native={nm:.2f} external={em:.2f} steps/s (fastest))",
+        "params": params or {"pairs": 6, "warmup": 1, "min_ratio": 0.98},
+        "pairs": [
+            {"native": n, "external": e, "ratio": e / n, "first": "native" if i % 2 == 0 else "external"}
+            for i, (n, e) in enumerate(zip(samples["native"], samples["external"]))
+        ],
+    }
+
+
+PERF = perf_result(SAMPLES)
+assert PERF["verdict"] == "PROMOTE"
 
 
 @pytest.fixture(autouse=True)
@@ -150,19 +179,34 @@ def test_verify_verdict_with_plot(snap_compare, recorded):
 
 
 def test_verify_reject(snap_compare, recorded):
+    slow = {"native": SAMPLES["native"], "external": [v * 0.81 for v in SAMPLES["external"]]}
+
     async def perf(pilot) -> None:
         st = pilot.app.state
-        st.perf = dict(
-            PERF,
-            passed=False,
-            ratio=0.81,
-            line="FAIL: external/native throughput median ratio 0.8100 is below 0.98 "
-            "(native=41.20 external=33.37 tokens/s over 6 pairs)",
-        )
-        st.samples = {"native": SAMPLES["native"], "external": [v * 0.81 for v in SAMPLES["external"]]}
+        st.perf = perf_result(slow)
+        assert st.perf["verdict"] == "REJECT"
+        st.samples = slow
 
     app = WorkbenchApp(workdir=str(recorded[0]))
     assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(recorded, "verify", perf))
+
+
+def test_verify_inconclusive(snap_compare, recorded):
+    """The pairs spread across the threshold: INCONCLUSIVE, the interval drawn over it."""
+    noisy = {
+        "native": SAMPLES["native"],
+        "external": [v * f for v, f in zip(SAMPLES["external"], (0.93, 1.04, 0.97, 1.02, 0.95, 1.0))],
+    }
+
+    async def perf(pilot) -> None:
+        st = pilot.app.state
+        st.perf = perf_result(noisy)
+        assert st.perf["verdict"] == "INCONCLUSIVE"
+        st.samples = noisy
+
+    for size in SIZES:
+        app = WorkbenchApp(workdir=str(recorded[0]))
+        assert snap_compare(app, terminal_size=size, run_before=loaded(recorded, "verify", perf))
 
 
 def test_ansi_16_colours(snap_compare, recorded):

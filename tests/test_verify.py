@@ -7,15 +7,12 @@ import math
 import random
 import shlex
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from mcore.cli.main import main
-from mcore.errors import Cancelled, UserError
-from mcore.progress import CancelToken, Progress
+from mcore.errors import UserError
 from mcore.verify import GateResult, compare_embeddings, compare_tokens, parse_benchmark, perf_gate
 from tests.tutorial_snippets import STEP4_PERF_SNIPPET, STEP7_EMBEDDING_SNIPPET, run_snippet, tutorial_path
 
@@ -257,9 +254,11 @@ def test_step4_snippet_on_synthetic_logs_and_agreement(tmp_path, native, externa
         assert snip.returncode == 0 and "PASS: external/native throughput is" in snip.stdout, snip
     else:
         assert snip.returncode == 1 and verdict in snip.stderr, snip
-    # The gate reads the same logs the same way (one pair, no warm-up).
-    r = perf_gate(f"cat {shlex.quote(str(a))}", f"cat {shlex.quote(str(b))}", pairs=1, min_ratio=0.98, warmup=0)
+    # The gate reads the same logs the same way (two pairs of the same logs: no spread, so the interval
+    # is the snippet's ratio itself; no warm-up).
+    r = perf_gate(f"cat {shlex.quote(str(a))}", f"cat {shlex.quote(str(b))}", pairs=2, min_ratio=0.98, warmup=0)
     assert r.passed == (verdict == "PASS"), r.line
+    assert r.details.get("metric", "throughput") == "throughput"  # the tutorial's lines carry nothing steadier
 
 
 def test_step4_snippet_uses_last_benchmark_line(tmp_path):
@@ -276,7 +275,7 @@ def test_step4_snippet_missing_line(tmp_path):
     b = perf_log(tmp_path / "external.perf.log", 64.0, 100.0)
     snip = run_snippet(STEP4_PERF_SNIPPET, a, b)
     assert snip.returncode == 1 and "benchmark result was not reported" in snip.stderr
-    r = perf_gate(f"cat {shlex.quote(str(a))}", f"cat {shlex.quote(str(b))}", pairs=1, min_ratio=0.98, warmup=0)
+    r = perf_gate(f"cat {shlex.quote(str(a))}", f"cat {shlex.quote(str(b))}", pairs=2, min_ratio=0.98, warmup=0)
     assert not r.passed and "reported no benchmark line" in r.line
 
 
@@ -286,248 +285,6 @@ def test_parse_benchmark():
     assert parse_benchmark("generated_tokens_mean=1.2.3 tokens_per_sec=5") is None
     r = parse_benchmark("generated_tokens_mean=32 a tokens_per_sec=7\nembeddings_per_sec=9")
     assert (r.kind, r.throughput) == ("tokens", 7.0)
-
-
-# ---------------------------------------------------------------- perf: fake commands
-
-FAKE = r'''
-import sys
-arm, gen, tps_list, log, rc = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4], int(sys.argv[5])
-with open(log, "a") as f:
-    f.write(arm + "\n")
-count = sum(1 for line in open(log) if line.strip() == arm)
-tps = tps_list[min(count, len(tps_list)) - 1]
-print("mcore: some log line", file=sys.stderr)
-if rc:
-    print(f"{arm}: CUDA error: out of memory", file=sys.stderr)
-    sys.exit(rc)
-if gen == "embed":
-    print(f"embed: prompts=1 iterations=10 embeddings_per_sec={tps}")
-else:
-    print(f"run: generated_tokens_mean={gen} latency_ms_mean=3.0 tokens_per_sec={tps}")
-'''
-
-
-@pytest.fixture
-def fake(tmp_path):
-    script = tmp_path / "fake_bench.py"
-    script.write_text(FAKE)
-    log = tmp_path / "order.log"
-
-    def cmd(arm, gen="32.0", tps="100", rc=0):
-        return f"{PY} {shlex.quote(str(script))} {arm} {gen} {tps} {shlex.quote(str(log))} {rc}"
-
-    cmd.log = log
-    return cmd
-
-
-def test_perf_pass(fake):
-    samples = []
-    r = perf_gate(
-        fake("native"),
-        fake("external", tps="99"),
-        pairs=4,
-        min_ratio=0.98,
-        warmup=1,
-        on_sample=lambda *a: samples.append(a),
-    )
-    assert r.passed, r.line
-    assert r.line == (
-        "PASS: external/native throughput median ratio 0.9900 (native=100.00 external=99.00 tokens/s over 4 pairs)"
-    )
-    assert r.details["median_ratio"] == pytest.approx(0.99)
-    assert r.details["generated_tokens_mean"] == 32.0
-    assert len([l for l in r.info if l.startswith("pair ")]) == 4
-    assert samples == [
-        ("native", 0, 100.0),
-        ("external", 0, 99.0),
-        ("external", 1, 99.0),
-        ("native", 1, 100.0),
-        ("native", 2, 100.0),
-        ("external", 2, 99.0),
-        ("external", 3, 99.0),
-        ("native", 3, 100.0),
-    ]
-
-
-def test_perf_alternation_order(fake):
-    r = perf_gate(fake("native"), fake("external"), pairs=4, min_ratio=0.98, warmup=1)
-    assert r.passed
-    order = fake.log.read_text().split()
-    assert order == [
-        "native",
-        "external",  # warm-up
-        "native",
-        "external",
-        "external",
-        "native",
-        "native",
-        "external",
-        "external",
-        "native",
-    ]
-    assert r.details["order"] == [["native", "external"], ["external", "native"]] * 2
-
-
-def test_perf_warmup_count(fake):
-    perf_gate(fake("native"), fake("external"), pairs=1, min_ratio=0.98, warmup=3)
-    assert fake.log.read_text().split().count("native") == 4
-    fake.log.unlink()
-    perf_gate(fake("native"), fake("external"), pairs=2, min_ratio=0.98, warmup=0)
-    assert fake.log.read_text().split() == ["native", "external", "external", "native"]
-
-
-def test_perf_fail_on_ratio(fake):
-    r = perf_gate(fake("native"), fake("external", tps="90"), pairs=2, min_ratio=0.98, warmup=0)
-    assert not r.passed
-    assert r.line == (
-        "FAIL: external/native throughput median ratio 0.9000 is below 0.98 "
-        "(native=100.00 external=90.00 tokens/s over 2 pairs)"
-    )
-
-
-def test_perf_median_not_mean(fake):
-    # External runs (warm-up excluded: warmup=0) at 50, then 100 four times: ratios 0.5, 1, 1, 1, 1.
-    r = perf_gate(fake("native"), fake("external", tps="50,100"), pairs=5, min_ratio=0.98, warmup=0)
-    assert r.details["ratios"] == [0.5, 1.0, 1.0, 1.0, 1.0]
-    assert r.passed and r.details["median_ratio"] == 1.0  # the mean (0.9) would fail
-    r = perf_gate(
-        fake("native"),
-        fake("external", tps="100,100,100,50,50,50,50,50,50,50,50,50,50,50"),
-        pairs=3,
-        min_ratio=0.98,
-        warmup=0,
-    )
-    assert not r.passed  # external log already holds 5 runs: now 50, 50, 50
-
-
-def test_perf_fail_on_generated_tokens(fake):
-    r = perf_gate(fake("native", gen="32.0"), fake("external", gen="31.5"), pairs=3, min_ratio=0.98, warmup=1)
-    assert not r.passed
-    assert r.line == "FAIL: generated_tokens_mean differs in pair 1/3 (native=32 external=31.5)"
-
-
-def test_perf_fail_on_nonzero_exit(fake):
-    r = perf_gate(fake("native"), fake("external", rc=3), pairs=2, min_ratio=0.98, warmup=1)
-    assert not r.passed
-    assert r.line == ("FAIL: external command exited with status 3 (warmup 1/1): external: CUDA error: out of memory")
-    r = perf_gate(fake("native", rc=1), fake("external"), pairs=2, min_ratio=0.98, warmup=0)
-    assert r.line.startswith("FAIL: native command exited with status 1 (pair 1/2)")
-
-
-def test_perf_fail_on_nonpositive_throughput(fake):
-    r = perf_gate(fake("native", tps="0"), fake("external"), pairs=1, min_ratio=0.98, warmup=0)
-    assert not r.passed and "throughput must be positive (native=0" in r.line
-
-
-def test_perf_no_benchmark_line(tmp_path):
-    r = perf_gate("echo hello", "echo hello", pairs=1, min_ratio=0.98, warmup=0)
-    assert not r.passed and "native run (pair 1/1) reported no benchmark line" in r.line
-
-
-def test_perf_encoders(fake):
-    r = perf_gate(
-        fake("native", gen="embed", tps="50"),
-        fake("external", gen="embed", tps="51"),
-        pairs=2,
-        min_ratio=0.98,
-        warmup=0,
-    )
-    assert r.passed and r.line.endswith("(native=50.00 external=51.00 embeddings/s over 2 pairs)")
-    r = perf_gate(fake("native", gen="embed", tps="50"), fake("external", tps="51"), pairs=1, min_ratio=0.98, warmup=0)
-    assert not r.passed and "compare like with like" in r.line
-
-
-def test_perf_tutorial_style_command():
-    cmd = f"{PY} -c \"print('generated_tokens_mean=32.0 tokens_per_sec=100')\""
-    assert perf_gate(cmd, cmd, pairs=2, min_ratio=0.98, warmup=1).passed
-
-
-@pytest.mark.parametrize(
-    "kw,match",
-    [
-        ({"pairs": 0}, "--pairs"),
-        ({"warmup": -1}, "--warmup"),
-        ({"min_ratio": 0}, "--min-ratio"),
-        ({"min_ratio": float("nan")}, "--min-ratio"),
-        ({"native_cmd": " "}, "--native"),
-        ({"external_cmd": ""}, "--external"),
-    ],
-)
-def test_perf_bad_args(kw, match):
-    args = {"native_cmd": "true", "external_cmd": "true", "pairs": 1, "min_ratio": 0.98, "warmup": 0}
-    args.update(kw)
-    with pytest.raises(UserError, match=match):
-        perf_gate(**args)
-
-
-def test_perf_progress_and_cancel(tmp_path):
-    token = CancelToken()
-    seen = []
-    slow = f"{PY} -c \"import time; time.sleep(30)\""
-    t0 = time.monotonic()
-    threading.Timer(0.5, token.cancel).start()
-    with pytest.raises(Cancelled):
-        perf_gate(slow, slow, pairs=1, min_ratio=0.98, warmup=0, progress=Progress(lambda s, f: seen.append(s), token))
-    assert time.monotonic() - t0 < 10
-    assert seen and seen[0].startswith("pair 1/1")
-
-
-def test_perf_cli(fake, capsys):
-    rc = main(
-        [
-            "verify",
-            "perf",
-            "--native",
-            fake("native"),
-            "--external",
-            fake("external", tps="99"),
-            "--pairs",
-            "2",
-            "--min-ratio",
-            "0.98",
-            "--warmup",
-            "1",
-        ]
-    )
-    out = capsys.readouterr().out.splitlines()
-    assert rc == 0
-    assert out[0] == "warmup 1/1: done"
-    assert out[1] == "pair 1/2: native=100.00 external=99.00 tokens/s ratio=0.9900 (native first)"
-    assert out[2] == "pair 2/2: native=100.00 external=99.00 tokens/s ratio=0.9900 (external first)"
-    assert out[3].startswith("PASS: external/native throughput median ratio 0.9900")
-    rc = main(["verify", "perf", "--native", fake("native"), "--external", fake("external", tps="50"), "--pairs", "1"])
-    assert rc == 1 and capsys.readouterr().out.splitlines()[-1].startswith("FAIL:")
-    assert main(["verify", "perf", "--native", "true", "--external", "true", "--pairs", "0"]) == 2
-
-
-def _line_cmd(line: str) -> str:
-    return f"{PY} -c {shlex.quote(f'print({line!r})')}"
-
-
-def test_perf_device_metric_compares_device_time_not_wall_clock():
-    # the wall-clock arms differ by 30% (host noise), the device times by 1%: the device metric
-    # compares what a kernel changes
-    native = _line_cmd(
-        "generated_tokens_mean=8.00 runs=5 tokens_per_sec=10000.00 engine=compiled device_step_ms=0.02000"
-    )
-    external = _line_cmd(
-        "generated_tokens_mean=8.00 runs=5 tokens_per_sec=7000.00 engine=compiled device_step_ms=0.02020"
-    )
-    r = perf_gate(native, external, pairs=2, warmup=0, metric="device")
-    assert r.passed and r.details["median_ratio"] == pytest.approx(0.02 / 0.0202)
-    assert r.line.startswith("PASS: external/native device-time throughput median ratio 0.9901")
-    assert "device steps/s" in r.line
-    assert not perf_gate(native, external, pairs=2, warmup=0).passed  # the wall clock says 0.70
-    slow = _line_cmd("generated_tokens_mean=8.00 tokens_per_sec=9990.00 device_step_ms=0.03000")
-    r = perf_gate(native, slow, pairs=1, warmup=0, metric="device")
-    assert not r.passed and "ratio 0.6667 is below 0.98" in r.line
-    # a CPU run prints no device time: said, with what to use instead
-    cpu = _line_cmd("generated_tokens_mean=8.00 tokens_per_sec=100.00 device=cpu")
-    r = perf_gate(cpu, cpu, pairs=1, warmup=0, metric="device")
-    assert not r.passed and "no device_step_ms" in r.line and "--metric throughput" in r.line
-    with pytest.raises(UserError, match="--metric 'gpu'"):
-        perf_gate(cpu, cpu, metric="gpu")
 
 
 def test_benchmark_line_keeps_the_tutorials_throughput_field():

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from mcore import Progress, UserError
+from mcore import PERF_DEFAULTS, Progress, UserError
 
 if TYPE_CHECKING:
     from mcore import Receipt
@@ -663,7 +663,12 @@ def gate_logits(
 
 
 def _gate_results(ctx: ActionContext, r: Any) -> dict:
-    return {"passed": bool(r.passed), "line": ctx.strip(r.line), "info": [ctx.strip(x) for x in r.info]}
+    return {
+        "passed": bool(r.passed),
+        "verdict": r.verdict,
+        "line": ctx.strip(r.line),
+        "info": [ctx.strip(x) for x in r.info],
+    }
 
 
 def gate_tokens(ctx: ActionContext, native: str, external: str) -> dict:
@@ -693,6 +698,11 @@ def gate_embeddings(
     return {**_gate_results(ctx, r), "values": d.get("values"), "max_abs": d.get("max_abs"), "cosine": d.get("cosine")}
 
 
+# an encoder arm's default benchmark calls: calls are few and short, and a fastest-call metric needs
+# enough of them to find undisturbed ones on a loaded CPU (decoders: 5 generations)
+ENCODER_BENCH_RUNS = 200
+
+
 def gate_perf(
     ctx: ActionContext,
     native_bundle: str,
@@ -700,17 +710,22 @@ def gate_perf(
     kernel_bindings: Optional[str],
     prompt: str,
     max_new_tokens: Optional[int] = None,
-    pairs: int = 6,
-    min_ratio: float = 0.98,
+    pairs: int | str = PERF_DEFAULTS.pairs,
+    min_ratio: float = PERF_DEFAULTS.min_ratio,
     warmup: int = 1,
     bench_warmup: int = 2,
-    bench_runs: int = 5,
-    metric: str = "throughput",
+    bench_runs: Optional[int] = None,
+    metric: str = PERF_DEFAULTS.metric,
+    max_pairs: Optional[int] = None,
+    budget_s: Optional[float] = None,
+    confidence: float = PERF_DEFAULTS.confidence,
 ) -> dict:
-    """The no-regression gate: `warmup` runs of each arm, then `pairs` alternating fresh-process
-    native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`), on
-    wall-clock throughput or (`metric="device"`, CUDA) device time per step.
-    The verdict is measured, so replay shows it but never compares it."""
+    """`mcore verify perf` on two bundles: `warmup` runs of each arm, then alternating fresh-process
+    native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`; bench_runs
+    defaults to 5 generations for a decoder, 200 calls for an encoder), a fixed
+    count or `pairs="auto"` (bounded by max_pairs / budget_s), decided by the t-interval of the pairs'
+    log-ratios: PROMOTE, REJECT or INCONCLUSIVE. The gate, its options and defaults are the CLI's.
+    Replay compares the verdict with the recording; the numbers are shown only."""
     from mcore import benchmark_command, bundle_kind, open_bundle, perf_gate
 
     nb, eb = ctx.path(native_bundle, "native_bundle"), ctx.path(external_bundle, "external_bundle")
@@ -719,7 +734,8 @@ def gate_perf(
     if kind == "decoder":
         _int(max_new_tokens, "max_new_tokens", 1)
     _str(prompt, "prompt")
-    bw, br = _int(bench_warmup, "bench_warmup", 0), _int(bench_runs, "bench_runs", 1)
+    runs = bench_runs if bench_runs is not None else (5 if kind == "decoder" else ENCODER_BENCH_RUNS)
+    bw, br = _int(bench_warmup, "bench_warmup", 0), _int(runs, "bench_runs", 1)
     native_cmd = benchmark_command(kind, nb, None, prompt, max_new_tokens, bw, br)
     external_cmd = benchmark_command(
         kind, eb, _opt_path(ctx, kernel_bindings, "kernel_bindings"), prompt, max_new_tokens, bw, br
@@ -727,19 +743,38 @@ def gate_perf(
     r = perf_gate(
         native_cmd,
         external_cmd,
-        pairs=_int(pairs, "pairs", 1),
-        min_ratio=_num(min_ratio, "min_ratio"),
-        warmup=_int(warmup, "warmup", 0),
+        pairs=pairs,
+        min_ratio=min_ratio,
+        warmup=warmup,
         on_sample=ctx.on_sample,
         progress=ctx.progress,
         on_line=lambda line: ctx.say(ctx.strip(line)),
-        metric=_str(metric, "metric"),
+        metric=metric,
+        max_pairs=max_pairs,
+        budget_s=budget_s,
+        confidence=confidence,
     )
     ctx.say(r.line)
+    return _perf_results(ctx, r)
+
+
+def _perf_results(ctx: ActionContext, r: Any) -> dict:
+    """What a perf gate step records: the verdict, every pair, the interval and the rule."""
     d = r.details
+    pairs = [
+        {"native": n, "external": e, "ratio": q, "first": o[0]}
+        for n, e, q, o in zip(d.get("native", []), d.get("external", []), d.get("ratios", []), d.get("order", []))
+    ]
     return {
         **_gate_results(ctx, r),
-        "ratio": d.get("median_ratio"),
+        "ratio": d.get("ratio"),
+        "median_ratio": d.get("median_ratio"),
+        "interval": d.get("interval"),
+        "rule": d.get("rule"),
+        "metric": d.get("metric"),
+        "min_ratio": d.get("min_ratio"),
+        "stop": d.get("stop"),
+        "pairs": pairs,
         "native": d.get("native_median"),
         "external": d.get("external_median"),
         "unit": d.get("unit"),

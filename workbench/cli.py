@@ -9,8 +9,10 @@
                                                 replay without a screen; prints a table of every step
                                                 and a headline of steps matched and gate verdicts;
                                                 stops at the first failing step (--keep-going: not)
-                                                exit 0 all matched and gates passed (or failed as
-                                                recorded), 1 otherwise, 2 bad input
+                                                exit 0 PASS: all matched and every gate passed;
+                                                1 FAIL: a difference (a changed gate verdict too);
+                                                3 REPRODUCED: all matched, and a gate failed (or was
+                                                INCONCLUSIVE) as recorded; 2 bad input
                                                 a session's paths must stay inside the workdir; a
                                                 step that loads a DSO needs --trust-libraries DIR
                                                 (a folder inside the workdir, e.g. `.`)
@@ -73,7 +75,11 @@ def make_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("replay", help="re-run a saved session and compare its recorded results")
     r.add_argument("file", help="session JSON file")
-    r.add_argument("--headless", action="store_true", help="no screen: print a table, exit 0 match / 1 differ")
+    r.add_argument(
+        "--headless",
+        action="store_true",
+        help="no screen: print a table; exit 0 PASS, 1 a difference, 3 a recorded failure reproduced",
+    )
     r.add_argument(
         "--keep-going",
         action="store_true",
@@ -174,7 +180,7 @@ def headless_replay(
     width = shutil.get_terminal_size((160, 24)).columns if sys.stdout.isatty() else 160
     print(report.render_table(width=max(80, width)))
     print(report.summary())
-    return 0 if report.ok else 1
+    return report.exit_code
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -43,6 +43,8 @@ class ActionSpec:
                  shipped exporter's name; asked for like native code
     output_params the params naming files it writes; an existing one is replaced only with the
                  action's `overwrite` param (the TUI asks first: workbench/outputs.py)
+    gate         a gate: its results carry a verdict (PASS/FAIL, the perf gate PROMOTE/REJECT/
+                 INCONCLUSIVE) that replay compares with the recording and counts in its headline
     recorded_keys results a replay compares when the recording has them (added after sessions were
                  recorded without them, such as a bound library's sha256)
     """
@@ -57,6 +59,7 @@ class ActionSpec:
     apply: ApplyFn
     code_param: Optional[str] = None
     output_params: tuple[str, ...] = ()
+    gate: bool = False
     recorded_keys: tuple[str, ...] = ()
 
     def trust_needed(self, params: Params) -> Optional[str]:
@@ -332,32 +335,35 @@ _SPECS = (
         "gate_tokens",
         A.gate_tokens,
         "verify",
-        stable_keys=("passed",),
+        stable_keys=("verdict",),
         path_params=("native", "external"),
         native_param=None,
-        shown=("passed", "line"),
+        shown=("verdict", "line"),
         apply=_apply_correctness("gate_tokens"),
+        gate=True,
     ),
     ActionSpec(
         "gate_embeddings",
         A.gate_embeddings,
         "verify",
-        stable_keys=("passed", "values"),
+        stable_keys=("verdict", "values"),
         path_params=("native", "external"),
         native_param=None,
-        shown=("passed", "max_abs", "cosine", "line"),
+        shown=("verdict", "max_abs", "cosine", "line"),
         apply=_apply_correctness("gate_embeddings"),
+        gate=True,
     ),
-    # measurements: shown, never compared
+    # the verdict compares; the measurements behind it are shown only
     ActionSpec(
         "gate_perf",
         A.gate_perf,
         "verify",
-        stable_keys=(),
+        stable_keys=("verdict",),
         path_params=("native_bundle", "external_bundle", _NATIVE),
         native_param=_NATIVE,
-        shown=("passed", "ratio", "line"),
+        shown=("verdict", "ratio", "line"),
         apply=_apply_gate_perf,
+        gate=True,
     ),
     # screen None as before the registry (a guided step of it stays on the current screen);
     # the Verify screen is where it is run from
@@ -365,22 +371,24 @@ _SPECS = (
         "verify_reference",
         A.verify_reference,
         None,
-        stable_keys=("passed", "first_diverging_step"),
+        stable_keys=("verdict", "first_diverging_step"),
         path_params=("bundle", _NATIVE),
         native_param=_NATIVE,
-        shown=("passed", "first_diverging_step", "line"),
+        shown=("verdict", "first_diverging_step", "line"),
         apply=_apply_verify_reference,
+        gate=True,
     ),
     # the max_abs values may follow the torch build, so only the verdict and where it diverged compare
     ActionSpec(
         "gate_logits",
         A.gate_logits,
         "verify",
-        stable_keys=("passed", "first_divergence"),
+        stable_keys=("verdict", "first_divergence"),
         path_params=("native_bundle", "external_bundle", _NATIVE),
         native_param=_NATIVE,
-        shown=("passed", "first_divergence", "line"),
+        shown=("verdict", "first_divergence", "line"),
         apply=_apply_gate_logits,
+        gate=True,
     ),
     # not "ranked": the rank follows measured times
     ActionSpec(
@@ -397,3 +405,25 @@ _SPECS = (
 )
 
 REGISTRY: dict[str, ActionSpec] = {s.name: s for s in _SPECS}
+GATES = tuple(s.name for s in _SPECS if s.gate)
+VERDICTS = ("PASS", "FAIL", "PROMOTE", "REJECT", "INCONCLUSIVE")
+PASSING = ("PASS", "PROMOTE")
+
+
+def verdict_of(action: str, results: Optional[Params]) -> Optional[str]:
+    """A gate step's verdict word from its results (None for other actions or no results).
+
+    Sessions recorded before gates recorded a verdict carry only `passed`: PASS/FAIL, and for the
+    perf gate (then decided by the median ratio alone) PROMOTE/REJECT, or FAIL when its line names
+    no ratio (a run that failed)."""
+    if action not in GATES or not results:
+        return None
+    v = results.get("verdict")
+    if isinstance(v, str) and v in VERDICTS:
+        return v
+    passed = bool(results.get("passed"))
+    if action != "gate_perf":
+        return "PASS" if passed else "FAIL"
+    if passed:
+        return "PROMOTE"
+    return "REJECT" if "median ratio" in str(results.get("line", "")) else "FAIL"

@@ -2,8 +2,18 @@
 compare the stable results (ActionSpec.stable_keys); every difference is reported with its
 step and field.
 
-A recorded error must recur as the same error (its text is compared). Measured results
-(the perf gate) are shown, never compared.
+A recorded error must recur as the same error (its text is compared). A gate's verdict is
+compared with the recording (DESIGN.md contract 11): a changed verdict (REJECT -> PROMOTE,
+PROMOTE -> INCONCLUSIVE, ...) is a difference; the same failing verdict again is "reproduced a
+recorded failure", never PASS. The measurements behind a perf verdict are shown, not compared.
+
+The headline's word and the exit code (`workbench replay --headless`):
+    PASS        0  every step matched and every gate passed (PASS/PROMOTE)
+    FAIL        1  a difference (a result, an error, a verdict), a gate that ran for the first
+                   time (recorded without CUDA) and did not pass, or a replay that stopped early
+    REPRODUCED  3  every step and verdict matched the recording, which holds a gate that did not
+                   pass (FAIL/REJECT: a reproduced recorded failure; or INCONCLUSIVE again)
+(2 is bad input.)
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from typing import Any, Callable, Optional, Union
 from mcore import NO_PROGRESS, Cancelled, Progress, UserError
 
 from .actions import TRUST_FLAG, ActionContext, check_step_paths
-from .registry import REGISTRY
+from .registry import GATES, PASSING, REGISTRY, verdict_of
 from .session import Session, Step
 
 
@@ -54,23 +64,50 @@ class StepOutcome:
     def verdict(self) -> str:
         return "SKIP" if self.skipped else "OK" if self.matched else "DIFF"
 
+    recorded_verdict: Optional[str] = None  # the gate verdict the session recorded (None: not recorded)
+
     @property
-    def gate(self) -> Optional[bool]:
-        """A gate step's verdict now (True passed, False failed); None for other steps or errors."""
+    def gate_verdict(self) -> Optional[str]:
+        """A gate step's verdict now (PASS/FAIL/PROMOTE/REJECT/INCONCLUSIVE); None for other steps or errors."""
         if self.action not in GATES or self.status != "ok":
             return None
-        return bool((self.results or {}).get("passed"))
+        return verdict_of(self.action, self.results)
 
     @property
-    def gate_failed_as_recorded(self) -> bool:
-        return self.gate is False and self.recorded_passed is False
+    def gate(self) -> Optional[bool]:
+        """A gate step's verdict now as passed (True) or not (False); None for other steps or errors."""
+        v = self.gate_verdict
+        return None if v is None else v in PASSING
 
-    recorded_passed: Optional[bool] = None  # the gate verdict the session recorded
+    @property
+    def reproduced(self) -> bool:
+        """The gate did not pass, and did the same in the recording (a reproduced recorded failure, or
+        INCONCLUSIVE again)."""
+        return self.gate is False and self.recorded_verdict == self.gate_verdict
 
     @property
     def failing(self) -> bool:
-        """Differs from the recording, or a gate failed that the recording saw pass."""
-        return not self.matched or (self.gate is False and not self.gate_failed_as_recorded)
+        """Differs from the recording (a changed verdict included), or a gate that had no recorded
+        verdict (a step recorded without CUDA) did not pass."""
+        return not self.matched or (self.gate is False and self.recorded_verdict is None)
+
+    def gate_note(self) -> str:
+        return verdict_note(self.index, self.action, self.recorded_verdict, self.gate_verdict)
+
+
+def verdict_note(index: int, action: str, recorded: Optional[str], now: Optional[str]) -> str:
+    """What a replay's headline (and the TUI's summary) says about a gate step, "" when it passed as
+    recorded: a changed verdict, a reproduced recorded failure, INCONCLUSIVE again, or a gate with
+    no recorded verdict that did not pass."""
+    if now is None or (now in PASSING and recorded in (None, now)):
+        return ""
+    if recorded is None:
+        return f"step {index} {action} {now} (not recorded: it had to pass)"
+    if recorded != now:
+        return f"step {index} {action} verdict changed {recorded} -> {now}"
+    if now == "INCONCLUSIVE":
+        return f"step {index} {action} INCONCLUSIVE, as recorded"
+    return f"step {index} {action} {now}: reproduced a recorded failure"
 
 
 @dataclass
@@ -83,7 +120,23 @@ class ReplayReport:
 
     @property
     def ok(self) -> bool:
+        """Every step ran and matched the recording, verdicts included (failing verdicts may be reproduced)."""
         return len(self.outcomes) == self.total_steps and not any(o.failing for o in self.outcomes)
+
+    @property
+    def reproduced_failures(self) -> list[StepOutcome]:
+        return [o for o in self.outcomes if o.reproduced]
+
+    @property
+    def word(self) -> str:
+        """PASS, FAIL or REPRODUCED (module docstring)."""
+        if not self.ok:
+            return "FAIL"
+        return "REPRODUCED" if self.reproduced_failures else "PASS"
+
+    @property
+    def exit_code(self) -> int:
+        return {"PASS": 0, "FAIL": 1, "REPRODUCED": EXIT_REPRODUCED}[self.word]
 
     @property
     def gates(self) -> list[StepOutcome]:
@@ -103,6 +156,14 @@ class ReplayReport:
             if o.matched:
                 if o.status == "error":
                     fieldname, actual = "error", o.error or ""
+                elif o.gate_verdict is not None:  # the verdict compared: show it and its line
+                    res = o.results or {}
+                    note = (
+                        ": reproduced a recorded failure" if o.reproduced and o.gate_verdict != "INCONCLUSIVE" else ""
+                    )
+                    line = str(res.get("line") or "")
+                    out.append((str(o.index), o.action, "OK", "verdict", o.recorded_verdict or "", f"{line}{note}"))
+                    continue
                 elif o.compared:
                     fieldname, actual = ",".join(o.compared), ""
                 else:  # nothing stable to compare: show what happened (a measurement, a build)
@@ -136,28 +197,23 @@ class ReplayReport:
         return "\n".join([line(header)] + [line(r) for r in rows])
 
     def summary(self) -> str:
-        """The headline: steps matched and gate verdicts; PASS only when both hold."""
+        """The headline: its word (PASS/FAIL/REPRODUCED), steps matched, differences and gate verdicts."""
         matched = sum(o.matched for o in self.outcomes)
         ndiff = len(self.differences)
         done = len(self.outcomes)
-        verdict = "PASS" if self.ok else "FAIL"
         gates = self.gates
         passed = sum(1 for o in gates if o.gate)
         gate_text = f", gates {passed}/{len(gates)} passed" if gates else ""
-        failed = [
-            f"step {o.index} {o.action}" + (" failed, as recorded" if o.gate_failed_as_recorded else " failed")
-            for o in gates
-            if not o.gate
-        ]
-        if failed:
-            gate_text += " (" + "; ".join(failed) + ")"
+        notes = [n for n in (o.gate_note() for o in gates) if n]
+        if notes:
+            gate_text += " (" + "; ".join(notes) + ")"
         tail = "" if done == self.total_steps else f", stopped after {done} of {self.total_steps}"
         skipped = sum(o.skipped for o in self.outcomes)
         if skipped:
             gate_text += f", {skipped} skipped (they need CUDA, which this machine lacks)"
             matched -= skipped
         return (
-            f"{verdict}: {matched}/{self.total_steps - skipped} steps matched, {ndiff} difference(s){gate_text}{tail} "
+            f"{self.word}: {matched}/{self.total_steps - skipped} steps matched, {ndiff} difference(s){gate_text}{tail} "
             f"(session {self.title!r}, workdir {self.workdir})"
         )
 
@@ -253,9 +309,10 @@ def _compare_step(step: Step, status: str, results: Optional[dict], error: Optio
     out = []
     spec = REGISTRY[step.action]
     for key in spec.stable_keys + tuple(k for k in spec.recorded_keys if k in step.results):
-        exp = step.results.get(key, "(absent)")
-        act = (results or {}).get(key, "(absent)")
-        out.extend(compare(key, exp, act))
+        if key == "verdict":  # a recording older than recorded verdicts says it through `passed`
+            out.extend(compare(key, verdict_of(step.action, step.results), verdict_of(step.action, results)))
+        else:
+            out.extend(compare(key, step.results.get(key, "(absent)"), (results or {}).get(key, "(absent)")))
     return out
 
 
@@ -306,7 +363,7 @@ def trusted_folder(workdir: Path, trust_libraries: Union[str, os.PathLike, None]
     return p
 
 
-GATES = ("gate_tokens", "gate_embeddings", "gate_logits", "gate_perf")
+EXIT_REPRODUCED = 3
 
 
 def cuda_here(device: Optional[str]) -> bool:
@@ -338,8 +395,8 @@ def replay(
 ) -> ReplayReport:
     """Re-execute the steps of a session in `workdir` and compare stable results.
 
-    Stops after the first failing step (a difference, or a gate that failed where the recording
-    passed) unless `keep_going`: later steps build on it, and a perf gate takes a minute.
+    Stops after the first failing step (a difference, a changed gate verdict included) unless
+    `keep_going`: later steps build on it, and a perf gate takes a minute.
 
     `on_step(index, step, None)` is called before a step runs and `on_step(index, step, outcome)`
     after it (index is 1-based). Bad input (unreadable/invalid session, a non-empty workdir when
@@ -416,8 +473,8 @@ def replay(
             error=error,
             seconds=time.perf_counter() - t0,
         )
-        if step.action in GATES and step.status == "ok":
-            outcome.recorded_passed = bool(step.results.get("passed"))
+        if step.status == "ok":
+            outcome.recorded_verdict = verdict_of(step.action, step.results)
         report.outcomes.append(outcome)
         if on_step is not None:
             on_step(i, step, outcome)

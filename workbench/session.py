@@ -143,7 +143,7 @@ def check_guide(guide: Any, where: str) -> Optional[dict[str, str]]:
 def check_step(d: Any, where: str) -> Step:
     """Validate one step dict (where = 'FILE: step N') and return it as a Step."""
     from .actions import check_params
-    from .registry import REGISTRY
+    from .registry import REGISTRY, VERDICTS
 
     check_fields(d, where, _STEP_REQUIRED, _STEP_OPTIONAL)
     action = d["action"]
@@ -157,6 +157,9 @@ def check_step(d: Any, where: str) -> Step:
     if not isinstance(d["results"], dict):
         raise UserError(f"{where}: results must be a JSON object")
     _check_json_value(d["results"], f"{where}: results")
+    verdict = d["results"].get("verdict")
+    if REGISTRY[action].gate and verdict is not None and verdict not in VERDICTS:
+        raise UserError(f"{where}: results.verdict {verdict!r} must be one of {', '.join(VERDICTS)}")
     status = d["status"]
     if status not in STATUSES:
         raise UserError(f"{where}: status {status!r} must be one of {', '.join(STATUSES)}")

@@ -136,7 +136,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
             f"generated_tokens_mean={statistics.mean(gen):.2f} runs={len(runs)} "
             f"tokens_per_sec={sum(gen) / total_t:.2f} ttft_ms_p50={percentile(ttft, 0.5):.3f} "
             f"decode_ms_p50={percentile(steps, 0.5):.3f} decode_ms_p90={percentile(steps, 0.9):.3f} "
-            f"decode_ms_p99={percentile(steps, 0.99):.3f} device={pipe.device} engine={pipe.engine_name}"
+            f"decode_ms_p99={percentile(steps, 0.99):.3f} "
+            # the fastest step: what `verify perf --metric min-step` (auto off CUDA) compares
+            + (f"decode_ms_min={min(steps):.4f} " if steps else "")
+            + f"device={pipe.device} engine={pipe.engine_name}"
             + _device_field(pipe.device_step_seconds(min(pipe.capacity - 1, len(runs[0].prompt_tokens) + gen[0] // 2))),
             flush=True,
         )
@@ -175,8 +178,8 @@ def cmd_embed(ns: argparse.Namespace) -> int:
             lat.append(time.perf_counter() - t)
         log(
             f"embeddings_per_sec={len(lat) / sum(lat):.2f} runs={len(lat)} latency_ms_p50={percentile(lat, 0.5) * 1e3:.3f} "
-            f"latency_ms_p90={percentile(lat, 0.9) * 1e3:.3f} device={pipe.device} engine={pipe.engine_name}"
-            + _device_field(pipe.device_call_seconds(ns.prompt))
+            f"latency_ms_p90={percentile(lat, 0.9) * 1e3:.3f} latency_ms_min={min(lat) * 1e3:.4f} "
+            f"device={pipe.device} engine={pipe.engine_name}" + _device_field(pipe.device_call_seconds(ns.prompt))
         )
     pooling, normalize, why = pipe.pooling(ns.pooling, ns.normalize)
     emb = pipe.embed(ns.prompt, pooling, normalize)

@@ -10,6 +10,8 @@ from ..errors import UserError
 from ..exporters import SHIPPED_EXPORTERS, kernel_catalog, run_exporter
 from ..kernels import CUDA_MODES, KERNELS, build_kernel
 from ..stubgen import write_exporter
+from ..verdicts import EXIT_CODES
+from ..verify_perf import METRICS, PERF_DEFAULTS
 
 TRUST_NOTE = "note: a DSO runs native code when it is loaded; bind only libraries you trust."
 
@@ -81,7 +83,8 @@ def _register_watch(sub) -> None:
         description="Export EXPORTER for the receipt, bind the DSO to a NEW pipeline of the slot bundle and run "
         "the correctness gate in lockstep against the native bundle (`verify logits`; encoders: the embeddings "
         "gate), then the perf gate (`verify perf`). Again each time the exporter file's content changes, one "
-        "line per round. Ctrl-C stops. Exit 0 when the last round promoted (or passed, with --no-perf).",
+        "line per round. Ctrl-C stops. Exit 0 when the last round promoted (or passed, with --no-perf), 3 when "
+        "it was INCONCLUSIVE, else 1.",
     )
     w.add_argument("exporter", metavar="EXPORTER", help="exporter script (.py, the file watched) or shipped name")
     w.add_argument("--selection", required=True, metavar="RECEIPT", help="the receipt the slot bundle was built from")
@@ -94,12 +97,22 @@ def _register_watch(sub) -> None:
         "--max-abs", type=float, default=None, help="largest allowed abs difference (default 0; encoders 0.02)"
     )
     w.add_argument("--no-perf", dest="perf", action="store_false", help="correctness only (no perf gate)")
-    w.add_argument("--pairs", type=int, default=3, help="perf gate pairs (default 3)")
-    w.add_argument("--min-ratio", type=float, default=0.98, help="perf gate: lowest allowed ratio (default 0.98)")
+    w.add_argument("--pairs", type=int, default=3, help="perf gate pairs, at least 2 (default 3)")
+    w.add_argument(
+        "--min-ratio",
+        type=float,
+        default=PERF_DEFAULTS.min_ratio,
+        help=f"perf gate: lowest allowed ratio (default {PERF_DEFAULTS.min_ratio:g})",
+    )
     w.add_argument("--warmup", type=int, default=1, help="perf gate warm-up runs of each arm (default 1)")
     w.add_argument("--bench-warmup", type=int, default=2, help="each benchmark run's own warm-up (default 2)")
     w.add_argument("--bench-runs", type=int, default=5, help="each benchmark run's measured runs (default 5)")
-    w.add_argument("--metric", choices=("throughput", "device"), default="throughput", help="as `verify perf`")
+    w.add_argument(
+        "--metric",
+        choices=METRICS,
+        default=PERF_DEFAULTS.metric,
+        help=f"as `verify perf` (default {PERF_DEFAULTS.metric})",
+    )
     w.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the bundle's, else auto)")
     w.add_argument("--engine", default="auto", help="auto | compiled | torch (default auto)")
     w.add_argument(
@@ -214,7 +227,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
         poll_s=args.poll,
         on_start=start,
     )
-    return 0 if history and history[-1].verdict in ("PROMOTE", "PASS") else 1
+    # the last round's verdict, with `verify`'s exit codes (0 PROMOTE/PASS, 1 REJECT, 3 INCONCLUSIVE); ERROR 1
+    return EXIT_CODES.get(history[-1].verdict, 1) if history else 1
 
 
 def cmd_export(args: argparse.Namespace) -> int:

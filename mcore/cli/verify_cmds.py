@@ -1,11 +1,13 @@
 """`mcore verify tokens|embeddings|perf|reference|logits`: the correctness and no-regression gates.
 
-Exit codes: 0 PASS, 1 FAIL, 2 bad input (through UserError in main)."""
+Exit codes (mcore/verdicts.py): 0 PASS or PROMOTE, 1 FAIL or REJECT, 2 bad input (through UserError
+in main), 3 INCONCLUSIVE (the perf gate's interval straddles its threshold)."""
 
 from __future__ import annotations
 
 import argparse
 
+from .. import verify_perf as P
 from ..verify import GateResult, compare_embeddings, compare_tokens, perf_gate
 
 
@@ -25,15 +27,23 @@ def cmd_embeddings(ns: argparse.Namespace) -> int:
     return _report(compare_embeddings(ns.native, ns.byok, max_abs=ns.max_abs, min_cosine=ns.min_cosine))
 
 
+def pairs_arg(text: str) -> int | str:
+    """--pairs N or auto (the gate checks the value: one line, exit 2)."""
+    return int(text) if text.strip().lstrip("+-").isdigit() else text
+
+
 def cmd_perf(ns: argparse.Namespace) -> int:
     result = perf_gate(
         ns.native,
         ns.external,
-        pairs=ns.pairs,
+        pairs=pairs_arg(ns.pairs),
         min_ratio=ns.min_ratio,
         warmup=ns.warmup,
         on_line=lambda line: print(line, flush=True),
         metric=ns.metric,
+        max_pairs=ns.max_pairs,
+        budget_s=ns.budget_s,
+        confidence=ns.confidence,
     )
     return _report(result, printed_info=True)
 
@@ -102,20 +112,55 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-cosine", type=float, default=0.999, help="smallest allowed cosine similarity (default 0.999)")
     p.set_defaults(func=cmd_embeddings)
 
-    p = vs.add_parser("perf", help="alternating fresh-process benchmark pairs; median external/native ratio")
+    p = vs.add_parser(
+        "perf",
+        help="alternating fresh-process benchmark pairs; PROMOTE/REJECT/INCONCLUSIVE from a t-interval of the ratios",
+    )
     p.add_argument("--native", required=True, metavar="CMD", help="shell command printing the native benchmark line")
     p.add_argument(
         "--external", required=True, metavar="CMD", help="shell command printing the external benchmark line"
     )
-    p.add_argument("--pairs", type=int, default=6, help="measured pairs (default 6)")
-    p.add_argument("--min-ratio", type=float, default=0.98, help="lowest allowed median ratio (default 0.98)")
+    p.add_argument(
+        "--pairs",
+        default=str(P.DEFAULT_PAIRS),
+        metavar="N|auto",
+        help=f"measured pairs, 2 or more (default {P.DEFAULT_PAIRS}); auto: check after each pair from "
+        f"pair {P.FIRST_LOOK} on and stop once decided (bounded by --max-pairs and --budget-s)",
+    )
+    p.add_argument(
+        "--min-ratio",
+        type=float,
+        default=P.DEFAULT_MIN_RATIO,
+        help=f"external/native threshold the interval must clear (default {P.DEFAULT_MIN_RATIO})",
+    )
+    p.add_argument(
+        "--confidence",
+        type=float,
+        default=P.DEFAULT_CONFIDENCE,
+        help=f"two-sided confidence of the interval (default {P.DEFAULT_CONFIDENCE}; with --pairs auto, "
+        "overall, split over the checks)",
+    )
+    p.add_argument(
+        "--max-pairs",
+        type=int,
+        default=None,
+        help=f"--pairs auto: measure at most this many pairs (default {P.DEFAULT_MAX_PAIRS})",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"--pairs auto: start no new pair after this many seconds (the first {P.FIRST_LOOK} always run; default: no limit)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="warm-up runs of each command first (default 1)")
     p.add_argument(
         "--metric",
-        choices=("throughput", "device"),
-        default="throughput",
-        help="throughput: the wall-clock tokens/s the tutorial compares (default); device: the device time per step "
-        "(device_step_ms, CUDA runs), without the host's per-token work",
+        choices=P.METRICS,
+        default=P.DEFAULT_METRIC,
+        help="auto (default): device where the lines carry device_step_ms (CUDA), else min-step, else throughput; "
+        "device: the device time per step; min-step: each run's fastest step (steady on a loaded CPU); "
+        "throughput: the wall-clock tokens/s the tutorial compares",
     )
     p.set_defaults(func=cmd_perf)
 

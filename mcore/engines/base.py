@@ -39,6 +39,11 @@ class Engine(Protocol):
         parameter/buffer; `slots`: (slot record, bound SlotCall) pairs for this role."""
         ...
 
+    def keeps_captures(self, device: torch.device) -> bool:
+        """Whether a captured role graph is worth saving for the next load (graph_capture.capture_cached):
+        not where the engine keeps its compiled roles in a form that needs no graph."""
+        ...
+
     def load_role(
         self,
         fingerprint: str,
@@ -46,8 +51,11 @@ class Engine(Protocol):
         state: dict[str, torch.Tensor],
         slots: Sequence[tuple[Any, Any]],
         device: torch.device,
+        structure: Any = None,
     ) -> Optional[tuple[RoleRunner, Any]]:
         """(runner, the role's graph snapshot) ready-made from an earlier load, without capture; or
         None: then the caller captures the graph and calls compile_role. `fingerprint`: the role
-        graph's, from the bundle (the snapshot returned has it)."""
+        graph's, from the bundle (the snapshot returned has it); `structure`: the role's
+        engines.structure.RoleStructure (what compiled code of another model of the same
+        architecture and shapes may serve it)."""
         ...

@@ -10,9 +10,11 @@ capture). Roles with a dynamic token count (prefill) run compiled with a dynamic
 
 Compiled artifacts live in Inductor's cache under $MCORE_CACHE_DIR/inductor, keyed by the graph
 Inductor sees (which covers the graph, the slot ops, the device and the torch version); a small
-index beside it (compiled/<key>.json, our key: role fingerprint, slot ABIs, device, torch) says
-whether this pipeline was compiled on this machine before and how long that took. Every folder is
-checked and every precompiled entry carries its record before it is unpickled (mcore/cache.py).
+index beside it (compiled/<key>.json, our key: the role graph's structure, slot ABIs, device,
+torch, options) says whether this pipeline was compiled on this machine before and how long that
+took. Every folder is checked and every precompiled entry carries its record before it is
+unpickled (mcore/cache.py); a role compiled by regions (regions.py, standalone.py) is one file
+under one record.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -27,7 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch._inductor.config
 
-from .. import cache, inductor
+from .. import __version__, cache, inductor
 from ..errors import UserError
 from ..progress import NO_PROGRESS, Progress
 from ..receipt import SlotRecord
@@ -37,6 +40,17 @@ from ..gemv import glu_enabled
 from .fusion import fuse_sibling_projections, fuse_weights
 from .gemv_pass import use_gemv
 from .prepared import PreparedGraph, RoleProgram, prepare_graph
+from .regions import plan_regions
+from .structure import RoleStructure, rebased, structure_key
+from .standalone import (
+    CompiledRegions,
+    compile_regions,
+    is_regions,
+    load_regions,
+    regional,
+    save_regions,
+    standalone,
+)
 
 
 def _torch_default_inductor_dir() -> Optional[str]:
@@ -68,25 +82,28 @@ def device_label(device: torch.device) -> str:
     return "cpu"
 
 
-def compile_key(fingerprint: str, slots: Sequence[SlotRecord], device: torch.device) -> str:
-    """What decides the compiled code: the role graph, its slots' ABIs, the device and torch."""
-    return hashlib.sha256(json.dumps(made_from(fingerprint, slots, device), sort_keys=True).encode()).hexdigest()
+def compile_key(structure: str, slots: Sequence[SlotRecord], device: torch.device) -> str:
+    """What decides the compiled code: the hash of `made_from`."""
+    return hashlib.sha256(json.dumps(made_from(structure, slots, device), sort_keys=True).encode()).hexdigest()
 
 
-def made_from(fingerprint: str, slots: Sequence[SlotRecord], device: torch.device) -> dict[str, Any]:
-    """The inputs of a compile that a cached one must share: the role's graph (its fingerprint), the
-    slots' ABIs, the device, torch and the compile options. Weights are not among them: the compiled
-    code takes the weights as arguments, so another checkpoint of the same graph could reuse it
+def made_from(structure: str, slots: Sequence[SlotRecord], device: torch.device) -> dict[str, Any]:
+    """The inputs of a compile that a cached one must share: the role graph's structure
+    (structure.py: the family, role, graph arguments and `Family.structure(config)`, not the
+    model's identity, so a fine-tune shares it), the slots' ABIs, the device, torch, mcore and the
+    compile options. Weights are not among them: the compiled code takes the weights as arguments
     (docs/trust.md)."""
     return {
-        "fingerprint": fingerprint,
+        "structure": structure,
+        "mcore": __version__,
         "slots": [[s.binding_id, s.abi_sha256, list(s.node_ids)] for s in slots],
         "device": device_label(device),
         "torch": torch.__version__,
         "options": [fuse_projections(), tuning()]
         + (["gemv"] if gemv_enabled(device) else [])
         + (["gemv-glu"] if gemv_enabled(device) and glu_enabled() else [])
-        + inductor.settings(device),
+        + inductor.settings(device)
+        + (["regional"] if regional() else []),
     }
 
 
@@ -172,6 +189,7 @@ class CompiledRoleRunner:
         self.artifact: Optional[Path] = None  # the precompiled artifact this role runs (see `precompiled`)
         self.load_s = 0.0  # reading a precompiled role (artifact and record), counted in compile_s
         self.settings: list[str] = []  # Inductor settings beyond deterministic mode (describe() names them)
+        self.compiled_beside = False  # compiled by a helper process while this one did another role
 
     # ------------------------------------------------------------------ running
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -228,8 +246,10 @@ class CompiledRoleRunner:
         try:
             if artifact is not None:
                 graph = self._graph()
-                self.fn = _artifact(artifact, graph.gm, p.state_args, inputs, graph.dynamic_dims, options)
-                self.artifact = artifact
+                self.fn, saved = _artifact(
+                    artifact, graph.gm, p.state_args, inputs, graph.dynamic_dims, options, progress.part(0.0, 0.8)
+                )
+                self.artifact = artifact if saved else None  # no record for a file this compile did not write
             self._warm(inputs, 1)
         except UserError:
             raise
@@ -277,11 +297,14 @@ class CompiledRoleRunner:
     def describe(self) -> str:
         p = self.prepared
         how = "compiled (Inductor" + "".join(f", {name}" for name in self.settings)
-        how += ", precompiled artifact)" if self.artifact else ")"
+        how += ", precompiled artifact" if self.artifact else ""
+        how += f", {self.fn.describe()})" if isinstance(self.fn, CompiledRegions) else ")"
         if self.graphs:
             how += ", replayed as a CUDA graph"
         if self.compile_s is not None:
             how += f", compile {self.compile_s:.1f} s" + (" (cached)" if self.cached else "")
+        if self.compiled_beside:
+            how += ", compiled by a helper process beside the other role"
         if p.slot_keys:
             how += f", {len(p.slot_keys)} opaque slot(s)"
         return f"{p.role}: {how}"
@@ -321,31 +344,31 @@ def _artifact(
     inputs: Sequence[torch.Tensor],
     dynamic_dims: dict[int, tuple[int, ...]],
     options: dict[str, Any],
-) -> Any:
+    progress: Progress = NO_PROGRESS,
+) -> tuple[Any, bool]:
     """The role compiled now by Inductor alone (no Dynamo) and saved at `path` (owner-only; its record
-    is written after it). `dynamic_dims` (user input -> dimensions) stay symbolic: the example inputs
-    reach Inductor as fake tensors with those sizes as symbols. An artifact already at `path` is never
-    read here: only `load_role` loads one, after its record holds."""
-    from torch._inductor import standalone_compile
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-
-    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-    examples: list[Any] = [fake_mode.from_tensor(a, static_shapes=True) for a in state_args]
-    for i, a in enumerate(inputs):
-        dims = dynamic_dims.get(i, ())
-        sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(a.dim())]
-        examples.append(fake_mode.from_tensor(a, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes)))
-    # our own tracing context carries the shape environment (the `fake_mode=` argument is newer than torch 2.11)
-    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
-        art = standalone_compile(
-            gm, examples, dynamic_shapes="from_tracing_context", options={"config_patches": options}
-        )
+    is written after it): by regions where regions.py finds cuts that change no bit (each distinct
+    region compiled once, all of them kept in the one file), else as one graph. `dynamic_dims` (user
+    input -> dimensions) stay symbolic: the example inputs reach Inductor as fake tensors with those
+    sizes as symbols. An artifact already at `path` is never read here: only `load_role` loads one,
+    after its record holds. Returns (compiled role, whether it was saved at `path`)."""
+    n = len(state_args)
+    flat = [*state_args, *inputs]
+    dims = {n + i: d for i, d in dynamic_dims.items()}
+    plan = plan_regions(gm) if regional() else None
+    art: Any
+    if plan is not None:
+        art = compile_regions(plan, flat, dims, options, note=lambda s: progress.report(s, 0.1))
+    else:
+        art = standalone(gm, flat, dims, options, n_static=n)
     try:  # whole or not at all: a concurrent load never reads half a file
-        cache.write_private(path, lambda staged: art.save(path=str(staged), format="binary"))
+        if isinstance(art, CompiledRegions):
+            save_regions(art, path)
+        else:
+            cache.write_private(path, lambda staged: art.save(path=str(staged), format="binary"))
     except OSError:
-        pass  # the artifact is a convenience: this process runs the compiled code anyway
-    return art
+        return art, False  # the artifact is a convenience: this process runs the compiled code anyway
+    return art, True
 
 
 def graph_sha256(gm: torch.fx.GraphModule) -> str:
@@ -426,11 +449,28 @@ def _write_marker(path: Path, data: dict) -> None:
         pass  # the index is a convenience; Inductor's own cache still works
 
 
+def start_compile_workers(device: torch.device) -> None:
+    """Inductor hands Triton kernels to its worker processes only once they are up, and compiles
+    them one by one in this process until then; Dynamo starts them early, a compile without Dynamo
+    does not. Started here, they come up while the role graphs are captured."""
+    if device.type != "cuda":
+        return
+    try:
+        from torch._inductor.async_compile import maybe_warm_pool
+
+        maybe_warm_pool()
+    except Exception:  # noqa: BLE001 - an optimization: the compile works without it
+        pass
+
+
 class CompiledEngine:
     name = "compiled"
 
     def __init__(self) -> None:
         _use_mcore_inductor_cache()
+
+    def keeps_captures(self, device: torch.device) -> bool:
+        return not precompiled(device)  # a precompiled role reloads from its artifact and record alone
 
     def compile_role(
         self,
@@ -442,8 +482,9 @@ class CompiledEngine:
         prepared = prepare_graph(captured, state, slots, device)
         if fuse_projections():
             fuse_sibling_projections(prepared)
-        made = made_from(captured.snapshot.fingerprint, [s for s, _ in slots], device)
-        key = compile_key(captured.snapshot.fingerprint, [s for s, _ in slots], device)
+        structure = structure_key(captured.family, captured.source.config, captured.gargs, captured.role)
+        made = made_from(structure, [s for s, _ in slots], device)
+        key = compile_key(structure, [s for s, _ in slots], device)
         return CompiledRoleRunner(prepared, device, key, snapshot=captured.snapshot, made_from=made)
 
     def load_role(
@@ -453,14 +494,30 @@ class CompiledEngine:
         state: dict[str, torch.Tensor],
         slots: Sequence[tuple[SlotRecord, Any]],
         device: torch.device,
+        structure: Optional[RoleStructure] = None,
     ) -> Optional[tuple[CompiledRoleRunner, Snapshot]]:
         """The role and its snapshot from its precompiled artifact and record (see `precompiled`), with no capture
-        and no graph; None where there is none for this graph, these slots, device and torch, or it
-        does not load (the caller then captures and compiles as usual)."""
-        if not precompiled(device):
+        and no graph; None where there is none for this structure, these slots, device and torch, it
+        does not load, or its recorded graph, under this model's metadata, is not exactly the graph
+        of `fingerprint` (the caller then captures and compiles as usual)."""
+        loaded = self._load_role(fingerprint, role, state, slots, device, structure)
+        if loaded is None:
+            start_compile_workers(device)
+        return loaded
+
+    def _load_role(
+        self,
+        fingerprint: str,
+        role: str,
+        state: dict[str, torch.Tensor],
+        slots: Sequence[tuple[SlotRecord, Any]],
+        device: torch.device,
+        structure: Optional[RoleStructure],
+    ) -> Optional[tuple[CompiledRoleRunner, Snapshot]]:
+        if not precompiled(device) or structure is None:
             return None
-        made = made_from(fingerprint, [s for s, _ in slots], device)
-        key = compile_key(fingerprint, [s for s, _ in slots], device)
+        made = made_from(structure.key, [s for s, _ in slots], device)
+        key = compile_key(structure.key, [s for s, _ in slots], device)
         slot_keys = [c.key for _, c in slots]
         artifact, record = _precompiled_paths(key, slot_keys)
         t0 = time.perf_counter()
@@ -471,11 +528,13 @@ class CompiledEngine:
                 cache.stale(f"compiled {role} graph", artifact, why, "compiling")
             return None
         try:
-            snapshot = Snapshot.from_dict(data.get("snapshot"), str(record))
-            if snapshot.fingerprint != fingerprint:
-                raise ValueError("its snapshot has another fingerprint")
+            # another checkpoint of this structure compiled it: used only if its recorded graph,
+            # under this model's metadata, is exactly the bundle's (every node, tensor, input, output)
+            snapshot = rebased(Snapshot.from_dict(data.get("snapshot"), str(record)), structure.metadata, fingerprint)
+            if snapshot is None:
+                raise ValueError("its recorded graph, under this model's metadata, has another fingerprint")
             prog = _program_from_record(data, role, state, slot_keys)
-            fn = _load_artifact(artifact)
+            fn = _load_artifact(artifact, data)
         except (UserError, ValueError, KeyError, TypeError, AttributeError) as e:
             cache.stale(f"compiled {role} graph", artifact, str(e) or type(e).__name__, "compiling")
             return None
@@ -485,12 +544,22 @@ class CompiledEngine:
         return runner, snapshot
 
 
-def _load_artifact(path: Path) -> Any:
-    """The compiled role saved at `path`, whose record `load_role` has checked (ValueError where it
-    still does not load: another layout of this torch, say)."""
+def _load_artifact(path: Path, record: dict) -> Any:
+    """The compiled role saved at `path` (one graph, or its regions: standalone.py) under `record`,
+    which `load_role` accepted: the bytes unpickled are the bytes checked against it once more
+    (cache.read_checked). ValueError where it still does not load (another layout of this torch, say)."""
+    raw = cache.read_checked(record, "artifact", path)
+    return load_regions(raw, _load_one) if is_regions(raw) else _load_one(raw)
+
+
+def _load_one(raw: bytes) -> Any:
+    """One Inductor artifact from its checked bytes, through a private temporary file (the API reads a path)."""
     from torch._inductor import CompiledArtifact
 
-    try:
-        return CompiledArtifact.load(path=str(path), format="binary")
-    except Exception as e:  # noqa: BLE001 - compiled again, never trusted half-loaded
-        raise ValueError(f"it does not load: {type(e).__name__}") from None
+    with tempfile.TemporaryDirectory(prefix="mcore-artifact-") as tmp:  # 0700, this user's
+        part = Path(tmp) / "artifact.bin"
+        part.write_bytes(raw)
+        try:
+            return CompiledArtifact.load(path=str(part), format="binary")
+        except Exception as e:  # noqa: BLE001 - compiled again, never trusted half-loaded
+            raise ValueError(f"it does not load: {type(e).__name__}") from None

@@ -43,7 +43,12 @@ def _call_slots_directly(p: PreparedGraph) -> None:
 class TorchEngine:
     name = "torch"
 
-    def load_role(self, fingerprint: str, role: str, state: Any, slots: Any, device: torch.device) -> None:
+    def keeps_captures(self, device: torch.device) -> bool:
+        return True  # op by op runs the graph itself: the saved program is its only cache
+
+    def load_role(
+        self, fingerprint: str, role: str, state: Any, slots: Any, device: torch.device, structure: Any = None
+    ) -> None:
         return None  # op by op needs the graph: nothing is precompiled
 
     def compile_role(

@@ -56,6 +56,10 @@ class RoleIO:
     outputs: tuple[str, ...]
 
 
+# config.json fields that say where a checkpoint came from, never how its graph is built
+IDENTITY_FIELDS = ("_name_or_path", "_commit_hash", "transformers_version")
+
+
 class Family(ABC):
     name: str
     kind: str  # "decoder" or "encoder"
@@ -97,3 +101,9 @@ class Family(ABC):
 
     @abstractmethod
     def recipes(self, config: dict, gargs: dict[str, Any]) -> list[RecipeSpec]: ...
+
+    def structure(self, config: dict) -> Any:
+        """What the role graphs are built from in `config`, apart from the model's identity: equal
+        values give the same graphs, so compiled code is shared (mcore/engines/structure.py). By
+        default the whole config but the fields that name where it came from."""
+        return {k: v for k, v in config.items() if k not in IDENTITY_FIELDS}

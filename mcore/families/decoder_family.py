@@ -7,6 +7,7 @@ docs/adding-a-model-family.md walks through adding one.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional, cast
 
 import torch
@@ -44,6 +45,11 @@ class DecoderFamily(Family):
 
     def dims(self, config: dict) -> DecoderDims:
         return cached_dims(self.name, config, self.parse)
+
+    def structure(self, config: dict) -> Any:
+        # the graphs are a function of the parsed dims alone (decoder.py): a fine-tune whose config
+        # differs in fields no family reads (torch_dtype, use_cache, names) shares their compiled code
+        return dataclasses.asdict(self.dims(config))
 
     @property
     def attention_recipe(self) -> str:

@@ -323,9 +323,30 @@ def shown_folder(p) -> str:
         return "~" + s[len(home) :] if s.startswith(home + os.sep) else s
 
 
+def replay_verdict(g) -> tuple[str, list[str]]:
+    """A TUI replay's word (PASS / FAIL / REPRODUCED, as the headless headline) and its gate notes."""
+    from ..registry import PASSING, verdict_of
+    from ..replay import verdict_note
+
+    notes, failing, reproduced = [], bool(g.mismatches) or not g.done, False
+    for i, step in enumerate(g.session.steps):
+        o = g.outcomes.get(i)
+        if o is None or o.kind != "ok":
+            continue
+        then = verdict_of(step.action, step.results) if step.status == "ok" else None
+        now = verdict_of(step.action, o.results)
+        note = verdict_note(i + 1, step.action, then, now)
+        if note:
+            notes.append(note)
+        if now is not None and now not in PASSING:
+            failing |= then is None
+            reproduced |= then == now
+    return ("FAIL" if failing else "REPRODUCED" if reproduced else "PASS"), notes
+
+
 def summary_text(app) -> Text:
     """What a finished tutorial or replay leaves behind (one implementation; tests read it)."""
-    from .verify import verdict
+    from .verify import perf_verdict, verdict
 
     st, g = app.state, app.guide
     t = Text()
@@ -333,9 +354,15 @@ def summary_text(app) -> Text:
         f"{'Tutorial' if g and g.mode == 'tutorial' else 'Replay'} finished: {g.session.title if g else ''}\n",
         style="bold",
     )
-    if g is not None:
-        bad = g.mismatches if g.mode == "replay" else 0
-        t.append(f"{g.finished_text()}\n", style="red" if bad else "yellow" if g.skipped else "green")
+    if g is not None and g.mode == "replay":
+        # the word as the headless headline has it; the counts as the step bar has them (skips honest)
+        word, notes = replay_verdict(g)
+        style = {"PASS": "green", "REPRODUCED": "yellow"}.get(word, "red")
+        t.append(f"{word}: {g.finished_text()}\n", style=style)
+        for note in notes:
+            t.append(f"  {note}\n", style=style)
+    elif g is not None:
+        t.append(f"{g.finished_text()}\n", style="yellow" if g.skipped else "green")
     t.append("built, in the work folder ", style="bold")
     t.append(f"{shown_folder(st.workdir)}\n", style="")
     rows = [
@@ -358,12 +385,13 @@ def summary_text(app) -> Text:
             nums = f" max_abs {c['max_abs']:.3g}, cosine {c.get('cosine', 0):.6f}"
         t.append(f"  correctness     {word}{nums}\n", style="green" if c.get("passed") else "red")
     if p is not None:
-        ratio = p.get("ratio")
-        nums = f" median ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
-        t.append(
-            f"  performance     {'PASS' if p.get('passed') else 'FAIL'}{nums}\n",
-            style="green" if p.get("passed") else "red",
-        )
+        pw = perf_verdict(p)
+        ratio, iv = p.get("ratio"), p.get("interval")
+        nums = f" ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
+        if isinstance(iv, dict):
+            nums += f", {iv['confidence'] * 100:.4g}% [{iv['low']:.4f}, {iv['high']:.4f}]"
+        style = {"PROMOTE": "green", "INCONCLUSIVE": "yellow"}.get(pw, "red")
+        t.append(f"  performance     {pw}{nums}\n", style=style)
     word, reason = verdict(c, p)
     t.append(f"  verdict         {word}: {reason}\n", style="bold")
     t.append("next\n", style="bold")

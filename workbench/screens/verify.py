@@ -1,8 +1,10 @@
 """Verify screen: the correctness gate (decoders: generate native + external, gate_tokens;
-encoders: embed both, gate_embeddings), the performance gate with a live plot of per-run
-throughput for native vs external (gate_perf streams samples), and the verdict: PROMOTE only
-when both gates pass, else REJECT with the reason. `r` checks the native bundle against
-transformers (verify_reference) and `h` toggles the checkpoint's chat template for generation."""
+encoders: embed both, gate_embeddings), the performance gate (the CLI's `mcore verify perf`: the
+same action, options and defaults) with a live plot of every pair for native vs external
+(gate_perf streams samples) and of each pair's ratio with the gate's interval and threshold, and
+the verdict: PROMOTE only when both gates pass, REJECT when one fails, INCONCLUSIVE when the perf
+gate cannot tell. `r` checks the native bundle against transformers (verify_reference) and `h`
+toggles the checkpoint's chat template for generation."""
 
 from __future__ import annotations
 
@@ -14,13 +16,16 @@ from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Input, Label, Static
 
+from mcore import PERF_DEFAULTS
+
 from ..outputs import fresh_name
-from ..widgets.plot import ErrorPlot, ThroughputPlot
+from ..widgets.plot import VERDICT_STYLE, ErrorPlot, ThroughputPlot
 from .base import WorkbenchScreen
 
 DEFAULT_PROMPT = "Explain grouped-query attention, KV caching, and decode latency."
 DEFAULT_ENCODER_PROMPT = "The quick brown fox jumps over the lazy dog."
-DEFAULT_PAIRS = 3
+# auto: a pair at a time until the interval decides (the CLI's --pairs auto, its --max-pairs)
+DEFAULT_PAIRS = "auto"
 # the first run of each arm pays cold caches (page cache, allocator, compiled kernels): it runs
 # as a warm-up pair that is measured by nobody, so what is counted is what would run in service
 WARMUP_PAIRS = 1
@@ -48,26 +53,69 @@ def guided_perf_params(guide) -> Optional[dict[str, Any]]:
 
 
 def verdict(correctness: Optional[dict[str, Any]], perf: Optional[dict[str, Any]]) -> tuple[str, str]:
-    """("PROMOTE" | "REJECT" | "PENDING", reason). PROMOTE only when both gates passed."""
+    """("PROMOTE" | "REJECT" | "INCONCLUSIVE" | "PENDING", reason). PROMOTE only when both gates
+    passed; INCONCLUSIVE when correctness passed but the perf gate's interval straddles its threshold."""
     if correctness is not None and not correctness.get("passed"):
         return "REJECT", f"correctness gate failed: {_one_line(correctness.get('line', ''))}"
-    if perf is not None and not perf.get("passed"):
+    word = perf_verdict(perf) if perf is not None else None
+    if word in ("REJECT", "FAIL"):
+        assert perf is not None
+        iv = _interval_text(perf)
+        if iv and word == "REJECT":
+            return "REJECT", f"performance: {iv} is below {_min_ratio(perf):g}"
         return "REJECT", f"performance gate failed: {_one_line(perf.get('line', ''))}"
     missing = [name for name, r in (("correctness (c)", correctness), ("performance (p)", perf)) if r is None]
     if missing:
         return "PENDING", "run the " + " and ".join(missing) + " gate" + ("s" if len(missing) > 1 else "")
     assert perf is not None
+    if word == "INCONCLUSIVE":
+        return "INCONCLUSIVE", f"cannot tell: the interval straddles {_min_ratio(perf):g} (correctness passed)"
     ratio = perf.get("ratio")
-    tail = f"; external/native throughput ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
+    tail = f"; ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
     return "PROMOTE", f"correctness and performance gates passed{tail}"
 
 
+def perf_verdict(perf: dict[str, Any]) -> str:
+    """The perf gate's word (results recorded before verdicts say it through `passed`)."""
+    from ..registry import verdict_of
+
+    return verdict_of("gate_perf", perf) or "FAIL"
+
+
+def _interval_text(perf: dict[str, Any]) -> str:
+    iv = perf.get("interval")
+    if not isinstance(iv, dict):
+        return ""
+    return f"{iv.get('confidence', 0) * 100:.4g}% interval [{iv.get('low', 0):.4f}, {iv.get('high', 0):.4f}]"
+
+
+def _append_decided(t: Text, perf: dict[str, Any]) -> None:
+    """A decided perf gate in two rows (80 columns): the verdict with its ratio, interval, pairs and
+    metric, then the rule that turned the interval into the verdict."""
+    word, iv = perf_verdict(perf), perf["interval"]
+    conf = f"{iv['confidence'] * 100:.4g}%"
+    t.append(f"{word}", style=VERDICT_STYLE.get(word, "bold"))
+    n = len(perf.get("pairs") or []) or len((perf.get("samples") or {}).get("native") or [])
+    ratio = perf.get("ratio")
+    t.append(f" ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else "")
+    t.append(f" · {conf} [{iv['low']:.4f}, {iv['high']:.4f}] · {n} pairs")  # the metric: the plot's unit
+    mr = _min_ratio(perf)
+    t.append(f"\n rule: PROMOTE if the {conf} interval ≥ {mr:g} · REJECT if below · else INCONCLUSIVE", style="dim")
+
+
+def _min_ratio(perf: dict[str, Any]) -> float:
+    return float(perf.get("min_ratio") or (perf.get("params") or {}).get("min_ratio") or PERF_DEFAULTS.min_ratio)
+
+
 def _append_gate(t: Text, result: dict) -> None:
-    """A gate's PASS/FAIL word, then its line without the repeated prefix."""
-    passed = result.get("passed")
-    t.append("PASS " if passed else "FAIL ", style="bold green" if passed else "bold red")
+    """A gate's verdict word, then its line without the repeated prefix."""
     line = _one_line(result.get("line", ""))
-    t.append(line.split(": ", 1)[1] if line.startswith(("PASS: ", "FAIL: ")) else line)
+    word, _, rest = line.partition(": ")
+    if word not in ("PASS", "FAIL", "PROMOTE", "REJECT", "INCONCLUSIVE"):
+        word, rest = ("PASS" if result.get("passed") else "FAIL"), line
+    style = {"PASS": "bold green", "FAIL": "bold red"}.get(word) or VERDICT_STYLE[word]
+    t.append(f"{word} ", style=style)
+    t.append(rest)
 
 
 class VerifyScreen(WorkbenchScreen):
@@ -96,7 +144,7 @@ class VerifyScreen(WorkbenchScreen):
             yield Label("tokens", classes="lbl lbl-tight")
             yield Input("16", id="max-new-tokens", compact=True)
             yield Label("pairs", classes="lbl lbl-tight")
-            yield Input(str(DEFAULT_PAIRS), id="pairs", compact=True)
+            yield Input(str(DEFAULT_PAIRS), id="pairs", compact=True)  # kept as typed; _pairs() says what is wrong
             yield Static("", id="pairs-note")
         yield Static("", id="correctness")
         with Horizontal(id="plots"):
@@ -134,15 +182,30 @@ class VerifyScreen(WorkbenchScreen):
                 self.query_one("#max-new-tokens", Input).value = str(st.last_prompt["max_new_tokens"])
         self.query_one("#max-new-tokens", Input).disabled = not dec
         self.sync_pairs()
-        plot = self.query_one(ThroughputPlot)
-        plot.unit = (st.perf or {}).get("unit") or ("tokens/s" if dec else "embeddings/s")
-        plot.series = st.samples
-        plot.note = f"{self.query_one('#pairs', Input).value or '?'} measured pair(s) after {self.warmup} warm-up"
-        plot.redraw()
+        self.show_plot()
         self.show_error_plot()
         self.show_correctness()
         self.show_perf()
         self.show_verdict()
+
+    def show_plot(self) -> None:
+        st, plot = self.state, self.query_one(ThroughputPlot)
+        perf = st.perf or {}
+        plot.unit = perf.get("unit") or ("tokens/s" if st.is_decoder else "embeddings/s")
+        plot.series = st.samples
+        params = perf.get("params") or {}
+        plot.min_ratio = float(params.get("min_ratio", PERF_DEFAULTS.min_ratio))
+        iv = perf.get("interval")
+        plot.interval = (iv["low"], iv["high"], iv["confidence"]) if isinstance(iv, dict) else None
+        plot.verdict = perf_verdict(perf) if st.perf else ""
+        pairs = self.query_one("#pairs", Input).value or "?"
+        plot.note = (
+            f"pairs auto: a pair at a time from pair {PERF_DEFAULTS.first_check} until the interval decides "
+            f"(at most {PERF_DEFAULTS.max_pairs}), after {self.warmup} warm-up"
+            if pairs == "auto"
+            else f"{pairs} measured pair(s) after {self.warmup} warm-up"
+        )
+        plot.redraw()
 
     def sync_pairs(self) -> None:
         """Show the pair count that runs: the last gate's, else the guided step's, else the default."""
@@ -151,7 +214,7 @@ class VerifyScreen(WorkbenchScreen):
         key = (id(st.perf), id(self.wb.guide))
         if src and key != self._pairs_synced:
             self._pairs_synced = key
-            if isinstance(src.get("pairs"), int):
+            if isinstance(src.get("pairs"), int) or src.get("pairs") == "auto":
                 self.query_one("#pairs", Input).value = str(src["pairs"])
             if isinstance(src.get("warmup"), int):
                 self.warmup = src["warmup"]
@@ -253,15 +316,25 @@ class VerifyScreen(WorkbenchScreen):
         if self.wb.busy == "gate_perf":
             t.append("measuring… (fresh processes, alternating native/external; x cancels)", style="yellow")
         elif p is None:
-            t.append("p measures native vs external throughput (no-regression gate, median ratio ≥ 0.98)", style="dim")
-        else:
+            t.append(
+                f"p runs the pairs; PROMOTE if the ratio's {PERF_DEFAULTS.confidence * 100:g}% interval clears "
+                f"{PERF_DEFAULTS.min_ratio:g}",
+                style="dim",
+            )
+        elif isinstance(p.get("interval"), dict) and perf_verdict(p) != "FAIL":
+            _append_decided(t, p)
+        else:  # a run failed (or a recording from before intervals): the gate's own line
             _append_gate(t, p)
         self.query_one("#perf-line", Static).update(t)
 
     def show_verdict(self) -> None:
         word, reason = verdict(self.state.correctness, self.state.perf)
         t = Text()
-        style = {"PROMOTE": "bold reverse green", "REJECT": "bold reverse red"}.get(word, "bold reverse")
+        style = {
+            "PROMOTE": "bold reverse green",
+            "REJECT": "bold reverse red",
+            "INCONCLUSIVE": "bold reverse yellow",
+        }.get(word, "bold reverse")
         t.append(f" {word} ", style=style)
         t.append(f" {reason}")
         v = self.query_one("#verdict", Static)
@@ -276,6 +349,15 @@ class VerifyScreen(WorkbenchScreen):
             self.wb.report_error("type a prompt first")
             return None
         return p
+
+    def _pairs(self) -> Optional[int | str]:
+        text = self.query_one("#pairs", Input).value.strip()
+        if text == "auto":
+            return text
+        if text.isdigit() and int(text) >= 2:
+            return int(text)
+        self.wb.report_error(f"perf pairs {text!r} must be auto or a whole number ≥ 2 (one pair has no spread)")
+        return None
 
     def _int(self, wid: str, name: str) -> Optional[int]:
         text = self.query_one(wid, Input).value.strip()
@@ -368,7 +450,7 @@ class VerifyScreen(WorkbenchScreen):
         if not self._ready():
             return
         prompt = self._prompt()
-        pairs = self._int("#pairs", "perf pairs")
+        pairs = self._pairs()
         if prompt is None or pairs is None:
             return
         st = self.state
@@ -378,7 +460,7 @@ class VerifyScreen(WorkbenchScreen):
             "kernel_bindings": st.manifest,
             "prompt": prompt,
             "pairs": pairs,
-            "min_ratio": 0.98,
+            "min_ratio": PERF_DEFAULTS.min_ratio,
             "warmup": max(WARMUP_PAIRS, self.warmup),
         }
         if st.is_decoder:

@@ -1,6 +1,7 @@
 """Text plots for the Verify screen, drawn cell by cell (no plotting library, no global state):
-the per-pair throughput of native vs external with each arm's median and spread, and the
-per-element absolute error of an embedding against the gate's threshold.
+the per-pair measurements of native vs external with each arm's median and spread, every pair's
+ratio with the perf gate's interval against its threshold, and the per-element absolute error of
+an embedding against the gate's threshold.
 
 Every axis is labelled with its unit and plain numbers. Colours are ANSI names, so the plots
 read the same in a 16-colour terminal.
@@ -8,6 +9,7 @@ read the same in a 16-colour terminal.
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Mapping, Optional, Sequence
 
@@ -211,8 +213,56 @@ def legend(series: Mapping[str, Sequence[float]], width: int) -> Text:
     return out
 
 
+def pair_ratios(series: Mapping[str, Sequence[float]]) -> list[float]:
+    """external/native of every pair both arms have measured (the gate's per-pair ratios)."""
+    return [e / n for n, e in zip(series.get("native") or [], series.get("external") or []) if n > 0]
+
+
+VERDICT_STYLE = {"PROMOTE": "bold green", "REJECT": "bold red", "INCONCLUSIVE": "bold yellow"}
+
+
+def ratio_gauge(
+    ratios: Sequence[float], interval: Optional[tuple[float, float, float]], min_ratio: float, verdict: str, width: int
+) -> Text:
+    """Two rows: a key (pair ratio ×, the interval ━ and its confidence, the threshold ┃, the verdict),
+    then the ratio axis with every pair's ratio, the interval and the threshold (red)."""
+    t = Text(no_wrap=True)
+    t.append("× pair ratio", style="bold")
+    if interval is not None:
+        t.append(f" ━ {interval[2] * 100:.4g}% interval", style="dim")
+    t.append(f" ┃ {min_ratio:g}", style="red")
+    if verdict and t.cell_len + len(verdict) + 3 <= width:  # the verdict also heads the lines below
+        t.append(f" → {verdict}", style=VERDICT_STYLE.get(verdict, "bold"))
+    t.truncate(width)
+    t.append("\n")
+    shown = [min_ratio, *ratios] + ([v for v in interval[:2] if 0 < v and math.isfinite(v)] if interval else [])
+    x_lo, x_hi = min(shown), max(shown)
+    pad = (x_hi - x_lo) * 0.08 or max(abs(x_hi) * 0.01, 1e-6)
+    x_lo, x_hi = x_lo - pad, x_hi + pad
+    left, right = plain(x_lo) + " ", " " + plain(x_hi)
+    bar_w = max(10, width - len(left) - len(right))
+    cells = [("─", "dim")] * bar_w
+
+    def col(v: float) -> int:
+        return int(round((min(max(v, x_lo), x_hi) - x_lo) / (x_hi - x_lo) * (bar_w - 1)))
+
+    if interval is not None and interval[0] > 0 and math.isfinite(interval[1]):
+        style = VERDICT_STYLE.get(verdict, "bold").replace("bold ", "")
+        for i in range(col(interval[0]), col(interval[1]) + 1):
+            cells[i] = ("━", style)
+    cells[col(min_ratio)] = ("┃", "red")
+    for r in ratios:
+        cells[col(r)] = ("×", "bold")
+    t.append(left, style="dim")
+    for ch, style in cells:
+        t.append(ch, style=style)
+    t.append(right, style="dim")
+    return t
+
+
 class ThroughputPlot(Static):
-    """Samples per arm; redraws itself to its current size (survives resizes)."""
+    """Samples per arm, then every pair's ratio with the gate's interval and threshold; redraws itself
+    to its current size (survives resizes)."""
 
     DEFAULT_CSS = """
     ThroughputPlot { width: 1fr; height: 1fr; min-height: 6; }
@@ -223,20 +273,27 @@ class ThroughputPlot(Static):
         self.unit = unit
         self.series: dict[str, list[float]] = {arm: [] for arm in ARMS}
         self.note = ""
+        self.min_ratio = 0.98
+        self.interval: Optional[tuple[float, float, float]] = None  # (low, high, confidence) once decided
+        self.verdict = ""
 
     def redraw(self) -> None:
         w, h = self.size.width, self.size.height
         if w < 30 or h < 6 or not any(self.series.values()):
-            msg = Text(
-                f"throughput per measured pair ({self.unit}) appears here while the performance gate runs", style="dim"
-            )
+            msg = Text(f"each measured pair ({self.unit}) appears here while the performance gate runs", style="dim")
             if self.note:
                 msg.append("\n" + self.note, style="dim")
             self.update(msg)
             return
         body = legend(self.series, w)
-        body.append("\n")
-        body.append_text(throughput_plot(self.series, w, h - 2, self.unit))
+        ratios = pair_ratios(self.series)
+        room = h - 2 - (2 if ratios else 0)  # the ratio axis first: it is what the gate decides on
+        if room >= 5:
+            body.append("\n")
+            body.append_text(throughput_plot(self.series, w, room, self.unit))
+        if ratios:
+            body.append("\n")
+            body.append_text(ratio_gauge(ratios, self.interval, self.min_ratio, self.verdict, w))
         self.update(body)
 
     def on_resize(self) -> None:
