@@ -42,9 +42,6 @@ def test_decoder_profile_attributes_the_step(mcore, tmp_path, bundles):
     snap_ids = {n["id"] for n in json.loads(json.dumps(p["nodes"])) if n["id"]}
     assert len(snap_ids) == len(p["nodes"])
     assert sum(n["seconds"] for n in p["nodes"]) == pytest.approx(p["attributed_seconds"])
-    # the same order of magnitude as the plain step (timing each op apart, synchronised): a sanity
-    # bound, not a speed check; on a 2-core CI box shared with other work the two spread 4.3x once
-    assert 0.1 * p["step_seconds"] <= p["attributed_seconds"] <= 10.0 * p["step_seconds"]
     # modules: the root covers all, each layer is a share of it
     root = next(m for m in p["modules"] if m["path"] == "decoder")
     assert root["seconds"] == pytest.approx(p["attributed_seconds"])
@@ -55,6 +52,16 @@ def test_decoder_profile_attributes_the_step(mcore, tmp_path, bundles):
     kv, d = 2, 16  # demo:qwen3-tiny: 2 KV heads, head_dim 16, fp32
     assert att["bytes"] >= 2 * kv * 101 * d * 4 and att["bytes"] < 2 * kv * 256 * d * 4
     assert "qwen.decode_attention_region@2 decoder.layers.0.decode_attention" in r.out
+
+
+@pytest.mark.timing
+def test_decoder_profile_total_is_the_steps_order_of_magnitude(mcore, tmp_path, bundles):
+    """Timing each op apart (synchronised) adds up to the plain step's order of magnitude: a sanity
+    bound, not a speed check. Marked `timing`: the two are measured at different moments, and on a
+    2-core box shared with other jobs they spread 4.3x once and 70x another time."""
+    qwen, _ = bundles
+    _, p = _profile(mcore, tmp_path, qwen.bundle_path, "--context", "100")
+    assert 0.1 * p["step_seconds"] <= p["attributed_seconds"] <= 10.0 * p["step_seconds"]
 
 
 def test_candidates_are_regions_select_region_accepts(mcore, tmp_path, bundles):
