@@ -129,7 +129,7 @@ def cli_capture(work: Path, native: Path, slot: Path, receipt: Path) -> str:
         "--bundle", slot.name, "--native", native.name, "--device", "cpu", "--rounds", "1",
         "--pairs", "2", "--warmup", "1", "--bench-runs", "3", "--out-dir", "cli-rounds",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work)
     r.stderr = r.stderr.replace(str(work) + "/", "")  # the notices name the DSO by its full path
     return f"$ mcore {' '.join(cmd[3:])}\n{r.stderr}{r.stdout}(exit {r.returncode})"

@@ -118,9 +118,12 @@ def benchmark_command(
     max_new_tokens: Optional[int],
     warmup: int,
     runs: int,
+    device: Optional[str] = None,
+    engine: Optional[str] = None,
 ) -> str:
     """The fresh-process benchmark command for one arm (`mcore run|embed ... --benchmark N`), as the
-    perf gate runs it; this checkout's mcore when the package is not installed."""
+    perf gate runs it; this checkout's mcore when the package is not installed. `device` and
+    `engine` (None: the run's defaults) keep the arms on what the rest of the check used."""
     prefix = ""
     try:
         from importlib import metadata
@@ -134,6 +137,10 @@ def benchmark_command(
         cmd += ["--max-new-tokens", str(max_new_tokens), "--greedy"]
     if kernel_bindings is not None:
         cmd += ["--kernel-bindings", kernel_bindings]
+    if device is not None:
+        cmd += ["--device", device]
+    if engine is not None:
+        cmd += ["--engine", engine]
     cmd += ["--warmup", str(warmup), "--benchmark", str(runs)]
     return prefix + " ".join(shlex.quote(c) for c in cmd)
 
@@ -363,8 +370,9 @@ def _perf(cfg: WatchConfig, kind: str, manifest: Path, progress: Progress, log: 
     from .verify import perf_gate
 
     n = cfg.max_new_tokens if kind == "decoder" else None
-    native = benchmark_command(kind, cfg.native_bundle, None, cfg.prompt, n, cfg.bench_warmup, cfg.bench_runs)
-    external = benchmark_command(kind, cfg.slot_bundle, str(manifest), cfg.prompt, n, cfg.bench_warmup, cfg.bench_runs)
+    arm = (cfg.prompt, n, cfg.bench_warmup, cfg.bench_runs, cfg.device, cfg.engine)
+    native = benchmark_command(kind, cfg.native_bundle, None, *arm)
+    external = benchmark_command(kind, cfg.slot_bundle, str(manifest), *arm)
     return perf_gate(
         native,
         external,

@@ -27,13 +27,20 @@ def _cute_usable() -> bool:
 HAVE_CUTE = _cute_usable()
 
 
+def repo_env(**extra: str) -> dict[str, str]:
+    """The environment for a child Python that must import this checkout first: the repository in
+    front of PYTHONPATH, whatever was there kept (the device reaches the CuTe DSL through it)."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def run_under_triton_interpreter(script: str, cases: list) -> list:
     """Run `script` (it reads JSON cases from argv[1] and prints a JSON list last) with Triton's CPU
     interpreter, in a subprocess: the interpreter is chosen when triton is imported."""
     import json
 
     pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    env = repo_env(TRITON_INTERPRET="1")
     r = subprocess.run(
         [sys.executable, "-c", script, json.dumps(cases)], capture_output=True, text=True, env=env, timeout=600
     )
@@ -101,7 +108,7 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> Cli
         capture_output=True,
         text=True,
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        env=repo_env(**(env or {})),
     )
     return CliResult(r.returncode, r.stdout, r.stderr)
 

@@ -164,7 +164,7 @@ def test_fuzz_bundle_contents(bundles, tmp_path, monkeypatch):
     """Mutated config.json, tokenizer_config.json and manifest fields in a whole bundle: the pipeline
     either refuses them in one line or goes on to capture (where the fingerprint decides)."""
     _NATIVE[:] = [bundles["native"]]
-    monkeypatch.setattr(mcore.pipeline, "capture_cached", lambda *a: (_ for _ in ()).throw(_Reached()))
+    monkeypatch.setattr(mcore.pipeline, "capture_cached", lambda *a, **k: (_ for _ in ()).throw(_Reached()))
     monkeypatch.setattr(mcore.pipeline.DecoderPipeline, "_ready", lambda *a: None)
 
     @given(change=garbled())

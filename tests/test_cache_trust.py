@@ -21,7 +21,7 @@ from mcore.buildargs import BuildArgs
 from mcore.pipeline import DecoderPipeline
 
 from .checkpoints import make_qwen3_checkpoint
-from .conftest import REPO
+from .conftest import repo_env
 
 PROMPT = "the quick brown fox"
 
@@ -98,7 +98,7 @@ def test_inductor_cache_lives_under_mcore_cache_dir_even_after_torch_set_its_def
         "CompiledEngine()\n"
         "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MCORE_CACHE_DIR": str(tmp_path / "c")}
+    env = repo_env(MCORE_CACHE_DIR=str(tmp_path / "c"))
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr

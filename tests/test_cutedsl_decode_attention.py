@@ -21,7 +21,7 @@ import pytest
 
 from mcore.selection import select_region
 
-from .conftest import HAVE_CUTE, needs_cute
+from .conftest import HAVE_CUTE, needs_cute, repo_env
 from tests.test_stubgen import Graph, node_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -238,7 +238,7 @@ def test_a_qwen2_group_of_seven_exports_on_tensor_cores(tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=repo_env(),
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "binding_id=qwen2.decode_attention_region@1" in r.stdout

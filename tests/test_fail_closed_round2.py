@@ -14,7 +14,7 @@ from mcore.graph.snapshot import fingerprint
 from mcore.receipt import abi_contract, abi_sha256
 from mcore.selection import select_region
 
-from .conftest import REPO, assert_user_error
+from .conftest import REPO, assert_user_error, repo_env
 from .graphs import dag_snapshot
 
 
@@ -33,7 +33,7 @@ def test_stdout_closed_at_start_is_one_line(module):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=repo_env(),
         preexec_fn=lambda: os.close(1),  # the child starts with fd 1 closed, as `cmd >&-`
         timeout=120,
     )

@@ -259,6 +259,9 @@ def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_pat
     monkeypatch.setenv("MCORE_GEMV", "1")
     monkeypatch.setenv("MCORE_GEMV_GLU", glu)  # 1: the MLP's gating inside the down projection's kernel
     monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
+    # each pipeline compiles its decode role itself: a role a helper process compiled is loaded
+    # without its graph, and this test reads the graph's gemv nodes
+    monkeypatch.setenv("MCORE_PARALLEL_ROLES", "0")
     native, slot, manifest = _bundles(tmp_path, "bf16", "cuda")
     # against the defaults, "plain" differs in the launch alone: combo kernels, no PDL
     monkeypatch.setenv("MCORE_INDUCTOR", "combo_kernels" if inductor is None else inductor)

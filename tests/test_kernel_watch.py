@@ -15,7 +15,7 @@ import pytest
 
 from mcore.errors import Cancelled
 from mcore.progress import CancelToken, Progress
-from mcore.watch import WatchConfig, watch_kernel
+from mcore.watch import WatchConfig, benchmark_command, watch_kernel
 
 from .conftest import assert_user_error
 
@@ -154,6 +154,21 @@ def test_cli_prints_one_line_per_round_with_the_perf_gate(bundles, tmp_path, mco
     assert float(re.search(r"max_abs=(\S+)", lines[1])[1]) > 0
     assert r.code == 1  # the last round was rejected
     assert "watching" in r.err and "runs native code" in r.err
+
+
+def test_the_perf_arms_run_where_the_watch_runs(tmp_path):
+    """`--device cpu` on a GPU box: the gate's fresh processes run on the CPU too (they ran on
+    CUDA, where a CPU-built kernel cannot load, and every round's gate failed); the parsed
+    command is what `mcore run` receives."""
+    import shlex
+
+    cmd = benchmark_command("decoder", tmp_path / "s.bundle", "b.json", "a b", 4, 0, 3, "cpu", "torch")
+    argv = shlex.split(cmd.split(" ", 1)[1] if cmd.startswith("PYTHONPATH=") else cmd)
+    i = argv.index("run")
+    assert argv[i + 1] == str(tmp_path / "s.bundle") and argv[argv.index("--device") + 1] == "cpu"
+    assert argv[argv.index("--engine") + 1] == "torch" and argv[argv.index("--kernel-bindings") + 1] == "b.json"
+    default = shlex.split(benchmark_command("encoder", tmp_path / "e.bundle", None, "x", None, 0, 3).split(" ", 1)[-1])
+    assert "embed" in default and "--device" not in default and "--engine" not in default
 
 
 def test_bad_input_is_one_line_before_anything_runs(bundles, tmp_path, mcore):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from .conftest import REPO, CliResult, assert_user_error
+from .conftest import CliResult, assert_user_error, repo_env
 from .graphs import dag_snapshot
 
 
@@ -91,7 +91,7 @@ def test_stdout_on_a_full_disk_is_one_line(snap):
             stdout=full,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env=repo_env(),
         )
     assert_user_error(CliResult(r.returncode, "", r.stderr), "cannot write the output", "No space left")
 
@@ -138,7 +138,7 @@ def test_kill_9_mid_write_leaves_the_old_file_and_the_next_write_cleans_up(tmp_p
         [sys.executable, "-c", KILLED_WRITER, str(out)],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=repo_env(),
     )
     assert proc.stdout.readline().strip() == "writing"
     os.kill(proc.pid, signal.SIGKILL)
@@ -159,6 +159,6 @@ def test_workbench_stdout_on_a_full_disk_is_one_line(tmp_path):
             stdout=full,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env=repo_env(),
         )
     assert_user_error(CliResult(r.returncode, "", r.stderr), "workbench: error: cannot write the output")

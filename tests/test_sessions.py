@@ -15,7 +15,7 @@ from workbench.actions import ActionContext, action_params, run_action
 from workbench.registry import GATES, REGISTRY
 from workbench.session import SESSION_KIND, Session, list_tutorials
 
-from .conftest import REPO, CliResult, assert_user_error
+from .conftest import REPO, CliResult, assert_user_error, repo_env
 
 SESSIONS = REPO / "sessions"
 SHIPPED = ("qwen-recipe", "qwen-attention", "qwen-manual", "distilbert-residual")
@@ -215,7 +215,7 @@ def test_cli_process_has_no_traceback(tmp_path):
         [sys.executable, "-m", "workbench.cli", "replay", str(path), "--headless"],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=repo_env(),
     )
     assert_user_error(CliResult(r.returncode, r.stdout, r.stderr), "step 1", "nope")
 

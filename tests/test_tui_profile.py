@@ -73,6 +73,9 @@ async def test_profile_lists_candidates_and_selects_one_into_the_region_screen(b
         await pilot.pause(0.1)
         assert app.screen.SCREEN_NAME == "profile"
         assert "Press r to profile" in text_of(app, "#profile-empty")
+        await pilot.press("e", "e")  # the torch engine, what auto is on a CPU (on CUDA auto is compiled)
+        await pilot.pause(0.1)
+        assert "on engine torch" in text_of(app, "#profile-empty")
         # while it runs, the bars fill in step by step (labelled live) before the candidates come
         live: list[str] = []
         real = app.screen.refresh_view

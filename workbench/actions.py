@@ -736,10 +736,9 @@ def gate_perf(
     _str(prompt, "prompt")
     runs = bench_runs if bench_runs is not None else (5 if kind == "decoder" else ENCODER_BENCH_RUNS)
     bw, br = _int(bench_warmup, "bench_warmup", 0), _int(runs, "bench_runs", 1)
-    native_cmd = benchmark_command(kind, nb, None, prompt, max_new_tokens, bw, br)
-    external_cmd = benchmark_command(
-        kind, eb, _opt_path(ctx, kernel_bindings, "kernel_bindings"), prompt, max_new_tokens, bw, br
-    )
+    arm = (prompt, max_new_tokens, bw, br, ctx.device)  # the device the other steps use
+    native_cmd = benchmark_command(kind, nb, None, *arm)
+    external_cmd = benchmark_command(kind, eb, _opt_path(ctx, kernel_bindings, "kernel_bindings"), *arm)
     r = perf_gate(
         native_cmd,
         external_cmd,
