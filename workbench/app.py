@@ -15,14 +15,12 @@ import json
 import os
 import tempfile
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, overload
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from textual.app import App
 from textual.screen import ModalScreen
 from textual import events
-from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import Input, TextArea
 from textual.actions import ActionParseResult
@@ -32,22 +30,18 @@ from textual.dom import DOMNode
 from mcore import CancelToken, Cancelled, Progress, UserError
 
 if TYPE_CHECKING:
-    from mcore import Receipt, Snapshot
-
     from .session import Session
 
 from .commands import WorkbenchCommands
+from .keys import APP_BINDINGS
+from .messages import PaletteCommand, SaveSession
 from .registry import REGISTRY
 from .screens.base import SCREEN_ORDER, SIDE_SCREENS, WorkbenchScreen
 from .screens.guide import GuideState
+from .state import DEFAULT_BUILD_ARGS as DEFAULT_BUILD_ARGS  # tests and callers read it here
+from .state import ActionOutcome, WorkbenchState
 
 DEFAULT_TUTORIAL = "qwen-recipe"
-DEFAULT_BUILD_ARGS = {
-    "model": "demo:qwen3-tiny",
-    "precision": "fp32",
-    "max_cache_length": 256,
-    "decoder_engine_layout": "split",
-}
 
 
 def tutorial_path(name: str) -> Path:
@@ -60,88 +54,6 @@ def tutorial_path(name: str) -> Path:
     return find_tutorial(name or DEFAULT_TUTORIAL)
 
 
-@dataclass
-class WorkbenchState:
-    """What the screens show; changed only on the UI thread (apply_results)."""
-
-    workdir: Path
-    # free exploration starts from the tutorials' build arguments (same cache length, same graph)
-    build_args: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_BUILD_ARGS))
-    device: Optional[str] = None  # None = auto (the bundle's device, else CUDA when present)
-    engine_role: Optional[str] = None
-    family_kind: Optional[str] = None  # "decoder" / "encoder" once known
-    snapshot: Optional["Snapshot"] = None
-    snapshot_path: Optional[str] = None
-    capture_results: Optional[dict[str, Any]] = None
-    marked: list[str] = field(default_factory=list)
-    listing: Optional[dict[str, Any]] = None  # the last list_nodes: {"match", "last", "ids"}
-    receipt: Optional["Receipt"] = None
-    receipt_path: Optional[str] = None
-    library: Optional[str] = None
-    stub_path: Optional[str] = None
-    stub_text: Optional[str] = None
-    export_output: list[str] = field(default_factory=list)
-    manifest: Optional[str] = None
-    bundles: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "slot" -> results
-    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "external" -> results
-    correctness: Optional[dict[str, Any]] = None
-    perf: Optional[dict[str, Any]] = None
-    reference: Optional[dict[str, Any]] = None  # the last verify_reference results
-    logits: Optional[dict[str, Any]] = None  # the last gate_logits results (decoders)
-    profile: Optional[dict[str, Any]] = None  # the last profile report (mcore.profile's JSON)
-    profile_path: Optional[str] = None
-    profile_partial: Optional[dict[str, Any]] = None  # what a running profile has attributed so far
-    chat: bool = False  # generate through the checkpoint's chat template
-    trusted: set[str] = field(default_factory=set)
-    samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})
-    log: list[str] = field(default_factory=list)
-    last_prompt: Optional[dict[str, Any]] = None  # {"prompt", "max_new_tokens"} of the last run
-    watch_rounds: list[dict[str, Any]] = field(default_factory=list)  # the Kernel screen's watch: Round.to_dict()
-    # the watch's gate settings (mcore.WatchConfig fields); the perf gate's as the Verify screen runs it
-    watch_settings: dict[str, Any] = field(default_factory=lambda: {"pairs": 3, "warmup": 1, "max_new_tokens": 8})
-
-    @overload
-    def path(self, p: str) -> Path: ...
-    @overload
-    def path(self, p: None) -> None: ...
-    def path(self, p: Optional[str]) -> Optional[Path]:
-        if p is None:
-            return None
-        q = Path(p)
-        return q if q.is_absolute() else self.workdir / q
-
-    def show_path(self, p: Optional[str]) -> str:
-        """A path as shown on screen: relative to the workdir when inside it (no tmp paths)."""
-        if not p:
-            return "-"
-        q = Path(p)
-        if q.is_absolute():
-            try:
-                return str(q.resolve().relative_to(self.workdir.resolve()))
-            except ValueError:
-                return str(q)
-        return str(q)
-
-    @property
-    def is_decoder(self) -> bool:
-        if self.family_kind:
-            return self.family_kind == "decoder"
-        from mcore import family_kind, model_kind
-
-        if self.snapshot is not None and self.snapshot.family:
-            return family_kind(self.snapshot.family) == "decoder"
-        return model_kind(str(self.build_args.get("model", ""))) == "decoder"
-
-
-@dataclass
-class ActionOutcome:
-    action: str
-    params: dict[str, Any]
-    results: Optional[dict[str, Any]] = None
-    error: Optional[str] = None  # the one-line text shown (and recorded)
-    kind: str = "ok"  # ok | user | cancelled | bug
-
-
 class WorkbenchApp(App):
     """The byok workbench. `WorkbenchApp(tutorial=..., replay=..., workdir=...)`."""
 
@@ -151,27 +63,7 @@ class WorkbenchApp(App):
     COMMANDS = {WorkbenchCommands}
     COMMAND_PALETTE_BINDING = "ctrl+p"
 
-    BINDINGS = [
-        Binding("f1", "show('model')", "Model", show=False),
-        Binding("f2", "show('graph')", "Graph", show=False),
-        Binding("f3", "show('region')", "Region", show=False),
-        Binding("f4", "show('kernel')", "Kernel", show=False),
-        Binding("f5", "show('build')", "Build", show=False),
-        Binding("f6", "show('verify')", "Verify", show=False),
-        Binding("n", "guide_next", "next step"),
-        Binding("n", "summary", "summary"),  # once every step is done, n shows what was built
-        Binding("x", "cancel", "cancel"),
-        Binding("slash", "search", "search graph", show=False),
-        Binding("g", "toggle_guide", "guide", show=False),
-        Binding("left_square_bracket", "scroll_guide(-1)", "guide up", show=False),
-        Binding("right_square_bracket", "scroll_guide(1)", "guide down", show=False),
-        Binding("ctrl+s", "save_session", "save", show=False),
-        Binding("ctrl+o", "open_session", "open", show=False),
-        Binding("q", "request_quit", "quit", show=False),
-        Binding("ctrl+q", "request_quit", "quit", show=False, priority=True),
-        # Esc never switches screens (the next letter would act on another one): going back has its own key
-        Binding("alt+left", "go_back", "back to the previous screen", show=False),
-    ]
+    BINDINGS = APP_BINDINGS
 
     def __init__(
         self,
@@ -410,6 +302,12 @@ class WorkbenchApp(App):
             await self.run_action(action, self.get_screen(screen))
         else:
             await self.run_action(action)
+
+    async def on_palette_command(self, message: PaletteCommand) -> None:
+        await self.run_palette_command(message.screen, message.action)
+
+    def on_save_session(self, message: SaveSession) -> None:
+        self.action_save_session()
 
     # ------------------------------------------------------------------ notices and quitting
     def say(self, text: str, style: str = "") -> None:
