@@ -15,7 +15,9 @@ import pytest
 from textual.command import CommandPalette
 from textual.widgets import DataTable, Input, Tree
 
-from workbench.actions import ActionContext, run_action
+from workbench.actions import ActionContext
+
+from workbench.dispatch import run_action
 from workbench.app import WorkbenchApp
 from workbench.screens.dialogs import ConfirmQuit, TrustModal
 from workbench.session import Session, find_tutorial

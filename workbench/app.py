@@ -494,7 +494,7 @@ class WorkbenchApp(App):
             self.action_summary()
             return
         index = g.index
-        from .actions import check_step_paths
+        from .dispatch import check_step_paths
 
         # checked when the session opened and again now: a link made in the work folder since must not lead out
         check_step_paths(step.action, step.params, self.state.workdir, f"step {index + 1} ({step.action})")
@@ -725,7 +725,8 @@ class WorkbenchApp(App):
         on_done,
         on_finish,
     ) -> None:
-        from . import actions
+        from .actions import ActionContext
+        from .dispatch import run_action
 
         def progress(step: str, fraction: float) -> None:
             self._call_ui(self._on_progress, step, fraction)
@@ -741,7 +742,7 @@ class WorkbenchApp(App):
 
         outcome = ActionOutcome(action, params)
         try:
-            ctx = actions.ActionContext(
+            ctx = ActionContext(
                 workdir=self.state.workdir,
                 progress=Progress(progress, token),
                 on_sample=on_sample,
@@ -749,7 +750,7 @@ class WorkbenchApp(App):
                 log=log,
                 device=self.state.device,
             )
-            results, error = actions.run_action(ctx, action, params)
+            results, error = run_action(ctx, action, params)
             if error is not None:
                 outcome.kind, outcome.error = "user", error
             else:
