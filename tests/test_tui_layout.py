@@ -8,7 +8,6 @@ import pytest
 from textual.widgets import DataTable, Tree
 
 from workbench.actions import ActionContext
-
 from workbench.dispatch import run_action
 from workbench.app import WorkbenchApp
 from workbench.layout import tail, tree_width

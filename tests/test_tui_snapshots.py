@@ -17,7 +17,6 @@ from typing import Callable, Optional
 import pytest
 
 from workbench.actions import ActionContext
-
 from workbench.dispatch import run_action
 from workbench.app import WorkbenchApp
 from workbench.screens.dialogs import TrustModal
