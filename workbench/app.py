@@ -664,7 +664,7 @@ class WorkbenchApp(App):
         self._token = token
         self.refresh_status()
         self.refresh_screen()
-        self._hook("on_action_started", action)
+        self._hook(lambda s: s.on_action_started(action))
         self._expect_error = expect_error
         self.run_worker(
             lambda: self._action_thread(action, params, token, guide, on_done, on_finish),
@@ -780,7 +780,8 @@ class WorkbenchApp(App):
     def _on_progress(self, step: str, fraction: float) -> None:
         self.progress_step, self.progress_fraction = step, fraction
         self.refresh_status()
-        self._hook("on_action_progress", self.busy or "", step, fraction)
+        busy = self.busy or ""
+        self._hook(lambda s: s.on_action_progress(busy, step, fraction))
 
     def _on_sample(self, arm: str, index: int, value: float) -> None:
         ys = self.state.samples.setdefault(arm, [])
@@ -790,17 +791,17 @@ class WorkbenchApp(App):
             ys[index] = float(value)
         else:
             ys.append(float(value))
-        self._hook("on_action_sample", arm, index, value)
+        self._hook(lambda s: s.on_action_sample(arm, index, value))
 
     def _on_partial(self, action: str, data: dict) -> None:
         if self.busy == action == "profile":
             self.state.profile_partial = data
-            self._hook("refresh_view")
+            self._hook(lambda s: s.refresh_view())
 
     def _on_log(self, line: str) -> None:
         self.state.log.append(line)
         del self.state.log[:-500]
-        self._hook("on_action_log", line)
+        self._hook(lambda s: s.on_action_log(line))
 
     def _action_done(self, outcome: ActionOutcome, guide, on_done, on_finish) -> None:
         self.busy_label_done = self.busy_label
@@ -843,7 +844,8 @@ class WorkbenchApp(App):
                 self.progress_step = f"{outcome.action.replace('_', ' ')}: refused, as the session recorded"
                 self.message = (f"✓ {self.busy_label_done}: refused, as the session recorded", "green")
                 self.last_error, self.last_error_expected = outcome.error, True
-                self._hook("show_error", outcome.error, True)
+                error = outcome.error
+                self._hook(lambda s: s.show_error(error, True))
             else:
                 self.report_error(outcome.error or "failed")
         self.refresh_status()
@@ -858,27 +860,28 @@ class WorkbenchApp(App):
             except Exception as e:  # noqa: BLE001
                 self.report_error(f"could not show the results: {type(e).__name__}: {e}")
         self.refresh_screen()
-        self._hook("on_action_done", outcome)
+        self._hook(lambda s: s.on_action_done(outcome))
         self.last_outcome = outcome
 
     def report_error(self, text: str) -> None:
         """The error panel above the status line (esc dismisses); no toast over the content."""
         self.last_error, self.last_error_expected = text, False
-        self._hook("show_error", text, False, report=False)
+        self._hook(lambda s: s.show_error(text, False), report=False)
 
     def refresh_status(self) -> None:
-        self._hook("refresh_status")
+        self._hook(lambda s: s.refresh_status())
 
     def refresh_screen(self) -> None:
-        self._hook("refresh_view")
+        self._hook(lambda s: s.refresh_view())
 
-    def _hook(self, name: str, *args: Any, report: bool = True) -> None:
-        """Call a screen hook; a display problem is reported in the UI, never a traceback screen."""
+    def _hook(self, call: Callable[[WorkbenchScreen], object], *, report: bool = True) -> None:
+        """Call a hook of the current screen (a WorkbenchScreen method, so mypy checks the name and
+        arguments); a display problem is reported in the UI, never a traceback screen."""
         scr = self.current
         if scr is None or not scr.is_mounted:
             return
         try:
-            getattr(scr, name)(*args)
+            call(scr)
         except NoMatches:
             pass  # the screen is still being composed; it refreshes itself on resume
         except Exception as e:  # noqa: BLE001
