@@ -26,7 +26,8 @@ from mcore.buildargs import BuildArgs  # noqa: E402
 from mcore.errors import UserError  # noqa: E402
 from mcore.graph.snapshot import load_snapshot  # noqa: E402
 from mcore.recipes import find_recipe  # noqa: E402
-from workbench.actions import ActionContext, run_action  # noqa: E402
+from workbench.actions import ActionContext  # noqa: E402
+from workbench.dispatch import run_action  # noqa: E402
 from workbench.session import Session  # noqa: E402
 
 QWEN_ARGS = (

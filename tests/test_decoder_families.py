@@ -484,7 +484,8 @@ def test_a_llama_session_records_and_replays_clean(tmp_path):
     """The tutorial's recipe flow on demo:llama-tiny through the workbench's actions (what the TUI
     records), saved as a session and replayed headless: every recorded fingerprint, ABI hash, token
     and verdict reproduces."""
-    from workbench.actions import ActionContext, run_action
+    from workbench.actions import ActionContext
+    from workbench.dispatch import run_action
     from workbench.replay import replay
     from workbench.session import Session
 

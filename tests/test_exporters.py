@@ -209,7 +209,7 @@ def test_replay_runs_a_session_script_only_when_trusted(tmp_path, workbench):
 
 
 def test_export_action_records_what_the_exporter_printed(tmp_path):
-    from workbench.actions import run_action
+    from workbench.dispatch import run_action
 
     (tmp_path / "r.selection.json").write_text("{}")
     _script(

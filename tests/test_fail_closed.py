@@ -65,7 +65,8 @@ def test_perf_and_reference_thresholds_use_the_same_rule(mcore, tmp_path):
 
 
 def test_session_gate_thresholds_are_checked(tmp_path):
-    from workbench.actions import ActionContext, run_action
+    from workbench.actions import ActionContext
+    from workbench.dispatch import run_action
 
     ctx = ActionContext(workdir=tmp_path)
     for name in ("a.json", "b.json"):

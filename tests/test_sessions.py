@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from mcore.errors import UserError
-from workbench.actions import ActionContext, action_params, run_action
+from workbench.actions import ActionContext
+from workbench.dispatch import action_params, run_action
 from workbench.registry import GATES, REGISTRY
 from workbench.session import SESSION_KIND, Session, list_tutorials
 

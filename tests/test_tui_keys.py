@@ -15,9 +15,10 @@ import pytest
 from textual.command import CommandPalette
 from textual.widgets import DataTable, Input, Tree
 
-from workbench.actions import ActionContext, run_action
+from workbench.actions import ActionContext
+from workbench.dispatch import run_action
 from workbench.app import WorkbenchApp
-from workbench.screens.dialogs import ConfirmQuit, TrustModal
+from workbench.screens.dialogs import ConfirmQuit, PathPrompt, SummaryModal, TrustModal
 from workbench.session import Session, find_tutorial
 
 from .tui_helpers import no_hf_cache, text_of  # noqa: F401 (autouse fixture)
@@ -233,6 +234,25 @@ async def test_ctrl_p_palette_lists_screens_and_runs_actions(tmp_path):
         assert app.busy == "build_bundle" or app.last_outcome is not None
         await pilot.press("x")
         await idle(app, pilot)
+
+
+@pytest.mark.asyncio
+async def test_the_summary_save_key_saves_the_session(tmp_path):
+    """ctrl+s in the end-of-tutorial summary closes it and saves as the app's ctrl+s does (the dialog
+    asks the app with a message: workbench.messages.SaveSession)."""
+    app = WorkbenchApp(workdir=str(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        app.push_screen(SummaryModal(app))
+        await pilot.pause(0.1)
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, PathPrompt)
+        app.screen.query_one("#prompt-input", Input).value = "from-summary.json"
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, (PathPrompt, SummaryModal))
+    assert Session.load(tmp_path / "from-summary.json").steps == []
 
 
 @pytest.mark.asyncio

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from textual.widgets import DataTable, Tree
 
-from workbench.actions import ActionContext, run_action
+from workbench.actions import ActionContext
+from workbench.dispatch import run_action
 from workbench.app import WorkbenchApp
 from workbench.layout import tail, tree_width
 from workbench.screens.base import ROOMY_WIDTH

@@ -13,7 +13,8 @@ import pytest
 from textual.widgets import DataTable
 
 from mcore.selection import select_region
-from workbench.actions import ActionContext, run_action
+from workbench.actions import ActionContext
+from workbench.dispatch import run_action
 from workbench.app import DEFAULT_BUILD_ARGS, WorkbenchApp
 from workbench.commands import palette_entries
 from workbench.registry import REGISTRY
@@ -250,7 +251,7 @@ def test_profile_screen_snapshot(snap_compare, tmp_path, size, engine):
 def test_profile_steps_are_confined_like_every_action(tmp_path):
     """A session's profile step may not write outside the replay workdir (issue 11's one rule)."""
     from mcore.errors import UserError
-    from workbench.actions import check_step_paths
+    from workbench.dispatch import check_step_paths
 
     assert REGISTRY["profile"].native_param == "kernel_bindings"
     with pytest.raises(UserError, match="field output"):

@@ -16,7 +16,8 @@ from typing import Callable, Optional
 
 import pytest
 
-from workbench.actions import ActionContext, run_action
+from workbench.actions import ActionContext
+from workbench.dispatch import run_action
 from workbench.app import WorkbenchApp
 from workbench.screens.dialogs import TrustModal
 from workbench.session import Session, find_tutorial

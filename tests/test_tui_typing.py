@@ -12,7 +12,8 @@ import pytest
 from rich.color import ColorSystem
 from textual.widgets import Button, Input, OptionList, Tree
 
-from workbench.actions import ActionContext, run_action
+from workbench.actions import ActionContext
+from workbench.dispatch import run_action
 from workbench.app import WorkbenchApp
 from workbench.session import Session, find_tutorial
 

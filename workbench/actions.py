@@ -8,13 +8,13 @@ recorded session replays in any fresh workdir. Each action is declared once in
 workbench/registry.py, whose ``stable_keys`` name the results that replay compares; the rest
 (paths, timings, measured throughput) are shown only.
 
-Errors: ``mcore.UserError`` propagates with its one line; ``run_action`` turns it into
-recordable text with the workdir stripped out of paths.
+Errors: ``mcore.UserError`` propagates with its one line; ``dispatch.run_action`` turns it into
+recordable text with the workdir stripped out of paths (``ctx.error_text``).
+Running an action by name, with its params and paths checked, is workbench/dispatch.py.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import sys
@@ -166,18 +166,6 @@ def confine(root: Path, p: str, where: str) -> Path:
     if q != root and root not in q.parents:
         raise UserError(f"{where}: {p!r} leaves the workdir; a session names paths inside its workdir")
     return q
-
-
-def _model_spec_where(spec: Any) -> Optional[str]:
-    """Why a model spec in a session names a folder outside the workdir, or None when it does not
-    (demo: specs and hub IDs name no folder; a local folder must not be absolute or climb out)."""
-    if not isinstance(spec, str) or spec.startswith("demo:"):
-        return None
-    if os.path.isabs(spec) or spec.startswith("~"):
-        return f"{spec!r} is an absolute path"
-    if ".." in Path(spec).parts:
-        return f"{spec!r} leaves the workdir"
-    return None
 
 
 def _build_args(d: Any):
@@ -839,80 +827,3 @@ def _candidate_ident(c: dict) -> dict:
     """A candidate region without its timings: what it is and the nodes it covers."""
     keys = ("kind", "recipe", "instance") if c["kind"] == "recipe" else ("kind", "module_path")
     return {**{k: c[k] for k in keys}, "node_ids": list(c["node_ids"])}
-
-
-def _jsonable(v: Any) -> Any:
-    try:
-        return json.loads(json.dumps(v, allow_nan=False, default=str))
-    except ValueError:
-        return str(v)
-
-
-# ---------------------------------------------------------------------------- by name
-# workbench/registry.py declares each action once (its function, path and native params,
-# stable keys, screen); it imports this module, so these helpers import it when they run.
-
-
-def check_step_paths(action: str, params: dict[str, Any], workdir: Path, where: str) -> None:
-    """Every path a step names stays inside `workdir` (before anything runs); model specs too."""
-    from .registry import REGISTRY
-
-    from mcore import check_path_text
-
-    for name in REGISTRY[action].path_params:
-        if params.get(name) is not None:
-            if not isinstance(params[name], str) or not params[name].strip():
-                raise UserError(f"{where}: field {name} must be a non-empty path string, got {params[name]!r}")
-            check_path_text(params[name], f"{where}: field {name}")
-            confine(workdir, params[name], f"{where}: field {name}")
-    specs = {
-        "build_args.model": (params.get("build_args") or {}).get("model")
-        if isinstance(params.get("build_args"), dict)
-        else None,
-        "checkpoint": params.get("checkpoint") if action == "verify_reference" else None,
-    }
-    for name, spec in specs.items():
-        if isinstance(spec, str):
-            check_path_text(spec, f"{where}: field {name}")
-        why = _model_spec_where(spec)
-        if why is not None:
-            raise UserError(f"{where}: field {name}: {why}; a session names model folders inside its workdir")
-
-
-def action_params(action: str) -> tuple[list[str], list[str]]:
-    """(required, optional) param names of an action."""
-    from .registry import REGISTRY
-
-    sig = inspect.signature(REGISTRY[action].fn)
-    req: list[str] = []
-    opt: list[str] = []
-    for i, (name, p) in enumerate(sig.parameters.items()):
-        if i == 0:
-            continue  # ctx
-        (req if p.default is inspect.Parameter.empty else opt).append(name)
-    return req, opt
-
-
-def check_params(action: str, params: Any, where: str) -> None:
-    """Missing or unknown params fail with one line naming them."""
-    from mcore import check_fields
-
-    req, opt = action_params(action)
-    check_fields(params, where, set(req), set(opt))
-
-
-def run_action(ctx: ActionContext, action: str, params: dict[str, Any]) -> tuple[Optional[dict], Optional[str]]:
-    """Run one action: (results, None) on success, (None, error text) on a UserError.
-
-    Cancellation (mcore.Cancelled) and programming errors propagate.
-    """
-    from .registry import REGISTRY
-
-    if action not in REGISTRY:
-        raise UserError(f"unknown action {action!r}; known actions: {', '.join(REGISTRY)}")
-    check_params(action, params, f"{action}: params")
-    try:
-        results = REGISTRY[action].fn(ctx, **params)
-    except UserError as e:
-        return None, ctx.error_text(e)
-    return _jsonable(results), None

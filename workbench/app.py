@@ -15,14 +15,12 @@ import json
 import os
 import tempfile
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, overload
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from textual.app import App
 from textual.screen import ModalScreen
 from textual import events
-from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import Input, TextArea
 from textual.actions import ActionParseResult
@@ -32,22 +30,18 @@ from textual.dom import DOMNode
 from mcore import CancelToken, Cancelled, Progress, UserError
 
 if TYPE_CHECKING:
-    from mcore import Receipt, Snapshot
-
     from .session import Session
 
 from .commands import WorkbenchCommands
+from .keys import APP_BINDINGS
+from .messages import PaletteCommand, SaveSession
 from .registry import REGISTRY
 from .screens.base import SCREEN_ORDER, SIDE_SCREENS, WorkbenchScreen
 from .screens.guide import GuideState
+from .state import DEFAULT_BUILD_ARGS as DEFAULT_BUILD_ARGS  # tests and callers read it here
+from .state import ActionOutcome, WorkbenchState
 
 DEFAULT_TUTORIAL = "qwen-recipe"
-DEFAULT_BUILD_ARGS = {
-    "model": "demo:qwen3-tiny",
-    "precision": "fp32",
-    "max_cache_length": 256,
-    "decoder_engine_layout": "split",
-}
 
 
 def tutorial_path(name: str) -> Path:
@@ -60,88 +54,6 @@ def tutorial_path(name: str) -> Path:
     return find_tutorial(name or DEFAULT_TUTORIAL)
 
 
-@dataclass
-class WorkbenchState:
-    """What the screens show; changed only on the UI thread (apply_results)."""
-
-    workdir: Path
-    # free exploration starts from the tutorials' build arguments (same cache length, same graph)
-    build_args: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_BUILD_ARGS))
-    device: Optional[str] = None  # None = auto (the bundle's device, else CUDA when present)
-    engine_role: Optional[str] = None
-    family_kind: Optional[str] = None  # "decoder" / "encoder" once known
-    snapshot: Optional["Snapshot"] = None
-    snapshot_path: Optional[str] = None
-    capture_results: Optional[dict[str, Any]] = None
-    marked: list[str] = field(default_factory=list)
-    listing: Optional[dict[str, Any]] = None  # the last list_nodes: {"match", "last", "ids"}
-    receipt: Optional["Receipt"] = None
-    receipt_path: Optional[str] = None
-    library: Optional[str] = None
-    stub_path: Optional[str] = None
-    stub_text: Optional[str] = None
-    export_output: list[str] = field(default_factory=list)
-    manifest: Optional[str] = None
-    bundles: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "slot" -> results
-    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "external" -> results
-    correctness: Optional[dict[str, Any]] = None
-    perf: Optional[dict[str, Any]] = None
-    reference: Optional[dict[str, Any]] = None  # the last verify_reference results
-    logits: Optional[dict[str, Any]] = None  # the last gate_logits results (decoders)
-    profile: Optional[dict[str, Any]] = None  # the last profile report (mcore.profile's JSON)
-    profile_path: Optional[str] = None
-    profile_partial: Optional[dict[str, Any]] = None  # what a running profile has attributed so far
-    chat: bool = False  # generate through the checkpoint's chat template
-    trusted: set[str] = field(default_factory=set)
-    samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})
-    log: list[str] = field(default_factory=list)
-    last_prompt: Optional[dict[str, Any]] = None  # {"prompt", "max_new_tokens"} of the last run
-    watch_rounds: list[dict[str, Any]] = field(default_factory=list)  # the Kernel screen's watch: Round.to_dict()
-    # the watch's gate settings (mcore.WatchConfig fields); the perf gate's as the Verify screen runs it
-    watch_settings: dict[str, Any] = field(default_factory=lambda: {"pairs": 3, "warmup": 1, "max_new_tokens": 8})
-
-    @overload
-    def path(self, p: str) -> Path: ...
-    @overload
-    def path(self, p: None) -> None: ...
-    def path(self, p: Optional[str]) -> Optional[Path]:
-        if p is None:
-            return None
-        q = Path(p)
-        return q if q.is_absolute() else self.workdir / q
-
-    def show_path(self, p: Optional[str]) -> str:
-        """A path as shown on screen: relative to the workdir when inside it (no tmp paths)."""
-        if not p:
-            return "-"
-        q = Path(p)
-        if q.is_absolute():
-            try:
-                return str(q.resolve().relative_to(self.workdir.resolve()))
-            except ValueError:
-                return str(q)
-        return str(q)
-
-    @property
-    def is_decoder(self) -> bool:
-        if self.family_kind:
-            return self.family_kind == "decoder"
-        from mcore import family_kind, model_kind
-
-        if self.snapshot is not None and self.snapshot.family:
-            return family_kind(self.snapshot.family) == "decoder"
-        return model_kind(str(self.build_args.get("model", ""))) == "decoder"
-
-
-@dataclass
-class ActionOutcome:
-    action: str
-    params: dict[str, Any]
-    results: Optional[dict[str, Any]] = None
-    error: Optional[str] = None  # the one-line text shown (and recorded)
-    kind: str = "ok"  # ok | user | cancelled | bug
-
-
 class WorkbenchApp(App):
     """The byok workbench. `WorkbenchApp(tutorial=..., replay=..., workdir=...)`."""
 
@@ -151,27 +63,7 @@ class WorkbenchApp(App):
     COMMANDS = {WorkbenchCommands}
     COMMAND_PALETTE_BINDING = "ctrl+p"
 
-    BINDINGS = [
-        Binding("f1", "show('model')", "Model", show=False),
-        Binding("f2", "show('graph')", "Graph", show=False),
-        Binding("f3", "show('region')", "Region", show=False),
-        Binding("f4", "show('kernel')", "Kernel", show=False),
-        Binding("f5", "show('build')", "Build", show=False),
-        Binding("f6", "show('verify')", "Verify", show=False),
-        Binding("n", "guide_next", "next step"),
-        Binding("n", "summary", "summary"),  # once every step is done, n shows what was built
-        Binding("x", "cancel", "cancel"),
-        Binding("slash", "search", "search graph", show=False),
-        Binding("g", "toggle_guide", "guide", show=False),
-        Binding("left_square_bracket", "scroll_guide(-1)", "guide up", show=False),
-        Binding("right_square_bracket", "scroll_guide(1)", "guide down", show=False),
-        Binding("ctrl+s", "save_session", "save", show=False),
-        Binding("ctrl+o", "open_session", "open", show=False),
-        Binding("q", "request_quit", "quit", show=False),
-        Binding("ctrl+q", "request_quit", "quit", show=False, priority=True),
-        # Esc never switches screens (the next letter would act on another one): going back has its own key
-        Binding("alt+left", "go_back", "back to the previous screen", show=False),
-    ]
+    BINDINGS = APP_BINDINGS
 
     def __init__(
         self,
@@ -411,6 +303,12 @@ class WorkbenchApp(App):
         else:
             await self.run_action(action)
 
+    async def on_palette_command(self, message: PaletteCommand) -> None:
+        await self.run_palette_command(message.screen, message.action)
+
+    def on_save_session(self, message: SaveSession) -> None:
+        self.action_save_session()
+
     # ------------------------------------------------------------------ notices and quitting
     def say(self, text: str, style: str = "") -> None:
         """A one-line notice in the status line (never a toast over the content)."""
@@ -596,7 +494,7 @@ class WorkbenchApp(App):
             self.action_summary()
             return
         index = g.index
-        from .actions import check_step_paths
+        from .dispatch import check_step_paths
 
         # checked when the session opened and again now: a link made in the work folder since must not lead out
         check_step_paths(step.action, step.params, self.state.workdir, f"step {index + 1} ({step.action})")
@@ -766,7 +664,7 @@ class WorkbenchApp(App):
         self._token = token
         self.refresh_status()
         self.refresh_screen()
-        self._hook("on_action_started", action)
+        self._hook(lambda s: s.on_action_started(action))
         self._expect_error = expect_error
         self.run_worker(
             lambda: self._action_thread(action, params, token, guide, on_done, on_finish),
@@ -827,7 +725,8 @@ class WorkbenchApp(App):
         on_done,
         on_finish,
     ) -> None:
-        from . import actions
+        from .actions import ActionContext
+        from .dispatch import run_action
 
         def progress(step: str, fraction: float) -> None:
             self._call_ui(self._on_progress, step, fraction)
@@ -843,7 +742,7 @@ class WorkbenchApp(App):
 
         outcome = ActionOutcome(action, params)
         try:
-            ctx = actions.ActionContext(
+            ctx = ActionContext(
                 workdir=self.state.workdir,
                 progress=Progress(progress, token),
                 on_sample=on_sample,
@@ -851,7 +750,7 @@ class WorkbenchApp(App):
                 log=log,
                 device=self.state.device,
             )
-            results, error = actions.run_action(ctx, action, params)
+            results, error = run_action(ctx, action, params)
             if error is not None:
                 outcome.kind, outcome.error = "user", error
             else:
@@ -881,7 +780,8 @@ class WorkbenchApp(App):
     def _on_progress(self, step: str, fraction: float) -> None:
         self.progress_step, self.progress_fraction = step, fraction
         self.refresh_status()
-        self._hook("on_action_progress", self.busy or "", step, fraction)
+        busy = self.busy or ""
+        self._hook(lambda s: s.on_action_progress(busy, step, fraction))
 
     def _on_sample(self, arm: str, index: int, value: float) -> None:
         ys = self.state.samples.setdefault(arm, [])
@@ -891,17 +791,17 @@ class WorkbenchApp(App):
             ys[index] = float(value)
         else:
             ys.append(float(value))
-        self._hook("on_action_sample", arm, index, value)
+        self._hook(lambda s: s.on_action_sample(arm, index, value))
 
     def _on_partial(self, action: str, data: dict) -> None:
         if self.busy == action == "profile":
             self.state.profile_partial = data
-            self._hook("refresh_view")
+            self._hook(lambda s: s.refresh_view())
 
     def _on_log(self, line: str) -> None:
         self.state.log.append(line)
         del self.state.log[:-500]
-        self._hook("on_action_log", line)
+        self._hook(lambda s: s.on_action_log(line))
 
     def _action_done(self, outcome: ActionOutcome, guide, on_done, on_finish) -> None:
         self.busy_label_done = self.busy_label
@@ -944,7 +844,8 @@ class WorkbenchApp(App):
                 self.progress_step = f"{outcome.action.replace('_', ' ')}: refused, as the session recorded"
                 self.message = (f"✓ {self.busy_label_done}: refused, as the session recorded", "green")
                 self.last_error, self.last_error_expected = outcome.error, True
-                self._hook("show_error", outcome.error, True)
+                error = outcome.error
+                self._hook(lambda s: s.show_error(error, True))
             else:
                 self.report_error(outcome.error or "failed")
         self.refresh_status()
@@ -959,27 +860,28 @@ class WorkbenchApp(App):
             except Exception as e:  # noqa: BLE001
                 self.report_error(f"could not show the results: {type(e).__name__}: {e}")
         self.refresh_screen()
-        self._hook("on_action_done", outcome)
+        self._hook(lambda s: s.on_action_done(outcome))
         self.last_outcome = outcome
 
     def report_error(self, text: str) -> None:
         """The error panel above the status line (esc dismisses); no toast over the content."""
         self.last_error, self.last_error_expected = text, False
-        self._hook("show_error", text, False, report=False)
+        self._hook(lambda s: s.show_error(text, False), report=False)
 
     def refresh_status(self) -> None:
-        self._hook("refresh_status")
+        self._hook(lambda s: s.refresh_status())
 
     def refresh_screen(self) -> None:
-        self._hook("refresh_view")
+        self._hook(lambda s: s.refresh_view())
 
-    def _hook(self, name: str, *args: Any, report: bool = True) -> None:
-        """Call a screen hook; a display problem is reported in the UI, never a traceback screen."""
+    def _hook(self, call: Callable[[WorkbenchScreen], object], *, report: bool = True) -> None:
+        """Call a hook of the current screen (a WorkbenchScreen method, so mypy checks the name and
+        arguments); a display problem is reported in the UI, never a traceback screen."""
         scr = self.current
         if scr is None or not scr.is_mounted:
             return
         try:
-            getattr(scr, name)(*args)
+            call(scr)
         except NoMatches:
             pass  # the screen is still being composed; it refreshes itself on resume
         except Exception as e:  # noqa: BLE001

@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from .keys import APP_BINDINGS
+from .messages import PaletteCommand
+
 if TYPE_CHECKING:
     from .screens.base import WorkbenchScreen
 
@@ -42,7 +45,6 @@ def screen_classes() -> dict[str, type["WorkbenchScreen"]]:
 
 def palette_entries() -> list[tuple[str, str, str, str]]:
     """(label, help, screen or "", action): screens first, then app actions, then each screen's."""
-    from .app import WorkbenchApp
     from .screens.base import SCREEN_ORDER, SCREEN_TITLES, SIDE_SCREENS, WorkbenchScreen
 
     out: list[tuple[str, str, str, str]] = []
@@ -51,7 +53,7 @@ def palette_entries() -> list[tuple[str, str, str, str]]:
     for name, key in SIDE_SCREENS.items():
         out.append((f"Go to {SCREEN_TITLES[name]}", key, "", f"show('{name}')"))
     shared = {b.action for b in WorkbenchScreen.BINDINGS}  # type: ignore[union-attr]
-    for b in WorkbenchApp.BINDINGS:
+    for b in APP_BINDINGS:
         if isinstance(b, Binding) and not b.action.startswith("show(") and b.action not in _HIDDEN_APP_ACTIONS:
             if any(e[3] == b.action for e in out):
                 continue
@@ -68,12 +70,12 @@ class WorkbenchCommands(Provider):
     """Screens and actions, fuzzy-matched; running one switches to its screen first."""
 
     def _entries(self) -> Iterator[tuple[str, str, Callable[[], Any]]]:
-        from .app import WorkbenchApp
-
-        app = self.app
-        assert isinstance(app, WorkbenchApp)
         for label, key, screen, action in palette_entries():
-            yield label, f"key {key}" if key else "", partial(app.run_palette_command, screen, action)
+            yield label, f"key {key}" if key else "", partial(self._run, screen, action)
+
+    def _run(self, screen: str, action: str) -> None:
+        """The app runs the entry (WorkbenchApp.on_palette_command): its screen first, then its action."""
+        self.app.post_message(PaletteCommand(screen, action))
 
     async def discover(self) -> Hits:
         for label, help_text, run in self._entries():

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 if TYPE_CHECKING:
-    from .app import WorkbenchState
+    from .state import WorkbenchState
     from .screens.guide import GuideState
     from .session import Session
 

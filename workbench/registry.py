@@ -21,7 +21,7 @@ from mcore import UserError
 from . import actions as A
 
 if TYPE_CHECKING:
-    from .app import WorkbenchState
+    from .state import WorkbenchState
 
 Params = dict[str, Any]
 ApplyFn = Callable[["WorkbenchState", Params, Params], None]

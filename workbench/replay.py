@@ -27,7 +27,8 @@ from typing import Any, Callable, Optional, Union
 
 from mcore import NO_PROGRESS, Cancelled, Progress, UserError
 
-from .actions import TRUST_FLAG, ActionContext, check_step_paths
+from .actions import TRUST_FLAG, ActionContext
+from .dispatch import check_step_paths
 from .registry import GATES, PASSING, REGISTRY, verdict_of
 from .session import Session, Step
 

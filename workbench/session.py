@@ -142,7 +142,7 @@ def check_guide(guide: Any, where: str) -> Optional[dict[str, str]]:
 
 def check_step(d: Any, where: str) -> Step:
     """Validate one step dict (where = 'FILE: step N') and return it as a Step."""
-    from .actions import check_params
+    from .dispatch import check_params
     from .registry import REGISTRY, VERDICTS
 
     check_fields(d, where, _STEP_REQUIRED, _STEP_OPTIONAL)

@@ -27,7 +27,8 @@ from mcore import UserError
 if TYPE_CHECKING:  # pragma: no cover
     from mcore import Snapshot
 
-    from ..app import WorkbenchApp, WorkbenchState
+    from ..app import WorkbenchApp
+    from ..state import WorkbenchState
 
 SCREEN_ORDER = ("model", "graph", "region", "kernel", "build", "verify")
 SCREEN_TITLES = {

@@ -12,6 +12,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
+from ..messages import SaveSession
+
 
 class TrustModal(ModalScreen[bool]):
     """Loading a DSO runs native code: say so and ask, once per library.
@@ -302,11 +304,8 @@ class SummaryModal(ModalScreen[None]):
         self.dismiss(None)
 
     def action_save(self) -> None:
-        from ..app import WorkbenchApp
-
         self.dismiss(None)
-        if isinstance(self.app, WorkbenchApp):
-            self.app.call_later(self.app.action_save_session)
+        self.app.post_message(SaveSession())
 
 
 def shown_folder(p) -> str:

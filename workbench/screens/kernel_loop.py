@@ -20,7 +20,8 @@ from mcore import UserError, WatchConfig
 from ..outputs import fresh_name
 
 if TYPE_CHECKING:
-    from ..app import WorkbenchApp, WorkbenchState
+    from ..app import WorkbenchApp
+    from ..state import WorkbenchState
 
 VERDICT_STYLES = {"PROMOTE": "bold green", "PASS": "green", "REJECT": "bold red", "ERROR": "red"}
 WATCH_PROMPT = "Explain grouped-query attention in one sentence."

@@ -1,0 +1,103 @@
+"""The workbench's shared plain types: the state the screens show and an action's outcome.
+
+Kept apart from the app so screens, the registry and outputs can name them without importing
+the app (tests/test_workbench_imports.py keeps the workbench free of import cycles).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, overload
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mcore import Receipt, Snapshot
+
+DEFAULT_BUILD_ARGS = {
+    "model": "demo:qwen3-tiny",
+    "precision": "fp32",
+    "max_cache_length": 256,
+    "decoder_engine_layout": "split",
+}
+
+
+@dataclass
+class WorkbenchState:
+    """What the screens show; changed only on the UI thread (apply_results)."""
+
+    workdir: Path
+    # free exploration starts from the tutorials' build arguments (same cache length, same graph)
+    build_args: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_BUILD_ARGS))
+    device: Optional[str] = None  # None = auto (the bundle's device, else CUDA when present)
+    engine_role: Optional[str] = None
+    family_kind: Optional[str] = None  # "decoder" / "encoder" once known
+    snapshot: Optional["Snapshot"] = None
+    snapshot_path: Optional[str] = None
+    capture_results: Optional[dict[str, Any]] = None
+    marked: list[str] = field(default_factory=list)
+    listing: Optional[dict[str, Any]] = None  # the last list_nodes: {"match", "last", "ids"}
+    receipt: Optional["Receipt"] = None
+    receipt_path: Optional[str] = None
+    library: Optional[str] = None
+    stub_path: Optional[str] = None
+    stub_text: Optional[str] = None
+    export_output: list[str] = field(default_factory=list)
+    manifest: Optional[str] = None
+    bundles: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "slot" -> results
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "external" -> results
+    correctness: Optional[dict[str, Any]] = None
+    perf: Optional[dict[str, Any]] = None
+    reference: Optional[dict[str, Any]] = None  # the last verify_reference results
+    logits: Optional[dict[str, Any]] = None  # the last gate_logits results (decoders)
+    profile: Optional[dict[str, Any]] = None  # the last profile report (mcore.profile's JSON)
+    profile_path: Optional[str] = None
+    profile_partial: Optional[dict[str, Any]] = None  # what a running profile has attributed so far
+    chat: bool = False  # generate through the checkpoint's chat template
+    trusted: set[str] = field(default_factory=set)
+    samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})
+    log: list[str] = field(default_factory=list)
+    last_prompt: Optional[dict[str, Any]] = None  # {"prompt", "max_new_tokens"} of the last run
+    watch_rounds: list[dict[str, Any]] = field(default_factory=list)  # the Kernel screen's watch: Round.to_dict()
+    # the watch's gate settings (mcore.WatchConfig fields); the perf gate's as the Verify screen runs it
+    watch_settings: dict[str, Any] = field(default_factory=lambda: {"pairs": 3, "warmup": 1, "max_new_tokens": 8})
+
+    @overload
+    def path(self, p: str) -> Path: ...
+    @overload
+    def path(self, p: None) -> None: ...
+    def path(self, p: Optional[str]) -> Optional[Path]:
+        if p is None:
+            return None
+        q = Path(p)
+        return q if q.is_absolute() else self.workdir / q
+
+    def show_path(self, p: Optional[str]) -> str:
+        """A path as shown on screen: relative to the workdir when inside it (no tmp paths)."""
+        if not p:
+            return "-"
+        q = Path(p)
+        if q.is_absolute():
+            try:
+                return str(q.resolve().relative_to(self.workdir.resolve()))
+            except ValueError:
+                return str(q)
+        return str(q)
+
+    @property
+    def is_decoder(self) -> bool:
+        if self.family_kind:
+            return self.family_kind == "decoder"
+        from mcore import family_kind, model_kind
+
+        if self.snapshot is not None and self.snapshot.family:
+            return family_kind(self.snapshot.family) == "decoder"
+        return model_kind(str(self.build_args.get("model", ""))) == "decoder"
+
+
+@dataclass
+class ActionOutcome:
+    action: str
+    params: dict[str, Any]
+    results: Optional[dict[str, Any]] = None
+    error: Optional[str] = None  # the one-line text shown (and recorded)
+    kind: str = "ok"  # ok | user | cancelled | bug
