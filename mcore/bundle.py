@@ -39,9 +39,10 @@ import json
 import os
 import re
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping, Optional, Union
+from typing import Any, BinaryIO
 
 from .bundle_manifest import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION, BundleManifest
 from .errors import UserError
@@ -60,7 +61,7 @@ MAX_INTEGRITY_BYTES = 64 << 20  # a sane upper bound for the integrity record
 _NAME_PART_RE = re.compile(r"^[A-Za-z0-9_.@+-]+$")
 _HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
 
-Member = Union[bytes, bytearray, memoryview, str, os.PathLike]
+Member = bytes | bytearray | memoryview | str | os.PathLike
 
 
 # ---------------------------------------------------------------- helpers
@@ -199,7 +200,7 @@ class _HashingWriter:
 
 
 def write_bundle(
-    path: str | os.PathLike, manifest: dict, members: Mapping[str, Member], progress: Optional[Progress] = None
+    path: str | os.PathLike, manifest: dict, members: Mapping[str, Member], progress: Progress | None = None
 ) -> Path:
     """Write a bundle atomically (temp file beside `path`, fsync, rename) and return its path.
 
@@ -323,7 +324,7 @@ class Bundle:
         self.manifest = manifest
         self._entries = {e.name: e for e in entries}
         self._order = [e.name for e in entries]
-        self._runnable: Optional[BundleManifest] = None
+        self._runnable: BundleManifest | None = None
 
     def runnable(self) -> BundleManifest:
         """The manifest checked for running or describing the bundle (parsed once, then kept)."""
@@ -409,7 +410,7 @@ def _parse_integrity(raw: bytes) -> dict:
     return record
 
 
-def open_bundle(path: str | os.PathLike, progress: Optional[Progress] = None) -> Bundle:
+def open_bundle(path: str | os.PathLike, progress: Progress | None = None) -> Bundle:
     """Verify a bundle's integrity (every byte), then its manifest kind and schema; return it."""
     path = Path(path)
     if not path.exists():
@@ -452,7 +453,7 @@ def open_bundle(path: str | os.PathLike, progress: Optional[Progress] = None) ->
             pos = 0
             f.seek(0)
 
-            def take(n: int, member_sha=None, keep: Optional[bytearray] = None) -> None:
+            def take(n: int, member_sha=None, keep: bytearray | None = None) -> None:
                 nonlocal pos
                 while n > 0:
                     chunk = f.read(min(CHUNK, n))

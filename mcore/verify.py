@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import UserError
 from .fileio import check_fields, parse_json, read_input_text
-from .verify_perf import METRICS, BenchmarkReading, parse_benchmark, perf_gate, run_shell  # noqa: F401 - the gates' home
 from .verdicts import GateResult, check_threshold  # noqa: F401 - imported from here by the other gates
-
+from .verify_perf import METRICS, BenchmarkReading, parse_benchmark, perf_gate, run_shell  # noqa: F401 - the gates' home
 
 # ---------------------------------------------------------------- tokens
 

@@ -9,7 +9,6 @@ for a slot whose kernel computes exactly what the region did (an identity copy, 
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 from .errors import UserError
 from .progress import NO_PROGRESS, Progress
@@ -19,12 +18,12 @@ from .verify import GateResult, check_threshold
 def lockstep_logits(
     native_bundle: str,
     external_bundle: str,
-    kernel_bindings: Optional[str],
+    kernel_bindings: str | None,
     prompt: str,
     max_new_tokens: int = 16,
     max_abs: float = 0.0,
     chat: bool = False,
-    device: Optional[str] = None,
+    device: str | None = None,
     engine: str = "auto",
     progress: Progress = NO_PROGRESS,
     announce=None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -46,8 +46,8 @@ class StepStats:
     step: int
     max_abs: float
     cosine: float
-    engine_token: Optional[int] = None
-    reference_token: Optional[int] = None
+    engine_token: int | None = None
+    reference_token: int | None = None
     rel: float = 0.0  # max_abs over the reference's largest magnitude
 
     def line(self) -> str:
@@ -134,10 +134,10 @@ def reference_check(
     prompt: str,
     max_new_tokens: int = 8,
     chat: bool = False,
-    kernel_bindings: Optional[str] = None,
-    device: Optional[str] = None,
+    kernel_bindings: str | None = None,
+    device: str | None = None,
     min_cosine: float = 0.999,
-    max_abs: Optional[float] = None,
+    max_abs: float | None = None,
     progress: Progress = NO_PROGRESS,
     announce=None,
     max_rel: float = DEFAULT_MAX_REL,

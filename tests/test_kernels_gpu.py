@@ -20,6 +20,7 @@ def gpu_fns(tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     import tvm_ffi
+
     from mcore.kernels import build_kernel
 
     d = tmp_path_factory.mktemp("gpu-kernels")

@@ -15,21 +15,22 @@ import json
 import os
 import tempfile
 import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, overload
+from typing import TYPE_CHECKING, Any, overload
 
-from textual.app import App
-from textual.screen import ModalScreen
 from textual import events
-from textual.binding import Binding
-from textual.widget import Widget
-from textual.widgets import Input, TextArea
 from textual.actions import ActionParseResult
+from textual.app import App
+from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.dom import DOMNode
+from textual.screen import ModalScreen
+from textual.widget import Widget
+from textual.widgets import Input, TextArea
 
-from mcore import CancelToken, Cancelled, Progress, UserError
+from mcore import Cancelled, CancelToken, Progress, UserError
 
 if TYPE_CHECKING:
     from mcore import Receipt, Snapshot
@@ -67,35 +68,35 @@ class WorkbenchState:
     workdir: Path
     # free exploration starts from the tutorials' build arguments (same cache length, same graph)
     build_args: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_BUILD_ARGS))
-    device: Optional[str] = None  # None = auto (the bundle's device, else CUDA when present)
-    engine_role: Optional[str] = None
-    family_kind: Optional[str] = None  # "decoder" / "encoder" once known
-    snapshot: Optional["Snapshot"] = None
-    snapshot_path: Optional[str] = None
-    capture_results: Optional[dict[str, Any]] = None
+    device: str | None = None  # None = auto (the bundle's device, else CUDA when present)
+    engine_role: str | None = None
+    family_kind: str | None = None  # "decoder" / "encoder" once known
+    snapshot: Snapshot | None = None
+    snapshot_path: str | None = None
+    capture_results: dict[str, Any] | None = None
     marked: list[str] = field(default_factory=list)
-    listing: Optional[dict[str, Any]] = None  # the last list_nodes: {"match", "last", "ids"}
-    receipt: Optional["Receipt"] = None
-    receipt_path: Optional[str] = None
-    library: Optional[str] = None
-    stub_path: Optional[str] = None
-    stub_text: Optional[str] = None
+    listing: dict[str, Any] | None = None  # the last list_nodes: {"match", "last", "ids"}
+    receipt: Receipt | None = None
+    receipt_path: str | None = None
+    library: str | None = None
+    stub_path: str | None = None
+    stub_text: str | None = None
     export_output: list[str] = field(default_factory=list)
-    manifest: Optional[str] = None
+    manifest: str | None = None
     bundles: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "slot" -> results
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "external" -> results
-    correctness: Optional[dict[str, Any]] = None
-    perf: Optional[dict[str, Any]] = None
-    reference: Optional[dict[str, Any]] = None  # the last verify_reference results
-    logits: Optional[dict[str, Any]] = None  # the last gate_logits results (decoders)
-    profile: Optional[dict[str, Any]] = None  # the last profile report (mcore.profile's JSON)
-    profile_path: Optional[str] = None
-    profile_partial: Optional[dict[str, Any]] = None  # what a running profile has attributed so far
+    correctness: dict[str, Any] | None = None
+    perf: dict[str, Any] | None = None
+    reference: dict[str, Any] | None = None  # the last verify_reference results
+    logits: dict[str, Any] | None = None  # the last gate_logits results (decoders)
+    profile: dict[str, Any] | None = None  # the last profile report (mcore.profile's JSON)
+    profile_path: str | None = None
+    profile_partial: dict[str, Any] | None = None  # what a running profile has attributed so far
     chat: bool = False  # generate through the checkpoint's chat template
     trusted: set[str] = field(default_factory=set)
     samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})
     log: list[str] = field(default_factory=list)
-    last_prompt: Optional[dict[str, Any]] = None  # {"prompt", "max_new_tokens"} of the last run
+    last_prompt: dict[str, Any] | None = None  # {"prompt", "max_new_tokens"} of the last run
     watch_rounds: list[dict[str, Any]] = field(default_factory=list)  # the Kernel screen's watch: Round.to_dict()
     # the watch's gate settings (mcore.WatchConfig fields); the perf gate's as the Verify screen runs it
     watch_settings: dict[str, Any] = field(default_factory=lambda: {"pairs": 3, "warmup": 1, "max_new_tokens": 8})
@@ -104,13 +105,13 @@ class WorkbenchState:
     def path(self, p: str) -> Path: ...
     @overload
     def path(self, p: None) -> None: ...
-    def path(self, p: Optional[str]) -> Optional[Path]:
+    def path(self, p: str | None) -> Path | None:
         if p is None:
             return None
         q = Path(p)
         return q if q.is_absolute() else self.workdir / q
 
-    def show_path(self, p: Optional[str]) -> str:
+    def show_path(self, p: str | None) -> str:
         """A path as shown on screen: relative to the workdir when inside it (no tmp paths)."""
         if not p:
             return "-"
@@ -137,8 +138,8 @@ class WorkbenchState:
 class ActionOutcome:
     action: str
     params: dict[str, Any]
-    results: Optional[dict[str, Any]] = None
-    error: Optional[str] = None  # the one-line text shown (and recorded)
+    results: dict[str, Any] | None = None
+    error: str | None = None  # the one-line text shown (and recorded)
     kind: str = "ok"  # ok | user | cancelled | bug
 
 
@@ -175,13 +176,13 @@ class WorkbenchApp(App):
 
     def __init__(
         self,
-        tutorial: Optional[str] = None,
-        replay: Optional[str] = None,
-        workdir: Optional[str] = None,
-        ansi: Optional[bool] = None,
+        tutorial: str | None = None,
+        replay: str | None = None,
+        workdir: str | None = None,
+        ansi: bool | None = None,
         *,
-        start_screen: Optional[str] = None,
-        state: Optional[WorkbenchState] = None,
+        start_screen: str | None = None,
+        state: WorkbenchState | None = None,
     ):
         if ansi is None:
             ansi = os.environ.get("WORKBENCH_ANSI", "") not in ("", "0")
@@ -192,33 +193,33 @@ class WorkbenchApp(App):
         self._replay_arg = replay
         self._start_screen = start_screen
         self.state = state or WorkbenchState(workdir=self._make_workdir(workdir, tutorial or replay))
-        self.guide: Optional[GuideState] = None
-        self.session: Optional["Session"] = None  # created on first use
-        self.busy: Optional[str] = None
-        self.busy_params: Optional[dict[str, Any]] = None
+        self.guide: GuideState | None = None
+        self.session: Session | None = None  # created on first use
+        self.busy: str | None = None
+        self.busy_params: dict[str, Any] | None = None
         self.busy_label: str = ""
         self.busy_label_done: str = ""
         self.progress_step: str = ""
-        self.progress_fraction: Optional[float] = None
-        self.last_error: Optional[str] = None
+        self.progress_fraction: float | None = None
+        self.last_error: str | None = None
         self.last_error_expected = False  # the last "error" was one the guided session recorded
-        self._token: Optional[CancelToken] = None
-        self.startup_error: Optional[str] = None
-        self._expect_error: Optional[str] = None
-        self.last_outcome: Optional[ActionOutcome] = None  # the last finished action (shown; tests read it)
+        self._token: CancelToken | None = None
+        self.startup_error: str | None = None
+        self._expect_error: str | None = None
+        self.last_outcome: ActionOutcome | None = None  # the last finished action (shown; tests read it)
         self.message: tuple[str, str] = ("", "")  # the status line's last notice (text, style): no toasts
         self.saved_steps = 0  # session steps already in a saved file (quit asks about the rest)
-        self.guide_expanded: Optional[bool] = None  # None: beside the body when the terminal is roomy
+        self.guide_expanded: bool | None = None  # None: beside the body when the terminal is roomy
         self.history: list[str] = []  # screens visited, for alt+left = back
         # the text field the user is typing in: set by a printable key there, kept by tab/shift+tab,
         # cleared by any other key or a click; a letter after a tab out of the field is no command
-        self.typing_in: Optional[Widget] = None
+        self.typing_in: Widget | None = None
         self.summary_shown = False
         self.device_line = ""  # the header's device facts, filled in by a background probe
 
     # ------------------------------------------------------------------ setup
     @staticmethod
-    def _make_workdir(workdir: Optional[str], fresh_for: Optional[str]) -> Path:
+    def _make_workdir(workdir: str | None, fresh_for: str | None) -> Path:
         return make_workdir(workdir)
 
     def on_mount(self) -> None:
@@ -258,9 +259,9 @@ class WorkbenchApp(App):
     def _probe_device(self) -> None:
         """Device facts for the header (name, SMs, memory, measured copy rate and peak); torch and the
         copy measurement take a moment, so this runs off the UI thread, once."""
-        from mcore import describe_device, device_facts
-
         import torch
+
+        from mcore import describe_device, device_facts
 
         dev = self.state.device or ("cuda" if torch.cuda.is_available() else "cpu")
         try:
@@ -275,9 +276,8 @@ class WorkbenchApp(App):
             self.current.refresh_chrome()
 
     def load_guided(self, path: Path, mode: str) -> None:
-        from .session import Session
-
         from .replay import check_session
+        from .session import Session
 
         sess = Session.load(path)
         # someone else's steps: their paths stay in the work folder (the trust prompt covers DSOs)
@@ -328,7 +328,7 @@ class WorkbenchApp(App):
 
     # ------------------------------------------------------------------ navigation
     @property
-    def current(self) -> Optional[WorkbenchScreen]:
+    def current(self) -> WorkbenchScreen | None:
         s = self.screen
         return s if isinstance(s, WorkbenchScreen) else None
 
@@ -434,7 +434,7 @@ class WorkbenchApp(App):
             self.exit()
             return
 
-        def answered(choice: Optional[str]) -> None:
+        def answered(choice: str | None) -> None:
             if choice == "quit":
                 self.exit()
             elif choice == "save":
@@ -467,7 +467,7 @@ class WorkbenchApp(App):
             self.session = Session.new(title, guided=False, device=self.state.device)
         return self.session
 
-    def action_save_session(self, then: Optional[Callable[[], Any]] = None) -> None:
+    def action_save_session(self, then: Callable[[], Any] | None = None) -> None:
         """ctrl+s: ask for a path, then save (the overwrite rule: never over one of the session's own
         artifacts; over another existing file only after asking; its own file again is a save)."""
         from .screens.dialogs import ConfirmOverwrite, PathPrompt
@@ -489,7 +489,7 @@ class WorkbenchApp(App):
             if then is not None:
                 then()
 
-        def done(path: Optional[str]) -> None:
+        def done(path: str | None) -> None:
             if not path:
                 return
             target = self.state.path(path)
@@ -512,7 +512,7 @@ class WorkbenchApp(App):
             done,
         )
 
-    def _save_refusal(self, target: Path) -> Optional[str]:
+    def _save_refusal(self, target: Path) -> str | None:
         """Why the session may not be saved at `target` (one of its own artifacts), or None."""
         from .outputs import artifact_owner
 
@@ -535,7 +535,7 @@ class WorkbenchApp(App):
             return
         from .screens.dialogs import ConfirmReplaceSession
 
-        def answered(choice: Optional[str]) -> None:
+        def answered(choice: str | None) -> None:
             if choice == "quit":  # open it anyway
                 self._open_session_prompt()
             elif choice == "save":
@@ -546,7 +546,7 @@ class WorkbenchApp(App):
     def _open_session_prompt(self) -> None:
         from .screens.dialogs import PathPrompt
 
-        def done(path: Optional[str]) -> None:
+        def done(path: str | None) -> None:
             if not path:
                 return
             try:
@@ -703,12 +703,12 @@ class WorkbenchApp(App):
         action: str,
         params: dict[str, Any],
         *,
-        guide: Optional[dict[str, str]] = None,
-        on_done: Optional[Callable[[dict[str, Any]], None]] = None,
-        on_finish: Optional[Callable[[ActionOutcome], None]] = None,
-        label: Optional[str] = None,
+        guide: dict[str, str] | None = None,
+        on_done: Callable[[dict[str, Any]], None] | None = None,
+        on_finish: Callable[[ActionOutcome], None] | None = None,
+        label: str | None = None,
         trusted: bool = False,
-        expect_error: Optional[str] = None,
+        expect_error: str | None = None,
     ) -> bool:
         """Run one action in a thread worker; record it, apply its results, then call back (UI thread)."""
         if self.busy:
@@ -728,7 +728,7 @@ class WorkbenchApp(App):
             if lib not in self.state.trusted:
                 from .screens.dialogs import TrustModal
 
-                def answered(ok: Optional[bool]) -> None:
+                def answered(ok: bool | None) -> None:
                     if ok:
                         self.state.trusted.add(lib)
                         self.perform(
@@ -787,7 +787,7 @@ class WorkbenchApp(App):
             return False
         from .screens.dialogs import ConfirmOverwrite
 
-        def answered(ok: Optional[bool]) -> None:
+        def answered(ok: bool | None) -> None:
             if ok:
                 self.perform(action, dict(params, overwrite=True), trusted=False, **again)
                 return
@@ -823,7 +823,7 @@ class WorkbenchApp(App):
         action: str,
         params: dict[str, Any],
         token: CancelToken,
-        guide: Optional[dict[str, str]],
+        guide: dict[str, str] | None,
         on_done,
         on_finish,
     ) -> None:
@@ -994,7 +994,7 @@ class WorkbenchApp(App):
             spec.apply(self.state, params, results)
 
 
-def make_workdir(workdir: Optional[str]) -> Path:
+def make_workdir(workdir: str | None) -> Path:
     """The work folder: the one named, else a fresh artifacts/workbench-* folder (never reused silently)."""
     if workdir:
         p = Path(workdir).expanduser().resolve()
@@ -1017,7 +1017,7 @@ def check_replay_workdir(wd: Path) -> None:
     require_empty_workdir(wd)
 
 
-def run_app(tutorial: Optional[str] = None, replay: Optional[str] = None, workdir: Optional[str] = None) -> int:
+def run_app(tutorial: str | None = None, replay: str | None = None, workdir: str | None = None) -> int:
     """Entry point used by workbench/cli.py."""
     app = WorkbenchApp(tutorial=tutorial, replay=replay, workdir=workdir)
     app.run()

@@ -8,7 +8,8 @@ q/k/v or gate/up product becomes one GEMV) and never touches a slot.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import fx

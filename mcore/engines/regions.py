@@ -30,8 +30,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any
 
 import torch
 from torch import fx
@@ -98,7 +99,7 @@ class RegionPlan:
     layers: list[str] = field(default_factory=list)  # per region, for messages: "layers 1-3"
 
 
-def plan_regions(gm: fx.GraphModule, min_regions: int = 3) -> Optional[RegionPlan]:
+def plan_regions(gm: fx.GraphModule, min_regions: int = 3) -> RegionPlan | None:
     """Cut `gm` where no bit can change (see the module doc); None where fewer than `min_regions`
     regions result or a region repeats no other (nothing to gain over the whole graph)."""
     nodes = list(gm.graph.nodes)
@@ -136,7 +137,7 @@ def _derived_from_inputs(nodes: list[fx.Node], stored: set[fx.Node]) -> set[fx.N
     return dup
 
 
-def _layer(n: fx.Node, memo: dict[fx.Node, Optional[int]]) -> Optional[int]:
+def _layer(n: fx.Node, memo: dict[fx.Node, int | None]) -> int | None:
     """The decoder layer a node belongs to (its module path), else that of its nearest user."""
     if n in memo:
         return memo[n]
@@ -162,9 +163,9 @@ def _cuts(order: list[fx.Node], out: fx.Node, materialized: set[fx.Node]) -> lis
     """Positions in `order` (a cut just before order[i]) that change no bit: the first such
     position of each layer."""
     pos = {n: i for i, n in enumerate(order)}
-    memo: dict[fx.Node, Optional[int]] = {}
+    memo: dict[fx.Node, int | None] = {}
     cuts: list[int] = []
-    taken: set[Optional[int]] = set()
+    taken: set[int | None] = set()
     # ancestors of each node (as positions) grow left to right: a bitset per node
     anc: list[int] = []
     for n in order:
@@ -243,7 +244,7 @@ def _build(
         for n in nodes:
             later_users[n] = any(u is out or owner.get(u, r) > r for u in n.users)
     plan = RegionPlan([], [], [], [])
-    memo: dict[fx.Node, Optional[int]] = {}
+    memo: dict[fx.Node, int | None] = {}
     for r, nodes in enumerate(regions):
         module, reads, writes, sig = _region_module(gm, nodes, dup, later_users)
         plan.modules.append(module)

@@ -22,8 +22,8 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 
@@ -179,7 +179,7 @@ def split_byte_level_tokenizer(
     specials_last: list[str],
     vocab_size: int,
     split: str,
-    bos: Optional[str] = None,
+    bos: str | None = None,
     nfc: bool = False,
 ):
     """A byte-level BPE laid out as Llama 3 (split=LLAMA3_SPLIT, bos="<|begin_of_text|>": its
@@ -804,7 +804,7 @@ def _valid(folder: Path, name: str) -> bool:
         return False
 
 
-def materialize(name: str, root: Optional[str | Path] = None) -> Path:
+def materialize(name: str, root: str | Path | None = None) -> Path:
     """The folder of demo `name`, generated on first use (or when found stale or damaged)."""
     if name not in DEMOS:
         raise UserError(f"unknown demo model {name!r}; available: {', '.join('demo:' + n for n in DEMOS)}")
