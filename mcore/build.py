@@ -121,7 +121,7 @@ def build_bundle(
     caps: dict[str, Captured] = {}
     for i, role in enumerate(family.roles):
 
-        def report(s: str, f: float, i: int = i) -> None:
+        def report(s: str, f: float, i: int = i, role: str = role) -> None:
             progress.report(f"[{role}] {s}", 0.05 + 0.5 * (i + f) / len(family.roles))
 
         sub = Progress(report, progress.token)

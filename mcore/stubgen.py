@@ -356,13 +356,13 @@ def _fake_arguments(c: _Ctx) -> list[str]:
     """The body of fake_arguments(): symbols for -1 dims, then one stand-in per run() argument."""
     tensors = [("input", i, e) for i, e in enumerate(c.inputs)] + [("output", i, e) for i, e in enumerate(c.outputs)]
     group: dict[str, int] = {}
-    for kind, i, e in tensors:
+    for _kind, _i, e in tensors:
         group[e["param"]] = 0 if c.known else len(group)
     if c.rule is not None and not c.known:
         group["output0"] = group[f"input{c.rule}"]
     symbols: dict[tuple[int, int], str] = {}
     users: dict[str, list[str]] = {}
-    for kind, i, e in tensors:
+    for _kind, _i, e in tensors:
         for d, size in enumerate(e["shape"]):
             if size == -1:
                 key = (group[e["param"]], d)

@@ -245,7 +245,7 @@ def _build(
             later_users[n] = any(u is out or owner.get(u, r) > r for u in n.users)
     plan = RegionPlan([], [], [], [])
     memo: dict[fx.Node, int | None] = {}
-    for r, nodes in enumerate(regions):
+    for nodes in regions:
         module, reads, writes, sig = _region_module(gm, nodes, dup, later_users)
         plan.modules.append(module)
         plan.args.append([index[n] for n in reads])

@@ -63,7 +63,9 @@ def _int_or_none(text: str, name: str) -> int | None:
     try:
         value = int(text)
     except ValueError:
-        raise UserError(f"--{name} {text!r} is not an integer; type a whole number or leave it empty for the default")
+        raise UserError(
+            f"--{name} {text!r} is not an integer; type a whole number or leave it empty for the default"
+        ) from None
     if value < 0:  # typed, never dropped: a silently dropped `-` would build another graph (0: BuildArgs says)
         raise UserError(f"--{name} {value} must be a positive whole number; type one or leave it empty for the default")
     return value

@@ -53,7 +53,7 @@ def parse_extra_args(text: str) -> list[Any]:
             "extra_args",
             None,
             f'extra args: not JSON ({e.msg}); type a list like [{{"type":"int","value":32}}] or leave it empty',
-        )
+        ) from None
     if isinstance(v, dict):
         v = [v]
     if not isinstance(v, list):
@@ -68,7 +68,7 @@ def parse_int(text: str, what: str, rule: str) -> int | None:
     try:
         value = int(text)
     except ValueError:
-        raise RegionError(rule, None, f"{what} {text!r} is not an integer")
+        raise RegionError(rule, None, f"{what} {text!r} is not an integer") from None
     if value < 0:  # typed, never dropped: a silently dropped `-` would change the ABI hash
         raise RegionError(rule, None, f"{what} {value} is negative; type 0 or more")
     return value
