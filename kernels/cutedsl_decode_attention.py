@@ -221,7 +221,7 @@ def check_selection(receipt, where):
         )
     shapes = [list(t.get("shape", [])) for t in ins + outs]
     dts = [t.get("dtype") for t in ins + outs]
-    ok = len(ins) == 4 and len(outs) == 1 and all(len(s) == r for s, r in zip(shapes, (4, 4, 4, 1, 4)))
+    ok = len(ins) == 4 and len(outs) == 1 and all(len(s) == r for s, r in zip(shapes, (4, 4, 4, 1, 4), strict=True))
     if ok:
         q, k, v, n, o = shapes
         ok = (
@@ -235,7 +235,7 @@ def check_selection(receipt, where):
             and all(_is_int(x) and x > 0 for x in (q[1], k[1], k[2], q[3]))
         )
     if not ok:
-        got = ", ".join(f"{d} {s}" for d, s in zip(dts, shapes))
+        got = ", ".join(f"{d} {s}" for d, s in zip(dts, shapes, strict=True))
         raise ContractError(f"{where}: the boundary ({got}) is not decode attention ({PATTERN}); {RESELECT}")
     t = dts[0]
     if t not in DTYPES or dts != [t, t, t, "INT32", t]:

@@ -161,7 +161,10 @@ def expansion(gm: fx.GraphModule, snap: Snapshot) -> dict[str, tuple[str | None,
             members = [m for m in ([n.name] if n.name in by_name else []) + list(folded) if m in by_name]
         sizes = [snapshot_bytes(snap, m, by_name) for m in members]
         total = sum(sizes)
-        out[n.name] = (binding, [(m, s / total if total else 1 / len(members)) for m, s in zip(members, sizes)])
+        out[n.name] = (
+            binding,
+            [(m, s / total if total else 1 / len(members)) for m, s in zip(members, sizes, strict=True)],
+        )
     return out
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 STEP_RANGE = "mcore.profile.step"
@@ -182,7 +183,7 @@ def windows(sequence: Sequence[tuple[str, int | None]], device: Sequence[DeviceE
         return []
     names = [a.name for a in acts]
     starts = [i for i in range(len(acts) - len(head) + 1) if names[i : i + len(head)] == head]
-    return [acts[a:b] for a, b in zip(starts, starts[1:])]
+    return [acts[a:b] for a, b in pairwise(starts)]
 
 
 def assign(sequence: Sequence[tuple[str, int | None]], run: Sequence[DeviceEvent]) -> list[int | None]:
@@ -212,7 +213,7 @@ def device_step(
     steps ran back to back (`next_start`), is between kernels."""
     out = StepTimes(calls=[0.0] * n_calls, between=0.0, device_names=[[] for _ in range(n_calls)])
     covered = run[0].start
-    for d, c in zip(run, calls):
+    for d, c in zip(run, calls, strict=False):
         if d.start > covered:
             out.between += d.start - covered
             out.gaps += 1

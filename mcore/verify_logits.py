@@ -66,7 +66,7 @@ def lockstep_logits(
     a = native.step_logits(ids, forced)
     b = external.step_logits(ids, forced)
     steps, first = [], None
-    for k, (x, y) in enumerate(zip(a, b)):
+    for k, (x, y) in enumerate(zip(a, b, strict=False)):
         x, y = x.reshape(-1), y.reshape(-1)
         diff = (x - y).abs()
         m = float(diff.max()) if bool(diff.isfinite().all()) else math.inf

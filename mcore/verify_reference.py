@@ -222,7 +222,9 @@ def _compare(
     ]
     details: dict[str, Any] = {"prompt_tokens": len(ids), "steps": []}
     if ids != ref_ids:
-        at = next((i for i, (a, b) in enumerate(zip(ids, ref_ids)) if a != b), min(len(ids), len(ref_ids)))
+        at = next(
+            (i for i, (a, b) in enumerate(zip(ids, ref_ids, strict=False)) if a != b), min(len(ids), len(ref_ids))
+        )
         info.append(
             f"prompt token IDs differ from transformers' tokenizer at position {at} "
             f"(engine {ids[at : at + 4]}, transformers {ref_ids[at : at + 4]}; lengths {len(ids)} and {len(ref_ids)})"

@@ -327,7 +327,7 @@ class _Replay:
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         copied = []
-        for i, (mine, x) in enumerate(zip(self.inputs, inputs)):
+        for i, (mine, x) in enumerate(zip(self.inputs, inputs, strict=False)):
             if x is not mine:
                 mine.copy_(x)
                 copied.append(i)

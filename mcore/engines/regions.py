@@ -32,6 +32,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -119,7 +120,7 @@ def plan_regions(gm: fx.GraphModule, min_regions: int = 3) -> RegionPlan | None:
     if len(cuts) + 1 < min_regions:
         return None
     bounds = [0, *cuts, len(order)]
-    regions = [order[a:b] for a, b in zip(bounds, bounds[1:])]
+    regions = [order[a:b] for a, b in pairwise(bounds)]
     plan = _build(gm, placeholders, out, regions, dup)
     if len(set(plan.signatures)) == len(plan.signatures):
         return None
@@ -354,7 +355,7 @@ class RegionalProgram:
 
     def __call__(self, *flat: Any) -> tuple:
         env: list[Any] = list(flat)
-        for r, (fn, idx) in enumerate(zip(self.fns, self.args)):
+        for r, (fn, idx) in enumerate(zip(self.fns, self.args, strict=False)):
             outs = fn(*[env[i] for i in idx])
             env.extend(outs if isinstance(outs, (tuple, list)) else (outs,))
             for i in self.drop[r]:

@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import torch
@@ -76,7 +77,7 @@ def bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
 
 
 def train_bpe(text: str, num_merges: int) -> list[tuple[str, str]]:
@@ -96,7 +97,7 @@ def _train_merges(words: dict[tuple[str, ...], int], num_merges: int) -> list[tu
     for _ in range(num_merges):
         pairs: Counter = Counter()
         for w, c in words.items():
-            for a, b in zip(w, w[1:]):
+            for a, b in pairwise(w):
                 pairs[(a, b)] += c
         if not pairs:
             break
