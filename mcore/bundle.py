@@ -115,6 +115,14 @@ def _integrity_tail(record_bytes: bytes) -> bytes:
 
 
 def _check_manifest_shape(manifest: Any, where: str) -> None:
+    """A bundle manifest as the container reads it; each phase names what is wrong and says to rebuild."""
+    _check_manifest_header(manifest, where)
+    _check_manifest_fields(manifest, where)
+    _check_manifest_slots(manifest, where)
+
+
+def _check_manifest_header(manifest: Any, where: str) -> None:
+    """A JSON object of this kind and schema version, with a kernel_slots list."""
     if not isinstance(manifest, dict):
         raise UserError(f"{where}: bundle manifest must be a JSON object")
     for field in ("kind", "schema_version", "kernel_slots"):
@@ -133,6 +141,10 @@ def _check_manifest_shape(manifest: Any, where: str) -> None:
         )
     if not isinstance(manifest["kernel_slots"], list):
         raise UserError(f"{where}: bundle manifest field kernel_slots must be a list; rebuild it with `mcore build`")
+
+
+def _check_manifest_fields(manifest: dict, where: str) -> None:
+    """The optional fields a reader relies on: their types, family_kind's value, roles' entries."""
     rebuild = "; rebuild it with `mcore build`"
     for name, types in _MANIFEST_TYPES.items():
         if name in manifest and not isinstance(manifest[name], types):
@@ -148,6 +160,12 @@ def _check_manifest_shape(manifest: Any, where: str) -> None:
     roles = manifest.get("roles")
     if roles is not None and not all(isinstance(r, dict) for r in roles.values()):
         raise UserError(f"{where}: bundle manifest field roles must map each engine role to an object{rebuild}")
+
+
+def _check_manifest_slots(manifest: dict, where: str) -> None:
+    """Each kernel slot: an object with string binding_id, abi_sha256 and engine_role, in a role the bundle has."""
+    rebuild = "; rebuild it with `mcore build`"
+    roles = manifest.get("roles")
     for i, slot in enumerate(manifest["kernel_slots"]):
         sw = f"{where}: bundle manifest kernel_slots[{i}]"
         if not isinstance(slot, dict):
