@@ -81,7 +81,7 @@ def stored_state(core: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[s
     return kept, aliases
 
 
-def build_bundle(
+def build_bundle(  # noqa: C901 - build phases share state; split in issue 29's long-function pass
     args: BuildArgs,
     output: str | Path,
     recipe: tuple[str, ...] | None = None,

@@ -121,7 +121,7 @@ class BundleManifest(JsonView):
     present: frozenset[str] = field(default=_OPTIONAL, repr=False)  # optional keys the file has
 
     @classmethod
-    def from_dict(cls, m: Any, where: str) -> BundleManifest:
+    def from_dict(cls, m: Any, where: str) -> BundleManifest:  # noqa: C901 - flat field-by-field contract check
         """Check every field the runner and `mcore inspect` read: present, typed, in range."""
         if not isinstance(m, dict):
             raise UserError(f"{where}: bundle manifest must be a JSON object")

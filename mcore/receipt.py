@@ -214,7 +214,9 @@ class SlotRecord(JsonView):
 
     # ------------------------------------------------------------ parse and write
     @classmethod
-    def _parse(cls, d: Mapping[str, Any], where: str, todo: str) -> dict[str, Any]:
+    def _parse(  # noqa: C901 - flat field-by-field contract check
+        cls, d: Mapping[str, Any], where: str, todo: str
+    ) -> dict[str, Any]:
         """The checked fields shared by a slot record and a receipt (`d`'s keys already checked)."""
         for k in ("abi_sha256", "engine_role", "graph_fingerprint"):
             need_str(d, k, where, todo)

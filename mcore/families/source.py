@@ -137,7 +137,7 @@ def _ids(v: Any) -> list[int]:
     return []
 
 
-def special_tokens(source: ModelSource) -> dict:
+def special_tokens(source: ModelSource) -> dict:  # noqa: C901 - each id's sources in precedence order
     """Special token ids: eos_token_ids (list; first is eos_token_id), pad/bos, and cls/sep for encoders.
 
     Sources, in order of precedence: generation_config.json, config.json, then the token

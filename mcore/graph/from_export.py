@@ -101,7 +101,7 @@ def _writes(node: fx.Node) -> list[int]:
     return out
 
 
-def snapshot_from_exported(
+def snapshot_from_exported(  # noqa: C901 - one FX-to-snapshot pass; split in issue 29's long-function pass
     ep: torch.export.ExportedProgram, metadata: dict[str, Any], input_names: list[str], output_names: list[str]
 ) -> dict[str, Any]:
     """Turn an ExportedProgram into the snapshot dict (IDs in topological order).

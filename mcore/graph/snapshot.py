@@ -314,7 +314,7 @@ class Snapshot(JsonView):
             )
         return snap
 
-    def _check_references(self, where: str) -> None:
+    def _check_references(self, where: str) -> None:  # noqa: C901 - flat checklist, one branch per reference rule
         """Every ID names something that exists, once, and both ends of each edge agree: the region
         rules walk these edges, so a dangling or one-sided edge would make them unsound."""
         for what, all_ids in (("nodes", [n.id for n in self.nodes]), ("tensors", [t.id for t in self.tensors])):
