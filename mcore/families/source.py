@@ -137,14 +137,10 @@ def _ids(v: Any) -> list[int]:
     return []
 
 
-def special_tokens(source: ModelSource) -> dict:  # noqa: C901 - each id's sources in precedence order
-    """Special token ids: eos_token_ids (list; first is eos_token_id), pad/bos, and cls/sep for encoders.
-
-    Sources, in order of precedence: generation_config.json, config.json, then the token
-    strings of tokenizer_config.json looked up in tokenizer.json. Absent ids are None.
-    """
+def _token_files(source: ModelSource) -> tuple[dict, dict, Any]:
+    """generation_config.json and tokenizer_config.json (empty when absent or not objects) and the
+    tokenizer (None when tokenizer.json is absent or unreadable), from the model's folder."""
     folder = Path(source.path) if source.path is not None else None
-    config = source.config or {}
     gen: dict = {}
     tok_cfg: dict = {}
     if folder is not None:
@@ -160,6 +156,17 @@ def special_tokens(source: ModelSource) -> dict:  # noqa: C901 - each id's sourc
             tokenizer = load_tokenizer(source)
         except UserError:
             tokenizer = None
+    return gen, tok_cfg, tokenizer
+
+
+def special_tokens(source: ModelSource) -> dict:
+    """Special token ids: eos_token_ids (list; first is eos_token_id), pad/bos, and cls/sep for encoders.
+
+    Sources, in order of precedence: generation_config.json, config.json, then the token
+    strings of tokenizer_config.json looked up in tokenizer.json. Absent ids are None.
+    """
+    config = source.config or {}
+    gen, tok_cfg, tokenizer = _token_files(source)
 
     def lookup(key: str, default_text: str | None = None) -> int | None:
         text = token_text(tok_cfg.get(key)) or default_text
