@@ -38,9 +38,10 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -500,13 +501,12 @@ def short_table(k: dict) -> list[str]:
     def cell(x: dict | None) -> str:
         return f"{x['us']:.1f} ({x['native_over_this']:.2f}x, {x['of_copy']:.0%})" if x else "-"
 
+    def best(r: dict, prefix: str) -> tuple[dict | None, str]:
+        xs = [(r[n]["us"], n) for n in k["dsos"] if n.startswith(prefix) and n in r and good(r[n])]
+        return (r[min(xs)[1]], min(xs)[1]) if xs else (None, "")
+
     for r in k["rows"]:
-
-        def best(prefix: str) -> tuple[dict | None, str]:
-            xs = [(r[n]["us"], n) for n in k["dsos"] if n.startswith(prefix) and n in r and good(r[n])]
-            return (r[min(xs)[1]], min(xs)[1]) if xs else (None, "")
-
-        (cute, cname), (fi, fname) = best("CuTe"), best("FlashInfer")
+        (cute, cname), (fi, fname) = best(r, "CuTe"), best(r, "FlashInfer")
         lines.append(
             f"| {r['context']} | {r['native_us']:.1f} | {cell(r.get(SHIPPED_SPLIT))} | {cell(cute)} {cname} | "
             f"{cell(fi)} {fname} |"

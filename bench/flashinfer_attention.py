@@ -28,8 +28,9 @@ import hashlib
 import os
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -103,10 +103,7 @@ def main() -> int:
     prepare(out, kernels)
     native = bench_cmd(out / "native.bundle", None, a)
     arms = {k: bench_cmd(out / "slot.bundle", out / k / "bindings.json", a) for k in kernels}
-    for name, cmd in [
-        ("native", native),
-        *arms.items(),
-    ]:  # one unmeasured run each: files cached, libraries loaded once
+    for cmd in [native, *arms.values()]:  # one unmeasured run each: files cached, libraries loaded once
         subprocess.run(cmd, shell=True, capture_output=True, env=ENV)
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.load)]
     verdicts: dict[str, list[str]] = {k: [] for k in kernels}

@@ -68,7 +68,7 @@ def main() -> int:
         ref = (x.double().reshape(k) @ ws[0].double().T).reshape(1, 1, n)
         floor = ((ref.to(torch.bfloat16).double() - ref).norm() / ref.norm()).item()
 
-        def timed(fn):
+        def timed(fn, x=x, ws=ws, copies=copies):
             i = [0]
 
             def call():
@@ -79,7 +79,7 @@ def main() -> int:
             assert t is not None
             return t
 
-        def err(fn):
+        def err(fn, x=x, ws=ws, ref=ref, floor=floor):
             return ((fn(x, ws[0]).double() - ref).norm() / ref.norm()).item() / floor
 
         byte = 2 * n * k

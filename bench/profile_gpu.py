@@ -41,7 +41,7 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def build(out: Path, capacity: int, parts: set[str], dev: str) -> tuple[Path, Path, "subprocess.Popen | None"]:
+def build(out: Path, capacity: int, parts: set[str], dev: str) -> tuple[Path, Path, subprocess.Popen | None]:
     """The native bundle, the slot bundle, and the CuTe export running in the background (or None).
     On the CPU (a smoke run of this script's own steps) the demo model stands in for the 8B config."""
     from mcore import BuildArgs, build_bundle
@@ -74,7 +74,7 @@ def build(out: Path, capacity: int, parts: set[str], dev: str) -> tuple[Path, Pa
     return out / "native.bundle", out / "attn.bundle", export
 
 
-def profile_all(label: str, bundle: Path, bindings: "Path | None", contexts: list[int], ns, out: Path) -> dict:
+def profile_all(label: str, bundle: Path, bindings: Path | None, contexts: list[int], ns, out: Path) -> dict:
     """Profiles of one bundle's compiled decode step at each context, written and printed."""
     import torch
 
@@ -117,7 +117,7 @@ def summary(runs: dict[str, dict[int, dict]]) -> None:
             )
 
 
-def main(argv: "list[str] | None" = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--contexts", default="1024,32768")

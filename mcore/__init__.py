@@ -228,11 +228,13 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .buildargs import LAYOUTS, PRECISIONS, WEIGHTS, BuildArgs
     from .bundle import open_bundle
     from .bundle_manifest import BundleManifest
+    from .cache import set_cache_note_sink
+    from .device import describe_device, device_facts
+    from .dso import library_sha256
     from .errors import Cancelled, RegionError, UserError
+    from .exporters import SHIPPED_EXPORTERS, kernel_catalog, run_exporter, shipped_exporter
     from .families import bundle_kind, family_kind, model_kind
     from .families.demo import demo_names
-    from .cache import set_cache_note_sink
-    from .dso import library_sha256
     from .fileio import (
         atomic_write,
         check_fields,
@@ -243,17 +245,15 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
         stdout_failed,
         write_json,
     )
-    from .graph_capture import capture, resolve, tool_versions
     from .graph.display import abi_lines, module_tree, node_matches, node_row
     from .graph.snapshot import Node, RecipeRow, Snapshot, Tensor, load_snapshot
-    from .device import describe_device, device_facts
-    from .exporters import SHIPPED_EXPORTERS, kernel_catalog, run_exporter, shipped_exporter
+    from .graph_capture import capture, resolve, tool_versions
     from .kernels import build_kernel
     from .pipeline import DecoderPipeline, EncoderPipeline
     from .profile import CANDIDATE_BINDING, load_profile, profile_pipeline
     from .progress import NO_PROGRESS, CancelToken, Progress
-    from .recipes import find_recipe, recipe_rows, select_recipe
     from .receipt import Receipt, SlotRecord
+    from .recipes import find_recipe, recipe_rows, select_recipe
     from .selection import load_receipt, select_region
     from .stubgen import write_exporter
     from .verify import compare_embeddings, compare_tokens, perf_gate

@@ -6,7 +6,7 @@ Imported lazily through ``mcore.open_pipeline``; importing this module imports t
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional, Union
+from collections.abc import Callable
 
 from .bundle import Bundle, open_bundle
 from .families import bundle_kind
@@ -15,13 +15,13 @@ from .progress import NO_PROGRESS, Progress
 
 
 def open_pipeline(
-    bundle: Union[str, os.PathLike, Bundle],
-    kernel_bindings: Optional[str] = None,
+    bundle: str | os.PathLike | Bundle,
+    kernel_bindings: str | None = None,
     *,
-    device: Optional[str] = None,
+    device: str | None = None,
     engine: str = "auto",
     progress: Progress = NO_PROGRESS,
-    announce: Optional[Callable[[str], None]] = None,
+    announce: Callable[[str], None] | None = None,
 ) -> Pipeline:
     """The pipeline a bundle's family kind calls for: DecoderPipeline for a decoder bundle,
     EncoderPipeline for an encoder one. ``bundle`` is a path (opened and verified here) or an

@@ -22,9 +22,10 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any
 
 from .dso import check_sha256
 from .errors import UserError
@@ -54,7 +55,7 @@ class Binding:
     function: str
     manifest_dir: Path
     library_path: Path = field(default=None, compare=False)  # type: ignore[assignment]
-    library_sha256: Optional[str] = None
+    library_sha256: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {"id": self.id, "abi_sha256": self.abi_sha256, "library": self.library, "function": self.function}
@@ -115,7 +116,7 @@ class BindingsManifest:
     schema_version: int = BINDINGS_SCHEMA_VERSION
 
     @classmethod
-    def from_dict(cls, data: Any, path: str | os.PathLike) -> "BindingsManifest":
+    def from_dict(cls, data: Any, path: str | os.PathLike) -> BindingsManifest:
         """Check fields, types and IDs; resolve each library inside the manifest's folder (loads no DSO)."""
         path = Path(path)
         where = str(path)
@@ -162,7 +163,7 @@ class BindingsManifest:
         return cls(tuple(out), path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "BindingsManifest":
+    def load(cls, path: str | os.PathLike) -> BindingsManifest:
         return cls.from_dict(read_json(path, "kernel bindings manifest"), path)
 
     def to_dict(self) -> dict[str, Any]:
@@ -174,7 +175,7 @@ class BindingsManifest:
     def __len__(self) -> int:
         return len(self.bindings)
 
-    def get(self, binding_id: str) -> Optional[Binding]:
+    def get(self, binding_id: str) -> Binding | None:
         return next((b for b in self.bindings if b.id == binding_id), None)
 
 
@@ -244,7 +245,7 @@ class _Slot:
     label: str
 
 
-def _slot_key(slot: Union[SlotRecord, Mapping[str, Any]], i: int) -> SlotKey:
+def _slot_key(slot: SlotRecord | Mapping[str, Any], i: int) -> SlotKey:
     if isinstance(slot, SlotRecord):
         return slot
     if not isinstance(slot, Mapping) or not all(
@@ -261,8 +262,8 @@ def _slot_key(slot: Union[SlotRecord, Mapping[str, Any]], i: int) -> SlotKey:
 
 
 def bind_slots(
-    manifest_path: Optional[str | os.PathLike],
-    slots: Sequence[Union[SlotRecord, Mapping[str, Any]]],
+    manifest_path: str | os.PathLike | None,
+    slots: Sequence[SlotRecord | Mapping[str, Any]],
     announce: Callable[[str], None] = print_to_stderr,
 ) -> dict[str, BoundKernel]:
     """Bind every slot of a bundle exactly once; return {binding_id: BoundKernel}.

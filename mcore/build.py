@@ -7,7 +7,7 @@ import json
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -19,21 +19,21 @@ from .fileio import check_overwrite, read_json, write_json
 from .graph_capture import Captured, build_core, capture, resolve, tool_versions
 from .patch import check_receipt_against
 from .progress import NO_PROGRESS, Progress
-from .recipes import ALL_INSTANCES, select_recipe_instances
 from .receipt import Receipt, check_workspace
+from .recipes import ALL_INSTANCES, select_recipe_instances
 
 
 @dataclass
 class BuildResult:
     bundle_path: Path
-    receipt_path: Optional[Path]  # the first receipt written (the only one for one slot)
-    receipt: Optional[Receipt]  # the first slot's receipt
+    receipt_path: Path | None  # the first receipt written (the only one for one slot)
+    receipt: Receipt | None  # the first slot's receipt
     manifest: BundleManifest
     receipts: list[Receipt] = field(default_factory=list)  # one per slot, in slot order
     receipt_paths: list[Path] = field(default_factory=list)  # written beside the bundle (recipe builds)
 
 
-def receipt_path_for(bundle_path: Path, instance: Optional[str] = None) -> Path:
+def receipt_path_for(bundle_path: Path, instance: str | None = None) -> Path:
     """qwen3-slot-ready.bundle -> qwen3-slot-ready.selection.json (as the tutorial names it).
 
     A build of several recipe instances writes one receipt per slot instead, named for its
@@ -81,14 +81,14 @@ def stored_state(core: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[s
     return kept, aliases
 
 
-def build_bundle(
+def build_bundle(  # noqa: C901 - build phases share state; split in issue 29's long-function pass
     args: BuildArgs,
     output: str | Path,
-    recipe: Optional[tuple[str, ...]] = None,
-    graph_patch: Optional[str | Path] = None,
-    device: Optional[str] = None,
+    recipe: tuple[str, ...] | None = None,
+    graph_patch: str | Path | None = None,
+    device: str | None = None,
     progress: Progress = NO_PROGRESS,
-    workspace_bytes: Optional[int] = None,
+    workspace_bytes: int | None = None,
     overwrite: bool = False,
 ) -> BuildResult:
     """`recipe` is (RECIPE_ID, INSTANCE, ...): each instance becomes its own slot of the one binding
@@ -110,7 +110,7 @@ def build_bundle(
     if recipe and len(recipe) == 2 and recipe[1] != ALL_INSTANCES:
         check_overwrite(receipt_path_for(output, None), overwrite)
     source, family, gargs = resolve(args)
-    receipt_file: Optional[Receipt] = None
+    receipt_file: Receipt | None = None
     if graph_patch:  # read and check the file before the (slower) captures
         receipt_file = Receipt.from_dict(read_json(graph_patch, "selection receipt"), str(graph_patch))
         if receipt_file.engine_role not in family.roles:
@@ -121,7 +121,7 @@ def build_bundle(
     caps: dict[str, Captured] = {}
     for i, role in enumerate(family.roles):
 
-        def report(s: str, f: float, i: int = i) -> None:
+        def report(s: str, f: float, i: int = i, role: str = role) -> None:
             progress.report(f"[{role}] {s}", 0.05 + 0.5 * (i + f) / len(family.roles))
 
         sub = Progress(report, progress.token)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Optional
+from typing import Any
 
 from .errors import UserError
 from .fileio import check_path_text
@@ -17,15 +17,15 @@ WEIGHTS = ("checkpoint", "random")
 @dataclass(frozen=True)
 class BuildArgs:
     model: str
-    model_revision: Optional[str] = None
+    model_revision: str | None = None
     precision: str = "fp32"
-    max_cache_length: Optional[int] = None  # decoder families; None = family default
-    decoder_engine_layout: Optional[str] = None  # decoder families; None = "split"
-    max_seq_length: Optional[int] = None  # encoder families; None = family default (256)
+    max_cache_length: int | None = None  # decoder families; None = family default
+    decoder_engine_layout: str | None = None  # decoder families; None = "split"
+    max_seq_length: int | None = None  # encoder families; None = family default (256)
     weights: str = "checkpoint"
     seed: int = 0
 
-    def validate(self) -> "BuildArgs":
+    def validate(self) -> BuildArgs:
         self._check_types()
         if not self.model:
             raise UserError("no model given; name a demo (demo:qwen3-tiny), a checkpoint folder or a hub ID")
@@ -70,14 +70,14 @@ class BuildArgs:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BuildArgs":
+    def from_dict(cls, d: dict[str, Any]) -> BuildArgs:
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(d) - known)
         if unknown:
             raise UserError(f"build args: unknown field(s) {', '.join(unknown)}")
         return cls(**d).validate()
 
-    def with_(self, **kw: Any) -> "BuildArgs":
+    def with_(self, **kw: Any) -> BuildArgs:
         return replace(self, **kw)
 
 

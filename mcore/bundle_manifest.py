@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from .contract import JsonView, field_error, is_int, need_dict, need_str
 from .errors import UserError
@@ -89,7 +90,7 @@ def _check_special_tokens(special: Any, w: str) -> None:
 @dataclass(frozen=True)
 class ModelRef:
     spec: str
-    revision: Optional[str]
+    revision: str | None
 
 
 @dataclass(frozen=True)
@@ -111,16 +112,16 @@ class BundleManifest(JsonView):
     roles: Mapping[str, RoleRecord]
     kernel_slots: tuple[SlotRecord, ...]
     weights: dict[str, Any]  # {"kind": "random", "seed"} | {"kind": "checkpoint", "member", "aliases"}
-    family_kind: Optional[str] = None  # decoder | encoder (older bundles: the family's kind)
-    device: Optional[str] = None
-    special_tokens: Optional[dict[str, Any]] = None
-    sentence_embedding: Optional[dict[str, Any]] = None
-    tool_versions: Optional[dict[str, Any]] = None
-    built_on: Optional[dict[str, Any]] = None
+    family_kind: str | None = None  # decoder | encoder (older bundles: the family's kind)
+    device: str | None = None
+    special_tokens: dict[str, Any] | None = None
+    sentence_embedding: dict[str, Any] | None = None
+    tool_versions: dict[str, Any] | None = None
+    built_on: dict[str, Any] | None = None
     present: frozenset[str] = field(default=_OPTIONAL, repr=False)  # optional keys the file has
 
     @classmethod
-    def from_dict(cls, m: Any, where: str) -> "BundleManifest":
+    def from_dict(cls, m: Any, where: str) -> BundleManifest:  # noqa: C901 - flat field-by-field contract check
         """Check every field the runner and `mcore inspect` read: present, typed, in range."""
         if not isinstance(m, dict):
             raise UserError(f"{where}: bundle manifest must be a JSON object")

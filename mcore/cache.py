@@ -25,8 +25,9 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from .errors import printable
 from .fileio import canonical_json
@@ -53,7 +54,7 @@ def _default_note(line: str) -> None:
 _note_sink: Callable[[str], None] = _default_note
 
 
-def set_cache_note_sink(sink: Optional[Callable[[str], None]]) -> None:
+def set_cache_note_sink(sink: Callable[[str], None] | None) -> None:
     """Where cache notes go (stderr by default; the workbench sends them to its log)."""
     global _note_sink
     _note_sink = sink or _default_note
@@ -71,7 +72,7 @@ def _uid() -> int:
     return os.geteuid()
 
 
-def unsafe_reason(path: Path, is_dir: bool = True) -> Optional[str]:
+def unsafe_reason(path: Path, is_dir: bool = True) -> str | None:
     """Why `path` may not hold trusted cache content, or None when it may."""
     try:
         st = os.lstat(path)
@@ -90,7 +91,7 @@ def unsafe_reason(path: Path, is_dir: bool = True) -> Optional[str]:
     return None
 
 
-def _make_checked(root: Path, parts: tuple[str, ...]) -> Optional[tuple[Path, str]]:
+def _make_checked(root: Path, parts: tuple[str, ...]) -> tuple[Path, str] | None:
     """Create root/parts... owner-only where missing; (folder, why) for the first unsafe one."""
     here = root
     for part in ("", *parts):
@@ -129,7 +130,7 @@ def cache_dir(*parts: str) -> Path:
     return private
 
 
-def check_dir(path: Path, what: str) -> Optional[str]:
+def check_dir(path: Path, what: str) -> str | None:
     """For a cache folder someone else chose (TORCHINDUCTOR_CACHE_DIR): the one-line problem, or None."""
     why = unsafe_reason(path)
     return None if why is None else f"{what} {path} {why}"
@@ -181,7 +182,7 @@ def write_entry(record_path: Path, made_from: Mapping[str, Any], files: Mapping[
 
 def read_entry(
     record_path: Path, made_from: Mapping[str, Any], files: Mapping[str, Path], ignore: tuple[str, ...] = ()
-) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+) -> tuple[dict[str, Any] | None, str | None]:
     """(record, None) when the entry at `record_path` was made from `made_from` (keys in `ignore`
     aside) and each of `files` has its recorded sha256; else (None, why), why None for no entry
     (or one an older mcore wrote, replaced without a word). Reads JSON and hashes bytes only:
@@ -242,7 +243,7 @@ class _Legacy(ValueError):
     """A record an older mcore wrote: not used, replaced, not worth a note."""
 
 
-def _file_mismatch(entry: Any, path: Path) -> Optional[str]:
+def _file_mismatch(entry: Any, path: Path) -> str | None:
     if not isinstance(entry, dict) or entry.get("name") != path.name:
         return f"its record does not name {path.name}"
     why = unsafe_reason(path, is_dir=False)

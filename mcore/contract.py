@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping
 from functools import cached_property
-from typing import Any, Optional
+from typing import Any
 
 from .errors import UserError
 
@@ -44,7 +44,7 @@ def need_str(d: Mapping[str, Any], key: str, where: str, todo: str = RECAPTURE, 
     return v
 
 
-def need_opt_str(d: Mapping[str, Any], key: str, where: str, todo: str = RECAPTURE, *, path: str = "") -> Optional[str]:
+def need_opt_str(d: Mapping[str, Any], key: str, where: str, todo: str = RECAPTURE, *, path: str = "") -> str | None:
     v = d.get(key)
     if v is not None and not isinstance(v, str):
         raise field_error(where, path + key, "must be a string or null", todo)
@@ -65,8 +65,8 @@ def need_int(
     todo: str = RECAPTURE,
     *,
     path: str = "",
-    lo: Optional[int] = None,
-    hi: Optional[int] = None,
+    lo: int | None = None,
+    hi: int | None = None,
 ) -> int:
     v: Any = d.get(key)
     if not is_int(v):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -22,7 +22,7 @@ from .fileio import write_json
 _BANDWIDTH: dict[str, float] = {}  # per process, by torch device string
 
 
-def cuda_runtime_facts(index: int) -> Optional[dict[str, Any]]:
+def cuda_runtime_facts(index: int) -> dict[str, Any] | None:
     """The CUDA runtime's view of device `index` through cuda.bindings, or None without it."""
     try:
         from cuda.bindings import runtime as rt
@@ -33,7 +33,7 @@ def cuda_runtime_facts(index: int) -> Optional[dict[str, Any]]:
         if int(err) != 0:
             return None
 
-        def attr(a: Any) -> Optional[int]:
+        def attr(a: Any) -> int | None:
             e, v = rt.cudaDeviceGetAttribute(a, index)
             return int(v) if int(e) == 0 else None
 
@@ -72,7 +72,7 @@ def cuda_runtime_facts(index: int) -> Optional[dict[str, Any]]:
 _BF16_FLOP_PER_CLOCK_PER_SM = {"9.0": 4096, "8.0": 2048}
 
 
-def peak_bf16_flops(capability: str, sm_count: int, sm_clock_khz: int) -> Optional[float]:
+def peak_bf16_flops(capability: str, sm_count: int, sm_clock_khz: int) -> float | None:
     """Theoretical dense BF16 tensor-core rate in FLOP/s at the reported SM clock, or None."""
     per = _BF16_FLOP_PER_CLOCK_PER_SM.get(capability)
     return float(per * sm_count * sm_clock_khz * 1e3) if per else None
@@ -108,7 +108,7 @@ def device_facts(device: torch.device) -> dict[str, Any]:
     return facts
 
 
-def copy_bandwidth(device: torch.device, facts: Optional[dict[str, Any]] = None) -> float:
+def copy_bandwidth(device: torch.device, facts: dict[str, Any] | None = None) -> float:
     """Measured device-to-device copy rate in bytes/s (bytes read plus written). On CUDA cached per
     device on disk (keyed by name and UUID where known); on the CPU per process."""
     key = str(device)

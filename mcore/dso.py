@@ -16,7 +16,9 @@ import platform
 import struct
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from .errors import UserError
 
@@ -31,6 +33,17 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+class _ElfHeader(NamedTuple):
+    is64: bool
+    end: str  # struct byte order: "<" or ">"
+    phoff: int
+    phentsize: int
+    phnum: int
+    shoff: int
+    shentsize: int
+    shnum: int
+
+
 def check_elf(path: Path, what: str) -> None:
     """A one-line UserError unless `path` is a whole ELF shared object for this machine."""
 
@@ -40,54 +53,61 @@ def check_elf(path: Path, what: str) -> None:
     try:
         size = os.stat(path).st_size
         with open(path, "rb") as f:
-            head = f.read(64)
-            if head[:4] != b"\x7fELF":
-                raise bad("not an ELF shared library (bad magic)")
-            if len(head) < 52 or head[4] not in (1, 2) or head[5] not in (1, 2):
-                raise bad("truncated or malformed ELF header")
-            is64, end = head[4] == 2, "<" if head[5] == 1 else ">"
-            if is64 and len(head) < 64:
-                raise bad("truncated ELF header")
-            if is64:
-                e_type, e_machine = struct.unpack_from(end + "HH", head, 16)
-                e_phoff, e_shoff = struct.unpack_from(end + "QQ", head, 32)
-                e_phentsize, e_phnum, e_shentsize, e_shnum = struct.unpack_from(end + "HHHH", head, 54)
-            else:
-                e_type, e_machine = struct.unpack_from(end + "HH", head, 16)
-                e_phoff, e_shoff = struct.unpack_from(end + "II", head, 28)
-                e_phentsize, e_phnum, e_shentsize, e_shnum = struct.unpack_from(end + "HHHH", head, 42)
-            if e_type != 3:  # ET_DYN
-                raise bad("not a shared object (ELF type is not ET_DYN)")
-            want = _ELF_MACHINES.get(platform.machine().lower())
-            if want is not None and e_machine != want:
-                raise bad(f"built for another machine (ELF machine {e_machine}, this is {platform.machine()})")
-            if is64 != (sys.maxsize > 2**32):
-                raise bad("built for another word size (32/64-bit)")
-            for name, off, n, entsize in (
-                ("program header", e_phoff, e_phnum, e_phentsize),
-                ("section header", e_shoff, e_shnum, e_shentsize),
-            ):
-                if n and off + n * entsize > size:
-                    raise bad(
-                        f"truncated: its {name} table ends at byte {off + n * entsize} but the file has {size} bytes"
-                    )
-            # every loadable segment's bytes must be in the file (the loader maps them)
-            f.seek(e_phoff)
-            table = f.read(e_phnum * e_phentsize)
-            for i in range(e_phnum):
-                if is64:
-                    p_type, _, p_offset, _, _, p_filesz = struct.unpack_from(end + "IIQQQQ", table, i * e_phentsize)
-                else:
-                    p_type, p_offset, _, _, p_filesz = struct.unpack_from(end + "IIIII", table, i * e_phentsize)
-                if p_type == _PT_LOAD and p_offset + p_filesz > size:
-                    raise bad(
-                        f"truncated: a loadable segment ends at byte {p_offset + p_filesz} but the file has "
-                        f"{size} bytes"
-                    )
+            h = _elf_header(f.read(64), bad)
+            _check_tables_fit(h, size, bad)
+            f.seek(h.phoff)
+            _check_segments_fit(h, f.read(h.phnum * h.phentsize), size, bad)
     except OSError as e:
         raise UserError(f"{path}: cannot read the DSO ({e.strerror or e}); {what}") from None
     except struct.error:
         raise bad("truncated or malformed ELF tables") from None
+
+
+def _elf_header(head: bytes, bad: Callable[[str], UserError]) -> _ElfHeader:
+    """The ELF header's table positions, once it is a shared object for this machine and word size."""
+    if head[:4] != b"\x7fELF":
+        raise bad("not an ELF shared library (bad magic)")
+    if len(head) < 52 or head[4] not in (1, 2) or head[5] not in (1, 2):
+        raise bad("truncated or malformed ELF header")
+    is64, end = head[4] == 2, "<" if head[5] == 1 else ">"
+    if is64 and len(head) < 64:
+        raise bad("truncated ELF header")
+    if is64:
+        e_type, e_machine = struct.unpack_from(end + "HH", head, 16)
+        e_phoff, e_shoff = struct.unpack_from(end + "QQ", head, 32)
+        e_phentsize, e_phnum, e_shentsize, e_shnum = struct.unpack_from(end + "HHHH", head, 54)
+    else:
+        e_type, e_machine = struct.unpack_from(end + "HH", head, 16)
+        e_phoff, e_shoff = struct.unpack_from(end + "II", head, 28)
+        e_phentsize, e_phnum, e_shentsize, e_shnum = struct.unpack_from(end + "HHHH", head, 42)
+    if e_type != 3:  # ET_DYN
+        raise bad("not a shared object (ELF type is not ET_DYN)")
+    want = _ELF_MACHINES.get(platform.machine().lower())
+    if want is not None and e_machine != want:
+        raise bad(f"built for another machine (ELF machine {e_machine}, this is {platform.machine()})")
+    if is64 != (sys.maxsize > 2**32):
+        raise bad("built for another word size (32/64-bit)")
+    return _ElfHeader(is64, end, e_phoff, e_phentsize, e_phnum, e_shoff, e_shentsize, e_shnum)
+
+
+def _check_tables_fit(h: _ElfHeader, size: int, bad: Callable[[str], UserError]) -> None:
+    for name, off, n, entsize in (
+        ("program header", h.phoff, h.phnum, h.phentsize),
+        ("section header", h.shoff, h.shnum, h.shentsize),
+    ):
+        if n and off + n * entsize > size:
+            raise bad(f"truncated: its {name} table ends at byte {off + n * entsize} but the file has {size} bytes")
+
+
+def _check_segments_fit(h: _ElfHeader, table: bytes, size: int, bad: Callable[[str], UserError]) -> None:
+    """Every loadable segment's bytes must be in the file (the loader maps them)."""
+    for i in range(h.phnum):
+        if h.is64:
+            p_type, _, p_offset, _, _, p_filesz = struct.unpack_from(h.end + "IIQQQQ", table, i * h.phentsize)
+        else:
+            p_type, p_offset, _, _, p_filesz = struct.unpack_from(h.end + "IIIII", table, i * h.phentsize)
+        if p_type == _PT_LOAD and p_offset + p_filesz > size:
+            raise bad(f"truncated: a loadable segment ends at byte {p_offset + p_filesz} but the file has {size} bytes")
 
 
 def library_sha256(path: str | os.PathLike) -> str:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Union
 
 from .errors import UserError
 from .fileio import check_overwrite, install_file
@@ -23,7 +23,7 @@ from .kernels import kernels_dir
 from .progress import NO_PROGRESS, Progress
 from .subproc import run_bounded, timeout_from_env
 
-PathArg = Union[str, os.PathLike]
+PathArg = str | os.PathLike
 
 # Exporters that ship with mcore (kernels/), by name: they run without a trust prompt.
 SHIPPED_EXPORTERS = {
@@ -74,14 +74,14 @@ def kernel_catalog() -> list[CatalogEntry]:
 @dataclass
 class ExportResult:
     library: Path
-    binding_id: Optional[str]
-    abi_sha256: Optional[str]
-    arch: Optional[str]
+    binding_id: str | None
+    abi_sha256: str | None
+    arch: str | None
     lines: list[str] = field(default_factory=list)
-    library_sha256: Optional[str] = None  # of the DSO written, as mcore read it (not as the exporter said)
+    library_sha256: str | None = None  # of the DSO written, as mcore read it (not as the exporter said)
 
 
-def shipped_exporter(name: str) -> Optional[Path]:
+def shipped_exporter(name: str) -> Path | None:
     """The script of a shipped exporter named `name`, or None when `name` is not one."""
     f = SHIPPED_EXPORTERS.get(name)
     return kernels_dir() / f if f else None
@@ -108,10 +108,10 @@ def run_exporter(
     exporter: PathArg,
     selection: PathArg,
     output: PathArg,
-    snapshot: Optional[PathArg] = None,
+    snapshot: PathArg | None = None,
     progress: Progress = NO_PROGRESS,
-    log: Optional[Callable[[str], None]] = None,
-    cwd: Optional[PathArg] = None,
+    log: Callable[[str], None] | None = None,
+    cwd: PathArg | None = None,
     overwrite: bool = False,
 ) -> ExportResult:
     """Run `exporter` for the receipt `selection`, writing the DSO `output` (the one overwrite rule:
@@ -140,10 +140,10 @@ def _export(
     script: Path,
     sel: Path,
     out: Path,
-    snapshot: Optional[PathArg],
+    snapshot: PathArg | None,
     progress: Progress,
-    log: Optional[Callable[[str], None]],
-    cwd: Optional[PathArg],
+    log: Callable[[str], None] | None,
+    cwd: PathArg | None,
 ) -> ExportResult:
     """Run the exporter script, writing `out`; what it says it wrote."""
     cmd = [sys.executable, str(script), "--selection", str(sel), "--output", str(out)]

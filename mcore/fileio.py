@@ -8,8 +8,9 @@ import os
 import stat
 import sys
 import tempfile
+from collections.abc import Callable, Set
 from pathlib import Path
-from typing import AbstractSet, Any, Callable, Optional
+from typing import Any
 
 from .errors import UserError, printable
 
@@ -115,7 +116,7 @@ def stdout_failed(prog: str, e: OSError) -> int:
     return 2
 
 
-def check_std_streams(prog: str) -> Optional[int]:
+def check_std_streams(prog: str) -> int | None:
     """Before a CLI does anything: a stdout closed at start (Python sets it to None) is the one-line
     error of a failed write (exit 2), not a traceback at the first print; text that cannot be encoded
     (a lone surrogate from someone's file) is written escaped instead of failing."""
@@ -311,7 +312,7 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
     return parse_json(read_input_text(path, what), str(path), what)
 
 
-def check_fields(obj: Any, where: str, required: set[str], optional: AbstractSet[str] = frozenset()) -> None:
+def check_fields(obj: Any, where: str, required: set[str], optional: Set[str] = frozenset()) -> None:
     """Missing or unknown fields fail with a message naming them."""
     if not isinstance(obj, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}")

@@ -163,7 +163,7 @@ def _merge_kernel(
     tl.store(OUT + (kvh * ROWS + row) * D + cols, out.to(OUT.dtype.element_ty))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 

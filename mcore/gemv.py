@@ -19,7 +19,6 @@ import functools
 import importlib.util
 import math
 import os
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -82,8 +81,8 @@ def _sm_count(device_index: int) -> int:
 def gemv_triton(
     x: torch.Tensor,
     weight: torch.Tensor,
-    config: Optional[tuple[int, int, int, int]] = None,
-    up: Optional[torch.Tensor] = None,
+    config: tuple[int, int, int, int] | None = None,
+    up: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The Triton kernel: x [..., K] with one row, weight [N, K] contiguous, same dtype; y [..., N].
     With `up` (shaped like x): the product of silu(x) * up, computed in the kernel."""

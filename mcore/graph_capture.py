@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -15,10 +15,10 @@ from .errors import UserError
 from .families import family_for_config
 from .families.base import Family, ModelSource, RoleIO
 from .families.source import resolve_model
-from .progress import NO_PROGRESS, Progress
-from .recipes import annotate_recipes
 from .graph.from_export import snapshot_from_exported
 from .graph.snapshot import Snapshot
+from .progress import NO_PROGRESS, Progress
+from .recipes import annotate_recipes
 
 
 def tool_versions() -> dict[str, str]:
@@ -103,7 +103,7 @@ def capture(
     args: BuildArgs,
     role: str,
     progress: Progress = NO_PROGRESS,
-    resolved: Optional[tuple[ModelSource, Family, dict[str, Any]]] = None,
+    resolved: tuple[ModelSource, Family, dict[str, Any]] | None = None,
 ) -> Captured:
     """Export the role's module on the meta device and turn it into a snapshot."""
     source, family, gargs = resolved or resolve(args)
@@ -178,7 +178,7 @@ def capture_cached(
 
 def _load_cached(
     path: Any, record_path: Any, made_from: dict, resolved: tuple, role: str, fingerprint: str
-) -> Optional[Captured]:
+) -> Captured | None:
     """The cached capture when its entry holds (see capture_cached), else None (with a note when one
     was there but did not hold)."""
     from . import cache

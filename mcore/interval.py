@@ -24,8 +24,8 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .verdicts import INCONCLUSIVE, PROMOTE, REJECT
 
@@ -56,7 +56,7 @@ def t_two_sided_mass(t: float, df: int) -> float:
     return min(1.0, 2 / math.pi * (theta + s * math.sqrt(c2) * total))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def t_quantile(p: float, df: int) -> float:
     """The t value with P(T <= t) = p (0.5 <= p < 1), integer `df` >= 1, to 1e-12 relative."""
     if not 0.5 <= p < 1:

@@ -17,9 +17,9 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Union
 
 from .errors import UserError
 from .fileio import check_overwrite, install_file
@@ -116,7 +116,7 @@ class CudaToolkit:
         return f"CUDA {self.version or '?'} at {self.home}"
 
 
-def _nvcc_top(nvcc: str) -> Optional[Path]:
+def _nvcc_top(nvcc: str) -> Path | None:
     """The toolkit root as nvcc itself sees it (works through wrapper scripts)."""
     try:
         r = subprocess.run(
@@ -140,7 +140,7 @@ def _nvcc_version(nvcc: Path) -> str:
     return m.group(1) if m else ""
 
 
-def _first_dir(home: Path, subdirs: tuple[str, ...], probe: str) -> Optional[Path]:
+def _first_dir(home: Path, subdirs: tuple[str, ...], probe: str) -> Path | None:
     for sub in subdirs:
         d = home / sub
         if (d / probe).exists():
@@ -148,7 +148,7 @@ def _first_dir(home: Path, subdirs: tuple[str, ...], probe: str) -> Optional[Pat
     return None
 
 
-def detect_cuda_toolkit() -> tuple[Optional[CudaToolkit], str]:
+def detect_cuda_toolkit() -> tuple[CudaToolkit | None, str]:
     """(toolkit, "") when a usable CUDA toolkit is found, else (None, why not)."""
     env_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if env_home:
@@ -175,7 +175,7 @@ def detect_cuda_toolkit() -> tuple[Optional[CudaToolkit], str]:
     return CudaToolkit(home=home, nvcc=nvcc, include_dir=include, lib_dir=lib, version=_nvcc_version(nvcc)), ""
 
 
-def cuda_toolkit() -> Optional[CudaToolkit]:
+def cuda_toolkit() -> CudaToolkit | None:
     """The CUDA toolkit that `build_kernel(cuda="auto")` would use, or None."""
     return detect_cuda_toolkit()[0]
 
@@ -199,7 +199,7 @@ class BuiltKernel(type(Path())):  # type: ignore[misc]
     kernel: str
     variant: str
     function: str
-    cuda: Optional[CudaToolkit]
+    cuda: CudaToolkit | None
     cuda_archs: tuple[str, ...]
 
     def describe(self) -> str:
@@ -214,7 +214,7 @@ class BuiltKernel(type(Path())):  # type: ignore[misc]
 
 _BUILD_LOCK = threading.Lock()  # build_kernel adjusts os.environ for tvm_ffi while it builds
 
-ProgressArg = Union[Progress, Callable[[str, float], None], None]
+ProgressArg = Progress | Callable[[str, float], None] | None
 
 
 def _as_progress(progress: ProgressArg) -> Progress:
@@ -237,7 +237,7 @@ def _check_output(output: Path, overwrite: bool) -> Path:
 
 def build_kernel(
     name: str,
-    output: Union[str, os.PathLike],
+    output: str | os.PathLike,
     cuda: str = "auto",
     progress: ProgressArg = None,
     overwrite: bool = False,
@@ -262,7 +262,7 @@ def build_kernel(
         raise UserError("ninja is not on PATH (tvm_ffi.cpp.build needs it); install it with `pip install ninja`")
 
     prog.report(f"{name}: looking for a CUDA toolkit", 0.02)
-    toolkit: Optional[CudaToolkit] = None
+    toolkit: CudaToolkit | None = None
     if cuda != "off":
         toolkit, why = detect_cuda_toolkit()
         if toolkit is None and cuda == "on":

@@ -7,7 +7,8 @@ Turning a receipt's region into a slot happens behind the engine boundary
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
 
 from .errors import UserError
 from .graph.snapshot import Snapshot

@@ -7,11 +7,13 @@ rebound. Two pipelines from one bundle may hold different compatible bindings.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import torch
 
+from .bindings import bind_slots
 from .bundle import open_bundle
 from .bundle_contents import (
     check_family,
@@ -23,21 +25,20 @@ from .bundle_contents import (
     read_text_member,
     weights_header,
 )
-from .bindings import bind_slots
 from .engines import get_engine, resolve_engine_name
+from .engines.role_helper import RoleHelper, helper_wanted
+from .engines.slots import SlotCall, release_dropped
+from .engines.structure import RoleStructure, structure_key
 from .errors import UserError
 from .families import bundle_kind, get_family
 from .families.base import ModelSource
-from .graph_capture import build_core, capture_cached, graph_metadata
 from .graph.from_export import TORCH_DTYPES
 from .graph.snapshot import Snapshot, Tensor
-from .engines.slots import SlotCall, release_dropped
-from .engines.role_helper import RoleHelper, helper_wanted
-from .engines.structure import RoleStructure, structure_key
+from .graph_capture import build_core, capture_cached, graph_metadata
 from .progress import NO_PROGRESS, Progress
 
 
-def resolve_device(name: Optional[str]) -> torch.device:
+def resolve_device(name: str | None) -> torch.device:
     if name in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if not isinstance(name, str):
@@ -64,7 +65,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def device_seconds(run: Callable[[], Any], device: torch.device, reps: int = 200, rounds: int = 5) -> Optional[float]:
+def device_seconds(run: Callable[[], Any], device: torch.device, reps: int = 200, rounds: int = 5) -> float | None:
     """Device time of one call of `run`: the median over `rounds` of `reps` calls enqueued back to
     back between two CUDA events, what a kernel in a slot changes without the host's per-token work
     (which, on a small model, varies more between processes than any kernel does). Each round is
@@ -130,17 +131,17 @@ def load_core(bundle: Any, family: Any, config: dict, m: Any, device: torch.devi
 class Pipeline:
     """A constructed engine over one bundle with its kernel slots bound."""
 
-    KIND: Optional[str] = None  # "decoder" / "encoder": the bundles a subclass runs
+    KIND: str | None = None  # "decoder" / "encoder": the bundles a subclass runs
     chat = False  # encode prompts through the checkpoint's chat template (`mcore run --chat`)
 
     def __init__(
         self,
         bundle_path: str,
-        kernel_bindings: Optional[str] = None,
-        device: Optional[str] = None,
+        kernel_bindings: str | None = None,
+        device: str | None = None,
         engine: str = "auto",
         progress: Progress = NO_PROGRESS,
-        announce: Optional[Callable[[str], None]] = None,
+        announce: Callable[[str], None] | None = None,
         bundle: Any = None,
     ):
         progress.report("checking bundle integrity", 0.0)
@@ -289,7 +290,7 @@ class Pipeline:
         snap = self.snapshots[role]
         return [(snap.tensor(t).name or t, snap.tensor(t)) for t in snap.inputs]
 
-    def encode(self, prompt: str, chat: Optional[bool] = None) -> list[int]:
+    def encode(self, prompt: str, chat: bool | None = None) -> list[int]:
         """Token IDs as transformers' tokenizer gives them (with `chat`, default `self.chat`: the
         checkpoint's chat template around the prompt, as apply_chat_template renders and tokenizes it)."""
         return encode_prompt(self.tokenizer, prompt, self.chat if chat is None else chat)
@@ -437,7 +438,7 @@ class DecoderPipeline(Pipeline):
         count: int,
         stop_at_eos: bool = True,
         progress: Progress = NO_PROGRESS,
-        ahead: Optional[bool] = None,
+        ahead: bool | None = None,
     ) -> tuple[list[int], list[float]]:
         """Greedy decode steps after `token` (at cache position `position`): up to `count` new tokens,
         fewer where one is an EOS and `stop_at_eos`; returns (tokens, seconds per token).
@@ -459,7 +460,7 @@ class DecoderPipeline(Pipeline):
         if count < 1 or (stop_at_eos and token in self.eos_ids):
             return out, steps
         queued = time.perf_counter()
-        pending: Optional[torch.Tensor] = queue(token, position)
+        pending: torch.Tensor | None = queue(token, position)
         while pending is not None:
             progress.report(f"generated {len(out) + 1}/{count + 1} tokens", (len(out) + 1) / (count + 1))
             ts = time.perf_counter()
@@ -491,7 +492,7 @@ class DecoderPipeline(Pipeline):
         (logits,) = self.runners["decode"](self.step_ids, self.cache_length, *self.cache_list)
         return logits
 
-    def device_step_seconds(self, position: int, reps: int = 200) -> Optional[float]:
+    def device_step_seconds(self, position: int, reps: int = 200) -> float | None:
         """Device time of one decode step at `position` (steps enqueued back to back; each writes the
         same cache slot, so the cache is scratch afterwards). None off CUDA."""
         if not 0 <= position < self.capacity:
@@ -561,7 +562,7 @@ class EncoderPipeline(Pipeline):
             n,
         )
 
-    def device_call_seconds(self, prompt: str, reps: int = 200) -> Optional[float]:
+    def device_call_seconds(self, prompt: str, reps: int = 200) -> float | None:
         """Device time of one encoder call on `prompt`'s inputs (calls enqueued back to back). None off CUDA."""
         ids, mask, _ = self.inputs(prompt)
         return device_seconds(lambda: self.runners["encoder"](ids, mask), self.device, reps)
@@ -571,13 +572,13 @@ class EncoderPipeline(Pipeline):
         (hidden,) = self.runners["encoder"](ids, mask)
         return hidden, n
 
-    def pooling(self, pooling: Optional[str] = None, normalize: Optional[bool] = None) -> tuple[str, bool, str]:
+    def pooling(self, pooling: str | None = None, normalize: bool | None = None) -> tuple[str, bool, str]:
         """(pooling, normalize, why): explicit choices win, else the checkpoint's declared default."""
         from .pooling import choose
 
         return choose(pooling, normalize, self.manifest.sentence_embedding)
 
-    def embed(self, prompt: str, pooling: Optional[str] = None, normalize: Optional[bool] = None) -> list[float]:
+    def embed(self, prompt: str, pooling: str | None = None, normalize: bool | None = None) -> list[float]:
         from .pooling import pool
 
         mode, norm, _ = self.pooling(pooling, normalize)

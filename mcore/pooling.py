@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -52,7 +52,7 @@ def _pooling_mode(path: Path) -> str:
     return _MODE_KEYS[on[0]]
 
 
-def sentence_embedding(folder: Optional[Path]) -> Optional[dict[str, Any]]:
+def sentence_embedding(folder: Path | None) -> dict[str, Any] | None:
     """{"pooling", "normalize", "source"} declared by a checkpoint's modules.json, or None when it has
     none. Modules other than Transformer, Pooling and Normalize (a Dense projection...) are an
     error: mcore would compute a different embedding than the checkpoint's users get."""
@@ -84,7 +84,7 @@ def sentence_embedding(folder: Optional[Path]) -> Optional[dict[str, Any]]:
     return {"pooling": pooling, "normalize": normalize, "source": MODULES_FILE}
 
 
-def choose(pooling: Optional[str], normalize: Optional[bool], default: Optional[dict]) -> tuple[str, bool, str]:
+def choose(pooling: str | None, normalize: bool | None, default: dict | None) -> tuple[str, bool, str]:
     """(pooling, normalize, why): an explicit --pooling wins (normalized only with --normalize);
     otherwise the checkpoint's declared default; otherwise the raw hidden states."""
     if pooling is not None:

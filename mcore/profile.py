@@ -24,7 +24,8 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import fx
@@ -112,10 +113,10 @@ def profile_pipeline(
     role: str,
     context: int,
     steps: int,
-    prompt: Optional[str] = None,
+    prompt: str | None = None,
     progress: Progress = NO_PROGRESS,
     timing: str = "auto",
-    on_partial: Optional[Callable[[dict[str, Any]], None]] = None,
+    on_partial: Callable[[dict[str, Any]], None] | None = None,
     fusion: bool = False,
     engine: str = "auto",
 ) -> dict[str, Any]:
@@ -159,7 +160,7 @@ def _profile_torch(
     steps: int,
     progress: Progress,
     timing: str,
-    on_partial: Optional[Callable[[dict[str, Any]], None]],
+    on_partial: Callable[[dict[str, Any]], None] | None,
     fusion: bool,
 ) -> dict[str, Any]:
     prepared = pipe.runners[role].prepared
@@ -407,7 +408,7 @@ def _rank(report: dict, snap: Any, manifest: Any, kernels: list[dict], gap: floa
     )
 
 
-def _role_inputs(pipe: Any, role: str, context: int, prompt: Optional[str]) -> tuple:
+def _role_inputs(pipe: Any, role: str, context: int, prompt: str | None) -> tuple:
     dev = pipe.device
     g = torch.Generator(device=dev).manual_seed(0)
     if pipe.kind == "encoder":

@@ -11,7 +11,8 @@ snapshot node passes its share on: a slot to the region it replaced, a product t
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Callable, Iterable, Optional, cast
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import torch
 from torch import fx
@@ -137,17 +138,17 @@ def _slot_of(n: fx.Node) -> Any:
 
     if isinstance(n.target, SlotCall):  # the op-by-op engine calls a slot directly
         return n.target
-    if n.target is getattr(torch.ops.mcore, "slot").default:
+    if n.target is torch.ops.mcore.slot.default:
         return slot_call(str(n.args[1]))
     return None
 
 
-def expansion(gm: fx.GraphModule, snap: Snapshot) -> dict[str, tuple[Optional[str], list[tuple[str, float]]]]:
+def expansion(gm: fx.GraphModule, snap: Snapshot) -> dict[str, tuple[str | None, list[tuple[str, float]]]]:
     """Engine-graph node name -> (the binding ID of the slot it is, or None; [(snapshot node name,
     weight)]): a snapshot node is itself; a slot stands for its region's nodes, a fused product for
     the products it replaced, shared by the bytes their tensors hold."""
     by_name = {n.name: n for n in snap.nodes}
-    out: dict[str, tuple[Optional[str], list[tuple[str, float]]]] = {}
+    out: dict[str, tuple[str | None, list[tuple[str, float]]]] = {}
     for n in gm.graph.nodes:
         if n.op != "call_function":
             continue
@@ -160,7 +161,10 @@ def expansion(gm: fx.GraphModule, snap: Snapshot) -> dict[str, tuple[Optional[st
             members = [m for m in ([n.name] if n.name in by_name else []) + list(folded) if m in by_name]
         sizes = [snapshot_bytes(snap, m, by_name) for m in members]
         total = sum(sizes)
-        out[n.name] = (binding, [(m, s / total if total else 1 / len(members)) for m, s in zip(members, sizes)])
+        out[n.name] = (
+            binding,
+            [(m, s / total if total else 1 / len(members)) for m, s in zip(members, sizes, strict=True)],
+        )
     return out
 
 
@@ -200,7 +204,7 @@ def graph_rows(
 # ------------------------------------------------------------------ rows, regions, candidates
 
 
-def rates(row: dict[str, Any], total: float, bw: float, peak_flops: Optional[float] = None) -> dict[str, Any]:
+def rates(row: dict[str, Any], total: float, bw: float, peak_flops: float | None = None) -> dict[str, Any]:
     s = row["seconds"]
     row["share"] = s / total if total > 0 else 0.0
     row["bytes_per_s"] = row["bytes"] / s if s > 0 else 0.0
@@ -221,7 +225,7 @@ def _sum(members: list[dict]) -> dict[str, Any]:
     }
 
 
-def module_rows(nodes: list[dict], total: float, bw: float, peak: Optional[float]) -> list[dict]:
+def module_rows(nodes: list[dict], total: float, bw: float, peak: float | None) -> list[dict]:
     """Each module subtree (and <root>): the nodes under it, summed."""
     members: dict[str, list[dict]] = defaultdict(list)
     for n in nodes:
@@ -232,7 +236,7 @@ def module_rows(nodes: list[dict], total: float, bw: float, peak: Optional[float
     return sorted(rows, key=lambda r: -r["seconds"])
 
 
-def recipe_rows(snap: Snapshot, nodes: list[dict], total: float, bw: float, peak: Optional[float]) -> list[dict]:
+def recipe_rows(snap: Snapshot, nodes: list[dict], total: float, bw: float, peak: float | None) -> list[dict]:
     by_id = {n["id"]: n for n in nodes}
     rows = []
     for r in snap.recipe_rows:
@@ -282,8 +286,8 @@ def candidates(
     total: float,
     bw: float,
     manifest: Any,
-    peak_flops: Optional[float] = None,
-    kernels: Optional[list[dict]] = None,
+    peak_flops: float | None = None,
+    kernels: list[dict] | None = None,
     gap: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Recipe instances and module subtrees whose nodes select_region() accepts, ranked together by
@@ -317,7 +321,7 @@ def candidates(
 
 
 def _module_candidates(
-    snap: Snapshot, nodes: list[dict], covered: set[tuple], total: float, bw: float, peak: Optional[float]
+    snap: Snapshot, nodes: list[dict], covered: set[tuple], total: float, bw: float, peak: float | None
 ) -> list[dict[str, Any]]:
     from .selection import select_region
 

@@ -21,8 +21,9 @@ import dataclasses
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import fx

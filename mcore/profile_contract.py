@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .contract import field_error, is_int
 from .errors import UserError
@@ -21,7 +22,7 @@ SCHEMA_VERSION = 2
 KIND = "mcore-profile"
 AGAIN = "make it again with `mcore profile BUNDLE -o FILE`"
 
-Check = Callable[[Any], Optional[str]]  # a problem with a value, or None
+Check = Callable[[Any], str | None]  # a problem with a value, or None
 
 
 class _Bad(Exception):
@@ -30,7 +31,7 @@ class _Bad(Exception):
         self.path, self.problem = path, problem
 
 
-def _num(v: Any) -> Optional[str]:
+def _num(v: Any) -> str | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return "must be a number"
     try:
@@ -40,7 +41,7 @@ def _num(v: Any) -> Optional[str]:
     return None if ok else f"must be a finite number >= 0 (got {str(v)[:24]})"
 
 
-def _int(v: Any) -> Optional[str]:
+def _int(v: Any) -> str | None:
     if not is_int(v) or v < 0 or v > 2**53:
         return "must be an integer >= 0"
     return None
@@ -54,7 +55,7 @@ def _text(v: str) -> bool:
     return True
 
 
-def _str(v: Any) -> Optional[str]:
+def _str(v: Any) -> str | None:
     return None if isinstance(v, str) and _text(v) else "must be a string"
 
 
@@ -66,13 +67,13 @@ def _one_of(*values: str) -> Check:
     return lambda v: None if v in values else f"must be one of {', '.join(values)}"
 
 
-def _strs(v: Any) -> Optional[str]:
+def _strs(v: Any) -> str | None:
     if not isinstance(v, list) or not all(isinstance(x, str) and _text(x) for x in v):
         return "must be a list of strings"
     return None
 
 
-def _any_obj(v: Any) -> Optional[str]:
+def _any_obj(v: Any) -> str | None:
     return None if isinstance(v, dict) else "must be an object"
 
 
@@ -166,7 +167,7 @@ TOP: dict[str, Check] = {
 TOP_OPT: dict[str, Check] = {"fusion": _any_obj}
 
 
-def _fields(obj: Any, spec: Mapping[str, Check], path: str, optional: Optional[Mapping[str, Check]] = None) -> None:
+def _fields(obj: Any, spec: Mapping[str, Check], path: str, optional: Mapping[str, Check] | None = None) -> None:
     """`obj` is an object with exactly the keys of `spec` (and any of `optional`), each valid."""
     optional = optional or {}
     if not isinstance(obj, dict):
@@ -185,7 +186,7 @@ def _fields(obj: Any, spec: Mapping[str, Check], path: str, optional: Optional[M
             raise _Bad(path + key, problem)
 
 
-def _rows(obj: dict, key: str, spec: Mapping[str, Check], optional: Optional[Mapping[str, Check]] = None) -> None:
+def _rows(obj: dict, key: str, spec: Mapping[str, Check], optional: Mapping[str, Check] | None = None) -> None:
     for i, row in enumerate(obj[key] or []):
         _fields(row, spec, f"{key}[{i}].", optional)
 

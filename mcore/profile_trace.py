@@ -27,8 +27,10 @@ without a GPU; `host_events`/`device_events` read them from a torch.profiler run
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from itertools import pairwise
+from typing import Any
 
 STEP_RANGE = "mcore.profile.step"
 _WRAPPER = "## Call CompiledFxGraph"  # the range Inductor's compiled module records around its calls
@@ -40,8 +42,8 @@ class HostEvent:
     start: float  # seconds
     end: float
     id: int = 0  # the profiler's correlation id (device activities link to it)
-    parent: Optional["HostEvent"] = field(default=None, repr=False)
-    children: list["HostEvent"] = field(default_factory=list, repr=False)
+    parent: HostEvent | None = field(default=None, repr=False)
+    children: list[HostEvent] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -108,10 +110,10 @@ def step_calls(step: HostEvent) -> list[HostEvent]:
     return sorted((c for w in wrappers for c in w.children), key=lambda e: e.start)
 
 
-def align(kernels: Sequence[str], events: Sequence[HostEvent]) -> list[Optional[HostEvent]]:
+def align(kernels: Sequence[str], events: Sequence[HostEvent]) -> list[HostEvent | None]:
     """Each kernel call (in call order) matched to the first unclaimed host event after the
     previous match that has its name; None where the trace has none (its time is then unknown)."""
-    out: list[Optional[HostEvent]] = []
+    out: list[HostEvent | None] = []
     pos = 0
     for k in kernels:
         j = next((j for j in range(pos, len(events)) if _matches(k, events[j].name)), None)
@@ -138,7 +140,7 @@ def host_step(step: HostEvent, kernels: Sequence[str]) -> StepTimes:
 
 def launch_sequence(
     step: HostEvent, kernels: Sequence[str], device: Sequence[DeviceEvent], by_id: dict[int, HostEvent]
-) -> list[tuple[DeviceEvent, Optional[int]]]:
+) -> list[tuple[DeviceEvent, int | None]]:
     """The device activities one step launched (linked to a host op inside `step`), in start order,
     each with the index of the kernel call whose host event holds its launch (None: launched by
     host work outside any call, such as the wrapper zeroing a buffer)."""
@@ -147,7 +149,7 @@ def launch_sequence(
     out = []
     for d in sorted(device, key=lambda d: d.start):
         host = by_id.get(d.link)
-        index: Optional[int] = None
+        index: int | None = None
         inside = False
         while host is not None:
             if index is None and id(host) in call_of:
@@ -170,7 +172,7 @@ def _head(names: Sequence[str]) -> list[str]:
     return list(names[: min(len(names), 8)])
 
 
-def windows(sequence: Sequence[tuple[str, Optional[int]]], device: Sequence[DeviceEvent]) -> list[list[DeviceEvent]]:
+def windows(sequence: Sequence[tuple[str, int | None]], device: Sequence[DeviceEvent]) -> list[list[DeviceEvent]]:
     """The steps in a trace of back-to-back replays (activities sorted by start): each from one
     occurrence of the step's first activities (`sequence`: (name, call index) per activity of the
     step as launched without the graph) to the next. A step cut short at its start is not one; the
@@ -181,10 +183,10 @@ def windows(sequence: Sequence[tuple[str, Optional[int]]], device: Sequence[Devi
         return []
     names = [a.name for a in acts]
     starts = [i for i in range(len(acts) - len(head) + 1) if names[i : i + len(head)] == head]
-    return [acts[a:b] for a, b in zip(starts, starts[1:])]
+    return [acts[a:b] for a, b in pairwise(starts)]
 
 
-def assign(sequence: Sequence[tuple[str, Optional[int]]], run: Sequence[DeviceEvent]) -> list[Optional[int]]:
+def assign(sequence: Sequence[tuple[str, int | None]], run: Sequence[DeviceEvent]) -> list[int | None]:
     """The kernel call of each activity of a replayed step: aligned by name with the same step's
     launches without the graph (difflib). Where a library picked other kernels under capture, the
     replaced run is the call's when the launches it replaces were all one call's; anything else
@@ -193,7 +195,7 @@ def assign(sequence: Sequence[tuple[str, Optional[int]]], run: Sequence[DeviceEv
 
     ref = [name for name, _ in sequence]
     calls = [c for _, c in sequence]
-    out: list[Optional[int]] = [None] * len(run)
+    out: list[int | None] = [None] * len(run)
     matcher = difflib.SequenceMatcher(None, ref, [a.name for a in run], autojunk=False)
     for op, i1, i2, j1, j2 in matcher.get_opcodes():
         if op == "equal":
@@ -204,14 +206,14 @@ def assign(sequence: Sequence[tuple[str, Optional[int]]], run: Sequence[DeviceEv
 
 
 def device_step(
-    run: Sequence[DeviceEvent], calls: Sequence[Optional[int]], n_calls: int, next_start: Optional[float]
+    run: Sequence[DeviceEvent], calls: Sequence[int | None], n_calls: int, next_start: float | None
 ) -> StepTimes:
     """One step's activities (start order) charged to calls: each the part of its interval that no
     earlier activity covers; the uncovered time, up to the next step's first activity where the
     steps ran back to back (`next_start`), is between kernels."""
     out = StepTimes(calls=[0.0] * n_calls, between=0.0, device_names=[[] for _ in range(n_calls)])
     covered = run[0].start
-    for d, c in zip(run, calls):
+    for d, c in zip(run, calls, strict=False):
         if d.start > covered:
             out.between += d.start - covered
             out.gaps += 1
@@ -229,7 +231,7 @@ def device_step(
 
 
 def replay_steps(
-    sequence: Sequence[tuple[str, Optional[int]]], device: Sequence[DeviceEvent], n_calls: int
+    sequence: Sequence[tuple[str, int | None]], device: Sequence[DeviceEvent], n_calls: int
 ) -> list[StepTimes]:
     """The steps of back-to-back replays, each charged up to the next one's first activity; empty
     where fewer than nine in ten of a step's activities align with its launches without the graph."""

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from .errors import Cancelled
 
@@ -31,8 +31,8 @@ class CancelToken:
 class Progress:
     """What long work receives: report(step, fraction) and check() for cancellation."""
 
-    callback: Optional[ProgressFn] = None
-    token: Optional[CancelToken] = None
+    callback: ProgressFn | None = None
+    token: CancelToken | None = None
 
     def report(self, step: str, fraction: float) -> None:
         if self.token is not None:
@@ -44,7 +44,7 @@ class Progress:
         if self.token is not None:
             self.token.check()
 
-    def part(self, lo: float, hi: float) -> "Progress":
+    def part(self, lo: float, hi: float) -> Progress:
         """The same reporting and cancellation, with fractions mapped into [lo, hi] of this one."""
         if self.callback is None:
             return Progress(None, self.token)

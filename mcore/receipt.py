@@ -13,8 +13,9 @@ import copy
 import hashlib
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from .contract import JsonView, check_kind, field_error, is_int, need_dict, need_str, need_strs
 from .errors import RegionError, UserError
@@ -93,7 +94,7 @@ def abi_contract(
     outputs: Sequence[Any],
     workspace_bytes: int,
     extra_args: Sequence[Mapping[str, Any]],
-    output_shape_input: Optional[int],
+    output_shape_input: int | None,
 ) -> dict[str, Any]:
     """Exactly what abi_sha256 covers: the call contract, nothing model-specific. `inputs` and
     `outputs` are AbiTensors or anything with dtype and shape items."""
@@ -133,11 +134,11 @@ class AbiTensor:
     dtype: str
     shape: tuple[int, ...]
     location: str
-    producer: Optional[str]
-    producer_op: Optional[str]
+    producer: str | None
+    producer_op: str | None
 
     @classmethod
-    def from_dict(cls, d: Any, where: str, path: str, index: int, todo: str) -> "AbiTensor":
+    def from_dict(cls, d: Any, where: str, path: str, index: int, todo: str) -> AbiTensor:
         check_fields(d, f"{where}: {path}", set(_ABI_TENSOR_KEYS))
         p = path + "."
         shape = d["shape"]
@@ -203,17 +204,19 @@ class SlotRecord(JsonView):
     node_ids: tuple[str, ...]
     input_tensor_ids: tuple[str, ...]
     output_tensor_ids: tuple[str, ...]
-    output_shape_input: Optional[int]
+    output_shape_input: int | None
     workspace_bytes: int
     extra_args: tuple[dict[str, Any], ...]  # normalized (normalize_extra_arg)
     inputs: tuple[AbiTensor, ...]  # abi.inputs
     outputs: tuple[AbiTensor, ...]  # abi.outputs
-    recipe: Optional[RecipeRef]
+    recipe: RecipeRef | None
     stream: str = ABI_STREAM  # abi.stream, the readable stream rule
 
     # ------------------------------------------------------------ parse and write
     @classmethod
-    def _parse(cls, d: Mapping[str, Any], where: str, todo: str) -> dict[str, Any]:
+    def _parse(  # noqa: C901 - flat field-by-field contract check
+        cls, d: Mapping[str, Any], where: str, todo: str
+    ) -> dict[str, Any]:
         """The checked fields shared by a slot record and a receipt (`d`'s keys already checked)."""
         for k in ("abi_sha256", "engine_role", "graph_fingerprint"):
             need_str(d, k, where, todo)
@@ -238,7 +241,7 @@ class SlotRecord(JsonView):
         if rec is not None:
             if not isinstance(rec, dict) or set(rec) != {"id", "instance"}:
                 raise field_error(where, "recipe", "must be null or {id, instance}", todo)
-            recipe: Optional[RecipeRef] = RecipeRef(
+            recipe: RecipeRef | None = RecipeRef(
                 need_str(rec, "id", where, todo, path="recipe."), need_str(rec, "instance", where, todo, path="recipe.")
             )
         else:
@@ -288,7 +291,7 @@ class SlotRecord(JsonView):
         return fields
 
     @classmethod
-    def from_dict(cls, data: Any, where: str, todo: str = "rebuild the bundle with `mcore build`") -> "SlotRecord":
+    def from_dict(cls, data: Any, where: str, todo: str = "rebuild the bundle with `mcore build`") -> SlotRecord:
         check_fields(data, where, set(_SLOT_KEYS))
         return cls(**cls._parse(data, where, todo))
 
@@ -315,7 +318,7 @@ class SlotRecord(JsonView):
     def to_dict(self) -> dict[str, Any]:
         return {k: self._value(k) for k in _SLOT_KEYS}
 
-    def slot(self) -> "SlotRecord":
+    def slot(self) -> SlotRecord:
         """This call contract as a bundle records it."""
         return SlotRecord(**{f: getattr(self, f) for f in SlotRecord.__dataclass_fields__})
 
@@ -324,9 +327,7 @@ class SlotRecord(JsonView):
         """What abi_sha256 covers."""
         return abi_contract(self.inputs, self.outputs, self.workspace_bytes, self.extra_args, self.output_shape_input)
 
-    def call_args(
-        self, inputs: Sequence[T], workspace: Optional[T], outputs: Sequence[T], extras: Sequence[T]
-    ) -> list[T]:
+    def call_args(self, inputs: Sequence[T], workspace: T | None, outputs: Sequence[T], extras: Sequence[T]) -> list[T]:
         """`run(...)`'s arguments in this slot's ABI order (DESIGN.md §3). `workspace` is passed only
         when the slot has one; the caller gives one value per boundary tensor and extra arg."""
         if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs) or len(extras) != len(self.extra_args):
@@ -354,7 +355,7 @@ class SlotRecord(JsonView):
 
     # ------------------------------------------------------------ names
     @property
-    def instance(self) -> Optional[str]:
+    def instance(self) -> str | None:
         return self.recipe.instance if self.recipe else None
 
     @property
@@ -418,10 +419,10 @@ RECEIPT_FIELDS = _RECEIPT_KEYS  # every field of a receipt file (the generated e
 class Receipt(SlotRecord):
     """A selection receipt file: a slot record plus the graph it was selected on."""
 
-    graph: Optional[dict[str, Any]] = None  # family, model, revision, engine_role, build_args
+    graph: dict[str, Any] | None = None  # family, model, revision, engine_role, build_args
 
     @classmethod
-    def from_dict(cls, data: Any, where: str, todo: str = RESELECT) -> "Receipt":
+    def from_dict(cls, data: Any, where: str, todo: str = RESELECT) -> Receipt:
         """Check a receipt's fields, their types and ranges, and that its ABI hash matches its ABI."""
         check_fields(data, where, set(_RECEIPT_KEYS))
         check_kind(
@@ -443,6 +444,6 @@ class Receipt(SlotRecord):
         return d
 
     @classmethod
-    def of(cls, receipt: "Receipt | Mapping[str, Any]", where: str = "selection receipt") -> "Receipt":
+    def of(cls, receipt: Receipt | Mapping[str, Any], where: str = "selection receipt") -> Receipt:
         """`receipt` as a Receipt: itself, or a JSON dict parsed and checked now."""
         return receipt if isinstance(receipt, Receipt) else cls.from_dict(receipt, where)

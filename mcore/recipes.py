@@ -7,7 +7,8 @@ those values up and calls the same select_region() as a manual selection.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .errors import UserError
 from .families.base import RecipeSpec
@@ -48,7 +49,7 @@ def annotate_recipes(snapshot: dict[str, Any], specs: Sequence[RecipeSpec]) -> N
 
 
 # The functions below take a Snapshot, or its JSON (hand-made graphs, scripts), checked first.
-SnapshotLike = Union[Snapshot, Mapping[str, Any]]
+SnapshotLike = Snapshot | Mapping[str, Any]
 
 
 def recipe_rows(snapshot: SnapshotLike) -> list[RecipeRow]:

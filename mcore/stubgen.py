@@ -18,9 +18,10 @@ import json
 import math
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any
 
 from .errors import UserError
 from .fileio import check_overwrite, install_file
@@ -60,11 +61,11 @@ class KnownOp:
 @dataclass(frozen=True)
 class StubResult:
     path: Path
-    known: Optional[KnownOp]  # None: the body is a scaffold the author must fill in
+    known: KnownOp | None  # None: the body is a scaffold the author must fill in
     reason: str  # why the body was not generated ("" when it was)
     binding_id: str
     abi_sha256: str
-    example: Optional[str] = None  # a hand-written kernel for this kind of region, to start from
+    example: str | None = None  # a hand-written kernel for this kind of region, to start from
 
 
 # ---------------------------------------------------------------- region classification
@@ -73,7 +74,7 @@ class StubResult:
 WORKED_EXAMPLES = {"mcore.decode_attention.default": "kernels/cutedsl_decode_attention.py"}
 
 
-def worked_example(receipt: Receipt | Mapping[str, Any], snapshot: Snapshot | Mapping[str, Any]) -> Optional[str]:
+def worked_example(receipt: Receipt | Mapping[str, Any], snapshot: Snapshot | Mapping[str, Any]) -> str | None:
     """The shipped exporter to start from when the region holds an op that has one (decode attention)."""
     receipt, snapshot = Receipt.of(receipt), Snapshot.of(snapshot)
     for nid in receipt.node_ids:
@@ -85,7 +86,7 @@ def worked_example(receipt: Receipt | Mapping[str, Any], snapshot: Snapshot | Ma
 
 def classify_region(
     receipt: Receipt | Mapping[str, Any], snapshot: Snapshot | Mapping[str, Any]
-) -> tuple[Optional[KnownOp], str]:
+) -> tuple[KnownOp | None, str]:
     """(KnownOp, "") when the generator can write the body, else (None, why not). Either argument
     may be given as its JSON."""
     receipt, snapshot = Receipt.of(receipt), Snapshot.of(snapshot)
@@ -355,13 +356,13 @@ def _fake_arguments(c: _Ctx) -> list[str]:
     """The body of fake_arguments(): symbols for -1 dims, then one stand-in per run() argument."""
     tensors = [("input", i, e) for i, e in enumerate(c.inputs)] + [("output", i, e) for i, e in enumerate(c.outputs)]
     group: dict[str, int] = {}
-    for kind, i, e in tensors:
+    for _kind, _i, e in tensors:
         group[e["param"]] = 0 if c.known else len(group)
     if c.rule is not None and not c.known:
         group["output0"] = group[f"input{c.rule}"]
     symbols: dict[tuple[int, int], str] = {}
     users: dict[str, list[str]] = {}
-    for kind, i, e in tensors:
+    for _kind, _i, e in tensors:
         for d, size in enumerate(e["shape"]):
             if size == -1:
                 key = (group[e["param"]], d)
@@ -595,9 +596,9 @@ def _check_index_range(receipt: Receipt, where: str) -> None:
 
 
 def write_exporter(
-    selection: Union[str, os.PathLike],
-    snapshot: Union[str, os.PathLike],
-    output: Union[str, os.PathLike],
+    selection: str | os.PathLike,
+    snapshot: str | os.PathLike,
+    output: str | os.PathLike,
     overwrite: bool = False,
 ) -> StubResult:
     """Generate the exporter for a receipt file and its snapshot file and write it to `output`.

@@ -14,8 +14,8 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence, Union
 
 from .errors import UserError
 from .progress import NO_PROGRESS, Progress
@@ -44,7 +44,7 @@ def timeout_from_env(name: str, default: float) -> float:
 class _Stream:
     """One output stream: a bounded tail of its text, its byte count, complete lines for `on_line`."""
 
-    on_line: Optional[Callable[[str], None]] = None
+    on_line: Callable[[str], None] | None = None
     tail: deque = field(default_factory=deque)
     kept: int = 0
     total: int = 0
@@ -97,13 +97,13 @@ class Finished:
 
 
 def run_bounded(
-    cmd: Union[str, Sequence[str]],
+    cmd: str | Sequence[str],
     what: str,
     timeout_s: float,
     progress: Progress = NO_PROGRESS,
-    on_stdout_line: Optional[Callable[[str], None]] = None,
+    on_stdout_line: Callable[[str], None] | None = None,
     merge_stderr: bool = False,
-    cwd: Optional[Union[str, os.PathLike]] = None,
+    cwd: str | os.PathLike | None = None,
     limit_hint: str = "",
 ) -> Finished:
     """Run `cmd` (a shell command when a string) in its own process group; see the module doc.
@@ -152,14 +152,14 @@ def _watch(
     proc: subprocess.Popen,
     streams: list[_Stream],
     lines: deque,
-    on_line: Optional[Callable[[str], None]],
+    on_line: Callable[[str], None] | None,
     lock: threading.Lock,
     timeout_s: float,
     progress: Progress,
-) -> Optional[str]:
+) -> str | None:
     """Wait for the command; pass its lines on. None when it exited, else why it was stopped."""
     deadline = time.monotonic() + timeout_s
-    exited_at: Optional[float] = None
+    exited_at: float | None = None
     while True:
         with lock:
             pending = [lines.popleft() for _ in range(len(lines))]

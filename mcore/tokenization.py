@@ -20,9 +20,10 @@ What transformers (5.x) does with a checkpoint's tokenizer files, and so what th
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from .errors import UserError
 
@@ -50,7 +51,7 @@ _CLASS_FOR_MODEL_TYPE = {"bert": "BertTokenizer", "distilbert": "BertTokenizer",
 _BERT_CLASSES = {"BertTokenizer", "DistilBertTokenizer"}
 
 
-def token_text(v: Any) -> Optional[str]:
+def token_text(v: Any) -> str | None:
     """A special token as tokenizer_config.json writes it: a string or an AddedToken object."""
     if isinstance(v, str):
         return v
@@ -108,11 +109,11 @@ class TextTokenizer:
             self._as_bert()
 
     # ------------------------------------------------------------ configuration
-    def special(self, name: str, default: Optional[str] = None) -> Optional[str]:
+    def special(self, name: str, default: str | None = None) -> str | None:
         """The text of a special token (`bos_token`, `cls_token`, ...) from tokenizer_config.json."""
         return token_text(self.config.get(name)) if name in self.config else default
 
-    def _id(self, text: Optional[str], field: str) -> int:
+    def _id(self, text: str | None, field: str) -> int:
         if text is None:  # `"cls_token": null` or a non-string in tokenizer_config.json
             raise UserError(f"{self.where}: tokenizer_config.json field {field!r} must be a token string")
         i = self.tok.token_to_id(text)
@@ -158,7 +159,7 @@ class TextTokenizer:
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
     @property
-    def chat_template(self) -> Optional[str]:
+    def chat_template(self) -> str | None:
         t = self.config.get("chat_template")
         if isinstance(t, list):  # named templates: transformers uses the one named "default"
             named = {d.get("name"): d.get("template") for d in t if isinstance(d, dict)}

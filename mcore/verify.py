@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import UserError
 from .fileio import check_fields, parse_json, read_input_text
-from .verify_perf import METRICS, BenchmarkReading, parse_benchmark, perf_gate, run_shell  # noqa: F401 - the gates' home
 from .verdicts import GateResult, check_threshold  # noqa: F401 - imported from here by the other gates
-
+from .verify_perf import METRICS, BenchmarkReading, parse_benchmark, perf_gate, run_shell  # noqa: F401 - the gates' home
 
 # ---------------------------------------------------------------- tokens
 
@@ -71,10 +71,10 @@ def compare_tokens(a: Any, b: Any, labels: Sequence[str] = ("native", "external"
     ra, rb = _records(a), _records(b)
     la, lb = labels
     total = 0
-    for i, (x, y) in enumerate(zip(ra, rb)):
+    for i, (x, y) in enumerate(zip(ra, rb, strict=False)):  # unequal counts: reported after the first difference
         ta, tb = x["tokens"], y["tokens"]
         if ta != tb:
-            pos = next((k for k, (p, q) in enumerate(zip(ta, tb)) if p != q), min(len(ta), len(tb)))
+            pos = next((k for k, (p, q) in enumerate(zip(ta, tb, strict=False)) if p != q), min(len(ta), len(tb)))
             va = ta[pos] if pos < len(ta) else "<end>"
             vb = tb[pos] if pos < len(tb) else "<end>"
             prompt = x.get("prompt")
@@ -96,7 +96,7 @@ def compare_tokens(a: Any, b: Any, labels: Sequence[str] = ("native", "external"
             {"records": min(len(ra), len(rb)), f"{la}_records": len(ra), f"{lb}_records": len(rb)},
         )
     info = []
-    for i, (x, y) in enumerate(zip(ra, rb)):
+    for i, (x, y) in enumerate(zip(ra, rb, strict=True)):
         if x.get("prompt") != y.get("prompt"):
             info.append(f"warning: record {i + 1} has different prompts in the two files")
     return GateResult(
@@ -165,7 +165,7 @@ def compare_embeddings(
             [f"values={len(native)} embedding contains NaN or infinite values"],
         )
     # Same expressions, same order as the tutorial's snippet, so the numbers agree to the bit.
-    max_abs_value = max(abs(x - y) for x, y in zip(native, byok))
+    max_abs_value = max(abs(x - y) for x, y in zip(native, byok, strict=True))
     denominator = math.sqrt(sum(value * value for value in native) * sum(value * value for value in byok))
     if denominator == 0:
         return GateResult(
@@ -174,7 +174,7 @@ def compare_embeddings(
             {"values": len(native), "max_abs": max_abs_value, "reason": "zero-norm embedding"},
             [f"values={len(native)} max_abs={max_abs_value:.6g} cosine=undefined (an embedding is all zeros)"],
         )
-    cosine = sum(x * y for x, y in zip(native, byok)) / denominator
+    cosine = sum(x * y for x, y in zip(native, byok, strict=True)) / denominator
     stats = f"values={len(native)} max_abs={max_abs_value:.6g} cosine={cosine:.9f}"
     details: dict[str, Any] = {
         "values": len(native),

@@ -9,7 +9,6 @@ for a slot whose kernel computes exactly what the region did (an identity copy, 
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 from .errors import UserError
 from .progress import NO_PROGRESS, Progress
@@ -19,12 +18,12 @@ from .verify import GateResult, check_threshold
 def lockstep_logits(
     native_bundle: str,
     external_bundle: str,
-    kernel_bindings: Optional[str],
+    kernel_bindings: str | None,
     prompt: str,
     max_new_tokens: int = 16,
     max_abs: float = 0.0,
     chat: bool = False,
-    device: Optional[str] = None,
+    device: str | None = None,
     engine: str = "auto",
     progress: Progress = NO_PROGRESS,
     announce=None,
@@ -67,7 +66,7 @@ def lockstep_logits(
     a = native.step_logits(ids, forced)
     b = external.step_logits(ids, forced)
     steps, first = [], None
-    for k, (x, y) in enumerate(zip(a, b)):
+    for k, (x, y) in enumerate(zip(a, b, strict=False)):
         x, y = x.reshape(-1), y.reshape(-1)
         diff = (x - y).abs()
         m = float(diff.max()) if bool(diff.isfinite().all()) else math.inf

@@ -24,8 +24,9 @@ from __future__ import annotations
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from .errors import UserError
 from .interval import RatioInterval, look_confidence, ratio_interval
@@ -76,21 +77,21 @@ InfoFn = Callable[[str], None]
 @dataclass
 class BenchmarkReading:
     kind: str  # "tokens" | "embeddings"
-    generated_tokens_mean: Optional[float]
+    generated_tokens_mean: float | None
     throughput: float
-    device_step_ms: Optional[float] = None  # CUDA: device time per decode step / encoder call
-    min_ms: Optional[float] = None  # the run's fastest decode step / encoder call (wall clock)
+    device_step_ms: float | None = None  # CUDA: device time per decode step / encoder call
+    min_ms: float | None = None  # the run's fastest decode step / encoder call (wall clock)
 
     @property
     def unit(self) -> str:
         return "tokens/s" if self.kind == "tokens" else "embeddings/s"
 
-    def field(self, metric: str) -> Optional[float]:
+    def field(self, metric: str) -> float | None:
         """The line's number behind `metric` (None when the line lacks it)."""
         return {"throughput": self.throughput, "device": self.device_step_ms, "min-step": self.min_ms}[metric]
 
 
-def parse_benchmark(text: str) -> Optional[BenchmarkReading]:
+def parse_benchmark(text: str) -> BenchmarkReading | None:
     """The LAST `generated_tokens_mean=... tokens_per_sec=...` line, else the last
     `embeddings_per_sec=...`; None when neither is present (or a number does not parse). The
     line's `device_step_ms=` (CUDA runs) and fastest step come with it."""
@@ -129,7 +130,7 @@ def resolve_metric(metric: str, native: BenchmarkReading, external: BenchmarkRea
     return "throughput"
 
 
-def run_shell(cmd: str, progress: Optional[Progress] = None, poll_s: float = 0.2) -> tuple[int, str, str]:
+def run_shell(cmd: str, progress: Progress | None = None, poll_s: float = 0.2) -> tuple[int, str, str]:
     """Run `cmd` through the shell in a fresh process group; return (rc, stdout, stderr), each the
     last MiB of what it printed. Cancellation (through `progress`) or Ctrl-C kills the whole group;
     so do running past MCORE_COMMAND_TIMEOUT seconds (default 3600) and printing more than 16 MiB,
@@ -156,9 +157,9 @@ def percent(confidence: float) -> str:
 
 @dataclass(frozen=True)
 class PerfPlan:
-    pairs: Optional[int]  # None: auto
+    pairs: int | None  # None: auto
     max_pairs: int
-    budget_s: Optional[float]
+    budget_s: float | None
     min_ratio: float
     confidence: float
     warmup: int
@@ -197,7 +198,7 @@ class PerfPlan:
         return text
 
 
-def _pairs_arg(pairs: Any) -> Optional[int]:
+def _pairs_arg(pairs: Any) -> int | None:
     if pairs == AUTO:
         return None
     if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 2:
@@ -259,9 +260,9 @@ class _PerfRun:
         self,
         plan: PerfPlan,
         cmds: dict[str, str],
-        progress: Optional[Progress],
-        on_sample: Optional[Callable[[str, int, float], None]],
-        on_line: Optional[InfoFn],
+        progress: Progress | None,
+        on_sample: Callable[[str, int, float], None] | None,
+        on_line: InfoFn | None,
     ):
         self.plan, self.cmds, self.on_sample, self.on_line = plan, cmds, on_sample, on_line
         self.prog = progress or Progress()
@@ -269,8 +270,8 @@ class _PerfRun:
         self.samples: dict[str, list[float]] = {"native": [], "external": []}
         self.ratios: list[float] = []
         self.gens: list[float] = []
-        self.metric: Optional[str] = None if plan.metric == AUTO else plan.metric
-        self.unit: Optional[str] = None
+        self.metric: str | None = None if plan.metric == AUTO else plan.metric
+        self.unit: str | None = None
         self.runs_done, self.total_runs = 0, 2 * (plan.warmup + plan.limit)
         self.t0 = time.monotonic()
         self.details: dict[str, Any] = {
@@ -297,7 +298,7 @@ class _PerfRun:
     def label(self, i: int) -> str:
         return f"pair {i + 1}/{self.plan.limit}" + (" at most" if self.plan.auto else "")
 
-    def run(self, arm: str, label: str) -> tuple[Optional[BenchmarkReading], Optional[str]]:
+    def run(self, arm: str, label: str) -> tuple[BenchmarkReading | None, str | None]:
         self.prog.report(f"{label}: {arm}", self.runs_done / self.total_runs)
         rc, out, err = run_shell(self.cmds[arm], self.prog)
         self.runs_done += 1
@@ -312,7 +313,7 @@ class _PerfRun:
             )
         return reading, None
 
-    def warmup(self) -> Optional[str]:
+    def warmup(self) -> str | None:
         for w in range(self.plan.warmup):
             for arm in ("native", "external"):
                 _, problem = self.run(arm, f"warmup {w + 1}/{self.plan.warmup}")
@@ -321,7 +322,7 @@ class _PerfRun:
             self.say(f"warmup {w + 1}/{self.plan.warmup}: done")
         return None
 
-    def pair(self, i: int) -> Optional[str]:
+    def pair(self, i: int) -> str | None:
         """Measure pair `i` (0-based); a problem string on a hard failure."""
         order = ("native", "external") if i % 2 == 0 else ("external", "native")
         self.details["order"].append(list(order))
@@ -342,7 +343,7 @@ class _PerfRun:
             )
         return self.record(i, order, readings)
 
-    def record(self, i: int, order: tuple[str, str], readings: dict[str, BenchmarkReading]) -> Optional[str]:
+    def record(self, i: int, order: tuple[str, str], readings: dict[str, BenchmarkReading]) -> str | None:
         n, e = readings["native"], readings["external"]
         if self.metric is None:
             self.metric = resolve_metric(self.plan.metric, n, e)
@@ -378,7 +379,7 @@ class _PerfRun:
         }
         return f" (auto: {why[self.metric or 'throughput']})"
 
-    def _value(self, arm: str, r: BenchmarkReading, label: str) -> tuple[Optional[float], Optional[str]]:
+    def _value(self, arm: str, r: BenchmarkReading, label: str) -> tuple[float | None, str | None]:
         assert self.metric is not None
         raw = r.field(self.metric)
         if raw is None:
@@ -471,12 +472,12 @@ def perf_gate(
     pairs: int | str = DEFAULT_PAIRS,
     min_ratio: float = DEFAULT_MIN_RATIO,
     warmup: int = 1,
-    on_sample: Optional[Callable[[str, int, float], None]] = None,
-    progress: Optional[Progress] = None,
-    on_line: Optional[InfoFn] = None,
+    on_sample: Callable[[str, int, float], None] | None = None,
+    progress: Progress | None = None,
+    on_line: InfoFn | None = None,
     metric: str = DEFAULT_METRIC,
-    max_pairs: Optional[int] = None,
-    budget_s: Optional[float] = None,
+    max_pairs: int | None = None,
+    budget_s: float | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> GateResult:
     """The no-regression gate: `warmup` runs of each command, then fresh-process pairs alternating

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -46,8 +46,8 @@ class StepStats:
     step: int
     max_abs: float
     cosine: float
-    engine_token: Optional[int] = None
-    reference_token: Optional[int] = None
+    engine_token: int | None = None
+    reference_token: int | None = None
     rel: float = 0.0  # max_abs over the reference's largest magnitude
 
     def line(self) -> str:
@@ -134,10 +134,10 @@ def reference_check(
     prompt: str,
     max_new_tokens: int = 8,
     chat: bool = False,
-    kernel_bindings: Optional[str] = None,
-    device: Optional[str] = None,
+    kernel_bindings: str | None = None,
+    device: str | None = None,
     min_cosine: float = 0.999,
-    max_abs: Optional[float] = None,
+    max_abs: float | None = None,
     progress: Progress = NO_PROGRESS,
     announce=None,
     max_rel: float = DEFAULT_MAX_REL,
@@ -222,7 +222,9 @@ def _compare(
     ]
     details: dict[str, Any] = {"prompt_tokens": len(ids), "steps": []}
     if ids != ref_ids:
-        at = next((i for i, (a, b) in enumerate(zip(ids, ref_ids)) if a != b), min(len(ids), len(ref_ids)))
+        at = next(
+            (i for i, (a, b) in enumerate(zip(ids, ref_ids, strict=False)) if a != b), min(len(ids), len(ref_ids))
+        )
         info.append(
             f"prompt token IDs differ from transformers' tokenizer at position {at} "
             f"(engine {ids[at : at + 4]}, transformers {ref_ids[at : at + 4]}; lengths {len(ids)} and {len(ref_ids)})"

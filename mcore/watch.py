@@ -19,9 +19,10 @@ import hashlib
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from .errors import Cancelled, UserError
 from .progress import NO_PROGRESS, Progress
@@ -40,9 +41,9 @@ class WatchConfig:
     slot_bundle: Path
     out_dir: Path
     prompt: str
-    snapshot: Optional[Path] = None
+    snapshot: Path | None = None
     max_new_tokens: int = 8
-    max_abs: Optional[float] = None  # None: 0 for decoders (bit-identical logits), 0.02 for encoders
+    max_abs: float | None = None  # None: 0 for decoders (bit-identical logits), 0.02 for encoders
     min_cosine: float = 0.999  # encoders
     perf: bool = True
     pairs: int = 3  # fewer than the CLI gate's 6: a round should be quick (at least 2: a spread)
@@ -51,7 +52,7 @@ class WatchConfig:
     bench_warmup: int = 2
     bench_runs: int = 5
     metric: str = PERF_DEFAULTS.metric
-    device: Optional[str] = None
+    device: str | None = None
     engine: str = "auto"
     function: str = "run"
 
@@ -64,12 +65,12 @@ class Round:
     started: float  # time.time()
     verdict: str = "ERROR"  # PROMOTE | REJECT | INCONCLUSIVE | PASS (perf off) | ERROR
     note: str = ""  # the line that decided it, or the error
-    max_abs: Optional[float] = None
-    ratio: Optional[float] = None
-    correctness: Optional[str] = None  # the correctness gate's verdict word
-    perf: Optional[str] = None  # the perf gate's verdict word (None: not run)
-    library: Optional[Path] = None
-    manifest: Optional[Path] = None
+    max_abs: float | None = None
+    ratio: float | None = None
+    correctness: str | None = None  # the correctness gate's verdict word
+    perf: str | None = None  # the perf gate's verdict word (None: not run)
+    library: Path | None = None
+    manifest: Path | None = None
     seconds: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -113,13 +114,13 @@ def gate_verdict(result: Any) -> str:
 def benchmark_command(
     kind: str,
     bundle: Path,
-    kernel_bindings: Optional[str],
+    kernel_bindings: str | None,
     prompt: str,
-    max_new_tokens: Optional[int],
+    max_new_tokens: int | None,
     warmup: int,
     runs: int,
-    device: Optional[str] = None,
-    engine: Optional[str] = None,
+    device: str | None = None,
+    engine: str | None = None,
 ) -> str:
     """The fresh-process benchmark command for one arm (`mcore run|embed ... --benchmark N`), as the
     perf gate runs it; this checkout's mcore when the package is not installed. `device` and
@@ -211,13 +212,13 @@ def default_out_dir(exporter: str, selection: Path) -> Path:
 
 def watch_kernel(
     cfg: WatchConfig,
-    rounds: Optional[int] = None,
+    rounds: int | None = None,
     progress: Progress = NO_PROGRESS,
-    on_round: Optional[Callable[[Round], None]] = None,
-    log: Optional[LineFn] = None,
-    announce: Optional[LineFn] = None,
+    on_round: Callable[[Round], None] | None = None,
+    log: LineFn | None = None,
+    announce: LineFn | None = None,
     poll_s: float = 0.5,
-    on_start: Optional[Callable[[], None]] = None,
+    on_start: Callable[[], None] | None = None,
 ) -> list[Round]:
     """Run rounds until `rounds` are done (None: until cancelled): the first at once, then one each
     time the exporter file's content changes. `on_start` runs once the inputs passed their checks.
@@ -229,7 +230,7 @@ def watch_kernel(
         on_start()
     watched = exporter_script(cfg.exporter)
     history: list[Round] = []
-    seen: Optional[str] = None
+    seen: str | None = None
     while rounds is None or len(history) < rounds:
         seen = wait_for_change(watched, seen, progress, poll_s, first=not history)
         r = run_round(cfg, kind, receipt, len(history) + 1, progress, log, announce)
@@ -246,7 +247,7 @@ def file_digest(path: Path) -> str:
         raise UserError(f"{path}: cannot read the watched exporter ({e.strerror or e})") from None
 
 
-def wait_for_change(path: Path, seen: Optional[str], progress: Progress, poll_s: float, first: bool) -> str:
+def wait_for_change(path: Path, seen: str | None, progress: Progress, poll_s: float, first: bool) -> str:
     """The file's digest once it differs from `seen` (at once for the first round). An editor's save
     that leaves the content as it was starts no round."""
     while True:
@@ -266,8 +267,8 @@ def run_round(
     receipt: Any,
     index: int,
     progress: Progress,
-    log: Optional[LineFn],
-    announce: Optional[LineFn],
+    log: LineFn | None,
+    announce: LineFn | None,
 ) -> Round:
     """One round: export, bind, correctness, perf. A user error, or a kernel that raises when it runs
     (the code being edited), ends the round as ERROR and the watch goes on; cancellation propagates."""
@@ -300,7 +301,7 @@ def run_round(
 
 
 def _export_and_bind(
-    cfg: WatchConfig, receipt: Any, index: int, progress: Progress, log: Optional[LineFn]
+    cfg: WatchConfig, receipt: Any, index: int, progress: Progress, log: LineFn | None
 ) -> tuple[Path, Path]:
     """round-N.so from the exporter, and round-N.bindings.json binding the receipt's slot to it."""
     from .bindings import BINDINGS_SCHEMA_VERSION, BindingsManifest
@@ -325,7 +326,7 @@ def _export_and_bind(
     return res.library, manifest
 
 
-def _correctness(cfg: WatchConfig, kind: str, manifest: Path, progress: Progress, announce: Optional[LineFn]):
+def _correctness(cfg: WatchConfig, kind: str, manifest: Path, progress: Progress, announce: LineFn | None):
     """`mcore verify logits` (decoders) or the embeddings gate on both pipelines (encoders), each
     pipeline constructed here, bound to this round's manifest."""
     if kind == "decoder":
@@ -365,7 +366,7 @@ def _correctness(cfg: WatchConfig, kind: str, manifest: Path, progress: Progress
     return compare_embeddings(a, b, max_abs=limit, min_cosine=cfg.min_cosine)
 
 
-def _perf(cfg: WatchConfig, kind: str, manifest: Path, progress: Progress, log: Optional[LineFn]):
+def _perf(cfg: WatchConfig, kind: str, manifest: Path, progress: Progress, log: LineFn | None):
     """The perf gate (`mcore verify perf`'s implementation) on fresh-process benchmark runs."""
     from .verify import perf_gate
 

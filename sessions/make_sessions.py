@@ -14,8 +14,9 @@ import argparse
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -66,7 +67,7 @@ class Recorder:
         title: str,
         text: str,
         expect_error: bool = False,
-        requires: Optional[str] = None,
+        requires: str | None = None,
         **params: Any,
     ) -> dict:
         n = len(self.session.steps) + 1
@@ -587,7 +588,7 @@ TUTORIALS: dict[str, tuple[str, str, Callable[[Recorder], None]]] = {
 }
 
 
-def make(name: str, out_dir: Path, keep: Optional[Path] = None) -> Path:
+def make(name: str, out_dir: Path, keep: Path | None = None) -> Path:
     title, description, fn = TUTORIALS[name]
     session = Session.new(title, guided=True, name=name, description=description)
     work = Path(tempfile.mkdtemp(prefix=f"session-{name}-")) if keep is None else keep / name
@@ -602,7 +603,7 @@ def make(name: str, out_dir: Path, keep: Optional[Path] = None) -> Path:
     return path
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "names", nargs="*", metavar="NAME", help=f"tutorials to generate: {', '.join(TUTORIALS)} (default: all)"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from mcore.graph.snapshot import KIND, SCHEMA_VERSION, fingerprint
 
@@ -13,9 +14,9 @@ def dag_snapshot(
     *,
     dtype: str = "FP32",
     shape: Sequence[int] = (4, 8),
-    ops: Optional[dict[int, str]] = None,
+    ops: dict[int, str] | None = None,
     role: str = "decode",
-    tensor_overrides: Optional[dict[int, dict[str, Any]]] = None,
+    tensor_overrides: dict[int, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Nodes node:0..n-1 in topological order; node i outputs tensor:(i+1); tensor:0 is the graph input,
     read by every node without predecessors; tensors of nodes without consumers are graph outputs."""

@@ -9,7 +9,6 @@ import inspect
 import json
 import textwrap
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
@@ -28,7 +27,7 @@ def _params(spec: ActionSpec) -> list[str]:
     return list(inspect.signature(spec.fn).parameters)
 
 
-def _returned_keys(fn) -> Optional[set[str]]:
+def _returned_keys(fn) -> set[str] | None:
     """The result keys a function's return statements can produce, read from its source: dict
     literals (with ** of a helper in workbench.actions) or a helper's call. None when a return
     is something this cannot follow."""

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -15,8 +16,8 @@ from hypothesis import strategies as st
 
 import mcore.pipeline
 from mcore.build import build_bundle
-from mcore.bundle import open_bundle, write_bundle
 from mcore.buildargs import BuildArgs
+from mcore.bundle import open_bundle, write_bundle
 from mcore.errors import UserError
 from mcore.pipeline import DecoderPipeline
 
@@ -40,8 +41,8 @@ def bundles(tmp_path_factory) -> dict[str, Path]:
 def remake(
     src: Path,
     out: Path,
-    manifest: Optional[Callable[[dict], Any]] = None,
-    members: Optional[Callable[[dict], Any]] = None,
+    manifest: Callable[[dict], Any] | None = None,
+    members: Callable[[dict], Any] | None = None,
 ) -> Path:
     """`src` rewritten whole (its integrity record holds) with its manifest or members changed."""
     b = open_bundle(src)
@@ -59,7 +60,7 @@ def _config(mem: dict, **changes: Any) -> None:
     mem["config.json"] = json.dumps({**json.loads(mem["config.json"]), **changes}).encode()
 
 
-CASES: dict[str, tuple[Optional[Callable], Optional[Callable], str]] = {
+CASES: dict[str, tuple[Callable | None, Callable | None, str]] = {
     "config.json not JSON": (
         None,
         lambda mem: mem.update({"config.json": b"{garbage"}),

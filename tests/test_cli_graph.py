@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+
 import pytest
 
 from tests.conftest import DISTIL_ARGS, QWEN_ARGS, assert_user_error

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from mcore.selection import select_region
+from tests.test_stubgen import Graph, node_of
 
 from .conftest import HAVE_CUTE, needs_cute, repo_env
-from tests.test_stubgen import Graph, node_of
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "kernels" / "cutedsl_decode_attention.py"

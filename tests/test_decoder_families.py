@@ -15,6 +15,7 @@ import torch
 
 from mcore.build import build_bundle
 from mcore.buildargs import BuildArgs
+from mcore.errors import UserError
 from mcore.families import family_for_config, get_family
 from mcore.families.source import resolve_model
 from mcore.pipeline import DecoderPipeline
@@ -439,7 +440,7 @@ def test_mistral_sliding_window_no_smaller_than_the_cache_is_full_attention(ckpt
             )
         ref = _reference(folder)(toks[None]).logits[0, -1]
     torch.testing.assert_close(lg[0], ref, atol=ATOL, rtol=0)
-    assert "sliding_window 12" in str(pytest.raises(Exception, _core, folder, cap=13).value)
+    assert "sliding_window 12" in str(pytest.raises(UserError, _core, folder, cap=13).value)
 
 
 def test_qwen2_has_qkv_biases_only_and_ties_small_models(ckpts):

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
+from mcore import ops
 from mcore.buildargs import BuildArgs
 from mcore.families import get_family
 from mcore.families.source import resolve_model
-from mcore import ops
 
 from .checkpoints import make_bert_checkpoint, make_distilbert_checkpoint, make_qwen3_checkpoint
 

@@ -13,8 +13,8 @@ import pytest
 import mcore.build as mcore_build
 import mcore.graph_capture as capture_mod
 from mcore.buildargs import BuildArgs
-from mcore.graph_capture import capture
 from mcore.graph.snapshot import fingerprint
+from mcore.graph_capture import capture
 
 from .conftest import REPO, assert_user_error
 from .test_replay import diff_rows, slice_session, step_index, table_rows

@@ -6,7 +6,6 @@ The GPU tests run the compiled kernels on the device (pytest -m gpu)."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

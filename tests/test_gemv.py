@@ -9,7 +9,6 @@ identity-copy slot pipeline in lockstep."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

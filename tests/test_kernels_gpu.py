@@ -20,6 +20,7 @@ def gpu_fns(tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     import tvm_ffi
+
     from mcore.kernels import build_kernel
 
     d = tmp_path_factory.mktemp("gpu-kernels")
@@ -182,7 +183,8 @@ def test_generated_cutedsl_residual_add_runs(tmp_path):
         lambda: a.copy_(src),
         lambda: torch.equal(out, src + b) or pytest.fail("wrong sum or order"),
     )
-    with pytest.raises(Exception):
+    # the CuTe DSL's TVM-FFI wrapper picks the error type of its shape check; any error is the point here
+    with pytest.raises(Exception):  # noqa: B017
         run(a, b, torch.empty(128, 768, device="cuda", dtype=torch.float16))  # the wrapper checks shapes
 
 

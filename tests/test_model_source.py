@@ -261,7 +261,10 @@ def test_building_a_core_draws_no_weights_and_loading_fills_them_all(monkeypatch
         fam = get_family(source.family)
         extra = {"max_cache_length": 16} if fam.kind == "decoder" else {"max_seq_length": 16}
         gargs = fam.graph_args(source.config, BuildArgs(model=str(folder), **extra))
-        for fill in (lambda core: fam.load_checkpoint(core, source), lambda core: fam.random_init(core, 3)):
+        for fill in (
+            lambda core, fam=fam, source=source: fam.load_checkpoint(core, source),
+            lambda core, fam=fam: fam.random_init(core, 3),
+        ):
             core = fam.build_core(source.config, gargs, "cpu")
             assert drawn == [], source.family
             with torch.no_grad():

@@ -14,8 +14,8 @@ import pytest
 from mcore.errors import UserError
 from mcore.fileio import check_overwrite
 from workbench.actions import ActionContext
-from workbench.dispatch import run_action
 from workbench.app import WorkbenchApp
+from workbench.dispatch import run_action
 from workbench.registry import REGISTRY
 from workbench.screens.dialogs import ConfirmOverwrite, ConfirmReplaceSession, PathPrompt
 from workbench.session import Session, find_tutorial

@@ -67,8 +67,8 @@ def test_decoder_profile_total_is_the_steps_order_of_magnitude(mcore, tmp_path, 
 def test_candidates_are_regions_select_region_accepts(mcore, tmp_path, bundles):
     qwen, _ = bundles
     r, p = _profile(mcore, tmp_path, qwen.bundle_path, "--top", "20")
-    from mcore.graph_capture import capture
     from mcore.buildargs import BuildArgs
+    from mcore.graph_capture import capture
 
     snap = capture(BuildArgs.from_dict(qwen.manifest["build_args"]), "decode").snapshot
     kinds = [c["kind"] for c in p["candidates"]]

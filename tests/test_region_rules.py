@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcore.graph.snapshot import Snapshot, fingerprint
 from mcore.selection import RegionError, check_receipt, convexity_violation, is_connected, select_region

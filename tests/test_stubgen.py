@@ -9,8 +9,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ class Graph:
         self.inputs: list[str] = []
         self.outputs: list[str] = []
 
-    def _tensor(self, dtype: str, shape: Sequence[int], name: str, producer: Optional[str]) -> str:
+    def _tensor(self, dtype: str, shape: Sequence[int], name: str, producer: str | None) -> str:
         tid = f"tensor:{len(self.tensors)}"
         self.tensors.append(
             {
@@ -66,7 +67,7 @@ class Graph:
         ins: Sequence[str],
         dtype: str,
         shape: Sequence[int],
-        name: Optional[str] = None,
+        name: str | None = None,
         module_path: str = "layer",
     ) -> str:
         nid = f"node:{len(self.nodes)}"
@@ -120,8 +121,8 @@ def binary_graph(
     op: str = "aten.add.Tensor",
     dtype: str = "FP16",
     shape=(256, 768),
-    dtype_b: Optional[str] = None,
-    out_dtype: Optional[str] = None,
+    dtype_b: str | None = None,
+    out_dtype: str | None = None,
     note: str = "",
 ) -> tuple[dict, str]:
     """x, y -> relu(x), relu(y) -> OP -> relu -> out; returns (snapshot, the OP node)."""

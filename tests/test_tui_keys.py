@@ -16,8 +16,8 @@ from textual.command import CommandPalette
 from textual.widgets import DataTable, Input, Tree
 
 from workbench.actions import ActionContext
-from workbench.dispatch import run_action
 from workbench.app import WorkbenchApp
+from workbench.dispatch import run_action
 from workbench.screens.dialogs import ConfirmQuit, PathPrompt, SummaryModal, TrustModal
 from workbench.session import Session, find_tutorial
 

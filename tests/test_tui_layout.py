@@ -8,8 +8,8 @@ import pytest
 from textual.widgets import DataTable, Tree
 
 from workbench.actions import ActionContext
-from workbench.dispatch import run_action
 from workbench.app import WorkbenchApp
+from workbench.dispatch import run_action
 from workbench.layout import tail, tree_width
 from workbench.screens.base import ROOMY_WIDTH
 from workbench.session import Session, find_tutorial

@@ -14,9 +14,9 @@ from textual.widgets import DataTable
 
 from mcore.selection import select_region
 from workbench.actions import ActionContext
-from workbench.dispatch import run_action
 from workbench.app import DEFAULT_BUILD_ARGS, WorkbenchApp
 from workbench.commands import palette_entries
+from workbench.dispatch import run_action
 from workbench.registry import REGISTRY
 
 from .profile_reports import fixed_report

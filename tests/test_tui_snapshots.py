@@ -11,14 +11,14 @@ UI change, then review the SVGs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import pytest
 
 from workbench.actions import ActionContext
-from workbench.dispatch import run_action
 from workbench.app import WorkbenchApp
+from workbench.dispatch import run_action
 from workbench.screens.dialogs import TrustModal
 from workbench.session import Session, find_tutorial
 
@@ -31,7 +31,7 @@ KEYS = {name: f"f{i + 1}" for i, name in enumerate(SCREENS)}
 SAMPLES = {"native": [40.1, 41.5, 41.2, 40.8, 41.9, 41.2], "external": [39.8, 41.0, 41.1, 41.3, 41.6, 40.9]}
 
 
-def perf_result(samples: dict, params: Optional[dict] = None) -> dict:
+def perf_result(samples: dict, params: dict | None = None) -> dict:
     """What gate_perf records for these per-pair samples (fastest-step steps/s), by mcore's rule."""
     import statistics
 
@@ -101,7 +101,7 @@ def recorded(tmp_path_factory) -> tuple[Path, list[tuple[str, dict, dict]]]:
     return ctx.workdir, steps
 
 
-async def settle(pilot, until: Optional[Callable[[], bool]] = None, timeout: float = 60) -> None:
+async def settle(pilot, until: Callable[[], bool] | None = None, timeout: float = 60) -> None:
     waited = 0.0
     while until is not None and not until() and waited < timeout:
         await pilot.pause(0.1)
@@ -114,7 +114,7 @@ def model_checked(app) -> bool:
     return bool(scr.family or scr.args_error)
 
 
-def loaded(recorded, screen: str, extra: Optional[Callable] = None):
+def loaded(recorded, screen: str, extra: Callable | None = None):
     """run_before: load the recorded results, wait for the model check, go to `screen`."""
     _, steps = recorded
 

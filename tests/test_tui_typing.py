@@ -13,8 +13,8 @@ from rich.color import ColorSystem
 from textual.widgets import Button, Input, OptionList, Tree
 
 from workbench.actions import ActionContext
-from workbench.dispatch import run_action
 from workbench.app import WorkbenchApp
+from workbench.dispatch import run_action
 from workbench.session import Session, find_tutorial
 
 from .tui_helpers import no_hf_cache, text_of  # noqa: F401 (autouse fixture)

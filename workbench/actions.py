@@ -19,9 +19,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from mcore import PERF_DEFAULTS, Progress, UserError
 
@@ -52,13 +53,13 @@ class ActionContext:
 
     workdir: Path
     progress: Progress = field(default_factory=Progress)
-    on_sample: Optional[SampleFn] = None
-    on_partial: Optional[Callable[[dict], None]] = None
-    log: Optional[LogFn] = None
-    device: Optional[str] = None
+    on_sample: SampleFn | None = None
+    on_partial: Callable[[dict], None] | None = None
+    log: LogFn | None = None
+    device: str | None = None
     confined: bool = False
     where: str = ""
-    trusted_libraries: Optional[Path] = None
+    trusted_libraries: Path | None = None
 
     def __post_init__(self) -> None:
         wd = Path(self.workdir).expanduser()
@@ -77,7 +78,7 @@ class ActionContext:
         q = Path(p).expanduser()
         return q if q.is_absolute() else self.workdir / q
 
-    def check_native(self, manifest: Optional[str], what: str = "kernel_bindings") -> None:
+    def check_native(self, manifest: str | None, what: str = "kernel_bindings") -> None:
         """Before a step loads (or has a benchmark process load) the DSOs a manifest names: in a
         replayed session, only libraries inside the trusted folder, and only when one was named."""
         if manifest is None or not self.confined:
@@ -114,7 +115,7 @@ class ActionContext:
                 f"{self.rel(trusted)}; pass {TRUST_FLAG} naming its folder if you trust it"
             ) from None
 
-    def rel(self, p: Any) -> Optional[str]:
+    def rel(self, p: Any) -> str | None:
         """A path as recorded in results: relative to the workdir when inside it."""
         if p is None:
             return None
@@ -210,11 +211,11 @@ def _output(ctx: ActionContext, p: Any, what: str, overwrite: Any) -> Path:
     return check_overwrite(ctx.path(p, what), _bool(overwrite, "overwrite"), flag="overwrite: true")
 
 
-def _opt_path(ctx: ActionContext, p: Any, what: str) -> Optional[str]:
+def _opt_path(ctx: ActionContext, p: Any, what: str) -> str | None:
     return None if p is None else str(ctx.path(p, what))
 
 
-def _receipt_results(ctx: ActionContext, receipt: "Receipt", path: Path) -> dict[str, Any]:
+def _receipt_results(ctx: ActionContext, receipt: Receipt, path: Path) -> dict[str, Any]:
     return {
         "binding_id": receipt.binding_id,
         "abi_sha256": receipt.abi_sha256,
@@ -226,9 +227,7 @@ def _receipt_results(ctx: ActionContext, receipt: "Receipt", path: Path) -> dict
     }
 
 
-def _pipeline(
-    ctx: ActionContext, kind: Optional[str], bundle: str, kernel_bindings: Optional[str], engine: str = "auto"
-):
+def _pipeline(ctx: ActionContext, kind: str | None, bundle: str, kernel_bindings: str | None, engine: str = "auto"):
     """The pipeline over `bundle`: the class for `kind` (the verb's: a wrong bundle is refused with
     the verb to use), or with kind None the class the bundle's family kind calls for."""
     from mcore import DecoderPipeline, EncoderPipeline, open_bundle, open_pipeline
@@ -286,7 +285,7 @@ def list_recipes(ctx: ActionContext, snapshot: str) -> dict:
     return {"recipes": rows, "count": len(rows)}
 
 
-def list_nodes(ctx: ActionContext, snapshot: str, match: Optional[str] = None, last: Optional[int] = None) -> dict:
+def list_nodes(ctx: ActionContext, snapshot: str, match: str | None = None, last: int | None = None) -> dict:
     """`mcore graph list [--match GLOB] | tail -n LAST`: display only, never selects anything."""
     from mcore import load_snapshot, node_matches, node_row
 
@@ -320,13 +319,14 @@ def select_recipe(
     recipe_id: str,
     instance: str,
     receipt: str,
-    binding_id: Optional[str] = None,
-    workspace_bytes: Optional[int] = None,
+    binding_id: str | None = None,
+    workspace_bytes: int | None = None,
     overwrite: bool = False,
 ) -> dict:
     """Resolve one recipe instance through select_region() and write its receipt (`workspace_bytes`
     replaces the recipe's, as `mcore graph select --recipe ... --workspace-bytes N`)."""
-    from mcore import load_snapshot, select_recipe as _select, write_json
+    from mcore import load_snapshot, write_json
+    from mcore import select_recipe as _select
 
     snap = load_snapshot(ctx.path(snapshot, "snapshot"))
     out = _output(ctx, receipt, "receipt", overwrite)
@@ -342,8 +342,8 @@ def select_nodes(
     binding_id: str,
     receipt: str,
     workspace_bytes: int = 0,
-    extra_args: Optional[list] = None,
-    output_shape_input: Optional[int] = None,
+    extra_args: list | None = None,
+    output_shape_input: int | None = None,
     overwrite: bool = False,
 ) -> dict:
     """`mcore graph select --nodes ...`: validate a hand-picked region and write its receipt."""
@@ -406,7 +406,7 @@ def export_kernel(
     exporter: str,
     receipt: str,
     output: str,
-    snapshot: Optional[str] = None,
+    snapshot: str | None = None,
     overwrite: bool = False,
 ) -> dict:
     """`mcore kernel export`: run an exporter (a shipped one by name, or a script such as kernel_stub
@@ -486,10 +486,10 @@ def build_bundle(
     ctx: ActionContext,
     build_args: dict,
     output: str,
-    recipe: Optional[list] = None,
-    graph_patch: Optional[str] = None,
-    device: Optional[str] = None,
-    workspace_bytes: Optional[int] = None,
+    recipe: list | None = None,
+    graph_patch: str | None = None,
+    device: str | None = None,
+    workspace_bytes: int | None = None,
     overwrite: bool = False,
 ) -> dict:
     """`mcore build`: native (no recipe/patch) or slot-ready (recipe or graph_patch) bundle;
@@ -531,8 +531,8 @@ def generate(
     bundle: str,
     prompt: str,
     max_new_tokens: int,
-    output: Optional[str] = None,
-    kernel_bindings: Optional[str] = None,
+    output: str | None = None,
+    kernel_bindings: str | None = None,
     chat: bool = False,
     overwrite: bool = False,
 ) -> dict:
@@ -557,9 +557,9 @@ def embed(
     ctx: ActionContext,
     bundle: str,
     prompt: str,
-    output: Optional[str] = None,
-    kernel_bindings: Optional[str] = None,
-    pooling: Optional[str] = None,
+    output: str | None = None,
+    kernel_bindings: str | None = None,
+    pooling: str | None = None,
     overwrite: bool = False,
 ) -> dict:
     """`mcore embed [--pooling P]`: the embedding (pooled as the checkpoint declares unless `pooling`
@@ -584,7 +584,7 @@ def verify_reference(
     prompt: str,
     max_new_tokens: int = 8,
     chat: bool = False,
-    kernel_bindings: Optional[str] = None,
+    kernel_bindings: str | None = None,
 ) -> dict:
     """`mcore verify reference`: the engine against transformers on the same checkpoint, per step."""
     from mcore import reference_check
@@ -619,7 +619,7 @@ def gate_logits(
     external_bundle: str,
     prompt: str,
     max_new_tokens: int = 16,
-    kernel_bindings: Optional[str] = None,
+    kernel_bindings: str | None = None,
     chat: bool = False,
     max_abs: float = 0.0,
 ) -> dict:
@@ -695,17 +695,17 @@ def gate_perf(
     ctx: ActionContext,
     native_bundle: str,
     external_bundle: str,
-    kernel_bindings: Optional[str],
+    kernel_bindings: str | None,
     prompt: str,
-    max_new_tokens: Optional[int] = None,
+    max_new_tokens: int | None = None,
     pairs: int | str = PERF_DEFAULTS.pairs,
     min_ratio: float = PERF_DEFAULTS.min_ratio,
     warmup: int = 1,
     bench_warmup: int = 2,
-    bench_runs: Optional[int] = None,
+    bench_runs: int | None = None,
     metric: str = PERF_DEFAULTS.metric,
-    max_pairs: Optional[int] = None,
-    budget_s: Optional[float] = None,
+    max_pairs: int | None = None,
+    budget_s: float | None = None,
     confidence: float = PERF_DEFAULTS.confidence,
 ) -> dict:
     """`mcore verify perf` on two bundles: `warmup` runs of each arm, then alternating fresh-process
@@ -773,11 +773,11 @@ def profile(
     ctx: ActionContext,
     bundle: str,
     output: str,
-    role: Optional[str] = None,
+    role: str | None = None,
     context: int = 128,
     steps: int = 3,
-    prompt: Optional[str] = None,
-    kernel_bindings: Optional[str] = None,
+    prompt: str | None = None,
+    kernel_bindings: str | None = None,
     fusion: bool = False,
     engine: str = "auto",
     overwrite: bool = False,

@@ -15,19 +15,20 @@ import json
 import os
 import tempfile
 import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any
 
-from textual.app import App
-from textual.screen import ModalScreen
 from textual import events
-from textual.widget import Widget
-from textual.widgets import Input, TextArea
 from textual.actions import ActionParseResult
+from textual.app import App
 from textual.css.query import NoMatches
 from textual.dom import DOMNode
+from textual.screen import ModalScreen
+from textual.widget import Widget
+from textual.widgets import Input, TextArea
 
-from mcore import CancelToken, Cancelled, Progress, UserError
+from mcore import Cancelled, CancelToken, Progress, UserError
 
 if TYPE_CHECKING:
     from .session import Session
@@ -67,13 +68,13 @@ class WorkbenchApp(App):
 
     def __init__(
         self,
-        tutorial: Optional[str] = None,
-        replay: Optional[str] = None,
-        workdir: Optional[str] = None,
-        ansi: Optional[bool] = None,
+        tutorial: str | None = None,
+        replay: str | None = None,
+        workdir: str | None = None,
+        ansi: bool | None = None,
         *,
-        start_screen: Optional[str] = None,
-        state: Optional[WorkbenchState] = None,
+        start_screen: str | None = None,
+        state: WorkbenchState | None = None,
     ):
         if ansi is None:
             ansi = os.environ.get("WORKBENCH_ANSI", "") not in ("", "0")
@@ -84,33 +85,33 @@ class WorkbenchApp(App):
         self._replay_arg = replay
         self._start_screen = start_screen
         self.state = state or WorkbenchState(workdir=self._make_workdir(workdir, tutorial or replay))
-        self.guide: Optional[GuideState] = None
-        self.session: Optional["Session"] = None  # created on first use
-        self.busy: Optional[str] = None
-        self.busy_params: Optional[dict[str, Any]] = None
+        self.guide: GuideState | None = None
+        self.session: Session | None = None  # created on first use
+        self.busy: str | None = None
+        self.busy_params: dict[str, Any] | None = None
         self.busy_label: str = ""
         self.busy_label_done: str = ""
         self.progress_step: str = ""
-        self.progress_fraction: Optional[float] = None
-        self.last_error: Optional[str] = None
+        self.progress_fraction: float | None = None
+        self.last_error: str | None = None
         self.last_error_expected = False  # the last "error" was one the guided session recorded
-        self._token: Optional[CancelToken] = None
-        self.startup_error: Optional[str] = None
-        self._expect_error: Optional[str] = None
-        self.last_outcome: Optional[ActionOutcome] = None  # the last finished action (shown; tests read it)
+        self._token: CancelToken | None = None
+        self.startup_error: str | None = None
+        self._expect_error: str | None = None
+        self.last_outcome: ActionOutcome | None = None  # the last finished action (shown; tests read it)
         self.message: tuple[str, str] = ("", "")  # the status line's last notice (text, style): no toasts
         self.saved_steps = 0  # session steps already in a saved file (quit asks about the rest)
-        self.guide_expanded: Optional[bool] = None  # None: beside the body when the terminal is roomy
+        self.guide_expanded: bool | None = None  # None: beside the body when the terminal is roomy
         self.history: list[str] = []  # screens visited, for alt+left = back
         # the text field the user is typing in: set by a printable key there, kept by tab/shift+tab,
         # cleared by any other key or a click; a letter after a tab out of the field is no command
-        self.typing_in: Optional[Widget] = None
+        self.typing_in: Widget | None = None
         self.summary_shown = False
         self.device_line = ""  # the header's device facts, filled in by a background probe
 
     # ------------------------------------------------------------------ setup
     @staticmethod
-    def _make_workdir(workdir: Optional[str], fresh_for: Optional[str]) -> Path:
+    def _make_workdir(workdir: str | None, fresh_for: str | None) -> Path:
         return make_workdir(workdir)
 
     def on_mount(self) -> None:
@@ -150,9 +151,9 @@ class WorkbenchApp(App):
     def _probe_device(self) -> None:
         """Device facts for the header (name, SMs, memory, measured copy rate and peak); torch and the
         copy measurement take a moment, so this runs off the UI thread, once."""
-        from mcore import describe_device, device_facts
-
         import torch
+
+        from mcore import describe_device, device_facts
 
         dev = self.state.device or ("cuda" if torch.cuda.is_available() else "cpu")
         try:
@@ -167,9 +168,8 @@ class WorkbenchApp(App):
             self.current.refresh_chrome()
 
     def load_guided(self, path: Path, mode: str) -> None:
-        from .session import Session
-
         from .replay import check_session
+        from .session import Session
 
         sess = Session.load(path)
         # someone else's steps: their paths stay in the work folder (the trust prompt covers DSOs)
@@ -220,7 +220,7 @@ class WorkbenchApp(App):
 
     # ------------------------------------------------------------------ navigation
     @property
-    def current(self) -> Optional[WorkbenchScreen]:
+    def current(self) -> WorkbenchScreen | None:
         s = self.screen
         return s if isinstance(s, WorkbenchScreen) else None
 
@@ -332,7 +332,7 @@ class WorkbenchApp(App):
             self.exit()
             return
 
-        def answered(choice: Optional[str]) -> None:
+        def answered(choice: str | None) -> None:
             if choice == "quit":
                 self.exit()
             elif choice == "save":
@@ -365,7 +365,7 @@ class WorkbenchApp(App):
             self.session = Session.new(title, guided=False, device=self.state.device)
         return self.session
 
-    def action_save_session(self, then: Optional[Callable[[], Any]] = None) -> None:
+    def action_save_session(self, then: Callable[[], Any] | None = None) -> None:
         """ctrl+s: ask for a path, then save (the overwrite rule: never over one of the session's own
         artifacts; over another existing file only after asking; its own file again is a save)."""
         from .screens.dialogs import ConfirmOverwrite, PathPrompt
@@ -387,7 +387,7 @@ class WorkbenchApp(App):
             if then is not None:
                 then()
 
-        def done(path: Optional[str]) -> None:
+        def done(path: str | None) -> None:
             if not path:
                 return
             target = self.state.path(path)
@@ -410,7 +410,7 @@ class WorkbenchApp(App):
             done,
         )
 
-    def _save_refusal(self, target: Path) -> Optional[str]:
+    def _save_refusal(self, target: Path) -> str | None:
         """Why the session may not be saved at `target` (one of its own artifacts), or None."""
         from .outputs import artifact_owner
 
@@ -433,7 +433,7 @@ class WorkbenchApp(App):
             return
         from .screens.dialogs import ConfirmReplaceSession
 
-        def answered(choice: Optional[str]) -> None:
+        def answered(choice: str | None) -> None:
             if choice == "quit":  # open it anyway
                 self._open_session_prompt()
             elif choice == "save":
@@ -444,7 +444,7 @@ class WorkbenchApp(App):
     def _open_session_prompt(self) -> None:
         from .screens.dialogs import PathPrompt
 
-        def done(path: Optional[str]) -> None:
+        def done(path: str | None) -> None:
             if not path:
                 return
             try:
@@ -601,12 +601,12 @@ class WorkbenchApp(App):
         action: str,
         params: dict[str, Any],
         *,
-        guide: Optional[dict[str, str]] = None,
-        on_done: Optional[Callable[[dict[str, Any]], None]] = None,
-        on_finish: Optional[Callable[[ActionOutcome], None]] = None,
-        label: Optional[str] = None,
+        guide: dict[str, str] | None = None,
+        on_done: Callable[[dict[str, Any]], None] | None = None,
+        on_finish: Callable[[ActionOutcome], None] | None = None,
+        label: str | None = None,
         trusted: bool = False,
-        expect_error: Optional[str] = None,
+        expect_error: str | None = None,
     ) -> bool:
         """Run one action in a thread worker; record it, apply its results, then call back (UI thread)."""
         if self.busy:
@@ -626,7 +626,7 @@ class WorkbenchApp(App):
             if lib not in self.state.trusted:
                 from .screens.dialogs import TrustModal
 
-                def answered(ok: Optional[bool]) -> None:
+                def answered(ok: bool | None) -> None:
                     if ok:
                         self.state.trusted.add(lib)
                         self.perform(
@@ -685,7 +685,7 @@ class WorkbenchApp(App):
             return False
         from .screens.dialogs import ConfirmOverwrite
 
-        def answered(ok: Optional[bool]) -> None:
+        def answered(ok: bool | None) -> None:
             if ok:
                 self.perform(action, dict(params, overwrite=True), trusted=False, **again)
                 return
@@ -721,7 +721,7 @@ class WorkbenchApp(App):
         action: str,
         params: dict[str, Any],
         token: CancelToken,
-        guide: Optional[dict[str, str]],
+        guide: dict[str, str] | None,
         on_done,
         on_finish,
     ) -> None:
@@ -896,7 +896,7 @@ class WorkbenchApp(App):
             spec.apply(self.state, params, results)
 
 
-def make_workdir(workdir: Optional[str]) -> Path:
+def make_workdir(workdir: str | None) -> Path:
     """The work folder: the one named, else a fresh artifacts/workbench-* folder (never reused silently)."""
     if workdir:
         p = Path(workdir).expanduser().resolve()
@@ -919,7 +919,7 @@ def check_replay_workdir(wd: Path) -> None:
     require_empty_workdir(wd)
 
 
-def run_app(tutorial: Optional[str] = None, replay: Optional[str] = None, workdir: Optional[str] = None) -> int:
+def run_app(tutorial: str | None = None, replay: str | None = None, workdir: str | None = None) -> int:
     """Entry point used by workbench/cli.py."""
     app = WorkbenchApp(tutorial=tutorial, replay=replay, workdir=workdir)
     app.run()

@@ -27,8 +27,8 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from mcore import Cancelled, UserError
 
@@ -148,9 +148,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     return headless_replay(session, ns.workdir, keep_going=ns.keep_going, trust_libraries=ns.trust_libraries)
 
 
-def headless_replay(
-    session, workdir: Optional[str], keep_going: bool = False, trust_libraries: Optional[str] = None
-) -> int:
+def headless_replay(session, workdir: str | None, keep_going: bool = False, trust_libraries: str | None = None) -> int:
     from .replay import replay
 
     temp = None
@@ -183,7 +181,7 @@ def headless_replay(
     return report.exit_code
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from mcore import check_std_streams
 
     closed = check_std_streams(PROG)

@@ -3,8 +3,9 @@ themselves, so a new binding shows up here with no second list to keep in step."
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
@@ -23,7 +24,7 @@ def _key(binding: Binding) -> str:
     return binding.key_display or binding.key.replace("question_mark", "?").replace("slash", "/")
 
 
-def screen_classes() -> dict[str, type["WorkbenchScreen"]]:
+def screen_classes() -> dict[str, type[WorkbenchScreen]]:
     from .screens.build import BuildScreen
     from .screens.graph import GraphScreen
     from .screens.kernel import KernelScreen

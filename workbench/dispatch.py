@@ -10,7 +10,7 @@ import inspect
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from mcore import UserError
 
@@ -18,7 +18,7 @@ from .actions import ActionContext, confine
 from .registry import REGISTRY
 
 
-def model_spec_where(spec: Any) -> Optional[str]:
+def model_spec_where(spec: Any) -> str | None:
     """Why a model spec in a session names a folder outside the workdir, or None when it does not
     (demo: specs and hub IDs name no folder; a local folder must not be absolute or climb out)."""
     if not isinstance(spec, str) or spec.startswith("demo:"):
@@ -74,7 +74,7 @@ def check_params(action: str, params: Any, where: str) -> None:
     check_fields(params, where, set(req), set(opt))
 
 
-def run_action(ctx: ActionContext, action: str, params: dict[str, Any]) -> tuple[Optional[dict], Optional[str]]:
+def run_action(ctx: ActionContext, action: str, params: dict[str, Any]) -> tuple[dict | None, str | None]:
     """Run one action: (results, None) on success, (None, error text) on a UserError.
 
     Cancellation (mcore.Cancelled) and programming errors propagate.

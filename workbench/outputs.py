@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .state import WorkbenchState
     from .screens.guide import GuideState
     from .session import Session
+    from .state import WorkbenchState
 
 
 def is_regular_file(p: Path) -> bool:
@@ -27,7 +28,7 @@ def is_regular_file(p: Path) -> bool:
         return False
 
 
-def taken_outputs(action: str, params: dict[str, Any], state: "WorkbenchState") -> list[str]:
+def taken_outputs(action: str, params: dict[str, Any], state: WorkbenchState) -> list[str]:
     """The outputs of a step that would replace an existing regular file (empty with overwrite)."""
     from .registry import REGISTRY
 
@@ -38,7 +39,7 @@ def taken_outputs(action: str, params: dict[str, Any], state: "WorkbenchState") 
     return [str(v) for v in names if isinstance(v, str) and v.strip() and is_regular_file(state.path(v))]
 
 
-def fresh_name(state: "WorkbenchState", name: str) -> str:
+def fresh_name(state: WorkbenchState, name: str) -> str:
     """`name` when nothing is there yet, else name-2.ext, name-3.ext, ... (relative to the work folder)."""
     p = Path(name)
     stem, suffix = (p.name.split(".", 1) + [""])[:2]
@@ -61,8 +62,8 @@ def _strings(value: Any) -> Iterable[str]:
 
 
 def artifact_owner(
-    target: Path, state: "WorkbenchState", session: Optional["Session"], guide: Optional["GuideState"]
-) -> Optional[str]:
+    target: Path, state: WorkbenchState, session: Session | None, guide: GuideState | None
+) -> str | None:
     """Which recorded step wrote or read `target` ("step 3 (generate)"), or None: a session file is
     never saved over the artifacts its own steps name."""
     sources = [s for s in (session, guide.session if guide else None) if s is not None]

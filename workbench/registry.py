@@ -13,8 +13,9 @@ and the mcore readers it needs are imported when it runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from mcore import UserError
 
@@ -51,18 +52,18 @@ class ActionSpec:
 
     name: str
     fn: Callable[..., dict]
-    screen: Optional[str]
+    screen: str | None
     stable_keys: tuple[str, ...]
     path_params: tuple[str, ...]
-    native_param: Optional[str]
+    native_param: str | None
     shown: tuple[str, ...]
     apply: ApplyFn
-    code_param: Optional[str] = None
+    code_param: str | None = None
     output_params: tuple[str, ...] = ()
     gate: bool = False
     recorded_keys: tuple[str, ...] = ()
 
-    def trust_needed(self, params: Params) -> Optional[str]:
+    def trust_needed(self, params: Params) -> str | None:
         """The param whose value this step would run as someone's native code or script, or None."""
         if self.native_param and params.get(self.native_param) is not None:
             return self.native_param
@@ -410,7 +411,7 @@ VERDICTS = ("PASS", "FAIL", "PROMOTE", "REJECT", "INCONCLUSIVE")
 PASSING = ("PASS", "PROMOTE")
 
 
-def verdict_of(action: str, results: Optional[Params]) -> Optional[str]:
+def verdict_of(action: str, results: Params | None) -> str | None:
     """A gate step's verdict word from its results (None for other actions or no results).
 
     Sessions recorded before gates recorded a verdict carry only `passed`: PASS/FAIL, and for the

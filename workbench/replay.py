@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any
 
 from mcore import NO_PROGRESS, Cancelled, Progress, UserError
 
@@ -49,8 +50,8 @@ class StepOutcome:
     status: str  # what happened now: "ok" | "error"
     differences: list[Difference] = field(default_factory=list)
     compared: tuple[str, ...] = ()  # the stable fields compared
-    results: Optional[dict[str, Any]] = None
-    error: Optional[str] = None
+    results: dict[str, Any] | None = None
+    error: str | None = None
     seconds: float = 0.0
 
     @property
@@ -65,17 +66,17 @@ class StepOutcome:
     def verdict(self) -> str:
         return "SKIP" if self.skipped else "OK" if self.matched else "DIFF"
 
-    recorded_verdict: Optional[str] = None  # the gate verdict the session recorded (None: not recorded)
+    recorded_verdict: str | None = None  # the gate verdict the session recorded (None: not recorded)
 
     @property
-    def gate_verdict(self) -> Optional[str]:
+    def gate_verdict(self) -> str | None:
         """A gate step's verdict now (PASS/FAIL/PROMOTE/REJECT/INCONCLUSIVE); None for other steps or errors."""
         if self.action not in GATES or self.status != "ok":
             return None
         return verdict_of(self.action, self.results)
 
     @property
-    def gate(self) -> Optional[bool]:
+    def gate(self) -> bool | None:
         """A gate step's verdict now as passed (True) or not (False); None for other steps or errors."""
         v = self.gate_verdict
         return None if v is None else v in PASSING
@@ -96,7 +97,7 @@ class StepOutcome:
         return verdict_note(self.index, self.action, self.recorded_verdict, self.gate_verdict)
 
 
-def verdict_note(index: int, action: str, recorded: Optional[str], now: Optional[str]) -> str:
+def verdict_note(index: int, action: str, recorded: str | None, now: str | None) -> str:
     """What a replay's headline (and the TUI's summary) says about a gate step, "" when it passed as
     recorded: a changed verdict, a reproduced recorded failure, INCONCLUSIVE again, or a gate with
     no recorded verdict that did not pass."""
@@ -114,7 +115,7 @@ def verdict_note(index: int, action: str, recorded: Optional[str], now: Optional
 @dataclass
 class ReplayReport:
     title: str
-    session_path: Optional[Path]
+    session_path: Path | None
     workdir: Path
     outcomes: list[StepOutcome] = field(default_factory=list)
     total_steps: int = 0
@@ -263,7 +264,7 @@ def _norm(v: Any) -> str:
     return json.dumps(v, sort_keys=True, separators=(",", ":"))
 
 
-def graph_note(step: Step, results: Optional[dict], header: Optional[dict]) -> list[Difference]:
+def graph_note(step: Step, results: dict | None, header: dict | None) -> list[Difference]:
     """Why a recorded graph fingerprint differs, when it can be said: the torch that recorded the
     session against the one replaying it, and (for a capture) the op counts that changed. The
     fingerprint leaves tool versions out, so a difference here is a real graph difference."""
@@ -286,7 +287,7 @@ def graph_note(step: Step, results: Optional[dict], header: Optional[dict]) -> l
 
 
 def compare_step(
-    step: Step, status: str, results: Optional[dict], error: Optional[str], header: Optional[dict] = None
+    step: Step, status: str, results: dict | None, error: str | None, header: dict | None = None
 ) -> list[Difference]:
     """Differences between a recorded step and what it did now; `header` (the session's) lets a
     fingerprint difference name the torch versions involved."""
@@ -296,7 +297,7 @@ def compare_step(
     return diffs
 
 
-def _compare_step(step: Step, status: str, results: Optional[dict], error: Optional[str]) -> list[Difference]:
+def _compare_step(step: Step, status: str, results: dict | None, error: str | None) -> list[Difference]:
     if step.status == "not_run":  # nothing recorded to compare with: it must run (its gate is checked apart)
         return (
             [Difference("status", f"ok (not recorded: {step.error})", f"error: {error}")] if status == "error" else []
@@ -326,9 +327,9 @@ def require_empty_workdir(wd: Path) -> None:
 def check_session(
     session: Session,
     workdir: Path,
-    trust_libraries: Optional[Path] = None,
+    trust_libraries: Path | None = None,
     native_confirmed: bool = False,
-    device: Optional[str] = None,
+    device: str | None = None,
 ) -> None:
     """Before any step runs: every path the session names stays inside `workdir`, and a step that
     would load native code has the user's say-so (a trusted library folder, or the TUI's prompt);
@@ -349,7 +350,7 @@ def check_session(
             )
 
 
-def trusted_folder(workdir: Path, trust_libraries: Union[str, os.PathLike, None]) -> Optional[Path]:
+def trusted_folder(workdir: Path, trust_libraries: str | os.PathLike | None) -> Path | None:
     """--trust-libraries DIR: relative to the workdir (a session's libraries can only live there)."""
     if trust_libraries is None:
         return None
@@ -367,7 +368,7 @@ def trusted_folder(workdir: Path, trust_libraries: Union[str, os.PathLike, None]
 EXIT_REPRODUCED = 3
 
 
-def cuda_here(device: Optional[str]) -> bool:
+def cuda_here(device: str | None) -> bool:
     """Whether a step that requires CUDA can run here (with `device` as the replay forces it)."""
     if device is not None and not str(device).startswith("cuda"):
         return False
@@ -378,21 +379,21 @@ def cuda_here(device: Optional[str]) -> bool:
 
 SKIP_NOTE = "needs CUDA; skipped on this machine"
 
-OnStep = Callable[[int, Step, Optional[StepOutcome]], None]
+OnStep = Callable[[int, Step, StepOutcome | None], None]
 
 
 def replay(
-    session_path: Union[str, os.PathLike, Session],
-    workdir: Union[str, os.PathLike],
-    progress: Optional[Progress] = None,
-    on_step: Optional[OnStep] = None,
+    session_path: str | os.PathLike | Session,
+    workdir: str | os.PathLike,
+    progress: Progress | None = None,
+    on_step: OnStep | None = None,
     *,
-    log: Optional[Callable[[str], None]] = None,
-    on_sample: Optional[Callable[[str, int, float], None]] = None,
-    device: Optional[str] = None,
+    log: Callable[[str], None] | None = None,
+    on_sample: Callable[[str, int, float], None] | None = None,
+    device: str | None = None,
     require_empty: bool = True,
     keep_going: bool = False,
-    trust_libraries: Union[str, os.PathLike, None] = None,
+    trust_libraries: str | os.PathLike | None = None,
 ) -> ReplayReport:
     """Re-execute the steps of a session in `workdir` and compare stable results.
 
@@ -451,8 +452,8 @@ def replay(
         )
         report.workdir = ctx.workdir
         t0 = time.perf_counter()
-        results: Optional[dict] = None
-        error: Optional[str] = None
+        results: dict | None = None
+        error: str | None = None
         try:
             results = json.loads(json.dumps(REGISTRY[step.action].fn(ctx, **step.params), default=str))
             status = "ok"

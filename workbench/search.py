@@ -8,8 +8,6 @@ case, somewhere in the node's ID, op, category, name, module path or recipe inst
 
 from __future__ import annotations
 
-from typing import Optional
-
 from mcore import Node, node_matches
 
 GLOB_CHARS = "*?["
@@ -23,7 +21,7 @@ def words(query: str) -> list[str]:
     return [w for w in query.lower().split() if w]
 
 
-def node_hit(node: Node, query: str, recipe: Optional[str] = None) -> bool:
+def node_hit(node: Node, query: str, recipe: str | None = None) -> bool:
     """Whether a node matches the search query (empty query: every node)."""
     query = query.strip()
     if not query:

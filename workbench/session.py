@@ -25,7 +25,7 @@ import os
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from mcore import UserError, check_fields, read_json, write_json
 
@@ -43,7 +43,7 @@ REQUIREMENTS = ("cuda",)
 NOT_RUN = "made on a machine without CUDA"
 
 
-def _dist_version(name: str) -> Optional[str]:
+def _dist_version(name: str) -> str | None:
     from importlib import metadata
 
     try:
@@ -65,7 +65,7 @@ def tool_versions() -> dict[str, str]:
     return out
 
 
-def machine_info(device: Optional[str] = None) -> dict[str, str]:
+def machine_info(device: str | None = None) -> dict[str, str]:
     if device is None:
         try:
             import torch
@@ -77,7 +77,7 @@ def machine_info(device: Optional[str] = None) -> dict[str, str]:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
 
 def _check_json_value(value: Any, where: str) -> None:
@@ -107,9 +107,9 @@ class Step:
     params: dict[str, Any]
     results: dict[str, Any] = field(default_factory=dict)
     status: str = "ok"
-    error: Optional[str] = None
-    guide: Optional[dict[str, str]] = None
-    requires: Optional[str] = None  # "cuda": runs only where CUDA is
+    error: str | None = None
+    guide: dict[str, str] | None = None
+    requires: str | None = None  # "cuda": runs only where CUDA is
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -130,7 +130,7 @@ class Step:
         return (self.guide or {}).get("title") or self.action
 
 
-def check_guide(guide: Any, where: str) -> Optional[dict[str, str]]:
+def check_guide(guide: Any, where: str) -> dict[str, str] | None:
     if guide is None:
         return None
     check_fields(guide, f"{where}: guide", _GUIDE_REQUIRED)
@@ -197,7 +197,7 @@ def check_header(h: Any, where: str) -> dict[str, Any]:
 class Session:
     """An ordered list of steps plus a header. `record()` appends; `save()` writes atomically."""
 
-    def __init__(self, header: dict[str, Any], steps: Optional[list[Step]] = None, path: Optional[Path] = None):
+    def __init__(self, header: dict[str, Any], steps: list[Step] | None = None, path: Path | None = None):
         self.header = header
         self.steps: list[Step] = list(steps or [])
         self.path = path
@@ -208,10 +208,10 @@ class Session:
         cls,
         title: str,
         guided: bool = False,
-        device: Optional[str] = None,
-        name: Optional[str] = None,
-        description: Optional[str] = None,
-    ) -> "Session":
+        device: str | None = None,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> Session:
         header: dict[str, Any] = {
             "title": title,
             "created": _now(),
@@ -226,7 +226,7 @@ class Session:
         return cls(header)
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "session") -> "Session":
+    def from_dict(cls, data: Any, where: str = "session") -> Session:
         check_fields(data, where, _TOP_FIELDS)
         if data["kind"] != SESSION_KIND:
             raise UserError(f"{where}: kind is {data['kind']!r}, not a workbench session ({SESSION_KIND})")
@@ -240,7 +240,7 @@ class Session:
         return cls(header, steps)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Session":
+    def load(cls, path: str | os.PathLike) -> Session:
         path = Path(path)
         s = cls.from_dict(read_json(path, "workbench session"), str(path))
         s.path = path
@@ -254,7 +254,7 @@ class Session:
             "steps": [s.to_dict() for s in self.steps],
         }
 
-    def save(self, path: Optional[str | os.PathLike] = None) -> Path:
+    def save(self, path: str | os.PathLike | None = None) -> Path:
         target = Path(path) if path is not None else self.path
         if target is None:
             raise UserError("no session file given; choose where to save the session")
@@ -269,10 +269,10 @@ class Session:
         self,
         action: str,
         params: dict[str, Any],
-        results: Optional[dict[str, Any]] = None,
-        error: Optional[str | BaseException] = None,
-        guide: Optional[dict[str, str]] = None,
-        requires: Optional[str] = None,
+        results: dict[str, Any] | None = None,
+        error: str | BaseException | None = None,
+        guide: dict[str, str] | None = None,
+        requires: str | None = None,
         not_run: bool = False,
     ) -> Step:
         """Append a step: `results` for a success, or `error` (text or the UserError) for a failure;

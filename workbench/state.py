@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, overload
+from typing import TYPE_CHECKING, Any, overload
 
 if TYPE_CHECKING:  # pragma: no cover
     from mcore import Receipt, Snapshot
@@ -28,35 +28,35 @@ class WorkbenchState:
     workdir: Path
     # free exploration starts from the tutorials' build arguments (same cache length, same graph)
     build_args: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_BUILD_ARGS))
-    device: Optional[str] = None  # None = auto (the bundle's device, else CUDA when present)
-    engine_role: Optional[str] = None
-    family_kind: Optional[str] = None  # "decoder" / "encoder" once known
-    snapshot: Optional["Snapshot"] = None
-    snapshot_path: Optional[str] = None
-    capture_results: Optional[dict[str, Any]] = None
+    device: str | None = None  # None = auto (the bundle's device, else CUDA when present)
+    engine_role: str | None = None
+    family_kind: str | None = None  # "decoder" / "encoder" once known
+    snapshot: Snapshot | None = None
+    snapshot_path: str | None = None
+    capture_results: dict[str, Any] | None = None
     marked: list[str] = field(default_factory=list)
-    listing: Optional[dict[str, Any]] = None  # the last list_nodes: {"match", "last", "ids"}
-    receipt: Optional["Receipt"] = None
-    receipt_path: Optional[str] = None
-    library: Optional[str] = None
-    stub_path: Optional[str] = None
-    stub_text: Optional[str] = None
+    listing: dict[str, Any] | None = None  # the last list_nodes: {"match", "last", "ids"}
+    receipt: Receipt | None = None
+    receipt_path: str | None = None
+    library: str | None = None
+    stub_path: str | None = None
+    stub_text: str | None = None
     export_output: list[str] = field(default_factory=list)
-    manifest: Optional[str] = None
+    manifest: str | None = None
     bundles: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "slot" -> results
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "external" -> results
-    correctness: Optional[dict[str, Any]] = None
-    perf: Optional[dict[str, Any]] = None
-    reference: Optional[dict[str, Any]] = None  # the last verify_reference results
-    logits: Optional[dict[str, Any]] = None  # the last gate_logits results (decoders)
-    profile: Optional[dict[str, Any]] = None  # the last profile report (mcore.profile's JSON)
-    profile_path: Optional[str] = None
-    profile_partial: Optional[dict[str, Any]] = None  # what a running profile has attributed so far
+    correctness: dict[str, Any] | None = None
+    perf: dict[str, Any] | None = None
+    reference: dict[str, Any] | None = None  # the last verify_reference results
+    logits: dict[str, Any] | None = None  # the last gate_logits results (decoders)
+    profile: dict[str, Any] | None = None  # the last profile report (mcore.profile's JSON)
+    profile_path: str | None = None
+    profile_partial: dict[str, Any] | None = None  # what a running profile has attributed so far
     chat: bool = False  # generate through the checkpoint's chat template
     trusted: set[str] = field(default_factory=set)
     samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})
     log: list[str] = field(default_factory=list)
-    last_prompt: Optional[dict[str, Any]] = None  # {"prompt", "max_new_tokens"} of the last run
+    last_prompt: dict[str, Any] | None = None  # {"prompt", "max_new_tokens"} of the last run
     watch_rounds: list[dict[str, Any]] = field(default_factory=list)  # the Kernel screen's watch: Round.to_dict()
     # the watch's gate settings (mcore.WatchConfig fields); the perf gate's as the Verify screen runs it
     watch_settings: dict[str, Any] = field(default_factory=lambda: {"pairs": 3, "warmup": 1, "max_new_tokens": 8})
@@ -65,13 +65,13 @@ class WorkbenchState:
     def path(self, p: str) -> Path: ...
     @overload
     def path(self, p: None) -> None: ...
-    def path(self, p: Optional[str]) -> Optional[Path]:
+    def path(self, p: str | None) -> Path | None:
         if p is None:
             return None
         q = Path(p)
         return q if q.is_absolute() else self.workdir / q
 
-    def show_path(self, p: Optional[str]) -> str:
+    def show_path(self, p: str | None) -> str:
         """A path as shown on screen: relative to the workdir when inside it (no tmp paths)."""
         if not p:
             return "-"
@@ -98,6 +98,6 @@ class WorkbenchState:
 class ActionOutcome:
     action: str
     params: dict[str, Any]
-    results: Optional[dict[str, Any]] = None
-    error: Optional[str] = None  # the one-line text shown (and recorded)
+    results: dict[str, Any] | None = None
+    error: str | None = None  # the one-line text shown (and recorded)
     kind: str = "ok"  # ok | user | cancelled | bug

@@ -7,7 +7,6 @@ import json
 import statistics
 import sys
 import time
-from typing import Optional
 
 from ..buildargs import add_build_args, build_args_from_namespace
 from ..errors import UserError
@@ -56,10 +55,10 @@ def cmd_build(ns: argparse.Namespace) -> int:
 
 
 def _pipeline(ns: argparse.Namespace, kind: str, prompts: tuple[str, ...] = ()):
-    from ..bundle_contents import read_json_member
-    from ..pipeline import DecoderPipeline, EncoderPipeline, bundle_tokenizer, check_fits, encode_prompt
     from ..bundle import open_bundle
+    from ..bundle_contents import read_json_member
     from ..families import bundle_kind
+    from ..pipeline import DecoderPipeline, EncoderPipeline, bundle_tokenizer, check_fits, encode_prompt
 
     bundle = open_bundle(ns.bundle)
     chat = getattr(ns, "chat", False)
@@ -102,7 +101,7 @@ def check_sampling(ns: argparse.Namespace) -> None:
         raise UserError(f"--seed must be in 0..{2**63 - 1}, got {ns.seed}")
 
 
-def _device_field(seconds: Optional[float]) -> str:
+def _device_field(seconds: float | None) -> str:
     """On CUDA, the benchmark line's device time per step (`verify perf --metric device` reads it);
     named so that the tutorial's `tokens_per_sec=` pattern still finds the wall-clock throughput."""
     return "" if seconds is None else f" device_step_ms={seconds * 1e3:.5f}"

@@ -6,7 +6,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ..errors import Cancelled, UserError
 from ..fileio import check_std_streams, stdout_failed
@@ -40,7 +40,7 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     closed = check_std_streams("mcore")
     if closed is not None:
         return closed

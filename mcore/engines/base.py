@@ -7,7 +7,8 @@ selection, bundles and the TUI never see more than this.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -52,7 +53,7 @@ class Engine(Protocol):
         slots: Sequence[tuple[Any, Any]],
         device: torch.device,
         structure: Any = None,
-    ) -> Optional[tuple[RoleRunner, Any]]:
+    ) -> tuple[RoleRunner, Any] | None:
         """(runner, the role's graph snapshot) ready-made from an earlier load, without capture; or
         None: then the caller captures the graph and calls compile_role. `fingerprint`: the role
         graph's, from the bundle (the snapshot returned has it); `structure`: the role's

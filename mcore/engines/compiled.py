@@ -24,24 +24,24 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import torch
 import torch._inductor.config
 
 from .. import __version__, cache, inductor
 from ..errors import UserError
-from ..progress import NO_PROGRESS, Progress
-from ..receipt import SlotRecord
-from ..graph.snapshot import Snapshot
 from ..gemv import enabled as gemv_enabled
 from ..gemv import glu_enabled
+from ..graph.snapshot import Snapshot
+from ..progress import NO_PROGRESS, Progress
+from ..receipt import SlotRecord
 from .fusion import fuse_sibling_projections, fuse_weights
 from .gemv_pass import use_gemv
 from .prepared import PreparedGraph, RoleProgram, prepare_graph
 from .regions import plan_regions
-from .structure import RoleStructure, rebased, structure_key
 from .standalone import (
     CompiledRegions,
     compile_regions,
@@ -51,9 +51,10 @@ from .standalone import (
     save_regions,
     standalone,
 )
+from .structure import RoleStructure, rebased, structure_key
 
 
-def _torch_default_inductor_dir() -> Optional[str]:
+def _torch_default_inductor_dir() -> str | None:
     try:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
     except ImportError:
@@ -172,21 +173,21 @@ class CompiledRoleRunner:
         prepared: RoleProgram,
         device: torch.device,
         key: str,
-        snapshot: Optional[Snapshot] = None,
-        fn: Optional[Callable[..., Any]] = None,
-        made_from: Optional[dict[str, Any]] = None,
+        snapshot: Snapshot | None = None,
+        fn: Callable[..., Any] | None = None,
+        made_from: dict[str, Any] | None = None,
     ):
         self.prepared = prepared
         self.device = device
         self.key = key
         self.made_from = made_from
         self.snapshot = snapshot
-        self.fn: Optional[Callable[..., Any]] = fn  # made by prepare(), which knows the role's shapes
+        self.fn: Callable[..., Any] | None = fn  # made by prepare(), which knows the role's shapes
         self.graphs: dict[tuple, _Replay] = {}
-        self.compile_s: Optional[float] = None
-        self.cached: Optional[bool] = None
+        self.compile_s: float | None = None
+        self.cached: bool | None = None
         self.calls_compiled = 0  # calls that ran compiled code outside a CUDA graph
-        self.artifact: Optional[Path] = None  # the precompiled artifact this role runs (see `precompiled`)
+        self.artifact: Path | None = None  # the precompiled artifact this role runs (see `precompiled`)
         self.load_s = 0.0  # reading a precompiled role (artifact and record), counted in compile_s
         self.settings: list[str] = []  # Inductor settings beyond deterministic mode (describe() names them)
         self.compiled_beside = False  # compiled by a helper process while this one did another role
@@ -318,7 +319,7 @@ class _Replay:
         self.graph, self.inputs, self.outputs, self.mutated = graph, inputs, outputs, mutated
 
     @classmethod
-    def capture(cls, runner: CompiledRoleRunner, inputs: Sequence[torch.Tensor]) -> "_Replay":
+    def capture(cls, runner: CompiledRoleRunner, inputs: Sequence[torch.Tensor]) -> _Replay:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             outs = runner._run(inputs)
@@ -326,7 +327,7 @@ class _Replay:
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         copied = []
-        for i, (mine, x) in enumerate(zip(self.inputs, inputs)):
+        for i, (mine, x) in enumerate(zip(self.inputs, inputs, strict=False)):
             if x is not mine:
                 mine.copy_(x)
                 copied.append(i)
@@ -377,7 +378,7 @@ def graph_sha256(gm: torch.fx.GraphModule) -> str:
     return hashlib.sha256(gm.code.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _write_record(path: Path, runner: "CompiledRoleRunner") -> None:
+def _write_record(path: Path, runner: CompiledRoleRunner) -> None:
     """The role record beside a precompiled artifact: what it was made from, the artifact's sha256,
     and what a later load needs instead of the graph."""
     prog, snapshot = runner.prepared, runner.snapshot
@@ -434,7 +435,7 @@ def _signature(inputs: Sequence[torch.Tensor]) -> tuple:
     return tuple((tuple(x.shape), x.dtype, x.device) for x in inputs)
 
 
-def _read_marker(path: Path) -> Optional[dict]:
+def _read_marker(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError, RecursionError):
@@ -494,8 +495,8 @@ class CompiledEngine:
         state: dict[str, torch.Tensor],
         slots: Sequence[tuple[SlotRecord, Any]],
         device: torch.device,
-        structure: Optional[RoleStructure] = None,
-    ) -> Optional[tuple[CompiledRoleRunner, Snapshot]]:
+        structure: RoleStructure | None = None,
+    ) -> tuple[CompiledRoleRunner, Snapshot] | None:
         """The role and its snapshot from its precompiled artifact and record (see `precompiled`), with no capture
         and no graph; None where there is none for this structure, these slots, device and torch, it
         does not load, or its recorded graph, under this model's metadata, is not exactly the graph
@@ -512,8 +513,8 @@ class CompiledEngine:
         state: dict[str, torch.Tensor],
         slots: Sequence[tuple[SlotRecord, Any]],
         device: torch.device,
-        structure: Optional[RoleStructure],
-    ) -> Optional[tuple[CompiledRoleRunner, Snapshot]]:
+        structure: RoleStructure | None,
+    ) -> tuple[CompiledRoleRunner, Snapshot] | None:
         if not precompiled(device) or structure is None:
             return None
         made = made_from(structure.key, [s for s, _ in slots], device)

@@ -51,7 +51,7 @@ def fuse_sibling_projections(p: PreparedGraph) -> int:
         with gm.graph.inserting_before(first):
             y = gm.graph.call_function(torch.ops.aten.linear.default, (x, ph))
             y.meta["mcore_fused_nodes"] = [lin.name for lin in lins]  # a profile charges them its kernel
-            for lin, (a, b) in zip(lins, bounds):
+            for lin, (a, b) in zip(lins, bounds, strict=True):
                 part = gm.graph.call_function(torch.ops.aten.slice.Tensor, (y, -1, a, b))
                 if "val" in lin.meta:  # the same value as the product it stands for (later passes read it)
                     part.meta["val"] = lin.meta["val"]
@@ -77,7 +77,7 @@ def fuse_weights(p: RoleProgram, idx: list[int]) -> tuple[torch.Tensor, list[tup
         weight = torch.cat(ws, 0)
     bounds = []
     start = 0
-    for i, w in zip(idx, ws):
+    for i, w in zip(idx, ws, strict=True):
         view = weight[start : start + w.shape[0]]
         bounds.append((start, start + w.shape[0]))
         src = p.state_sources[i]

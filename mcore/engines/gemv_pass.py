@@ -8,7 +8,8 @@ q/k/v or gate/up product becomes one GEMV) and never touches a slot.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import fx
@@ -21,9 +22,9 @@ def _sizes(user: list[fx.Node], inputs: Sequence[torch.Tensor]) -> dict[Any, int
     """Each size symbol of the graph's inputs (a dynamic token count) bound to the size it has in
     `inputs`, the buffers a fixed-shape role runs on for its whole life."""
     bound: dict[Any, int] = {}
-    for ph, x in zip(user, inputs):
+    for ph, x in zip(user, inputs, strict=False):
         val = ph.meta.get("val")
-        for d, size in zip(getattr(val, "shape", ()), x.shape):
+        for d, size in zip(getattr(val, "shape", ()), x.shape, strict=False):
             if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
                 bound[d.node.expr] = int(size)
     return bound

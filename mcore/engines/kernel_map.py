@@ -16,8 +16,9 @@ import dataclasses
 import glob
 import json
 import tempfile
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch._inductor.config

@@ -7,8 +7,9 @@ same graph (same slots, same boundaries); they differ only in how they execute i
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import fx

@@ -30,8 +30,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence
+from itertools import pairwise
+from typing import Any
 
 import torch
 from torch import fx
@@ -98,7 +100,7 @@ class RegionPlan:
     layers: list[str] = field(default_factory=list)  # per region, for messages: "layers 1-3"
 
 
-def plan_regions(gm: fx.GraphModule, min_regions: int = 3) -> Optional[RegionPlan]:
+def plan_regions(gm: fx.GraphModule, min_regions: int = 3) -> RegionPlan | None:
     """Cut `gm` where no bit can change (see the module doc); None where fewer than `min_regions`
     regions result or a region repeats no other (nothing to gain over the whole graph)."""
     nodes = list(gm.graph.nodes)
@@ -118,7 +120,7 @@ def plan_regions(gm: fx.GraphModule, min_regions: int = 3) -> Optional[RegionPla
     if len(cuts) + 1 < min_regions:
         return None
     bounds = [0, *cuts, len(order)]
-    regions = [order[a:b] for a, b in zip(bounds, bounds[1:])]
+    regions = [order[a:b] for a, b in pairwise(bounds)]
     plan = _build(gm, placeholders, out, regions, dup)
     if len(set(plan.signatures)) == len(plan.signatures):
         return None
@@ -136,7 +138,7 @@ def _derived_from_inputs(nodes: list[fx.Node], stored: set[fx.Node]) -> set[fx.N
     return dup
 
 
-def _layer(n: fx.Node, memo: dict[fx.Node, Optional[int]]) -> Optional[int]:
+def _layer(n: fx.Node, memo: dict[fx.Node, int | None]) -> int | None:
     """The decoder layer a node belongs to (its module path), else that of its nearest user."""
     if n in memo:
         return memo[n]
@@ -162,9 +164,9 @@ def _cuts(order: list[fx.Node], out: fx.Node, materialized: set[fx.Node]) -> lis
     """Positions in `order` (a cut just before order[i]) that change no bit: the first such
     position of each layer."""
     pos = {n: i for i, n in enumerate(order)}
-    memo: dict[fx.Node, Optional[int]] = {}
+    memo: dict[fx.Node, int | None] = {}
     cuts: list[int] = []
-    taken: set[Optional[int]] = set()
+    taken: set[int | None] = set()
     # ancestors of each node (as positions) grow left to right: a bitset per node
     anc: list[int] = []
     for n in order:
@@ -243,8 +245,8 @@ def _build(
         for n in nodes:
             later_users[n] = any(u is out or owner.get(u, r) > r for u in n.users)
     plan = RegionPlan([], [], [], [])
-    memo: dict[fx.Node, Optional[int]] = {}
-    for r, nodes in enumerate(regions):
+    memo: dict[fx.Node, int | None] = {}
+    for nodes in regions:
         module, reads, writes, sig = _region_module(gm, nodes, dup, later_users)
         plan.modules.append(module)
         plan.args.append([index[n] for n in reads])
@@ -353,7 +355,7 @@ class RegionalProgram:
 
     def __call__(self, *flat: Any) -> tuple:
         env: list[Any] = list(flat)
-        for r, (fn, idx) in enumerate(zip(self.fns, self.args)):
+        for r, (fn, idx) in enumerate(zip(self.fns, self.args, strict=False)):
             outs = fn(*[env[i] for i in idx])
             env.extend(outs if isinstance(outs, (tuple, list)) else (outs,))
             for i in self.drop[r]:

@@ -19,8 +19,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -59,7 +60,7 @@ class RoleHelper:
         self.proc, self.roles, self.log = proc, roles, log
 
     @classmethod
-    def start(cls, bundle_path: str, roles: Sequence[str], device: torch.device) -> Optional["RoleHelper"]:
+    def start(cls, bundle_path: str, roles: Sequence[str], device: torch.device) -> RoleHelper | None:
         # beside what it compiles (a checked, owner-only folder); the file owner-only too, never through a link
         log = cache.cache_dir("compiled") / f"helper-{os.getpid()}-{'-'.join(roles)}.log"
         cmd = [sys.executable, "-m", "mcore.engines.role_helper", str(bundle_path), str(device), *roles]

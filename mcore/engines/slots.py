@@ -19,7 +19,8 @@ import itertools
 import operator
 import threading
 import weakref
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import fx
@@ -31,7 +32,7 @@ from ..receipt import SlotRecord
 
 # Live slots by key. Weak: a key is free again once its pipeline is gone, so a pipeline loaded after
 # another was dropped gets the same keys, and with them the same compiled code (no recompile).
-_registry: "weakref.WeakValueDictionary[str, SlotCall]" = weakref.WeakValueDictionary()
+_registry: weakref.WeakValueDictionary[str, SlotCall] = weakref.WeakValueDictionary()
 _registry_lock = threading.Lock()
 
 
@@ -43,11 +44,11 @@ class SlotCall:
         self.binding_id: str = slot.binding_id
         self.out_dtype = TORCH_DTYPES[slot.outputs[0].dtype]
         self.out_shape = list(slot.outputs[0].shape)
-        self.shape_input: Optional[int] = slot.output_shape_input
+        self.shape_input: int | None = slot.output_shape_input
         self.workspace_bytes: int = slot.workspace_bytes
         self.extras = [a.get("value") for a in slot.extra_args]
-        self.fn: Optional[Callable[..., Any]] = None
-        self._workspace: Optional[torch.Tensor] = None
+        self.fn: Callable[..., Any] | None = None
+        self._workspace: torch.Tensor | None = None
         # The lowest free keys, in construction order: the first pipeline of a fresh process, or one
         # loaded after the last was dropped, gets the same keys (and compiled code) every time.
         with _registry_lock:

@@ -14,8 +14,9 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -95,7 +96,7 @@ def compile_regions(
     artifacts: list[Any] = []
     compiled: list[int] = []
     times: list[float] = []
-    for r, (module, idx) in enumerate(zip(plan.modules, plan.args)):
+    for r, (module, idx) in enumerate(zip(plan.modules, plan.args, strict=True)):
         args = [env[i] for i in idx]
         key = (plan.signatures[first[r]], tuple(_layout(a) for a in args), _aliasing(args))
         slot = by_key.get(key)
@@ -111,7 +112,7 @@ def compile_regions(
         outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
         if len(outs) != len(plan.out_dims[r]):
             raise RuntimeError(f"region {r} returned {len(outs)} values, its graph {len(plan.out_dims[r])}")
-        for d, value in zip(plan.out_dims[r], outs):
+        for d, value in zip(plan.out_dims[r], outs, strict=True):
             if d:
                 dims[len(env)] = d
             env.append(value)

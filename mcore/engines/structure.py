@@ -17,7 +17,7 @@ import copy
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ..graph.snapshot import Snapshot, fingerprint
 
@@ -33,7 +33,7 @@ def structure_key(family: Any, config: dict, gargs: dict[str, Any], role: str) -
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def rebased(snapshot: Snapshot, metadata: dict[str, Any], expected: str) -> Optional[Snapshot]:
+def rebased(snapshot: Snapshot, metadata: dict[str, Any], expected: str) -> Snapshot | None:
     """`snapshot` (another model's capture of the same structure) with `metadata` in place of its
     own, if that has exactly the fingerprint `expected`; else None."""
     if snapshot.fingerprint == expected:

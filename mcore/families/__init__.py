@@ -5,7 +5,7 @@ Importing this package registers the custom op mcore::decode_attention.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from .. import ops as _ops  # noqa: F401  (registers mcore::decode_attention)
 from ..errors import UserError
@@ -38,7 +38,7 @@ def get_family(name: str) -> Family:
         raise UserError(f"unknown model family {name!r}; supported: {', '.join(_FAMILIES)}") from None
 
 
-def bundle_kind(manifest: "BundleManifest") -> str:
+def bundle_kind(manifest: BundleManifest) -> str:
     """decoder or encoder: the manifest's family_kind, else (older bundles) its family's kind."""
     return manifest.family_kind or get_family(manifest.family).kind
 
@@ -48,7 +48,7 @@ def family_kind(name: str) -> str:
     return get_family(name).kind
 
 
-def model_kind(spec: str) -> Optional[str]:
+def model_kind(spec: str) -> str | None:
     """decoder or encoder for what a user typed as the model, from its config.json's model_type (a demo's
     from the table of demos, without materializing it); None when no config.json is readable here
     (a hub ID not in the local cache, a mistyped path). Never guessed from the name."""

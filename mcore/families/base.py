@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,8 +27,8 @@ class ModelSource:
     spec: str  # what the user typed: demo:qwen3-tiny, a folder, a hub ID
     family: str  # its config.json model_type: qwen3 | llama | mistral | qwen2 | distilbert | bert
     config: dict  # config.json
-    path: Optional[Path]  # folder holding config.json, *.safetensors, tokenizer.json
-    revision: Optional[str]  # pinned revision (recorded in metadata)
+    path: Path | None  # folder holding config.json, *.safetensors, tokenizer.json
+    revision: str | None  # pinned revision (recorded in metadata)
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class RecipeSpec:
     instances: tuple[tuple[str, str], ...]  # (instance name, module path)
     workspace_bytes: int = 0
     extra_args: tuple[dict, ...] = ()
-    output_shape_input: Optional[int] = None
+    output_shape_input: int | None = None
 
 
 @dataclass(frozen=True)

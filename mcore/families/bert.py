@@ -15,11 +15,11 @@ Module paths inside the role module (which holds the core as `encoder`):
 
 from __future__ import annotations
 
-from abc import abstractmethod
-
 import re
+from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -103,7 +103,7 @@ class Embeddings(nn.Module):
         kw = dict(dtype=dtype, device=device)
         self.word_embeddings = W.embedding(d.vocab_size, d.hidden_size, **kw)
         self.position_embeddings = W.embedding(d.max_position_embeddings, d.hidden_size, **kw)
-        self.token_type_embeddings: Optional[nn.Embedding]
+        self.token_type_embeddings: nn.Embedding | None
         if d.type_vocab_size:
             self.token_type_embeddings = W.embedding(d.type_vocab_size, d.hidden_size, **kw)
         else:
@@ -274,7 +274,7 @@ class EncoderFamily(Family):
         mask = torch.ones(s, dtype=torch.int32, device=device)
         return (ids, mask), (None, None)
 
-    def map_name(self, name: str) -> Optional[str]:
+    def map_name(self, name: str) -> str | None:
         """Checkpoint tensor name -> core parameter name; None = ignored; unknown names pass through."""
         n = _leaf(name)
         if self.prefix and n.startswith(self.prefix):

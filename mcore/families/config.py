@@ -8,7 +8,8 @@ the field, never a silently different model.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..errors import UserError
 

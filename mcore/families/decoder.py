@@ -19,7 +19,8 @@ are transformers' (LlamaRMSNorm, apply_rotary_pos_emb, eager attention's fp32 so
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -73,8 +74,8 @@ class Attention(nn.Module):
         self.k_proj = W.linear(d.hidden_size, d.num_kv_heads * d.head_dim, bias=d.qkv_bias, **kw)
         self.v_proj = W.linear(d.hidden_size, d.num_kv_heads * d.head_dim, bias=d.qkv_bias, **kw)
         self.o_proj = W.linear(d.num_heads * d.head_dim, d.hidden_size, bias=d.o_bias, **kw)
-        self.q_norm: Optional[RMSNorm] = RMSNorm(d.head_dim, d.rms_norm_eps, dtype, device) if d.qk_norm else None
-        self.k_norm: Optional[RMSNorm] = RMSNorm(d.head_dim, d.rms_norm_eps, dtype, device) if d.qk_norm else None
+        self.q_norm: RMSNorm | None = RMSNorm(d.head_dim, d.rms_norm_eps, dtype, device) if d.qk_norm else None
+        self.k_norm: RMSNorm | None = RMSNorm(d.head_dim, d.rms_norm_eps, dtype, device) if d.qk_norm else None
         self.decode_attention = DecodeAttention()
         self.scale = d.head_dim**-0.5
 
@@ -84,7 +85,7 @@ class Attention(nn.Module):
         rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return (x * cos) + (rot * sin)
 
-    def _heads(self, proj: nn.Module, norm: Optional[nn.Module], x: torch.Tensor, b: int, s: int, n: int):
+    def _heads(self, proj: nn.Module, norm: nn.Module | None, x: torch.Tensor, b: int, s: int, n: int):
         """[b, s, hidden] -> [b, n, s, D]: the projection split into heads, each normalized first
         where the family has q/k norms."""
         h = proj(x).view(b, s, n, self.head_dim)
@@ -100,7 +101,7 @@ class Attention(nn.Module):
         positions: torch.Tensor,  # int64 [s]
         k_cache: torch.Tensor,  # [1, KV, C, D]
         v_cache: torch.Tensor,
-        kv_lengths: Optional[torch.Tensor],  # INT32 [1] (decode) or None (prefill)
+        kv_lengths: torch.Tensor | None,  # INT32 [1] (decode) or None (prefill)
     ) -> torch.Tensor:
         b, s, _ = x.shape
         q = self._heads(self.q_proj, self.q_norm, x, b, s, self.num_heads)
@@ -170,7 +171,7 @@ class DecoderCore(nn.Module):
         self.logits_zero_bias = LogitsZeroBias(d.vocab_size, device)
 
     def forward(
-        self, input_ids: torch.Tensor, cache_length: Optional[torch.Tensor], caches: Sequence[torch.Tensor]
+        self, input_ids: torch.Tensor, cache_length: torch.Tensor | None, caches: Sequence[torch.Tensor]
     ) -> torch.Tensor:
         s = input_ids.shape[1]
         steps = torch.arange(s, device=input_ids.device, dtype=torch.int64)

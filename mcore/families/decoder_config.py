@@ -8,8 +8,9 @@ the graph (decoder.py) is a function of it alone.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch.nn.functional as F
 
@@ -43,7 +44,7 @@ class DecoderDims:
     qk_norm: bool  # RMSNorm over each head of q and k before RoPE (Qwen3)
     tie_word_embeddings: bool
     max_position_embeddings: int
-    sliding_window: Optional[int] = None  # every layer sees this many keys at most; None: all of them
+    sliding_window: int | None = None  # every layer sees this many keys at most; None: all of them
 
 
 _DIMS: dict[tuple[str, str], DecoderDims] = {}  # (family, config JSON) -> its parsed dims
@@ -68,7 +69,7 @@ def heads(config: dict) -> tuple[int, int, int]:
     return hidden, n, kv
 
 
-def head_dim(config: dict, absent: Optional[int] = None) -> int:
+def head_dim(config: dict, absent: int | None = None) -> int:
     """config.json's head_dim; when absent `absent` (Qwen3: 128), when null or absent with no default
     hidden_size / num_attention_heads (as transformers derives it)."""
     hidden, n, _ = heads(config)
@@ -89,7 +90,7 @@ def decoder_dims(
     mlp_bias: bool = False,
     rope_types: tuple[str, ...] = ("default",),
     max_position_default: int = 32768,
-    sliding_window: Optional[int] = None,
+    sliding_window: int | None = None,
     activations: tuple[str, ...] = ("silu",),
 ) -> DecoderDims:
     """The shared fields of a decoder config; the family passes what it decides itself."""

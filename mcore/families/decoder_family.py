@@ -8,7 +8,7 @@ docs/adding-a-model-family.md walks through adding one.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -72,7 +72,7 @@ class DecoderFamily(Family):
         cap = self._capacity(d, args.max_cache_length)
         return {"precision": args.precision, "max_cache_length": int(cap), "decoder_engine_layout": layout}
 
-    def _capacity(self, d: DecoderDims, asked: Optional[int]) -> int:
+    def _capacity(self, d: DecoderDims, asked: int | None) -> int:
         """The KV cache capacity: as asked, else min(max_position_embeddings, 4096, the sliding window).
         A window smaller than the capacity would need sliding-window attention: refused, naming it."""
         if asked is None:
@@ -142,7 +142,7 @@ class DecoderFamily(Family):
             raise UserError(f"{source.spec}: no checkpoint folder; use --weights random")
         tied = cast(DecoderCore, core).dims.tie_word_embeddings
 
-        def map_name(n: str) -> Optional[str]:
+        def map_name(n: str) -> str | None:
             if n == "lm_head.weight":
                 # Tied: transformers ties lm_head to the input embedding, so a stored copy is unused.
                 return None if tied else "lm_head.weight"

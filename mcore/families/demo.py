@@ -22,8 +22,9 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 
@@ -76,7 +77,7 @@ def bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
 
 
 def train_bpe(text: str, num_merges: int) -> list[tuple[str, str]]:
@@ -96,7 +97,7 @@ def _train_merges(words: dict[tuple[str, ...], int], num_merges: int) -> list[tu
     for _ in range(num_merges):
         pairs: Counter = Counter()
         for w, c in words.items():
-            for a, b in zip(w, w[1:]):
+            for a, b in pairwise(w):
                 pairs[(a, b)] += c
         if not pairs:
             break
@@ -179,7 +180,7 @@ def split_byte_level_tokenizer(
     specials_last: list[str],
     vocab_size: int,
     split: str,
-    bos: Optional[str] = None,
+    bos: str | None = None,
     nfc: bool = False,
 ):
     """A byte-level BPE laid out as Llama 3 (split=LLAMA3_SPLIT, bos="<|begin_of_text|>": its
@@ -804,7 +805,7 @@ def _valid(folder: Path, name: str) -> bool:
         return False
 
 
-def materialize(name: str, root: Optional[str | Path] = None) -> Path:
+def materialize(name: str, root: str | Path | None = None) -> Path:
     """The folder of demo `name`, generated on first use (or when found stale or damaged)."""
     if name not in DEMOS:
         raise UserError(f"unknown demo model {name!r}; available: {', '.join('demo:' + n for n in DEMOS)}")

@@ -6,8 +6,6 @@ attention, so that is what runs; a build whose cache outgrows the window is refu
 
 from __future__ import annotations
 
-from typing import Optional
-
 from .config import cfg_int
 from .decoder_config import DecoderDims, decoder_dims, head_dim
 from .decoder_family import DecoderFamily
@@ -18,7 +16,7 @@ class MistralFamily(DecoderFamily):
     recipe_prefix = "mistral"
 
     def parse(self, config: dict) -> DecoderDims:
-        window: Optional[int] = None
+        window: int | None = None
         if config.get("sliding_window", 4096) is not None:
             window = cfg_int(config, "sliding_window", 4096)
         return decoder_dims(

@@ -5,8 +5,8 @@ prefix and version 2 of the attention region."""
 
 from __future__ import annotations
 
-from .decoder_config import DecoderDims, check_full_attention, decoder_dims, head_dim
 from .config import cfg_bool
+from .decoder_config import DecoderDims, check_full_attention, decoder_dims, head_dim
 from .decoder_family import DecoderFamily
 
 

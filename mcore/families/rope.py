@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -32,7 +32,7 @@ class Rope:
     original_max_position_embeddings: int = 0  # llama3: the pretraining context
 
 
-def _rope_object(config: dict) -> tuple[Optional[str], dict]:
+def _rope_object(config: dict) -> tuple[str | None, dict]:
     """(the field that holds the RoPE object or None, the object): rope_scaling when set, else
     rope_parameters, as transformers reads them; a non-object is an error naming its field."""
     for key in ("rope_scaling", "rope_parameters"):

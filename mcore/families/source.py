@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..errors import UserError
 from ..tokenization import token_text
@@ -43,7 +43,7 @@ def read_config(folder: str | Path) -> dict:
     return data
 
 
-def _from_folder(spec: str, folder: Path, revision: Optional[str]) -> ModelSource:
+def _from_folder(spec: str, folder: Path, revision: str | None) -> ModelSource:
     from . import family_for_config
 
     config = read_config(folder)
@@ -51,7 +51,7 @@ def _from_folder(spec: str, folder: Path, revision: Optional[str]) -> ModelSourc
     return ModelSource(spec=spec, family=family.name, config=config, path=folder.resolve(), revision=revision)
 
 
-def _hub_snapshot(repo_id: str, revision: Optional[str]) -> Path:
+def _hub_snapshot(repo_id: str, revision: str | None) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:  # pragma: no cover - a declared dependency
@@ -77,7 +77,7 @@ def _hub_snapshot(repo_id: str, revision: Optional[str]) -> Path:
         raise UserError(f"{how} (download failed: {reason})") from None
 
 
-def cached_hub_folder(repo_id: str) -> Optional[Path]:
+def cached_hub_folder(repo_id: str) -> Path | None:
     """The local Hugging Face cache's snapshot of hub ID `repo_id`, or None; never downloads."""
     if not _HUB_ID.match(repo_id) or repo_id.startswith((".", "/", "~")):
         return None
@@ -89,7 +89,7 @@ def cached_hub_folder(repo_id: str) -> Optional[Path]:
         return None
 
 
-def resolve_model(spec: str, revision: Optional[str] = None) -> ModelSource:
+def resolve_model(spec: str, revision: str | None = None) -> ModelSource:
     """demo:NAME, an existing local folder (holding config.json), or a hub ID org/name."""
     if not isinstance(spec, str) or not spec.strip():
         raise UserError("no model given; name a demo (demo:qwen3-tiny), a checkpoint folder or a hub ID")
@@ -137,14 +137,10 @@ def _ids(v: Any) -> list[int]:
     return []
 
 
-def special_tokens(source: ModelSource) -> dict:
-    """Special token ids: eos_token_ids (list; first is eos_token_id), pad/bos, and cls/sep for encoders.
-
-    Sources, in order of precedence: generation_config.json, config.json, then the token
-    strings of tokenizer_config.json looked up in tokenizer.json. Absent ids are None.
-    """
+def _token_files(source: ModelSource) -> tuple[dict, dict, Any]:
+    """generation_config.json and tokenizer_config.json (empty when absent or not objects) and the
+    tokenizer (None when tokenizer.json is absent or unreadable), from the model's folder."""
     folder = Path(source.path) if source.path is not None else None
-    config = source.config or {}
     gen: dict = {}
     tok_cfg: dict = {}
     if folder is not None:
@@ -160,14 +156,25 @@ def special_tokens(source: ModelSource) -> dict:
             tokenizer = load_tokenizer(source)
         except UserError:
             tokenizer = None
+    return gen, tok_cfg, tokenizer
 
-    def lookup(key: str, default_text: Optional[str] = None) -> Optional[int]:
+
+def special_tokens(source: ModelSource) -> dict:
+    """Special token ids: eos_token_ids (list; first is eos_token_id), pad/bos, and cls/sep for encoders.
+
+    Sources, in order of precedence: generation_config.json, config.json, then the token
+    strings of tokenizer_config.json looked up in tokenizer.json. Absent ids are None.
+    """
+    config = source.config or {}
+    gen, tok_cfg, tokenizer = _token_files(source)
+
+    def lookup(key: str, default_text: str | None = None) -> int | None:
         text = token_text(tok_cfg.get(key)) or default_text
         if text is None or tokenizer is None:
             return None
         return tokenizer.token_to_id(text)
 
-    def first_id(key: str) -> Optional[int]:
+    def first_id(key: str) -> int | None:
         for d in (gen, config):
             ids = _ids(d.get(key))
             if ids:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import typing
-from typing import AbstractSet, Callable, Iterator, Optional, TypeVar
+from collections.abc import Callable, Iterator, Set
+from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -92,7 +93,7 @@ def _header_names(path: Path) -> list[str]:
         raise UserError(f"{path}: cannot read safetensors header ({e}); the file may be truncated") from None
 
 
-def iter_checkpoint(folder: str | Path, names: Optional[set[str]] = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_checkpoint(folder: str | Path, names: set[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, tensor) file by file on the CPU, without holding the whole checkpoint."""
     from safetensors import safe_open
 
@@ -125,9 +126,9 @@ def _first(names: list[str], n: int = 3) -> str:
 def load_into(
     core: nn.Module,
     folder: str | Path,
-    map_name: Callable[[str], Optional[str]],
+    map_name: Callable[[str], str | None],
     what: str,
-    optional: AbstractSet[str] = frozenset(),
+    optional: Set[str] = frozenset(),
 ) -> None:
     """Copy checkpoint tensors into `core`'s parameters (cast to each parameter's dtype/device).
 

@@ -49,7 +49,7 @@ _NORM = {"layer_norm", "rms_norm", "group_norm"}
 _FILL = {"arange", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like"}
 
 
-def category(op: str) -> str:
+def category(op: str) -> str:  # noqa: C901 - flat dispatch, one branch per op group
     """Map 'aten.add.Tensor' -> 'LayerType.ELEMENTWISE/ElementWiseOperation.SUM' etc."""
     if op == "constant":
         return "LayerType.CONSTANT"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections import OrderedDict
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..errors import printable  # noqa: F401 - re-exported for the CLI
 from ..receipt import SlotRecord
@@ -40,9 +40,9 @@ def list_lines(snapshot: Snapshot, pattern: str | None = None) -> list[str]:
     return [node_row(snapshot, n) for n in snapshot.nodes if node_matches(n, pattern)]
 
 
-def module_tree(snapshot: Snapshot) -> "OrderedDict[str, int]":
+def module_tree(snapshot: Snapshot) -> OrderedDict[str, int]:
     """Module path -> number of nodes at or below it, in first-appearance order."""
-    counts: "OrderedDict[str, int]" = OrderedDict()
+    counts: OrderedDict[str, int] = OrderedDict()
     for n in snapshot.nodes:
         path = n.module_path
         parts = path.split(".") if path else []

@@ -101,7 +101,7 @@ def _writes(node: fx.Node) -> list[int]:
     return out
 
 
-def snapshot_from_exported(
+def snapshot_from_exported(  # noqa: C901 - one FX-to-snapshot pass; split in issue 29's long-function pass
     ep: torch.export.ExportedProgram, metadata: dict[str, Any], input_names: list[str], output_names: list[str]
 ) -> dict[str, Any]:
     """Turn an ExportedProgram into the snapshot dict (IDs in topological order).
@@ -135,7 +135,7 @@ def snapshot_from_exported(
 
     # Graph inputs first, in call order.
     input_ids = []
-    for fx_name, name in zip(user_inputs, input_names):
+    for fx_name, name in zip(user_inputs, input_names, strict=False):
         node = fx_by_name[fx_name]
         tid = new_tensor(node.meta.get("val"), None, name)
         current[node] = [tid]
@@ -229,14 +229,14 @@ def snapshot_from_exported(
     for v in out_vals:
         if isinstance(v, fx.Node):
             out_by_name[v.name] = v
-    for fx_name, name in zip(user_out_names, output_names):
+    for fx_name, name in zip(user_out_names, output_names, strict=False):
         v = out_by_name.get(fx_name)
         if v is None or v not in current:
             raise RuntimeError(f"graph output {name} is not a tensor")
         tid = current[v][0]
         output_ids.append(tid)
         tensors[tid].setdefault("output_name", name)
-    for tid_in, fx_name in zip(input_ids, user_inputs):
+    for tid_in, fx_name in zip(input_ids, user_inputs, strict=False):
         final = current[fx_by_name[fx_name]][0]
         if final != tid_in:
             output_ids.append(final)

@@ -10,8 +10,9 @@ import copy
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from ..contract import (
     JsonView,
@@ -101,13 +102,13 @@ class Node:
     module_path: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    category: Optional[str] = None  # the TensorRT-style layer type shown in lists
-    mutates: Optional[tuple[str, ...]] = None  # the tensor versions an in-place op writes
+    category: str | None = None  # the TensorRT-style layer type shown in lists
+    mutates: tuple[str, ...] | None = None  # the tensor versions an in-place op writes
 
     NULLABLE = ()
 
     @classmethod
-    def from_dict(cls, d: Any, where: str, path: str) -> "Node":
+    def from_dict(cls, d: Any, where: str, path: str) -> Node:
         check_fields(d, f"{where}: {path}", set(_NODE_REQUIRED), {"category", "mutates"})
         p = path + "."
         nid = need_str(d, "id", where, RECAPTURE, path=p)
@@ -135,17 +136,17 @@ class Tensor:
     shape: tuple[int, ...]  # -1 for a dynamic dimension
     location: str  # device | host
     is_shape_tensor: bool
-    producer: Optional[str]  # None for a graph input
+    producer: str | None  # None for a graph input
     consumers: tuple[str, ...]
-    name: Optional[str] = None
-    format: Optional[str] = None  # linear | strided
-    output_name: Optional[str] = None  # the role output (or written state) this tensor is
-    is_network_output: Optional[bool] = None
+    name: str | None = None
+    format: str | None = None  # linear | strided
+    output_name: str | None = None  # the role output (or written state) this tensor is
+    is_network_output: bool | None = None
 
     NULLABLE = ("producer",)
 
     @classmethod
-    def from_dict(cls, d: Any, where: str, path: str) -> "Tensor":
+    def from_dict(cls, d: Any, where: str, path: str) -> Tensor:
         optional = {"name", "format", "output_name", "is_network_output"}
         check_fields(d, f"{where}: {path}", set(_TENSOR_REQUIRED), optional)
         p = path + "."
@@ -160,7 +161,7 @@ class Tensor:
             raise field_error(where, f"{p}location", f"{location!r} must be device or host", RECAPTURE)
 
         # optional keys, when present, hold a value (absent and null would write back differently)
-        def opt_str(k: str) -> Optional[str]:
+        def opt_str(k: str) -> str | None:
             return need_str(d, k, where, RECAPTURE, path=p) if k in d else None
 
         fmt = opt_str("format")
@@ -205,12 +206,12 @@ class RecipeRow:
     node_ids: tuple[str, ...]
     workspace_bytes: int
     extra_args: tuple[dict[str, Any], ...]
-    output_shape_input: Optional[int]
+    output_shape_input: int | None
 
     NULLABLE = ("output_shape_input",)
 
     @classmethod
-    def from_dict(cls, d: Any, where: str, path: str) -> "RecipeRow":
+    def from_dict(cls, d: Any, where: str, path: str) -> RecipeRow:
         check_fields(d, f"{where}: {path}", set(_RECIPE_ORDER))
         p = path + "."
         extras = d["extra_args"]
@@ -250,7 +251,7 @@ class Snapshot(JsonView):
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     fingerprint: str
-    recipes: Optional[tuple[RecipeRow, ...]] = None
+    recipes: tuple[RecipeRow, ...] | None = None
     schema_version: int = SCHEMA_VERSION
     kind: str = KIND
     # indexes, derived from the fields above
@@ -267,7 +268,7 @@ class Snapshot(JsonView):
 
     # ------------------------------------------------------------ parse and write
     @classmethod
-    def from_dict(cls, data: Any, where: str) -> "Snapshot":
+    def from_dict(cls, data: Any, where: str) -> Snapshot:
         """Check every field, type and ID reference, then the fingerprint; errors name `where`."""
         check_fields(
             data,
@@ -313,7 +314,7 @@ class Snapshot(JsonView):
             )
         return snap
 
-    def _check_references(self, where: str) -> None:
+    def _check_references(self, where: str) -> None:  # noqa: C901 - flat checklist, one branch per reference rule
         """Every ID names something that exists, once, and both ends of each edge agree: the region
         rules walk these edges, so a dangling or one-sided edge would make them unsound."""
         for what, all_ids in (("nodes", [n.id for n in self.nodes]), ("tensors", [t.id for t in self.tensors])):
@@ -376,7 +377,7 @@ class Snapshot(JsonView):
         return self.metadata["engine_role"]
 
     @property
-    def family(self) -> Optional[str]:
+    def family(self) -> str | None:
         return self.metadata.get("family")
 
     @property
@@ -410,7 +411,7 @@ class Snapshot(JsonView):
         return tid in self.output_set
 
     @classmethod
-    def of(cls, snapshot: "Snapshot | Mapping[str, Any]", where: str = "graph snapshot") -> "Snapshot":
+    def of(cls, snapshot: Snapshot | Mapping[str, Any], where: str = "graph snapshot") -> Snapshot:
         """`snapshot` as a Snapshot: itself, or a JSON dict (hand-made graphs, scripts) parsed now."""
         return snapshot if isinstance(snapshot, Snapshot) else cls.from_dict(snapshot, where)
 

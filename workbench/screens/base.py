@@ -11,7 +11,8 @@ key typed after tab left a text field is text the user meant for the field, neve
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Optional
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import events, on
@@ -48,7 +49,7 @@ MIN_SIZE = (80, 24)  # below this the screens cannot show their content; say so 
 ROOMY_WIDTH = 120
 
 
-def bar_text(fraction: Optional[float], width: int) -> str:
+def bar_text(fraction: float | None, width: int) -> str:
     if fraction is None:
         return ""
     width = max(4, width)
@@ -90,7 +91,7 @@ class NavBar(Static):
 class StatusLine(Static):
     """The running step (label, step, bar, percent), else the last notice; one row."""
 
-    def show(self, app: "WorkbenchApp") -> None:
+    def show(self, app: WorkbenchApp) -> None:
         t = Text(no_wrap=True, overflow="ellipsis")
         if app.busy:
             frac = app.progress_fraction
@@ -153,7 +154,7 @@ class StepBar(Static):
 class ErrorPanel(Static):
     """The last error with what to do; hidden until there is one (esc dismisses)."""
 
-    def show_error(self, text: Optional[str], expected: bool = False) -> None:
+    def show_error(self, text: str | None, expected: bool = False) -> None:
         if not text:
             self.update("")
             self.remove_class("shown")
@@ -192,15 +193,15 @@ class WorkbenchScreen(Screen):
     BINDINGS = [Binding("question_mark", "app.help", "keys"), Binding("escape", "escape", "close", show=False)]
 
     @property
-    def wb(self) -> "WorkbenchApp":
+    def wb(self) -> WorkbenchApp:
         return self.app  # type: ignore[return-value]
 
     @property
-    def state(self) -> "WorkbenchState":
+    def state(self) -> WorkbenchState:
         return self.wb.state
 
     @property
-    def snap(self) -> "Snapshot":
+    def snap(self) -> Snapshot:
         """The captured graph, for code that runs only once there is one."""
         s = self.state.snapshot
         if s is None:
@@ -307,7 +308,7 @@ class WorkbenchScreen(Screen):
         if self.is_mounted:
             self.query_one(StatusLine).show(self.wb)
 
-    def show_error(self, text: Optional[str], expected: bool = False) -> None:
+    def show_error(self, text: str | None, expected: bool = False) -> None:
         if self.is_mounted:
             self.query_one(ErrorPanel).show_error(text, expected)
 

@@ -3,7 +3,8 @@ bar and current step; work runs in a thread worker and `x` cancels it (nothing h
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from rich.text import Text
 from textual.binding import Binding
@@ -42,7 +43,7 @@ class BuildScreen(WorkbenchScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.running: Optional[str] = None
+        self.running: str | None = None
         self.step_text: dict[str, str] = {arm: "" for arm in ARMS}
 
     def compose_body(self) -> Iterable[Widget]:
@@ -59,7 +60,7 @@ class BuildScreen(WorkbenchScreen):
         self.refresh_view()
 
     # ------------------------------------------------------------------ state -> widgets
-    def slot_source(self) -> Optional[dict[str, Any]]:
+    def slot_source(self) -> dict[str, Any] | None:
         """recipe or graph_patch for the slot-ready build, from the saved receipt."""
         st = self.state
         rec = st.receipt

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual import on
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
@@ -75,7 +73,7 @@ class TrustModal(ModalScreen[bool]):
         self.dismiss(event.button.id == "trust-yes")
 
 
-class ConfirmQuit(ModalScreen[Optional[str]]):
+class ConfirmQuit(ModalScreen[str | None]):
     """Quit with unsaved steps: save first, quit anyway, or stay. Answers "save", "quit" or None."""
 
     QUESTION = "Quit the workbench?"
@@ -104,7 +102,7 @@ class ConfirmQuit(ModalScreen[Optional[str]]):
                 yield Button(self.GO_LABEL, id="quit-quit", compact=True, variant="error")
                 yield Button("esc stay", id="quit-stay", compact=True)
 
-    def action_answer(self, choice: Optional[str]) -> None:
+    def action_answer(self, choice: str | None) -> None:
         self.dismiss(choice)
 
     @on(Button.Pressed, "#quit-save, #quit-quit, #quit-stay")
@@ -162,7 +160,7 @@ class ConfirmOverwrite(ModalScreen[bool]):
         self.dismiss(event.button.id == "overwrite-yes")
 
 
-class PathPrompt(ModalScreen[Optional[str]]):
+class PathPrompt(ModalScreen[str | None]):
     """Ask for a path; Enter accepts, Esc cancels."""
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]

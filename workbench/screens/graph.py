@@ -4,7 +4,8 @@ with a history stack, recipe instances and hand-marked region nodes shown in the
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from rich.text import Text
 from textual import on
@@ -163,16 +164,16 @@ class GraphScreen(WorkbenchScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._fp: Optional[str] = None
-        self.ix: Optional[Snapshot] = None
+        self._fp: str | None = None
+        self.ix: Snapshot | None = None
         self.recipes: dict[str, str] = {}
         self.scope = ""
         self.pattern = ""
         self.history: list[str] = []
-        self.current: Optional[str] = None
+        self.current: str | None = None
         self._rows: list[str] = []
-        self.only: Optional[list[str]] = None  # the IDs a list_nodes step listed (--last N)
-        self._listing_seen: Optional[dict[str, Any]] = None
+        self.only: list[str] | None = None  # the IDs a list_nodes step listed (--last N)
+        self._listing_seen: dict[str, Any] | None = None
         self._filling = False
         self.searching = False  # a search the user typed (/): n and N step through its matches
         self._tree_nodes: dict[str, Any] = {}  # module path -> tree node
@@ -269,7 +270,7 @@ class GraphScreen(WorkbenchScreen):
         if action == "capture_graph":
             self.refresh_view()
 
-    def apply_listing(self, lst: Optional[dict[str, Any]]) -> None:
+    def apply_listing(self, lst: dict[str, Any] | None) -> None:
         """Show what a list_nodes step listed: its --match as the filter, or just its IDs (--last)."""
         self.searching = False  # a step's listing, not a search: n stays the next step
         self.scope = ""
@@ -313,7 +314,7 @@ class GraphScreen(WorkbenchScreen):
             and (only is None or n.id in only)
         ]
 
-    def fill_table(self, keep: Optional[str] = None) -> None:
+    def fill_table(self, keep: str | None = None) -> None:
         t = self.query_one("#nodes", DataTable)
         keep = keep or self.current
         t.clear()

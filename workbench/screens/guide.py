@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from rich.text import Text
 from textual.containers import VerticalScroll
@@ -68,8 +68,8 @@ STEP_LEGEND = f"✓ matched · ≠ differs · {SKIP_GLYPH} skipped ({SKIP_MEANIN
 
 @dataclass
 class StepOutcome:
-    results: Optional[dict[str, Any]]
-    error: Optional[str]
+    results: dict[str, Any] | None
+    error: str | None
     kind: str  # ok | user | cancelled | bug | skipped (needs CUDA, which this machine lacks)
     diffs: list[tuple[str, Any, Any]] = field(default_factory=list)
 
@@ -82,7 +82,7 @@ class StepOutcome:
 class GuideState:
     session: Any  # workbench.session.Session
     mode: str = "tutorial"  # tutorial | replay
-    source: Optional[Path] = None
+    source: Path | None = None
     index: int = 0
     outcomes: dict[int, StepOutcome] = field(default_factory=dict)
 
@@ -95,7 +95,7 @@ class GuideState:
     def done(self) -> bool:
         return self.index >= len(self.session.steps)
 
-    def finish(self, index: int, results: Optional[dict[str, Any]], error: Optional[str], kind: str) -> StepOutcome:
+    def finish(self, index: int, results: dict[str, Any] | None, error: str | None, kind: str) -> StepOutcome:
         """Record what step `index` did now; compare it with the recording (replay.compare_step)."""
         from ..replay import compare_step
 
@@ -149,7 +149,7 @@ class GuidePanel(VerticalScroll):
     def compose(self):
         yield Static("", id="guide-text")
 
-    def show_guide(self, g: Optional[GuideState]) -> None:
+    def show_guide(self, g: GuideState | None) -> None:
         if g is None:
             self.display = False
             return

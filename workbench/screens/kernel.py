@@ -7,8 +7,9 @@ the stub in $EDITOR, v watches it) is kernel_loop.py. Native code is loaded only
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from rich.text import Text
 from textual import on
@@ -17,7 +18,6 @@ from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import DataTable, Input, Label, OptionList, RichLog, Static, TextArea
 from textual.widgets.option_list import Option
-
 
 from ..outputs import fresh_name
 from .base import KeyButtons, WorkbenchScreen
@@ -73,7 +73,7 @@ class KernelScreen(WorkbenchScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._shown_stub: Optional[str] = None
+        self._shown_stub: str | None = None
 
     def compose_body(self) -> Iterable[Widget]:
         with Horizontal(id="dso-row"):
@@ -250,7 +250,7 @@ class KernelScreen(WorkbenchScreen):
         )
 
     # ------------------------------------------------------------------ exporter run
-    def action_export(self, exporter: Optional[str] = None) -> None:
+    def action_export(self, exporter: str | None = None) -> None:
         """Run the stub, or the shipped exporter picked in the list (the export_kernel step: recorded
         and replayed like every step); its output streams into the log below the stub."""
         st = self.state
@@ -335,7 +335,7 @@ class KernelScreen(WorkbenchScreen):
             return
         from .dialogs import TrustModal
 
-        def answered(ok: Optional[bool]) -> None:
+        def answered(ok: bool | None) -> None:
             if ok:
                 self.state.trusted.add(shown)
                 self.start_watch(cfg)

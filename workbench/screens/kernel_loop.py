@@ -39,7 +39,7 @@ def editor_command(path: Path) -> list[str]:
         raise UserError(f"$EDITOR {editor!r} does not parse as a command ({e})") from None
 
 
-def open_in_editor(app: "WorkbenchApp", path: Path) -> int:
+def open_in_editor(app: WorkbenchApp, path: Path) -> int:
     """Run the editor on `path` with the terminal handed over (App.suspend), then take it back.
     Where the app cannot suspend (a test's headless driver) the editor runs without a terminal."""
     from textual.app import SuspendNotSupported
@@ -54,7 +54,7 @@ def open_in_editor(app: "WorkbenchApp", path: Path) -> int:
         raise UserError(f"could not start the editor {cmd[0]!r}: {e.strerror or e}; check $EDITOR") from None
 
 
-def watch_config(state: "WorkbenchState") -> WatchConfig:
+def watch_config(state: WorkbenchState) -> WatchConfig:
     """The watch of the current stub, receipt and bundles; a one-line error naming what is missing."""
     missing = []
     if state.stub_path is None:

@@ -5,13 +5,14 @@ and the error is shown inline. `c` captures the chosen engine role's graph."""
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
-from textual.css.query import NoMatches
 from textual.containers import Grid
+from textual.css.query import NoMatches
 from textual.widget import Widget
 from textual.widgets import Input, Label, OptionList, Select, Static
 from textual.widgets.option_list import Option
@@ -29,7 +30,7 @@ def demo_models() -> list[str]:
     return [f"demo:{n}" for n in demo_names()]
 
 
-def hf_cache_models() -> tuple[list[tuple[str, str, str]], Optional[str]]:
+def hf_cache_models() -> tuple[list[tuple[str, str, str]], str | None]:
     """[(repo_id, commit, label)] of model repos in the local Hugging Face cache (no network), and a note."""
     try:
         from huggingface_hub import scan_cache_dir
@@ -55,14 +56,16 @@ def hf_cache_models() -> tuple[list[tuple[str, str, str]], Optional[str]]:
     return rows, (None if rows else "no checkpoints (with config.json) in the Hugging Face cache")
 
 
-def _int_or_none(text: str, name: str) -> Optional[int]:
+def _int_or_none(text: str, name: str) -> int | None:
     text = text.strip()
     if not text:
         return None
     try:
         value = int(text)
     except ValueError:
-        raise UserError(f"--{name} {text!r} is not an integer; type a whole number or leave it empty for the default")
+        raise UserError(
+            f"--{name} {text!r} is not an integer; type a whole number or leave it empty for the default"
+        ) from None
     if value < 0:  # typed, never dropped: a silently dropped `-` would build another graph (0: BuildArgs says)
         raise UserError(f"--{name} {value} must be a positive whole number; type one or leave it empty for the default")
     return value
@@ -79,14 +82,14 @@ class ModelScreen(WorkbenchScreen):
         super().__init__()
         self._resolve_serial = 0
         self._hf: list[tuple[str, str, str]] = []
-        self._hf_note: Optional[str] = "scanning the Hugging Face cache…"
-        self.family: Optional[str] = None
-        self.kind: Optional[str] = None
+        self._hf_note: str | None = "scanning the Hugging Face cache…"
+        self.family: str | None = None
+        self.kind: str | None = None
         self.roles: tuple[str, ...] = ()
-        self.args_error: Optional[str] = None
+        self.args_error: str | None = None
         self._filling = False
-        self._shown_args: Optional[dict[str, Any]] = None
-        self._checked: Optional[tuple[BuildArgs, Optional[str]]] = None  # (args, error) of the last family check
+        self._shown_args: dict[str, Any] | None = None
+        self._checked: tuple[BuildArgs, str | None] | None = None  # (args, error) of the last family check
         self.capture_queued = False  # c pressed while the model was still being checked
         self._first_focus = True  # the first time the screen shows: focus where the user types first
 
@@ -278,7 +281,7 @@ class ModelScreen(WorkbenchScreen):
     def resolve_family(self, args: BuildArgs, serial: int) -> None:
         from mcore import resolve
 
-        result: tuple[Optional[str], Optional[str], tuple[str, ...], Optional[str]]
+        result: tuple[str | None, str | None, tuple[str, ...], str | None]
         try:
             _source, family, _gargs = resolve(args)
             result = (family.name, family.kind, tuple(family.roles), None)

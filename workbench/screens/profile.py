@@ -8,7 +8,8 @@ headroom. `s` (or enter) takes the highlighted candidate to the Region screen wi
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from rich.text import Text
 from textual import on
@@ -75,7 +76,7 @@ class ProfileScreen(WorkbenchScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._shown: Optional[dict[str, Any]] = None  # the report the widgets show
+        self._shown: dict[str, Any] | None = None  # the report the widgets show
         self.engine = "auto"  # what r profiles: auto is the engine the pipeline runs on its device
 
     def compose_body(self) -> Iterable[Widget]:

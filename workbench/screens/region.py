@@ -6,7 +6,8 @@ select_recipe / select_nodes action."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from rich.text import Text
 from textual import on
@@ -29,7 +30,7 @@ from mcore import (
 from .base import WorkbenchScreen
 
 
-def guided_selection(step) -> Optional[tuple[str, Any]]:
+def guided_selection(step) -> tuple[str, Any] | None:
     """("recipe", [id, instance]) or ("nodes", node_ids) when a session step selects a region."""
     p = step.params
     if step.action == "select_recipe":
@@ -52,7 +53,7 @@ def parse_extra_args(text: str) -> list[Any]:
             "extra_args",
             None,
             f'extra args: not JSON ({e.msg}); type a list like [{{"type":"int","value":32}}] or leave it empty',
-        )
+        ) from None
     if isinstance(v, dict):
         v = [v]
     if not isinstance(v, list):
@@ -60,14 +61,14 @@ def parse_extra_args(text: str) -> list[Any]:
     return v
 
 
-def parse_int(text: str, what: str, rule: str) -> Optional[int]:
+def parse_int(text: str, what: str, rule: str) -> int | None:
     text = text.strip()
     if not text:
         return None
     try:
         value = int(text)
     except ValueError:
-        raise RegionError(rule, None, f"{what} {text!r} is not an integer")
+        raise RegionError(rule, None, f"{what} {text!r} is not an integer") from None
     if value < 0:  # typed, never dropped: a silently dropped `-` would change the ABI hash
         raise RegionError(rule, None, f"{what} {value} is negative; type 0 or more")
     return value
@@ -83,14 +84,14 @@ class RegionScreen(WorkbenchScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._fp: Optional[str] = None
-        self.recipe: Optional[tuple[str, str]] = None  # (id, instance) when picked from a recipe
-        self.preview: Optional[Receipt] = None
-        self.error: Optional[RegionError | UserError] = None
+        self._fp: str | None = None
+        self.recipe: tuple[str, str] | None = None  # (id, instance) when picked from a recipe
+        self.preview: Receipt | None = None
+        self.error: RegionError | UserError | None = None
         self._filling = False
         self._marked_seen: list[str] = []
-        self._receipt_seen: Optional[tuple] = None
-        self._guide_seen: Optional[tuple] = None
+        self._receipt_seen: tuple | None = None
+        self._guide_seen: tuple | None = None
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="region-empty", classes="empty")

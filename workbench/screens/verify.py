@@ -8,7 +8,8 @@ toggles the checkpoint's chat template for generation."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from rich.text import Text
 from textual.binding import Binding
@@ -31,7 +32,7 @@ DEFAULT_PAIRS = "auto"
 WARMUP_PAIRS = 1
 
 
-def embedding_errors(state, correctness: dict[str, Any]) -> Optional[list[float]]:
+def embedding_errors(state, correctness: dict[str, Any]) -> list[float] | None:
     """Per-element |native - external| of the two embedding files the gate compared (None if unreadable)."""
     import json
 
@@ -44,7 +45,7 @@ def embedding_errors(state, correctness: dict[str, Any]) -> Optional[list[float]
         return None
 
 
-def guided_perf_params(guide) -> Optional[dict[str, Any]]:
+def guided_perf_params(guide) -> dict[str, Any] | None:
     """The perf gate step's params of a guided session (what will really run), if it has one."""
     if guide is None:
         return None
@@ -52,7 +53,7 @@ def guided_perf_params(guide) -> Optional[dict[str, Any]]:
     return dict(step.params) if step is not None else None
 
 
-def verdict(correctness: Optional[dict[str, Any]], perf: Optional[dict[str, Any]]) -> tuple[str, str]:
+def verdict(correctness: dict[str, Any] | None, perf: dict[str, Any] | None) -> tuple[str, str]:
     """("PROMOTE" | "REJECT" | "INCONCLUSIVE" | "PENDING", reason). PROMOTE only when both gates
     passed; INCONCLUSIVE when correctness passed but the perf gate's interval straddles its threshold."""
     if correctness is not None and not correctness.get("passed"):
@@ -130,10 +131,10 @@ class VerifyScreen(WorkbenchScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._prompt_kind: Optional[str] = None
-        self._synced: Optional[dict[str, Any]] = None
-        self._pairs_synced: Optional[tuple] = None
-        self._errors_for: Optional[int] = None
+        self._prompt_kind: str | None = None
+        self._synced: dict[str, Any] | None = None
+        self._pairs_synced: tuple | None = None
+        self._errors_for: int | None = None
         self.warmup = WARMUP_PAIRS
 
     def compose_body(self) -> Iterable[Widget]:
@@ -343,14 +344,14 @@ class VerifyScreen(WorkbenchScreen):
         v.set_class(word == "REJECT", "reject")
 
     # ------------------------------------------------------------------ parameters
-    def _prompt(self) -> Optional[str]:
+    def _prompt(self) -> str | None:
         p = self.query_one("#prompt", Input).value.strip()
         if not p:
             self.wb.report_error("type a prompt first")
             return None
         return p
 
-    def _pairs(self) -> Optional[int | str]:
+    def _pairs(self) -> int | str | None:
         text = self.query_one("#pairs", Input).value.strip()
         if text == "auto":
             return text
@@ -359,7 +360,7 @@ class VerifyScreen(WorkbenchScreen):
         self.wb.report_error(f"perf pairs {text!r} must be auto or a whole number ≥ 2 (one pair has no spread)")
         return None
 
-    def _int(self, wid: str, name: str) -> Optional[int]:
+    def _int(self, wid: str, name: str) -> int | None:
         text = self.query_one(wid, Input).value.strip()
         try:
             v = int(text)

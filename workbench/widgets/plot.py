@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 from rich.text import Text
 from textual.widgets import Static
@@ -165,7 +165,7 @@ def error_plot(errors: Sequence[float], limit: float, width: int, height: int) -
     return c.render()
 
 
-def cosine_gauge(cosine: Optional[float], min_cosine: float, width: int) -> Text:
+def cosine_gauge(cosine: float | None, min_cosine: float, width: int) -> Text:
     """Two rows: the cosine and its minimum, then the cosine ◆ on a scale from (1 - 10 x margin)
     to 1 with the minimum drawn as ┃ (everything right of it passes)."""
     t = Text(no_wrap=True)
@@ -222,7 +222,7 @@ VERDICT_STYLE = {"PROMOTE": "bold green", "REJECT": "bold red", "INCONCLUSIVE": 
 
 
 def ratio_gauge(
-    ratios: Sequence[float], interval: Optional[tuple[float, float, float]], min_ratio: float, verdict: str, width: int
+    ratios: Sequence[float], interval: tuple[float, float, float] | None, min_ratio: float, verdict: str, width: int
 ) -> Text:
     """Two rows: a key (pair ratio ×, the interval ━ and its confidence, the threshold ┃, the verdict),
     then the ratio axis with every pair's ratio, the interval and the threshold (red)."""
@@ -274,7 +274,7 @@ class ThroughputPlot(Static):
         self.series: dict[str, list[float]] = {arm: [] for arm in ARMS}
         self.note = ""
         self.min_ratio = 0.98
-        self.interval: Optional[tuple[float, float, float]] = None  # (low, high, confidence) once decided
+        self.interval: tuple[float, float, float] | None = None  # (low, high, confidence) once decided
         self.verdict = ""
 
     def redraw(self) -> None:
@@ -310,10 +310,10 @@ class ErrorPlot(Static):
 
     def __init__(self, **kw):
         super().__init__("", **kw)
-        self.errors: Optional[list[float]] = None
+        self.errors: list[float] | None = None
         self.limits: tuple[float, float] = (0.02, 0.999)
-        self.cosine: Optional[float] = None
-        self.tokens: Optional[tuple[list[int], list[int]]] = None
+        self.cosine: float | None = None
+        self.tokens: tuple[list[int], list[int]] | None = None
         self.placeholder = ""
 
     def redraw(self) -> None:
@@ -332,7 +332,7 @@ class ErrorPlot(Static):
         self.redraw()
 
 
-def first_divergence(native: Sequence[int], external: Sequence[int]) -> Optional[int]:
+def first_divergence(native: Sequence[int], external: Sequence[int]) -> int | None:
     """0-based position of the first differing generated token (a length difference counts)."""
     for i, (a, b) in enumerate(zip(native, external)):
         if a != b:
