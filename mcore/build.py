@@ -15,6 +15,7 @@ from .buildargs import BuildArgs
 from .bundle import write_bundle
 from .bundle_manifest import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION, BundleManifest
 from .errors import UserError
+from .families.base import Family, ModelSource
 from .fileio import check_overwrite, read_json, write_json
 from .graph_capture import Captured, build_core, capture, resolve, tool_versions
 from .patch import check_receipt_against
@@ -31,6 +32,10 @@ class BuildResult:
     manifest: BundleManifest
     receipts: list[Receipt] = field(default_factory=list)  # one per slot, in slot order
     receipt_paths: list[Path] = field(default_factory=list)  # written beside the bundle (recipe builds)
+
+
+# What resolve() gives: the model source, its family and the family's graph args.
+Resolved = tuple[ModelSource, Family, dict[str, Any]]
 
 
 def receipt_path_for(bundle_path: Path, instance: str | None = None) -> Path:
@@ -81,7 +86,7 @@ def stored_state(core: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[s
     return kept, aliases
 
 
-def build_bundle(  # noqa: C901 - build phases share state; split in issue 29's long-function pass
+def build_bundle(
     args: BuildArgs,
     output: str | Path,
     recipe: tuple[str, ...] | None = None,
@@ -95,6 +100,43 @@ def build_bundle(  # noqa: C901 - build phases share state; split in issue 29's 
     (recipes.ALL_INSTANCES names every instance). `workspace_bytes` replaces the recipe's workspace.
     The bundle and its receipts replace existing files only with `overwrite` (checked before the
     captures for the bundle and a single receipt, once the instances are known for several)."""
+    _check_options(recipe, graph_patch, workspace_bytes)
+    output = check_overwrite(output, overwrite)
+    if recipe and len(recipe) == 2 and recipe[1] != ALL_INSTANCES:
+        check_overwrite(receipt_path_for(output, None), overwrite)
+    source, family, gargs = resolve(args)
+    receipt_file = _read_graph_patch(graph_patch, family) if graph_patch else None
+    caps = _capture_roles(args, (source, family, gargs), progress)
+    receipts: list[Receipt] = []
+    if recipe:
+        receipts = _recipe_receipts(caps, recipe, workspace_bytes, output, overwrite)
+    elif receipt_file is not None:
+        receipts = [check_receipt_against(receipt_file, caps[receipt_file.engine_role].snapshot, str(graph_patch))]
+    progress.report("loading weights", 0.6)
+    members, weights, embedding_default = _model_members(args, source, family, gargs)
+    progress.check()
+    manifest = _manifest(args, output, device, (source, family, gargs), caps, receipts, weights, embedding_default)
+    progress.report("writing bundle", 0.8)
+    path = write_bundle(output, manifest.to_dict(), members, progress=progress)
+    receipt_paths: list[Path] = []
+    if recipe:  # a --graph-patch build's receipt is already on disk
+        for r in receipts:
+            p = receipt_path_for(output, r.instance if len(receipts) > 1 else None)
+            write_json(p, r.to_dict())
+            receipt_paths.append(p)
+    progress.report("bundle written", 1.0)
+    return BuildResult(
+        path,
+        receipt_paths[0] if receipt_paths else None,
+        receipts[0] if receipts else None,
+        manifest,
+        receipts,
+        receipt_paths,
+    )
+
+
+def _check_options(recipe: tuple[str, ...] | None, graph_patch: str | Path | None, workspace_bytes: int | None) -> None:
+    """The option combinations, before anything is read or captured."""
     if recipe and graph_patch:
         raise UserError("give either --recipe or --graph-patch, not both")
     if workspace_bytes is not None and not recipe:
@@ -106,18 +148,22 @@ def build_bundle(  # noqa: C901 - build phases share state; split in issue 29's 
         check_workspace(workspace_bytes)
     if recipe is not None and len(recipe) < 2:
         raise UserError("--recipe needs RECIPE_ID and at least one INSTANCE (or all-instances)")
-    output = check_overwrite(output, overwrite)
-    if recipe and len(recipe) == 2 and recipe[1] != ALL_INSTANCES:
-        check_overwrite(receipt_path_for(output, None), overwrite)
-    source, family, gargs = resolve(args)
-    receipt_file: Receipt | None = None
-    if graph_patch:  # read and check the file before the (slower) captures
-        receipt_file = Receipt.from_dict(read_json(graph_patch, "selection receipt"), str(graph_patch))
-        if receipt_file.engine_role not in family.roles:
-            raise UserError(
-                f"{graph_patch}: engine role {receipt_file.engine_role!r} does not exist for family "
-                f"{family.name} (roles: {', '.join(family.roles)}); select on a snapshot of this model"
-            )
+
+
+def _read_graph_patch(graph_patch: str | Path, family: Family) -> Receipt:
+    """Read and check the receipt file before the (slower) captures."""
+    receipt_file = Receipt.from_dict(read_json(graph_patch, "selection receipt"), str(graph_patch))
+    if receipt_file.engine_role not in family.roles:
+        raise UserError(
+            f"{graph_patch}: engine role {receipt_file.engine_role!r} does not exist for family "
+            f"{family.name} (roles: {', '.join(family.roles)}); select on a snapshot of this model"
+        )
+    return receipt_file
+
+
+def _capture_roles(args: BuildArgs, resolved: Resolved, progress: Progress) -> dict[str, Captured]:
+    """Capture every role of the family; each role's progress fills its share of 5%..55%."""
+    family = resolved[1]
     caps: dict[str, Captured] = {}
     for i, role in enumerate(family.roles):
 
@@ -125,19 +171,32 @@ def build_bundle(  # noqa: C901 - build phases share state; split in issue 29's 
             progress.report(f"[{role}] {s}", 0.05 + 0.5 * (i + f) / len(family.roles))
 
         sub = Progress(report, progress.token)
-        caps[role] = capture(args, role, sub, resolved=(source, family, gargs))
-    receipts: list[Receipt] = []
-    if recipe:
-        rid, *instances = recipe
-        role = _recipe_role(caps, rid)
-        receipts = select_recipe_instances(caps[role].snapshot, rid, instances, workspace_bytes)
-        for r in receipts:  # before the weights load and anything is written
-            check_overwrite(receipt_path_for(output, r.instance if len(receipts) > 1 else None), overwrite)
-    elif receipt_file is not None:
-        receipts = [check_receipt_against(receipt_file, caps[receipt_file.engine_role].snapshot, str(graph_patch))]
-    progress.report("loading weights", 0.6)
+        caps[role] = capture(args, role, sub, resolved=resolved)
+    return caps
+
+
+def _recipe_receipts(
+    caps: dict[str, Captured],
+    recipe: tuple[str, ...],
+    workspace_bytes: int | None,
+    output: Path,
+    overwrite: bool,
+) -> list[Receipt]:
+    """One receipt per recipe instance, selected on the role that publishes the recipe."""
+    rid, *instances = recipe
+    role = _recipe_role(caps, rid)
+    receipts = select_recipe_instances(caps[role].snapshot, rid, instances, workspace_bytes)
+    for r in receipts:  # before the weights load and anything is written
+        check_overwrite(receipt_path_for(output, r.instance if len(receipts) > 1 else None), overwrite)
+    return receipts
+
+
+def _model_members(
+    args: BuildArgs, source: ModelSource, family: Family, gargs: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """(the bundle's model members, the manifest's weights entry, the sentence-embedding default):
+    config, tokenizer (checked by loading it) and, for checkpoint weights, the stored tensors."""
     members: dict[str, Any] = {"config.json": json.dumps(source.config, indent=2, sort_keys=True).encode()}
-    from .families.source import special_tokens
     from .pooling import sentence_embedding
     from .tokenization import TOKENIZER_CONFIG, TOKENIZER_JSON, TextTokenizer, read_tokenizer_files
 
@@ -149,6 +208,7 @@ def build_bundle(  # noqa: C901 - build phases share state; split in issue 29's 
     members[TOKENIZER_JSON] = tok_json.encode("utf-8")
     members[TOKENIZER_CONFIG] = json.dumps(tok_config, indent=2, sort_keys=True).encode("utf-8")
     embedding_default = sentence_embedding(Path(source.path)) if family.kind == "encoder" else None
+    weights: dict[str, Any]
     if args.weights == "random":
         weights = {"kind": "random", "seed": args.seed}
     else:
@@ -157,7 +217,23 @@ def build_bundle(  # noqa: C901 - build phases share state; split in issue 29's 
         blob, aliases, digests = _weights_member(core)
         members["weights.safetensors"] = blob
         weights = {"kind": "checkpoint", "member": "weights.safetensors", "aliases": aliases, "tensor_sha256": digests}
-    progress.check()
+    return members, weights, embedding_default
+
+
+def _manifest(
+    args: BuildArgs,
+    output: Path,
+    device: str | None,
+    resolved: Resolved,
+    caps: dict[str, Captured],
+    receipts: list[Receipt],
+    weights: dict[str, Any],
+    embedding_default: Any,
+) -> BundleManifest:
+    """The bundle's manifest, checked as a reader would check it: never write what could not run."""
+    from .families.source import special_tokens
+
+    source, family, gargs = resolved
     manifest_json = {
         "schema_version": BUNDLE_SCHEMA_VERSION,
         "kind": BUNDLE_KIND,
@@ -179,24 +255,7 @@ def build_bundle(  # noqa: C901 - build phases share state; split in issue 29's 
         "tool_versions": tool_versions(),
         "built_on": {"python": platform.python_version(), "machine": platform.machine()},
     }
-    manifest = BundleManifest.from_dict(manifest_json, str(output))  # never write what could not run
-    progress.report("writing bundle", 0.8)
-    path = write_bundle(output, manifest.to_dict(), members, progress=progress)
-    receipt_paths: list[Path] = []
-    if recipe:
-        for r in receipts:
-            p = receipt_path_for(output, r.instance if len(receipts) > 1 else None)
-            write_json(p, r.to_dict())
-            receipt_paths.append(p)
-    progress.report("bundle written", 1.0)
-    return BuildResult(
-        path,
-        receipt_paths[0] if receipt_paths else None,
-        receipts[0] if receipts else None,
-        manifest,
-        receipts,
-        receipt_paths,
-    )
+    return BundleManifest.from_dict(manifest_json, str(output))
 
 
 def _recipe_role(caps: dict[str, Captured], recipe_id: str) -> str:

@@ -428,10 +428,12 @@ def _parse_integrity(raw: bytes) -> dict:
     return record
 
 
-def open_bundle(  # noqa: C901 - one streaming pass hashes every byte it reads; split in issue 29's long-function pass
-    path: str | os.PathLike, progress: Progress | None = None
-) -> Bundle:
-    """Verify a bundle's integrity (every byte), then its manifest kind and schema; return it."""
+def open_bundle(path: str | os.PathLike, progress: Progress | None = None) -> Bundle:
+    """Verify a bundle's integrity (every byte), then its manifest kind and schema; return it.
+
+    The file is read once, front to back: every member's bytes are hashed as they stream by, and
+    the manifest (the first member) is kept from that same pass but parsed only after every hash
+    matched the integrity record."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: bundle not found; check the path")
@@ -441,74 +443,105 @@ def open_bundle(  # noqa: C901 - one streaming pass hashes every byte it reads; 
     try:
         file_size = path.stat().st_size
         with open(path, "rb") as f:
-            # 1. Structure: the tar member list (headers only; contents are skipped).
-            try:
-                with tarfile.open(fileobj=f, mode="r:") as tar:
-                    infos = tar.getmembers()
-            except Exception as e:  # noqa: BLE001 - any parse failure means "not a sound bundle"
-                raise _damaged(path, f"not a bundle file: {e}") from None
-            if not infos or infos[-1].name != INTEGRITY_NAME:
-                raise _damaged(path, "integrity record missing; the file is truncated or not a bundle")
-            integ = infos[-1]
-            if not integ.isreg() or integ.size > MAX_INTEGRITY_BYTES or integ.offset_data + integ.size > file_size:
-                raise _damaged(path, "integrity record is malformed")
-            f.seek(integ.offset_data)
-            raw = f.read(integ.size)
-            try:
-                record = _parse_integrity(raw)
-            except ValueError as e:
-                raise _damaged(path, str(e)) from None
-            prefix_bytes = record["prefix_bytes"]
-            # 2. The tail must be exactly what the writer produces for this record.
-            expected_tail = _integrity_tail(raw)
-            f.seek(prefix_bytes)
-            tail = f.read(len(expected_tail) + 1)
-            if integ.offset != prefix_bytes or tail != expected_tail:
-                raise _damaged(path, "integrity record or end of file does not match (truncated or altered)")
-            # 3. One sequential pass over the prefix: prefix hash and each member's hash.
-            members = infos[:-1]
-            prefix_sha = hashlib.sha256()
-            computed: list[_Entry] = []
-            manifest_raw = b""
-            pos = 0
-            f.seek(0)
-
-            def take(n: int, member_sha=None, keep: bytearray | None = None) -> None:
-                nonlocal pos
-                while n > 0:
-                    chunk = f.read(min(CHUNK, n))
-                    if not chunk:
-                        raise _damaged(path, "file ends early")
-                    prefix_sha.update(chunk)
-                    if member_sha is not None:
-                        member_sha.update(chunk)
-                    if keep is not None:
-                        keep += chunk
-                    n -= len(chunk)
-                    pos += len(chunk)
-                    prog.report("verifying bundle", pos / max(prefix_bytes, 1))
-
-            for i, info in enumerate(members):
-                start, size = info.offset_data, info.size
-                if not info.isreg() or start < pos or start + size > prefix_bytes:
-                    raise _damaged(path, f"member {info.name!r} has a bad header")
-                take(start - pos)
-                sha = hashlib.sha256()
-                keep = bytearray() if i == 0 else None
-                take(size, sha, keep)
-                if keep is not None:
-                    manifest_raw = bytes(keep)
-                computed.append(_Entry(info.name, start, size, sha.hexdigest()))
-            take(prefix_bytes - pos)
-            if prefix_sha.hexdigest() != record["prefix_sha256"]:
-                raise _damaged(path, "checksum mismatch")
-            expected = [(m["name"], m["size"], m["sha256"]) for m in record["members"]]
-            got = [(e.name, e.size, e.sha256) for e in computed]
-            if got != expected:
-                missing = sorted({n for n, _, _ in expected} - {n for n, _, _ in got})
-                raise _damaged(path, f"member {missing[0]} missing" if missing else "member checksum mismatch")
+            infos, record = _read_integrity(f, path, file_size)
+            hasher = _PrefixHasher(f, path, record["prefix_bytes"], prog)
+            computed, manifest_raw = hasher.hash_members(infos[:-1])
+            _check_against_record(path, record, hasher.prefix_sha.hexdigest(), computed)
     except OSError as e:
         raise UserError(f"{path}: cannot read bundle: {e}") from None
+    manifest = _parse_manifest(path, computed, manifest_raw)
+    prog.report("verifying bundle", 1.0)
+    return Bundle(path, manifest, computed)
+
+
+def _read_integrity(f: BinaryIO, path: Path, file_size: int) -> tuple[list[tarfile.TarInfo], dict]:
+    """(the tar member list, the parsed integrity record), the file's tail checked against the record.
+
+    Only headers and the small integrity member are read here; member contents are skipped."""
+    # 1. Structure: the tar member list (headers only; contents are skipped).
+    try:
+        with tarfile.open(fileobj=f, mode="r:") as tar:
+            infos = tar.getmembers()
+    except Exception as e:  # noqa: BLE001 - any parse failure means "not a sound bundle"
+        raise _damaged(path, f"not a bundle file: {e}") from None
+    if not infos or infos[-1].name != INTEGRITY_NAME:
+        raise _damaged(path, "integrity record missing; the file is truncated or not a bundle")
+    integ = infos[-1]
+    if not integ.isreg() or integ.size > MAX_INTEGRITY_BYTES or integ.offset_data + integ.size > file_size:
+        raise _damaged(path, "integrity record is malformed")
+    f.seek(integ.offset_data)
+    raw = f.read(integ.size)
+    try:
+        record = _parse_integrity(raw)
+    except ValueError as e:
+        raise _damaged(path, str(e)) from None
+    prefix_bytes = record["prefix_bytes"]
+    # 2. The tail must be exactly what the writer produces for this record.
+    expected_tail = _integrity_tail(raw)
+    f.seek(prefix_bytes)
+    tail = f.read(len(expected_tail) + 1)
+    if integ.offset != prefix_bytes or tail != expected_tail:
+        raise _damaged(path, "integrity record or end of file does not match (truncated or altered)")
+    return infos, record
+
+
+class _PrefixHasher:
+    """3. One sequential pass over bytes [0, prefix_bytes): every byte feeds the prefix hash, a
+    member's content also feeds its own hash, and the first member (the manifest) is kept."""
+
+    def __init__(self, f: BinaryIO, path: Path, prefix_bytes: int, prog: Progress):
+        self.f, self.path, self.prefix_bytes, self.prog = f, path, prefix_bytes, prog
+        self.prefix_sha = hashlib.sha256()
+        self.pos = 0
+
+    def hash_members(self, members: list[tarfile.TarInfo]) -> tuple[list[_Entry], bytes]:
+        """(each member's entry with its computed sha256, the manifest's bytes)."""
+        computed: list[_Entry] = []
+        manifest_raw = b""
+        self.f.seek(0)
+        for i, info in enumerate(members):
+            start, size = info.offset_data, info.size
+            if not info.isreg() or start < self.pos or start + size > self.prefix_bytes:
+                raise _damaged(self.path, f"member {info.name!r} has a bad header")
+            self._take(start - self.pos)
+            sha = hashlib.sha256()
+            keep = bytearray() if i == 0 else None
+            self._take(size, sha, keep)
+            if keep is not None:
+                manifest_raw = bytes(keep)
+            computed.append(_Entry(info.name, start, size, sha.hexdigest()))
+        self._take(self.prefix_bytes - self.pos)
+        return computed, manifest_raw
+
+    def _take(self, n: int, member_sha: Any = None, keep: bytearray | None = None) -> None:
+        """Read the next n bytes in chunks (bounded memory), hashing each chunk."""
+        while n > 0:
+            chunk = self.f.read(min(CHUNK, n))
+            if not chunk:
+                raise _damaged(self.path, "file ends early")
+            self.prefix_sha.update(chunk)
+            if member_sha is not None:
+                member_sha.update(chunk)
+            if keep is not None:
+                keep += chunk
+            n -= len(chunk)
+            self.pos += len(chunk)
+            self.prog.report("verifying bundle", self.pos / max(self.prefix_bytes, 1))
+
+
+def _check_against_record(path: Path, record: dict, prefix_sha256: str, computed: list[_Entry]) -> None:
+    """What the pass computed must be what the integrity record says: prefix hash, then the member list."""
+    if prefix_sha256 != record["prefix_sha256"]:
+        raise _damaged(path, "checksum mismatch")
+    expected = [(m["name"], m["size"], m["sha256"]) for m in record["members"]]
+    got = [(e.name, e.size, e.sha256) for e in computed]
+    if got != expected:
+        missing = sorted({n for n, _, _ in expected} - {n for n, _, _ in got})
+        raise _damaged(path, f"member {missing[0]} missing" if missing else "member checksum mismatch")
+
+
+def _parse_manifest(path: Path, computed: list[_Entry], manifest_raw: bytes) -> dict:
+    """The manifest (verified bytes from the pass), parsed and checked for kind and schema."""
     if not computed or computed[0].name != MANIFEST_NAME:
         raise _damaged(path, "manifest.json is not the first member")
     try:
@@ -518,5 +551,4 @@ def open_bundle(  # noqa: C901 - one streaming pass hashes every byte it reads; 
     except RecursionError:
         raise _damaged(path, "manifest.json is nested too deeply") from None
     _check_manifest_shape(manifest, str(path))
-    prog.report("verifying bundle", 1.0)
-    return Bundle(path, manifest, computed)
+    return manifest

@@ -116,7 +116,7 @@ def convexity_violation(ix: Snapshot, region: set[str]) -> tuple[str, str] | Non
     return None
 
 
-def select_region(  # noqa: C901 - the one region validator; split in issue 29's long-function pass
+def select_region(
     snapshot: Snapshot | Mapping[str, Any],
     node_ids: Iterable[str],
     binding_id: str,
@@ -129,12 +129,33 @@ def select_region(  # noqa: C901 - the one region validator; split in issue 29's
 
     Recipes and manual selections both come through here; nothing else validates a region.
     `snapshot` is a Snapshot, or its JSON (hand-made graphs), checked first.
+    The rules run in a fixed order (the first broken one is the error a user sees).
     """
     check_binding_id(binding_id)
     check_workspace(workspace_bytes)
     extras = [normalize_extra_arg(a, i) for i, a in enumerate(extra_args)]
     ix = Snapshot.of(snapshot)
-    ids = list(node_ids)
+    region = _check_node_ids(ix, list(node_ids))
+    _check_region_nodes(ix, region)
+    inputs, outputs, internal = region_boundary(ix, region)
+    _check_one_output(ix, outputs)
+    _check_boundary_tensors(ix, inputs, outputs, internal)
+    _check_output_shape(ix, inputs, outputs[0], output_shape_input)
+    return make_receipt(
+        ix,
+        [n for n in sorted(region, key=ix.order.__getitem__)],
+        inputs,
+        outputs,
+        binding_id,
+        workspace_bytes,
+        extras,
+        output_shape_input,
+        recipe,
+    )
+
+
+def _check_node_ids(ix: Snapshot, ids: list[str]) -> set[str]:
+    """The selected IDs as a set: each well-formed, named once and present in this graph."""
     if not ids:
         raise RegionError("nodes", None, "no nodes selected; pass --nodes node:N [node:M ...]")
     seen: set[str] = set()
@@ -150,7 +171,11 @@ def select_region(  # noqa: C901 - the one region validator; split in issue 29's
                 "nodes", nid, f"{nid} does not exist in this graph; copy IDs from `mcore graph list` of this snapshot"
             )
         seen.add(nid)
-    region = set(ids)
+    return seen
+
+
+def _check_region_nodes(ix: Snapshot, region: set[str]) -> None:
+    """No forbidden op (checked in graph order, so the first one named is stable), connected, convex."""
     for nid in sorted(region, key=ix.order.__getitem__):
         what = _forbidden(ix.node(nid))
         if what:
@@ -171,7 +196,10 @@ def select_region(  # noqa: C901 - the one region validator; split in issue 29's
             f"region is not convex: a path leaves it through {bad[0]} and re-enters at {bad[1]}; "
             f"add the nodes on that path or select fewer",
         )
-    inputs, outputs, internal = region_boundary(ix, region)
+
+
+def _check_one_output(ix: Snapshot, outputs: list[str]) -> None:
+    """Exactly one output, and not a network output (the slot replaces the region, so the graph must consume it)."""
     for t in outputs:
         if ix.is_output(t):
             raise RegionError(
@@ -188,6 +216,10 @@ def select_region(  # noqa: C901 - the one region validator; split in issue 29's
             outputs[1],
             f"the region has {len(outputs)} outputs ({', '.join(outputs)}); a region must expose exactly one",
         )
+
+
+def _check_boundary_tensors(ix: Snapshot, inputs: list[str], outputs: list[str], internal: list[str]) -> None:
+    """Every touched tensor on the device; boundary tensors in an ABI dtype, bounded rank and linear layout."""
     for t in inputs + internal + outputs:
         tensor = ix.tensor(t)
         if tensor.is_shape_tensor or tensor.location != "device":
@@ -215,44 +247,38 @@ def select_region(  # noqa: C901 - the one region validator; split in issue 29's
                 t,
                 f"boundary tensor {t} is not linear (a strided view); extend the region to the op that made it",
             )
-    out = ix.tensor(outputs[0])
-    if output_shape_input is not None:
-        if (
-            isinstance(output_shape_input, bool)
-            or not isinstance(output_shape_input, int)
-            or not 0 <= output_shape_input < len(inputs)
-        ):
+
+
+def _check_output_shape(ix: Snapshot, inputs: list[str], output: str, output_shape_input: int | None) -> None:
+    """The runtime must know the output's shape: a static one, or an input named to copy it from."""
+    out = ix.tensor(output)
+    if output_shape_input is None:
+        if -1 in out.shape:
             raise RegionError(
                 "output_shape",
-                None,
-                f"--output-shape-like-input {output_shape_input!r} is not an input index; use 0..{len(inputs) - 1}",
+                output,
+                f"the output {output} has a dynamic shape {list(out.shape)}; add --output-shape-like-input INDEX "
+                "naming an input with the same dtype and shape",
             )
-        src = ix.tensor(inputs[output_shape_input])
-        if src.dtype != out.dtype or src.shape != out.shape:
-            raise RegionError(
-                "output_shape",
-                inputs[output_shape_input],
-                f"input {output_shape_input} ({inputs[output_shape_input]}, {src.describe()}) does not match "
-                f"the output ({outputs[0]}, {out.describe()}); name an input with the same dtype and shape",
-            )
-    elif -1 in out.shape:
+        return
+    if (
+        isinstance(output_shape_input, bool)
+        or not isinstance(output_shape_input, int)
+        or not 0 <= output_shape_input < len(inputs)
+    ):
         raise RegionError(
             "output_shape",
-            outputs[0],
-            f"the output {outputs[0]} has a dynamic shape {list(out.shape)}; add --output-shape-like-input INDEX "
-            "naming an input with the same dtype and shape",
+            None,
+            f"--output-shape-like-input {output_shape_input!r} is not an input index; use 0..{len(inputs) - 1}",
         )
-    return make_receipt(
-        ix,
-        [n for n in sorted(region, key=ix.order.__getitem__)],
-        inputs,
-        outputs,
-        binding_id,
-        workspace_bytes,
-        extras,
-        output_shape_input,
-        recipe,
-    )
+    src = ix.tensor(inputs[output_shape_input])
+    if src.dtype != out.dtype or src.shape != out.shape:
+        raise RegionError(
+            "output_shape",
+            inputs[output_shape_input],
+            f"input {output_shape_input} ({inputs[output_shape_input]}, {src.describe()}) does not match "
+            f"the output ({output}, {out.describe()}); name an input with the same dtype and shape",
+        )
 
 
 def make_receipt(

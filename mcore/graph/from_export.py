@@ -101,7 +101,7 @@ def _writes(node: fx.Node) -> list[int]:
     return out
 
 
-def snapshot_from_exported(  # noqa: C901 - one FX-to-snapshot pass; split in issue 29's long-function pass
+def snapshot_from_exported(
     ep: torch.export.ExportedProgram, metadata: dict[str, Any], input_names: list[str], output_names: list[str]
 ) -> dict[str, Any]:
     """Turn an ExportedProgram into the snapshot dict (IDs in topological order).
@@ -110,7 +110,6 @@ def snapshot_from_exported(  # noqa: C901 - one FX-to-snapshot pass; split in is
     first consumer. An in-place op produces a new version of the tensor it writes; later
     readers of the old FX value read that new version, so region rules stay sound.
     """
-    gm = ep.graph_module
     sig = ep.graph_signature
     const_targets: dict[str, str] = {}
     const_targets.update(sig.inputs_to_parameters)
@@ -119,42 +118,113 @@ def snapshot_from_exported(  # noqa: C901 - one FX-to-snapshot pass; split in is
     user_inputs = list(sig.user_inputs)
     if len(user_inputs) != len(input_names):
         raise RuntimeError(f"role declares {len(input_names)} inputs but the graph has {len(user_inputs)}")
+    b = _SnapshotBuilder(ep.graph_module, const_targets)
+    input_ids = b.add_inputs(user_inputs, input_names)
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "call_function" and not is_assert_node(node):
+            b.add_call(node)
+    output_ids = b.outputs(list(sig.user_outputs), output_names, input_ids, user_inputs)
+    b.place_shape_arithmetic()
+    snap = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "metadata": metadata,
+        "nodes": b.nodes,
+        "tensors": list(b.tensors.values()),  # tensor:0, tensor:1, ... in creation order
+        "inputs": input_ids,
+        "outputs": output_ids,
+    }
+    snap["fingerprint"] = fingerprint(snap)
+    return snap
 
-    nodes: list[dict[str, Any]] = []
-    tensors: dict[str, dict[str, Any]] = {}
-    current: dict[fx.Node, list[str]] = {}  # FX value -> tensor id(s) it currently denotes
-    n_tensor = 0
-    fx_by_name = {n.name: n for n in gm.graph.nodes}
 
-    def new_tensor(val: Any, producer: str | None, name: str) -> str:
-        nonlocal n_tensor
-        tid = f"tensor:{n_tensor}"
-        n_tensor += 1
-        tensors[tid] = {"id": tid, "name": name, **_tensor_desc(val), "producer": producer, "consumers": []}
+def _module_path(node: fx.Node) -> str:
+    """The innermost module the FX node ran in ('' for nodes without a module stack)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [v[0] for v in stack.values() if isinstance(v, tuple) and v and isinstance(v[0], str)]
+    paths = [p for p in paths if p and not p.startswith("_empty_nn_module_stack")]
+    return paths[-1] if paths else ""
+
+
+def _tensor_args(node: fx.Node) -> list[fx.Node]:
+    """The node's FX inputs, each once, in first-use order."""
+    seen: list[fx.Node] = []
+    for a in node.all_input_nodes:
+        if a not in seen:
+            seen.append(a)
+    return seen
+
+
+class _SnapshotBuilder:
+    """The snapshot's nodes and tensors as they are numbered, and which tensor each FX value denotes now."""
+
+    def __init__(self, gm: fx.GraphModule, const_targets: dict[str, str]):
+        self.gm = gm
+        self.const_targets = const_targets
+        self.fx_by_name = {n.name: n for n in gm.graph.nodes}
+        self.nodes: list[dict[str, Any]] = []
+        self.tensors: dict[str, dict[str, Any]] = {}
+        self.current: dict[fx.Node, list[str]] = {}  # FX value -> tensor id(s) it currently denotes
+
+    def new_tensor(self, val: Any, producer: str | None, name: str) -> str:
+        tid = f"tensor:{len(self.tensors)}"
+        self.tensors[tid] = {"id": tid, "name": name, **_tensor_desc(val), "producer": producer, "consumers": []}
         return tid
 
-    # Graph inputs first, in call order.
-    input_ids = []
-    for fx_name, name in zip(user_inputs, input_names, strict=False):
-        node = fx_by_name[fx_name]
-        tid = new_tensor(node.meta.get("val"), None, name)
-        current[node] = [tid]
-        input_ids.append(tid)
+    def add_inputs(self, user_inputs: list[str], input_names: list[str]) -> list[str]:
+        """Graph inputs first, in call order."""
+        input_ids = []
+        for fx_name, name in zip(user_inputs, input_names, strict=False):
+            node = self.fx_by_name[fx_name]
+            tid = self.new_tensor(node.meta.get("val"), None, name)
+            self.current[node] = [tid]
+            input_ids.append(tid)
+        return input_ids
 
-    const_node_of: dict[fx.Node, str] = {}
+    def add_call(self, node: fx.Node) -> None:
+        """One call_function: a getitem of a known tuple is an alias, anything else a node
+        (preceded by the constants it reads first)."""
+        if node.target is operator.getitem:
+            src, idx = node.args
+            if (
+                isinstance(src, fx.Node)
+                and src in self.current
+                and isinstance(idx, int)
+                and idx < len(self.current[src])
+            ):
+                self.current[node] = [self.current[src][idx]]
+                return
+        for a in _tensor_args(node):
+            if a.op == "placeholder" and a.name in self.const_targets and a not in self.current:
+                self._emit_constant(a)
+        nid = f"node:{len(self.nodes)}"
+        ins = self._read_inputs(node, nid)
+        outs = self._new_outputs(node, nid)
+        self.nodes.append(
+            {
+                "id": nid,
+                "op": op_name(node.target),
+                "category": category(op_name(node.target)),
+                "name": node.name,
+                "module_path": _module_path(node),
+                "inputs": ins,
+                "outputs": outs,
+            }
+        )
+        self.current[node] = outs
+        # An in-place write makes a new version of the written value for every later reader.
+        for i in _writes(node):
+            written = node.args[i] if i < len(node.args) else None
+            if isinstance(written, fx.Node) and outs:
+                self.current[written] = [outs[0]]
+                self.nodes[-1]["mutates"] = list(self.current.get(written, []))
 
-    def module_path(node: fx.Node) -> str:
-        stack = node.meta.get("nn_module_stack") or {}
-        paths = [v[0] for v in stack.values() if isinstance(v, tuple) and v and isinstance(v[0], str)]
-        paths = [p for p in paths if p and not p.startswith("_empty_nn_module_stack")]
-        return paths[-1] if paths else ""
-
-    def emit_constant(ph: fx.Node) -> None:
-        target = const_targets[ph.name]
-        nid = f"node:{len(nodes)}"
-        tid = new_tensor(ph.meta.get("val"), nid, target)
+    def _emit_constant(self, ph: fx.Node) -> None:
+        target = self.const_targets[ph.name]
+        nid = f"node:{len(self.nodes)}"
+        tid = self.new_tensor(ph.meta.get("val"), nid, target)
         owner = target.rsplit(".", 1)[0] if "." in target else ""
-        nodes.append(
+        self.nodes.append(
             {
                 "id": nid,
                 "op": "constant",
@@ -165,103 +235,60 @@ def snapshot_from_exported(  # noqa: C901 - one FX-to-snapshot pass; split in is
                 "outputs": [tid],
             }
         )
-        current[ph] = [tid]
-        const_node_of[ph] = nid
+        self.current[ph] = [tid]
 
-    def tensor_args(node: fx.Node) -> list[fx.Node]:
-        seen: list[fx.Node] = []
-        for a in node.all_input_nodes:
-            if a not in seen:
-                seen.append(a)
-        return seen
-
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or is_assert_node(node):
-            continue
-        if node.target is operator.getitem:
-            src, idx = node.args
-            if src in current and isinstance(idx, int) and idx < len(current[src]):
-                current[node] = [current[src][idx]]
-                continue
-        # constants this node reads, placed just before it
-        for a in tensor_args(node):
-            if a.op == "placeholder" and a.name in const_targets and a not in current:
-                emit_constant(a)
-        nid = f"node:{len(nodes)}"
+    def _read_inputs(self, node: fx.Node, nid: str) -> list[str]:
+        """The tensors the node reads (each once), recording it as their consumer."""
         ins: list[str] = []
-        for a in tensor_args(node):
-            for tid in current.get(a, []):
+        for a in _tensor_args(node):
+            for tid in self.current.get(a, []):
                 if tid not in ins:
                     ins.append(tid)
-                    tensors[tid]["consumers"].append(nid)
+                    self.tensors[tid]["consumers"].append(nid)
+        return ins
+
+    def _new_outputs(self, node: fx.Node, nid: str) -> list[str]:
+        """A tensor for the node's value, or one per non-None element of a tuple value."""
         val = node.meta.get("val")
         outs: list[str] = []
         if isinstance(val, (list, tuple)):
             for i, v in enumerate(val):
                 if v is not None:
-                    outs.append(new_tensor(v, nid, f"{node.name}.{i}"))
+                    outs.append(self.new_tensor(v, nid, f"{node.name}.{i}"))
         elif val is not None:
-            outs.append(new_tensor(val, nid, node.name))
-        nodes.append(
-            {
-                "id": nid,
-                "op": op_name(node.target),
-                "category": category(op_name(node.target)),
-                "name": node.name,
-                "module_path": module_path(node),
-                "inputs": ins,
-                "outputs": outs,
-            }
-        )
-        current[node] = outs
-        # An in-place write makes a new version of the written value for every later reader.
-        for i in _writes(node):
-            if i < len(node.args) and isinstance(node.args[i], fx.Node) and outs:
-                current[node.args[i]] = [outs[0]]
-                nodes[-1]["mutates"] = list(current.get(node.args[i], []))
+            outs.append(self.new_tensor(val, nid, node.name))
+        return outs
 
-    # Outputs: user outputs, then final versions of mutated graph inputs (state the graph writes).
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    out_vals = out_node.args[0]
-    user_out_names = list(sig.user_outputs)
-    output_ids: list[str] = []
-    out_by_name = {}
-    for v in out_vals:
-        if isinstance(v, fx.Node):
-            out_by_name[v.name] = v
-    for fx_name, name in zip(user_out_names, output_names, strict=False):
-        v = out_by_name.get(fx_name)
-        if v is None or v not in current:
-            raise RuntimeError(f"graph output {name} is not a tensor")
-        tid = current[v][0]
-        output_ids.append(tid)
-        tensors[tid].setdefault("output_name", name)
-    for tid_in, fx_name in zip(input_ids, user_inputs, strict=False):
-        final = current[fx_by_name[fx_name]][0]
-        if final != tid_in:
-            output_ids.append(final)
-            tensors[final]["output_name"] = tensors[tid_in]["name"]
-    for tid in output_ids:
-        tensors[tid]["is_network_output"] = True
+    def outputs(
+        self, user_out_names: list[str], output_names: list[str], input_ids: list[str], user_inputs: list[str]
+    ) -> list[str]:
+        """User outputs, then final versions of mutated graph inputs (state the graph writes)."""
+        out_node = next(n for n in self.gm.graph.nodes if n.op == "output")
+        out_by_name = {v.name: v for v in out_node.args[0] if isinstance(v, fx.Node)}
+        output_ids: list[str] = []
+        for fx_name, name in zip(user_out_names, output_names, strict=False):
+            v = out_by_name.get(fx_name)
+            if v is None or v not in self.current:
+                raise RuntimeError(f"graph output {name} is not a tensor")
+            tid = self.current[v][0]
+            output_ids.append(tid)
+            self.tensors[tid].setdefault("output_name", name)
+        for tid_in, fx_name in zip(input_ids, user_inputs, strict=False):
+            final = self.current[self.fx_by_name[fx_name]][0]
+            if final != tid_in:
+                output_ids.append(final)
+                self.tensors[final]["output_name"] = self.tensors[tid_in]["name"]
+        for tid in output_ids:
+            self.tensors[tid]["is_network_output"] = True
+        return output_ids
 
-    # Shape arithmetic carries no module stack: it belongs where its first reader is.
-    by_id = {n["id"]: n for n in nodes}
-    for n in reversed(nodes):
-        if not n["module_path"]:
-            for t in n["outputs"]:
-                readers = [by_id[c]["module_path"] for c in tensors[t]["consumers"] if by_id[c]["module_path"]]
-                if readers:
-                    n["module_path"] = readers[0]
-                    break
-
-    snap = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": KIND,
-        "metadata": metadata,
-        "nodes": nodes,
-        "tensors": [tensors[f"tensor:{i}"] for i in range(n_tensor)],
-        "inputs": input_ids,
-        "outputs": output_ids,
-    }
-    snap["fingerprint"] = fingerprint(snap)
-    return snap
+    def place_shape_arithmetic(self) -> None:
+        """Shape arithmetic carries no module stack: it belongs where its first reader is."""
+        by_id = {n["id"]: n for n in self.nodes}
+        for n in reversed(self.nodes):
+            if not n["module_path"]:
+                for t in n["outputs"]:
+                    readers = [by_id[c]["module_path"] for c in self.tensors[t]["consumers"] if by_id[c]["module_path"]]
+                    if readers:
+                        n["module_path"] = readers[0]
+                        break
