@@ -631,20 +631,17 @@ def test_one_exported_dso_binds_both_layers(wide_qwen):
     assert len(pipe.slot_calls) == 2 and len(pipe.kernels) == 1
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("engine", ["torch", "compiled"])
-def test_gpu_pipeline_with_every_layer_bound_matches_native(wide_qwen, engine):
+def _assert_bound_matches_native(build: Path, manifest: Path, engine: str) -> None:
+    """Every layer bound to the CuTe kernel against native, in lockstep on the same forced tokens
+    (random weights leave near-ties, so greedy tokens could flip): bf16 tolerance, cosine > 0.999."""
     import torch
 
-    if not torch.cuda.is_available() or not HAVE_CUTE:
-        pytest.skip("needs a CUDA GPU and the CuTe DSL")
     from mcore.pipeline import DecoderPipeline
 
-    manifest = _wide_bindings(wide_qwen)
     prompt = "Explain grouped-query attention, KV caching, and decode latency."
-    native = DecoderPipeline(str(wide_qwen / "native.bundle"), device="cuda", engine=engine)
+    native = DecoderPipeline(str(build / "native.bundle"), device="cuda", engine=engine)
     byok = DecoderPipeline(
-        str(wide_qwen / "attn.bundle"),
+        str(build / "attn.bundle"),
         kernel_bindings=str(manifest),
         device="cuda",
         engine=engine,
@@ -652,7 +649,6 @@ def test_gpu_pipeline_with_every_layer_bound_matches_native(wide_qwen, engine):
     )
     prompt_ids = native.encode(prompt)
     tokens = native.generate(prompt, 24, stop_at_eos=False).tokens
-    # Lockstep on the same forced tokens (random weights leave near-ties, so greedy tokens could flip).
     want = torch.stack(native.step_logits(prompt_ids, tokens)[1:])  # decode steps only: the slots run there
     got = torch.stack(byok.step_logits(prompt_ids, tokens)[1:])
     assert torch.isfinite(got).all()
@@ -660,6 +656,16 @@ def test_gpu_pipeline_with_every_layer_bound_matches_native(wide_qwen, engine):
     assert (got - want).abs().max().item() <= 0.05 * max(scale, 1e-3), ((got - want).abs().max().item(), scale)
     cos = torch.nn.functional.cosine_similarity(got.flatten(1), want.flatten(1), dim=1)
     assert cos.min().item() > 0.999, cos
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["torch", "compiled"])
+def test_gpu_pipeline_with_every_layer_bound_matches_native(wide_qwen, engine):
+    import torch
+
+    if not torch.cuda.is_available() or not HAVE_CUTE:
+        pytest.skip("needs a CUDA GPU and the CuTe DSL")
+    _assert_bound_matches_native(wide_qwen, _wide_bindings(wide_qwen), engine)
 
 
 # ---------------------------------------------------------------- a Llama build (demo:llama-tiny: head_dim 64, GQA 4)
@@ -741,27 +747,7 @@ def test_gpu_llama_with_every_layer_bound_matches_native(llama_build, engine):
 
     if not torch.cuda.is_available() or not HAVE_CUTE:
         pytest.skip("needs a CUDA GPU and the CuTe DSL")
-    from mcore.pipeline import DecoderPipeline
-
-    manifest = _llama_bindings(llama_build)
-    prompt = "Explain grouped-query attention, KV caching, and decode latency."
-    native = DecoderPipeline(str(llama_build / "native.bundle"), device="cuda", engine=engine)
-    byok = DecoderPipeline(
-        str(llama_build / "attn.bundle"),
-        kernel_bindings=str(manifest),
-        device="cuda",
-        engine=engine,
-        announce=lambda line: None,
-    )
-    prompt_ids = native.encode(prompt)
-    tokens = native.generate(prompt, 24, stop_at_eos=False).tokens
-    want = torch.stack(native.step_logits(prompt_ids, tokens)[1:])  # decode steps only: the slots run there
-    got = torch.stack(byok.step_logits(prompt_ids, tokens)[1:])
-    assert torch.isfinite(got).all()
-    scale = want.abs().max().item()
-    assert (got - want).abs().max().item() <= 0.05 * max(scale, 1e-3), ((got - want).abs().max().item(), scale)
-    cos = torch.nn.functional.cosine_similarity(got.flatten(1), want.flatten(1), dim=1)
-    assert cos.min().item() > 0.999, cos
+    _assert_bound_matches_native(llama_build, _llama_bindings(llama_build), engine)
 
 
 def test_stub_on_a_llama_receipt_points_at_this_kernel(llama_build, tmp_path, mcore):
