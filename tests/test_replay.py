@@ -52,8 +52,14 @@ def diff_rows(out: str) -> list[list[str]]:
 # ---------------------------------------------------------------- the shipped tutorials
 
 
+def _shipped_params() -> list:
+    """qwen-attention's perf gate needs CUDA and was recorded not run, so where CUDA is it has to
+    PROMOTE: a timing check, run alone (under pytest -n 16 on the H200 it read INCONCLUSIVE)."""
+    return [pytest.param(n, marks=pytest.mark.timing) if n == "qwen-attention" else n for n in SHIPPED]
+
+
 @pytest.mark.slow  # minutes each where CUDA is (every pipeline compiles): the GPU box runs them apart
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", _shipped_params())
 def test_shipped_session_replays_clean(name, tmp_path, workbench):  # noqa: F811
     res = workbench(
         "replay",

@@ -185,7 +185,8 @@ async def test_profile_cancels_with_x_and_writes_nothing(built, tmp_path):
         await pilot.press("f2", "p")
         await pilot.pause(0.1)
         bundle = app.state.bundles["native"]["bundle"]
-        app.perform("profile", {"bundle": bundle, "output": "long.json", "steps": 100000})
+        # the op-by-op profile reports each step (on CUDA the `auto` engine is the compiled one)
+        app.perform("profile", {"bundle": bundle, "output": "long.json", "steps": 100000, "engine": "torch"})
         await wait(pilot, lambda: app.progress_step.startswith("profiling decode: step"))
         assert "x cancels" in text_of(app, "#profile-empty")
         await pilot.press("x")
