@@ -18,7 +18,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -467,13 +467,14 @@ _THREAD_INDEX = [
 def _scaffold_kernel(c: _Ctx) -> tuple[list[str], list[str]]:
     """The region_kernel scaffold of an unknown region: every tensor and scalar argument in ABI order
     (Receipt.call_args; none / null ptr extras are not passed), then the element count."""
-    pairs = c.receipt.call_args(
-        [(f"{e['param']}: cute.Tensor", f"flat({e['param']})") for e in c.inputs],
+    tensor: Callable[[dict], tuple[str, str] | None] = lambda e: (f"{e['param']}: cute.Tensor", f"flat({e['param']})")
+    ordered = c.receipt.call_args(
+        [tensor(e) for e in c.inputs],
         ("workspace: cute.Tensor", "flat(workspace)"),
-        [(f"{e['param']}: cute.Tensor", f"flat({e['param']})") for e in c.outputs],
+        [tensor(e) for e in c.outputs],
         [(f"extra{i}: {_scalar_type(a)}", f"extra{i}") if _scalar_type(a) else None for i, a in enumerate(c.extras)],
     )
-    pairs = [p for p in pairs if p is not None] + [("count: cutlass.Int32", "count")]
+    pairs = [p for p in ordered if p is not None] + [("count: cutlass.Int32", "count")]
     lines = [
         "    @cute.kernel",
         f"    def region_kernel({', '.join(p for p, _ in pairs)}):",

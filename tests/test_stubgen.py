@@ -607,7 +607,7 @@ def test_cli_stub(cases, tmp_path, mcore):
 
 
 def _export(script: Path, rp: Path, sp: Path, out: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"}
+    env = {k: v for k, v in repo_env().items() if k != "CUTE_DSL_ARCH"}
     return subprocess.run(
         [sys.executable, str(script), "--snapshot", str(sp), "--selection", str(rp), "--output", str(out)],
         capture_output=True,
