@@ -60,6 +60,7 @@ def write_pair(folder: Path, snap: dict, receipt: Any, name: str = "attn") -> tu
 def exporter():
     spec = importlib.util.spec_from_file_location("cutedsl_decode_attention", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # as an import would (its dataclass looks its module up there)
     spec.loader.exec_module(mod)
     return mod
 
