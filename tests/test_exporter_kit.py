@@ -26,7 +26,9 @@ def cases() -> dict[str, tuple[dict, dict]]:
 
 def test_the_kit_is_public_and_imports_without_torch_or_the_cute_dsl():
     assert mcore.exporter_kit is kit and "exporter_kit" in mcore.__all__
-    code = "import sys; from mcore import exporter_kit; print(sorted(m for m in ('torch', 'cutlass') if m in sys.modules))"
+    code = (
+        "import sys; from mcore import exporter_kit; print(sorted(m for m in ('torch', 'cutlass') if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=repo_env(), timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
 
@@ -73,7 +75,11 @@ def test_the_shipped_exporters_and_a_generated_stub_use_only_the_kits_public_nam
     stub = tmp_path / "stub.py"
     stub.write_text(generate_exporter(*reversed(cases["workspace_extras"])))
     public = set(kit.__all__)
-    for path in (stub, REPO / "kernels" / "cutedsl_decode_attention.py", REPO / "kernels" / "export_cutedsl_residual_add.py"):
+    for path in (
+        stub,
+        REPO / "kernels" / "cutedsl_decode_attention.py",
+        REPO / "kernels" / "export_cutedsl_residual_add.py",
+    ):
         used = {
             n.attr
             for n in ast.walk(ast.parse(path.read_text()))
