@@ -20,6 +20,7 @@ The groups:
 - build: BuildArgs (and its LAYOUTS, PRECISIONS, WEIGHTS), build_bundle; open_bundle, BundleManifest
 - run: open_pipeline (the class from the bundle's family kind), DecoderPipeline, EncoderPipeline
 - kernels: build_kernel, write_exporter, run_exporter, shipped_exporter, SHIPPED_EXPORTERS, kernel_catalog;
+  exporter_kit (the module every CuTe DSL exporter imports: contract check, ABI order, export and link);
   load_bindings_manifest, BindingsManifest, Binding, BINDINGS_SCHEMA_VERSION
 - verify gates: compare_tokens, compare_embeddings, perf_gate (and its PERF_DEFAULTS), reference_check,
   lockstep_logits
@@ -87,6 +88,7 @@ _EXPORTS: dict[str, str] = {
     # kernels and bindings
     "build_kernel": "kernels",
     "write_exporter": "stubgen",
+    "exporter_kit": "exporter_kit",
     "run_exporter": "exporters",
     "device_facts": "device",
     "describe_device": "device",
@@ -174,6 +176,7 @@ __all__ = [
     "demo_names",
     "describe_device",
     "device_facts",
+    "exporter_kit",
     "family_kind",
     "find_recipe",
     "kernel_catalog",

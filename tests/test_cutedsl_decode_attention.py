@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,12 +60,14 @@ def write_pair(folder: Path, snap: dict, receipt: Any, name: str = "attn") -> tu
 def exporter():
     spec = importlib.util.spec_from_file_location("cutedsl_decode_attention", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # as an import would (its dataclass looks its module up there)
     spec.loader.exec_module(mod)
     return mod
 
 
 def run_script(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"} | extra_env
+    """The exporter as a script, with this checkout's mcore (its exporter kit) importable."""
+    env = {k: v for k, v in repo_env().items() if k != "CUTE_DSL_ARCH"} | extra_env
     return subprocess.run(
         [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=env, timeout=600
     )

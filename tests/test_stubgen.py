@@ -20,7 +20,7 @@ from mcore.graph.snapshot import KIND, SCHEMA_VERSION, fingerprint
 from mcore.selection import select_region
 from mcore.stubgen import classify_region, generate_exporter, write_exporter
 
-from .conftest import needs_cute
+from .conftest import needs_cute, repo_env
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "kernels" / "export_cutedsl_residual_add.py"
@@ -350,8 +350,9 @@ def test_generated_exporter_is_valid_python(cases, case):
     assert f'BINDING_ID = "{receipt["binding_id"]}"' in text
     assert f'ABI_SHA256 = "{receipt["abi_sha256"]}"' in text
     assert f'GRAPH_FINGERPRINT = "{snap["fingerprint"]}"' in text
-    assert "make_fake_stream(use_tvm_ffi_env_stream=True)" in text
-    assert 'options="--enable-tvm-ffi"' in text and "export_to_c" in text
+    # check, ABI order, compile (--enable-tvm-ffi, env stream), export and link: the kit's (test_exporter_kit.py)
+    assert "from mcore import exporter_kit as kit" in text and "return kit.main(exporter, argv)" in text
+    assert "make_fake_stream" not in text.split('"""', 2)[2]  # the kit adds the stream, not the stub
     assert f"run({', '.join(receipt['abi']['call'][4:-1].split(', '))})" in text  # the ABI call, in order
     known = classify_region(receipt, snap)[0]
     assert (f"KERNEL_IMPLEMENTED = {known is not None}") in text
@@ -424,19 +425,20 @@ def run_main(mod, capsys, *args) -> tuple[int, str, str]:
 
 
 def test_check_only_accepts_the_matching_pair(add_stub):
+    """Run from the user's folder, as a plain script: it needs only mcore installed (the kit), no CuTe DSL."""
     tmp, script, rp, sp, mod = add_stub
     r = subprocess.run(
         [sys.executable, str(script), "--snapshot", str(sp), "--selection", str(rp), "--check-only"],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": ""},
+        env=repo_env(),
         cwd=tmp,
     )
     assert r.returncode == 0, r.stderr
     assert f"binding_id={TUTORIAL_BINDING}" in r.stdout
     receipt = json.loads(rp.read_text())
     assert f"abi_sha256={receipt['abi_sha256']}" in r.stdout
-    assert mod.check_contract(rp, sp)["binding_id"] == TUTORIAL_BINDING
+    assert mod.check_contract(rp, sp).binding_id == TUTORIAL_BINDING
 
 
 def _variant_pairs(tmp: Path) -> dict[str, tuple[Path, Path, str]]:
@@ -501,7 +503,7 @@ def _variant_pairs(tmp: Path) -> dict[str, tuple[Path, Path, str]]:
     damaged["nodes"][0]["name"] = "edited"
     dsp = tmp / "damaged.graph.json"
     dsp.write_text(json.dumps(damaged))
-    out["snapshot_damaged"] = (rp, dsp, "does not match its content")
+    out["snapshot_damaged"] = (rp, dsp, "fingerprint does not match the content")
     bad = tmp / "bad.json"
     bad.write_text("{not json")
     out["not_json"] = (bad, dsp, "cannot read the selection receipt as JSON")
@@ -536,6 +538,7 @@ def test_mismatch_exit_code_from_the_command_line(add_stub):
         capture_output=True,
         text=True,
         cwd=tmp,
+        env=repo_env(),
     )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "regenerate" in r.stderr, r.stderr
 
@@ -604,7 +607,7 @@ def test_cli_stub(cases, tmp_path, mcore):
 
 
 def _export(script: Path, rp: Path, sp: Path, out: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"}
+    env = {k: v for k, v in repo_env().items() if k != "CUTE_DSL_ARCH"}
     return subprocess.run(
         [sys.executable, str(script), "--snapshot", str(sp), "--selection", str(rp), "--output", str(out)],
         capture_output=True,
