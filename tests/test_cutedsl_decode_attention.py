@@ -321,7 +321,7 @@ def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
     ws_rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4), "ws")
     at = places(_ptx(tmp_path, "early-split", ws_rp, CUTEDSL_ATTENTION_PDL="early")[1])
     assert len(at["griddepcontrol.wait"]) == len(at["griddepcontrol.launch_dependents"]) == 2  # walk and merge
-    for wait, launch in zip(at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"]):
+    for wait, launch in zip(at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"], strict=True):
         assert wait < launch and not any(wait < i < launch for i in at["ld.global"] + at["st.global"])
 
 

@@ -90,7 +90,7 @@ def test_a_real_difference_fails_with_the_measured_max_abs(bundles, mcore):
     toks = a.generate("hello world", 4, stop_at_eos=False).tokens
     want = [
         float((x.reshape(-1) - y.reshape(-1)).abs().max())
-        for x, y in zip(a.step_logits(ids, toks[:-1]), b.step_logits(ids, toks[:-1]))
+        for x, y in zip(a.step_logits(ids, toks[:-1]), b.step_logits(ids, toks[:-1]), strict=True)
     ]
     got = _steps(r.out)
     assert len(got) == 4 and min(want) > 0
