@@ -22,7 +22,7 @@ import pytest
 from mcore.selection import select_region
 from tests.test_stubgen import Graph, node_of
 
-from .conftest import HAVE_CUTE, needs_cute, repo_env
+from .conftest import needs_cute, repo_env, require_cute
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "kernels" / "cutedsl_decode_attention.py"
@@ -403,8 +403,9 @@ class _Kernels:
 def gpu_kernels(tmp_path_factory):
     import torch
 
-    if not torch.cuda.is_available() or not HAVE_CUTE:
-        pytest.skip("needs a CUDA GPU and the CuTe DSL")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    require_cute()
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if base.name.startswith("popen-gw") else base  # this run's, under pytest -n
     folder = shared / "cutedsl-attention"
@@ -663,8 +664,9 @@ def _assert_bound_matches_native(build: Path, manifest: Path, engine: str) -> No
 def test_gpu_pipeline_with_every_layer_bound_matches_native(wide_qwen, engine):
     import torch
 
-    if not torch.cuda.is_available() or not HAVE_CUTE:
-        pytest.skip("needs a CUDA GPU and the CuTe DSL")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    require_cute()
     _assert_bound_matches_native(wide_qwen, _wide_bindings(wide_qwen), engine)
 
 
@@ -745,8 +747,9 @@ def test_one_exported_dso_binds_every_llama_layer(llama_build):
 def test_gpu_llama_with_every_layer_bound_matches_native(llama_build, engine):
     import torch
 
-    if not torch.cuda.is_available() or not HAVE_CUTE:
-        pytest.skip("needs a CUDA GPU and the CuTe DSL")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    require_cute()
     _assert_bound_matches_native(llama_build, _llama_bindings(llama_build), engine)
 
 

@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 import torch
+import transformers
 
 from mcore.build import build_bundle
 from mcore.buildargs import BuildArgs
@@ -23,8 +24,6 @@ from mcore.tokenization import load_tokenizer_from_folder
 
 from .checkpoints import PUBLISHED, make_published_checkpoint
 from .conftest import assert_user_error
-
-transformers = pytest.importorskip("transformers")
 
 NAMES = list(PUBLISHED)
 TEXTS = [

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import transformers
 
 from mcore import ops
 from mcore.buildargs import BuildArgs
@@ -14,8 +15,6 @@ from mcore.families import get_family
 from mcore.families.source import resolve_model
 
 from .checkpoints import make_bert_checkpoint, make_distilbert_checkpoint, make_qwen3_checkpoint
-
-transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-4
 

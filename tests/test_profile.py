@@ -177,6 +177,7 @@ def test_no_profiler_activity_falls_back_to_the_wall_clock(bundles, monkeypatch)
     assert all(n["seconds"] >= 0 for n in prof["nodes"]) and prof["attributed_seconds"] > 0
 
 
+@pytest.mark.timing
 @pytest.mark.gpu
 def test_gpu_profile_charges_kernel_time_not_launch_latency(bundles):
     """On CUDA the default timing is the kernels' device time: the attributed total is below the
