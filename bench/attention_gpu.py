@@ -408,7 +408,7 @@ def pipelines(out: Path, native: Path, slot: Path, manifest: Path, contexts: lis
             "cosine": cosine(x, y),
             "same_pick": bool(x.argmax() == y.argmax()),
         }
-        for k, (x, y) in enumerate(zip(a, b))
+        for k, (x, y) in enumerate(zip(a, b, strict=True))
     ]
     emit(out, "lockstep", lock)
 

@@ -122,7 +122,10 @@ def _determinism(pipe) -> dict:
     first = pipe.step_logits(prompt, forced)
     again = pipe.step_logits(prompt, forced)
     digest = hashlib.sha256(b"".join(x.numpy().tobytes() for x in first)).hexdigest()[:16]
-    return {"same_bits_twice": all(torch.equal(x, y) for x, y in zip(first, again)), "logits_sha256": digest}
+    return {
+        "same_bits_twice": all(torch.equal(x, y) for x, y in zip(first, again, strict=True)),
+        "logits_sha256": digest,
+    }
 
 
 def part_mcore(a) -> None:

@@ -79,7 +79,7 @@ def main() -> None:
         results.append(((bn, split, warps, stages), row))
         print(
             f"BLOCK_N={bn:3} split/SM={split} warps={warps} stages={stages}: "
-            + "  ".join(f"ctx {n}: {ms * 1e3:6.1f} us {bw:4.2f} TB/s" for n, (ms, bw) in zip(ctxs, row)),
+            + "  ".join(f"ctx {n}: {ms * 1e3:6.1f} us {bw:4.2f} TB/s" for n, (ms, bw) in zip(ctxs, row, strict=True)),
             flush=True,
         )
     best = min(results, key=lambda r: sum(ms for ms, _ in r[1]))

@@ -3,7 +3,8 @@
 # /tmp/gpu-session, prints a short summary and leaves one log file per stage in OUT (the device
 # returns at most 8 files), so a run cut off by the device's time limit keeps what it did.
 #   source .device/base/install.sh && bash bench/gpu_session.sh "$OUT" [suite,engine,gate,profile]
-# suite:   the whole test suite (names of failures printed: -rfE); more than one call's 10 minutes now:
+# suite:   the whole test suite (names of failures printed: -rfE); more than one call's 10 minutes now;
+#          the CuTe DSL must be carried (prepare.sh --cute): the test extra requires it, so its tests fail without it
 #          suite-gpu (GPU-marked tests and shipped-session replays) + suite-rest (the others) split it
 # engine:  bench/engine_gpu.py (roofline, compiled cold/cached, op by op, transformers peers)   ~9 min
 #          issue 32 (start-up as whole processes, the whole-graph compile beside, prefill share), ~6 min:

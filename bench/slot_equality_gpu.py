@@ -28,7 +28,7 @@ PROMPT = "Explain grouped-query attention, KV caching, and decode latency."
 
 
 def first_diff(a, b):
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
 
 
 def main() -> None:

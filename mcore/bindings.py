@@ -276,43 +276,12 @@ def bind_slots(
     # One entry binds every slot sharing its binding ID and ABI hash (e.g. all layers' attention).
     groups = slot_groups(keys)
     by_id = {bid: group[0] for bid, group in groups.items()}
-
     if manifest_path is None:
         if by_id:
-            sid, slot = next(iter(by_id.items()))
-            raise UserError(
-                f"slot {_slots_named(groups[sid])} (engine role {slot.engine_role}) is not bound; pass "
-                f"--kernel-bindings with an entry for it (id {sid}, abi_sha256 {slot.abi_sha256})"
-            )
+            sid = next(iter(by_id))
+            raise _not_bound(groups[sid])
         return {}
-
-    bindings = load_bindings_manifest(manifest_path)
-    entries = {b.id: b for b in bindings}
-    for b in bindings:
-        if b.id not in by_id:
-            known = ", ".join(sorted(by_id)) or "none"
-            raise UserError(
-                f"{manifest_path}: unknown binding {b.id}: the bundle has no slot with that ID "
-                f"(its slots: {known}); remove the entry or use the matching bundle"
-            )
-    for sid, slot in by_id.items():
-        entry = entries.get(sid)
-        if entry is None:
-            raise UserError(
-                f"slot {_slots_named(groups[sid])} (engine role {slot.engine_role}) is not bound; pass "
-                f"--kernel-bindings with an entry for it (id {sid}, abi_sha256 {slot.abi_sha256})"
-            )
-        if entry.abi_sha256 != slot.abi_sha256:
-            raise UserError(
-                f"slot {_slots_named(groups[sid])}: ABI hash mismatch: manifest has {entry.abi_sha256} but the bundle slot "
-                f"expects {slot.abi_sha256}; use the abi_sha256 from the selection receipt"
-            )
-        if not entry.library_path.is_file():
-            raise UserError(
-                f"{entry.library_path}: DSO for slot {sid} not found; copy the kernel library there "
-                f"or fix field library in {manifest_path}"
-            )
-
+    entries = _matched_entries(manifest_path, groups)
     bound: dict[str, BoundKernel] = {}
     for sid in by_id:
         b = entries[sid]
@@ -322,3 +291,40 @@ def bind_slots(
         module, func = _load_function(b.library_path, b.function, sid)
         bound[sid] = BoundKernel(sid, b.abi_sha256, b.library_path, b.function, func, module)
     return bound
+
+
+def _not_bound(group: Sequence[SlotKey]) -> UserError:
+    slot = group[0]
+    return UserError(
+        f"slot {_slots_named(group)} (engine role {slot.engine_role}) is not bound; pass "
+        f"--kernel-bindings with an entry for it (id {slot.binding_id}, abi_sha256 {slot.abi_sha256})"
+    )
+
+
+def _matched_entries(manifest_path: str | os.PathLike, groups: Mapping[str, Sequence[SlotKey]]) -> dict[str, Binding]:
+    """The manifest's entries by binding ID, once each matches the bundle both ways (no unknown entry, no
+    unbound slot), with the slot's ABI hash and a library file on disk; nothing is loaded yet."""
+    bindings = load_bindings_manifest(manifest_path)
+    entries = {b.id: b for b in bindings}
+    for b in bindings:
+        if b.id not in groups:
+            known = ", ".join(sorted(groups)) or "none"
+            raise UserError(
+                f"{manifest_path}: unknown binding {b.id}: the bundle has no slot with that ID "
+                f"(its slots: {known}); remove the entry or use the matching bundle"
+            )
+    for sid, group in groups.items():
+        slot, entry = group[0], entries.get(sid)
+        if entry is None:
+            raise _not_bound(group)
+        if entry.abi_sha256 != slot.abi_sha256:
+            raise UserError(
+                f"slot {_slots_named(group)}: ABI hash mismatch: manifest has {entry.abi_sha256} but the bundle slot "
+                f"expects {slot.abi_sha256}; use the abi_sha256 from the selection receipt"
+            )
+        if not entry.library_path.is_file():
+            raise UserError(
+                f"{entry.library_path}: DSO for slot {sid} not found; copy the kernel library there "
+                f"or fix field library in {manifest_path}"
+            )
+    return entries

@@ -231,9 +231,18 @@ def write_bundle(
         manifest_bytes = (json.dumps(manifest, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
     except (TypeError, ValueError) as e:
         raise UserError(f"{path}: bundle manifest is not valid JSON data ({e})") from None
-
     # Validate everything before the temp file exists.
-    plan: list[tuple[str, Any, int]] = [(MANIFEST_NAME, manifest_bytes, len(manifest_bytes))]
+    plan = [(MANIFEST_NAME, manifest_bytes, len(manifest_bytes)), *_member_plan(members)]
+    total = sum(size for _, _, size in plan) or 1
+    prog = progress or Progress()
+    atomic_write(path, lambda f: _BundleBody(f, total, prog).write(plan), binary=True)
+    _fsync_dir(path.parent if str(path.parent) else Path("."))
+    return path
+
+
+def _member_plan(members: Mapping[str, Member]) -> list[tuple[str, Any, int]]:
+    """(name, bytes view or file path, size) per member: names checked, files present, nothing written yet."""
+    plan: list[tuple[str, Any, int]] = []
     for name, src in members.items():
         check_member_name(name)
         if isinstance(src, (bytes, bytearray, memoryview)):
@@ -245,58 +254,62 @@ def write_bundle(
             plan.append((name, p, p.stat().st_size))
         else:
             raise UserError(f"bundle member {name!r}: expected bytes or a file path, got {type(src).__name__}")
-    total = sum(size for _, _, size in plan) or 1
-    prog = progress or Progress()
+    return plan
 
-    def write(f: BinaryIO) -> None:
-        _default_mode(f)
-        out = _HashingWriter(f)
-        done = 0
+
+class _BundleBody:
+    """Writes the tar members and then the integrity tail: each member's hash and the hash of every byte before it."""
+
+    def __init__(self, f: BinaryIO, total: int, prog: Progress):
+        self.f = f
+        self.out = _HashingWriter(f)
+        self.total = total
+        self.prog = prog
+        self.done = 0  # member bytes written so far, for progress
+
+    def write(self, plan: list[tuple[str, Any, int]]) -> None:
+        _default_mode(self.f)
         entries = []
         for name, src, size in plan:
-            prog.report(f"writing {name}", done / total)
-            out.write(_tar_header(name, size))
+            self.prog.report(f"writing {name}", self.done / self.total)
+            self.out.write(_tar_header(name, size))
             sha = hashlib.sha256()
-            written = 0
             if isinstance(src, Path):
-                with open(src, "rb") as inp:
-                    while written < size:
-                        chunk = inp.read(min(CHUNK, size - written))
-                        if not chunk:
-                            break
-                        out.write(chunk)
-                        sha.update(chunk)
-                        written += len(chunk)
-                        done += len(chunk)
-                        prog.report(f"writing {name}", done / total)
-                    if written != size or inp.read(1):
-                        raise UserError(
-                            f"{src}: file changed while it was being written into the bundle; run the build again"
-                        )
+                self._copy_file(name, src, size, sha)
             else:
                 for start in range(0, size, CHUNK):
-                    chunk = src[start : start + CHUNK]
-                    out.write(chunk)
-                    sha.update(chunk)
-                    done += len(chunk)
-                    prog.report(f"writing {name}", done / total)
-                written = size
-            out.write(_padding(size))
+                    self._put(name, src[start : start + CHUNK], sha)
+            self.out.write(_padding(size))
             entries.append({"name": name, "size": size, "sha256": sha.hexdigest()})
         record = {
             "algorithm": "sha256",
             "kind": INTEGRITY_KIND,
             "schema_version": INTEGRITY_SCHEMA_VERSION,
             "members": entries,
-            "prefix_bytes": out.count,
-            "prefix_sha256": out.sha.hexdigest(),
+            "prefix_bytes": self.out.count,
+            "prefix_sha256": self.out.sha.hexdigest(),
         }
-        f.write(_integrity_tail(canonical_json(record).encode("ascii")))
-        prog.report("finishing bundle", 1.0)
+        self.f.write(_integrity_tail(canonical_json(record).encode("ascii")))
+        self.prog.report("finishing bundle", 1.0)
 
-    atomic_write(path, write, binary=True)
-    _fsync_dir(path.parent if str(path.parent) else Path("."))
-    return path
+    def _put(self, name: str, chunk, sha) -> None:
+        self.out.write(chunk)
+        sha.update(chunk)
+        self.done += len(chunk)
+        self.prog.report(f"writing {name}", self.done / self.total)
+
+    def _copy_file(self, name: str, src: Path, size: int, sha) -> None:
+        """Stream a file member; it must still have the size it had when planned (the header says so)."""
+        written = 0
+        with open(src, "rb") as inp:
+            while written < size:
+                chunk = inp.read(min(CHUNK, size - written))
+                if not chunk:
+                    break
+                self._put(name, chunk, sha)
+                written += len(chunk)
+            if written != size or inp.read(1):
+                raise UserError(f"{src}: file changed while it was being written into the bundle; run the build again")
 
 
 def _default_mode(f: BinaryIO) -> None:

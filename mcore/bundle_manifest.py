@@ -102,6 +102,70 @@ class RoleRecord:
     outputs: tuple[str, ...]
 
 
+# ---------------------------------------------------------------- the manifest's parse phases
+
+
+def _check_container(m: Any, where: str) -> None:
+    """An object with every required field, no unknown one, and this kind and schema."""
+    if not isinstance(m, dict):
+        raise UserError(f"{where}: bundle manifest must be a JSON object")
+    for name in _REQUIRED:
+        if name not in m:
+            raise UserError(f"{where}: bundle manifest lacks field {name}; {REBUILD}")
+    check_fields(m, f"{where}: bundle manifest", {"schema_version", "kind", "kernel_slots", *_REQUIRED}, _OPTIONAL)
+    if m["kind"] != BUNDLE_KIND or m["schema_version"] != BUNDLE_SCHEMA_VERSION:
+        raise UserError(f"{where}: not an mcore bundle of schema {BUNDLE_SCHEMA_VERSION}; {REBUILD}")
+
+
+def _parse_model(model: Any, w: str) -> ModelRef:
+    if (
+        not isinstance(model, dict)
+        or not isinstance(model.get("spec"), str)
+        or "revision" not in model
+        or not isinstance(model["revision"], (str, type(None)))
+    ):
+        raise field_error(w, "model", "needs spec (a string) and revision", REBUILD)
+    return ModelRef(model["spec"], model["revision"])
+
+
+def _parse_roles(roles_d: dict[str, Any], w: str) -> dict[str, RoleRecord]:
+    roles = {}
+    for role, r in roles_d.items():
+        if not isinstance(r, dict) or not isinstance(r.get("fingerprint"), str):
+            raise UserError(f"{w} roles.{role} needs fingerprint, inputs and outputs; {REBUILD}")
+        for k in ("inputs", "outputs"):
+            if not isinstance(r.get(k), list) or not all(isinstance(x, str) for x in r[k]):
+                raise UserError(f"{w} roles.{role} needs fingerprint, inputs and outputs; {REBUILD}")
+        roles[role] = RoleRecord(r["fingerprint"], tuple(r["inputs"]), tuple(r["outputs"]))
+    return roles
+
+
+def _parse_slots(slots_d: Any, roles: Mapping[str, RoleRecord], w: str) -> tuple[SlotRecord, ...]:
+    """Each slot record checked in full, then its engine role checked against the bundle's roles."""
+    if not isinstance(slots_d, list):
+        raise field_error(w, "kernel_slots", "must be a list", REBUILD)
+    slots = tuple(SlotRecord.from_dict(s, f"{w} kernel_slots[{i}]", REBUILD) for i, s in enumerate(slots_d))
+    for i, s in enumerate(slots):
+        if s.engine_role not in roles:
+            raise UserError(
+                f"{w} kernel_slots[{i}] (binding {s.binding_id}): engine role {s.engine_role!r} does not exist "
+                f"in this bundle (roles: {', '.join(roles) or 'none'}); {REBUILD}"
+            )
+    return slots
+
+
+def _optional_fields(m: dict[str, Any], w: str) -> dict[str, Any]:
+    """device, special_tokens, tool_versions and built_on where the file has them (sentence_embedding aside)."""
+    _check_special_tokens(m.get("special_tokens"), w)
+    opt: dict[str, Any] = {}
+    if m.get("device") is not None:
+        opt["device"] = need_str(m, "device", w, REBUILD)
+    for k in ("special_tokens", "tool_versions", "built_on"):
+        if k in m:
+            opt[k] = copy.deepcopy(need_dict(m, k, w, REBUILD))
+    return opt
+
+
 @dataclass(frozen=True)
 class BundleManifest(JsonView):
     engine: str
@@ -121,63 +185,25 @@ class BundleManifest(JsonView):
     present: frozenset[str] = field(default=_OPTIONAL, repr=False)  # optional keys the file has
 
     @classmethod
-    def from_dict(cls, m: Any, where: str) -> BundleManifest:  # noqa: C901 - flat field-by-field contract check
+    def from_dict(cls, m: Any, where: str) -> BundleManifest:
         """Check every field the runner and `mcore inspect` read: present, typed, in range."""
-        if not isinstance(m, dict):
-            raise UserError(f"{where}: bundle manifest must be a JSON object")
-        for name in _REQUIRED:
-            if name not in m:
-                raise UserError(f"{where}: bundle manifest lacks field {name}; {REBUILD}")
-        check_fields(m, f"{where}: bundle manifest", {"schema_version", "kind", "kernel_slots", *_REQUIRED}, _OPTIONAL)
-        if m["kind"] != BUNDLE_KIND or m["schema_version"] != BUNDLE_SCHEMA_VERSION:
-            raise UserError(f"{where}: not an mcore bundle of schema {BUNDLE_SCHEMA_VERSION}; {REBUILD}")
+        _check_container(m, where)
         w = f"{where}: bundle manifest"
         kind = m.get("family_kind")
         if kind is not None and kind not in FAMILY_KINDS:
             raise field_error(w, "family_kind", f"{kind!r} must be decoder or encoder", REBUILD)
-        model = m["model"]
-        if (
-            not isinstance(model, dict)
-            or not isinstance(model.get("spec"), str)
-            or "revision" not in model
-            or not isinstance(model["revision"], (str, type(None)))
-        ):
-            raise field_error(w, "model", "needs spec (a string) and revision", REBUILD)
+        model = _parse_model(m["model"], w)
         weights = _check_weights(need_dict(m, "weights", w, REBUILD), w)
-        roles_d = need_dict(m, "roles", w, REBUILD)
-        roles = {}
-        for role, r in roles_d.items():
-            if not isinstance(r, dict) or not isinstance(r.get("fingerprint"), str):
-                raise UserError(f"{w} roles.{role} needs fingerprint, inputs and outputs; {REBUILD}")
-            for k in ("inputs", "outputs"):
-                if not isinstance(r.get(k), list) or not all(isinstance(x, str) for x in r[k]):
-                    raise UserError(f"{w} roles.{role} needs fingerprint, inputs and outputs; {REBUILD}")
-            roles[role] = RoleRecord(r["fingerprint"], tuple(r["inputs"]), tuple(r["outputs"]))
-        if not isinstance(m["kernel_slots"], list):
-            raise field_error(w, "kernel_slots", "must be a list", REBUILD)
-        slots = tuple(
-            SlotRecord.from_dict(s, f"{w} kernel_slots[{i}]", REBUILD) for i, s in enumerate(m["kernel_slots"])
-        )
-        for i, s in enumerate(slots):
-            if s.engine_role not in roles:
-                raise UserError(
-                    f"{w} kernel_slots[{i}] (binding {s.binding_id}): engine role {s.engine_role!r} does not exist "
-                    f"in this bundle (roles: {', '.join(roles) or 'none'}); {REBUILD}"
-                )
-        _check_special_tokens(m.get("special_tokens"), w)
-        opt: dict[str, Any] = {}
-        if m.get("device") is not None:
-            opt["device"] = need_str(m, "device", w, REBUILD)
-        for k in ("special_tokens", "tool_versions", "built_on"):
-            if k in m:
-                opt[k] = copy.deepcopy(need_dict(m, k, w, REBUILD))
+        roles = _parse_roles(need_dict(m, "roles", w, REBUILD), w)
+        slots = _parse_slots(m["kernel_slots"], roles, w)
+        opt = _optional_fields(m, w)
         emb = m.get("sentence_embedding")
         if emb is not None and not isinstance(emb, dict):
             raise field_error(w, "sentence_embedding", "must be an object or null", REBUILD)
         return cls(
             engine=need_str(m, "engine", w, REBUILD),
             family=need_str(m, "family", w, REBUILD),
-            model=ModelRef(model["spec"], model["revision"]),
+            model=model,
             build_args=copy.deepcopy(need_dict(m, "build_args", w, REBUILD)),
             graph_args=copy.deepcopy(need_dict(m, "graph_args", w, REBUILD)),
             roles=roles,

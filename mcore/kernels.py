@@ -17,7 +17,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,6 +236,122 @@ def _check_output(output: Path, overwrite: bool) -> Path:
     return parent
 
 
+@dataclass(frozen=True)
+class _CompilePlan:
+    """What `tvm_ffi.cpp.build` is given for one variant: sources, flags, GPU targets."""
+
+    variant: str  # "cpu" or "cpu+cuda"
+    archs: tuple[str, ...]  # GPU targets; empty for the CPU variant or a kernel without .cu sources
+    cpp_files: list[str]
+    cuda_files: list[str]
+    cflags: list[str]
+    cuda_cflags: list[str]
+    ldflags: list[str]
+    include_paths: list[str]
+
+
+def _check_build_request(spec: KernelSpec, cuda: str, output: Path, overwrite: bool) -> Path:
+    """Refuse a bad request before anything compiles; returns the kernel sources folder."""
+    if cuda not in CUDA_MODES:
+        raise UserError(f"--cuda {cuda!r} is not one of {', '.join(CUDA_MODES)}")
+    _check_output(output, overwrite)
+    src_dir = kernels_dir()
+    for s in spec.sources:
+        if not (src_dir / s).is_file():
+            raise UserError(f"kernel source {src_dir / s} is missing; restore it from the repository")
+    if shutil.which("ninja") is None:
+        raise UserError("ninja is not on PATH (tvm_ffi.cpp.build needs it); install it with `pip install ninja`")
+    return src_dir
+
+
+def _pick_toolkit(cuda: str) -> CudaToolkit | None:
+    """The toolkit the build uses: none for "off", the detected one (or none) for "auto", required for "on"."""
+    if cuda == "off":
+        return None
+    toolkit, why = detect_cuda_toolkit()
+    if toolkit is None and cuda == "on":
+        raise UserError(
+            f"--cuda on: no usable CUDA toolkit ({why}); install the CUDA toolkit or set CUDA_HOME, "
+            "or build the CPU variant with --cuda off"
+        )
+    return toolkit
+
+
+def _compile_plan(spec: KernelSpec, src_dir: Path, toolkit: CudaToolkit | None) -> _CompilePlan:
+    """Flags and sources: the CUDA path is built in (-DMCORE_WITH_CUDA) whenever a toolkit is used."""
+    archs = tuple(cuda_arch_list()) if toolkit is not None and spec.cuda_sources else ()
+    cflags = ["-O2", "-Wall", *(f"-D{d}" for d in spec.defines)]
+    cuda_cflags = ["-O3", *(f"-D{d}" for d in spec.defines)]
+    ldflags: list[str] = []
+    include_paths: list[str] = []
+    cuda_files: list[str] = []
+    if toolkit is not None:
+        cflags.append("-DMCORE_WITH_CUDA")
+        cuda_cflags.append("-DMCORE_WITH_CUDA")
+        include_paths.append(str(toolkit.include_dir))
+        ldflags += [f"-L{toolkit.lib_dir}", "-lcudart", f"-Wl,-rpath,{toolkit.lib_dir}"]
+        if archs:
+            ptx = archs[0].replace(".", "").rstrip("a")
+            cuda_cflags.append(f"-gencode=arch=compute_{ptx},code=compute_{ptx}")
+            cuda_files = [str(src_dir / s) for s in spec.cuda_sources]
+    return _CompilePlan(
+        variant="cpu+cuda" if toolkit is not None else "cpu",
+        archs=archs,
+        cpp_files=[str(src_dir / s) for s in spec.cpp_sources],
+        cuda_files=cuda_files,
+        cflags=cflags,
+        cuda_cflags=cuda_cflags,
+        ldflags=ldflags,
+        include_paths=include_paths,
+    )
+
+
+@contextmanager
+def _build_environ(plan: _CompilePlan, toolkit: CudaToolkit | None) -> Iterator[None]:
+    """tvm_ffi reads the GPU targets and the toolkit from os.environ: set them for one build, then restore."""
+    env_patch = {"TVM_FFI_CUDA_ARCH_LIST": " ".join(plan.archs)} if plan.archs else {}
+    if toolkit is not None and not os.environ.get("CUDA_HOME") and not os.environ.get("CUDA_PATH"):
+        env_patch["CUDA_HOME"] = str(toolkit.home)
+    with _BUILD_LOCK:
+        saved = {k: os.environ.get(k) for k in env_patch}
+        os.environ.update(env_patch)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def _compile(name: str, plan: _CompilePlan, build_dir: Path) -> Path:
+    """Run the compiler; a failure becomes one line (its first error) plus the path of the full log."""
+    import tvm_ffi.cpp  # noqa: PLC0415 (heavy import, only when building)
+
+    try:
+        return Path(
+            tvm_ffi.cpp.build(
+                f"mcore_{name.replace('-', '_')}",
+                cpp_files=plan.cpp_files,
+                cuda_files=plan.cuda_files or None,
+                extra_cflags=plan.cflags,
+                extra_cuda_cflags=plan.cuda_cflags,
+                extra_ldflags=plan.ldflags,
+                extra_include_paths=plan.include_paths,
+                build_directory=str(build_dir),
+            )
+        )
+    except Exception as e:  # the compiler's output is in the message
+        log = Path(tempfile.mkstemp(prefix=f"mcore-build-{name}-", suffix=".log")[1])
+        log.write_text(str(e), encoding="utf-8")
+        first_error = next(
+            (ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()),
+            str(e).splitlines()[0] if str(e) else type(e).__name__,
+        )
+        raise UserError(f"building {name} ({plan.variant}) failed: {first_error[:300]}; full log: {log}") from None
+
+
 def build_kernel(
     name: str,
     output: str | os.PathLike,
@@ -249,93 +366,28 @@ def build_kernel(
     `overwrite`), `cuda="on"` without a toolkit, or a failed compile (with the log's path).
     """
     spec = get_kernel(name)
-    if cuda not in CUDA_MODES:
-        raise UserError(f"--cuda {cuda!r} is not one of {', '.join(CUDA_MODES)}")
     output = Path(output)
-    _check_output(output, overwrite)
+    src_dir = _check_build_request(spec, cuda, output, overwrite)
     prog = _as_progress(progress)
-    src_dir = kernels_dir()
-    for s in spec.sources:
-        if not (src_dir / s).is_file():
-            raise UserError(f"kernel source {src_dir / s} is missing; restore it from the repository")
-    if shutil.which("ninja") is None:
-        raise UserError("ninja is not on PATH (tvm_ffi.cpp.build needs it); install it with `pip install ninja`")
 
     prog.report(f"{name}: looking for a CUDA toolkit", 0.02)
-    toolkit: CudaToolkit | None = None
-    if cuda != "off":
-        toolkit, why = detect_cuda_toolkit()
-        if toolkit is None and cuda == "on":
-            raise UserError(
-                f"--cuda on: no usable CUDA toolkit ({why}); install the CUDA toolkit or set CUDA_HOME, "
-                "or build the CPU variant with --cuda off"
-            )
-    with_cuda = toolkit is not None
-    archs = tuple(cuda_arch_list()) if with_cuda and spec.cuda_sources else ()
-    variant = "cpu+cuda" if with_cuda else "cpu"
-
-    import tvm_ffi.cpp  # noqa: PLC0415 (heavy import, only when building)
-
-    cflags = ["-O2", "-Wall", *(f"-D{d}" for d in spec.defines)]
-    cuda_cflags = ["-O3", *(f"-D{d}" for d in spec.defines)]
-    ldflags: list[str] = []
-    include_paths: list[str] = []
-    cpp_files = [str(src_dir / s) for s in spec.cpp_sources]
-    cuda_files: list[str] = []
-    if with_cuda:
-        assert toolkit is not None
-        cflags.append("-DMCORE_WITH_CUDA")
-        cuda_cflags.append("-DMCORE_WITH_CUDA")
-        include_paths.append(str(toolkit.include_dir))
-        ldflags += [f"-L{toolkit.lib_dir}", "-lcudart", f"-Wl,-rpath,{toolkit.lib_dir}"]
-        if archs:
-            ptx = archs[0].replace(".", "").rstrip("a")
-            cuda_cflags.append(f"-gencode=arch=compute_{ptx},code=compute_{ptx}")
-            cuda_files = [str(src_dir / s) for s in spec.cuda_sources]
+    toolkit = _pick_toolkit(cuda)
+    plan = _compile_plan(spec, src_dir, toolkit)
 
     build_dir = Path(tempfile.mkdtemp(prefix=f"mcore-build-{name}-"))
     try:
-        prog.report(f"{name}: compiling the {variant} variant", 0.1)
-        env_patch = {"TVM_FFI_CUDA_ARCH_LIST": " ".join(archs)} if archs else {}
-        if with_cuda and not os.environ.get("CUDA_HOME") and not os.environ.get("CUDA_PATH"):
-            env_patch["CUDA_HOME"] = str(toolkit.home)  # type: ignore[union-attr]
-        with _BUILD_LOCK:
-            saved = {k: os.environ.get(k) for k in env_patch}
-            os.environ.update(env_patch)
-            try:
-                so = tvm_ffi.cpp.build(
-                    f"mcore_{name.replace('-', '_')}",
-                    cpp_files=cpp_files,
-                    cuda_files=cuda_files or None,
-                    extra_cflags=cflags,
-                    extra_cuda_cflags=cuda_cflags,
-                    extra_ldflags=ldflags,
-                    extra_include_paths=include_paths,
-                    build_directory=str(build_dir),
-                )
-            except Exception as e:  # the compiler's output is in the message
-                log = Path(tempfile.mkstemp(prefix=f"mcore-build-{name}-", suffix=".log")[1])
-                log.write_text(str(e), encoding="utf-8")
-                first_error = next(
-                    (ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()),
-                    str(e).splitlines()[0] if str(e) else type(e).__name__,
-                )
-                raise UserError(f"building {name} ({variant}) failed: {first_error[:300]}; full log: {log}") from None
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
+        prog.report(f"{name}: compiling the {plan.variant} variant", 0.1)
+        with _build_environ(plan, toolkit):
+            so = _compile(name, plan, build_dir)
         prog.report(f"{name}: installing {output}", 0.9)
-        install_file(output, Path(so), overwrite)
+        install_file(output, so, overwrite)
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
     result = BuiltKernel(output)
     result.kernel = name
-    result.variant = variant
+    result.variant = plan.variant
     result.function = spec.function
     result.cuda = toolkit
-    result.cuda_archs = archs
-    prog.report(f"{name}: built {variant} variant at {output}", 1.0)
+    result.cuda_archs = plan.archs
+    prog.report(f"{name}: built {plan.variant} variant at {output}", 1.0)
     return result

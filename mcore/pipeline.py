@@ -145,6 +145,31 @@ class Pipeline:
         bundle: Any = None,
     ):
         progress.report("checking bundle integrity", 0.0)
+        m = self._open(bundle_path, bundle)
+        self.device = resolve_device(device or m.device)
+        self.engine_name = resolve_engine_name(engine, self.device)
+        progress.report("binding kernel slots", 0.05)
+        bind_kw = {"announce": announce} if announce else {}
+        self.kernels = bind_slots(kernel_bindings, m.kernel_slots, **bind_kw)
+        args, source = self._load_model(m, bundle_path, progress)
+        engine_ = get_engine(self.engine_name, self.device)
+        self.runners: dict[str, Any] = {}
+        self.snapshots: dict[str, Snapshot] = {}
+        self.slot_calls: list[SlotCall] = []
+        if m.kernel_slots:
+            release_dropped()  # a dropped pipeline's slot keys (and compiled code) serve this one
+        self._engine = engine_
+        self._capture_from = (args, source, bundle_path)
+        self._roles: dict[str, tuple[str, dict[str, torch.Tensor], list, RoleStructure]] = {}
+        self._pending: dict[str, RoleHelper] = {}  # roles a helper process compiles (role_helper.py)
+        missing = self._load_precompiled(m, source, progress)
+        self._capture_missing(m, missing, bundle_path, progress)
+        self.runners = {r: self.runners[r] for r in self._roles if r in self.runners}  # the bundle's order
+        self.kind = self.family.kind
+        self._progress = progress
+
+    def _open(self, bundle_path: str, bundle: Any) -> Any:
+        """The bundle (opened here unless given) and its runnable manifest, refused for the wrong verb."""
         self.bundle = bundle if bundle is not None else open_bundle(bundle_path)
         m = self.bundle.runnable()
         self.manifest = m
@@ -154,11 +179,10 @@ class Pipeline:
         if self.KIND is not None and kind != self.KIND:
             article, verb = ("an", "mcore embed") if kind == "encoder" else ("a", "mcore run")
             raise UserError(f"{self.bundle.path}: a {m.family} bundle is {article} {kind}; use `{verb}`")
-        self.device = resolve_device(device or m.device)
-        self.engine_name = resolve_engine_name(engine, self.device)
-        progress.report("binding kernel slots", 0.05)
-        bind_kw = {"announce": announce} if announce else {}
-        self.kernels = bind_slots(kernel_bindings, m.kernel_slots, **bind_kw)
+        return m
+
+    def _load_model(self, m: Any, bundle_path: str, progress: Progress) -> tuple[Any, ModelSource]:
+        """Family, config, tokenizer and the weights-loaded core; returns the checked graph args and the source."""
         self.family = get_family(m.family)
         self.config = read_json_member(self.bundle, "config.json")
         args = check_graph_args(self.family, self.config, m, str(self.bundle.path))
@@ -170,25 +194,23 @@ class Pipeline:
         self.special = m.special_tokens or {}
         progress.report("loading weights", 0.15)
         self.core = load_core(self.bundle, self.family, self.config, m, self.device).eval()
-        engine_ = get_engine(self.engine_name, self.device)
-        self.runners: dict[str, Any] = {}
-        self.snapshots: dict[str, Snapshot] = {}
-        self.slot_calls: list[SlotCall] = []
-        if m.kernel_slots:
-            release_dropped()  # a dropped pipeline's slot keys (and compiled code) serve this one
-        self._engine = engine_
-        self._capture_from = (args, source, bundle_path)
-        self._roles: dict[str, tuple[str, dict[str, torch.Tensor], list, RoleStructure]] = {}
-        self._pending: dict[str, RoleHelper] = {}  # roles a helper process compiles (role_helper.py)
+        return args, source
+
+    def _load_precompiled(self, m: Any, source: ModelSource, progress: Progress) -> list[str]:
+        """Bind every role's slots and take the roles the engine has precompiled; returns the rest, in order."""
         missing = []
         for i, role in enumerate(m.roles):
             if self._load_role(m, role, source):
                 progress.report(f"loaded precompiled {role} graph", 0.3 + 0.3 * (i + 1) / len(m.roles))
             else:
                 missing.append(role)
+        return missing
+
+    def _capture_missing(self, m: Any, missing: list[str], bundle_path: str, progress: Progress) -> None:
+        """Capture the roles without precompiled code; a helper process compiles all but the first where it pays."""
         helper = None
         wanted = len(missing) > 1 and helper_wanted(
-            self.device, engine_, bool(m.kernel_slots), self.family, self.config, self.gargs, self.core
+            self.device, self._engine, bool(m.kernel_slots), self.family, self.config, self.gargs, self.core
         )
         if wanted:
             helper = RoleHelper.start(bundle_path, missing[1:], self.device)
@@ -203,9 +225,6 @@ class Pipeline:
             if helper is not None:
                 helper.stop()
             raise
-        self.runners = {r: self.runners[r] for r in self._roles if r in self.runners}  # the bundle's order
-        self.kind = self.family.kind
-        self._progress = progress
 
     def _load_role(self, m: Any, role: str, source: ModelSource) -> bool:
         """Bind the role's slots and take it precompiled where the engine has it; False where it

@@ -166,12 +166,7 @@ def _profile_torch(
     prepared = pipe.runners[role].prepared
     dev = pipe.device
     interp = _TimedInterpreter(prepared.gm, dev)
-    if timing == "auto":
-        timing = "kernel" if dev.type == "cuda" else "wall"
-    if timing not in ("kernel", "profiler-cpu", "wall"):
-        raise UserError(f"timing {timing!r} is not one of auto, kernel, profiler-cpu, wall")
-    if timing == "kernel" and dev.type != "cuda":
-        raise UserError("kernel timing needs a CUDA device; use wall timing on CPU")
+    timing = _resolve_timing(timing, dev)
     facts = device_facts(dev)  # measures the copy rate (once per device) before anything is timed
     expand = expansion(prepared.gm, pipe.snapshots[role])
     step_totals: list[float] = []
@@ -180,22 +175,8 @@ def _profile_torch(
         pipe.runners[role](*inputs)  # warm-up (allocator, first-call costs)
         for i in range(steps):
             progress.report(f"profiling {role}: step {i + 1}/{steps}", i / steps)
-            _sync(dev)
-            t = time.perf_counter()
-            pipe.runners[role](*inputs)
-            _sync(dev)
-            step_totals.append(time.perf_counter() - t)
-            interp.seconds.clear()
-            node_s: dict[str, float] = {}
-            if timing != "wall":
-                node_s = profiled_seconds(
-                    interp, lambda: interp.run(*prepared.state_args, *inputs), device_time=timing == "kernel"
-                )
-                if not node_s:  # no profiler activity (no CUPTI here): fall back to the wall clock
-                    timing = "wall"
-            if timing == "wall":
-                interp.run(*prepared.state_args, *inputs)
-                node_s = dict(interp.seconds)
+            step_totals.append(_timed_step(pipe.runners[role], inputs, dev))
+            node_s, timing = _node_seconds(interp, prepared, inputs, timing)
             per_step.append(node_s)
             if on_partial is not None:
                 part = _report(pipe, role, _charges(interp, _medians(per_step)), expand, facts, partial=True)
@@ -216,6 +197,43 @@ def _profile_torch(
         progress.report("compiling the graph once more to see what the compiled engine fuses", 0.96)
         _add_fusion(report, pipe, role, prepared, inputs)
     return report
+
+
+def _resolve_timing(timing: str, dev: torch.device) -> str:
+    """ "auto" is kernel time on CUDA and the wall clock elsewhere; kernel time needs CUDA."""
+    if timing == "auto":
+        timing = "kernel" if dev.type == "cuda" else "wall"
+    if timing not in ("kernel", "profiler-cpu", "wall"):
+        raise UserError(f"timing {timing!r} is not one of auto, kernel, profiler-cpu, wall")
+    if timing == "kernel" and dev.type != "cuda":
+        raise UserError("kernel timing needs a CUDA device; use wall timing on CPU")
+    return timing
+
+
+def _timed_step(runner: Callable[..., Any], inputs: tuple, dev: torch.device) -> float:
+    """Seconds of one whole run of the role, between device synchronisations."""
+    _sync(dev)
+    t = time.perf_counter()
+    runner(*inputs)
+    _sync(dev)
+    return time.perf_counter() - t
+
+
+def _node_seconds(interp: _TimedInterpreter, prepared: Any, inputs: tuple, timing: str) -> tuple[dict[str, float], str]:
+    """Seconds per node for one interpreted run, and the timing used: where the profiler saw no activity
+    (no CUPTI here) this and every later step fall back to the wall clock."""
+    interp.seconds.clear()
+    node_s: dict[str, float] = {}
+    if timing != "wall":
+        node_s = profiled_seconds(
+            interp, lambda: interp.run(*prepared.state_args, *inputs), device_time=timing == "kernel"
+        )
+        if not node_s:
+            timing = "wall"
+    if timing == "wall":
+        interp.run(*prepared.state_args, *inputs)
+        node_s = dict(interp.seconds)
+    return node_s, timing
 
 
 def _charges(interp: TrafficInterpreter, seconds: dict[str, float]) -> list[tuple[str, float, float, float]]:

@@ -214,47 +214,18 @@ class SlotRecord(JsonView):
 
     # ------------------------------------------------------------ parse and write
     @classmethod
-    def _parse(  # noqa: C901 - flat field-by-field contract check
-        cls, d: Mapping[str, Any], where: str, todo: str
-    ) -> dict[str, Any]:
+    def _parse(cls, d: Mapping[str, Any], where: str, todo: str) -> dict[str, Any]:
         """The checked fields shared by a slot record and a receipt (`d`'s keys already checked)."""
-        for k in ("abi_sha256", "engine_role", "graph_fingerprint"):
-            need_str(d, k, where, todo)
-        try:
-            check_binding_id(d.get("binding_id"))
-            check_workspace(d.get("workspace_bytes"))
-        except RegionError as e:
-            name = e.rule if e.rule == "binding_id" else "workspace_bytes"
-            raise field_error(where, name, f"is invalid ({e})", todo) from None
+        _check_slot_scalars(d, where, todo)
         ids = {k: need_strs(d, k, where, todo) for k in ("node_ids", "input_tensor_ids", "output_tensor_ids")}
-        extras = d.get("extra_args")
-        if not isinstance(extras, list):
-            raise field_error(where, "extra_args", "must be a list of objects", todo)
-        try:
-            norm = tuple(normalize_extra_arg(a, i) for i, a in enumerate(extras))
-        except RegionError as e:
-            raise field_error(where, "extra_args", f"is invalid ({e})", todo) from None
+        norm = _parse_extra_args(d, where, todo)
         osi = d.get("output_shape_input")
         if osi is not None and not is_int(osi):
             raise field_error(where, "output_shape_input", "must be an integer or null", todo)
-        rec = d.get("recipe")
-        if rec is not None:
-            if not isinstance(rec, dict) or set(rec) != {"id", "instance"}:
-                raise field_error(where, "recipe", "must be null or {id, instance}", todo)
-            recipe: RecipeRef | None = RecipeRef(
-                need_str(rec, "id", where, todo, path="recipe."), need_str(rec, "instance", where, todo, path="recipe.")
-            )
-        else:
-            recipe = None
+        recipe = _parse_recipe(d.get("recipe"), where, todo)
         abi = need_dict(d, "abi", where, todo)
         check_fields(abi, f"{where}: abi", set(_ABI_KEYS))
-        sides = {}
-        for side in ("inputs", "outputs"):
-            if not isinstance(abi[side], list):
-                raise field_error(where, f"abi.{side}", "must be a list", todo)
-            sides[side] = tuple(
-                AbiTensor.from_dict(e, where, f"abi.{side}[{i}]", i, todo) for i, e in enumerate(abi[side])
-            )
+        sides = {side: _parse_abi_side(abi, side, where, todo) for side in ("inputs", "outputs")}
         if osi is not None and not 0 <= osi < len(sides["inputs"]):
             raise field_error(where, "output_shape_input", f"{osi} is not an input index", todo)
         fields = dict(
@@ -271,23 +242,7 @@ class SlotRecord(JsonView):
             recipe=recipe,
             stream=need_str(abi, "stream", where, todo, path="abi."),
         )
-        # the readable ABI repeats the call contract: it must say exactly what the fields say
-        if abi["format"] != ABI_FORMAT:
-            raise field_error(where, "abi.format", f"{abi['format']!r} is not {ABI_FORMAT}", todo)
-        for k in ("workspace_bytes", "output_shape_input"):
-            if abi[k] != d[k] or type(abi[k]) is not type(d[k]):
-                raise field_error(where, f"abi.{k}", f"disagrees with field {k}", todo)
-        if abi["extra_args"] != list(extras):
-            raise field_error(where, "abi.extra_args", "disagrees with field extra_args", todo)
-        if [e.tensor_id for e in sides["inputs"]] != list(ids["input_tensor_ids"]) or [
-            e.tensor_id for e in sides["outputs"]
-        ] != list(ids["output_tensor_ids"]):
-            raise UserError(f"{where}: input/output tensor IDs disagree with the abi section; {todo}")
-        probe = SlotRecord(**fields)
-        if abi["call"] != probe.call:
-            raise field_error(where, "abi.call", f"{abi['call']!r} is not {probe.call!r}", todo)
-        if abi_sha256(probe.contract()) != probe.abi_sha256:
-            raise UserError(f"{where}: abi_sha256 does not match the receipt's ABI (the file was edited); {todo}")
+        _check_abi_repeats_fields(d, abi, fields, where, todo)
         return fields
 
     @classmethod
@@ -389,6 +344,69 @@ class SlotRecord(JsonView):
         rule = self.output_shape_input
         lines.append("output shape " + (f"like input[{rule}]" if rule is not None else "fixed as declared"))
         return lines
+
+
+# ---------------------------------------------------------------- the slot record's parse phases
+
+
+def _check_slot_scalars(d: Mapping[str, Any], where: str, todo: str) -> None:
+    """The string fields, then binding_id and workspace_bytes by the region rules they were built with."""
+    for k in ("abi_sha256", "engine_role", "graph_fingerprint"):
+        need_str(d, k, where, todo)
+    try:
+        check_binding_id(d.get("binding_id"))
+        check_workspace(d.get("workspace_bytes"))
+    except RegionError as e:
+        name = e.rule if e.rule == "binding_id" else "workspace_bytes"
+        raise field_error(where, name, f"is invalid ({e})", todo) from None
+
+
+def _parse_extra_args(d: Mapping[str, Any], where: str, todo: str) -> tuple[dict[str, Any], ...]:
+    extras = d.get("extra_args")
+    if not isinstance(extras, list):
+        raise field_error(where, "extra_args", "must be a list of objects", todo)
+    try:
+        return tuple(normalize_extra_arg(a, i) for i, a in enumerate(extras))
+    except RegionError as e:
+        raise field_error(where, "extra_args", f"is invalid ({e})", todo) from None
+
+
+def _parse_recipe(rec: Any, where: str, todo: str) -> RecipeRef | None:
+    if rec is None:
+        return None
+    if not isinstance(rec, dict) or set(rec) != {"id", "instance"}:
+        raise field_error(where, "recipe", "must be null or {id, instance}", todo)
+    return RecipeRef(
+        need_str(rec, "id", where, todo, path="recipe."), need_str(rec, "instance", where, todo, path="recipe.")
+    )
+
+
+def _parse_abi_side(abi: Mapping[str, Any], side: str, where: str, todo: str) -> tuple[AbiTensor, ...]:
+    if not isinstance(abi[side], list):
+        raise field_error(where, f"abi.{side}", "must be a list", todo)
+    return tuple(AbiTensor.from_dict(e, where, f"abi.{side}[{i}]", i, todo) for i, e in enumerate(abi[side]))
+
+
+def _check_abi_repeats_fields(
+    d: Mapping[str, Any], abi: Mapping[str, Any], fields: dict[str, Any], where: str, todo: str
+) -> None:
+    """The readable ABI repeats the call contract: it must say exactly what the fields say, and hash to abi_sha256."""
+    if abi["format"] != ABI_FORMAT:
+        raise field_error(where, "abi.format", f"{abi['format']!r} is not {ABI_FORMAT}", todo)
+    for k in ("workspace_bytes", "output_shape_input"):
+        if abi[k] != d[k] or type(abi[k]) is not type(d[k]):
+            raise field_error(where, f"abi.{k}", f"disagrees with field {k}", todo)
+    if abi["extra_args"] != list(d["extra_args"]):
+        raise field_error(where, "abi.extra_args", "disagrees with field extra_args", todo)
+    if [e.tensor_id for e in fields["inputs"]] != list(fields["input_tensor_ids"]) or [
+        e.tensor_id for e in fields["outputs"]
+    ] != list(fields["output_tensor_ids"]):
+        raise UserError(f"{where}: input/output tensor IDs disagree with the abi section; {todo}")
+    probe = SlotRecord(**fields)
+    if abi["call"] != probe.call:
+        raise field_error(where, "abi.call", f"{abi['call']!r} is not {probe.call!r}", todo)
+    if abi_sha256(probe.contract()) != probe.abi_sha256:
+        raise UserError(f"{where}: abi_sha256 does not match the receipt's ABI (the file was edited); {todo}")
 
 
 # ---------------------------------------------------------------- the receipt

@@ -29,21 +29,12 @@ def lockstep_logits(
     announce=None,
 ) -> GateResult:
     """PASS when every step's max |native - external| over the vocabulary is at most `max_abs`."""
-    from .bundle import open_bundle
     from .pipeline import DecoderPipeline, check_fits
 
     max_abs = check_threshold("--max-abs", max_abs, 0.0)
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {max_new_tokens} must be at least 1")
-    nb, eb = open_bundle(native_bundle), open_bundle(external_bundle)
-    nm, em = nb.runnable(), eb.runnable()
-    if em.model != nm.model or em.graph_args.get("max_cache_length") != nm.graph_args.get(
-        "max_cache_length"
-    ):  # before any DSO loads
-        raise UserError(
-            f"{external_bundle} is not built from the same model and KV capacity as {native_bundle}; "
-            "compare a slot bundle with its native twin"
-        )
+    nb, eb = _open_twins(native_bundle, external_bundle)
     progress.report("loading the native pipeline", 0.0)
     native = DecoderPipeline(native_bundle, device=device, engine=engine, progress=progress.part(0.0, 0.4), bundle=nb)
     native.chat = chat
@@ -63,8 +54,26 @@ def lockstep_logits(
     tokens = native.generate(prompt, max_new_tokens, greedy=True, stop_at_eos=False).tokens
     forced = tokens[:-1]  # the logits after the prompt pick tokens[0], after tokens[k-1] pick tokens[k]
     progress.report("stepping both pipelines in lockstep", 0.9)
-    a = native.step_logits(ids, forced)
-    b = external.step_logits(ids, forced)
+    steps, first = _compare_steps(native.step_logits(ids, forced), external.step_logits(ids, forced))
+    return _lockstep_result(steps, first, tokens, max_abs, native.engine_name, str(native.device))
+
+
+def _open_twins(native_bundle: str, external_bundle: str):
+    """Both bundles, refused before any DSO loads unless they share the model and the KV capacity."""
+    from .bundle import open_bundle
+
+    nb, eb = open_bundle(native_bundle), open_bundle(external_bundle)
+    nm, em = nb.runnable(), eb.runnable()
+    if em.model != nm.model or em.graph_args.get("max_cache_length") != nm.graph_args.get("max_cache_length"):
+        raise UserError(
+            f"{external_bundle} is not built from the same model and KV capacity as {native_bundle}; "
+            "compare a slot bundle with its native twin"
+        )
+    return nb, eb
+
+
+def _compare_steps(a, b) -> tuple[list[dict], int | None]:
+    """Per step: max |a - b| (inf when either side is not finite) and both greedy picks; the first step they differ."""
     steps, first = [], None
     for k, (x, y) in enumerate(zip(a, b, strict=False)):
         x, y = x.reshape(-1), y.reshape(-1)
@@ -74,6 +83,13 @@ def lockstep_logits(
         steps.append({"step": k, "max_abs": m, "native": pick_a, "external": pick_b})
         if first is None and pick_a != pick_b:
             first = k
+    return steps, first
+
+
+def _lockstep_result(
+    steps: list[dict], first: int | None, tokens: list[int], max_abs: float, engine: str, device: str
+) -> GateResult:
+    """The verdict line, one info line per step, and the details the CLI's --json and the TUI read."""
     worst = max(s["max_abs"] for s in steps)
     details = {
         "steps": steps,
@@ -81,8 +97,8 @@ def lockstep_logits(
         "first_divergence": first,
         "tokens": tokens,
         "limit": max_abs,
-        "engine": native.engine_name,
-        "device": str(native.device),
+        "engine": engine,
+        "device": device,
     }
     info = [
         f"step {s['step']}: max_abs {s['max_abs']:.6g} greedy native={s['native']} external={s['external']}"
@@ -94,6 +110,6 @@ def lockstep_logits(
     limit = "bit-identical" if max_abs == 0 else f"<= {max_abs:g}"
     line = (
         f"{verdict}: logits over {len(steps)} steps in lockstep: worst max_abs {worst:.6g} (limit {limit}); "
-        f"{where} (engine {native.engine_name}, {native.device})"
+        f"{where} (engine {engine}, {device})"
     )
     return GateResult(worst <= max_abs, line, details, info)

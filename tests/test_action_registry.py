@@ -49,7 +49,7 @@ def _returned_keys(fn) -> set[str] | None:
             keys.update(sub)
             return True
         if isinstance(node, ast.Dict):
-            for k, v in zip(node.keys, node.values):
+            for k, v in zip(node.keys, node.values, strict=True):
                 if k is None:  # {**helper(...), ...}
                     if not follow(v):
                         return False

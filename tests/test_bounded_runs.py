@@ -32,6 +32,7 @@ def _exporter(tmp_path, body: str):
     return script, sel
 
 
+@pytest.mark.timing
 def test_an_exporter_that_leaves_a_child_holding_its_output_does_not_hang_export(tmp_path):
     script, sel = _exporter(tmp_path, LINGERING)
     t0 = time.monotonic()
@@ -59,6 +60,7 @@ def test_an_exporter_that_floods_its_output_is_stopped(tmp_path, mcore):
     assert seen and max(len(s) for s in seen) <= 9999
 
 
+@pytest.mark.timing
 def test_verify_perf_with_a_command_that_never_stops_printing_ends(mcore):
     t0 = time.monotonic()
     res = mcore("verify", "perf", "--native", "yes", "--external", "yes", "--pairs", "2")

@@ -199,6 +199,23 @@ def test_cancel_leaves_nothing(tmp_path, weights, monkeypatch):
     assert seen and max(seen) < 1.0
 
 
+@pytest.mark.parametrize("change", ["grow", "shrink"])
+def test_a_member_file_that_changes_while_written_is_refused(tmp_path, weights, change):
+    # the tar header already carries the planned size: a file that grows or shrinks after planning fails the build
+    def cb(step, fraction):
+        if step == "writing weights.bin" and weights.stat().st_size == 10244:
+            if change == "grow":
+                with open(weights, "ab") as f:
+                    f.write(b"more")
+            else:
+                os.truncate(weights, 100)
+
+    out = tmp_path / "x.bundle"
+    with pytest.raises(UserError, match="file changed while it was being written into the bundle; run the build"):
+        write_bundle(out, manifest(), {"weights.bin": weights}, progress=Progress(cb))
+    assert leftovers(tmp_path, {"src"}) == []
+
+
 def test_progress_reaches_one(tmp_path, weights):
     seen = []
     write_bundle(

@@ -172,13 +172,13 @@ def test_a_cached_program_edited_inside_is_not_used(two_eps, monkeypatch):
     bundles, folder, notes = two_eps
     want = _logits(bundles["a"])
     other = _logits(bundles["b"])
-    assert not all(torch.equal(x, y) for x, y in zip(want, other))  # the eps matters
+    assert not all(torch.equal(x, y) for x, y in zip(want, other, strict=True))  # the eps matters
     pairs = _pairs(folder, bundles)
     for a, b in pairs:  # prefill onto prefill, decode onto decode: same shapes, another eps
         shutil.copyfile(b, a)
     loads = _spy_loads(monkeypatch)
     got = _logits(bundles["a"])
-    assert all(torch.equal(x, y) for x, y in zip(want, got))
+    assert all(torch.equal(x, y) for x, y in zip(want, got, strict=True))
     assert loads == []  # refused on its sha256, before anything was unpickled
     assert len([n for n in notes if "differs from its record (sha256)" in n and "capturing afresh" in n]) == 2
     # an entry copied whole (program and record) from the other model says it was made from another graph
@@ -186,7 +186,7 @@ def test_a_cached_program_edited_inside_is_not_used(two_eps, monkeypatch):
         shutil.copyfile(b, a)
         shutil.copyfile(b.with_suffix(".json"), a.with_suffix(".json"))
     got = _logits(bundles["a"])
-    assert all(torch.equal(x, y) for x, y in zip(want, got)) and loads == []
+    assert all(torch.equal(x, y) for x, y in zip(want, got, strict=True)) and loads == []
     assert any("made from another fingerprint" in n for n in notes)
     _logits(bundles["a"])
     assert len(loads) == 2  # rewritten whole: the next load uses them
@@ -202,11 +202,11 @@ def test_an_edited_record_or_program_in_an_unsafe_folder_is_never_loaded(two_eps
     os.chmod(folder, 0o777)
     loads = _spy_loads(monkeypatch)
     got = _logits(bundles["a"])
-    assert all(torch.equal(x, y) for x, y in zip(want, got)) and loads == []
+    assert all(torch.equal(x, y) for x, y in zip(want, got, strict=True)) and loads == []
     assert any("writable by group or others" in n for n in notes)
     os.chmod(folder, 0o700)
     monkeypatch.setattr(cache, "_private", {})
-    assert all(torch.equal(x, y) for x, y in zip(want, _logits(bundles["a"])))
+    assert all(torch.equal(x, y) for x, y in zip(want, _logits(bundles["a"]), strict=True))
     assert any("was edited (its own hash differs)" in n for n in notes) and len(loads) == 1
 
 

@@ -35,6 +35,7 @@ BAD = {
 }
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("case", list(BAD))
 def test_a_bad_template_is_one_line_in_bounded_time(case):
     template, says = BAD[case]
@@ -66,6 +67,7 @@ def test_a_good_template_renders_as_before():
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n4"
 
 
+@pytest.mark.timing
 def test_mcore_run_chat_with_a_hostile_template_is_one_line(tmp_path, mcore):
     from mcore.build import build_bundle
     from mcore.buildargs import BuildArgs
@@ -118,6 +120,7 @@ PIECES = st.sampled_from(
 )
 
 
+@pytest.mark.timing
 @given(parts=st.lists(PIECES, max_size=6))
 @FUZZ
 def test_fuzz_chat_templates(parts):

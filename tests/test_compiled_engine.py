@@ -71,7 +71,7 @@ def test_cpu_compiled_matches_the_reference_engine(cpu_bundles):
     assert a.tokens == b.tokens
     la = ref.step_logits(a.prompt_tokens, a.tokens[:-1])
     lb = comp.step_logits(a.prompt_tokens, a.tokens[:-1])
-    for x, y in zip(la, lb):
+    for x, y in zip(la, lb, strict=True):
         torch.testing.assert_close(y, x, atol=2e-5, rtol=2e-5)
     # a multi-token decode call (a new shape) runs compiled too, with the same numbers
     caches = [comp.caches[n] for n in comp.cache_names]
@@ -99,7 +99,9 @@ def test_cpu_compiled_runs_the_other_families(tmp_path, model):
     comp = DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cpu", engine="compiled")
     a = ref.generate(PROMPT, 10, stop_at_eos=False)
     assert comp.generate(PROMPT, 10, stop_at_eos=False).tokens == a.tokens
-    for x, y in zip(ref.step_logits(a.prompt_tokens, a.tokens[:-1]), comp.step_logits(a.prompt_tokens, a.tokens[:-1])):
+    for x, y in zip(
+        ref.step_logits(a.prompt_tokens, a.tokens[:-1]), comp.step_logits(a.prompt_tokens, a.tokens[:-1]), strict=True
+    ):
         torch.testing.assert_close(y, x, atol=1e-4, rtol=1e-4)  # fp32 in another order (qwen2-tiny's logits are larger)
     gm = comp.runners["decode"].prepared.gm
     slots = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.mcore.slot.default]
@@ -169,7 +171,7 @@ def test_cpu_precompiled_artifact_is_saved_then_loaded(cpu_bundles, tmp_path, mo
         want = default.step_logits(ids, tokens[:-1])
         for pipe in (first, again):
             got = pipe.step_logits(ids, tokens[:-1])
-            assert all(torch.equal(x, y) for x, y in zip(want, got)), (prompt, len(ids))
+            assert all(torch.equal(x, y) for x, y in zip(want, got, strict=True)), (prompt, len(ids))
     assert len(default.encode("the")) == 1  # the one-token prompt ran through the symbolic prefill
 
     # a valid artifact of the other role under decode's name, and two same-shaped weights swapped in
@@ -381,13 +383,13 @@ def test_gpu_decode_replays_a_cuda_graph_and_is_deterministic(gpu_bundles):
     assert dec.calls_compiled == 0, f"{dec.calls_compiled} decode calls ran outside the CUDA graph"
     la = pipe.step_logits(a.prompt_tokens, a.tokens[:-1])
     lb = pipe.step_logits(a.prompt_tokens, a.tokens[:-1])
-    assert [i for i, (x, y) in enumerate(zip(la, lb)) if not torch.equal(x, y)] == []
+    assert [i for i, (x, y) in enumerate(zip(la, lb, strict=True)) if not torch.equal(x, y)] == []
     # a second pipeline in the same process gives the same bits
     other = DecoderPipeline(str(native), device="cuda")
     lc = other.step_logits(a.prompt_tokens, a.tokens[:-1])
-    assert [i for i, (x, y) in enumerate(zip(la, lc)) if not torch.equal(x, y)] == []
+    assert [i for i, (x, y) in enumerate(zip(la, lc, strict=True)) if not torch.equal(x, y)] == []
     # and each generated token is a maximum of those logits (ties may pick either index)
-    assert [i for i, (x, t) in enumerate(zip(la, a.tokens)) if x.reshape(-1)[t] != x.max()] == []
+    assert [i for i, (x, t) in enumerate(zip(la, a.tokens, strict=True)) if x.reshape(-1)[t] != x.max()] == []
 
 
 @gpu
@@ -443,7 +445,7 @@ def test_gpu_identity_copy_slot_is_bit_identical_in_lockstep(gpu_bundles):
     assert ext.generate(PROMPT, 48, stop_at_eos=False).tokens == r.tokens
     ln = nat.step_logits(r.prompt_tokens, r.tokens[:-1])
     le = ext.step_logits(r.prompt_tokens, r.tokens[:-1])
-    assert all(torch.equal(x, y) for x, y in zip(ln, le))
+    assert all(torch.equal(x, y) for x, y in zip(ln, le, strict=True))
     assert ext.runners["decode"].graphs  # the slot call was captured inside the CUDA graph
 
 
@@ -476,7 +478,7 @@ def test_gpu_precompiled_reload_captures_nothing_and_keeps_the_bits(gpu_bundles,
         for pipe in (nat, ext):
             assert pipe.generate(prompt, 16, stop_at_eos=False).tokens == r.tokens
             got = pipe.step_logits(r.prompt_tokens, r.tokens[:-1])
-            assert all(torch.equal(x, y) for x, y in zip(want, got)), prompt
+            assert all(torch.equal(x, y) for x, y in zip(want, got, strict=True)), prompt
 
 
 @pytest.fixture(scope="module")
@@ -499,8 +501,8 @@ def test_gpu_llama_replays_a_cuda_graph_and_an_identity_slot_keeps_the_bits(llam
     assert nat.runners["decode"].graphs and nat.runners["decode"].calls_compiled == 0
     assert ext.generate(PROMPT, 40, stop_at_eos=False).tokens == r.tokens
     ln = nat.step_logits(r.prompt_tokens, r.tokens[:-1])
-    assert all(torch.equal(x, y) for x, y in zip(ln, nat.step_logits(r.prompt_tokens, r.tokens[:-1])))
-    assert all(torch.equal(x, y) for x, y in zip(ln, ext.step_logits(r.prompt_tokens, r.tokens[:-1])))
+    assert all(torch.equal(x, y) for x, y in zip(ln, nat.step_logits(r.prompt_tokens, r.tokens[:-1]), strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(ln, ext.step_logits(r.prompt_tokens, r.tokens[:-1]), strict=True))
     assert ext.runners["decode"].graphs
 
 
@@ -513,7 +515,9 @@ def test_gpu_compiled_close_to_reference_engine_fp32(tmp_path):
     comp = DecoderPipeline(str(native), device="cuda", engine="compiled")
     r = ref.generate(PROMPT, 24, stop_at_eos=False)
     assert comp.generate(PROMPT, 24, stop_at_eos=False).tokens == r.tokens
-    for x, y in zip(ref.step_logits(r.prompt_tokens, r.tokens[:-1]), comp.step_logits(r.prompt_tokens, r.tokens[:-1])):
+    for x, y in zip(
+        ref.step_logits(r.prompt_tokens, r.tokens[:-1]), comp.step_logits(r.prompt_tokens, r.tokens[:-1]), strict=True
+    ):
         torch.testing.assert_close(y, x, atol=1e-3, rtol=1e-3)
 
 

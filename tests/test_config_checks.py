@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import transformers
 
 from mcore.buildargs import BuildArgs
 from mcore.families import get_family
@@ -16,8 +17,6 @@ from mcore.families.source import resolve_model
 
 from .checkpoints import make_bert_checkpoint, make_distilbert_checkpoint, make_qwen3_checkpoint
 from .conftest import assert_user_error
-
-transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")

@@ -128,7 +128,7 @@ def test_bundle_manifest_and_slot_records_round_trip(tmp_path, mcore):
     assert (json.dumps(m.to_dict(), indent=2, ensure_ascii=False) + "\n") == raw  # the member byte for byte
     assert BundleManifest.from_dict(m.to_dict(), "again") == m
     assert len(m.kernel_slots) == 2 and {s.abi_sha256 for s in m.kernel_slots} == {RESIDUAL_ADD_ABI}
-    for slot, receipt_file in zip(m.kernel_slots, sorted(tmp_path.glob("s.selection.*.json"))):
+    for slot, receipt_file in zip(m.kernel_slots, sorted(tmp_path.glob("s.selection.*.json")), strict=True):
         assert SlotRecord.from_dict(slot.to_dict(), "slot").to_dict() == slot.to_dict()
         receipt = load_receipt(receipt_file)
         assert receipt.slot() == slot and receipt.label == slot.label  # the bundle records the receipt's contract

@@ -21,7 +21,7 @@ import pytest
 from mcore.selection import select_region
 from tests.test_stubgen import Graph, node_of
 
-from .conftest import HAVE_CUTE, needs_cute, repo_env
+from .conftest import needs_cute, repo_env, require_cute
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "kernels" / "cutedsl_decode_attention.py"
@@ -322,7 +322,7 @@ def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
     ws_rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4), "ws")
     at = places(_ptx(tmp_path, "early-split", ws_rp, CUTEDSL_ATTENTION_PDL="early")[1])
     assert len(at["griddepcontrol.wait"]) == len(at["griddepcontrol.launch_dependents"]) == 2  # walk and merge
-    for wait, launch in zip(at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"]):
+    for wait, launch in zip(at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"], strict=True):
         assert wait < launch and not any(wait < i < launch for i in at["ld.global"] + at["st.global"])
 
 
@@ -404,8 +404,9 @@ class _Kernels:
 def gpu_kernels(tmp_path_factory):
     import torch
 
-    if not torch.cuda.is_available() or not HAVE_CUTE:
-        pytest.skip("needs a CUDA GPU and the CuTe DSL")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    require_cute()
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if base.name.startswith("popen-gw") else base  # this run's, under pytest -n
     folder = shared / "cutedsl-attention"
@@ -664,8 +665,9 @@ def _assert_bound_matches_native(build: Path, manifest: Path, engine: str) -> No
 def test_gpu_pipeline_with_every_layer_bound_matches_native(wide_qwen, engine):
     import torch
 
-    if not torch.cuda.is_available() or not HAVE_CUTE:
-        pytest.skip("needs a CUDA GPU and the CuTe DSL")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    require_cute()
     _assert_bound_matches_native(wide_qwen, _wide_bindings(wide_qwen), engine)
 
 
@@ -746,8 +748,9 @@ def test_one_exported_dso_binds_every_llama_layer(llama_build):
 def test_gpu_llama_with_every_layer_bound_matches_native(llama_build, engine):
     import torch
 
-    if not torch.cuda.is_available() or not HAVE_CUTE:
-        pytest.skip("needs a CUDA GPU and the CuTe DSL")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    require_cute()
     _assert_bound_matches_native(llama_build, _llama_bindings(llama_build), engine)
 
 

@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 import torch
+import transformers
 
 from mcore.build import build_bundle
 from mcore.buildargs import BuildArgs
@@ -23,8 +24,6 @@ from mcore.tokenization import load_tokenizer_from_folder
 
 from .checkpoints import PUBLISHED, make_published_checkpoint
 from .conftest import assert_user_error
-
-transformers = pytest.importorskip("transformers")
 
 NAMES = list(PUBLISHED)
 TEXTS = [
@@ -81,7 +80,7 @@ def test_prefill_and_decode_match_transformers_in_lockstep(ckpts, name):
             got.append(decode(toks[None, a:b].to(torch.int32), torch.tensor([a], dtype=torch.int32), *caches))
             positions.append(b - 1)
         out = _reference(ckpts[name])(toks[None], use_cache=True)
-    for logits, p in zip(got, positions):
+    for logits, p in zip(got, positions, strict=True):
         torch.testing.assert_close(logits[0], out.logits[0, p], atol=ATOL, rtol=0)
     for i in range(core.dims.num_layers):
         layer = out.past_key_values.layers[i]
@@ -589,6 +588,6 @@ def test_roles_on_cuda_match_cpu(ckpts, name, precision):
             outs.append(decode(torch.tensor([[2, 6, 5]], dtype=torch.int32, device=device), cl, *caches))
         results[device] = [o.cpu() for o in outs]
     tol = 1e-4 if precision == "fp32" else 5e-2
-    for a, b in zip(results["cpu"], results["cuda"]):
+    for a, b in zip(results["cpu"], results["cuda"], strict=True):
         scale = max(a.abs().max().item(), 1.0)
         torch.testing.assert_close(b, a, atol=tol * scale, rtol=0)

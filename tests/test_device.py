@@ -18,6 +18,7 @@ def test_theoretical_bandwidth_from_clock_and_bus():
     assert D.theoretical_bandwidth(1_215_000, 5120) == pytest.approx(1.555e12, rel=0.01)
 
 
+@pytest.mark.timing
 def test_cpu_facts_say_what_they_are():
     f = D.device_facts(torch.device("cpu"))
     assert f["type"] == "cpu" and f["name"] == "cpu" and f["copy_bytes_per_s"] > 1e8
@@ -55,6 +56,7 @@ def test_describe_a_cuda_device():
     assert D.describe_device(f) == "NVIDIA H200 · 132 SMs · 141 GiB · copy 4.29 TB/s of 4.92 TB/s peak"
 
 
+@pytest.mark.timing
 @pytest.mark.gpu
 def test_gpu_runtime_facts_agree_with_torch():
     if not torch.cuda.is_available():

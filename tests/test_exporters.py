@@ -115,6 +115,7 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path, mcore):
     )
 
 
+@pytest.mark.timing
 def test_cancel_stops_the_exporter(tmp_path):
     (tmp_path / "r.selection.json").write_text("{}")
     script = _script(tmp_path, "import time\nprint('started', flush=True)\ntime.sleep(60)\n")

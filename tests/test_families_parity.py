@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import transformers
 
 from mcore import ops
 from mcore.buildargs import BuildArgs
@@ -14,8 +15,6 @@ from mcore.families import get_family
 from mcore.families.source import resolve_model
 
 from .checkpoints import make_bert_checkpoint, make_distilbert_checkpoint, make_qwen3_checkpoint
-
-transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-4
 
@@ -70,7 +69,7 @@ def _qwen3_steps(folder, max_cache_length=32):
 def test_qwen3_prefill_decode_matches_transformers(qwen3_dirs, variant):
     got, positions, out, caches, core = _qwen3_steps(qwen3_dirs[variant])
     ref_logits = out.logits[0]
-    for logits, p in zip(got, positions):
+    for logits, p in zip(got, positions, strict=True):
         assert logits.shape == (1, ref_logits.shape[-1]) and logits.dtype == torch.float32
         torch.testing.assert_close(logits[0], ref_logits[p], atol=ATOL, rtol=0)
     # The caches hold transformers' keys/values for positions 0..11 and zeros beyond.
@@ -194,7 +193,7 @@ def test_bert_prefixed_checkpoint_loads(tmp_path, encoder_dirs):
     save_file(renamed, str(out / "model.safetensors"))
     _, _, _, a = _build(src, max_seq_length=8)
     _, _, _, b = _build(out, max_seq_length=8)
-    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters()):
+    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert na == nb and torch.equal(pa, pb)
 
 
@@ -406,7 +405,7 @@ def test_qwen3_roles_on_cuda_match_cpu(qwen3_dirs, precision):
             outs.append(decode(torch.tensor([[2, 6, 5]], dtype=torch.int32, device=device), cl, *caches))
         results[device] = [o.cpu() for o in outs]
     tol = 1e-4 if precision == "fp32" else 5e-2
-    for a, b in zip(results["cpu"], results["cuda"]):
+    for a, b in zip(results["cpu"], results["cuda"], strict=True):
         torch.testing.assert_close(b, a, atol=tol, rtol=0)
 
 

@@ -45,7 +45,7 @@ print(json.dumps(out))
 
 
 def test_kernels_match_the_float64_reference_under_the_triton_interpreter():
-    for case, res in zip(CASES, run_under_triton_interpreter(_INTERP, CASES)):
+    for case, res in zip(CASES, run_under_triton_interpreter(_INTERP, CASES), strict=True):
         dtype = case[6]
         assert res["finite"] and res["same"], (case, res)
         # fp32: fp32 rounding only; 16-bit: one rounding of the output dominates

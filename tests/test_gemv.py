@@ -40,7 +40,7 @@ print(json.dumps(out))
 
 
 def test_kernel_matches_the_float64_reference_under_the_triton_interpreter():
-    for case, res in zip(CASES, run_under_triton_interpreter(_INTERP, CASES)):
+    for case, res in zip(CASES, run_under_triton_interpreter(_INTERP, CASES), strict=True):
         assert res["shape"] and res["same"], (case, res)
         if case[2] == "float32":  # fp32 accumulation over K terms
             assert res["rel"] < 1e-6, (case, res)
@@ -73,7 +73,7 @@ def test_the_gated_kernel_matches_the_float64_reference_under_the_triton_interpr
     """mcore::gemv_silu_mul's kernel (MCORE_GEMV_GLU=1): silu(gate) * up rounded once to the input
     dtype, then the product in fp32: against float64 of that rounded gating, and close to the
     exact float64 result (the one rounding of the gating is all that differs)."""
-    for case, res in zip(CASES, run_under_triton_interpreter(_INTERP_GLU, CASES)):
+    for case, res in zip(CASES, run_under_triton_interpreter(_INTERP_GLU, CASES), strict=True):
         assert res["same"], (case, res)
         if case[2] == "float32":
             assert res["rel"] < 1e-5 and res["far"] < 1e-5, (case, res)
@@ -279,9 +279,11 @@ def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_pat
     ext = DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cuda")
     ln = nat.step_logits(r.prompt_tokens, r.tokens[:-1])
     le = ext.step_logits(r.prompt_tokens, r.tokens[:-1])
-    assert all(torch.equal(x, y) for x, y in zip(ln, le))
+    assert all(torch.equal(x, y) for x, y in zip(ln, le, strict=True))
     ref = DecoderPipeline(str(native), device="cuda", engine="torch")
-    for x, y in zip(ref.step_logits(r.prompt_tokens, r.tokens[:-1]), ln):
+    for x, y in zip(ref.step_logits(r.prompt_tokens, r.tokens[:-1]), ln, strict=True):
         torch.testing.assert_close(x, y, atol=0.15, rtol=0.05)  # bf16 rounding between engines
     if plain is not None:
-        assert all(torch.equal(x, y) for x, y in zip(plain.step_logits(r.prompt_tokens, r.tokens[:-1]), ln))
+        assert all(
+            torch.equal(x, y) for x, y in zip(plain.step_logits(r.prompt_tokens, r.tokens[:-1]), ln, strict=True)
+        )

@@ -261,3 +261,54 @@ def test_slow_copy_is_a_correct_copy(tmp_path):
         out = poisoned_like(x)
         fn(x, out)
         assert torch.equal(out.view(torch.uint8), x.view(torch.uint8))
+
+
+# ---------------------------------------------------------------- build phases (CPU-testable without a toolkit)
+
+
+def _fake_toolkit(tmp_path: Path):
+    from mcore.kernels import CudaToolkit
+
+    return CudaToolkit(
+        home=tmp_path / "cuda",
+        nvcc=tmp_path / "cuda/bin/nvcc",
+        include_dir=tmp_path / "inc",
+        lib_dir=tmp_path / "lib",
+        version="13.0",
+    )
+
+
+def test_compile_plan_builds_the_cuda_path_in_only_with_a_toolkit(tmp_path, monkeypatch):
+    from mcore.kernels import _compile_plan
+
+    monkeypatch.setenv("TVM_FFI_CUDA_ARCH_LIST", "9.0a 10.0")
+    src = kernels_dir()
+    cpu = _compile_plan(KERNELS["residual-add"], src, None)
+    assert cpu.variant == "cpu" and cpu.archs == () and cpu.cuda_files == [] and cpu.ldflags == []
+    assert "-DMCORE_WITH_CUDA" not in cpu.cflags and cpu.cpp_files == [str(src / "residual_add.cc")]
+    gpu = _compile_plan(KERNELS["residual-add"], src, _fake_toolkit(tmp_path))
+    assert gpu.variant == "cpu+cuda" and gpu.archs == ("9.0a", "10.0")
+    assert gpu.cuda_files == [str(src / "residual_add.cu")] and gpu.include_paths == [str(tmp_path / "inc")]
+    assert "-DMCORE_WITH_CUDA" in gpu.cflags and "-DMCORE_WITH_CUDA" in gpu.cuda_cflags
+    # PTX of the first target (its "a" suffix dropped) so newer GPUs can JIT it
+    assert gpu.cuda_cflags[-1] == "-gencode=arch=compute_90,code=compute_90"
+    assert f"-Wl,-rpath,{tmp_path / 'lib'}" in gpu.ldflags
+    # a kernel without .cu sources links the runtime but compiles no GPU targets
+    copy = _compile_plan(KERNELS["slow-copy"], src, _fake_toolkit(tmp_path))
+    assert copy.variant == "cpu+cuda" and copy.archs == () and copy.cuda_files == []
+    assert "-DMCORE_COPY_REPEAT=512" in copy.cflags and "-DMCORE_COPY_REPEAT=512" in copy.cuda_cflags
+
+
+def test_build_environ_is_restored_after_the_build(tmp_path, monkeypatch):
+    from mcore.kernels import _build_environ, _compile_plan
+
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("TVM_FFI_CUDA_ARCH_LIST", "9.0")
+    toolkit = _fake_toolkit(tmp_path)
+    plan = _compile_plan(KERNELS["residual-add"], kernels_dir(), toolkit)
+    monkeypatch.setenv("TVM_FFI_CUDA_ARCH_LIST", "8.0")  # the user's own value comes back afterwards
+    with pytest.raises(RuntimeError), _build_environ(plan, toolkit):
+        assert os.environ["TVM_FFI_CUDA_ARCH_LIST"] == "9.0" and os.environ["CUDA_HOME"] == str(toolkit.home)
+        raise RuntimeError("a failed compile")
+    assert os.environ["TVM_FFI_CUDA_ARCH_LIST"] == "8.0" and "CUDA_HOME" not in os.environ

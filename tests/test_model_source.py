@@ -230,7 +230,7 @@ def test_random_init_deterministic(qwen3_dir):
     fam.random_init(a, 1)
     fam.random_init(b, 1)
     fam.random_init(c, 2)
-    for (n, pa), (_, pb), (_, pc) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters()):
+    for (n, pa), (_, pb), (_, pc) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters(), strict=True):
         assert torch.equal(pa, pb) and pa.dtype == torch.bfloat16
         if "norm" in n:
             assert torch.all(pa == 1)

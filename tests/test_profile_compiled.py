@@ -80,15 +80,14 @@ def test_a_profiled_step_that_outran_the_step_measured_apart_says_so(decode):
 
 def _consistent(p: dict) -> None:
     """The timeline adds up: kernels plus the time between them is the attributed total, which is
-    the nodes' time plus what no node claims; and it is near the step's wall time measured around the
-    same profiled steps (a sanity bound, not a timing check: this machine is shared)."""
+    the nodes' time plus what no node claims (how near that is to the step's own time is a timing
+    question: test_compiled_profile_total_is_near_the_step_time)."""
     between = p["between_kernels"]["seconds"]
     assert p["attributed_seconds"] == pytest.approx(p["kernel_seconds"] + between, rel=1e-9)
     nodes = sum(n["seconds"] for n in p["nodes"])
     assert nodes + p["unattributed_seconds"] + between == pytest.approx(p["attributed_seconds"], rel=1e-9)
     assert sum(k["seconds"] for k in p["kernels"]) <= p["kernel_seconds"] * (1 + 1e-9)
     assert between >= 0 and p["between_kernels"]["gaps"] >= 1
-    assert 0.5 * p["step_seconds"] <= p["attributed_seconds"] <= 2 * p["step_seconds"]
 
 
 def test_decode_kernels_map_to_the_graph_nodes_they_compute(decode):
@@ -116,6 +115,14 @@ def test_decode_kernels_map_to_the_graph_nodes_they_compute(decode):
     heads, kv, d = 4, 2, 16  # demo:qwen3-tiny, fp32
     assert all(k["bytes"] == 2 * heads * d * 4 + 2 * kv * 101 * d * 4 for k in att)
     _consistent(p)
+
+
+@pytest.mark.timing
+def test_compiled_profile_total_is_near_the_step_time(decode):
+    """The kernels and the time between them come to about the step's wall time measured around the same
+    profiled steps: a sanity bound, not a speed check, but two clocks read at different moments (marked
+    `timing`: under parallel load one burst moves either median)."""
+    assert 0.5 * decode["step_seconds"] <= decode["attributed_seconds"] <= 2 * decode["step_seconds"]
 
 
 def test_a_fused_kernels_time_is_shared_by_the_bytes_its_nodes_move(decode):

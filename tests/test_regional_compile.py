@@ -99,12 +99,12 @@ def test_regions_repeat_and_compute_the_whole_graph_bits(bundles, compiled_a, tm
     whole = _load(a, tmp_path / "whole", monkeypatch, regional=False)
     assert not any("regions" in r.describe() for r in whole.runners.values())
     want = _logits(whole)
-    assert all(torch.equal(x, y) for x, y in zip(want, got))
+    assert all(torch.equal(x, y) for x, y in zip(want, got, strict=True))
     ref = _logits(plain)  # and both are the model: close to the op-by-op engine (other kernels)
-    assert all(torch.allclose(x, y, atol=0.1, rtol=0.05) for x, y in zip(got, ref))
+    assert all(torch.allclose(x, y, atol=0.1, rtol=0.05) for x, y in zip(got, ref, strict=True))
     reloaded = _load(a, cache, monkeypatch)  # from the saved regions
     assert all(r.cached and "regions" in r.describe() for r in reloaded.runners.values())
-    assert all(torch.equal(x, y) for x, y in zip(want, _logits(reloaded)))
+    assert all(torch.equal(x, y) for x, y in zip(want, _logits(reloaded), strict=True))
 
 
 def test_a_fine_tune_reuses_the_compiled_roles_without_capture(bundles, compiled_a, tmp_path, monkeypatch):
@@ -127,8 +127,9 @@ def test_a_fine_tune_reuses_the_compiled_roles_without_capture(bundles, compiled
     fresh = _load(b, tmp_path / "fresh", monkeypatch)
     assert len(captures) == 2 and not any(r.cached for r in fresh.runners.values())
     assert all(tuned.snapshots[r].to_dict() == fresh.snapshots[r].to_dict() for r in manifest.roles)
-    assert all(torch.equal(x, y) for x, y in zip(_logits(fresh), _logits(tuned)))
-    assert not all(torch.equal(x, y) for x, y in zip(_logits(tuned), compiled_a[1]))  # B's weights, not A's
+    assert all(torch.equal(x, y) for x, y in zip(_logits(fresh), _logits(tuned), strict=True))
+    # B's weights, not A's
+    assert not all(torch.equal(x, y) for x, y in zip(_logits(tuned), compiled_a[1], strict=True))
     # a recorded graph that differs in one node serves no other model
     other = fresh.snapshots["decode"].to_dict()
     other["nodes"][3]["op"] = "aten.mul.Tensor"
@@ -254,9 +255,9 @@ def test_llama_regions_compute_the_whole_graph_bits(llama_bundle, tmp_path, monk
     whole = _load(llama_bundle, tmp_path / "whole", monkeypatch, regional=False)
     assert not any("regions" in r.describe() for r in whole.runners.values())
     got, want = _logits(regional), _logits(whole)
-    assert all(torch.equal(x, y) for x, y in zip(want, got))
+    assert all(torch.equal(x, y) for x, y in zip(want, got, strict=True))
     ref = _logits(DecoderPipeline(str(llama_bundle), device="cpu", engine="torch"))
-    assert all(torch.allclose(x, y, atol=0.1, rtol=0.05) for x, y in zip(got, ref))
+    assert all(torch.allclose(x, y, atol=0.1, rtol=0.05) for x, y in zip(got, ref, strict=True))
 
 
 # ---------------------------------------------------------------- the cache's records (docs/trust.md)
@@ -328,7 +329,7 @@ def test_a_regional_artifact_is_one_file_under_its_record_keyed_on_structure(
     assert again.runners["prefill"].cached and not again.runners["decode"].cached
     assert len(loads) == _regions_in(entries["prefill"][0])  # prefill's only: decode's file was refused unread
     assert any("compiled decode graph" in n and "differs from its record (sha256)" in n for n in notes), notes
-    assert all(torch.equal(x, y) for x, y in zip(compiled_a[1], _logits(again)))
+    assert all(torch.equal(x, y) for x, y in zip(compiled_a[1], _logits(again), strict=True))
 
 
 def test_a_fine_tune_reuses_code_only_where_the_recorded_graph_is_its_own(

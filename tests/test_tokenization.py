@@ -9,13 +9,12 @@ import json
 
 import pytest
 import torch
+import transformers
 
 from mcore.tokenization import load_tokenizer_from_folder
 
 from .checkpoints import make_qwen3_bos_checkpoint, make_qwen3_checkpoint, make_sentence_encoder_checkpoint
 from .conftest import assert_user_error
-
-transformers = pytest.importorskip("transformers")
 
 TEXTS = [
     "The Quick brown FOX jumps over the lazy dog!",

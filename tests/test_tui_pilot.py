@@ -168,7 +168,7 @@ async def check_common(app: WorkbenchApp, pilot, session: Session, seen: dict, w
     await pilot.pause(0.3)
     saved = Session.load(workdir / "saved-session.json")
     assert [s.action for s in saved.steps] == [s.action for s in session.steps]
-    assert all(s.status == t.status for s, t in zip(saved.steps, session.steps))
+    assert all(s.status == t.status for s, t in zip(saved.steps, session.steps, strict=True))
 
 
 @pytest.mark.asyncio

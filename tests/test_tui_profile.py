@@ -144,7 +144,7 @@ async def test_profile_with_fusion_marks_the_candidates_a_slot_would_split(built
         t = app.screen.query_one("#candidates", DataTable)
         cells = [str(t.get_row_at(i)[-1]) for i in range(t.row_count)]
         want = [f"splits {len(c['splits'])} fused" if c["splits"] else None for c in report["candidates"]]
-        assert [w in cell if w else "splits" not in cell for w, cell in zip(want, cells)] == [True] * len(cells)
+        assert all(w in cell if w else "splits" not in cell for w, cell in zip(want, cells, strict=True))
         assert any(want)
 
 
@@ -173,7 +173,7 @@ async def test_profile_names_the_engine_it_profiled(built, tmp_path):
         assert "between kernels" in text_of(app, "#bars-ops")
         names = [c["instance"] if c["kind"] == "recipe" else c["module_path"] for c in report["candidates"]]
         marks = [f"  splits {len(c['splits'])} fused" if c["splits"] else "" for c in report["candidates"]]
-        assert table_names(app) == [n + m for n, m in zip(names, marks)] and any(marks)
+        assert table_names(app) == [n + m for n, m in zip(names, marks, strict=True)] and any(marks)
 
 
 @pytest.mark.asyncio

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import transformers  # noqa: F401 - the reference; a test dependency, so its absence fails here
 
 from workbench.app import WorkbenchApp
 
 from .test_tui_pilot import static_text, wait_idle
-
-pytest.importorskip("transformers")
 
 
 @pytest.mark.asyncio

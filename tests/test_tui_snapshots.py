@@ -39,7 +39,7 @@ def perf_result(samples: dict, params: dict | None = None) -> dict:
     from mcore.verify_perf import PerfPlan
 
     plan = PerfPlan(6, 12, None, 0.98, 0.95, 1, "min-step")
-    ratios = [e / n for n, e in zip(samples["native"], samples["external"])]
+    ratios = [e / n for n, e in zip(samples["native"], samples["external"], strict=True)]
     iv = ratio_interval(ratios, 0.95)
     word = iv.verdict(0.98)
     where = {"PROMOTE": "is at or above 0.98", "REJECT": "is below 0.98", "INCONCLUSIVE": "straddles 0.98"}[word]
@@ -58,7 +58,7 @@ def perf_result(samples: dict, params: dict | None = None) -> dict:
         "params": params or {"pairs": 6, "warmup": 1, "min_ratio": 0.98},
         "pairs": [
             {"native": n, "external": e, "ratio": e / n, "first": "native" if i % 2 == 0 else "external"}
-            for i, (n, e) in enumerate(zip(samples["native"], samples["external"]))
+            for i, (n, e) in enumerate(zip(samples["native"], samples["external"], strict=True))
         ],
     }
 
@@ -196,7 +196,7 @@ def test_verify_inconclusive(snap_compare, recorded):
     """The pairs spread across the threshold: INCONCLUSIVE, the interval drawn over it."""
     noisy = {
         "native": SAMPLES["native"],
-        "external": [v * f for v, f in zip(SAMPLES["external"], (0.93, 1.04, 0.97, 1.02, 0.95, 1.0))],
+        "external": [v * f for v, f in zip(SAMPLES["external"], (0.93, 1.04, 0.97, 1.02, 0.95, 1.0), strict=True)],
     }
 
     async def perf(pilot) -> None:

@@ -174,9 +174,9 @@ def test_embeddings_agree_with_tutorial_snippet(tmp_path, capsys, case):
 def test_embeddings_numbers_exactly_as_snippet():
     native, byok = EMBED_CASES["small_noise_pass"]
     r = compare_embeddings({"embedding": native}, {"embedding": byok})
-    max_abs = max(abs(a - b) for a, b in zip(native, byok))
+    max_abs = max(abs(a - b) for a, b in zip(native, byok, strict=True))
     denominator = math.sqrt(sum(v * v for v in native) * sum(v * v for v in byok))
-    cosine = sum(a * b for a, b in zip(native, byok)) / denominator
+    cosine = sum(a * b for a, b in zip(native, byok, strict=True)) / denominator
     assert r.details["max_abs"] == max_abs and r.details["cosine"] == cosine
 
 

@@ -90,7 +90,7 @@ def test_a_real_difference_fails_with_the_measured_max_abs(bundles, mcore):
     toks = a.generate("hello world", 4, stop_at_eos=False).tokens
     want = [
         float((x.reshape(-1) - y.reshape(-1)).abs().max())
-        for x, y in zip(a.step_logits(ids, toks[:-1]), b.step_logits(ids, toks[:-1]))
+        for x, y in zip(a.step_logits(ids, toks[:-1]), b.step_logits(ids, toks[:-1]), strict=True)
     ]
     got = _steps(r.out)
     assert len(got) == 4 and min(want) > 0
@@ -135,3 +135,21 @@ def test_bundles_that_are_not_twins_are_refused(bundles, mcore):
         mcore("verify", "logits", native.bundle_path, small.bundle_path, "--prompt", "hi", "--device", "cpu"),
         "not built from the same model and KV capacity",
     )
+
+
+def test_step_comparison_reports_non_finite_as_inf_and_the_first_divergence():
+    import math
+
+    import torch
+
+    from mcore.verify_logits import _compare_steps, _lockstep_result
+
+    a = [torch.tensor([[0.0, 1.0, 0.5]]), torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([[0.0, 0.0, 3.0]])]
+    b = [torch.tensor([[0.0, 1.0, 0.25]]), torch.tensor([[0.0, 1.5, float("nan")]]), torch.tensor([[1.0, 0.0, 0.0]])]
+    steps, first = _compare_steps(a, b)
+    assert [s["max_abs"] for s in steps] == [0.25, math.inf, 3.0]  # a NaN anywhere is an infinite difference
+    # torch's argmax takes a NaN as the largest value
+    assert [(s["native"], s["external"]) for s in steps] == [(1, 1), (0, 2), (2, 0)] and first == 1
+    r = _lockstep_result(steps, first, [1, 0, 2], 10.0, "eager", "cpu")
+    assert not r.passed and r.line.startswith("FAIL: logits over 3 steps in lockstep: worst max_abs inf (limit <= 10)")
+    assert "greedy picks first differ at step 1" in r.line and r.info[1].endswith("<- first divergence")

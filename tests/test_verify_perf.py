@@ -324,6 +324,7 @@ def test_bad_arguments(kw, match):
         perf_gate(**args)
 
 
+@pytest.mark.timing
 def test_progress_and_cancel():
     token = CancelToken()
     seen = []

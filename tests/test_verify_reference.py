@@ -6,11 +6,10 @@ import builtins
 import re
 
 import pytest
+import transformers  # noqa: F401 - the reference; a test dependency, so its absence fails here
 
 from .checkpoints import make_qwen3_bos_checkpoint, make_sentence_encoder_checkpoint
 from .conftest import assert_user_error
-
-pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")

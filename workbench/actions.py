@@ -748,10 +748,10 @@ def gate_perf(
 def _perf_results(ctx: ActionContext, r: Any) -> dict:
     """What a perf gate step records: the verdict, every pair, the interval and the rule."""
     d = r.details
-    pairs = [
-        {"native": n, "external": e, "ratio": q, "first": o[0]}
-        for n, e, q, o in zip(d.get("native", []), d.get("external", []), d.get("ratios", []), d.get("order", []))
-    ]
+    # strict=False: a pair that failed part-way has its order (and maybe one arm's sample) but no ratio;
+    # only the complete pairs are listed, as the gate counts them
+    columns = (d.get("native", []), d.get("external", []), d.get("ratios", []), d.get("order", []))
+    pairs = [{"native": n, "external": e, "ratio": q, "first": o[0]} for n, e, q, o in zip(*columns, strict=False)]
     return {
         **_gate_results(ctx, r),
         "ratio": d.get("ratio"),

@@ -244,6 +244,13 @@ def _runtime_flags(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    _register_build(sub)
+    _register_run(sub)
+    _register_embed(sub)
+    _register_inspect(sub)
+
+
+def _register_build(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="build a native or slot-ready bundle")
     add_build_args(p)
     p.add_argument(
@@ -267,6 +274,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing bundle (and its selection receipts)")
     p.set_defaults(func=cmd_build)
 
+
+def _register_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="generate with a decoder bundle")
     _runtime_flags(p)
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for several)")
@@ -285,6 +294,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=cmd_run)
 
+
+def _register_embed(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("embed", help="embed a prompt with an encoder bundle (JSON on stdout)")
     _runtime_flags(p)
     p.add_argument("--prompt", required=True)
@@ -302,6 +313,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=cmd_embed)
 
+
+def _register_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="show what a bundle holds (checks integrity)")
     p.add_argument("bundle")
     p.add_argument("--json", action="store_true")

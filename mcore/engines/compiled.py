@@ -228,15 +228,8 @@ class CompiledRoleRunner:
         if not loaded and precompiled(self.device):
             artifact, record = _precompiled_paths(self.key, p.slot_keys)
             known = None  # a usable artifact would have been loaded (load_role): this compiles one
-        if not loaded and fixed_shapes and gemv_enabled(self.device):
-            use_gemv(self._graph(), inputs)  # one-row products (the decode step) as mcore::gemv
-        if not loaded and artifact is None:
-            gm = self._graph().gm
-            if not fixed_shapes:
-                for i, dims in p.dynamic_dims.items():
-                    for d in dims:
-                        torch._dynamo.mark_dynamic(inputs[i], d)
-            self.fn = torch.compile(gm, fullgraph=True, options=options or None)
+        if not loaded:
+            self._set_up_compile(inputs, options, fixed_shapes, lazy=artifact is None)
         how = (
             "reusing cached compiled code"
             if known or loaded
@@ -244,22 +237,7 @@ class CompiledRoleRunner:
         )
         progress.report(f"compiling {role} graph ({how})", 0.0)
         t0 = time.perf_counter()
-        try:
-            if artifact is not None:
-                graph = self._graph()
-                self.fn, saved = _artifact(
-                    artifact, graph.gm, p.state_args, inputs, graph.dynamic_dims, options, progress.part(0.0, 0.8)
-                )
-                self.artifact = artifact if saved else None  # no record for a file this compile did not write
-            self._warm(inputs, 1)
-        except UserError:
-            raise
-        except Exception as e:  # Inductor/Triton failures: say which engine to use instead
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(
-                f"the compiled engine could not compile the {role} graph ({type(e).__name__}: {first[:200]}); "
-                "run with --engine torch"
-            ) from None
+        self._compile_and_warm(inputs, artifact, options, progress)
         if record is not None and self.snapshot is not None and self.made_from is not None:
             _write_record(record, self)
         self.compile_s = time.perf_counter() - t0 + self.load_s
@@ -281,6 +259,42 @@ class CompiledRoleRunner:
             self._warm(inputs, 2)  # settle allocator and library handles before capture
             self.graphs[_signature(inputs)] = _Replay.capture(self, inputs)
         progress.report(f"{role} ready", 1.0)
+
+    def _set_up_compile(
+        self, inputs: Sequence[torch.Tensor], options: dict[str, Any], fixed_shapes: bool, lazy: bool
+    ) -> None:
+        """Rewrite one-row products for the decode step; `lazy`: torch.compile now (it compiles on the first call)."""
+        if fixed_shapes and gemv_enabled(self.device):
+            use_gemv(self._graph(), inputs)  # one-row products (the decode step) as mcore::gemv
+        if lazy:
+            gm = self._graph().gm
+            if not fixed_shapes:
+                for i, dims in self.prepared.dynamic_dims.items():
+                    for d in dims:
+                        torch._dynamo.mark_dynamic(inputs[i], d)
+            self.fn = torch.compile(gm, fullgraph=True, options=options or None)
+
+    def _compile_and_warm(
+        self, inputs: Sequence[torch.Tensor], artifact: Path | None, options: dict[str, Any], progress: Progress
+    ) -> None:
+        """Compile (into `artifact` where one is made) and run once; a compiler failure is one line naming the way out."""
+        p = self.prepared
+        try:
+            if artifact is not None:
+                graph = self._graph()
+                self.fn, saved = _artifact(
+                    artifact, graph.gm, p.state_args, inputs, graph.dynamic_dims, options, progress.part(0.0, 0.8)
+                )
+                self.artifact = artifact if saved else None  # no record for a file this compile did not write
+            self._warm(inputs, 1)
+        except UserError:
+            raise
+        except Exception as e:  # Inductor/Triton failures: say which engine to use instead
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(
+                f"the compiled engine could not compile the {p.role} graph ({type(e).__name__}: {first[:200]}); "
+                "run with --engine torch"
+            ) from None
 
     def _warm(self, inputs: Sequence[torch.Tensor], times: int) -> None:
         if self.device.type != "cuda":

@@ -33,14 +33,15 @@ WARMUP_PAIRS = 1
 
 
 def embedding_errors(state, correctness: dict[str, Any]) -> list[float] | None:
-    """Per-element |native - external| of the two embedding files the gate compared (None if unreadable)."""
+    """Per-element |native - external| of the two embedding files the gate compared (None if unreadable or of
+    different lengths: the gate fails those, and a truncated plot would hide why)."""
     import json
 
     params = correctness.get("params") or {}
     try:
         a = json.loads(state.path(params["native"]).read_text(encoding="utf-8"))["embedding"]
         b = json.loads(state.path(params["external"]).read_text(encoding="utf-8"))["embedding"]
-        return [abs(float(x) - float(y)) for x, y in zip(a, b)]
+        return [abs(float(x) - float(y)) for x, y in zip(a, b, strict=True)]
     except (KeyError, OSError, ValueError, TypeError):
         return None
 
