@@ -254,20 +254,23 @@ def _perf_gate_saying(verdict: str):
     import functools
 
     from workbench.registry import REGISTRY
+    from workbench.results import PerfGated
 
     real = REGISTRY["gate_perf"].fn
 
     @functools.wraps(real)
     def gate(ctx, **params):
-        return {
-            "passed": verdict == "PROMOTE",
-            "verdict": verdict,
-            "line": f"{verdict}: external/native fastest-step ratio 0.5000, 95% interval [0.4, 0.6] ...",
-            "info": [],
-            "ratio": 0.5,
-            "interval": {"low": 0.4, "high": 0.6, "confidence": 0.95, "t": 4.3, "sd_log": 0.1},
-            "samples": {"native": [40.0], "external": [20.0]},
-        }
+        return PerfGated.from_dict(
+            {
+                "passed": verdict == "PROMOTE",
+                "verdict": verdict,
+                "line": f"{verdict}: external/native fastest-step ratio 0.5000, 95% interval [0.4, 0.6] ...",
+                "info": [],
+                "ratio": 0.5,
+                "interval": {"low": 0.4, "high": 0.6, "confidence": 0.95, "t": 4.3, "sd_log": 0.1},
+                "samples": {"native": [40.0], "external": [20.0]},
+            }
+        )
 
     return gate
 

@@ -184,7 +184,7 @@ async def test_profile_cancels_with_x_and_writes_nothing(built, tmp_path):
         load(app, steps)
         await pilot.press("f2", "p")
         await pilot.pause(0.1)
-        bundle = app.state.bundles["native"]["bundle"]
+        bundle = app.state.bundles["native"].result.bundle
         app.perform("profile", {"bundle": bundle, "output": "long.json", "steps": 100000})
         await wait(pilot, lambda: app.progress_step.startswith("profiling decode: step"))
         assert "x cancels" in text_of(app, "#profile-empty")

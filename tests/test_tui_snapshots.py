@@ -19,8 +19,10 @@ import pytest
 from workbench.actions import ActionContext
 from workbench.app import WorkbenchApp
 from workbench.dispatch import run_action
+from workbench.results import PerfGated
 from workbench.screens.dialogs import TrustModal
 from workbench.session import Session, find_tutorial
+from workbench.state import Applied
 
 SIZES = [(80, 24), (120, 40)]
 SCREENS = ["model", "graph", "region", "kernel", "build", "verify"]
@@ -31,7 +33,7 @@ KEYS = {name: f"f{i + 1}" for i, name in enumerate(SCREENS)}
 SAMPLES = {"native": [40.1, 41.5, 41.2, 40.8, 41.9, 41.2], "external": [39.8, 41.0, 41.1, 41.3, 41.6, 40.9]}
 
 
-def perf_result(samples: dict, params: dict | None = None) -> dict:
+def perf_result(samples: dict, params: dict | None = None) -> Applied[PerfGated]:
     """What gate_perf records for these per-pair samples (fastest-step steps/s), by mcore's rule."""
     import statistics
 
@@ -44,7 +46,7 @@ def perf_result(samples: dict, params: dict | None = None) -> dict:
     word = iv.verdict(0.98)
     where = {"PROMOTE": "is at or above 0.98", "REJECT": "is below 0.98", "INCONCLUSIVE": "straddles 0.98"}[word]
     nm, em = statistics.median(samples["native"]), statistics.median(samples["external"])
-    return {
+    result = {
         "passed": word == "PROMOTE",
         "verdict": word,
         "ratio": iv.estimate,
@@ -55,16 +57,16 @@ def perf_result(samples: dict, params: dict | None = None) -> dict:
         "unit": "steps/s (fastest)",
         "line": f"{word}: external/native fastest-step ratio {iv.estimate:.4f}, 95% interval [{iv.low:.4f}, "
         f"{iv.high:.4f}] {where} (6 pairs; medians native={nm:.2f} external={em:.2f} steps/s (fastest))",
-        "params": params or {"pairs": 6, "warmup": 1, "min_ratio": 0.98},
         "pairs": [
             {"native": n, "external": e, "ratio": e / n, "first": "native" if i % 2 == 0 else "external"}
             for i, (n, e) in enumerate(zip(samples["native"], samples["external"]))
         ],
     }
+    return Applied("gate_perf", params or {"pairs": 6, "warmup": 1, "min_ratio": 0.98}, PerfGated.from_dict(result))
 
 
 PERF = perf_result(SAMPLES)
-assert PERF["verdict"] == "PROMOTE"
+assert PERF.result.verdict == "PROMOTE"
 
 
 @pytest.fixture(autouse=True)
@@ -171,7 +173,7 @@ def test_verify_verdict_with_plot(snap_compare, recorded):
 
     async def perf(pilot) -> None:
         st = pilot.app.state
-        st.perf = dict(PERF)
+        st.perf = PERF
         st.samples = {k: list(v) for k, v in SAMPLES.items()}
 
     for size in SIZES:
@@ -268,7 +270,7 @@ def test_tutorial_summary(snap_compare, recorded, monkeypatch):
 
     async def finish(pilot) -> None:
         app = pilot.app
-        app.state.perf = dict(PERF)
+        app.state.perf = PERF
         app.guide.index = len(app.guide.session.steps)
         app.refresh_screen()
         app.action_summary()

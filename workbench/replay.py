@@ -455,7 +455,7 @@ def replay(
         results: dict | None = None
         error: str | None = None
         try:
-            results = json.loads(json.dumps(REGISTRY[step.action].fn(ctx, **step.params), default=str))
+            results = json.loads(json.dumps(REGISTRY[step.action].fn(ctx, **step.params).to_dict(), default=str))
             status = "ok"
         except (Cancelled, KeyboardInterrupt):
             raise

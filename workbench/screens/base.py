@@ -19,11 +19,15 @@ from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
+from textual.message import Message
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Button, Footer, Input, Static, TextArea
 
 from mcore import UserError
+
+from ..messages import ActionMessage
 
 if TYPE_CHECKING:  # pragma: no cover
     from mcore import Snapshot
@@ -252,20 +256,18 @@ class WorkbenchScreen(Screen):
         """Re-read app.state into the widgets (called on resume and after every action)."""
         self.refresh_chrome()
 
-    def on_action_started(self, action: str) -> None:
-        """An action began (on this screen's watch)."""
-
-    def on_action_progress(self, action: str, step: str, fraction: float) -> None:
-        """Per-screen progress (the Build screen's bars)."""
-
-    def on_action_sample(self, arm: str, index: int, value: float) -> None:
-        """A perf-gate measurement arrived (already stored in state.samples)."""
-
-    def on_action_log(self, line: str) -> None:
-        """A log line from the running action."""
-
-    def on_action_done(self, outcome) -> None:
-        """The action finished (ok, failed or cancelled); the view was already refreshed."""
+    async def _on_message(self, message: Message) -> None:
+        """The app's messages about the running action (workbench/messages.py, handled by a screen's
+        `on_action_...`): a handler's failure is shown in the UI, never a traceback screen."""
+        if not isinstance(message, ActionMessage):
+            await super()._on_message(message)
+            return
+        try:
+            await super()._on_message(message)
+        except NoMatches:
+            pass  # the screen is still being composed; it refreshes itself on resume
+        except Exception as e:  # noqa: BLE001
+            self.wb.report_error(f"could not update the {self.SCREEN_NAME} screen: {type(e).__name__}: {e}")
 
     def escape_mode(self) -> bool:
         """End a screen's own mode on Esc (e.g. a search); True when something was ended."""
