@@ -118,6 +118,42 @@ def _append_gate(t: Text, result: Gated) -> None:
     t.append(rest)
 
 
+Steps = list[tuple[str, dict[str, Any]]]
+
+
+def _arm_outputs(st: WorkbenchState, ext: str) -> tuple[str, str, str, str]:
+    """The two bundles and two fresh output names (a second run of the gate replaces nothing:
+    workbench/outputs.py)."""
+    native, slot = st.bundles["native"].result.bundle, st.bundles["slot"].result.bundle
+    return native, slot, fresh_name(st, f"native.{ext}"), fresh_name(st, f"external.{ext}")
+
+
+def decoder_correctness_steps(st: WorkbenchState, prompt: str, n: int) -> Steps:
+    """Generate on both arms, compare the tokens, and step both in lockstep for the logits."""
+    native, slot, a_out, b_out = _arm_outputs(st, "jsonl")
+    chat = {"chat": True} if st.chat else {}
+    run = {"prompt": prompt, "max_new_tokens": n}
+    external = {"kernel_bindings": st.manifest}
+    return [
+        ("generate", {"bundle": native, **run, "output": a_out, **chat}),
+        ("generate", {"bundle": slot, **external, **run, "output": b_out, **chat}),
+        ("gate_tokens", {"native": a_out, "external": b_out}),
+        # how far the logits drift per step, and where the greedy picks first part
+        ("gate_logits", {"native_bundle": native, "external_bundle": slot, **external, **run, **chat}),
+    ]
+
+
+def encoder_correctness_steps(st: WorkbenchState, prompt: str) -> Steps:
+    """Embed on both arms, then the numerical gate at its default thresholds."""
+    native, slot, a_out, b_out = _arm_outputs(st, "json")
+    limits = {"max_abs": EmbeddingsGate.max_abs, "min_cosine": EmbeddingsGate.min_cosine}
+    return [
+        ("embed", {"bundle": native, "prompt": prompt, "output": a_out}),
+        ("embed", {"bundle": slot, "kernel_bindings": st.manifest, "prompt": prompt, "output": b_out}),
+        ("gate_embeddings", {"native": a_out, "external": b_out, **limits}),
+    ]
+
+
 class VerifyScreen(WorkbenchScreen):
     SCREEN_NAME = "verify"
     BINDINGS = [
@@ -381,69 +417,21 @@ class VerifyScreen(WorkbenchScreen):
 
     # ------------------------------------------------------------------ gates
     def action_correctness(self, then=None) -> None:
+        """c: both arms, then the gate (decoders: generate, gate_tokens and gate_logits; encoders:
+        embed and gate_embeddings)."""
         if not self._ready():
             return
         prompt = self._prompt()
         if prompt is None:
             return
         st = self.state
-        native, slot = st.bundles["native"].result.bundle, st.bundles["slot"].result.bundle
-        # fresh names: a second run of the gate replaces nothing (workbench/outputs.py)
-        ext = "jsonl" if st.is_decoder else "json"
-        a_out, b_out = fresh_name(st, f"native.{ext}"), fresh_name(st, f"external.{ext}")
-        steps: list[tuple[str, dict[str, Any]]]
         if st.is_decoder:
             n = self._int("#max-new-tokens", "tokens")
             if n is None:
                 return
-            chat = {"chat": True} if st.chat else {}
-            steps = [
-                (
-                    "generate",
-                    {"bundle": native, "prompt": prompt, "max_new_tokens": n, "output": a_out, **chat},
-                ),
-                (
-                    "generate",
-                    {
-                        "bundle": slot,
-                        "kernel_bindings": st.manifest,
-                        "prompt": prompt,
-                        "max_new_tokens": n,
-                        "output": b_out,
-                        **chat,
-                    },
-                ),
-                ("gate_tokens", {"native": a_out, "external": b_out}),
-                # how far the logits drift per step, and where the greedy picks first part
-                (
-                    "gate_logits",
-                    {
-                        "native_bundle": native,
-                        "external_bundle": slot,
-                        "kernel_bindings": st.manifest,
-                        "prompt": prompt,
-                        "max_new_tokens": n,
-                        **chat,
-                    },
-                ),
-            ]
+            steps = decoder_correctness_steps(st, prompt, n)
         else:
-            steps = [
-                ("embed", {"bundle": native, "prompt": prompt, "output": a_out}),
-                (
-                    "embed",
-                    {"bundle": slot, "kernel_bindings": st.manifest, "prompt": prompt, "output": b_out},
-                ),
-                (
-                    "gate_embeddings",
-                    {
-                        "native": a_out,
-                        "external": b_out,
-                        "max_abs": EmbeddingsGate.max_abs,
-                        "min_cosine": EmbeddingsGate.min_cosine,
-                    },
-                ),
-            ]
+            steps = encoder_correctness_steps(st, prompt)
         st.correctness = st.logits = None
         self.run_chain(steps, then)
 
