@@ -16,10 +16,12 @@ from .tui_helpers import no_hf_cache  # noqa: F401 (autouse fixture)
 
 @pytest.mark.asyncio
 async def test_a_failing_message_handler_is_reported_in_the_ui(tmp_path, monkeypatch):
-    def broken(self, message: ActionLog) -> None:
-        raise RuntimeError(f"cannot show {message.line}")
+    from textual.widgets import RichLog
 
-    monkeypatch.setattr(BuildScreen, "on_action_log", broken)
+    def broken(self, line, *args, **kwargs):
+        raise RuntimeError(f"cannot show {line}")
+
+    monkeypatch.setattr(RichLog, "write", broken)  # the Build screen's log handler writes there
     app = WorkbenchApp(workdir=str(tmp_path))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("escape", "f5")

@@ -15,7 +15,7 @@ from textual.widgets import ProgressBar, RichLog, Static
 from ..messages import ActionDone, ActionLog, ActionProgress, ActionStarted
 from ..registry import bundle_arm
 from ..results import KernelSlotRow
-from .base import WorkbenchScreen
+from .base import WorkbenchScreen, on_action
 
 ARMS = ("native", "slot")
 ARM_TITLES = {"native": "native bundle (no slot)", "slot": "slot-ready bundle (your region as a kernel slot)"}
@@ -122,6 +122,7 @@ class BuildScreen(WorkbenchScreen):
                 info.append("same build args, no slot: the reference for the gates", style="dim")
         self.query_one(f"#info-{arm}", Static).update(info)
 
+    @on_action
     def on_action_started(self, message: ActionStarted) -> None:
         if message.action == "build_bundle":
             arm = arm_of(message.params)
@@ -130,6 +131,7 @@ class BuildScreen(WorkbenchScreen):
             self.query_one(f"#bar-{arm}", ProgressBar).update(progress=0)
             self.show_arm(arm)
 
+    @on_action
     def on_action_progress(self, message: ActionProgress) -> None:
         if message.action != "build_bundle" or self.running is None:
             return
@@ -138,6 +140,7 @@ class BuildScreen(WorkbenchScreen):
         self.query_one(f"#bar-{arm}", ProgressBar).update(progress=round(message.fraction * 100))
         self.show_arm(arm)
 
+    @on_action
     def on_action_done(self, message: ActionDone) -> None:
         outcome = message.outcome
         if outcome.action != "build_bundle":
@@ -153,6 +156,7 @@ class BuildScreen(WorkbenchScreen):
         self.running = None
         self.show_arm(arm)
 
+    @on_action
     def on_action_log(self, message: ActionLog) -> None:
         self.query_one("#build-log", RichLog).write(message.line)
 

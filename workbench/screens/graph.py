@@ -21,7 +21,7 @@ from ..layout import TREE_STEP, tail, tree_width
 from ..messages import ActionStarted
 from ..search import is_glob, node_hit, path_hit
 from ..state import Listing
-from .base import WorkbenchScreen
+from .base import WorkbenchScreen, on_action
 
 MARK = "●"
 OP_WIDTH = 20
@@ -268,6 +268,7 @@ class GraphScreen(WorkbenchScreen):
             self._listing_seen = lst
             self.apply_listing(lst)
 
+    @on_action
     def on_action_started(self, message: ActionStarted) -> None:
         if message.action == "capture_graph":
             self.refresh_view()

@@ -21,7 +21,7 @@ from textual.widgets.option_list import Option
 from ..messages import ActionLog
 from ..outputs import fresh_name
 from ..results import KernelBuilt, Record
-from .base import KeyButtons, WorkbenchScreen
+from .base import KeyButtons, WorkbenchScreen, on_action
 from .kernel_loop import fill_history, open_in_editor, watch_config
 
 KERNEL_OUTPUTS = {"identity-copy": "kernel.so", "residual-add": "residual-add.so"}
@@ -284,6 +284,7 @@ class KernelScreen(WorkbenchScreen):
             params["snapshot"] = st.snapshot_path
         self.wb.perform("export_kernel", params, on_finish=finished, label="run the exporter")
 
+    @on_action
     def on_action_log(self, message: ActionLog) -> None:
         if self.wb.busy == "export_kernel":
             style = "red" if "error" in message.line.lower() else ""

@@ -20,7 +20,7 @@ from textual.widgets import DataTable, Static
 
 from ..messages import ActionDone, ActionProgress
 from ..widgets.plot import share_bars
-from .base import WorkbenchScreen, bar_text
+from .base import WorkbenchScreen, bar_text, on_action
 
 ROOMY_HEIGHT = 32  # from this height the bars show 10 rows each, below 5
 
@@ -170,11 +170,13 @@ class ProfileScreen(WorkbenchScreen):
                 key=str(i),
             )
 
+    @on_action
     def on_action_done(self, message: ActionDone) -> None:
         """A finished profile hands the keys to its candidates: Down moves, s takes the highlighted one."""
         if message.outcome.action == "profile" and message.outcome.kind == "ok":
             self.query_one("#candidates", DataTable).focus()
 
+    @on_action
     def on_action_progress(self, message: ActionProgress) -> None:
         if message.action == "profile" and self.state.profile is None:
             empty = self.query_one("#profile-empty", Static)

@@ -24,7 +24,7 @@ from ..outputs import fresh_name
 from ..results import Correctness, EmbeddingsGated, Gated, Generated, Interval, PerfGated
 from ..state import Applied, LastPrompt
 from ..widgets.plot import VERDICT_STYLE, ErrorPlot, ThroughputPlot
-from .base import WorkbenchScreen
+from .base import WorkbenchScreen, on_action
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..state import WorkbenchState
@@ -193,6 +193,7 @@ class VerifyScreen(WorkbenchScreen):
         super().on_mount()
         self.refresh_view()
 
+    @on_action
     def on_action_sample(self, message: ActionSample) -> None:
         if self.is_mounted:
             self.query_one(ThroughputPlot).redraw()
@@ -497,6 +498,7 @@ class VerifyScreen(WorkbenchScreen):
         (action, params), rest = steps[0], steps[1:]
         self.wb.perform(action, params, on_done=lambda _r: self.run_chain(rest, then), label=action.replace("_", " "))
 
+    @on_action
     def on_action_started(self, message: ActionStarted) -> None:
         self.refresh_view()
 
