@@ -777,7 +777,10 @@ def _perf_results(ctx: ActionContext, r: Any) -> R.PerfGated:
     d = r.details
     pairs = tuple(
         R.PerfPair(native=n, external=e, ratio=q, first=o[0])
-        for n, e, q, o in zip(d.get("native", []), d.get("external", []), d.get("ratios", []), d.get("order", []))
+        # a run that failed mid-pair leaves one arm a value longer: the pairs are the complete ones
+        for n, e, q, o in zip(
+            d.get("native", []), d.get("external", []), d.get("ratios", []), d.get("order", []), strict=False
+        )
     )
     iv = d.get("interval")
     return R.PerfGated(

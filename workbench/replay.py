@@ -181,7 +181,7 @@ class ReplayReport:
         header = ("#", "action", "status", "field", "expected", "actual")
         rows = self.rows()
         w = [max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i]) for i in range(4)]
-        w = [min(x, cap) for x, cap in zip(w, (4, 16, 6, 36))]
+        w = [min(x, cap) for x, cap in zip(w, (4, 16, 6, 36), strict=True)]
         fixed = sum(w) + 2 * 5
         rest = max(40, width - fixed)
         need_e = max([len("expected")] + [len(r[4]) for r in rows])
@@ -246,7 +246,7 @@ def compare(name: str, expected: Any, actual: Any) -> list[Difference]:
                 out.extend(compare(f"{name}.{k}", expected[k], actual[k]))
         return out
     if isinstance(expected, list) and isinstance(actual, list):
-        for i, (a, b) in enumerate(zip(expected, actual)):
+        for i, (a, b) in enumerate(zip(expected, actual, strict=False)):  # lengths compared after
             if _norm(a) != _norm(b):
                 sub = compare(f"{name}[{i}]", a, b)
                 if len(expected) != len(actual):

@@ -215,7 +215,7 @@ def legend(series: Mapping[str, Sequence[float]], width: int) -> Text:
 
 def pair_ratios(series: Mapping[str, Sequence[float]]) -> list[float]:
     """external/native of every pair both arms have measured (the gate's per-pair ratios)."""
-    return [e / n for n, e in zip(series.get("native") or [], series.get("external") or []) if n > 0]
+    return [e / n for n, e in zip(series.get("native") or [], series.get("external") or [], strict=False) if n > 0]
 
 
 VERDICT_STYLE = {"PROMOTE": "bold green", "REJECT": "bold red", "INCONCLUSIVE": "bold yellow"}
@@ -334,7 +334,7 @@ class ErrorPlot(Static):
 
 def first_divergence(native: Sequence[int], external: Sequence[int]) -> int | None:
     """0-based position of the first differing generated token (a length difference counts)."""
-    for i, (a, b) in enumerate(zip(native, external)):
+    for i, (a, b) in enumerate(zip(native, external, strict=False)):  # the shorter: a length difference
         if a != b:
             return i
     return None if len(native) == len(external) else min(len(native), len(external))
