@@ -15,11 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from textual.widgets import Input
 
 from workbench.actions import ActionContext
 from workbench.app import WorkbenchApp
 from workbench.dispatch import run_action
-from workbench.results import PerfGated
+from workbench.results import EmbeddingsGated, PerfGated
 from workbench.screens.dialogs import TrustModal
 from workbench.session import Session, find_tutorial
 from workbench.state import Applied
@@ -135,6 +136,10 @@ def loaded(recorded, screen: str, extra: Callable | None = None):
         app.refresh_screen()
         await settle(pilot)
         app.clear_notifications()
+        # the capture came about 1.0 s after the field took focus, on the edge of a cursor blink (0.5 s):
+        # stopped, the cursor is hidden, as every recorded snapshot shows it, whatever the timing
+        for field in app.screen.query(Input):
+            field._pause_blink(visible=False)  # Textual's own "blur" step; cursor_blink=False would show it
 
     return run_before
 
@@ -187,7 +192,7 @@ def test_verify_reject(snap_compare, recorded):
     async def perf(pilot) -> None:
         st = pilot.app.state
         st.perf = perf_result(slow)
-        assert st.perf["verdict"] == "REJECT"
+        assert st.perf.result.verdict == "REJECT"
         st.samples = slow
 
     app = WorkbenchApp(workdir=str(recorded[0]))
@@ -204,7 +209,7 @@ def test_verify_inconclusive(snap_compare, recorded):
     async def perf(pilot) -> None:
         st = pilot.app.state
         st.perf = perf_result(noisy)
-        assert st.perf["verdict"] == "INCONCLUSIVE"
+        assert st.perf.result.verdict == "INCONCLUSIVE"
         st.samples = noisy
 
     for size in SIZES:
@@ -231,20 +236,14 @@ def test_verify_embeddings_correctness(snap_compare, recorded, tmp_path):
         st = pilot.app.state
         st.family_kind = "encoder"
         st.perf, st.samples = None, {"native": [], "external": []}
-        st.correctness = {
-            "kind": "gate_embeddings",
-            "passed": True,
-            "values": 64,
-            "max_abs": 0.006,
-            "cosine": 0.99998,
-            "line": "PASS: numerical gate",
-            "params": {
-                "native": str(tmp_path / "native.json"),
-                "external": str(tmp_path / "external.json"),
-                "max_abs": 0.02,
-                "min_cosine": 0.999,
-            },
+        params = {
+            "native": str(tmp_path / "native.json"),
+            "external": str(tmp_path / "external.json"),
+            "max_abs": 0.02,
+            "min_cosine": 0.999,
         }
+        result = EmbeddingsGated(passed=True, values=64, max_abs=0.006, cosine=0.99998, line="PASS: numerical gate")
+        st.correctness = Applied("gate_embeddings", params, result)
 
     app = WorkbenchApp(workdir=str(recorded[0]))
     assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(recorded, "verify", gate))
