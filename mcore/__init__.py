@@ -23,7 +23,8 @@ The groups:
   exporter_kit (the module every CuTe DSL exporter imports: contract check, ABI order, export and link);
   load_bindings_manifest, BindingsManifest, Binding, BINDINGS_SCHEMA_VERSION
 - verify gates: compare_tokens, compare_embeddings, perf_gate (and its PERF_DEFAULTS), reference_check,
-  lockstep_logits
+  lockstep_logits; the one gate implementation the CLI and the workbench share (mcore/gates.py):
+  TokensGate, EmbeddingsGate, ReferenceGate, LogitsGate, PerfGate (PerfOptions, BenchArms), GateHooks
 - the edit-export-verify loop: watch_kernel, WatchConfig, benchmark_command (a perf gate arm's command)
 - profile: profile_pipeline, load_profile, CANDIDATE_BINDING; device facts: device_facts, describe_device
 - files: atomic_write, check_fields, check_overwrite (the one overwrite rule), check_path_text, read_json,
@@ -106,6 +107,14 @@ _EXPORTS: dict[str, str] = {
     "PERF_DEFAULTS": "verify_perf",
     "reference_check": "verify_reference",
     "lockstep_logits": "verify_logits",
+    "GateHooks": "gates",
+    "TokensGate": "gates",
+    "EmbeddingsGate": "gates",
+    "ReferenceGate": "gates",
+    "LogitsGate": "gates",
+    "PerfGate": "gates",
+    "PerfOptions": "gates",
+    "BenchArms": "gates",
     # the edit-export-verify loop
     "WatchConfig": "watch",
     "watch_kernel": "watch",
@@ -139,6 +148,14 @@ __all__ = [
     "LAYOUTS",
     "NO_PROGRESS",
     "PERF_DEFAULTS",
+    "GateHooks",
+    "TokensGate",
+    "EmbeddingsGate",
+    "ReferenceGate",
+    "LogitsGate",
+    "PerfGate",
+    "PerfOptions",
+    "BenchArms",
     "PRECISIONS",
     "SHIPPED_EXPORTERS",
     "WEIGHTS",
@@ -247,6 +264,16 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
         read_json,
         stdout_failed,
         write_json,
+    )
+    from .gates import (
+        BenchArms,
+        EmbeddingsGate,
+        GateHooks,
+        LogitsGate,
+        PerfGate,
+        PerfOptions,
+        ReferenceGate,
+        TokensGate,
     )
     from .graph.display import abi_lines, module_tree, node_matches, node_row
     from .graph.snapshot import Node, RecipeRow, Snapshot, Tensor, load_snapshot

@@ -329,23 +329,21 @@ def _export_and_bind(
 def _correctness(cfg: WatchConfig, kind: str, manifest: Path, progress: Progress, announce: LineFn | None):
     """`mcore verify logits` (decoders) or the embeddings gate on both pipelines (encoders), each
     pipeline constructed here, bound to this round's manifest."""
-    if kind == "decoder":
-        from .verify_logits import lockstep_logits
+    from .gates import EmbeddingsGate, GateHooks, LogitsGate
 
-        return lockstep_logits(
+    if kind == "decoder":
+        gate = LogitsGate(
             str(cfg.native_bundle),
             str(cfg.slot_bundle),
             str(manifest),
             cfg.prompt,
             max_new_tokens=cfg.max_new_tokens,
-            max_abs=0.0 if cfg.max_abs is None else cfg.max_abs,
+            max_abs=LogitsGate.max_abs if cfg.max_abs is None else cfg.max_abs,
             device=cfg.device,
             engine=cfg.engine,
-            progress=progress,
-            announce=announce,
         )
+        return gate.run(GateHooks(progress=progress, announce=announce))
     from .pipeline import EncoderPipeline
-    from .verify import compare_embeddings
 
     progress.report("loading the native pipeline", 0.0)
     native = EncoderPipeline(
@@ -362,25 +360,16 @@ def _correctness(cfg: WatchConfig, kind: str, manifest: Path, progress: Progress
     )
     mode, normalize, _ = native.pooling()
     a, b = native.embed(cfg.prompt, mode, normalize), slot.embed(cfg.prompt, mode, normalize)
-    limit = 0.02 if cfg.max_abs is None else cfg.max_abs
-    return compare_embeddings(a, b, max_abs=limit, min_cosine=cfg.min_cosine)
+    limit = EmbeddingsGate.max_abs if cfg.max_abs is None else cfg.max_abs
+    return EmbeddingsGate(a, b, max_abs=limit, min_cosine=cfg.min_cosine).run()
 
 
 def _perf(cfg: WatchConfig, kind: str, manifest: Path, progress: Progress, log: LineFn | None):
     """The perf gate (`mcore verify perf`'s implementation) on fresh-process benchmark runs."""
-    from .verify import perf_gate
+    from .gates import BenchArms, GateHooks, PerfGate, PerfOptions
 
     n = cfg.max_new_tokens if kind == "decoder" else None
-    arm = (cfg.prompt, n, cfg.bench_warmup, cfg.bench_runs, cfg.device, cfg.engine)
-    native = benchmark_command(kind, cfg.native_bundle, None, *arm)
-    external = benchmark_command(kind, cfg.slot_bundle, str(manifest), *arm)
-    return perf_gate(
-        native,
-        external,
-        pairs=cfg.pairs,
-        min_ratio=cfg.min_ratio,
-        warmup=cfg.warmup,
-        progress=progress,
-        on_line=log,
-        metric=cfg.metric,
-    )
+    arms = BenchArms(kind, cfg.prompt, n, cfg.bench_warmup, cfg.bench_runs, cfg.device, cfg.engine)
+    options = PerfOptions(pairs=cfg.pairs, min_ratio=cfg.min_ratio, warmup=cfg.warmup, metric=cfg.metric)
+    gate = PerfGate.for_bundles(arms, cfg.native_bundle, cfg.slot_bundle, str(manifest), options)
+    return gate.run(GateHooks(progress=progress, on_line=log))

@@ -4,10 +4,9 @@ the two places that ask before native code loads (headless replay and the TUI's 
 
 from __future__ import annotations
 
-import ast
+import dataclasses
 import inspect
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from mcore.errors import UserError
 from workbench import actions
 from workbench.registry import REGISTRY, ActionSpec
 from workbench.replay import check_session
+from workbench.results import Record, result_json
 from workbench.screens.base import SCREEN_ORDER, SIDE_SCREENS
 from workbench.session import Session, Step
 
@@ -27,42 +27,6 @@ def _params(spec: ActionSpec) -> list[str]:
     return list(inspect.signature(spec.fn).parameters)
 
 
-def _returned_keys(fn) -> set[str] | None:
-    """The result keys a function's return statements can produce, read from its source: dict
-    literals (with ** of a helper in workbench.actions) or a helper's call. None when a return
-    is something this cannot follow."""
-    keys: set[str] = set()
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    returns = [n for n in ast.walk(tree) if isinstance(n, ast.Return) and n.value is not None]
-    if not returns:
-        return None
-
-    def follow(node: ast.expr) -> bool:
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and callable(getattr(actions, node.func.id, None))
-        ):
-            sub = _returned_keys(getattr(actions, node.func.id))
-            if sub is None:
-                return False
-            keys.update(sub)
-            return True
-        if isinstance(node, ast.Dict):
-            for k, v in zip(node.keys, node.values, strict=True):
-                if k is None:  # {**helper(...), ...}
-                    if not follow(v):
-                        return False
-                elif isinstance(k, ast.Constant) and isinstance(k.value, str):
-                    keys.add(k.value)
-                else:
-                    return False
-            return True
-        return False
-
-    return keys if all(follow(r.value) for r in returns) else None
-
-
 def test_every_action_function_is_registered_once_under_its_name():
     assert all(name == spec.name for name, spec in REGISTRY.items())
     funcs = {
@@ -71,10 +35,17 @@ def test_every_action_function_is_registered_once_under_its_name():
         if f.__module__ == actions.__name__
         and not n.startswith("_")
         and list(inspect.signature(f).parameters)[:1] == ["ctx"]
-        and inspect.signature(f).return_annotation == "dict"
     }
     assert funcs == set(REGISTRY)
     assert all(spec.fn is getattr(actions, name) for name, spec in REGISTRY.items())
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_the_registry_declares_the_result_type_the_function_returns(name):
+    spec = REGISTRY[name]
+    assert issubclass(spec.result, Record) and dataclasses.is_dataclass(spec.result)
+    assert spec.result.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    assert inspect.signature(spec.fn).return_annotation == f"R.{spec.result.__name__}"
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
@@ -111,13 +82,24 @@ def test_every_screen_named_is_a_screen_of_the_app():
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
-def test_stable_and_shown_keys_are_results_the_function_returns(name):
+def test_stable_and_shown_keys_are_fields_of_the_result_type(name):
     spec = REGISTRY[name]
-    keys = _returned_keys(spec.fn)
-    if keys is None:
-        pytest.skip(f"{name} returns something this check cannot read; the shipped sessions check it")
+    keys = {f.name for f in dataclasses.fields(spec.result)}
     assert set(spec.stable_keys) <= keys, set(spec.stable_keys) - keys
     assert set(spec.shown) <= keys, set(spec.shown) - keys
+    assert set(spec.recorded_keys) <= keys, set(spec.recorded_keys) - keys
+
+
+def test_the_shipped_sessions_read_back_into_their_result_types_unchanged():
+    """Every recorded result of the shipped sessions reads into its type and writes back with the same
+    values in the same key order (a result recorded before a field was added gains only that field, at
+    its default): what a session records goes through typed results unchanged."""
+    for path in sorted(SESSIONS.glob("*.json")):
+        for st in json.loads(path.read_text(encoding="utf-8"))["steps"]:
+            if st["status"] == "ok":
+                again = result_json(REGISTRY[st["action"]].result.from_dict(st["results"]))
+                kept = {k: v for k, v in again.items() if k in st["results"]}
+                assert json.dumps(kept) == json.dumps(st["results"]), (path.name, st["action"])
 
 
 def test_the_shipped_sessions_record_every_stable_and_shown_key():

@@ -222,16 +222,17 @@ def test_workbench_builds_every_instance_and_shows_the_slot_count(tmp_path):
 
     args = {"model": QWEN_ARGS[0], "precision": "fp32", "max_cache_length": 256, "decoder_engine_layout": "split"}
     res = build_bundle(ActionContext(tmp_path), args, "all.bundle", recipe=[RECIPE, "all-instances"])
-    slots = res["kernel_slots"]
-    assert len(slots) == 2 and res["receipt"] == f"all.selection.{LAYERS[0]}.json"
-    assert slot_lines(slots) == [f"slot {RECIPE} abi {slots[0]['abi_sha256'][:16]}… ×2 slots, one binding"]
-    assert slot_lines(slots[:1]) == [f"slot {RECIPE} abi {slots[0]['abi_sha256'][:16]}…"]
+    slots = res.kernel_slots
+    assert len(slots) == 2 and res.receipt == f"all.selection.{LAYERS[0]}.json"
+    assert slot_lines(slots) == [f"slot {RECIPE} abi {slots[0].abi_sha256[:16]}… ×2 slots, one binding"]
+    assert slot_lines(slots[:1]) == [f"slot {RECIPE} abi {slots[0].abi_sha256[:16]}…"]
     # a workspace declared through the workbench's action, as `mcore build ... --workspace-bytes N`
     ws = build_bundle(
         ActionContext(tmp_path), args, "ws.bundle", recipe=[RECIPE, "all-instances"], workspace_bytes=4096
     )
-    assert len(ws["kernel_slots"]) == 2 and ws["kernel_slots"][0]["abi_sha256"] != slots[0]["abi_sha256"]
-    assert json.loads((tmp_path / ws["receipt"]).read_text())["workspace_bytes"] == 4096
+    assert len(ws.kernel_slots) == 2 and ws.kernel_slots[0].abi_sha256 != slots[0].abi_sha256
+    assert ws.receipt is not None
+    assert json.loads((tmp_path / ws.receipt).read_text())["workspace_bytes"] == 4096
 
 
 def test_compiled_engine_keeps_both_slots_opaque_and_calls_them(built, monkeypatch):

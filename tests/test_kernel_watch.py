@@ -16,6 +16,8 @@ import pytest
 from mcore.errors import Cancelled
 from mcore.progress import CancelToken, Progress
 from mcore.watch import WatchConfig, benchmark_command, watch_kernel
+from workbench.results import BundleBuilt
+from workbench.state import Applied, LastPrompt
 
 from .conftest import assert_user_error
 
@@ -197,12 +199,16 @@ def kernel_screen_state(bundles, tmp_path):
     d, native, slot, receipt = bundles
     exporter = write_exporter(tmp_path / "export_scaled.py", "1.0f")
     st = WorkbenchState(workdir=tmp_path, device="cpu")
-    st.bundles = {"native": {"bundle": str(native)}, "slot": {"bundle": str(slot)}}
+
+    def built(bundle) -> Applied[BundleBuilt]:
+        return Applied("build_bundle", {}, BundleBuilt(bundle=str(bundle), fingerprints={}, kernel_slots=()))
+
+    st.bundles = {"native": built(native), "slot": built(slot)}
     from mcore import load_receipt
 
     st.receipt, st.receipt_path = load_receipt(receipt), str(receipt)
     st.stub_path, st.stub_text = str(exporter), exporter.read_text()
-    st.last_prompt = {"prompt": PROMPT, "max_new_tokens": 4}
+    st.last_prompt = LastPrompt(PROMPT, 4)
     st.watch_settings = {"perf": False, "max_new_tokens": 4}  # the perf gate's rounds: the CLI test above
     return st, exporter
 

@@ -260,20 +260,23 @@ def _perf_gate_saying(verdict: str):
     import functools
 
     from workbench.registry import REGISTRY
+    from workbench.results import PerfGated
 
     real = REGISTRY["gate_perf"].fn
 
     @functools.wraps(real)
     def gate(ctx, **params):
-        return {
-            "passed": verdict == "PROMOTE",
-            "verdict": verdict,
-            "line": f"{verdict}: external/native fastest-step ratio 0.5000, 95% interval [0.4, 0.6] ...",
-            "info": [],
-            "ratio": 0.5,
-            "interval": {"low": 0.4, "high": 0.6, "confidence": 0.95, "t": 4.3, "sd_log": 0.1},
-            "samples": {"native": [40.0], "external": [20.0]},
-        }
+        return PerfGated.from_dict(
+            {
+                "passed": verdict == "PROMOTE",
+                "verdict": verdict,
+                "line": f"{verdict}: external/native fastest-step ratio 0.5000, 95% interval [0.4, 0.6] ...",
+                "info": [],
+                "ratio": 0.5,
+                "interval": {"low": 0.4, "high": 0.6, "confidence": 0.95, "t": 4.3, "sd_log": 0.1},
+                "samples": {"native": [40.0], "external": [20.0]},
+            }
+        )
 
     return gate
 
@@ -397,21 +400,30 @@ PERF_PARAMS = {"native_bundle": "n", "external_bundle": "e", "kernel_bindings": 
 
 
 def test_the_verify_screen_verdict_follows_both_gates():
+    from workbench.results import PerfGated, TokensGated
     from workbench.screens.verify import verdict
+    from workbench.state import Applied
 
-    ok = {"passed": True, "line": "PASS: tokens identical"}
+    def gate(cls, **results):
+        return Applied("gate", {}, cls.from_dict(results))
+
+    ok = gate(TokensGated, passed=True, line="PASS: tokens identical")
     iv = {"low": 0.93, "high": 1.03, "confidence": 0.95}
-    assert verdict(ok, {"passed": False, "verdict": "INCONCLUSIVE", "interval": iv, "min_ratio": 0.98}) == (
+
+    def perf(**results):
+        return gate(PerfGated, **results)
+
+    assert verdict(ok, perf(passed=False, verdict="INCONCLUSIVE", interval=iv, min_ratio=0.98)) == (
         "INCONCLUSIVE",
         "cannot tell: the interval straddles 0.98 (correctness passed)",
     )
-    assert verdict(ok, {"passed": False, "verdict": "REJECT", "interval": {**iv, "high": 0.95}, "min_ratio": 0.98})[
-        1
-    ] == ("performance: 95% interval [0.9300, 0.9500] is below 0.98")
-    assert verdict({"passed": False, "line": "FAIL: x"}, {"passed": True, "verdict": "PROMOTE"})[0] == "REJECT"
-    assert verdict(ok, {"passed": True, "verdict": "PROMOTE", "ratio": 0.99})[0] == "PROMOTE"
-    # a recording from before verdicts: its `passed` decides (the median rule's PASS reads as PROMOTE)
-    assert verdict(ok, {"passed": False, "line": "FAIL: external/native throughput median ratio 0.5 is below"})[0] == (
-        "REJECT"
+    assert verdict(ok, perf(passed=False, verdict="REJECT", interval={**iv, "high": 0.95}, min_ratio=0.98))[1] == (
+        "performance: 95% interval [0.9300, 0.9500] is below 0.98"
     )
+    failed = gate(TokensGated, passed=False, line="FAIL: x")
+    assert verdict(failed, perf(passed=True, verdict="PROMOTE"))[0] == "REJECT"
+    assert verdict(ok, perf(passed=True, verdict="PROMOTE", ratio=0.99))[0] == "PROMOTE"
+    # a recording from before verdicts: its `passed` decides (the median rule's PASS reads as PROMOTE)
+    old = perf(passed=False, line="FAIL: external/native throughput median ratio 0.5 is below")
+    assert verdict(ok, old)[0] == "REJECT"
     assert verdict(ok, None)[0] == "PENDING"

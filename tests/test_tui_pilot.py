@@ -135,8 +135,8 @@ async def check_common(app: WorkbenchApp, pilot, session: Session, seen: dict, w
     # the ABI hash shown is the receipt file's, which is the slot's in the bundle
     receipt = load_receipt(st.path(st.receipt_path))
     assert st.receipt["abi_sha256"] == receipt["abi_sha256"]
-    slots = st.bundles["slot"]["kernel_slots"]
-    assert [s["abi_sha256"] for s in slots] == [receipt["abi_sha256"]]
+    slots = st.bundles["slot"].result.kernel_slots
+    assert [s.abi_sha256 for s in slots] == [receipt["abi_sha256"]]
     manifest = json.loads(st.path(st.manifest).read_text())
     assert manifest["bindings"][0]["abi_sha256"] == receipt["abi_sha256"]
     await pilot.press("f3")
@@ -152,12 +152,14 @@ async def check_common(app: WorkbenchApp, pilot, session: Session, seen: dict, w
     shown = static_text(app, "#verdict")
     assert word in shown
     if st.perf is not None:  # REJECT on a failed gate, INCONCLUSIVE when the perf interval straddles
-        perf = st.perf["verdict"]
-        assert perf in ("PROMOTE", "REJECT", "INCONCLUSIVE") and st.perf["interval"]["confidence"] == 0.95
-        expected = "REJECT" if not st.correctness["passed"] or perf == "REJECT" else perf
+        perf = st.perf.result.verdict
+        iv = st.perf.result.interval
+        assert perf in ("PROMOTE", "REJECT", "INCONCLUSIVE") and iv is not None and iv.confidence == 0.95
+        assert st.correctness is not None
+        expected = "REJECT" if not st.correctness.result.passed or perf == "REJECT" else perf
         assert word == expected
         line = static_text(app, "#perf-line")  # the interval and the rule that decided, with the verdict
-        assert f"{perf} ratio {st.perf['ratio']:.4f} · 95% [{st.perf['interval']['low']:.4f}," in line
+        assert f"{perf} ratio {st.perf.result.ratio:.4f} · 95% [{iv.low:.4f}," in line
         assert "rule: PROMOTE if the 95% interval ≥ 0.98 · REJECT if below · else INCONCLUSIVE" in line
     # the session saves and loads back (ctrl+s, a path, enter)
     await pilot.press("ctrl+s")
@@ -186,12 +188,12 @@ async def test_tutorial_qwen_recipe(tmp_path):
         # after the recipes step the Region screen previews the recipe this tutorial builds
         assert "valid recipe qwen.decode_logits_copy@1 decoder.logits_zero_bias" in seen["region"][0]
         # tokens: native and external identical, and equal to the recording
-        native, external = st.outputs["native"]["tokens"], st.outputs["external"]["tokens"]
+        native, external = list(st.outputs["native"].result.tokens), list(st.outputs["external"].result.tokens)
         assert native == external
         recorded = [s for s in session.steps if s.action == "generate"]
         assert native == recorded[0].results["tokens"]
-        assert st.correctness["passed"] is True
-        assert isinstance(st.perf["passed"], bool) and st.perf["ratio"] > 0
+        assert st.correctness.result.passed is True
+        assert isinstance(st.perf.result.passed, bool) and st.perf.result.ratio > 0
         assert any(st.samples["native"]) and any(st.samples["external"])
         # the recipe is the one the tutorial names
         assert st.receipt["recipe"] == {"id": "qwen.decode_logits_copy@1", "instance": "decoder.logits_zero_bias"}
@@ -201,7 +203,7 @@ async def test_tutorial_qwen_recipe(tmp_path):
         assert summary is not None
         for path in ("qwen3-slot-ready.bundle", "qwen3-native.bundle", "kernel-bindings.json", "kernel.so"):
             assert path in summary
-        assert f"performance     {st.perf['verdict']} ratio {st.perf['ratio']:.4f}, 95% [" in summary
+        assert f"performance     {st.perf.result.verdict} ratio {st.perf.result.ratio:.4f}, 95% [" in summary
         assert "ctrl+s" in summary
         assert "workbench replay FILE" in summary
         assert "all 10 steps done" in static_text(app, "#stepbar")
@@ -223,8 +225,8 @@ async def test_tutorial_qwen_recipe(tmp_path):
             if st.logits is not None and not app.busy:
                 break
         steps = int(app.screen.query_one("#max-new-tokens").value)
-        assert st.logits["passed"] is True and st.logits["steps"] == [0.0] * steps
-        assert st.logits["first_divergence"] is None and st.correctness["passed"] is True
+        assert st.logits.passed is True and list(st.logits.steps) == [0.0] * steps
+        assert st.logits.first_divergence is None and st.correctness.result.passed is True
         assert f"same bits at every step over {steps} steps · greedy picks agree" in static_text(app, "#correctness")
 
 
@@ -267,10 +269,10 @@ async def test_tutorial_qwen_manual(tmp_path):
             s for s in load_qwen_recipe().steps if s.action == "build_bundle" and s.params.get("recipe")
         ).results["kernel_slots"][0]["abi_sha256"]
         assert st.receipt["abi_sha256"] == recipe_hash
-        assert st.outputs["native"]["tokens"] == st.outputs["external"]["tokens"]
-        assert st.correctness["passed"] is True and st.perf is None
+        assert st.outputs["native"].result.tokens == st.outputs["external"].result.tokens
+        assert st.correctness.result.passed is True and st.perf is None
         # the Graph screen showed the tail the tutorial lists (--last 6)
-        assert st.listing["last"] == 6 and len(st.listing["ids"]) == 6
+        assert st.listing is not None and st.listing.last == 6 and len(st.listing.ids) == 6
         await check_common(app, pilot, session, seen, tmp_path)
         assert "PENDING" in static_text(app, "#verdict")
 
@@ -289,17 +291,17 @@ async def test_tutorial_distilbert_residual(tmp_path):
         seen = await drive(app, pilot)
         st = app.state
         assert st.receipt["node_ids"] == session.steps[2].params["node_ids"]
-        assert st.correctness["kind"] == "gate_embeddings" and st.correctness["passed"] is True
+        assert st.correctness.action == "gate_embeddings" and st.correctness.result.passed is True
         # the Verify screen shows the numbers the gate judged and draws every element's error
         await pilot.press("f6")
         await pilot.pause(0.2)
         shown = static_text(app, "#correctness")
-        assert f"max_abs {st.correctness['max_abs']:.3g} (≤ 0.02)" in shown and "(≥ 0.999)" in shown
+        assert f"max_abs {st.correctness.result.max_abs:.3g} (≤ 0.02)" in shown and "(≥ 0.999)" in shown
         plot = app.screen.query_one("#error-plot")
-        assert plot.errors is not None and len(plot.errors) == st.outputs["native"]["values"]
-        assert max(plot.errors) == pytest.approx(st.correctness["max_abs"])
-        assert st.outputs["native"]["values"] == st.outputs["external"]["values"] > 0
-        assert isinstance(st.perf["passed"], bool)
+        assert plot.errors is not None and len(plot.errors) == st.outputs["native"].result.values
+        assert max(plot.errors) == pytest.approx(st.correctness.result.max_abs)
+        assert st.outputs["native"].result.values == st.outputs["external"].result.values > 0
+        assert isinstance(st.perf.result.passed, bool)
         if any(s.action == "kernel_stub" for s in session.steps):
             await pilot.press("f4")
             await pilot.pause(0.3)

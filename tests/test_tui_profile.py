@@ -184,7 +184,7 @@ async def test_profile_cancels_with_x_and_writes_nothing(built, tmp_path):
         load(app, steps)
         await pilot.press("f2", "p")
         await pilot.pause(0.1)
-        bundle = app.state.bundles["native"]["bundle"]
+        bundle = app.state.bundles["native"].result.bundle
         # the op-by-op profile reports each step (on CUDA the `auto` engine is the compiled one)
         app.perform("profile", {"bundle": bundle, "output": "long.json", "steps": 100000, "engine": "torch"})
         await wait(pilot, lambda: app.progress_step.startswith("profiling decode: step"))

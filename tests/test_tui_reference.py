@@ -25,8 +25,9 @@ async def test_verify_screen_reference_check_and_chat_toggle(tmp_path):
         await pilot.press("r")
         await wait_idle(app, pilot)
         ref = app.state.reference
-        assert ref is not None and ref["passed"] is True, static_text(app, "#error")
-        assert ref["min_cosine"] > 0.99999 and ref["max_abs"] < 1e-4
+        assert ref is not None and ref.passed is True, static_text(app, "#error")
+        assert ref.min_cosine is not None and ref.max_abs is not None
+        assert ref.min_cosine > 0.99999 and ref.max_abs < 1e-4
         assert "PASS reference check" in static_text(app, "#correctness")
         step = app.session.steps[-1]
         assert step.action == "verify_reference" and step.params["checkpoint"] == "demo:distilbert-tiny"

@@ -15,12 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from textual.widgets import Input
 
 from workbench.actions import ActionContext
 from workbench.app import WorkbenchApp
 from workbench.dispatch import run_action
+from workbench.results import EmbeddingsGated, PerfGated
 from workbench.screens.dialogs import TrustModal
 from workbench.session import Session, find_tutorial
+from workbench.state import Applied
 
 SIZES = [(80, 24), (120, 40)]
 SCREENS = ["model", "graph", "region", "kernel", "build", "verify"]
@@ -31,7 +34,7 @@ KEYS = {name: f"f{i + 1}" for i, name in enumerate(SCREENS)}
 SAMPLES = {"native": [40.1, 41.5, 41.2, 40.8, 41.9, 41.2], "external": [39.8, 41.0, 41.1, 41.3, 41.6, 40.9]}
 
 
-def perf_result(samples: dict, params: dict | None = None) -> dict:
+def perf_result(samples: dict, params: dict | None = None) -> Applied[PerfGated]:
     """What gate_perf records for these per-pair samples (fastest-step steps/s), by mcore's rule."""
     import statistics
 
@@ -44,7 +47,7 @@ def perf_result(samples: dict, params: dict | None = None) -> dict:
     word = iv.verdict(0.98)
     where = {"PROMOTE": "is at or above 0.98", "REJECT": "is below 0.98", "INCONCLUSIVE": "straddles 0.98"}[word]
     nm, em = statistics.median(samples["native"]), statistics.median(samples["external"])
-    return {
+    result = {
         "passed": word == "PROMOTE",
         "verdict": word,
         "ratio": iv.estimate,
@@ -55,16 +58,16 @@ def perf_result(samples: dict, params: dict | None = None) -> dict:
         "unit": "steps/s (fastest)",
         "line": f"{word}: external/native fastest-step ratio {iv.estimate:.4f}, 95% interval [{iv.low:.4f}, "
         f"{iv.high:.4f}] {where} (6 pairs; medians native={nm:.2f} external={em:.2f} steps/s (fastest))",
-        "params": params or {"pairs": 6, "warmup": 1, "min_ratio": 0.98},
         "pairs": [
             {"native": n, "external": e, "ratio": e / n, "first": "native" if i % 2 == 0 else "external"}
             for i, (n, e) in enumerate(zip(samples["native"], samples["external"], strict=True))
         ],
     }
+    return Applied("gate_perf", params or {"pairs": 6, "warmup": 1, "min_ratio": 0.98}, PerfGated.from_dict(result))
 
 
 PERF = perf_result(SAMPLES)
-assert PERF["verdict"] == "PROMOTE"
+assert PERF.result.verdict == "PROMOTE"
 
 
 @pytest.fixture(autouse=True)
@@ -133,6 +136,10 @@ def loaded(recorded, screen: str, extra: Callable | None = None):
         app.refresh_screen()
         await settle(pilot)
         app.clear_notifications()
+        # the capture came about 1.0 s after the field took focus, on the edge of a cursor blink (0.5 s):
+        # stopped, the cursor is hidden, as every recorded snapshot shows it, whatever the timing
+        for field in app.screen.query(Input):
+            field._pause_blink(visible=False)  # Textual's own "blur" step; cursor_blink=False would show it
 
     return run_before
 
@@ -171,7 +178,7 @@ def test_verify_verdict_with_plot(snap_compare, recorded):
 
     async def perf(pilot) -> None:
         st = pilot.app.state
-        st.perf = dict(PERF)
+        st.perf = PERF
         st.samples = {k: list(v) for k, v in SAMPLES.items()}
 
     for size in SIZES:
@@ -185,7 +192,7 @@ def test_verify_reject(snap_compare, recorded):
     async def perf(pilot) -> None:
         st = pilot.app.state
         st.perf = perf_result(slow)
-        assert st.perf["verdict"] == "REJECT"
+        assert st.perf.result.verdict == "REJECT"
         st.samples = slow
 
     app = WorkbenchApp(workdir=str(recorded[0]))
@@ -202,7 +209,7 @@ def test_verify_inconclusive(snap_compare, recorded):
     async def perf(pilot) -> None:
         st = pilot.app.state
         st.perf = perf_result(noisy)
-        assert st.perf["verdict"] == "INCONCLUSIVE"
+        assert st.perf.result.verdict == "INCONCLUSIVE"
         st.samples = noisy
 
     for size in SIZES:
@@ -229,20 +236,14 @@ def test_verify_embeddings_correctness(snap_compare, recorded, tmp_path):
         st = pilot.app.state
         st.family_kind = "encoder"
         st.perf, st.samples = None, {"native": [], "external": []}
-        st.correctness = {
-            "kind": "gate_embeddings",
-            "passed": True,
-            "values": 64,
-            "max_abs": 0.006,
-            "cosine": 0.99998,
-            "line": "PASS: numerical gate",
-            "params": {
-                "native": str(tmp_path / "native.json"),
-                "external": str(tmp_path / "external.json"),
-                "max_abs": 0.02,
-                "min_cosine": 0.999,
-            },
+        params = {
+            "native": str(tmp_path / "native.json"),
+            "external": str(tmp_path / "external.json"),
+            "max_abs": 0.02,
+            "min_cosine": 0.999,
         }
+        result = EmbeddingsGated(passed=True, values=64, max_abs=0.006, cosine=0.99998, line="PASS: numerical gate")
+        st.correctness = Applied("gate_embeddings", params, result)
 
     app = WorkbenchApp(workdir=str(recorded[0]))
     assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(recorded, "verify", gate))
@@ -268,7 +269,7 @@ def test_tutorial_summary(snap_compare, recorded, monkeypatch):
 
     async def finish(pilot) -> None:
         app = pilot.app
-        app.state.perf = dict(PERF)
+        app.state.perf = PERF
         app.guide.index = len(app.guide.session.steps)
         app.refresh_screen()
         app.action_summary()

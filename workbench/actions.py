@@ -1,7 +1,8 @@
 """Workbench actions: every step a person takes, as a function over mcore's public API.
 
-Each action is ``ACTION(ctx: ActionContext, **params) -> dict`` (docs/workbench-actions.md).
-Params and results are plain JSON; paths in params are relative to ``ctx.workdir`` (absolute
+Each action is ``ACTION(ctx: ActionContext, **params) -> RESULT`` (docs/workbench-actions.md), its
+result a frozen dataclass of workbench/results.py that the registry declares beside it; sessions
+record ``RESULT.to_dict()``. Params are plain JSON; paths in params are relative to ``ctx.workdir`` (absolute
 paths work while exploring, but a replay refuses them: a replayed session's paths must stay
 inside its workdir, ``confine``) and paths in results are written relative to it, so a
 recorded session replays in any fresh workdir. Each action is declared once in
@@ -24,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mcore import PERF_DEFAULTS, Progress, UserError
+from mcore import PERF_DEFAULTS, EmbeddingsGate, Progress, ReferenceGate, UserError
+
+from . import results as R
 
 if TYPE_CHECKING:
     from mcore import Receipt
@@ -215,16 +218,23 @@ def _opt_path(ctx: ActionContext, p: Any, what: str) -> str | None:
     return None if p is None else str(ctx.path(p, what))
 
 
-def _receipt_results(ctx: ActionContext, receipt: Receipt, path: Path) -> dict[str, Any]:
-    return {
-        "binding_id": receipt.binding_id,
-        "abi_sha256": receipt.abi_sha256,
-        "node_ids": list(receipt.node_ids),
-        "input_tensor_ids": list(receipt.input_tensor_ids),
-        "output_tensor_ids": list(receipt.output_tensor_ids),
-        "receipt": ctx.rel(path),
-        "abi_lines": receipt.abi_lines(),
-    }
+def _rel(ctx: ActionContext, p: Any) -> str:
+    """A path written by the action, as recorded (relative to the workdir when inside it)."""
+    rel = ctx.rel(p)
+    assert rel is not None
+    return rel
+
+
+def _receipt_results(ctx: ActionContext, receipt: Receipt, path: Path) -> R.Selected:
+    return R.Selected(
+        binding_id=receipt.binding_id,
+        abi_sha256=receipt.abi_sha256,
+        node_ids=tuple(receipt.node_ids),
+        input_tensor_ids=tuple(receipt.input_tensor_ids),
+        output_tensor_ids=tuple(receipt.output_tensor_ids),
+        receipt=_rel(ctx, path),
+        abi_lines=tuple(receipt.abi_lines()),
+    )
 
 
 def _pipeline(ctx: ActionContext, kind: str | None, bundle: str, kernel_bindings: str | None, engine: str = "auto"):
@@ -252,7 +262,7 @@ def _pipeline(ctx: ActionContext, kind: str | None, bundle: str, kernel_bindings
 
 def capture_graph(
     ctx: ActionContext, build_args: dict, engine_role: str, snapshot: str, overwrite: bool = False
-) -> dict:
+) -> R.Captured:
     """`mcore graph inspect`: capture one engine role's graph and write its snapshot."""
     from mcore import capture, write_json
 
@@ -266,26 +276,26 @@ def capture_graph(
     for n in snap.nodes:
         ops[n.op] = ops.get(n.op, 0) + 1
     # `ops` is not compared; replay shows it when a fingerprint differs, to say what changed.
-    return {
-        "fingerprint": snap.fingerprint,
-        "nodes": len(snap.nodes),
-        "tensors": len(snap.tensors),
-        "recipes": len(snap.recipe_rows),
-        "snapshot": ctx.rel(out),
-        "ops": dict(sorted(ops.items())),
-    }
+    return R.Captured(
+        fingerprint=snap.fingerprint,
+        nodes=len(snap.nodes),
+        tensors=len(snap.tensors),
+        recipes=len(snap.recipe_rows),
+        snapshot=_rel(ctx, out),
+        ops=dict(sorted(ops.items())),
+    )
 
 
-def list_recipes(ctx: ActionContext, snapshot: str) -> dict:
+def list_recipes(ctx: ActionContext, snapshot: str) -> R.Recipes:
     """`mcore graph recipes`: the recipe instances the family published for this graph."""
     from mcore import load_snapshot, recipe_rows
 
     snap = load_snapshot(ctx.path(snapshot, "snapshot"))
-    rows = [{"id": r.id, "instance": r.instance, "node_ids": list(r.node_ids)} for r in recipe_rows(snap)]
-    return {"recipes": rows, "count": len(rows)}
+    rows = tuple(R.RecipeRow(r.id, r.instance, tuple(r.node_ids)) for r in recipe_rows(snap))
+    return R.Recipes(recipes=rows, count=len(rows))
 
 
-def list_nodes(ctx: ActionContext, snapshot: str, match: str | None = None, last: int | None = None) -> dict:
+def list_nodes(ctx: ActionContext, snapshot: str, match: str | None = None, last: int | None = None) -> R.Nodes:
     """`mcore graph list [--match GLOB] | tail -n LAST`: display only, never selects anything."""
     from mcore import load_snapshot, node_matches, node_row
 
@@ -295,22 +305,14 @@ def list_nodes(ctx: ActionContext, snapshot: str, match: str | None = None, last
     nodes = [n for n in snap.nodes if node_matches(n, match)]
     if last is not None:
         nodes = nodes[-_int(last, "last", 1) :]
-    return {
-        "ids": [n.id for n in nodes],
-        "count": len(nodes),
-        "nodes": [
-            {
-                "id": n.id,
-                "op": n.op,
-                "category": n.category or "",
-                "module_path": n.module_path,
-                "inputs": list(n.inputs),
-                "outputs": list(n.outputs),
-            }
-            for n in nodes
-        ],
-        "lines": [node_row(snap, n) for n in nodes],
-    }
+    return R.Nodes(
+        ids=tuple(n.id for n in nodes),
+        count=len(nodes),
+        nodes=tuple(
+            R.NodeRow(n.id, n.op, n.category or "", n.module_path, tuple(n.inputs), tuple(n.outputs)) for n in nodes
+        ),
+        lines=tuple(node_row(snap, n) for n in nodes),
+    )
 
 
 def select_recipe(
@@ -322,7 +324,7 @@ def select_recipe(
     binding_id: str | None = None,
     workspace_bytes: int | None = None,
     overwrite: bool = False,
-) -> dict:
+) -> R.Selected:
     """Resolve one recipe instance through select_region() and write its receipt (`workspace_bytes`
     replaces the recipe's, as `mcore graph select --recipe ... --workspace-bytes N`)."""
     from mcore import load_snapshot, write_json
@@ -345,7 +347,7 @@ def select_nodes(
     extra_args: list | None = None,
     output_shape_input: int | None = None,
     overwrite: bool = False,
-) -> dict:
+) -> R.Selected:
     """`mcore graph select --nodes ...`: validate a hand-picked region and write its receipt."""
     from mcore import load_snapshot, select_region, write_json
 
@@ -358,7 +360,9 @@ def select_nodes(
     return _receipt_results(ctx, rec, out)
 
 
-def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto", overwrite: bool = False) -> dict:
+def build_kernel(
+    ctx: ActionContext, name: str, output: str, cuda: str = "auto", overwrite: bool = False
+) -> R.KernelBuilt:
     """`mcore kernel build`: compile a shipped kernel into a TVM-FFI DSO."""
     from mcore import build_kernel as _build
     from mcore import library_sha256
@@ -368,16 +372,16 @@ def build_kernel(ctx: ActionContext, name: str, output: str, cuda: str = "auto",
     variant = getattr(k, "variant", None)
     describe = k.describe() if hasattr(k, "describe") else str(variant)
     ctx.say(f"built {name}: {describe}")
-    return {
-        "library": ctx.rel(k),
-        "variant": variant,
-        "function": getattr(k, "function", "run"),
-        "description": describe,
-        "library_sha256": library_sha256(k),
-    }
+    return R.KernelBuilt(
+        library=_rel(ctx, k),
+        variant=variant,
+        function=getattr(k, "function", "run"),
+        description=describe,
+        library_sha256=library_sha256(k),
+    )
 
 
-def kernel_stub(ctx: ActionContext, receipt: str, snapshot: str, output: str, overwrite: bool = False) -> dict:
+def kernel_stub(ctx: ActionContext, receipt: str, snapshot: str, output: str, overwrite: bool = False) -> R.StubWritten:
     """`mcore kernel stub`: write a CuTe DSL exporter for the receipt's ABI. For a single known op
     (copy, cast, add, sub, mul) the kernel body is generated; otherwise it is a scaffold to fill in."""
     from mcore import write_exporter
@@ -391,14 +395,14 @@ def kernel_stub(ctx: ActionContext, receipt: str, snapshot: str, output: str, ov
         f"exporter written: {ctx.rel(r.path)} (kernel body {body}"
         + (f": {r.known.summary})" if r.known is not None else f"; {r.reason})")
     )
-    return {
-        "path": ctx.rel(r.path),
-        "binding_id": r.binding_id,
-        "abi_sha256": r.abi_sha256,
-        "body": body,
-        "op": r.known.summary if r.known is not None else None,
-        "reason": ctx.strip(r.reason),
-    }
+    return R.StubWritten(
+        path=_rel(ctx, r.path),
+        binding_id=r.binding_id,
+        abi_sha256=r.abi_sha256,
+        body=body,
+        op=r.known.summary if r.known is not None else None,
+        reason=ctx.strip(r.reason),
+    )
 
 
 def export_kernel(
@@ -408,7 +412,7 @@ def export_kernel(
     output: str,
     snapshot: str | None = None,
     overwrite: bool = False,
-) -> dict:
+) -> R.Exported:
     """`mcore kernel export`: run an exporter (a shipped one by name, or a script such as kernel_stub
     writes) for the receipt; it compiles the kernel and writes one TVM-FFI DSO. A script in a
     replayed session is someone else's code: it runs only from the trusted folder."""
@@ -432,18 +436,18 @@ def export_kernel(
         overwrite=_bool(overwrite, "overwrite"),
     )
     ctx.say(f"exported {ctx.rel(r.library)} ({r.arch or 'arch not printed'})")
-    return {
-        "library": ctx.rel(r.library),
-        "binding_id": r.binding_id,
-        "abi_sha256": r.abi_sha256,
-        "arch": r.arch,
-        "library_sha256": r.library_sha256,
-    }
+    return R.Exported(
+        library=_rel(ctx, r.library),
+        binding_id=r.binding_id,
+        abi_sha256=r.abi_sha256,
+        arch=r.arch,
+        library_sha256=r.library_sha256,
+    )
 
 
 def write_bindings(
     ctx: ActionContext, receipt: str, library: str, manifest: str, function: str = "run", overwrite: bool = False
-) -> dict:
+) -> R.BindingsWritten:
     """Write a kernel bindings manifest binding the receipt's slot to a DSO next to it."""
     from mcore import BINDINGS_SCHEMA_VERSION, BindingsManifest, library_sha256, load_receipt, write_json
 
@@ -473,13 +477,13 @@ def write_bindings(
     data = {"schema_version": BINDINGS_SCHEMA_VERSION, "bindings": [entry]}
     # the same strict check a pipeline applies (loads no DSO), before anything is written
     write_json(mpath, BindingsManifest.from_dict(data, mpath).to_dict())
-    return {
-        "manifest": ctx.rel(mpath),
-        "binding_id": rec.binding_id,
-        "abi_sha256": rec.abi_sha256,
-        "library": rel_lib,
-        "library_sha256": lib_sha,
-    }
+    return R.BindingsWritten(
+        manifest=_rel(ctx, mpath),
+        binding_id=rec.binding_id,
+        abi_sha256=rec.abi_sha256,
+        library=rel_lib,
+        library_sha256=lib_sha,
+    )
 
 
 def build_bundle(
@@ -491,7 +495,7 @@ def build_bundle(
     device: str | None = None,
     workspace_bytes: int | None = None,
     overwrite: bool = False,
-) -> dict:
+) -> R.BundleBuilt:
     """`mcore build`: native (no recipe/patch) or slot-ready (recipe or graph_patch) bundle;
     `workspace_bytes` with a recipe as `--workspace-bytes N`."""
     from mcore import build_bundle as _build
@@ -517,13 +521,13 @@ def build_bundle(
     m = res.manifest
     receipt_path = res.receipt_path or (ctx.path(graph_patch) if graph_patch else None)
     ctx.say(f"bundle written: {ctx.rel(res.bundle_path)} ({len(m.kernel_slots)} kernel slot(s))")
-    return {
-        "bundle": ctx.rel(res.bundle_path),
-        "fingerprints": {role: r.fingerprint for role, r in m.roles.items()},
-        "kernel_slots": [{"binding_id": s.binding_id, "abi_sha256": s.abi_sha256} for s in m.kernel_slots],
-        "receipt": ctx.rel(receipt_path),
-        "abi_lines": res.receipt.abi_lines() if res.receipt else [],
-    }
+    return R.BundleBuilt(
+        bundle=_rel(ctx, res.bundle_path),
+        fingerprints={role: r.fingerprint for role, r in m.roles.items()},
+        kernel_slots=tuple(R.KernelSlotRow(s.binding_id, s.abi_sha256) for s in m.kernel_slots),
+        receipt=ctx.rel(receipt_path),
+        abi_lines=tuple(res.receipt.abi_lines()) if res.receipt else (),
+    )
 
 
 def generate(
@@ -535,7 +539,7 @@ def generate(
     kernel_bindings: str | None = None,
     chat: bool = False,
     overwrite: bool = False,
-) -> dict:
+) -> R.Generated:
     """`mcore run --greedy [--chat] [--output FILE]`: greedy generation; writes JSONL {prompt, tokens, text}."""
     from mcore import atomic_write
 
@@ -550,7 +554,7 @@ def generate(
     if out is not None:
         line = json.dumps({"prompt": r.prompt, "tokens": r.tokens, "text": r.text}) + "\n"
         atomic_write(out, lambda f: f.write(line))
-    return {"tokens": list(r.tokens), "text": r.text, "output": ctx.rel(out), "seconds": round(seconds, 4)}
+    return R.Generated(tokens=tuple(r.tokens), text=r.text, output=ctx.rel(out), seconds=round(seconds, 4))
 
 
 def embed(
@@ -561,7 +565,7 @@ def embed(
     kernel_bindings: str | None = None,
     pooling: str | None = None,
     overwrite: bool = False,
-) -> dict:
+) -> R.Embedded:
     """`mcore embed [--pooling P]`: the embedding (pooled as the checkpoint declares unless `pooling`
     says otherwise); writes {"embedding": [...]} like the CLI's stdout."""
     from mcore import atomic_write
@@ -574,7 +578,34 @@ def embed(
     if out is not None:
         text = json.dumps({"embedding": values}) + "\n"
         atomic_write(out, lambda f: f.write(text))
-    return {"values": len(values), "output": ctx.rel(out), "pooling": mode, "normalize": normalize, "pooling_from": why}
+    return R.Embedded(values=len(values), output=ctx.rel(out), pooling=mode, normalize=normalize, pooling_from=why)
+
+
+def _hooks(ctx: ActionContext) -> Any:
+    """Where a gate reports in the workbench: the action's progress, the log, the live samples."""
+    from mcore import GateHooks
+
+    return GateHooks(
+        progress=ctx.progress,
+        announce=ctx.announce,
+        on_line=lambda line: ctx.say(ctx.strip(line)),
+        on_sample=ctx.on_sample,
+    )
+
+
+def _say_gate(ctx: ActionContext, r: Any) -> None:
+    for line in r.info + [r.line]:
+        ctx.say(ctx.strip(line))
+
+
+def _gated(ctx: ActionContext, r: Any) -> dict[str, Any]:
+    """The fields every gate's result starts with (results.Gated)."""
+    return {
+        "passed": bool(r.passed),
+        "verdict": r.verdict,
+        "line": ctx.strip(r.line),
+        "info": tuple(ctx.strip(x) for x in r.info),
+    }
 
 
 def verify_reference(
@@ -585,12 +616,16 @@ def verify_reference(
     max_new_tokens: int = 8,
     chat: bool = False,
     kernel_bindings: str | None = None,
-) -> dict:
-    """`mcore verify reference`: the engine against transformers on the same checkpoint, per step."""
-    from mcore import reference_check
+    min_cosine: float = ReferenceGate.min_cosine,
+    max_abs: float | None = None,
+    max_rel: float = ReferenceGate.max_rel,
+) -> R.ReferenceChecked:
+    """`mcore verify reference`: the engine against transformers on the same checkpoint, per step
+    (the CLI's gate and options: mcore.ReferenceGate)."""
+    from mcore import ReferenceGate
 
     ctx.check_native(kernel_bindings)
-    r = reference_check(
+    gate = ReferenceGate(
         str(ctx.path(bundle, "bundle")),
         _str(checkpoint, "checkpoint"),
         _str(prompt, "prompt"),
@@ -598,19 +633,20 @@ def verify_reference(
         chat=_bool(chat, "chat"),
         kernel_bindings=_opt_path(ctx, kernel_bindings, "kernel_bindings"),
         device=ctx.device,
-        progress=ctx.progress,
-        announce=ctx.announce,
+        min_cosine=_num(min_cosine, "min_cosine"),
+        max_abs=None if max_abs is None else _num(max_abs, "max_abs"),
+        max_rel=_num(max_rel, "max_rel"),
     )
-    for line in r.info + [r.line]:
-        ctx.say(ctx.strip(line))
+    r = gate.run(_hooks(ctx))
+    _say_gate(ctx, r)
     d = r.details
-    return {
-        **_gate_results(ctx, r),
-        "first_diverging_step": d.get("first_diverging_step"),
-        "max_abs": d.get("max_abs"),
-        "max_rel": d.get("max_rel"),
-        "min_cosine": d.get("min_cosine"),
-    }
+    return R.ReferenceChecked(
+        **_gated(ctx, r),
+        first_diverging_step=d.get("first_diverging_step"),
+        max_abs=d.get("max_abs"),
+        max_rel=d.get("max_rel"),
+        min_cosine=d.get("min_cosine"),
+    )
 
 
 def gate_logits(
@@ -622,12 +658,14 @@ def gate_logits(
     kernel_bindings: str | None = None,
     chat: bool = False,
     max_abs: float = 0.0,
-) -> dict:
-    """`mcore verify logits`: both bundles stepped on the native greedy tokens, logits compared per step."""
-    from mcore import lockstep_logits
+    engine: str = "auto",
+) -> R.LogitsGated:
+    """`mcore verify logits`: both bundles stepped on the native greedy tokens, logits compared per
+    step (the CLI's gate and options: mcore.LogitsGate)."""
+    from mcore import LogitsGate
 
     ctx.check_native(kernel_bindings)
-    r = lockstep_logits(
+    gate = LogitsGate(
         str(ctx.path(native_bundle, "native_bundle")),
         str(ctx.path(external_bundle, "external_bundle")),
         _opt_path(ctx, kernel_bindings, "kernel_bindings"),
@@ -636,54 +674,49 @@ def gate_logits(
         max_abs=_num(max_abs, "max_abs"),
         chat=_bool(chat, "chat"),
         device=ctx.device,
-        progress=ctx.progress,
-        announce=ctx.announce,
+        engine=_str(engine, "engine"),
     )
-    for line in r.info + [r.line]:
-        ctx.say(ctx.strip(line))
+    r = gate.run(_hooks(ctx))
+    _say_gate(ctx, r)
     d = r.details
-    return {
-        **_gate_results(ctx, r),
-        "steps": [s["max_abs"] for s in d["steps"]],
-        "max_abs": d["max_abs"],
-        "first_divergence": d["first_divergence"],
-    }
+    return R.LogitsGated(
+        **_gated(ctx, r),
+        steps=tuple(s["max_abs"] for s in d["steps"]),
+        max_abs=d["max_abs"],
+        first_divergence=d["first_divergence"],
+    )
 
 
-def _gate_results(ctx: ActionContext, r: Any) -> dict:
-    return {
-        "passed": bool(r.passed),
-        "verdict": r.verdict,
-        "line": ctx.strip(r.line),
-        "info": [ctx.strip(x) for x in r.info],
-    }
-
-
-def gate_tokens(ctx: ActionContext, native: str, external: str) -> dict:
+def gate_tokens(ctx: ActionContext, native: str, external: str) -> R.TokensGated:
     """Exact token equality of two `run --output` JSONL files (the tutorial's diff)."""
-    from mcore import compare_tokens
+    from mcore import TokensGate
 
-    r = compare_tokens(ctx.path(native, "native"), ctx.path(external, "external"))
+    r = TokensGate(ctx.path(native, "native"), ctx.path(external, "external")).run()
     ctx.say(r.line)
-    return _gate_results(ctx, r)
+    return R.TokensGated(**_gated(ctx, r))
 
 
 def gate_embeddings(
-    ctx: ActionContext, native: str, external: str, max_abs: float = 0.02, min_cosine: float = 0.999
-) -> dict:
+    ctx: ActionContext,
+    native: str,
+    external: str,
+    max_abs: float = EmbeddingsGate.max_abs,
+    min_cosine: float = EmbeddingsGate.min_cosine,
+) -> R.EmbeddingsGated:
     """max |a-b| and cosine similarity of two embeddings against the tutorial's thresholds."""
-    from mcore import compare_embeddings
+    from mcore import EmbeddingsGate
 
-    r = compare_embeddings(
+    gate = EmbeddingsGate(
         ctx.path(native, "native"),
         ctx.path(external, "external"),
         max_abs=_num(max_abs, "max_abs"),
         min_cosine=_num(min_cosine, "min_cosine"),
     )
+    r = gate.run()
     for line in r.info + [r.line]:
         ctx.say(line)
     d = r.details
-    return {**_gate_results(ctx, r), "values": d.get("values"), "max_abs": d.get("max_abs"), "cosine": d.get("cosine")}
+    return R.EmbeddingsGated(**_gated(ctx, r), values=d.get("values"), max_abs=d.get("max_abs"), cosine=d.get("cosine"))
 
 
 # an encoder arm's default benchmark calls: calls are few and short, and a fastest-call metric needs
@@ -707,66 +740,64 @@ def gate_perf(
     max_pairs: int | None = None,
     budget_s: float | None = None,
     confidence: float = PERF_DEFAULTS.confidence,
-) -> dict:
+    engine: str | None = None,
+) -> R.PerfGated:
     """`mcore verify perf` on two bundles: `warmup` runs of each arm, then alternating fresh-process
-    native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs`; bench_runs
-    defaults to 5 generations for a decoder, 200 calls for an encoder), a fixed
+    native/external pairs (`mcore run|embed --warmup bench_warmup --benchmark bench_runs [--engine E]`;
+    bench_runs defaults to 5 generations for a decoder, 200 calls for an encoder), a fixed
     count or `pairs="auto"` (bounded by max_pairs / budget_s), decided by the t-interval of the pairs'
-    log-ratios: PROMOTE, REJECT or INCONCLUSIVE. The gate, its options and defaults are the CLI's.
-    Replay compares the verdict with the recording; the numbers are shown only."""
-    from mcore import benchmark_command, bundle_kind, open_bundle, perf_gate
+    log-ratios: PROMOTE, REJECT or INCONCLUSIVE. The gate, its options and defaults are the CLI's
+    (mcore.PerfGate). Replay compares the verdict with the recording; the numbers are shown only."""
+    from mcore import BenchArms, PerfGate, PerfOptions, bundle_kind, open_bundle
 
     nb, eb = ctx.path(native_bundle, "native_bundle"), ctx.path(external_bundle, "external_bundle")
     ctx.check_native(kernel_bindings)
     kind = bundle_kind(open_bundle(nb).runnable())
     if kind == "decoder":
         _int(max_new_tokens, "max_new_tokens", 1)
-    _str(prompt, "prompt")
     runs = bench_runs if bench_runs is not None else (5 if kind == "decoder" else ENCODER_BENCH_RUNS)
-    bw, br = _int(bench_warmup, "bench_warmup", 0), _int(runs, "bench_runs", 1)
-    arm = (prompt, max_new_tokens, bw, br, ctx.device)  # the device the other steps use
-    native_cmd = benchmark_command(kind, nb, None, *arm)
-    external_cmd = benchmark_command(kind, eb, _opt_path(ctx, kernel_bindings, "kernel_bindings"), *arm)
-    r = perf_gate(
-        native_cmd,
-        external_cmd,
-        pairs=pairs,
-        min_ratio=min_ratio,
-        warmup=warmup,
-        on_sample=ctx.on_sample,
-        progress=ctx.progress,
-        on_line=lambda line: ctx.say(ctx.strip(line)),
-        metric=metric,
-        max_pairs=max_pairs,
-        budget_s=budget_s,
-        confidence=confidence,
+    arms = BenchArms(
+        kind,
+        _str(prompt, "prompt"),
+        max_new_tokens,
+        _int(bench_warmup, "bench_warmup", 0),
+        _int(runs, "bench_runs", 1),
+        ctx.device,  # the device the other steps use
+        None if engine is None else _str(engine, "engine"),
     )
+    options = PerfOptions(pairs, min_ratio, confidence, max_pairs, budget_s, warmup, metric)
+    gate = PerfGate.for_bundles(arms, nb, eb, _opt_path(ctx, kernel_bindings, "kernel_bindings"), options)
+    r = gate.run(_hooks(ctx))
     ctx.say(r.line)
     return _perf_results(ctx, r)
 
 
-def _perf_results(ctx: ActionContext, r: Any) -> dict:
+def _perf_results(ctx: ActionContext, r: Any) -> R.PerfGated:
     """What a perf gate step records: the verdict, every pair, the interval and the rule."""
     d = r.details
-    # strict=False: a pair that failed part-way has its order (and maybe one arm's sample) but no ratio;
-    # only the complete pairs are listed, as the gate counts them
-    columns = (d.get("native", []), d.get("external", []), d.get("ratios", []), d.get("order", []))
-    pairs = [{"native": n, "external": e, "ratio": q, "first": o[0]} for n, e, q, o in zip(*columns, strict=False)]
-    return {
-        **_gate_results(ctx, r),
-        "ratio": d.get("ratio"),
-        "median_ratio": d.get("median_ratio"),
-        "interval": d.get("interval"),
-        "rule": d.get("rule"),
-        "metric": d.get("metric"),
-        "min_ratio": d.get("min_ratio"),
-        "stop": d.get("stop"),
-        "pairs": pairs,
-        "native": d.get("native_median"),
-        "external": d.get("external_median"),
-        "unit": d.get("unit"),
-        "samples": {"native": list(d.get("native", [])), "external": list(d.get("external", []))},
-    }
+    pairs = tuple(
+        R.PerfPair(native=n, external=e, ratio=q, first=o[0])
+        # a run that failed mid-pair leaves one arm a value longer: the pairs are the complete ones
+        for n, e, q, o in zip(
+            d.get("native", []), d.get("external", []), d.get("ratios", []), d.get("order", []), strict=False
+        )
+    )
+    iv = d.get("interval")
+    return R.PerfGated(
+        **_gated(ctx, r),
+        ratio=d.get("ratio"),
+        median_ratio=d.get("median_ratio"),
+        interval=R.Interval.from_dict(iv) if isinstance(iv, dict) else None,
+        rule=d.get("rule"),
+        metric=d.get("metric"),
+        min_ratio=d.get("min_ratio"),
+        stop=d.get("stop"),
+        pairs=pairs,
+        native=d.get("native_median"),
+        external=d.get("external_median"),
+        unit=d.get("unit"),
+        samples={"native": tuple(d.get("native", [])), "external": tuple(d.get("external", []))},
+    )
 
 
 def profile(
@@ -781,7 +812,7 @@ def profile(
     fusion: bool = False,
     engine: str = "auto",
     overwrite: bool = False,
-) -> dict:
+) -> R.Profiled:
     """`mcore profile -o OUTPUT [--engine E] [--fusion]`: the time of the engine the pipeline runs
     (`auto`: compiled on CUDA, op by op on the CPU) per node, module, recipe instance and slot, the
     time between kernels of a compiled step, and the ranked candidate regions (with the fused kernels
@@ -811,16 +842,16 @@ def profile(
         f"{len(report['candidates'])} candidate regions)"
     )
     ident = [_candidate_ident(c) for c in report["candidates"]]
-    return {
-        "role": report["role"],
-        "context": report["context"],
-        "engine": report["engine"]["name"],
-        "profile": ctx.rel(out),
+    return R.Profiled(
+        role=report["role"],
+        context=report["context"],
+        engine=report["engine"]["name"],
+        profile=_rel(ctx, out),
         # which candidates exist is a fact of the graph; their order follows measured headroom
-        "candidates": sorted(ident, key=lambda c: json.dumps(c, sort_keys=True)),
-        "ranked": ident,
-        "step_seconds": report["step_seconds"],
-    }
+        candidates=tuple(sorted(ident, key=lambda c: json.dumps(c, sort_keys=True))),
+        ranked=tuple(ident),
+        step_seconds=report["step_seconds"],
+    )
 
 
 def _candidate_ident(c: dict) -> dict:

@@ -16,6 +16,7 @@ import os
 import tempfile
 import traceback
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,18 +32,43 @@ from textual.widgets import Input, TextArea
 from mcore import Cancelled, CancelToken, Progress, UserError
 
 if TYPE_CHECKING:
+    from .actions import ActionContext
     from .session import Session
 
 from .commands import WorkbenchCommands
 from .keys import APP_BINDINGS
-from .messages import PaletteCommand, SaveSession
+from .messages import (
+    ActionDone,
+    ActionLog,
+    ActionMessage,
+    ActionProgress,
+    ActionSample,
+    ActionStarted,
+    PaletteCommand,
+    SaveSession,
+)
 from .registry import REGISTRY
+from .results import Record
 from .screens.base import SCREEN_ORDER, SIDE_SCREENS, WorkbenchScreen
 from .screens.guide import GuideState
 from .state import DEFAULT_BUILD_ARGS as DEFAULT_BUILD_ARGS  # tests and callers read it here
 from .state import ActionOutcome, WorkbenchState
 
 DEFAULT_TUTORIAL = "qwen-recipe"
+
+
+@dataclass(frozen=True)
+class ActionRequest:
+    """One request to run an action (WorkbenchApp.perform), kept whole while the app asks about
+    overwriting or trust and while it runs."""
+
+    action: str
+    params: dict[str, Any]
+    guide: dict[str, str] | None = None  # recorded with the step (guided sessions)
+    on_done: Callable[[Record], None] | None = None  # the typed result of a success
+    on_finish: Callable[[ActionOutcome], None] | None = None  # however it ended
+    label: str | None = None  # what the status line calls it
+    expect_error: str | None = None  # the error a guided session recorded for this step
 
 
 def tutorial_path(name: str) -> Path:
@@ -602,101 +628,102 @@ class WorkbenchApp(App):
         params: dict[str, Any],
         *,
         guide: dict[str, str] | None = None,
-        on_done: Callable[[dict[str, Any]], None] | None = None,
+        on_done: Callable[[Record], None] | None = None,
         on_finish: Callable[[ActionOutcome], None] | None = None,
         label: str | None = None,
         trusted: bool = False,
         expect_error: str | None = None,
     ) -> bool:
-        """Run one action in a thread worker; record it, apply its results, then call back (UI thread)."""
+        """Run one action in a thread worker; record it, apply its result, then call back (UI thread).
+        `on_done(result)` gets the typed result of a success, `on_finish(outcome)` how it ended.
+        Phases: refuse while busy, ask before replacing an output, ask before loading native code,
+        then start the worker. True when it started."""
+        req = ActionRequest(action, dict(params), guide, on_done, on_finish, label, expect_error)
+        return self._submit(req, trusted)
+
+    def _submit(self, req: ActionRequest, trusted: bool = False) -> bool:
         if self.busy:
             self.say(f"{self.busy_label} is still running; wait or press x to cancel", "yellow")
             return False
-        again = dict(guide=guide, on_done=on_done, on_finish=on_finish, label=label, expect_error=expect_error)
-        if self._ask_overwrite(action, params, again, on_finish):
+        if self._ask_overwrite(req) or (not trusted and self._ask_trust(req)):
             return False
-        # an action that loads the native code its bindings manifest names asks before it runs
-        native = REGISTRY[action].trust_needed(params) if action in REGISTRY else None
-        if native and params.get(native) and not trusted:
-            lib = (
-                self._library_of(params[native])
-                if native == REGISTRY[action].native_param
-                else self.state.show_path(params[native])
-            )
-            if lib not in self.state.trusted:
-                from .screens.dialogs import TrustModal
-
-                def answered(ok: bool | None) -> None:
-                    if ok:
-                        self.state.trusted.add(lib)
-                        self.perform(
-                            action,
-                            params,
-                            guide=guide,
-                            on_done=on_done,
-                            on_finish=on_finish,
-                            label=label,
-                            trusted=True,
-                            expect_error=expect_error,
-                        )
-                    else:
-                        outcome = ActionOutcome(
-                            action, params, error="not run: loading the kernel was declined", kind="cancelled"
-                        )
-                        self.say("not run: you declined to load the kernel", "yellow")
-                        if on_finish:
-                            on_finish(outcome)
-
-                self.push_screen(TrustModal(lib, self.state.show_path(params[native])), answered)
-                return False
-        self.busy = action
-        self.busy_params = dict(params)
-        self.busy_label = label or action.replace("_", " ")
-        if action == "gate_perf":
-            self.state.samples = {"native": [], "external": []}
-        if action == "profile":
-            self.state.profile_partial = None
-        self.progress_step = "starting"
-        self.progress_fraction = 0.0
-        self.last_error = None
-        self.message = ("", "")
-        token = CancelToken()
-        self._token = token
-        self.refresh_status()
-        self.refresh_screen()
-        self._hook(lambda s: s.on_action_started(action))
-        self._expect_error = expect_error
-        self.run_worker(
-            lambda: self._action_thread(action, params, token, guide, on_done, on_finish),
-            thread=True,
-            group="action",
-            name=action,
-            exit_on_error=False,
-        )
+        self._start(req)
         return True
 
-    def _ask_overwrite(self, action: str, params: dict[str, Any], again: dict[str, Any], on_finish) -> bool:
+    def _not_run(self, req: ActionRequest, error: str, notice: str) -> None:
+        """The user answered no to a question before the action: nothing ran."""
+        self.say(notice, "yellow")
+        if req.on_finish:
+            req.on_finish(ActionOutcome(req.action, req.params, error=error, kind="cancelled"))
+
+    def _ask_overwrite(self, req: ActionRequest) -> bool:
         """The overwrite rule (workbench/outputs.py): a step that would replace an existing file asks
         first; yes runs it with `overwrite: true`, esc does not run it. True when it asked."""
         from .outputs import taken_outputs
 
-        taken = taken_outputs(action, params, self.state)
+        taken = taken_outputs(req.action, req.params, self.state)
         if not taken:
             return False
         from .screens.dialogs import ConfirmOverwrite
 
         def answered(ok: bool | None) -> None:
             if ok:
-                self.perform(action, dict(params, overwrite=True), trusted=False, **again)
-                return
-            self.say(f"not run: {', '.join(taken)} kept as it is", "yellow")
-            if on_finish:
-                on_finish(
-                    ActionOutcome(action, params, error="not run: the existing output was kept", kind="cancelled")
+                self._submit(replace(req, params=dict(req.params, overwrite=True)))
+            else:
+                self._not_run(
+                    req, "not run: the existing output was kept", f"not run: {', '.join(taken)} kept as it is"
                 )
 
-        self.push_screen(ConfirmOverwrite(taken, (again.get("label") or action).replace("_", " ")), answered)
+        self.push_screen(ConfirmOverwrite(taken, (req.label or req.action).replace("_", " ")), answered)
         return True
+
+    def _ask_trust(self, req: ActionRequest) -> bool:
+        """An action that loads the native code its bindings manifest names (or runs a script) asks
+        before it runs, once per library. True when it asked."""
+        spec = REGISTRY.get(req.action)
+        native = spec.trust_needed(req.params) if spec is not None else None
+        if spec is None or not native or not req.params.get(native):
+            return False
+        value = req.params[native]
+        lib = self._library_of(value) if native == spec.native_param else self.state.show_path(value)
+        if lib in self.state.trusted:
+            return False
+        from .screens.dialogs import TrustModal
+
+        def answered(ok: bool | None) -> None:
+            if ok:
+                self.state.trusted.add(lib)
+                self._submit(req, trusted=True)
+            else:
+                self._not_run(
+                    req, "not run: loading the kernel was declined", "not run: you declined to load the kernel"
+                )
+
+        self.push_screen(TrustModal(lib, self.state.show_path(value)), answered)
+        return True
+
+    def _start(self, req: ActionRequest) -> None:
+        """The busy state, the status line and the worker."""
+        action = req.action
+        self.busy = action
+        self.busy_params = dict(req.params)
+        self.busy_label = req.label or action.replace("_", " ")
+        if action == "gate_perf":
+            self.state.samples = {"native": [], "external": []}
+        if action == "profile":
+            self.state.profile_partial = None
+        self.progress_step, self.progress_fraction = "starting", 0.0
+        self.last_error = None
+        self.message = ("", "")
+        token = CancelToken()
+        self._token = token
+        self.refresh_status()
+        self.refresh_screen()
+        self._post(ActionStarted(action, dict(req.params)))
+        self._expect_error = req.expect_error
+        self.run_worker(
+            lambda: self._action_thread(req, token), thread=True, group="action", name=action, exit_on_error=False
+        )
 
     def _library_of(self, manifest: str) -> str:
         """The library a manifest names (as shown), for the trust prompt; the manifest itself if unreadable."""
@@ -716,45 +743,30 @@ class WorkbenchApp(App):
         except Exception:  # noqa: BLE001 - the app is closing
             pass
 
-    def _action_thread(
-        self,
-        action: str,
-        params: dict[str, Any],
-        token: CancelToken,
-        guide: dict[str, str] | None,
-        on_done,
-        on_finish,
-    ) -> None:
+    def _action_context(self, action: str, token: CancelToken) -> ActionContext:
+        """What the action runs with: its progress, samples, partial profiles and log go to the UI thread."""
         from .actions import ActionContext
-        from .dispatch import run_action
 
-        def progress(step: str, fraction: float) -> None:
-            self._call_ui(self._on_progress, step, fraction)
+        return ActionContext(
+            workdir=self.state.workdir,
+            progress=Progress(lambda step, f: self._call_ui(self._on_progress, step, f), token),
+            on_sample=lambda arm, i, v: self._call_ui(self._on_sample, arm, i, v),
+            on_partial=lambda data: self._call_ui(self._on_partial, action, data),
+            log=lambda line: self._call_ui(self._on_log, line),
+            device=self.state.device,
+        )
 
-        def on_sample(arm: str, index: int, value: float) -> None:
-            self._call_ui(self._on_sample, arm, index, value)
+    def _action_thread(self, req: ActionRequest, token: CancelToken) -> None:
+        from .dispatch import perform_action
 
-        def log(line: str) -> None:
-            self._call_ui(self._on_log, line)
-
-        def on_partial(data: dict) -> None:
-            self._call_ui(self._on_partial, action, data)
-
+        action, params = req.action, req.params
         outcome = ActionOutcome(action, params)
         try:
-            ctx = ActionContext(
-                workdir=self.state.workdir,
-                progress=Progress(progress, token),
-                on_sample=on_sample,
-                on_partial=on_partial,
-                log=log,
-                device=self.state.device,
-            )
-            results, error = run_action(ctx, action, params)
+            result, error = perform_action(self._action_context(action, token), action, params)
             if error is not None:
                 outcome.kind, outcome.error = "user", error
             else:
-                outcome.results = results
+                outcome.result = result
         except Cancelled:
             outcome.kind, outcome.error = "cancelled", "cancelled"
         except UserError as e:
@@ -766,7 +778,7 @@ class WorkbenchApp(App):
                 f"unexpected error in {action}: {type(e).__name__}: {e}".replace("\n", " ")[:300]
                 + f" (details in {where}; please report it)"
             )
-        self._call_ui(self._action_done, outcome, guide, on_done, on_finish)
+        self._call_ui(self._action_done, outcome, req)
 
     def _write_crash_log(self, action: str, params: dict[str, Any]) -> str:
         path = self.state.workdir / "workbench-errors.log"
@@ -780,8 +792,7 @@ class WorkbenchApp(App):
     def _on_progress(self, step: str, fraction: float) -> None:
         self.progress_step, self.progress_fraction = step, fraction
         self.refresh_status()
-        busy = self.busy or ""
-        self._hook(lambda s: s.on_action_progress(busy, step, fraction))
+        self._post(ActionProgress(self.busy or "", step, fraction))
 
     def _on_sample(self, arm: str, index: int, value: float) -> None:
         ys = self.state.samples.setdefault(arm, [])
@@ -791,7 +802,7 @@ class WorkbenchApp(App):
             ys[index] = float(value)
         else:
             ys.append(float(value))
-        self._hook(lambda s: s.on_action_sample(arm, index, value))
+        self._post(ActionSample(arm, index, value))
 
     def _on_partial(self, action: str, data: dict) -> None:
         if self.busy == action == "profile":
@@ -801,67 +812,76 @@ class WorkbenchApp(App):
     def _on_log(self, line: str) -> None:
         self.state.log.append(line)
         del self.state.log[:-500]
-        self._hook(lambda s: s.on_action_log(line))
+        self._post(ActionLog(line))
 
-    def _action_done(self, outcome: ActionOutcome, guide, on_done, on_finish) -> None:
+    def _action_done(self, outcome: ActionOutcome, req: ActionRequest) -> None:
+        """The worker finished: end the busy state, record and apply (or report) the outcome, call
+        the requester back, then tell the screen (ActionDone)."""
         self.busy_label_done = self.busy_label
-        self.busy = None
-        self.busy_params = None
-        self._token = None
-        expected = self._expect_error
-        self._expect_error = None
+        self.busy = self.busy_params = self._token = None
+        expected, self._expect_error = self._expect_error, None
         self.progress_fraction = None
+        what = outcome.action.replace("_", " ")
         if outcome.kind == "ok":
-            self.progress_step = f"{outcome.action.replace('_', ' ')}: done"
-            self.message = (f"✓ {self.busy_label_done}: done", "green")
-            try:
-                self.ensure_session().record(outcome.action, outcome.params, outcome.results, guide=guide)
-            except UserError as e:  # results not JSON: still shown, reported
-                self.say(f"step not recorded: {e}", "yellow")
-            try:
-                self.apply_results(outcome.action, outcome.params, outcome.results or {})
-            except UserError as e:
-                outcome.kind, outcome.error = "user", str(e)
-                self.report_error(str(e))
-            except Exception as e:  # noqa: BLE001
-                outcome.kind, outcome.error = (
-                    "bug",
-                    f"could not show the results of {outcome.action}: {type(e).__name__}: {e}",
-                )
-                self.report_error(outcome.error)
+            self._finished_ok(outcome, req)
         elif outcome.kind == "cancelled":
-            self.progress_step = f"{outcome.action.replace('_', ' ')}: cancelled"
-            self.say(f"{outcome.action.replace('_', ' ')} cancelled; nothing was written", "yellow")
+            self.progress_step = f"{what}: cancelled"
+            self.say(f"{what} cancelled; nothing was written", "yellow")
         else:
-            self.progress_step = f"{outcome.action.replace('_', ' ')}: failed"
-            self.message = (f"✗ {self.busy_label_done}: failed", "red")
-            if outcome.kind == "user":
-                try:
-                    self.ensure_session().record(outcome.action, outcome.params, error=outcome.error, guide=guide)
-                except UserError:
-                    pass
-            if outcome.kind == "user" and expected is not None and outcome.error == expected:
-                self.progress_step = f"{outcome.action.replace('_', ' ')}: refused, as the session recorded"
-                self.message = (f"✓ {self.busy_label_done}: refused, as the session recorded", "green")
-                self.last_error, self.last_error_expected = outcome.error, True
-                error = outcome.error
-                self._hook(lambda s: s.show_error(error, True))
-            else:
-                self.report_error(outcome.error or "failed")
+            self._finished_failed(outcome, req, expected)
         self.refresh_status()
-        if outcome.kind == "ok" and on_done is not None:
-            try:
-                on_done(outcome.results or {})
-            except Exception as e:  # noqa: BLE001
-                self.report_error(f"could not show the results: {type(e).__name__}: {e}")
-        if on_finish is not None:
-            try:
-                on_finish(outcome)
-            except Exception as e:  # noqa: BLE001
-                self.report_error(f"could not show the results: {type(e).__name__}: {e}")
+        if outcome.kind == "ok" and req.on_done is not None and outcome.result is not None:
+            self._call_back(req.on_done, outcome.result)
+        if req.on_finish is not None:
+            self._call_back(req.on_finish, outcome)
         self.refresh_screen()
-        self._hook(lambda s: s.on_action_done(outcome))
+        self._post(ActionDone(outcome))
         self.last_outcome = outcome
+
+    def _call_back(self, fn: Callable[[Any], None], arg: Any) -> None:
+        try:
+            fn(arg)
+        except Exception as e:  # noqa: BLE001
+            self.report_error(f"could not show the results: {type(e).__name__}: {e}")
+
+    def _finished_ok(self, outcome: ActionOutcome, req: ActionRequest) -> None:
+        """A success: recorded into the session, its result applied to the state."""
+        self.progress_step = f"{outcome.action.replace('_', ' ')}: done"
+        self.message = (f"✓ {self.busy_label_done}: done", "green")
+        try:
+            self.ensure_session().record(outcome.action, outcome.params, outcome.results, guide=req.guide)
+        except UserError as e:  # results not JSON: still shown, reported
+            self.say(f"step not recorded: {e}", "yellow")
+        try:
+            if outcome.result is not None:
+                self.apply_result(outcome.action, outcome.params, outcome.result)
+        except UserError as e:
+            outcome.kind, outcome.error = "user", str(e)
+            self.report_error(str(e))
+        except Exception as e:  # noqa: BLE001
+            outcome.kind = "bug"
+            outcome.error = f"could not show the results of {outcome.action}: {type(e).__name__}: {e}"
+            self.report_error(outcome.error)
+
+    def _finished_failed(self, outcome: ActionOutcome, req: ActionRequest, expected: str | None) -> None:
+        """A failure: a user error is recorded (a replay expects it again); the one a guided session
+        recorded is shown as expected, any other reported."""
+        what = outcome.action.replace("_", " ")
+        self.progress_step = f"{what}: failed"
+        self.message = (f"✗ {self.busy_label_done}: failed", "red")
+        if outcome.kind == "user":
+            try:
+                self.ensure_session().record(outcome.action, outcome.params, error=outcome.error, guide=req.guide)
+            except UserError:
+                pass
+        if outcome.kind == "user" and expected is not None and outcome.error == expected:
+            self.progress_step = f"{what}: refused, as the session recorded"
+            self.message = (f"✓ {self.busy_label_done}: refused, as the session recorded", "green")
+            self.last_error, self.last_error_expected = outcome.error, True
+            error = outcome.error
+            self._hook(lambda s: s.show_error(error, True))
+        else:
+            self.report_error(outcome.error or "failed")
 
     def report_error(self, text: str) -> None:
         """The error panel above the status line (esc dismisses); no toast over the content."""
@@ -873,6 +893,12 @@ class WorkbenchApp(App):
 
     def refresh_screen(self) -> None:
         self._hook(lambda s: s.refresh_view())
+
+    def _post(self, message: ActionMessage) -> None:
+        """Tell the current screen about the running action (it handles `on_action_...`)."""
+        scr = self.current
+        if scr is not None and scr.is_mounted:
+            scr.post_message(message)
 
     def _hook(self, call: Callable[[WorkbenchScreen], object], *, report: bool = True) -> None:
         """Call a hook of the current screen (a WorkbenchScreen method, so mypy checks the name and
@@ -890,10 +916,16 @@ class WorkbenchApp(App):
 
     # ------------------------------------------------------------------ results -> state
     def apply_results(self, action: str, params: dict[str, Any], results: dict[str, Any]) -> None:
-        """An action's results into the shared state (each action's ActionSpec.apply)."""
+        """A recorded (JSON) result into the shared state: read into its type, then applied
+        (each action's ActionSpec.apply); a running action's typed result goes through apply_result."""
         spec = REGISTRY.get(action)
         if spec is not None:
-            spec.apply(self.state, params, results)
+            spec.apply_json(self.state, params, results)
+
+    def apply_result(self, action: str, params: dict[str, Any], result: Record) -> None:
+        spec = REGISTRY.get(action)
+        if spec is not None:
+            spec.apply(self.state, params, result)
 
 
 def make_workdir(workdir: str | None) -> Path:

@@ -7,7 +7,6 @@ neither imports the other back.
 from __future__ import annotations
 
 import inspect
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from mcore import UserError
 
 from .actions import ActionContext, confine
 from .registry import REGISTRY
+from .results import Record, result_json
 
 
 def model_spec_where(spec: Any) -> str | None:
@@ -74,8 +74,8 @@ def check_params(action: str, params: Any, where: str) -> None:
     check_fields(params, where, set(req), set(opt))
 
 
-def run_action(ctx: ActionContext, action: str, params: dict[str, Any]) -> tuple[dict | None, str | None]:
-    """Run one action: (results, None) on success, (None, error text) on a UserError.
+def perform_action(ctx: ActionContext, action: str, params: dict[str, Any]) -> tuple[Record | None, str | None]:
+    """Run one action: (its typed result, None) on success, (None, error text) on a UserError.
 
     Cancellation (mcore.Cancelled) and programming errors propagate.
     """
@@ -83,14 +83,13 @@ def run_action(ctx: ActionContext, action: str, params: dict[str, Any]) -> tuple
         raise UserError(f"unknown action {action!r}; known actions: {', '.join(REGISTRY)}")
     check_params(action, params, f"{action}: params")
     try:
-        results = REGISTRY[action].fn(ctx, **params)
+        result = REGISTRY[action].fn(ctx, **params)
     except UserError as e:
         return None, ctx.error_text(e)
-    return _jsonable(results), None
+    return result, None
 
 
-def _jsonable(v: Any) -> Any:
-    try:
-        return json.loads(json.dumps(v, allow_nan=False, default=str))
-    except ValueError:
-        return str(v)
+def run_action(ctx: ActionContext, action: str, params: dict[str, Any]) -> tuple[dict | None, str | None]:
+    """`perform_action` with the result as a session records it (plain JSON)."""
+    result, error = perform_action(ctx, action, params)
+    return (None if result is None else result_json(result)), error

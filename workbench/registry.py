@@ -7,39 +7,44 @@ asked for before it loads), what the guide panel shows, and how its results upda
 state. Adding a step means adding one entry here; tests/test_action_registry.py checks that
 the entries agree with the functions and the app.
 
-This module stays headless (replay imports it): ``apply`` takes the TUI's state duck-typed,
-and the mcore readers it needs are imported when it runs.
+This module stays headless (replay imports it): ``apply`` takes the TUI's state (a plain
+dataclass, workbench/state.py) and the typed result, and the mcore readers it needs are
+imported when it runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from mcore import UserError
 
 from . import actions as A
+from . import results as R
+from .state import Applied, LastPrompt, Listing
 
 if TYPE_CHECKING:
     from .state import WorkbenchState
 
 Params = dict[str, Any]
-ApplyFn = Callable[["WorkbenchState", Params, Params], None]
+T = TypeVar("T", bound=R.Record)
+ApplyFn = Callable[["WorkbenchState", Params, T], None]
 
 
 @dataclass(frozen=True)
-class ActionSpec:
+class ActionSpec(Generic[T]):
     """One action.
 
     name         the action's name in sessions and on the command line
-    fn           ``fn(ctx, **params) -> results`` (workbench/actions.py)
+    fn           ``fn(ctx, **params) -> result`` (workbench/actions.py)
+    result       the type of its result (workbench/results.py); a session records ``to_dict()``
     screen       the screen that shows its results (guided mode switches there), or None
     stable_keys  results a replay compares; the rest (paths, timings, measurements) are shown only
     path_params  params that name paths (a session's paths must stay inside its workdir)
     native_param the param naming a kernel bindings manifest, whose libraries it loads, or None
     shown        what the guide panel shows of its results, in order
-    apply        ``apply(state, params, results)``: its results into the TUI's state (UI thread)
+    apply        ``apply(state, params, result)``: its result into the TUI's state (UI thread)
     code_param   the param naming a Python script it runs (an exporter), unless the value is a
                  shipped exporter's name; asked for like native code
     output_params the params naming files it writes; an existing one is replaced only with the
@@ -51,13 +56,14 @@ class ActionSpec:
     """
 
     name: str
-    fn: Callable[..., dict]
+    fn: Callable[..., T]
+    result: type[T]
     screen: str | None
     stable_keys: tuple[str, ...]
     path_params: tuple[str, ...]
     native_param: str | None
     shown: tuple[str, ...]
-    apply: ApplyFn
+    apply: ApplyFn[T]
     code_param: str | None = None
     output_params: tuple[str, ...] = ()
     gate: bool = False
@@ -74,19 +80,23 @@ class ActionSpec:
                 return self.code_param
         return None
 
+    def apply_json(self, st: WorkbenchState, params: Params, results: Params) -> None:
+        """A recorded (JSON) result into the state: read back into its type, then applied."""
+        self.apply(st, params, self.result.from_dict(results))
+
 
 # ---------------------------------------------------------------------------- results -> state
 
 
-def _apply_capture_graph(st: WorkbenchState, params: Params, results: Params) -> None:
+def _apply_capture_graph(st: WorkbenchState, params: Params, r: R.Captured) -> None:
     from mcore import family_kind, load_snapshot
 
-    snap = load_snapshot(st.path(results["snapshot"]))
+    snap = load_snapshot(st.path(r.snapshot))
     if st.snapshot is None or st.snapshot.fingerprint != snap.fingerprint:
         st.marked = []
     st.snapshot = snap
-    st.snapshot_path = results["snapshot"]
-    st.capture_results = results
+    st.snapshot_path = r.snapshot
+    st.capture_results = r
     st.listing = None
     st.build_args = dict(params.get("build_args") or st.build_args)
     st.engine_role = snap.engine_role
@@ -95,103 +105,100 @@ def _apply_capture_graph(st: WorkbenchState, params: Params, results: Params) ->
         st.receipt = None
 
 
-def _apply_list_nodes(st: WorkbenchState, params: Params, results: Params) -> None:
-    st.listing = {"match": params.get("match"), "last": params.get("last"), "ids": list(results.get("ids", []))}
+def _apply_list_nodes(st: WorkbenchState, params: Params, r: R.Nodes) -> None:
+    st.listing = Listing(params.get("match"), params.get("last"), tuple(r.ids))
 
 
-def _apply_nothing(st: WorkbenchState, params: Params, results: Params) -> None:
+def _apply_nothing(st: WorkbenchState, params: Params, r: R.Recipes) -> None:
     pass  # list_recipes: the Region screen lists the snapshot's recipes
 
 
-def _apply_selection(st: WorkbenchState, params: Params, results: Params) -> None:
+def _apply_selection(st: WorkbenchState, params: Params, r: R.Selected) -> None:
     from mcore import load_receipt
 
-    st.receipt = load_receipt(st.path(results["receipt"]))
-    st.receipt_path = results["receipt"]
+    st.receipt = load_receipt(st.path(r.receipt))
+    st.receipt_path = r.receipt
     st.marked = list(st.receipt.node_ids)
 
 
-def _apply_build_kernel(st: WorkbenchState, params: Params, results: Params) -> None:
-    st.library = results.get("library")
+def _apply_library(st: WorkbenchState, params: Params, r: R.KernelBuilt | R.Exported) -> None:
+    st.library = r.library
 
 
-def _apply_kernel_stub(st: WorkbenchState, params: Params, results: Params) -> None:
-    st.stub_path = results.get("path")
+def _apply_kernel_stub(st: WorkbenchState, params: Params, r: R.StubWritten) -> None:
+    st.stub_path = r.path
     try:
         st.stub_text = st.path(st.stub_path).read_text(encoding="utf-8") if st.stub_path else None
     except OSError:
         st.stub_text = None
 
 
-def _apply_export_kernel(st: WorkbenchState, params: Params, results: Params) -> None:
-    st.library = results.get("library")
-
-
-def _apply_write_bindings(st: WorkbenchState, params: Params, results: Params) -> None:
-    st.manifest = results.get("manifest") or params.get("manifest")
+def _apply_write_bindings(st: WorkbenchState, params: Params, r: R.BindingsWritten) -> None:
+    st.manifest = r.manifest or params.get("manifest")
     if params.get("library"):
         st.library = params["library"]
 
 
-def _apply_build_bundle(st: WorkbenchState, params: Params, results: Params) -> None:
+def bundle_arm(params: Params) -> str:
+    """Which bundle a build_bundle step made: "slot" (a recipe or a graph patch) or "native"."""
+    return "slot" if (params.get("recipe") or params.get("graph_patch")) else "native"
+
+
+def _apply_build_bundle(st: WorkbenchState, params: Params, r: R.BundleBuilt) -> None:
     from mcore import load_receipt
 
-    arm = "slot" if (params.get("recipe") or params.get("graph_patch")) else "native"
-    st.bundles[arm] = dict(results, params=params)
+    arm = bundle_arm(params)
+    st.bundles[arm] = Applied("build_bundle", params, r)
     if params.get("build_args"):
         st.build_args = dict(params["build_args"])
-    if arm == "slot" and results.get("receipt"):
+    if arm == "slot" and r.receipt:
         try:
-            st.receipt = load_receipt(st.path(results["receipt"]))
-            st.receipt_path = results["receipt"]
+            st.receipt = load_receipt(st.path(r.receipt))
+            st.receipt_path = r.receipt
             if st.snapshot is not None and st.receipt.graph_fingerprint == st.snapshot.fingerprint:
                 st.marked = list(st.receipt.node_ids)
         except UserError:
             pass
 
 
-def _apply_output(action: str) -> ApplyFn:
-    """generate / embed: the output of one arm (the kind records which action made it)."""
-
-    def apply(st: WorkbenchState, params: Params, results: Params) -> None:
-        st.last_prompt = {"prompt": params.get("prompt"), "max_new_tokens": params.get("max_new_tokens")}
-        arm = "external" if params.get("kernel_bindings") else "native"
-        st.outputs[arm] = dict(results, params=params, kind=action)
-        st.family_kind = "decoder" if action == "generate" else "encoder"
-
-    return apply
+def _last_prompt(params: Params) -> LastPrompt:
+    return LastPrompt(params.get("prompt"), params.get("max_new_tokens"))
 
 
-def _apply_correctness(action: str) -> ApplyFn:
-    """gate_tokens / gate_embeddings: the last correctness verdict (the kind says which gate)."""
-
-    def apply(st: WorkbenchState, params: Params, results: Params) -> None:
-        st.correctness = dict(results, kind=action, params=params)
-
-    return apply
-
-
-def _apply_gate_perf(st: WorkbenchState, params: Params, results: Params) -> None:
-    st.perf = dict(results, params=params)
-    st.last_prompt = {"prompt": params.get("prompt"), "max_new_tokens": params.get("max_new_tokens")}
-    samples = results.get("samples")
-    if isinstance(samples, dict) and not any(st.samples.values()):
-        st.samples = {k: list(v) for k, v in samples.items()}
+def _apply_output(st: WorkbenchState, params: Params, r: R.Generated | R.Embedded) -> None:
+    """generate / embed: the output of one arm (its type says which action made it)."""
+    st.last_prompt = _last_prompt(params)
+    arm = "external" if params.get("kernel_bindings") else "native"
+    st.outputs[arm] = Applied(r.KIND, params, r)
+    st.family_kind = "decoder" if isinstance(r, R.Generated) else "encoder"
 
 
-def _apply_verify_reference(st: WorkbenchState, params: Params, results: Params) -> None:
-    st.reference = dict(results)
+def _apply_correctness(st: WorkbenchState, params: Params, r: R.TokensGated | R.EmbeddingsGated) -> None:
+    """gate_tokens / gate_embeddings: the last correctness verdict (its type says which gate)."""
+    action = "gate_embeddings" if isinstance(r, R.EmbeddingsGated) else "gate_tokens"
+    st.correctness = Applied(action, params, r)
 
 
-def _apply_gate_logits(st: WorkbenchState, params: Params, results: Params) -> None:
-    st.logits = dict(results)
+def _apply_gate_perf(st: WorkbenchState, params: Params, r: R.PerfGated) -> None:
+    st.perf = Applied("gate_perf", params, r)
+    st.last_prompt = _last_prompt(params)
+    if r.samples and not any(st.samples.values()):
+        st.samples = {k: list(v) for k, v in r.samples.items()}
 
 
-def _apply_profile(st: WorkbenchState, params: Params, results: Params) -> None:
+def _apply_verify_reference(st: WorkbenchState, params: Params, r: R.ReferenceChecked) -> None:
+    st.reference = r
+
+
+def _apply_gate_logits(st: WorkbenchState, params: Params, r: R.LogitsGated) -> None:
+    st.logits = r
+
+
+def _apply_profile(st: WorkbenchState, params: Params, r: R.Profiled) -> None:
     from mcore import load_profile
 
-    st.profile = load_profile(st.path(results["profile"]))
-    st.profile_path = results["profile"]
+    st.profile = load_profile(st.path(r.profile))
+    st.profile_path = r.profile
 
 
 # ---------------------------------------------------------------------------- the registry
@@ -199,10 +206,11 @@ def _apply_profile(st: WorkbenchState, params: Params, results: Params) -> None:
 _SELECTION_KEYS = ("binding_id", "abi_sha256", "node_ids", "input_tensor_ids", "output_tensor_ids")
 _NATIVE = "kernel_bindings"
 
-_SPECS = (
+_SPECS: tuple[ActionSpec[Any], ...] = (
     ActionSpec(
         "capture_graph",
         A.capture_graph,
+        R.Captured,
         "graph",
         stable_keys=("fingerprint", "nodes", "tensors", "recipes"),
         path_params=("snapshot",),
@@ -214,6 +222,7 @@ _SPECS = (
     ActionSpec(
         "list_recipes",
         A.list_recipes,
+        R.Recipes,
         "region",
         stable_keys=("recipes",),
         path_params=("snapshot",),
@@ -224,6 +233,7 @@ _SPECS = (
     ActionSpec(
         "list_nodes",
         A.list_nodes,
+        R.Nodes,
         "graph",
         stable_keys=("ids",),
         path_params=("snapshot",),
@@ -234,6 +244,7 @@ _SPECS = (
     ActionSpec(
         "select_recipe",
         A.select_recipe,
+        R.Selected,
         "region",
         stable_keys=_SELECTION_KEYS,
         path_params=("snapshot", "receipt"),
@@ -245,6 +256,7 @@ _SPECS = (
     ActionSpec(
         "select_nodes",
         A.select_nodes,
+        R.Selected,
         "region",
         stable_keys=_SELECTION_KEYS,
         path_params=("snapshot", "receipt"),
@@ -256,17 +268,19 @@ _SPECS = (
     ActionSpec(
         "build_kernel",
         A.build_kernel,
+        R.KernelBuilt,
         "kernel",
         stable_keys=(),
         path_params=("output",),
         native_param=None,
         shown=("library", "variant"),
-        apply=_apply_build_kernel,
+        apply=_apply_library,
         output_params=("output",),
     ),
     ActionSpec(
         "kernel_stub",
         A.kernel_stub,
+        R.StubWritten,
         "kernel",
         stable_keys=("binding_id", "abi_sha256", "body"),
         path_params=("receipt", "snapshot", "output"),
@@ -278,18 +292,20 @@ _SPECS = (
     ActionSpec(
         "export_kernel",
         A.export_kernel,
+        R.Exported,
         "kernel",
         stable_keys=("binding_id", "abi_sha256"),
         path_params=("exporter", "receipt", "snapshot", "output"),
         native_param=None,
         shown=("library", "binding_id", "arch"),
-        apply=_apply_export_kernel,
+        apply=_apply_library,
         code_param="exporter",
         output_params=("output",),
     ),
     ActionSpec(
         "write_bindings",
         A.write_bindings,
+        R.BindingsWritten,
         "kernel",
         stable_keys=("binding_id", "abi_sha256"),
         path_params=("receipt", "library", "manifest"),
@@ -302,6 +318,7 @@ _SPECS = (
     ActionSpec(
         "build_bundle",
         A.build_bundle,
+        R.BundleBuilt,
         "build",
         stable_keys=("fingerprints", "kernel_slots"),
         path_params=("output", "graph_patch"),
@@ -313,51 +330,56 @@ _SPECS = (
     ActionSpec(
         "generate",
         A.generate,
+        R.Generated,
         "verify",
         stable_keys=("tokens", "text"),
         path_params=("bundle", "output", _NATIVE),
         native_param=_NATIVE,
         shown=("tokens", "text"),
-        apply=_apply_output("generate"),
+        apply=_apply_output,
         output_params=("output",),
     ),
     ActionSpec(
         "embed",
         A.embed,
+        R.Embedded,
         "verify",
         stable_keys=("values",),
         path_params=("bundle", "output", _NATIVE),
         native_param=_NATIVE,
         shown=("values", "pooling"),
-        apply=_apply_output("embed"),
+        apply=_apply_output,
         output_params=("output",),
     ),
     ActionSpec(
         "gate_tokens",
         A.gate_tokens,
+        R.TokensGated,
         "verify",
         stable_keys=("verdict",),
         path_params=("native", "external"),
         native_param=None,
         shown=("verdict", "line"),
-        apply=_apply_correctness("gate_tokens"),
+        apply=_apply_correctness,
         gate=True,
     ),
     ActionSpec(
         "gate_embeddings",
         A.gate_embeddings,
+        R.EmbeddingsGated,
         "verify",
         stable_keys=("verdict", "values"),
         path_params=("native", "external"),
         native_param=None,
         shown=("verdict", "max_abs", "cosine", "line"),
-        apply=_apply_correctness("gate_embeddings"),
+        apply=_apply_correctness,
         gate=True,
     ),
     # the verdict compares; the measurements behind it are shown only
     ActionSpec(
         "gate_perf",
         A.gate_perf,
+        R.PerfGated,
         "verify",
         stable_keys=("verdict",),
         path_params=("native_bundle", "external_bundle", _NATIVE),
@@ -371,6 +393,7 @@ _SPECS = (
     ActionSpec(
         "verify_reference",
         A.verify_reference,
+        R.ReferenceChecked,
         None,
         stable_keys=("verdict", "first_diverging_step"),
         path_params=("bundle", _NATIVE),
@@ -383,6 +406,7 @@ _SPECS = (
     ActionSpec(
         "gate_logits",
         A.gate_logits,
+        R.LogitsGated,
         "verify",
         stable_keys=("verdict", "first_divergence"),
         path_params=("native_bundle", "external_bundle", _NATIVE),
@@ -395,6 +419,7 @@ _SPECS = (
     ActionSpec(
         "profile",
         A.profile,
+        R.Profiled,
         "profile",
         stable_keys=("role", "context", "candidates"),
         path_params=("bundle", "output", _NATIVE),
@@ -405,9 +430,9 @@ _SPECS = (
     ),
 )
 
-REGISTRY: dict[str, ActionSpec] = {s.name: s for s in _SPECS}
+REGISTRY: dict[str, ActionSpec[Any]] = {s.name: s for s in _SPECS}
 GATES = tuple(s.name for s in _SPECS if s.gate)
-VERDICTS = ("PASS", "FAIL", "PROMOTE", "REJECT", "INCONCLUSIVE")
+VERDICTS = R.VERDICTS
 PASSING = ("PASS", "PROMOTE")
 
 

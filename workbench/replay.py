@@ -416,47 +416,70 @@ def replay(
     trusted = trusted_folder(wd, trust_libraries)
     check_session(session, wd, trusted, device=device)
     prog = progress or NO_PROGRESS
-    n = len(session.steps)
-    report = ReplayReport(session.title, session.path, wd, total_steps=n)
-
+    report = ReplayReport(session.title, session.path, wd, total_steps=len(session.steps))
+    runner = _StepRunner(session, wd, trusted, prog, log, on_sample, device)
     for i, step in enumerate(session.steps, 1):
         prog.check()
         if on_step is not None:
             on_step(i, step, None)
         if step.requires == "cuda" and not cuda_here(device):
-            outcome = StepOutcome(
-                index=i,
-                action=step.action,
-                title=step.title,
-                recorded_status=step.status,
-                status="skipped",
-                error=SKIP_NOTE,
-            )
-            report.outcomes.append(outcome)
-            if on_step is not None:
-                on_step(i, step, outcome)
-            continue
+            outcome = _skipped(i, step)
+        else:
+            outcome = runner.run(i, step, report)
+        report.outcomes.append(outcome)
+        if on_step is not None:
+            on_step(i, step, outcome)
+        if outcome.failing and not keep_going:
+            break
+    prog.report("replay finished", 1.0)
+    return report
 
-        def step_report(s: str, f: float, i: int = i, action: str = step.action) -> None:
-            prog.report(f"step {i}/{n} {action}: {s}", (i - 1 + f) / n)
 
-        sub = Progress(step_report, prog.token)
-        ctx = ActionContext(
-            workdir=wd,
-            progress=sub,
-            on_sample=on_sample,
-            log=log,
-            device=device,
+def _skipped(i: int, step: Step) -> StepOutcome:
+    """A step this machine cannot run (it needs CUDA): reported, never failing the replay."""
+    return StepOutcome(
+        index=i, action=step.action, title=step.title, recorded_status=step.status, status="skipped", error=SKIP_NOTE
+    )
+
+
+@dataclass(frozen=True)
+class _StepRunner:
+    """Runs one recorded step as the session's (confined) params say, and compares what it did."""
+
+    session: Session
+    workdir: Path
+    trusted: Path | None
+    progress: Progress
+    log: Callable[[str], None] | None
+    on_sample: Callable[[str, int, float], None] | None
+    device: str | None
+
+    def context(self, i: int, step: Step) -> ActionContext:
+        n = len(self.session.steps)
+        prog = self.progress
+
+        def step_report(s: str, f: float) -> None:
+            prog.report(f"step {i}/{n} {step.action}: {s}", (i - 1 + f) / n)
+
+        return ActionContext(
+            workdir=self.workdir,
+            progress=Progress(step_report, prog.token),
+            on_sample=self.on_sample,
+            log=self.log,
+            device=self.device,
             confined=True,
             where=f"step {i} ({step.action}): ",
-            trusted_libraries=trusted,
+            trusted_libraries=self.trusted,
         )
+
+    def run(self, i: int, step: Step, report: ReplayReport) -> StepOutcome:
+        ctx = self.context(i, step)
         report.workdir = ctx.workdir
         t0 = time.perf_counter()
         results: dict | None = None
         error: str | None = None
         try:
-            results = json.loads(json.dumps(REGISTRY[step.action].fn(ctx, **step.params), default=str))
+            results = json.loads(json.dumps(REGISTRY[step.action].fn(ctx, **step.params).to_dict(), default=str))
             status = "ok"
         except (Cancelled, KeyboardInterrupt):
             raise
@@ -470,7 +493,7 @@ def replay(
             title=step.title,
             recorded_status=step.status,
             status=status,
-            differences=compare_step(step, status, results, error, session.header),
+            differences=compare_step(step, status, results, error, self.session.header),
             compared=REGISTRY[step.action].stable_keys if status == "ok" and step.status == "ok" else (),
             results=results,
             error=error,
@@ -478,10 +501,4 @@ def replay(
         )
         if step.status == "ok":
             outcome.recorded_verdict = verdict_of(step.action, step.results)
-        report.outcomes.append(outcome)
-        if on_step is not None:
-            on_step(i, step, outcome)
-        if outcome.failing and not keep_going:
-            break
-    prog.report("replay finished", 1.0)
-    return report
+        return outcome

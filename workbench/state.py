@@ -8,7 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+from .results import (
+    BundleBuilt,
+    Captured,
+    Correctness,
+    LogitsGated,
+    Output,
+    PerfGated,
+    Record,
+    ReferenceChecked,
+    result_json,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from mcore import Receipt, Snapshot
@@ -19,6 +31,35 @@ DEFAULT_BUILD_ARGS = {
     "max_cache_length": 256,
     "decoder_engine_layout": "split",
 }
+
+R = TypeVar("R", bound=Record)
+
+
+@dataclass(frozen=True)
+class Applied(Generic[R]):
+    """An action's typed result as the state keeps it, with the action and the params it ran with
+    (a screen shows the thresholds a gate was run with, the prompt an output came from)."""
+
+    action: str
+    params: dict[str, Any]
+    result: R
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The last list_nodes: its filter and the IDs it listed."""
+
+    match: str | None
+    last: int | None
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LastPrompt:
+    """The prompt (and decode steps) of the last run, so the Verify screen offers it again."""
+
+    prompt: str | None
+    max_new_tokens: int | None
 
 
 @dataclass
@@ -33,9 +74,9 @@ class WorkbenchState:
     family_kind: str | None = None  # "decoder" / "encoder" once known
     snapshot: Snapshot | None = None
     snapshot_path: str | None = None
-    capture_results: dict[str, Any] | None = None
+    capture_results: Captured | None = None
     marked: list[str] = field(default_factory=list)
-    listing: dict[str, Any] | None = None  # the last list_nodes: {"match", "last", "ids"}
+    listing: Listing | None = None
     receipt: Receipt | None = None
     receipt_path: str | None = None
     library: str | None = None
@@ -43,12 +84,12 @@ class WorkbenchState:
     stub_text: str | None = None
     export_output: list[str] = field(default_factory=list)
     manifest: str | None = None
-    bundles: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "slot" -> results
-    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # "native" / "external" -> results
-    correctness: dict[str, Any] | None = None
-    perf: dict[str, Any] | None = None
-    reference: dict[str, Any] | None = None  # the last verify_reference results
-    logits: dict[str, Any] | None = None  # the last gate_logits results (decoders)
+    bundles: dict[str, Applied[BundleBuilt]] = field(default_factory=dict)  # "native" / "slot"
+    outputs: dict[str, Applied[Output]] = field(default_factory=dict)  # "native" / "external"
+    correctness: Applied[Correctness] | None = None  # the last gate_tokens / gate_embeddings
+    perf: Applied[PerfGated] | None = None
+    reference: ReferenceChecked | None = None  # the last verify_reference
+    logits: LogitsGated | None = None  # the last gate_logits (decoders)
     profile: dict[str, Any] | None = None  # the last profile report (mcore.profile's JSON)
     profile_path: str | None = None
     profile_partial: dict[str, Any] | None = None  # what a running profile has attributed so far
@@ -56,7 +97,7 @@ class WorkbenchState:
     trusted: set[str] = field(default_factory=set)
     samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})
     log: list[str] = field(default_factory=list)
-    last_prompt: dict[str, Any] | None = None  # {"prompt", "max_new_tokens"} of the last run
+    last_prompt: LastPrompt | None = None
     watch_rounds: list[dict[str, Any]] = field(default_factory=list)  # the Kernel screen's watch: Round.to_dict()
     # the watch's gate settings (mcore.WatchConfig fields); the perf gate's as the Verify screen runs it
     watch_settings: dict[str, Any] = field(default_factory=lambda: {"pairs": 3, "warmup": 1, "max_new_tokens": 8})
@@ -96,8 +137,15 @@ class WorkbenchState:
 
 @dataclass
 class ActionOutcome:
+    """How an action ended: its typed result (ok), or the one-line error and why it did not finish."""
+
     action: str
     params: dict[str, Any]
-    results: dict[str, Any] | None = None
+    result: Record | None = None
     error: str | None = None  # the one-line text shown (and recorded)
     kind: str = "ok"  # ok | user | cancelled | bug
+
+    @property
+    def results(self) -> dict[str, Any] | None:
+        """The result as a session records it (plain JSON), None without one."""
+        return None if self.result is None else result_json(self.result)

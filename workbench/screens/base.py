@@ -11,19 +11,43 @@ key typed after tab left a text field is text the user meant for the field, neve
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, TypeVar
 
 from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Button, Footer, Input, Static, TextArea
 
 from mcore import UserError
+
+from ..messages import ActionMessage
+
+M = TypeVar("M", bound=ActionMessage)
+S = TypeVar("S", bound="WorkbenchScreen")
+
+
+def on_action(handler: Callable[[S, M], None]) -> Callable[[S, M], None]:
+    """A screen's handler of the app's messages about the running action (workbench/messages.py):
+    a failure in it is shown in the UI, never a traceback screen."""
+
+    @functools.wraps(handler)
+    def guarded(self: S, message: M) -> None:
+        try:
+            handler(self, message)
+        except NoMatches:
+            pass  # the screen is still being composed; it refreshes itself on resume
+        except Exception as e:  # noqa: BLE001
+            self.wb.report_error(f"could not update the {self.SCREEN_NAME} screen: {type(e).__name__}: {e}")
+
+    return guarded
+
 
 if TYPE_CHECKING:  # pragma: no cover
     from mcore import Snapshot
@@ -251,21 +275,6 @@ class WorkbenchScreen(Screen):
     def refresh_view(self) -> None:
         """Re-read app.state into the widgets (called on resume and after every action)."""
         self.refresh_chrome()
-
-    def on_action_started(self, action: str) -> None:
-        """An action began (on this screen's watch)."""
-
-    def on_action_progress(self, action: str, step: str, fraction: float) -> None:
-        """Per-screen progress (the Build screen's bars)."""
-
-    def on_action_sample(self, arm: str, index: int, value: float) -> None:
-        """A perf-gate measurement arrived (already stored in state.samples)."""
-
-    def on_action_log(self, line: str) -> None:
-        """A log line from the running action."""
-
-    def on_action_done(self, outcome) -> None:
-        """The action finished (ok, failed or cancelled); the view was already refreshed."""
 
     def escape_mode(self) -> bool:
         """End a screen's own mode on Esc (e.g. a search); True when something was ended."""

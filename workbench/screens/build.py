@@ -12,21 +12,23 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import ProgressBar, RichLog, Static
 
-from .base import WorkbenchScreen
+from ..messages import ActionDone, ActionLog, ActionProgress, ActionStarted
+from ..registry import bundle_arm
+from ..results import KernelSlotRow
+from .base import WorkbenchScreen, on_action
 
 ARMS = ("native", "slot")
 ARM_TITLES = {"native": "native bundle (no slot)", "slot": "slot-ready bundle (your region as a kernel slot)"}
 
 
-def arm_of(params: dict[str, Any]) -> str:
-    return "slot" if (params.get("recipe") or params.get("graph_patch")) else "native"
+arm_of = bundle_arm  # "native" or "slot": the one rule (workbench/registry.py)
 
 
-def slot_lines(kernel_slots: list[dict[str, Any]]) -> list[str]:
+def slot_lines(kernel_slots: Iterable[KernelSlotRow]) -> list[str]:
     """One line per binding: a binding that serves several slots (one per layer) says how many."""
     groups: dict[tuple[str, str], int] = {}  # one manifest entry binds each (binding ID, ABI) group
     for s in kernel_slots:
-        key = (s["binding_id"], s["abi_sha256"])
+        key = (s.binding_id, s.abi_sha256)
         groups[key] = groups.get(key, 0) + 1
     return [
         f"slot {bid} abi {abi[:16]}…" + (f" ×{n} slots, one binding" if n > 1 else "")
@@ -100,11 +102,10 @@ class BuildScreen(WorkbenchScreen):
         elif res is not None:
             bar.update(progress=100)
             info.append("✓ ", style="green")
-            info.append(f"{st.show_path(res.get('bundle'))}")
-            fps = res.get("fingerprints") or {}
-            for role, fp in fps.items():
+            info.append(f"{st.show_path(res.result.bundle)}")
+            for role, fp in res.result.fingerprints.items():
                 info.append(f"\n  {role} {fp[:16]}…", style="dim")
-            for line in slot_lines(res.get("kernel_slots") or []):
+            for line in slot_lines(res.result.kernel_slots):
                 info.append("\n  " + line, style="magenta")
         else:
             if self.step_text.get(arm):
@@ -121,23 +122,27 @@ class BuildScreen(WorkbenchScreen):
                 info.append("same build args, no slot: the reference for the gates", style="dim")
         self.query_one(f"#info-{arm}", Static).update(info)
 
-    def on_action_started(self, action: str) -> None:
-        if action == "build_bundle":
-            arm = arm_of(self.wb.busy_params or {})
+    @on_action
+    def on_action_started(self, message: ActionStarted) -> None:
+        if message.action == "build_bundle":
+            arm = arm_of(message.params)
             self.running = arm
             self.step_text[arm] = ""
             self.query_one(f"#bar-{arm}", ProgressBar).update(progress=0)
             self.show_arm(arm)
 
-    def on_action_progress(self, action: str, step: str, fraction: float) -> None:
-        if action != "build_bundle" or self.running is None:
+    @on_action
+    def on_action_progress(self, message: ActionProgress) -> None:
+        if message.action != "build_bundle" or self.running is None:
             return
         arm = self.running
-        self.step_text[arm] = step
-        self.query_one(f"#bar-{arm}", ProgressBar).update(progress=round(fraction * 100))
+        self.step_text[arm] = message.step
+        self.query_one(f"#bar-{arm}", ProgressBar).update(progress=round(message.fraction * 100))
         self.show_arm(arm)
 
-    def on_action_done(self, outcome) -> None:
+    @on_action
+    def on_action_done(self, message: ActionDone) -> None:
+        outcome = message.outcome
         if outcome.action != "build_bundle":
             return
         arm = arm_of(outcome.params)
@@ -151,8 +156,9 @@ class BuildScreen(WorkbenchScreen):
         self.running = None
         self.show_arm(arm)
 
-    def on_action_log(self, line: str) -> None:
-        self.query_one("#build-log", RichLog).write(line)
+    @on_action
+    def on_action_log(self, message: ActionLog) -> None:
+        self.query_one("#build-log", RichLog).write(message.line)
 
     # ------------------------------------------------------------------ actions
     def action_build(self, arm: str) -> None:

@@ -343,7 +343,8 @@ def replay_verdict(g) -> tuple[str, list[str]]:
 
 def summary_text(app) -> Text:
     """What a finished tutorial or replay leaves behind (one implementation; tests read it)."""
-    from .verify import perf_verdict, verdict
+    from ..results import EmbeddingsGated
+    from .verify import verdict
 
     st, g = app.state, app.guide
     t = Text()
@@ -368,7 +369,9 @@ def summary_text(app) -> Text:
         ("kernel", st.library),
         ("bindings", st.manifest),
     ]
-    rows += [(f"{arm} bundle", (st.bundles.get(arm) or {}).get("bundle")) for arm in ("native", "slot")]
+    rows += [
+        (f"{arm} bundle", st.bundles[arm].result.bundle if arm in st.bundles else None) for arm in ("native", "slot")
+    ]
     for label, path in rows:
         if path:
             t.append(f"  {label:<15}", style="dim")
@@ -376,17 +379,18 @@ def summary_text(app) -> Text:
     t.append("verdicts\n", style="bold")
     c, p = st.correctness, st.perf
     if c is not None:
-        word = "PASS" if c.get("passed") else "FAIL"
+        r = c.result
+        word = "PASS" if r.passed else "FAIL"
         nums = ""
-        if c.get("kind") == "gate_embeddings" and c.get("max_abs") is not None:
-            nums = f" max_abs {c['max_abs']:.3g}, cosine {c.get('cosine', 0):.6f}"
-        t.append(f"  correctness     {word}{nums}\n", style="green" if c.get("passed") else "red")
+        if isinstance(r, EmbeddingsGated) and r.max_abs is not None:
+            nums = f" max_abs {r.max_abs:.3g}, cosine {r.cosine or 0:.6f}"
+        t.append(f"  correctness     {word}{nums}\n", style="green" if r.passed else "red")
     if p is not None:
-        pw = perf_verdict(p)
-        ratio, iv = p.get("ratio"), p.get("interval")
+        pw = p.result.word
+        ratio, iv = p.result.ratio, p.result.interval
         nums = f" ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
-        if isinstance(iv, dict):
-            nums += f", {iv['confidence'] * 100:.4g}% [{iv['low']:.4f}, {iv['high']:.4f}]"
+        if iv is not None:
+            nums += f", {iv.confidence * 100:.4g}% [{iv.low:.4f}, {iv.high:.4f}]"
         style = {"PROMOTE": "green", "INCONCLUSIVE": "yellow"}.get(pw, "red")
         t.append(f"  performance     {pw}{nums}\n", style=style)
     word, reason = verdict(c, p)

@@ -18,8 +18,10 @@ from textual.widgets.option_list import Option
 from mcore import Node, Snapshot, module_tree, recipe_rows
 
 from ..layout import TREE_STEP, tail, tree_width
+from ..messages import ActionStarted
 from ..search import is_glob, node_hit, path_hit
-from .base import WorkbenchScreen
+from ..state import Listing
+from .base import WorkbenchScreen, on_action
 
 MARK = "●"
 OP_WIDTH = 20
@@ -173,7 +175,7 @@ class GraphScreen(WorkbenchScreen):
         self.current: str | None = None
         self._rows: list[str] = []
         self.only: list[str] | None = None  # the IDs a list_nodes step listed (--last N)
-        self._listing_seen: dict[str, Any] | None = None
+        self._listing_seen: Listing | None = None
         self._filling = False
         self.searching = False  # a search the user typed (/): n and N step through its matches
         self._tree_nodes: dict[str, Any] = {}  # module path -> tree node
@@ -266,20 +268,22 @@ class GraphScreen(WorkbenchScreen):
             self._listing_seen = lst
             self.apply_listing(lst)
 
-    def on_action_started(self, action: str) -> None:
-        if action == "capture_graph":
+    @on_action
+    def on_action_started(self, message: ActionStarted) -> None:
+        if message.action == "capture_graph":
             self.refresh_view()
 
-    def apply_listing(self, lst: dict[str, Any] | None) -> None:
+    def apply_listing(self, lst: Listing | None) -> None:
         """Show what a list_nodes step listed: its --match as the filter, or just its IDs (--last)."""
         self.searching = False  # a step's listing, not a search: n stays the next step
         self.scope = ""
         self._filling = True
-        self.query_one("#graph-filter", Input).value = (lst or {}).get("match") or ""
+        match = (lst.match if lst else None) or ""
+        self.query_one("#graph-filter", Input).value = match
         self._filling = False
-        self.pattern = (lst or {}).get("match") or ""
-        self.only = list(lst["ids"]) if lst and lst.get("last") else None
-        self.fill_table(keep=(lst or {}).get("ids", [None])[0] if lst and lst.get("ids") else None)
+        self.pattern = match
+        self.only = list(lst.ids) if lst and lst.last else None
+        self.fill_table(keep=lst.ids[0] if lst and lst.ids else None)
 
     def build_tree(self) -> None:
         snap = self.snap

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..session import Step
 
 
 def stable_fields(action: str) -> tuple[str, ...]:
@@ -150,93 +153,118 @@ class GuidePanel(VerticalScroll):
         yield Static("", id="guide-text")
 
     def show_guide(self, g: GuideState | None) -> None:
+        """The panel's text, in phases: the header, the last step's outcome, the current step (or the
+        end of the session) and, on replay, the list of steps."""
         if g is None:
             self.display = False
             return
         self.display = True
-        steps = g.session.steps
         t = Text()
         t.append("TUTORIAL" if g.mode == "tutorial" else "REPLAY", style="bold reverse")
         t.append(f" {g.session.title}\n", style="bold")
-        last = g.index - 1
         # the most recent outcome (possibly a failed current step)
-        shown = g.index if g.index in g.outcomes else last
+        shown = g.index if g.index in g.outcomes else g.index - 1
         if shown >= 0 and shown in g.outcomes:
-            o = g.outcomes[shown]
-            st = steps[shown]
-            ran = o.kind == "ok" or (o.kind == "user" and st.status == "error" and not o.diffs)
-            ok = ran and not (g.mode == "replay" and o.diffs)
-            mark = SKIP_GLYPH if o.kind == "skipped" else "✓" if ok else ("≠" if ran else "✗")
-            t.append(
-                f"\n{mark} step {shown + 1}: {st.title}\n",
-                style="yellow" if o.kind == "skipped" else "green" if ok else "red",
-            )
-            if o.kind == "skipped":
-                t.append(f"  {SKIP_GLYPH} skipped: {o.error}\n", style="yellow")
-            elif o.kind == "ok" and (g.mode == "tutorial" or not stable_fields(st.action)):
-                got = o.results or {}
-                for k in shown_fields(st.action):
-                    if k in got:
-                        for label, value in result_lines(k, got[k]):
-                            t.append(f"  {label}: ", style="dim")
-                            t.append(value + "\n")
-            elif o.error:
-                t.append(f"  {o.error}\n", style="red")
-            if g.mode == "replay" and o.kind not in ("cancelled", "skipped"):
-                t.append("  expected vs actual:\n", style="bold")
-                differing = {k.split(".")[0].split("[")[0].split(" ")[0] for k, _, _ in o.diffs}
-                if st.status == "error" and "error" not in differing and "status" not in differing:
-                    t.append(f"  = error: {short(st.error, 40)}\n", style="green")
-                for k in stable_fields(st.action) if st.status == "ok" and o.kind == "ok" else ():
-                    if k not in differing:
-                        t.append(f"  = {k}: {short(st.results.get(k), 40)}\n", style="green")
-                for k, exp, act in o.diffs:
-                    t.append(f"  ≠ {k}\n", style="bold red")
-                    t.append(f"    expected {short(exp, 34)}\n")
-                    t.append(f"    actual   {short(act, 34)}\n")
-                if not o.diffs and not stable_fields(st.action) and st.status == "ok":
-                    t.append("  (measured: shown, not compared)\n", style="dim")
-            elif o.diffs and o.kind == "ok":
-                t.append("  differs from the recording: " + ", ".join(k for k, _, _ in o.diffs) + "\n", style="yellow")
+            _append_outcome(t, g, shown)
         step = g.current_step
         if step is None:
-            t.append(f"\nAll {len(steps)} steps done.", style="bold")
-            if g.skipped:
-                t.append(f"\n{g.finished_text()}.", style="yellow")
-            if g.mode == "replay":
-                n = g.mismatches
-                t.append(f"\n{n} step(s) differ." if n else "\nEvery step matched.", style="red" if n else "green")
-            t.append("\n\npress ", style="dim")
-            t.append("n", style="bold reverse")
-            t.append(" for the summary (what was built, the verdicts), ", style="dim")
-            t.append("ctrl+s", style="bold reverse")
-            t.append(" to save the session; `workbench replay FILE` replays it\n", style="dim")
+            _append_finished(t, g)
         else:
-            t.append(f"\nstep {g.index + 1} of {len(steps)}: ", style="bold")
-            t.append(f"{step.title}\n", style="bold")
-            text = (step.guide or {}).get("text") or f"Perform {step.action}."
-            t.append(text + "\n")
-            if g.mode == "replay" and step.results:
-                t.append("expected:\n", style="dim")
-                for k in stable_fields(step.action)[:4]:
-                    if k in step.results:
-                        t.append(f"  {k}: {short(step.results[k], 30)}\n", style="dim")
-            t.append("\npress ", style="dim")
-            t.append("n", style="bold reverse")
-            t.append(" to perform this step", style="dim")
+            _append_current(t, g, step)
         if g.mode == "replay":
-            t.append("\n\nsteps\n", style="bold")
-            for i, st in enumerate(steps):
-                oc = g.outcomes.get(i)
-                mark, style = (
-                    ("·", "dim")
-                    if oc is None
-                    else (SKIP_GLYPH, "yellow")
-                    if oc.kind == "skipped"
-                    else (("✓", "green") if not oc.diffs and oc.kind != "cancelled" else ("≠", "red"))
-                )
-                if i == g.index:
-                    mark, style = "▸", "bold"
-                t.append(f" {mark} {i + 1:>2} {st.action}\n", style=style)
-            t.append(STEP_LEGEND, style="dim")
+            _append_step_list(t, g)
         self.query_one("#guide-text", Static).update(t)
+
+
+def _append_outcome(t: Text, g: GuideState, shown: int) -> None:
+    """How step `shown` went: its mark and title, then its results, its skip or error, and (replay)
+    expected vs actual."""
+    o, st = g.outcomes[shown], g.session.steps[shown]
+    ran = o.kind == "ok" or (o.kind == "user" and st.status == "error" and not o.diffs)
+    ok = ran and not (g.mode == "replay" and o.diffs)
+    mark = SKIP_GLYPH if o.kind == "skipped" else "✓" if ok else ("≠" if ran else "✗")
+    t.append(
+        f"\n{mark} step {shown + 1}: {st.title}\n",
+        style="yellow" if o.kind == "skipped" else "green" if ok else "red",
+    )
+    if o.kind == "skipped":
+        t.append(f"  {SKIP_GLYPH} skipped: {o.error}\n", style="yellow")
+    elif o.kind == "ok" and (g.mode == "tutorial" or not stable_fields(st.action)):
+        got = o.results or {}
+        for k in shown_fields(st.action):
+            if k in got:
+                for label, value in result_lines(k, got[k]):
+                    t.append(f"  {label}: ", style="dim")
+                    t.append(value + "\n")
+    elif o.error:
+        t.append(f"  {o.error}\n", style="red")
+    if g.mode == "replay" and o.kind not in ("cancelled", "skipped"):
+        _append_expected_vs_actual(t, st, o)
+    elif o.diffs and o.kind == "ok":
+        t.append("  differs from the recording: " + ", ".join(k for k, _, _ in o.diffs) + "\n", style="yellow")
+
+
+def _append_expected_vs_actual(t: Text, st: Step, o: StepOutcome) -> None:
+    """Replay: each compared field the same (=) or differing (≠, with both values)."""
+    t.append("  expected vs actual:\n", style="bold")
+    differing = {k.split(".")[0].split("[")[0].split(" ")[0] for k, _, _ in o.diffs}
+    if st.status == "error" and "error" not in differing and "status" not in differing:
+        t.append(f"  = error: {short(st.error, 40)}\n", style="green")
+    for k in stable_fields(st.action) if st.status == "ok" and o.kind == "ok" else ():
+        if k not in differing:
+            t.append(f"  = {k}: {short(st.results.get(k), 40)}\n", style="green")
+    for k, exp, act in o.diffs:
+        t.append(f"  ≠ {k}\n", style="bold red")
+        t.append(f"    expected {short(exp, 34)}\n")
+        t.append(f"    actual   {short(act, 34)}\n")
+    if not o.diffs and not stable_fields(st.action) and st.status == "ok":
+        t.append("  (measured: shown, not compared)\n", style="dim")
+
+
+def _append_finished(t: Text, g: GuideState) -> None:
+    """Every step done: how it went, and what the user can do next."""
+    t.append(f"\nAll {len(g.session.steps)} steps done.", style="bold")
+    if g.skipped:
+        t.append(f"\n{g.finished_text()}.", style="yellow")
+    if g.mode == "replay":
+        n = g.mismatches
+        t.append(f"\n{n} step(s) differ." if n else "\nEvery step matched.", style="red" if n else "green")
+    t.append("\n\npress ", style="dim")
+    t.append("n", style="bold reverse")
+    t.append(" for the summary (what was built, the verdicts), ", style="dim")
+    t.append("ctrl+s", style="bold reverse")
+    t.append(" to save the session; `workbench replay FILE` replays it\n", style="dim")
+
+
+def _append_current(t: Text, g: GuideState, step: Step) -> None:
+    """The step `n` performs next: its title and text (and, on replay, what it should give)."""
+    t.append(f"\nstep {g.index + 1} of {len(g.session.steps)}: ", style="bold")
+    t.append(f"{step.title}\n", style="bold")
+    text = (step.guide or {}).get("text") or f"Perform {step.action}."
+    t.append(text + "\n")
+    if g.mode == "replay" and step.results:
+        t.append("expected:\n", style="dim")
+        for k in stable_fields(step.action)[:4]:
+            if k in step.results:
+                t.append(f"  {k}: {short(step.results[k], 30)}\n", style="dim")
+    t.append("\npress ", style="dim")
+    t.append("n", style="bold reverse")
+    t.append(" to perform this step", style="dim")
+
+
+def _append_step_list(t: Text, g: GuideState) -> None:
+    """Replay: every step with its mark (· to come, ▸ next, ✓ matched, ≠ differs, skipped)."""
+    t.append("\n\nsteps\n", style="bold")
+    for i, st in enumerate(g.session.steps):
+        oc = g.outcomes.get(i)
+        mark, style = (
+            ("·", "dim")
+            if oc is None
+            else (SKIP_GLYPH, "yellow")
+            if oc.kind == "skipped"
+            else (("✓", "green") if not oc.diffs and oc.kind != "cancelled" else ("≠", "red"))
+        )
+        if i == g.index:
+            mark, style = "▸", "bold"
+        t.append(f" {mark} {i + 1:>2} {st.action}\n", style=style)
+    t.append(STEP_LEGEND, style="dim")

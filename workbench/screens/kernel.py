@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from rich.text import Text
 from textual import on
@@ -19,8 +18,10 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Input, Label, OptionList, RichLog, Static, TextArea
 from textual.widgets.option_list import Option
 
+from ..messages import ActionLog
 from ..outputs import fresh_name
-from .base import KeyButtons, WorkbenchScreen
+from ..results import KernelBuilt, Record
+from .base import KeyButtons, WorkbenchScreen, on_action
 from .kernel_loop import fill_history, open_in_editor, watch_config
 
 KERNEL_OUTPUTS = {"identity-copy": "kernel.so", "residual-add": "residual-add.so"}
@@ -133,10 +134,11 @@ class KernelScreen(WorkbenchScreen):
         t.append("manifest ", style="dim")
         if st.manifest:
             t.append(f"{st.show_path(st.manifest)}")
+            slot = st.bundles.get("slot")
             served = [
                 k
-                for k in ((st.bundles.get("slot") or {}).get("kernel_slots") or [])
-                if rec and k["binding_id"] == rec.binding_id and k["abi_sha256"] == rec.abi_sha256
+                for k in (slot.result.kernel_slots if slot else ())
+                if rec and k.binding_id == rec.binding_id and k.abi_sha256 == rec.abi_sha256
             ]
             if len(served) > 1:  # one entry binds every slot of its binding ID (one per layer)
                 t.append(f"  (its entry binds all {len(served)} slots of the slot-ready bundle)", style="magenta")
@@ -180,9 +182,10 @@ class KernelScreen(WorkbenchScreen):
         # a fresh name: a library this process loaded is never rebuilt in place (mcore would refuse to run it)
         out = fresh_name(self.state, KERNEL_OUTPUTS.get(name, f"{name}.so"))
 
-        def done(results: dict[str, Any]) -> None:
-            self.query_one("#dso-path", Input).value = self.state.show_path(results.get("library"))
-            self.wb.say(f"✓ built {name}: {results.get('description') or results.get('variant')}", "green")
+        def done(result: Record) -> None:
+            assert isinstance(result, KernelBuilt)
+            self.query_one("#dso-path", Input).value = self.state.show_path(result.library)
+            self.wb.say(f"✓ built {name}: {result.description or result.variant}", "green")
 
         self.wb.perform("build_kernel", {"name": name, "output": out}, on_done=done, label=f"build {name} kernel")
 
@@ -281,10 +284,11 @@ class KernelScreen(WorkbenchScreen):
             params["snapshot"] = st.snapshot_path
         self.wb.perform("export_kernel", params, on_finish=finished, label="run the exporter")
 
-    def on_action_log(self, line: str) -> None:
+    @on_action
+    def on_action_log(self, message: ActionLog) -> None:
         if self.wb.busy == "export_kernel":
-            style = "red" if "error" in line.lower() else ""
-            self.query_one("#export-log", RichLog).write(Text(line, style=style))
+            style = "red" if "error" in message.line.lower() else ""
+            self.query_one("#export-log", RichLog).write(Text(message.line, style=style))
 
     @on(OptionList.OptionSelected, "#kernel-list")
     def kernel_picked(self, event: OptionList.OptionSelected) -> None:

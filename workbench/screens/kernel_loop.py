@@ -67,14 +67,14 @@ def watch_config(state: WorkbenchState) -> WatchConfig:
     if missing:
         raise UserError("the watch needs " + ", ".join(missing))
     assert state.stub_path is not None and state.receipt_path is not None
-    last = state.last_prompt or {}
-    prompt = last.get("prompt") or (WATCH_PROMPT if state.is_decoder else ENCODER_PROMPT)
+    last = state.last_prompt.prompt if state.last_prompt else None
+    prompt = last or (WATCH_PROMPT if state.is_decoder else ENCODER_PROMPT)
     settings = dict(state.watch_settings)
     return WatchConfig(
         exporter=str(state.path(state.stub_path)),
         selection=state.path(state.receipt_path),
-        native_bundle=state.path(state.bundles["native"]["bundle"]),
-        slot_bundle=state.path(state.bundles["slot"]["bundle"]),
+        native_bundle=state.path(state.bundles["native"].result.bundle),
+        slot_bundle=state.path(state.bundles["slot"].result.bundle),
         out_dir=state.path(fresh_name(state, "watch")),
         prompt=str(prompt),
         snapshot=state.path(state.snapshot_path) if state.snapshot_path else None,

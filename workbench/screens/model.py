@@ -19,6 +19,7 @@ from textual.widgets.option_list import Option
 
 from mcore import LAYOUTS, PRECISIONS, WEIGHTS, BuildArgs, UserError
 
+from ..results import Captured, Record
 from .base import WorkbenchScreen
 
 DEVICES = ("auto", "cpu", "cuda")  # auto: the bundle's device, else CUDA when present
@@ -371,10 +372,9 @@ class ModelScreen(WorkbenchScreen):
         self.state.family_kind = self.kind
         params = {"build_args": args.to_dict(), "engine_role": str(role), "snapshot": f"{role}.graph.json"}
 
-        def done(results: dict[str, Any]) -> None:
-            self.wb.say(
-                f"✓ captured {results.get('nodes')} nodes; fingerprint {str(results.get('fingerprint'))[:16]}…", "green"
-            )
+        def done(result: Record) -> None:
+            assert isinstance(result, Captured)
+            self.wb.say(f"✓ captured {result.nodes} nodes; fingerprint {result.fingerprint[:16]}…", "green")
             self.wb.go("graph")
 
         self.wb.perform("capture_graph", params, on_done=done, label=f"capture {role} graph")

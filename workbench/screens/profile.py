@@ -18,8 +18,9 @@ from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
+from ..messages import ActionDone, ActionProgress
 from ..widgets.plot import share_bars
-from .base import WorkbenchScreen, bar_text
+from .base import WorkbenchScreen, bar_text, on_action
 
 ROOMY_HEIGHT = 32  # from this height the bars show 10 rows each, below 5
 
@@ -169,15 +170,18 @@ class ProfileScreen(WorkbenchScreen):
                 key=str(i),
             )
 
-    def on_action_done(self, outcome) -> None:
+    @on_action
+    def on_action_done(self, message: ActionDone) -> None:
         """A finished profile hands the keys to its candidates: Down moves, s takes the highlighted one."""
-        if outcome.action == "profile" and outcome.kind == "ok":
+        if message.outcome.action == "profile" and message.outcome.kind == "ok":
             self.query_one("#candidates", DataTable).focus()
 
-    def on_action_progress(self, action: str, step: str, fraction: float) -> None:
-        if action == "profile" and self.state.profile is None:
+    @on_action
+    def on_action_progress(self, message: ActionProgress) -> None:
+        if message.action == "profile" and self.state.profile is None:
             empty = self.query_one("#profile-empty", Static)
-            empty.update(Text.assemble((bar_text(fraction, 30), "cyan"), f" {step}  ", ("x cancels", "dim")))
+            bar = bar_text(message.fraction, 30)
+            empty.update(Text.assemble((bar, "cyan"), f" {message.step}  ", ("x cancels", "dim")))
 
     # ------------------------------------------------------------------ keys
     def action_next_engine(self) -> None:
@@ -197,9 +201,9 @@ class ProfileScreen(WorkbenchScreen):
         if b is None:
             self.wb.report_error("no native bundle to profile yet: build one on the Build screen (F5, then b)")
             return
-        role = st.engine_role if st.engine_role in b.get("fingerprints", {}) else None
+        role = st.engine_role if st.engine_role in b.result.fingerprints else None
         params: dict[str, Any] = {
-            "bundle": b["bundle"],
+            "bundle": b.result.bundle,
             "output": f"profile-{role or 'default'}.json",
             "role": role,
             "steps": 3,

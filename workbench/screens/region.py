@@ -27,6 +27,7 @@ from mcore import (
     select_region,
 )
 
+from ..results import Record, Selected
 from .base import WorkbenchScreen
 
 
@@ -433,7 +434,8 @@ class RegionScreen(WorkbenchScreen):
             }
             action = "select_nodes"
 
-        def done(results: dict[str, Any]) -> None:
-            self.wb.say(f"✓ receipt saved: abi_sha256 {str(results.get('abi_sha256'))[:16]}…", "green")
+        def done(result: Record) -> None:
+            assert isinstance(result, Selected)
+            self.wb.say(f"✓ receipt saved: abi_sha256 {result.abi_sha256[:16]}…", "green")
 
         self.wb.perform(action, params, on_done=done, label="save the selection receipt")

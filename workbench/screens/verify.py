@@ -9,7 +9,7 @@ toggles the checkpoint's chat template for generation."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.binding import Binding
@@ -17,11 +17,17 @@ from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Input, Label, Static
 
-from mcore import PERF_DEFAULTS
+from mcore import PERF_DEFAULTS, EmbeddingsGate
 
+from ..messages import ActionSample, ActionStarted
 from ..outputs import fresh_name
+from ..results import Correctness, EmbeddingsGated, Gated, Generated, Interval, PerfGated
+from ..state import Applied, LastPrompt
 from ..widgets.plot import VERDICT_STYLE, ErrorPlot, ThroughputPlot
-from .base import WorkbenchScreen
+from .base import WorkbenchScreen, on_action
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..state import WorkbenchState
 
 DEFAULT_PROMPT = "Explain grouped-query attention, KV caching, and decode latency."
 DEFAULT_ENCODER_PROMPT = "The quick brown fox jumps over the lazy dog."
@@ -32,12 +38,12 @@ DEFAULT_PAIRS = "auto"
 WARMUP_PAIRS = 1
 
 
-def embedding_errors(state, correctness: dict[str, Any]) -> list[float] | None:
+def embedding_errors(state: WorkbenchState, correctness: Applied[Correctness]) -> list[float] | None:
     """Per-element |native - external| of the two embedding files the gate compared (None if unreadable or of
     different lengths: the gate fails those, and a truncated plot would hide why)."""
     import json
 
-    params = correctness.get("params") or {}
+    params = correctness.params
     try:
         a = json.loads(state.path(params["native"]).read_text(encoding="utf-8"))["embedding"]
         b = json.loads(state.path(params["external"]).read_text(encoding="utf-8"))["embedding"]
@@ -54,70 +60,99 @@ def guided_perf_params(guide) -> dict[str, Any] | None:
     return dict(step.params) if step is not None else None
 
 
-def verdict(correctness: dict[str, Any] | None, perf: dict[str, Any] | None) -> tuple[str, str]:
+def verdict(correctness: Applied[Correctness] | None, perf: Applied[PerfGated] | None) -> tuple[str, str]:
     """("PROMOTE" | "REJECT" | "INCONCLUSIVE" | "PENDING", reason). PROMOTE only when both gates
     passed; INCONCLUSIVE when correctness passed but the perf gate's interval straddles its threshold."""
-    if correctness is not None and not correctness.get("passed"):
-        return "REJECT", f"correctness gate failed: {_one_line(correctness.get('line', ''))}"
-    word = perf_verdict(perf) if perf is not None else None
+    if correctness is not None and not correctness.result.passed:
+        return "REJECT", f"correctness gate failed: {_one_line(correctness.result.line)}"
+    word = perf.result.word if perf is not None else None
     if word in ("REJECT", "FAIL"):
         assert perf is not None
-        iv = _interval_text(perf)
+        iv = _interval_text(perf.result)
         if iv and word == "REJECT":
             return "REJECT", f"performance: {iv} is below {_min_ratio(perf):g}"
-        return "REJECT", f"performance gate failed: {_one_line(perf.get('line', ''))}"
+        return "REJECT", f"performance gate failed: {_one_line(perf.result.line)}"
     missing = [name for name, r in (("correctness (c)", correctness), ("performance (p)", perf)) if r is None]
     if missing:
         return "PENDING", "run the " + " and ".join(missing) + " gate" + ("s" if len(missing) > 1 else "")
     assert perf is not None
     if word == "INCONCLUSIVE":
         return "INCONCLUSIVE", f"cannot tell: the interval straddles {_min_ratio(perf):g} (correctness passed)"
-    ratio = perf.get("ratio")
+    ratio = perf.result.ratio
     tail = f"; ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else ""
     return "PROMOTE", f"correctness and performance gates passed{tail}"
 
 
-def perf_verdict(perf: dict[str, Any]) -> str:
-    """The perf gate's word (results recorded before verdicts say it through `passed`)."""
-    from ..registry import verdict_of
-
-    return verdict_of("gate_perf", perf) or "FAIL"
-
-
-def _interval_text(perf: dict[str, Any]) -> str:
-    iv = perf.get("interval")
-    if not isinstance(iv, dict):
+def _interval_text(perf: PerfGated) -> str:
+    iv = perf.interval
+    if iv is None:
         return ""
-    return f"{iv.get('confidence', 0) * 100:.4g}% interval [{iv.get('low', 0):.4f}, {iv.get('high', 0):.4f}]"
+    return f"{iv.confidence * 100:.4g}% interval [{iv.low:.4f}, {iv.high:.4f}]"
 
 
-def _append_decided(t: Text, perf: dict[str, Any]) -> None:
+def _append_decided(t: Text, perf: Applied[PerfGated], iv: Interval) -> None:
     """A decided perf gate in two rows (80 columns): the verdict with its ratio, interval, pairs and
     metric, then the rule that turned the interval into the verdict."""
-    word, iv = perf_verdict(perf), perf["interval"]
-    conf = f"{iv['confidence'] * 100:.4g}%"
+    r = perf.result
+    word = r.word
+    conf = f"{iv.confidence * 100:.4g}%"
     t.append(f"{word}", style=VERDICT_STYLE.get(word, "bold"))
-    n = len(perf.get("pairs") or []) or len((perf.get("samples") or {}).get("native") or [])
-    ratio = perf.get("ratio")
-    t.append(f" ratio {ratio:.4f}" if isinstance(ratio, (int, float)) else "")
-    t.append(f" · {conf} [{iv['low']:.4f}, {iv['high']:.4f}] · {n} pairs")  # the metric: the plot's unit
+    n = r.pair_count
+    t.append(f" ratio {r.ratio:.4f}" if isinstance(r.ratio, (int, float)) else "")
+    t.append(f" · {conf} [{iv.low:.4f}, {iv.high:.4f}] · {n} pairs")  # the metric: the plot's unit
     mr = _min_ratio(perf)
     t.append(f"\n rule: PROMOTE if the {conf} interval ≥ {mr:g} · REJECT if below · else INCONCLUSIVE", style="dim")
 
 
-def _min_ratio(perf: dict[str, Any]) -> float:
-    return float(perf.get("min_ratio") or (perf.get("params") or {}).get("min_ratio") or PERF_DEFAULTS.min_ratio)
+def _min_ratio(perf: Applied[PerfGated]) -> float:
+    return float(perf.result.min_ratio or perf.params.get("min_ratio") or PERF_DEFAULTS.min_ratio)
 
 
-def _append_gate(t: Text, result: dict) -> None:
+def _append_gate(t: Text, result: Gated) -> None:
     """A gate's verdict word, then its line without the repeated prefix."""
-    line = _one_line(result.get("line", ""))
+    line = _one_line(result.line)
     word, _, rest = line.partition(": ")
     if word not in ("PASS", "FAIL", "PROMOTE", "REJECT", "INCONCLUSIVE"):
-        word, rest = ("PASS" if result.get("passed") else "FAIL"), line
+        word, rest = ("PASS" if result.passed else "FAIL"), line
     style = {"PASS": "bold green", "FAIL": "bold red"}.get(word) or VERDICT_STYLE[word]
     t.append(f"{word} ", style=style)
     t.append(rest)
+
+
+Steps = list[tuple[str, dict[str, Any]]]
+
+
+def _arm_outputs(st: WorkbenchState, ext: str) -> tuple[str, str, str, str]:
+    """The two bundles and two fresh output names (a second run of the gate replaces nothing:
+    workbench/outputs.py)."""
+    native, slot = st.bundles["native"].result.bundle, st.bundles["slot"].result.bundle
+    return native, slot, fresh_name(st, f"native.{ext}"), fresh_name(st, f"external.{ext}")
+
+
+def decoder_correctness_steps(st: WorkbenchState, prompt: str, n: int) -> Steps:
+    """Generate on both arms, compare the tokens, and step both in lockstep for the logits."""
+    native, slot, a_out, b_out = _arm_outputs(st, "jsonl")
+    chat = {"chat": True} if st.chat else {}
+    run = {"prompt": prompt, "max_new_tokens": n}
+    external = {"kernel_bindings": st.manifest}
+    return [
+        ("generate", {"bundle": native, **run, "output": a_out, **chat}),
+        ("generate", {"bundle": slot, **external, **run, "output": b_out, **chat}),
+        ("gate_tokens", {"native": a_out, "external": b_out}),
+        # how far the logits drift per step, and where the greedy picks first part
+        ("gate_logits", {"native_bundle": native, "external_bundle": slot, **external, **run, **chat}),
+    ]
+
+
+def encoder_correctness_steps(st: WorkbenchState, prompt: str) -> Steps:
+    """Embed on both arms, then the numerical gate at its default thresholds."""
+    native, slot, a_out, b_out = _arm_outputs(st, "json")
+    limits = {"max_abs": EmbeddingsGate.max_abs, "min_cosine": EmbeddingsGate.min_cosine}
+    return [
+        ("embed", {"bundle": native, "prompt": prompt, "output": a_out}),
+        ("embed", {"bundle": slot, "kernel_bindings": st.manifest, "prompt": prompt, "output": b_out}),
+        ("gate_embeddings", {"native": a_out, "external": b_out, **limits}),
+    ]
 
 
 class VerifyScreen(WorkbenchScreen):
@@ -133,7 +168,7 @@ class VerifyScreen(WorkbenchScreen):
     def __init__(self) -> None:
         super().__init__()
         self._prompt_kind: str | None = None
-        self._synced: dict[str, Any] | None = None
+        self._synced: LastPrompt | None = None
         self._pairs_synced: tuple | None = None
         self._errors_for: int | None = None
         self.warmup = WARMUP_PAIRS
@@ -159,7 +194,8 @@ class VerifyScreen(WorkbenchScreen):
         super().on_mount()
         self.refresh_view()
 
-    def on_action_sample(self, arm: str, index: int, value: float) -> None:
+    @on_action
+    def on_action_sample(self, message: ActionSample) -> None:
         if self.is_mounted:
             self.query_one(ThroughputPlot).redraw()
 
@@ -179,9 +215,9 @@ class VerifyScreen(WorkbenchScreen):
         if st.last_prompt and st.last_prompt != self._synced:
             # a step ran (guided or typed): show the prompt and token count it used
             self._synced = st.last_prompt
-            p.value = st.last_prompt.get("prompt") or p.value
-            if st.last_prompt.get("max_new_tokens"):
-                self.query_one("#max-new-tokens", Input).value = str(st.last_prompt["max_new_tokens"])
+            p.value = st.last_prompt.prompt or p.value
+            if st.last_prompt.max_new_tokens:
+                self.query_one("#max-new-tokens", Input).value = str(st.last_prompt.max_new_tokens)
         self.query_one("#max-new-tokens", Input).disabled = not dec
         self.sync_pairs()
         self.show_plot()
@@ -192,14 +228,13 @@ class VerifyScreen(WorkbenchScreen):
 
     def show_plot(self) -> None:
         st, plot = self.state, self.query_one(ThroughputPlot)
-        perf = st.perf or {}
-        plot.unit = perf.get("unit") or ("tokens/s" if st.is_decoder else "embeddings/s")
+        perf = st.perf
+        plot.unit = (perf.result.unit if perf else None) or ("tokens/s" if st.is_decoder else "embeddings/s")
         plot.series = st.samples
-        params = perf.get("params") or {}
-        plot.min_ratio = float(params.get("min_ratio", PERF_DEFAULTS.min_ratio))
-        iv = perf.get("interval")
-        plot.interval = (iv["low"], iv["high"], iv["confidence"]) if isinstance(iv, dict) else None
-        plot.verdict = perf_verdict(perf) if st.perf else ""
+        plot.min_ratio = _min_ratio(perf) if perf else PERF_DEFAULTS.min_ratio
+        iv = perf.result.interval if perf else None
+        plot.interval = (iv.low, iv.high, iv.confidence) if iv is not None else None
+        plot.verdict = perf.result.word if perf else ""
         pairs = self.query_one("#pairs", Input).value or "?"
         plot.note = (
             f"pairs auto: a pair at a time from pair {PERF_DEFAULTS.first_check} until the interval decides "
@@ -212,7 +247,7 @@ class VerifyScreen(WorkbenchScreen):
     def sync_pairs(self) -> None:
         """Show the pair count that runs: the last gate's, else the guided step's, else the default."""
         st = self.state
-        src = (st.perf or {}).get("params") if st.perf else guided_perf_params(self.wb.guide)
+        src = st.perf.params if st.perf else guided_perf_params(self.wb.guide)
         key = (id(st.perf), id(self.wb.guide))
         if src and key != self._pairs_synced:
             self._pairs_synced = key
@@ -235,18 +270,17 @@ class VerifyScreen(WorkbenchScreen):
         ep = self.query_one(ErrorPlot)
         c = st.correctness
         ep.errors, ep.tokens = None, None
-        if c is not None and c.get("kind") == "gate_embeddings":
+        if c is not None and isinstance(c.result, EmbeddingsGated):
             if self._errors_for != id(c):
                 self._errors_for = id(c)
                 self._errors = embedding_errors(st, c)
             ep.errors = self._errors
-            params = c.get("params") or {}
-            ep.limits = (float(params.get("max_abs", 0.02)), float(params.get("min_cosine", 0.999)))
-            ep.cosine = c.get("cosine")
-        elif c is not None and c.get("kind") == "gate_tokens":
+            ep.limits = _embedding_limits(c.params)
+            ep.cosine = c.result.cosine
+        elif c is not None:
             n, e = st.outputs.get("native"), st.outputs.get("external")
-            if n and e and n.get("kind") == "generate" and e.get("kind") == "generate":
-                ep.tokens = (list(n.get("tokens") or []), list(e.get("tokens") or []))
+            if n and e and isinstance(n.result, Generated) and isinstance(e.result, Generated):
+                ep.tokens = (list(n.result.tokens), list(e.result.tokens))
         ep.placeholder = "the correctness view appears here after the gate (c): " + (
             "token by token" if st.is_decoder else "the error of every element"
         )
@@ -261,16 +295,13 @@ class VerifyScreen(WorkbenchScreen):
             t.append(f"\n {arm:<9}", style="dim")
             if o is None:
                 t.append("-", style="dim")
-            elif o.get("kind") == "generate":
-                toks = o.get("tokens") or []
+            elif isinstance(o.result, Generated):
+                toks = o.result.tokens
                 t.append(f"{len(toks)} tokens: " + " ".join(str(x) for x in toks))
             else:
-                pooled = (
-                    f" ({o['pooling']} pooling from {o.get('pooling_from')})"
-                    if o.get("pooling") not in (None, "none")
-                    else ""
-                )
-                t.append(f"{o.get('values')} values{pooled} → {st.show_path(o.get('output'))}")
+                e = o.result
+                pooled = f" ({e.pooling} pooling from {e.pooling_from})" if e.pooling not in (None, "none") else ""
+                t.append(f"{e.values} values{pooled} → {st.show_path(e.output)}")
         if st.is_decoder:
             t.append("\n chat      ", style="dim")
             t.append(
@@ -286,23 +317,23 @@ class VerifyScreen(WorkbenchScreen):
         if c is None:
             t.append("c runs both arms and the gate", style="dim")
         else:
-            _append_gate(t, c)
-            if c.get("kind") == "gate_embeddings" and isinstance(c.get("max_abs"), (int, float)):
+            _append_gate(t, c.result)
+            r = c.result
+            if isinstance(r, EmbeddingsGated) and isinstance(r.max_abs, (int, float)):
                 # the numbers the gate judged, next to its thresholds (not only in the guide)
-                lim = c.get("params") or {}
-                t.append(f" · max_abs {c['max_abs']:.3g} (≤ {lim.get('max_abs', 0.02):g})")
-                if isinstance(c.get("cosine"), (int, float)):
-                    t.append(f" · cosine {c['cosine']:.7f} (≥ {lim.get('min_cosine', 0.999):g})")
+                max_abs, min_cosine = _embedding_limits(c.params)
+                t.append(f" · max_abs {r.max_abs:.3g} (≤ {max_abs:g})")
+                if isinstance(r.cosine, (int, float)):
+                    t.append(f" · cosine {r.cosine:.7f} (≥ {min_cosine:g})")
         lg = st.logits
         if st.is_decoder and lg is not None:
             t.append("\n logits    ", style="dim")
-            steps = lg.get("steps") or []
-            worst = lg.get("max_abs")
+            steps, worst = lg.steps, lg.max_abs
             t.append(
                 "same bits at every step" if worst == 0 else f"worst max_abs {worst:.3g}",
                 style="green" if worst == 0 else "yellow",
             )  # information: the token gate decides
-            first = lg.get("first_divergence")
+            first = lg.first_divergence
             t.append(
                 f" over {len(steps)} steps · "
                 + ("greedy picks agree" if first is None else f"greedy picks first differ at step {first}")
@@ -323,10 +354,10 @@ class VerifyScreen(WorkbenchScreen):
                 f"{PERF_DEFAULTS.min_ratio:g}",
                 style="dim",
             )
-        elif isinstance(p.get("interval"), dict) and perf_verdict(p) != "FAIL":
-            _append_decided(t, p)
+        elif p.result.interval is not None and p.result.word != "FAIL":
+            _append_decided(t, p, p.result.interval)
         else:  # a run failed (or a recording from before intervals): the gate's own line
-            _append_gate(t, p)
+            _append_gate(t, p.result)
         self.query_one("#perf-line", Static).update(t)
 
     def show_verdict(self) -> None:
@@ -388,63 +419,21 @@ class VerifyScreen(WorkbenchScreen):
 
     # ------------------------------------------------------------------ gates
     def action_correctness(self, then=None) -> None:
+        """c: both arms, then the gate (decoders: generate, gate_tokens and gate_logits; encoders:
+        embed and gate_embeddings)."""
         if not self._ready():
             return
         prompt = self._prompt()
         if prompt is None:
             return
         st = self.state
-        native, slot = st.bundles["native"]["bundle"], st.bundles["slot"]["bundle"]
-        # fresh names: a second run of the gate replaces nothing (workbench/outputs.py)
-        ext = "jsonl" if st.is_decoder else "json"
-        a_out, b_out = fresh_name(st, f"native.{ext}"), fresh_name(st, f"external.{ext}")
         if st.is_decoder:
             n = self._int("#max-new-tokens", "tokens")
             if n is None:
                 return
-            chat = {"chat": True} if st.chat else {}
-            steps = [
-                (
-                    "generate",
-                    {"bundle": native, "prompt": prompt, "max_new_tokens": n, "output": a_out, **chat},
-                ),
-                (
-                    "generate",
-                    {
-                        "bundle": slot,
-                        "kernel_bindings": st.manifest,
-                        "prompt": prompt,
-                        "max_new_tokens": n,
-                        "output": b_out,
-                        **chat,
-                    },
-                ),
-                ("gate_tokens", {"native": a_out, "external": b_out}),
-                # how far the logits drift per step, and where the greedy picks first part
-                (
-                    "gate_logits",
-                    {
-                        "native_bundle": native,
-                        "external_bundle": slot,
-                        "kernel_bindings": st.manifest,
-                        "prompt": prompt,
-                        "max_new_tokens": n,
-                        **chat,
-                    },
-                ),
-            ]
+            steps = decoder_correctness_steps(st, prompt, n)
         else:
-            steps = [
-                ("embed", {"bundle": native, "prompt": prompt, "output": a_out}),
-                (
-                    "embed",
-                    {"bundle": slot, "kernel_bindings": st.manifest, "prompt": prompt, "output": b_out},
-                ),
-                (
-                    "gate_embeddings",
-                    {"native": a_out, "external": b_out, "max_abs": 0.02, "min_cosine": 0.999},
-                ),
-            ]
+            steps = encoder_correctness_steps(st, prompt)
         st.correctness = st.logits = None
         self.run_chain(steps, then)
 
@@ -457,8 +446,8 @@ class VerifyScreen(WorkbenchScreen):
             return
         st = self.state
         params: dict[str, Any] = {
-            "native_bundle": st.bundles["native"]["bundle"],
-            "external_bundle": st.bundles["slot"]["bundle"],
+            "native_bundle": st.bundles["native"].result.bundle,
+            "external_bundle": st.bundles["slot"].result.bundle,
             "kernel_bindings": st.manifest,
             "prompt": prompt,
             "pairs": pairs,
@@ -483,7 +472,7 @@ class VerifyScreen(WorkbenchScreen):
         if prompt is None:
             return
         params: dict[str, Any] = {
-            "bundle": st.bundles["native"]["bundle"],
+            "bundle": st.bundles["native"].result.bundle,
             "checkpoint": st.build_args["model"],
             "prompt": prompt,
         }
@@ -510,8 +499,17 @@ class VerifyScreen(WorkbenchScreen):
         (action, params), rest = steps[0], steps[1:]
         self.wb.perform(action, params, on_done=lambda _r: self.run_chain(rest, then), label=action.replace("_", " "))
 
-    def on_action_started(self, action: str) -> None:
+    @on_action
+    def on_action_started(self, message: ActionStarted) -> None:
         self.refresh_view()
+
+
+def _embedding_limits(params: dict[str, Any]) -> tuple[float, float]:
+    """The thresholds an embeddings gate ran with (its params; the gate's defaults when absent)."""
+    return (
+        float(params.get("max_abs", EmbeddingsGate.max_abs)),
+        float(params.get("min_cosine", EmbeddingsGate.min_cosine)),
+    )
 
 
 def _one_line(s: str) -> str:
