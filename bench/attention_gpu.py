@@ -10,7 +10,7 @@ In one run on the GPU (bf16, batch 1, random weights, KV capacity 40960):
      binding; one without and one with a workspace) and the native bundle (pipelines only), and
      exports the kernel from layer 0's receipts with the shipped exporter, once for each of VARIANTS
      (tuning knobs of the exporter);
-  2. kernel time per call, CuTe DSOs vs the native engine's attention (mcore.flash_decode, what the
+  2. kernel time per call, CuTe DSOs vs the native engine's attention (mcore.ops.flash_decode, what the
      compiled engine runs for mcore::decode_attention) and FlashInfer's decode (bench/flashinfer_attention.py;
      rows skipped with the reason when it is not importable): 36 calls, each over its own cache
      (nothing from L2), in one CUDA graph; K+V bytes of the active length / time, as a share of the
@@ -51,8 +51,8 @@ from flash_decode_sweep import time_graph  # noqa: E402
 from model_configs import MODELS, attention_recipe, head_dim, write_model_folder  # noqa: E402
 
 from mcore import BuildArgs, DecoderPipeline, build_bundle, shipped_exporter  # noqa: E402
-from mcore.device import device_facts  # noqa: E402
-from mcore.ops import decode_attention_reference  # noqa: E402
+from mcore.ops.attention import decode_attention_reference  # noqa: E402
+from mcore.profile.device import device_facts  # noqa: E402
 
 MODEL = "qwen3-8b"  # --model: a name in bench/model_configs.py
 CONFIG = MODELS[MODEL][0]
@@ -192,7 +192,7 @@ class Setup:
         self.kv, self.d, self.group = kv, d, h // kv
 
     def at(self, n: int) -> None:
-        from mcore import flash_decode as fd
+        from mcore.ops import flash_decode as fd
 
         self.n = n
         self.lens.fill_(n)

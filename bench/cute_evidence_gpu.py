@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from mcore.build import build_bundle
-from mcore.buildargs import BuildArgs
-from mcore.pipeline import DecoderPipeline, EncoderPipeline
-from mcore.verify import compare_embeddings, compare_tokens
+from mcore.bundle.build import build_bundle
+from mcore.model.buildargs import BuildArgs
+from mcore.runtime.pipeline import DecoderPipeline, EncoderPipeline
+from mcore.verify.compare import compare_embeddings, compare_tokens
 
 
 def bindings(out: Path, name: str, binding_id: str, abi: str, dso: Path) -> Path:

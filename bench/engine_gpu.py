@@ -131,8 +131,8 @@ def _determinism(pipe) -> dict:
 def part_mcore(a) -> None:
     import torch
 
-    from mcore.pipeline import DecoderPipeline
-    from mcore.progress import Progress
+    from mcore.common.progress import Progress
+    from mcore.runtime.pipeline import DecoderPipeline
 
     t0 = time.perf_counter()
     stamps = []

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mcore import flash_decode as fd  # noqa: E402
+from mcore.ops import flash_decode as fd  # noqa: E402
 
 
 def time_graph(fn, reps=20) -> float:

@@ -6,7 +6,7 @@ gate/up, down, lm_head), in bf16 at one row: device time per call of `F.linear` 
 Inductor calls by default), of `mcore.gemv` with its default launch configuration, and of a sweep
 of configurations; the achieved bandwidth (weight bytes / time) and its ratio to the measured copy
 rate; every output checked against float64. Each time is the median of 5 rounds of calls enqueued
-behind a GPU spin (mcore.pipeline.device_seconds), each call on its own copy of the weight where
+behind a GPU spin (mcore.runtime.pipeline.device_seconds), each call on its own copy of the weight where
 they fit (so L2 holds none of them from the call before).
 
     python3 bench/gemv_gpu.py [--sweep] [--json OUT.json]
@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mcore.gemv import gemv_config, gemv_triton  # noqa: E402
-from mcore.pipeline import device_seconds  # noqa: E402
+from mcore.ops.gemv import gemv_config, gemv_triton  # noqa: E402
+from mcore.runtime.pipeline import device_seconds  # noqa: E402
 
 HIDDEN, INTER, VOCAB, HEADS, KV, HEAD_DIM, LAYERS = 4096, 12288, 151936, 32, 8, 128, 36
 SHAPES = {  # name: (N, K, calls per decode step)

@@ -79,7 +79,7 @@ def profile_all(label: str, bundle: Path, bindings: Path | None, contexts: list[
     import torch
 
     from mcore import DecoderPipeline, write_json
-    from mcore.profile import profile_pipeline, top_lines
+    from mcore.profile.profiler import profile_pipeline, top_lines
 
     t = time.perf_counter()
     binds = str(bindings) if bindings else None
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             log("CuTe export failed: " + (ns.out / "export.log").read_text()[-800:])
         else:
             runs["cute"] = profile_all("cute", slot, ns.out / "attn-bindings.json", contexts, ns, ns.out)
-            from mcore.profile import diff_lines
+            from mcore.profile.profiler import diff_lines
 
             for n in contexts:
                 print(f"== diff native -> CuTe attention in all 36 layers, context {n}")

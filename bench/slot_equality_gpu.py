@@ -18,11 +18,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qwen3_8b_config import write_config_folder  # noqa: E402
 
-from mcore.build import build_bundle  # noqa: E402
-from mcore.buildargs import BuildArgs  # noqa: E402
+from mcore.bundle.build import build_bundle  # noqa: E402
 from mcore.families.demo import materialize  # noqa: E402
-from mcore.kernels import build_kernel  # noqa: E402
-from mcore.pipeline import DecoderPipeline  # noqa: E402
+from mcore.kernels.shipped import build_kernel  # noqa: E402
+from mcore.model.buildargs import BuildArgs  # noqa: E402
+from mcore.runtime.pipeline import DecoderPipeline  # noqa: E402
 
 PROMPT = "Explain grouped-query attention, KV caching, and decode latency."
 

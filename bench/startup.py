@@ -69,9 +69,9 @@ def build_pair(
     builds A alone (B's path is still returned)."""
     from qwen3_8b_config import write_config_folder
 
-    from mcore.build import build_bundle
-    from mcore.buildargs import BuildArgs
+    from mcore.bundle.build import build_bundle
     from mcore.families.demo import materialize
+    from mcore.model.buildargs import BuildArgs
 
     paths = []
     for name, seed, extra in ((names[0], 0, {}), (names[1], 1, {"_name_or_path": "someone/fine-tune"})):
@@ -137,7 +137,7 @@ def prime_bytecode(env: dict[str, str]) -> float:
     (seconds) inside the cold start (with PYTHONPYCACHEPREFIX set, as gpu_session.sh does)."""
     t = time.perf_counter()
     code = (
-        "import importlib.util, mcore.pipeline, mcore.engines.compiled, torch._inductor.compile_fx, torch.export\n"
+        "import importlib.util, mcore.runtime.pipeline, mcore.engines.compiled, torch._inductor.compile_fx, torch.export\n"
         "import torch._inductor.async_compile, torch._inductor.compile_worker.subproc_pool\n"
         "if importlib.util.find_spec('triton'): import triton, torch._inductor.codegen.triton"
     )
@@ -224,7 +224,7 @@ def part_hash(ns: argparse.Namespace) -> None:
 
     import torch
 
-    from mcore.pipeline import DecoderPipeline
+    from mcore.runtime.pipeline import DecoderPipeline
 
     pipe = DecoderPipeline(ns.bundle, device=ns.device, engine="compiled")
     g, vocab = torch.Generator().manual_seed(1), int(pipe.config["vocab_size"])

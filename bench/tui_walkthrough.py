@@ -58,8 +58,8 @@ def screen_text(app) -> str:
 
 
 def build(work: Path) -> tuple[Path, Path, Path]:
-    from mcore.build import build_bundle
-    from mcore.buildargs import BuildArgs
+    from mcore.bundle.build import build_bundle
+    from mcore.model.buildargs import BuildArgs
 
     args = BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=256, decoder_engine_layout="split")
     native = build_bundle(args, work / "qwen3-native.bundle")

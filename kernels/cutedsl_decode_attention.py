@@ -4,7 +4,7 @@ qwen.decode_attention_region@2 (Qwen3), llama.decode_attention_region@1, mistral
 and qwen2.decode_attention_region@1, one region per layer with the same boundary.
 
 STATUS: the GPU checks in tests/test_cutedsl_decode_attention.py (marked `gpu`, against
-mcore.ops.decode_attention_reference) and bench/attention_gpu.py (speed on the Qwen3-8B-sized
+mcore.ops.attention.decode_attention_reference) and bench/attention_gpu.py (speed on the Qwen3-8B-sized
 config) are what vouch for it; docs/gpu-results.md has their latest results on the H200, and
 docs/cutedsl-decode-attention.md the measurements behind the schedule's defaults.
 
@@ -28,7 +28,7 @@ family's own id, e.g. llama.decode_attention_region@1):
     workspace: none (the recipe's), or UINT8 [N] declared at build (`--workspace-bytes N`, in the ABI
     hash): the split schedule below; the exporter prints the N for its splits. Extra args: none.
 
-Semantics (mcore.ops.decode_attention): query i of the s new tokens sits at position
+Semantics (mcore.ops.attention.decode_attention): query i of the s new tokens sits at position
 length - s + i and attends the keys 0..length - s + i (causal among the new tokens).
 
 Schedule (split-KV, flash-decoding). Without a workspace: one thread block cluster of CLUSTER blocks
@@ -43,7 +43,7 @@ cluster) per (KV head, new token) each write a partial record (fp32 context row,
 to the workspace, and a second kernel merges a row's records in split order (deterministic, no
 atomics; the workspace's contents on entry do not matter).
 
-Numerics (mirroring mcore/flash_decode.py): products and sums in fp32; the softmax in fp32 (exp
+Numerics (mirroring mcore/ops/flash_decode.py): products and sums in fp32; the softmax in fp32 (exp
 through ex2.approx); probabilities rounded to T for the product with V (the sum of probabilities is
 not rounded); the context rounded to T once.
 
@@ -74,7 +74,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from mcore import exporter_kit as kit
+from mcore.kernels import exporter_kit as kit
 
 # ---------------------------------------------------------------- the contract
 
@@ -208,7 +208,7 @@ MMA = os.environ.get("CUTEDSL_ATTENTION_MMA", "1") != "0"
 # CUTEDSL_ATTENTION_PREFETCH=1 (tensor-core walk, experimental): a warp issues the loads of its next
 # 16 keys before the arithmetic of the current ones
 PREFETCH = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0") == "1"
-# Programmatic dependent launch (Hopper), as the compiled engine launches its own kernels (mcore/pdl.py):
+# Programmatic dependent launch (Hopper), as the compiled engine launches its own kernels (mcore/ops/pdl.py):
 # CUTEDSL_ATTENTION_PDL=0 a plain launch; =early the next kernel may launch as soon as this one's wait
 # returned (as the engine's Triton kernels do), the merge kernel's successor too.
 _PDL_ENV = os.environ.get("CUTEDSL_ATTENTION_PDL", "1")

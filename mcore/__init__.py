@@ -23,7 +23,7 @@ The groups:
   exporter_kit (the module every CuTe DSL exporter imports: contract check, ABI order, export and link);
   load_bindings_manifest, BindingsManifest, Binding, BINDINGS_SCHEMA_VERSION
 - verify gates: compare_tokens, compare_embeddings, perf_gate (and its PERF_DEFAULTS), reference_check,
-  lockstep_logits; the one gate implementation the CLI and the workbench share (mcore/gates.py):
+  lockstep_logits; the one gate implementation the CLI and the workbench share (mcore/verify/gates.py):
   TokensGate, EmbeddingsGate, ReferenceGate, LogitsGate, PerfGate (PerfOptions, BenchArms), GateHooks
 - the edit-export-verify loop: watch_kernel, WatchConfig, benchmark_command (a perf gate arm's command)
 - profile: profile_pipeline, load_profile, CANDIDATE_BINDING; device facts: device_facts, describe_device
@@ -44,16 +44,16 @@ __version__ = "0.1.0"
 # public name -> the submodule (relative to mcore) that defines it
 _EXPORTS: dict[str, str] = {
     # errors
-    "UserError": "errors",
-    "Cancelled": "errors",
+    "UserError": "common.errors",
+    "Cancelled": "common.errors",
     # progress and cancellation
-    "Progress": "progress",
-    "CancelToken": "progress",
-    "NO_PROGRESS": "progress",
+    "Progress": "common.progress",
+    "CancelToken": "common.progress",
+    "NO_PROGRESS": "common.progress",
     # graph capture and snapshots
-    "capture": "graph_capture",
-    "resolve": "graph_capture",
-    "tool_versions": "graph_capture",
+    "capture": "graph.capture",
+    "resolve": "graph.capture",
+    "tool_versions": "graph.capture",
     "load_snapshot": "graph.snapshot",
     "Snapshot": "graph.snapshot",
     "Node": "graph.snapshot",
@@ -65,75 +65,75 @@ _EXPORTS: dict[str, str] = {
     "node_matches": "graph.display",
     "node_row": "graph.display",
     # selection
-    "select_region": "selection",
-    "load_receipt": "selection",
-    "RegionError": "errors",
-    "Receipt": "receipt",
-    "SlotRecord": "receipt",
+    "select_region": "selection.region",
+    "load_receipt": "selection.region",
+    "RegionError": "common.errors",
+    "Receipt": "selection.receipt",
+    "SlotRecord": "selection.receipt",
     # recipes
-    "find_recipe": "recipes",
-    "recipe_rows": "recipes",
-    "select_recipe": "recipes",
+    "find_recipe": "selection.recipes",
+    "recipe_rows": "selection.recipes",
+    "select_recipe": "selection.recipes",
     # build
-    "BuildArgs": "buildargs",
-    "LAYOUTS": "buildargs",
-    "PRECISIONS": "buildargs",
-    "WEIGHTS": "buildargs",
-    "build_bundle": "build",
-    "open_bundle": "bundle",
-    "BundleManifest": "bundle_manifest",
+    "BuildArgs": "model.buildargs",
+    "LAYOUTS": "model.buildargs",
+    "PRECISIONS": "model.buildargs",
+    "WEIGHTS": "model.buildargs",
+    "build_bundle": "bundle.build",
+    "open_bundle": "bundle.container",
+    "BundleManifest": "bundle.manifest",
     # pipelines
-    "open_pipeline": "api",
-    "DecoderPipeline": "pipeline",
-    "EncoderPipeline": "pipeline",
+    "open_pipeline": "runtime.api",
+    "DecoderPipeline": "runtime.pipeline",
+    "EncoderPipeline": "runtime.pipeline",
     # kernels and bindings
-    "build_kernel": "kernels",
-    "write_exporter": "stubgen",
-    "exporter_kit": "exporter_kit",
-    "run_exporter": "exporters",
-    "device_facts": "device",
-    "describe_device": "device",
-    "shipped_exporter": "exporters",
-    "SHIPPED_EXPORTERS": "exporters",
-    "kernel_catalog": "exporters",
-    "load_bindings_manifest": "bindings",
-    "BindingsManifest": "bindings",
-    "Binding": "bindings",
-    "BINDINGS_SCHEMA_VERSION": "bindings",
+    "build_kernel": "kernels.shipped",
+    "write_exporter": "kernels.stubgen",
+    "exporter_kit": "kernels.exporter_kit",
+    "run_exporter": "kernels.exporters",
+    "device_facts": "profile.device",
+    "describe_device": "profile.device",
+    "shipped_exporter": "kernels.exporters",
+    "SHIPPED_EXPORTERS": "kernels.exporters",
+    "kernel_catalog": "kernels.exporters",
+    "load_bindings_manifest": "runtime.bindings",
+    "BindingsManifest": "runtime.bindings",
+    "Binding": "runtime.bindings",
+    "BINDINGS_SCHEMA_VERSION": "runtime.bindings",
     # verify gates
-    "compare_tokens": "verify",
-    "compare_embeddings": "verify",
-    "perf_gate": "verify",
-    "PERF_DEFAULTS": "verify_perf",
-    "reference_check": "verify_reference",
-    "lockstep_logits": "verify_logits",
-    "GateHooks": "gates",
-    "TokensGate": "gates",
-    "EmbeddingsGate": "gates",
-    "ReferenceGate": "gates",
-    "LogitsGate": "gates",
-    "PerfGate": "gates",
-    "PerfOptions": "gates",
-    "BenchArms": "gates",
+    "compare_tokens": "verify.compare",
+    "compare_embeddings": "verify.compare",
+    "perf_gate": "verify.compare",
+    "PERF_DEFAULTS": "verify.perf",
+    "reference_check": "verify.reference",
+    "lockstep_logits": "verify.logits",
+    "GateHooks": "verify.gates",
+    "TokensGate": "verify.gates",
+    "EmbeddingsGate": "verify.gates",
+    "ReferenceGate": "verify.gates",
+    "LogitsGate": "verify.gates",
+    "PerfGate": "verify.gates",
+    "PerfOptions": "verify.gates",
+    "BenchArms": "verify.gates",
     # the edit-export-verify loop
-    "WatchConfig": "watch",
-    "watch_kernel": "watch",
-    "benchmark_command": "watch",
+    "WatchConfig": "verify.watch",
+    "watch_kernel": "verify.watch",
+    "benchmark_command": "verify.watch",
     # profile
-    "profile_pipeline": "profile",
-    "load_profile": "profile",
-    "CANDIDATE_BINDING": "profile",
+    "profile_pipeline": "profile.profiler",
+    "load_profile": "profile.profiler",
+    "CANDIDATE_BINDING": "profile.profiler",
     # files
-    "atomic_write": "fileio",
-    "check_fields": "fileio",
-    "check_overwrite": "fileio",
-    "check_path_text": "fileio",
-    "check_std_streams": "fileio",
-    "library_sha256": "dso",
-    "set_cache_note_sink": "cache",
-    "read_json": "fileio",
-    "write_json": "fileio",
-    "stdout_failed": "fileio",
+    "atomic_write": "common.fileio",
+    "check_fields": "common.fileio",
+    "check_overwrite": "common.fileio",
+    "check_path_text": "common.fileio",
+    "check_std_streams": "common.fileio",
+    "library_sha256": "kernels.dso",
+    "set_cache_note_sink": "common.cache",
+    "read_json": "common.fileio",
+    "write_json": "common.fileio",
+    "stdout_failed": "common.fileio",
     # demo models and model families
     "demo_names": "families.demo",
     "family_kind": "families",
@@ -242,20 +242,12 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
-    from .api import open_pipeline
-    from .bindings import BINDINGS_SCHEMA_VERSION, Binding, BindingsManifest, load_bindings_manifest
-    from .build import build_bundle
-    from .buildargs import LAYOUTS, PRECISIONS, WEIGHTS, BuildArgs
-    from .bundle import open_bundle
-    from .bundle_manifest import BundleManifest
-    from .cache import set_cache_note_sink
-    from .device import describe_device, device_facts
-    from .dso import library_sha256
-    from .errors import Cancelled, RegionError, UserError
-    from .exporters import SHIPPED_EXPORTERS, kernel_catalog, run_exporter, shipped_exporter
-    from .families import bundle_kind, family_kind, model_kind
-    from .families.demo import demo_names
-    from .fileio import (
+    from .bundle.build import build_bundle
+    from .bundle.container import open_bundle
+    from .bundle.manifest import BundleManifest
+    from .common.cache import set_cache_note_sink
+    from .common.errors import Cancelled, RegionError, UserError
+    from .common.fileio import (
         atomic_write,
         check_fields,
         check_overwrite,
@@ -265,7 +257,27 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
         stdout_failed,
         write_json,
     )
-    from .gates import (
+    from .common.progress import NO_PROGRESS, CancelToken, Progress
+    from .families import bundle_kind, family_kind, model_kind
+    from .families.demo import demo_names
+    from .graph.capture import capture, resolve, tool_versions
+    from .graph.display import abi_lines, module_tree, node_matches, node_row
+    from .graph.snapshot import Node, RecipeRow, Snapshot, Tensor, load_snapshot
+    from .kernels.dso import library_sha256
+    from .kernels.exporters import SHIPPED_EXPORTERS, kernel_catalog, run_exporter, shipped_exporter
+    from .kernels.shipped import build_kernel
+    from .kernels.stubgen import write_exporter
+    from .model.buildargs import LAYOUTS, PRECISIONS, WEIGHTS, BuildArgs
+    from .profile.device import describe_device, device_facts
+    from .profile.profiler import CANDIDATE_BINDING, load_profile, profile_pipeline
+    from .runtime.api import open_pipeline
+    from .runtime.bindings import BINDINGS_SCHEMA_VERSION, Binding, BindingsManifest, load_bindings_manifest
+    from .runtime.pipeline import DecoderPipeline, EncoderPipeline
+    from .selection.receipt import Receipt, SlotRecord
+    from .selection.recipes import find_recipe, recipe_rows, select_recipe
+    from .selection.region import load_receipt, select_region
+    from .verify.compare import compare_embeddings, compare_tokens, perf_gate
+    from .verify.gates import (
         BenchArms,
         EmbeddingsGate,
         GateHooks,
@@ -275,19 +287,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
         ReferenceGate,
         TokensGate,
     )
-    from .graph.display import abi_lines, module_tree, node_matches, node_row
-    from .graph.snapshot import Node, RecipeRow, Snapshot, Tensor, load_snapshot
-    from .graph_capture import capture, resolve, tool_versions
-    from .kernels import build_kernel
-    from .pipeline import DecoderPipeline, EncoderPipeline
-    from .profile import CANDIDATE_BINDING, load_profile, profile_pipeline
-    from .progress import NO_PROGRESS, CancelToken, Progress
-    from .receipt import Receipt, SlotRecord
-    from .recipes import find_recipe, recipe_rows, select_recipe
-    from .selection import load_receipt, select_region
-    from .stubgen import write_exporter
-    from .verify import compare_embeddings, compare_tokens, perf_gate
-    from .verify_logits import lockstep_logits
-    from .verify_perf import PERF_DEFAULTS
-    from .verify_reference import reference_check
-    from .watch import WatchConfig, benchmark_command, watch_kernel
+    from .verify.logits import lockstep_logits
+    from .verify.perf import PERF_DEFAULTS
+    from .verify.reference import reference_check
+    from .verify.watch import WatchConfig, benchmark_command, watch_kernel

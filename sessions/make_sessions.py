@@ -23,10 +23,10 @@ sys.path.insert(0, str(HERE.parent))
 
 import torch  # noqa: E402
 
-from mcore.buildargs import BuildArgs  # noqa: E402
-from mcore.errors import UserError  # noqa: E402
+from mcore.common.errors import UserError  # noqa: E402
 from mcore.graph.snapshot import load_snapshot  # noqa: E402
-from mcore.recipes import find_recipe  # noqa: E402
+from mcore.model.buildargs import BuildArgs  # noqa: E402
+from mcore.selection.recipes import find_recipe  # noqa: E402
 from workbench.actions import ActionContext  # noqa: E402
 from workbench.dispatch import run_action  # noqa: E402
 from workbench.session import Session  # noqa: E402
@@ -97,7 +97,7 @@ def recipe_nodes(snapshot_path: Path, recipe_id: str, instance: str) -> list[str
 
 def have_stubgen() -> bool:
     try:
-        import mcore.stubgen  # noqa: F401
+        import mcore.kernels.stubgen  # noqa: F401
     except ImportError:
         return False
     return True

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mcore.errors import UserError
+from mcore.common.errors import UserError
 from workbench import actions
 from workbench.registry import REGISTRY, ActionSpec
 from workbench.replay import check_session

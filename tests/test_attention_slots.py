@@ -36,7 +36,7 @@ def built(tmp_path_factory):
 
 
 def manifest_of(work: Path, name: str) -> dict:
-    from mcore.bundle import open_bundle
+    from mcore.bundle.container import open_bundle
 
     return open_bundle(work / name).manifest
 
@@ -99,7 +99,7 @@ class AttentionStandIn:
         self.calls: list[tuple[int, int]] = []  # (cache data_ptr, kv_len) per call
 
     def __call__(self, q, k_cache, v_cache, kv_lengths, out):
-        from mcore.ops import decode_attention_reference
+        from mcore.ops.attention import decode_attention_reference
 
         assert q.shape[:2] == out.shape[:2] and out.shape == q.shape and kv_lengths.dtype == torch.int32
         self.calls.append((k_cache.data_ptr(), int(kv_lengths[0])))
@@ -121,8 +121,8 @@ def bind_manifest(work: Path, abi: str) -> Path:
 
 
 def test_one_entry_binds_both_layers_and_every_slot_runs(built, monkeypatch):
-    from mcore import bindings
-    from mcore.pipeline import DecoderPipeline
+    from mcore.runtime import bindings
+    from mcore.runtime.pipeline import DecoderPipeline
 
     kernel = AttentionStandIn()
     monkeypatch.setattr(bindings, "_load_function", lambda library, function, bid: (None, kernel))
@@ -148,8 +148,8 @@ def test_a_recipe_build_declares_a_workspace_and_each_slot_gets_its_own(built, m
     """`--workspace-bytes N` replaces the recipe's workspace (none): the receipt declares it, the ABI
     hash covers it (so a kernel exported for the plain receipt cannot bind), and every slot's kernel
     gets its own N-byte uint8 workspace between the inputs and the output."""
-    from mcore import bindings
-    from mcore.pipeline import DecoderPipeline
+    from mcore.runtime import bindings
+    from mcore.runtime.pipeline import DecoderPipeline
 
     out = built / "ws.bundle"
     r = mcore("build", *QWEN_ARGS, "--recipe", RECIPE, *LAYERS, "--workspace-bytes", "4096", "-o", str(out))
@@ -236,8 +236,8 @@ def test_workbench_builds_every_instance_and_shows_the_slot_count(tmp_path):
 
 
 def test_compiled_engine_keeps_both_slots_opaque_and_calls_them(built, monkeypatch):
-    from mcore import bindings
-    from mcore.pipeline import DecoderPipeline
+    from mcore.runtime import bindings
+    from mcore.runtime.pipeline import DecoderPipeline
 
     kernel = AttentionStandIn()
     monkeypatch.setattr(bindings, "_load_function", lambda library, function, bid: (None, kernel))
@@ -289,8 +289,8 @@ def two_instance_snapshot(shape_b=(4, 8)) -> dict:
 
 
 def test_instances_select_through_select_region_and_must_share_one_abi():
-    from mcore.errors import UserError
-    from mcore.recipes import select_recipe_instances
+    from mcore.common.errors import UserError
+    from mcore.selection.recipes import select_recipe_instances
 
     snap = two_instance_snapshot()
     receipts = select_recipe_instances(snap, "t.r@1", ["all-instances"])

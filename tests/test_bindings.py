@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mcore import bindings as bindings_mod
-from mcore.bindings import Binding, BoundKernel, bind_slots, load_bindings_manifest
-from mcore.errors import UserError
+from mcore.common.errors import UserError
+from mcore.runtime import bindings as bindings_mod
+from mcore.runtime.bindings import Binding, BoundKernel, bind_slots, load_bindings_manifest
 
 ABI_A = "a" * 64
 ABI_B = "0123456789abcdef" * 4
@@ -477,7 +477,7 @@ def test_messages_are_one_line(work):
 def test_library_sha256_pins_the_dso_bytes_before_dlopen(work, monkeypatch):
     """An entry with library_sha256 binds only that DSO: the copy kernel's hash on the fill kernel's
     file is refused before anything is loaded; the right hash binds; without it any DSO binds."""
-    from mcore.dso import library_sha256
+    from mcore.kernels.dso import library_sha256
 
     good = library_sha256(work / "kernel.so")
     m = write_manifest(work, [{**entry(), "library_sha256": good}])
@@ -514,7 +514,7 @@ def test_nul_bytes_and_over_long_library_paths_are_one_line_errors(work, mcore, 
 
 
 def test_kernel_build_prints_the_library_sha256(tmp_path, mcore):
-    from mcore.dso import library_sha256
+    from mcore.kernels.dso import library_sha256
 
     res = mcore("kernel", "build", "identity-copy", "--cuda", "off", "-o", tmp_path / "k.so")
     assert res.code == 0, res

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from mcore.errors import UserError
-from mcore.exporters import run_exporter
-from mcore.subproc import run_bounded
+from mcore.common.errors import UserError
+from mcore.common.subproc import run_bounded
+from mcore.kernels.exporters import run_exporter
 
 from .conftest import assert_user_error
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mcore import bundle as bundle_mod
-from mcore.bundle import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION, open_bundle, write_bundle
-from mcore.errors import Cancelled, UserError
-from mcore.progress import CancelToken, Progress
+from mcore.bundle import container as bundle_mod
+from mcore.bundle.container import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION, open_bundle, write_bundle
+from mcore.common.errors import Cancelled, UserError
+from mcore.common.progress import CancelToken, Progress
 
 
 def manifest(**extra):

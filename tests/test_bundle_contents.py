@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import mcore.pipeline
-from mcore.build import build_bundle
-from mcore.buildargs import BuildArgs
-from mcore.bundle import open_bundle, write_bundle
-from mcore.errors import UserError
-from mcore.pipeline import DecoderPipeline
+import mcore.runtime.pipeline
+from mcore.bundle.build import build_bundle
+from mcore.bundle.container import open_bundle, write_bundle
+from mcore.common.errors import UserError
+from mcore.model.buildargs import BuildArgs
+from mcore.runtime.pipeline import DecoderPipeline
 
 from .conftest import assert_user_error
 from .test_fuzz_contracts import FUZZ, mutated
@@ -119,7 +119,7 @@ def test_inspect_refuses_a_family_this_mcore_does_not_know(bundles, tmp_path, mc
 
 
 def test_slot_nodes_the_graph_lacks_are_refused(bundles, tmp_path, mcore):
-    from mcore.kernels import build_kernel
+    from mcore.kernels.shipped import build_kernel
 
     def nodes(m: dict) -> None:
         m["kernel_slots"][0]["node_ids"] = ["node:99999"]  # not covered by the slot's ABI hash
@@ -165,8 +165,8 @@ def test_fuzz_bundle_contents(bundles, tmp_path, monkeypatch):
     """Mutated config.json, tokenizer_config.json and manifest fields in a whole bundle: the pipeline
     either refuses them in one line or goes on to capture (where the fingerprint decides)."""
     _NATIVE[:] = [bundles["native"]]
-    monkeypatch.setattr(mcore.pipeline, "capture_cached", lambda *a, **k: (_ for _ in ()).throw(_Reached()))
-    monkeypatch.setattr(mcore.pipeline.DecoderPipeline, "_ready", lambda *a: None)
+    monkeypatch.setattr(mcore.runtime.pipeline, "capture_cached", lambda *a, **k: (_ for _ in ()).throw(_Reached()))
+    monkeypatch.setattr(mcore.runtime.pipeline.DecoderPipeline, "_ready", lambda *a: None)
 
     @given(change=garbled())
     @FUZZ

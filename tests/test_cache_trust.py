@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mcore import cache
-from mcore.build import build_bundle
-from mcore.buildargs import BuildArgs
-from mcore.pipeline import DecoderPipeline
+from mcore.bundle.build import build_bundle
+from mcore.common import cache
+from mcore.model.buildargs import BuildArgs
+from mcore.runtime.pipeline import DecoderPipeline
 
 from .checkpoints import make_qwen3_checkpoint
 from .conftest import repo_env
@@ -111,8 +111,8 @@ def test_a_chosen_inductor_folder_that_others_can_write_is_refused(tmp_path, mco
     shared.mkdir()
     os.chmod(shared, 0o777)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    from mcore.common.errors import UserError
     from mcore.engines.compiled import CompiledEngine
-    from mcore.errors import UserError
 
     with pytest.raises(UserError, match=r"TORCHINDUCTOR_CACHE_DIR .* writable by group or others.*chmod go-w"):
         CompiledEngine()
@@ -157,7 +157,7 @@ def _spy_loads(monkeypatch) -> list:
 
 def _pairs(folder: Path, bundles: dict[str, str]) -> list[tuple[Path, Path]]:
     """(a's program, b's program of the same role) for both roles."""
-    from mcore.bundle import open_bundle
+    from mcore.bundle.container import open_bundle
 
     roles = {k: open_bundle(b).runnable().roles for k, b in bundles.items()}
 
@@ -247,8 +247,8 @@ def test_gpu_precompiled_entries_are_checked_and_inductor_caches_under_mcore(tmp
 def test_gpu_a_kernel_without_the_workspace_argument_is_one_line_on_the_compiled_engine(tmp_path):
     """On the CUDA default (precompiled, CUDA-graph replay) the first call of a kernel that does not
     take the slot's workspace is the one-line error naming the slot's call, not tvm_ffi's TypeError."""
-    from mcore.errors import UserError
-    from mcore.kernels import build_kernel
+    from mcore.common.errors import UserError
+    from mcore.kernels.shipped import build_kernel
 
     args = BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=64)
     res = build_bundle(

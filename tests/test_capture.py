@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from mcore.buildargs import BuildArgs
+from mcore.graph.capture import capture
 from mcore.graph.snapshot import fingerprint
-from mcore.graph_capture import capture
+from mcore.model.buildargs import BuildArgs
 from tests.conftest import QWEN_ARGS, run_cli
 
 QWEN = BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=256, decoder_engine_layout="split")

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcore.errors import UserError
-from mcore.tokenization import render_template
+from mcore.common.errors import UserError
+from mcore.model.tokenization import render_template
 
 from .conftest import assert_user_error
 from .test_fuzz_contracts import FUZZ
@@ -48,7 +48,7 @@ def test_a_bad_template_is_one_line_in_bounded_time(case):
 
 
 def test_a_template_past_its_time_budget_is_stopped(monkeypatch):
-    import mcore.tokenization as T
+    import mcore.model.tokenization as T
 
     monkeypatch.setattr(T, "TEMPLATE_SECONDS", 0.2)
     monkeypatch.setattr(T, "TEMPLATE_OPS", 10**12)
@@ -69,8 +69,8 @@ def test_a_good_template_renders_as_before():
 
 @pytest.mark.timing
 def test_mcore_run_chat_with_a_hostile_template_is_one_line(tmp_path, mcore):
-    from mcore.build import build_bundle
-    from mcore.buildargs import BuildArgs
+    from mcore.bundle.build import build_bundle
+    from mcore.model.buildargs import BuildArgs
 
     from .test_bundle_contents import remake
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from mcore import cache
-from mcore.build import build_bundle
-from mcore.buildargs import BuildArgs
-from mcore.errors import Cancelled, UserError
-from mcore.kernels import build_kernel
-from mcore.pipeline import DecoderPipeline, EncoderPipeline
-from mcore.progress import CancelToken, Progress
+from mcore.bundle.build import build_bundle
+from mcore.common import cache
+from mcore.common.errors import Cancelled, UserError
+from mcore.common.progress import CancelToken, Progress
+from mcore.kernels.shipped import build_kernel
+from mcore.model.buildargs import BuildArgs
+from mcore.runtime.pipeline import DecoderPipeline, EncoderPipeline
 
 from .conftest import assert_user_error
 
@@ -143,7 +143,7 @@ def test_cpu_precompiled_artifact_is_saved_then_loaded(cpu_bundles, tmp_path, mo
     without Dynamo into an artifact file with a role record beside it; the next load reads those
     and captures nothing; the numbers are those of the default compiled path, prompts of 1 token
     and of many included; a damaged artifact or record is compiled again, never trusted."""
-    import mcore.pipeline
+    import mcore.runtime.pipeline
 
     native, _, _ = cpu_bundles
     default = DecoderPipeline(str(native), device="cpu", engine="compiled")
@@ -157,8 +157,10 @@ def test_cpu_precompiled_artifact_is_saved_then_loaded(cpu_bundles, tmp_path, mo
     assert {first.runners[r].artifact for r in ("prefill", "decode")} == set(artifacts)
 
     captures = []
-    real_capture = mcore.pipeline.capture_cached
-    monkeypatch.setattr(mcore.pipeline, "capture_cached", lambda *a, **k: captures.append(a) or real_capture(*a, **k))
+    real_capture = mcore.runtime.pipeline.capture_cached
+    monkeypatch.setattr(
+        mcore.runtime.pipeline, "capture_cached", lambda *a, **k: captures.append(a) or real_capture(*a, **k)
+    )
     again = DecoderPipeline(str(native), device="cpu", engine="compiled")
     assert captures == []  # neither role graph was captured: both came from their records
     assert all(r.cached and "precompiled artifact" in r.describe() for r in again.runners.values())
@@ -268,7 +270,7 @@ def test_precompiled_roles_and_gemv_are_cuda_defaults_that_env_overrides(monkeyp
     """On CUDA the engine precompiles its roles and runs one-row products on mcore::gemv (both
     measured faster on the H200); on CPU neither unless asked; =0 and =1 override either way."""
     from mcore.engines.compiled import compile_key, precompiled
-    from mcore.gemv import enabled as gemv_enabled
+    from mcore.ops.gemv import enabled as gemv_enabled
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     for name, on in (("MCORE_PRECOMPILED", precompiled), ("MCORE_GEMV", gemv_enabled)):
@@ -288,7 +290,7 @@ def test_combo_kernels_and_programmatic_dependent_launch_are_cuda_defaults(monke
     """On CUDA the engine compiles with Inductor's combo kernels, and on Hopper and later with
     programmatic dependent launch (together 4.91 -> 4.46 ms a step on the H200); on CPU with
     neither. MCORE_INDUCTOR replaces the defaults; 'none' turns them off."""
-    from mcore import inductor, pdl
+    from mcore.ops import inductor, pdl
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv("MCORE_INDUCTOR", raising=False)
@@ -418,7 +420,7 @@ def test_gpu_device_time_does_not_measure_the_host():
     with no host work in between."""
     import time
 
-    from mcore.pipeline import device_seconds
+    from mcore.runtime.pipeline import device_seconds
 
     x = torch.zeros(1024, device="cuda")
 
@@ -455,7 +457,7 @@ def test_gpu_precompiled_reload_captures_nothing_and_keeps_the_bits(gpu_bundles,
     """MCORE_PRECOMPILED=1 on the GPU: the artifacts carry the Triton code; a reload takes both roles
     from them (no capture), still replays the decode step as a CUDA graph, and computes the bits of
     the default compiled path; an identity-copy slot pipeline compiled the same way keeps them too."""
-    import mcore.pipeline
+    import mcore.runtime.pipeline
 
     native, slot, manifest = gpu_bundles
     default = DecoderPipeline(str(native), device="cuda")
@@ -464,8 +466,10 @@ def test_gpu_precompiled_reload_captures_nothing_and_keeps_the_bits(gpu_bundles,
     DecoderPipeline(str(native), device="cuda")
     DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cuda")
     captures = []
-    real_capture = mcore.pipeline.capture_cached
-    monkeypatch.setattr(mcore.pipeline, "capture_cached", lambda *a, **k: captures.append(a) or real_capture(*a, **k))
+    real_capture = mcore.runtime.pipeline.capture_cached
+    monkeypatch.setattr(
+        mcore.runtime.pipeline, "capture_cached", lambda *a, **k: captures.append(a) or real_capture(*a, **k)
+    )
     nat = DecoderPipeline(str(native), device="cuda")
     assert captures == [] and nat.runners["decode"].graphs
     assert all("precompiled artifact" in r.describe() for r in nat.runners.values())

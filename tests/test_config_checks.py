@@ -11,9 +11,9 @@ import pytest
 import torch
 import transformers
 
-from mcore.buildargs import BuildArgs
 from mcore.families import get_family
 from mcore.families.source import resolve_model
+from mcore.model.buildargs import BuildArgs
 
 from .checkpoints import make_bert_checkpoint, make_distilbert_checkpoint, make_qwen3_checkpoint
 from .conftest import assert_user_error

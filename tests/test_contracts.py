@@ -22,7 +22,7 @@ from mcore import (
     load_snapshot,
     select_region,
 )
-from mcore.fileio import canonical_json
+from mcore.common.fileio import canonical_json
 from mcore.graph.snapshot import fingerprint
 
 from .conftest import DISTIL_ARGS, assert_user_error

@@ -2,7 +2,7 @@
 
 CPU (CI): the contract check accepts this recipe's ABI and refuses everything else with one line
 and exit 2; compile + export + link for sm_90a and load the DSO (no GPU needed).
-GPU (marked `gpu`, run on the device): numerics against mcore.ops.decode_attention_reference.
+GPU (marked `gpu`, run on the device): numerics against mcore.ops.attention.decode_attention_reference.
 They passed on the H200 (docs/gpu-results.md, 2026-12-01: the whole suite with the CuTe DSL carried).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from mcore.selection import select_region
+from mcore.selection.region import select_region
 from tests.test_stubgen import Graph, node_of
 
 from .conftest import needs_cute, repo_env, require_cute
@@ -421,7 +421,7 @@ def gpu_kernels(tmp_path_factory):
 def test_gpu_matches_the_reference(gpu_kernels, shape, new_tokens, schedule):
     import torch
 
-    from mcore.ops import decode_attention_reference
+    from mcore.ops.attention import decode_attention_reference
 
     dtype, heads, kv_heads, capacity, head_dim = shape
     tdt = {"BF16": torch.bfloat16, "FP16": torch.float16}[dtype]
@@ -466,7 +466,7 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
     above has 1 to 4: the walk that loads a step ahead carries its buffer across many steps."""
     import torch
 
-    from mcore.ops import decode_attention_reference
+    from mcore.ops.attention import decode_attention_reference
 
     shape = ("BF16", 32, 8, 8192, 128)
     fn = gpu_kernels[shape, schedule]
@@ -492,7 +492,7 @@ def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels, schedul
     (split: both kernels, the walk and the merge, in the graph)."""
     import torch
 
-    from mcore.ops import decode_attention_reference
+    from mcore.ops.attention import decode_attention_reference
 
     fn = gpu_kernels[("BF16", 32, 4, 256, 128), schedule]
     q = torch.randn(1, 32, 1, 128, device="cuda").to(torch.bfloat16)
@@ -620,7 +620,7 @@ def _wide_bindings(wide_qwen: Path) -> Path:
 
 @needs_cute
 def test_one_exported_dso_binds_both_layers(wide_qwen):
-    from mcore.pipeline import DecoderPipeline
+    from mcore.runtime.pipeline import DecoderPipeline
 
     manifest = _wide_bindings(wide_qwen)
     pipe = DecoderPipeline(
@@ -638,7 +638,7 @@ def _assert_bound_matches_native(build: Path, manifest: Path, engine: str) -> No
     (random weights leave near-ties, so greedy tokens could flip): bf16 tolerance, cosine > 0.999."""
     import torch
 
-    from mcore.pipeline import DecoderPipeline
+    from mcore.runtime.pipeline import DecoderPipeline
 
     prompt = "Explain grouped-query attention, KV caching, and decode latency."
     native = DecoderPipeline(str(build / "native.bundle"), device="cuda", engine=engine)
@@ -731,7 +731,7 @@ def test_the_recipe_receipts_of_a_llama_build_pass_the_contract(llama_build, exp
 
 @needs_cute
 def test_one_exported_dso_binds_every_llama_layer(llama_build):
-    from mcore.pipeline import DecoderPipeline
+    from mcore.runtime.pipeline import DecoderPipeline
 
     pipe = DecoderPipeline(
         str(llama_build / "attn.bundle"),

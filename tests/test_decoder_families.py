@@ -14,13 +14,13 @@ import pytest
 import torch
 import transformers
 
-from mcore.build import build_bundle
-from mcore.buildargs import BuildArgs
-from mcore.errors import UserError
+from mcore.bundle.build import build_bundle
+from mcore.common.errors import UserError
 from mcore.families import family_for_config, get_family
 from mcore.families.source import resolve_model
-from mcore.pipeline import DecoderPipeline
-from mcore.tokenization import load_tokenizer_from_folder
+from mcore.model.buildargs import BuildArgs
+from mcore.model.tokenization import load_tokenizer_from_folder
+from mcore.runtime.pipeline import DecoderPipeline
 
 from .checkpoints import PUBLISHED, make_published_checkpoint
 from .conftest import assert_user_error
@@ -275,8 +275,8 @@ def test_llama_recipes_one_attention_instance_per_layer_with_qwen3s_boundary(tmp
     """The attention recipe of a Llama-3.1-8B-shaped config (one layer, random weights): the region is
     the one mcore::decode_attention node and its boundary the Qwen3 recipe's, so the ABI hash is the
     one a Qwen3 build of the same shapes gives (same contract, same hash)."""
-    from mcore.graph_capture import capture
-    from mcore.recipes import select_recipe
+    from mcore.graph.capture import capture
+    from mcore.selection.recipes import select_recipe
 
     from .checkpoints import _llama_3_1_8b
 
@@ -543,8 +543,8 @@ def test_profile_attributes_a_llama_step_to_its_recipe_instances(tmp_path, mcore
 def test_qwen3_graphs_and_abi_hashes_are_the_ones_the_shipped_sessions_recorded(session):
     """Qwen3 runs on the shared decoder with the graphs it had: every role's fingerprint and the recipe
     receipts' ABI hashes a shipped tutorial recorded come out of a fresh capture unchanged."""
-    from mcore.graph_capture import capture
-    from mcore.recipes import select_recipe_instances
+    from mcore.graph.capture import capture
+    from mcore.selection.recipes import select_recipe_instances
 
     from .conftest import REPO
 

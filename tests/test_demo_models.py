@@ -9,10 +9,10 @@ import pytest
 import torch
 import transformers
 
-from mcore.buildargs import BuildArgs
-from mcore.errors import UserError
+from mcore.common.errors import UserError
 from mcore.families import demo, get_family
 from mcore.families.source import load_tokenizer, resolve_model, special_tokens
+from mcore.model.buildargs import BuildArgs
 
 NAMES = ["qwen3-tiny", "qwen3-tiny-hd64", "llama-tiny", "mistral-tiny", "qwen2-tiny", "distilbert-tiny", "bert-tiny"]
 

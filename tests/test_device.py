@@ -1,4 +1,4 @@
-"""Device facts (mcore/device.py): the CUDA runtime's view through cuda-python, the theoretical
+"""Device facts (mcore/profile/device.py): the CUDA runtime's view through cuda-python, the theoretical
 bandwidth from memory clock and bus width, and the measured copy rate cached per device."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from mcore import device as D
+from mcore.profile import device as D
 
 
 def test_theoretical_bandwidth_from_clock_and_bus():

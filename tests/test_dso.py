@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from mcore.bindings import bind_slots
-from mcore.dso import check_elf
-from mcore.errors import UserError
+from mcore.common.errors import UserError
+from mcore.kernels.dso import check_elf
+from mcore.runtime.bindings import bind_slots
 
 from .test_bindings import ABI_A, dsos, entry, slot, work, write_manifest  # noqa: F401 - fixtures
 

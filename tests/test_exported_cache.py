@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from mcore.build import build_bundle
-from mcore.buildargs import BuildArgs
-from mcore.pipeline import DecoderPipeline
+from mcore.bundle.build import build_bundle
+from mcore.model.buildargs import BuildArgs
+from mcore.runtime.pipeline import DecoderPipeline
 
 
 @pytest.fixture()

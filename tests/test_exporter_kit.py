@@ -1,4 +1,4 @@
-"""mcore/exporter_kit.py: the one kit every CuTe DSL exporter imports (the generated stubs, the committed
+"""mcore/kernels/exporter_kit.py: the one kit every CuTe DSL exporter imports (the generated stubs, the committed
 residual-add example and the decode-attention exporter). What it must guarantee without the CuTe DSL:
 it imports light, the ABI order is Receipt.call_args', a `run` in another order is refused, and a
 generated stub uses only the kit's public names (so a stub written today keeps working)."""
@@ -12,8 +12,8 @@ import sys
 import pytest
 
 import mcore
-from mcore import exporter_kit as kit
-from mcore.receipt import Receipt
+from mcore.kernels import exporter_kit as kit
+from mcore.selection.receipt import Receipt
 from tests.test_stubgen import receipts
 
 from .conftest import REPO, repo_env
@@ -25,7 +25,7 @@ def cases() -> dict[str, tuple[dict, dict]]:
 
 
 def test_the_kit_is_public_and_imports_without_torch_or_the_cute_dsl():
-    assert mcore.exporter_kit is kit and "exporter_kit" in mcore.__all__
+    assert mcore.kernels.exporter_kit is kit and "exporter_kit" in mcore.__all__
     code = (
         "import sys; from mcore import exporter_kit; print(sorted(m for m in ('torch', 'cutlass') if m in sys.modules))"
     )
@@ -70,7 +70,7 @@ def test_a_run_in_another_order_is_refused_before_compiling(cases):
 
 
 def test_the_shipped_exporters_and_a_generated_stub_use_only_the_kits_public_names(cases, tmp_path):
-    from mcore.stubgen import generate_exporter
+    from mcore.kernels.stubgen import generate_exporter
 
     stub = tmp_path / "stub.py"
     stub.write_text(generate_exporter(*reversed(cases["workspace_extras"])))

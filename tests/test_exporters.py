@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from mcore.errors import Cancelled, UserError
-from mcore.exporters import run_exporter
-from mcore.progress import CancelToken, Progress
+from mcore.common.errors import Cancelled, UserError
+from mcore.common.progress import CancelToken, Progress
+from mcore.kernels.exporters import run_exporter
 from workbench.actions import ActionContext
 from workbench.session import Session
 

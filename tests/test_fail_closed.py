@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from mcore.errors import UserError
+from mcore.common.errors import UserError
 
 from .conftest import DISTIL_ARGS, assert_user_error
 
@@ -109,7 +109,7 @@ def test_non_utf8_prompt_for_embed(tmp_path, mcore):
     ],
 )
 def test_device_must_be_cpu_or_cuda(device, fragment):
-    from mcore.pipeline import resolve_device
+    from mcore.runtime.pipeline import resolve_device
 
     with pytest.raises(UserError, match=fragment):
         resolve_device(device)
@@ -119,7 +119,7 @@ def test_device_must_be_cpu_or_cuda(device, fragment):
 
 
 def test_run_on_an_encoder_says_embed_before_binding(encoder_bundle, tmp_path, mcore, monkeypatch):
-    import mcore.bindings as bindings
+    import mcore.runtime.bindings as bindings
 
     bound = []
     monkeypatch.setattr(bindings, "_load_function", lambda *a: bound.append(a))
@@ -138,7 +138,7 @@ def test_run_on_an_encoder_says_embed_before_binding(encoder_bundle, tmp_path, m
 
 
 def test_a_prompt_too_long_is_refused_before_binding(tmp_path, mcore, monkeypatch):
-    import mcore.bindings as bindings
+    import mcore.runtime.bindings as bindings
     from mcore.cli.main import main
 
     out = tmp_path / "q.bundle"
@@ -166,7 +166,7 @@ def test_a_prompt_too_long_is_refused_before_binding(tmp_path, mcore, monkeypatc
 
 
 def _write_unchecked(tmp_path, monkeypatch, manifest):
-    import mcore.bundle as bundle
+    import mcore.bundle.container as bundle
 
     with monkeypatch.context() as m:  # the writer refuses such a manifest; the reader must too
         m.setattr(bundle, "_check_manifest_shape", lambda *a: None)
@@ -174,7 +174,7 @@ def _write_unchecked(tmp_path, monkeypatch, manifest):
 
 
 def _manifest(**extra):
-    from mcore.bundle import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION
+    from mcore.bundle.container import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION
 
     m = {
         "schema_version": BUNDLE_SCHEMA_VERSION,
@@ -199,7 +199,7 @@ def test_a_slot_in_a_role_the_bundle_lacks_is_refused_at_load(tmp_path, monkeypa
     assert_user_error(
         mcore("inspect", path), "kernel_slots[0] (binding k@1)", "engine role 'decode' does not exist", "roles: encoder"
     )
-    from mcore.bundle import write_bundle
+    from mcore.bundle.container import write_bundle
 
     with pytest.raises(UserError, match="engine role 'decode' does not exist"):
         write_bundle(tmp_path / "w.bundle", m, {})
@@ -289,7 +289,7 @@ def test_run_output_on_a_full_disk_says_how_to_rerun(tmp_path, mcore, monkeypatc
     import errno
     import os
 
-    import mcore.fileio as fileio
+    import mcore.common.fileio as fileio
 
     from .conftest import QWEN_ARGS
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from mcore.graph.snapshot import fingerprint
-from mcore.receipt import abi_contract, abi_sha256
-from mcore.selection import select_region
+from mcore.selection.receipt import abi_contract, abi_sha256
+from mcore.selection.region import select_region
 
 from .conftest import REPO, assert_user_error, repo_env
 from .graphs import dag_snapshot

@@ -9,10 +9,10 @@ import pytest
 import torch
 import transformers
 
-from mcore import ops
-from mcore.buildargs import BuildArgs
 from mcore.families import get_family
 from mcore.families.source import resolve_model
+from mcore.model.buildargs import BuildArgs
+from mcore.ops import attention as ops
 
 from .checkpoints import make_bert_checkpoint, make_distilbert_checkpoint, make_qwen3_checkpoint
 

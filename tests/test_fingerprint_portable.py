@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-import mcore.build as mcore_build
-import mcore.graph_capture as capture_mod
-from mcore.buildargs import BuildArgs
+import mcore.bundle.build as mcore_build
+import mcore.graph.capture as capture_mod
+from mcore.graph.capture import capture
 from mcore.graph.snapshot import fingerprint
-from mcore.graph_capture import capture
+from mcore.model.buildargs import BuildArgs
 
 from .conftest import REPO, assert_user_error
 from .test_replay import diff_rows, slice_session, step_index, table_rows

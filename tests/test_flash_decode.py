@@ -1,4 +1,4 @@
-"""The split-KV decode attention kernel (mcore/flash_decode.py) against the float64 reference.
+"""The split-KV decode attention kernel (mcore/ops/flash_decode.py) against the float64 reference.
 
 On CPU the Triton kernels run under Triton's interpreter (in a subprocess, since the interpreter
 is chosen when triton is imported): same indexing, masks, split schedule and merge as on the GPU.
@@ -24,7 +24,7 @@ CASES = [
 _INTERP = r"""
 import json, os, sys, torch
 from mcore import flash_decode as fd
-from mcore.ops import decode_attention_reference
+from mcore.ops.attention import decode_attention_reference
 out = []
 for h, kv, d, cap, n, s, dt, ns in json.loads(sys.argv[1]):
     g = torch.Generator().manual_seed(h * 1000 + n)
@@ -75,8 +75,8 @@ def _inputs(h, kv, d, cap, s, dtype, seed=0):
 @pytest.mark.parametrize("gqa", [1, 4, 8])
 @pytest.mark.parametrize("d", [64, 128])
 def test_gpu_matches_reference_over_lengths(dtype, gqa, d):
-    from mcore import flash_decode as fd
-    from mcore.ops import decode_attention_reference
+    from mcore.ops import flash_decode as fd
+    from mcore.ops.attention import decode_attention_reference
 
     cap, kv = 1024, 2
     q1, k, v = _inputs(kv * gqa, kv, d, cap, 3, dtype, seed=gqa * d)
@@ -102,8 +102,8 @@ def test_gpu_matches_reference_over_lengths(dtype, gqa, d):
 @gpu
 @needs_cuda
 def test_gpu_deterministic_and_safe_in_a_cuda_graph():
-    from mcore import flash_decode as fd
-    from mcore.ops import decode_attention_reference
+    from mcore.ops import flash_decode as fd
+    from mcore.ops.attention import decode_attention_reference
 
     q, k, v = _inputs(32, 8, 128, 8192, 1, torch.bfloat16, seed=7)
     lens = torch.tensor([5000], dtype=torch.int32, device="cuda")
@@ -134,7 +134,7 @@ def test_gpu_deterministic_and_safe_in_a_cuda_graph():
 @needs_cuda
 def test_gpu_decode_attention_op_uses_the_split_kernel_and_follows_length():
     """The custom op's CUDA path is the split-KV kernel: equal results, and the cost follows the length."""
-    from mcore import flash_decode as fd
+    from mcore.ops import flash_decode as fd
 
     q, k, v = _inputs(32, 8, 128, 32768, 1, torch.bfloat16, seed=3)
     lens = torch.tensor([1024], dtype=torch.int32, device="cuda")

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mcore.errors import UserError
+from mcore.common.errors import UserError
 
 from .conftest import assert_user_error
 from .graphs import dag_snapshot
@@ -102,7 +102,7 @@ def test_fuzz_snapshot(data, tmp_path, mcore):
 
 
 def _receipt() -> dict:
-    from mcore.selection import select_region
+    from mcore.selection.region import select_region
 
     return select_region(SNAP, ["node:1"], "k@1", 0, [], None).to_dict()
 
@@ -130,7 +130,7 @@ MANIFEST = {
 @given(data=mutated(MANIFEST))
 @FUZZ
 def test_fuzz_bindings_manifest(data, tmp_path):
-    from mcore.bindings import load_bindings_manifest
+    from mcore.runtime.bindings import load_bindings_manifest
 
     path = tmp_path / "kb.json"
     path.write_bytes(data)
@@ -144,7 +144,7 @@ def test_fuzz_bindings_manifest(data, tmp_path):
 
 
 def _bundle_manifest() -> dict:
-    from mcore.bundle import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION
+    from mcore.bundle.container import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION
 
     return {
         "schema_version": BUNDLE_SCHEMA_VERSION,
@@ -172,7 +172,7 @@ def _bundle_manifest() -> dict:
 @given(data=mutated(_bundle_manifest()))
 @FUZZ
 def test_fuzz_bundle_manifest(data, tmp_path, mcore, monkeypatch):
-    import mcore.bundle as bundle
+    import mcore.bundle.container as bundle
 
     try:
         manifest = json.loads(data)
@@ -196,7 +196,7 @@ def test_fuzz_bundle_manifest(data, tmp_path, mcore, monkeypatch):
 
 def test_fuzz_bundle_bytes(tmp_path, mcore):
     """Cut or flipped bundle bytes: the integrity check names the damage."""
-    from mcore.bundle import write_bundle
+    from mcore.bundle.container import write_bundle
 
     good = write_bundle(tmp_path / "good.bundle", _bundle_manifest(), {"x": b"1" * 3000}).read_bytes()
 
@@ -259,8 +259,8 @@ def _config() -> dict:
 @given(data=mutated(_config()))
 @FUZZ
 def test_fuzz_config(data, tmp_path):
-    from mcore.buildargs import BuildArgs
-    from mcore.graph_capture import resolve
+    from mcore.graph.capture import resolve
+    from mcore.model.buildargs import BuildArgs
 
     (tmp_path / "m").mkdir(exist_ok=True)
     (tmp_path / "m" / "config.json").write_bytes(data)

@@ -1,4 +1,4 @@
-"""One gate implementation (mcore/gates.py) for the CLI (`mcore verify ...`), the workbench's gate
+"""One gate implementation (mcore/verify/gates.py) for the CLI (`mcore verify ...`), the workbench's gate
 actions and the kernel watch: the same options with the same defaults, and both callers hand the
 gate what the user asked for (the drift this replaced: the TUI's actions dropped `engine=`,
 `min_cosine` and `max_abs`)."""
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mcore import gates as G
 from mcore.cli.main import main, make_parser
-from mcore.verdicts import GateResult
+from mcore.verify import gates as G
+from mcore.verify.verdicts import GateResult
 from workbench import actions
 from workbench.actions import ActionContext
 

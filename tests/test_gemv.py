@@ -1,4 +1,4 @@
-"""mcore::gemv, the decode step's one-row matrix products (mcore/gemv.py), and the compiled engine's
+"""mcore::gemv, the decode step's one-row matrix products (mcore/ops/gemv.py), and the compiled engine's
 rewrite to it (MCORE_GEMV=1, mcore/engines/gemv_pass.py).
 
 CPU: the Triton kernel under Triton's interpreter against float64 (in a subprocess: the interpreter
@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mcore.build import build_bundle
-from mcore.buildargs import BuildArgs
-from mcore.pipeline import DecoderPipeline
+from mcore.bundle.build import build_bundle
+from mcore.model.buildargs import BuildArgs
+from mcore.runtime.pipeline import DecoderPipeline
 
 from .conftest import run_under_triton_interpreter
 
@@ -23,7 +23,7 @@ CASES = [(1, 7, "float32"), (37, 300, "bfloat16"), (130, 1024, "float16"), (64, 
 
 _INTERP = r"""
 import json, sys, torch
-from mcore.gemv import gemv_triton
+from mcore.ops.gemv import gemv_triton
 out = []
 for n, k, dt in json.loads(sys.argv[1]):
     g = torch.Generator().manual_seed(n * k)
@@ -50,7 +50,7 @@ def test_kernel_matches_the_float64_reference_under_the_triton_interpreter():
 
 _INTERP_GLU = r"""
 import json, sys, torch
-from mcore.gemv import gemv_triton, silu_mul
+from mcore.ops.gemv import gemv_triton, silu_mul
 out = []
 for n, k, dt in json.loads(sys.argv[1]):
     g = torch.Generator().manual_seed(n + k)
@@ -83,7 +83,7 @@ def test_the_gated_kernel_matches_the_float64_reference_under_the_triton_interpr
 
 
 def test_config_keeps_every_sm_busy_and_blocks_whole():
-    from mcore.gemv import gemv_config
+    from mcore.ops.gemv import gemv_config
 
     for n, k in [(6144, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (64, 64), (1, 7)]:
         block_n, block_k, warps, stages = gemv_config(n, k, sms=132)
@@ -93,7 +93,7 @@ def test_config_keeps_every_sm_busy_and_blocks_whole():
 
 
 def test_bad_inputs_are_refused():
-    from mcore.gemv import gemv_triton
+    from mcore.ops.gemv import gemv_triton
 
     with pytest.raises(ValueError, match="not one row"):
         gemv_triton(torch.zeros(2, 8), torch.zeros(4, 8))
@@ -153,7 +153,7 @@ def test_the_gating_moves_into_the_down_projection_when_asked(tiny_bf16, monkeyp
 
 
 def test_programmatic_dependent_launch_is_asked_for_by_name_and_needs_hopper(monkeypatch):
-    from mcore import pdl
+    from mcore.ops import pdl
 
     monkeypatch.setenv("MCORE_INDUCTOR", "combo_kernels, triton.enable_pdl")
     assert not pdl.requested(torch.device("cpu")) and pdl.launch_options(torch.device("cpu")) == {}
@@ -169,7 +169,7 @@ def test_the_fusion_report_shows_the_gemv_kernels_the_engine_runs(tiny_bf16):
     default; asked for here): each one-row product is a kernel of its own, named for the op, and
     the profiled graph is left as it was."""
     from mcore.engines.kernel_map import fused_kernels
-    from mcore.profile import _role_inputs
+    from mcore.profile.profiler import _role_inputs
 
     pipe = DecoderPipeline(str(tiny_bf16), device="cpu", engine="torch")
     prepared = pipe.runners["decode"].prepared
@@ -185,7 +185,7 @@ def test_the_fusion_report_names_the_gating_inside_the_down_projection(tiny_bf16
     """With MCORE_GEMV_GLU=1 the down projection's kernel computes the gating too: the fusion report
     puts each layer's silu and gating product in that kernel, with the down projection's own node."""
     from mcore.engines.kernel_map import fused_kernels
-    from mcore.profile import _role_inputs
+    from mcore.profile.profiler import _role_inputs
 
     monkeypatch.setenv("MCORE_GEMV_GLU", "1")
     pipe = DecoderPipeline(str(tiny_bf16), device="cpu", engine="torch")
@@ -210,7 +210,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_gpu_kernel_at_the_8b_shapes(dtype):
     """Fused q/k/v, gate/up, down and lm_head of Qwen3-8B, and a few odd sizes: against float64,
     bit-equal run to run, and the same bits replayed inside a CUDA graph."""
-    from mcore.gemv import gemv_triton
+    from mcore.ops.gemv import gemv_triton
 
     for n, k in [(6144, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (37, 300), (130, 64)]:
         g = torch.Generator(device="cuda").manual_seed(n + k)
@@ -228,7 +228,7 @@ def test_gpu_kernel_at_the_8b_shapes(dtype):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(a, b), (n, k)
-    from mcore.gemv import silu_mul
+    from mcore.ops.gemv import silu_mul
 
     for n, k in [(4096, 12288), (130, 300)]:  # the down projection with its gating (MCORE_GEMV_GLU=1)
         g = torch.Generator(device="cuda").manual_seed(n * k)

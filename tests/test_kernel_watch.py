@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mcore.errors import Cancelled
-from mcore.progress import CancelToken, Progress
-from mcore.watch import WatchConfig, benchmark_command, watch_kernel
+from mcore.common.errors import Cancelled
+from mcore.common.progress import CancelToken, Progress
+from mcore.verify.watch import WatchConfig, benchmark_command, watch_kernel
 from workbench.results import BundleBuilt
 from workbench.state import Applied, LastPrompt
 
@@ -58,8 +58,8 @@ def write_exporter(path: Path, scale: str) -> Path:
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
-    from mcore.build import build_bundle
-    from mcore.buildargs import BuildArgs
+    from mcore.bundle.build import build_bundle
+    from mcore.model.buildargs import BuildArgs
 
     d = tmp_path_factory.mktemp("watch")
     args = BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=64)
@@ -74,7 +74,7 @@ def config(bundles, exporter: Path, out: Path, **kw) -> WatchConfig:
 
 
 def test_rounds_follow_the_edits_each_on_a_new_dso_and_new_pipelines(bundles, tmp_path):
-    from mcore.pipeline import DecoderPipeline
+    from mcore.runtime.pipeline import DecoderPipeline
 
     _, native, slot, _ = bundles
     exporter = write_exporter(tmp_path / "export_scaled.py", "1.0f")

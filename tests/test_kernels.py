@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mcore.errors import Cancelled, UserError
-from mcore.kernels import KERNELS, build_kernel, cuda_toolkit, detect_cuda_toolkit, kernels_dir
-from mcore.progress import CancelToken, Progress
+from mcore.common.errors import Cancelled, UserError
+from mcore.common.progress import CancelToken, Progress
+from mcore.kernels.shipped import KERNELS, build_kernel, cuda_toolkit, detect_cuda_toolkit, kernels_dir
 
 HAVE_TOOLKIT = cuda_toolkit() is not None
 
@@ -267,7 +267,7 @@ def test_slow_copy_is_a_correct_copy(tmp_path):
 
 
 def _fake_toolkit(tmp_path: Path):
-    from mcore.kernels import CudaToolkit
+    from mcore.kernels.shipped import CudaToolkit
 
     return CudaToolkit(
         home=tmp_path / "cuda",
@@ -279,7 +279,7 @@ def _fake_toolkit(tmp_path: Path):
 
 
 def test_compile_plan_builds_the_cuda_path_in_only_with_a_toolkit(tmp_path, monkeypatch):
-    from mcore.kernels import _compile_plan
+    from mcore.kernels.shipped import _compile_plan
 
     monkeypatch.setenv("TVM_FFI_CUDA_ARCH_LIST", "9.0a 10.0")
     src = kernels_dir()
@@ -300,7 +300,7 @@ def test_compile_plan_builds_the_cuda_path_in_only_with_a_toolkit(tmp_path, monk
 
 
 def test_build_environ_is_restored_after_the_build(tmp_path, monkeypatch):
-    from mcore.kernels import _build_environ, _compile_plan
+    from mcore.kernels.shipped import _build_environ, _compile_plan
 
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)

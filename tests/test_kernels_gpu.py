@@ -21,7 +21,7 @@ def gpu_fns(tmp_path_factory):
         pytest.skip("needs a CUDA GPU")
     import tvm_ffi
 
-    from mcore.kernels import build_kernel
+    from mcore.kernels.shipped import build_kernel
 
     d = tmp_path_factory.mktemp("gpu-kernels")
     fns = {}
@@ -166,7 +166,7 @@ def _export(script, rp, sp, out):
 @needs_cuda
 @needs_cute
 def test_generated_cutedsl_residual_add_runs(tmp_path):
-    from mcore.stubgen import write_exporter
+    from mcore.kernels.stubgen import write_exporter
     from tests.test_stubgen import receipts, write_pair
 
     snap, receipt = receipts()["tutorial"]
@@ -191,7 +191,7 @@ def test_generated_cutedsl_residual_add_runs(tmp_path):
 @needs_cuda
 @needs_cute
 def test_generated_cutedsl_dynamic_and_cast_run(tmp_path):
-    from mcore.stubgen import write_exporter
+    from mcore.kernels.stubgen import write_exporter
     from tests.test_stubgen import receipts, write_pair
 
     cases = receipts()

@@ -8,11 +8,11 @@ import shutil
 import pytest
 import torch
 
-from mcore.buildargs import BuildArgs
-from mcore.errors import UserError
+from mcore.common.errors import UserError
 from mcore.families import family_for_config, family_names, get_family
 from mcore.families import weights as W
 from mcore.families.source import load_tokenizer, resolve_model, special_tokens
+from mcore.model.buildargs import BuildArgs
 
 from .checkpoints import make_bert_checkpoint, make_distilbert_checkpoint, make_qwen3_checkpoint
 

@@ -73,7 +73,7 @@ def test_a_fifo_or_device_is_refused(mcore, snap, tmp_path):
 
 
 def test_disk_full_is_one_line_and_leaves_nothing(mcore, snap, tmp_path, monkeypatch):
-    import mcore.fileio as fileio
+    import mcore.common.fileio as fileio
 
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -99,7 +99,7 @@ def test_stdout_on_a_full_disk_is_one_line(snap):
 def test_files_follow_the_umask(tmp_path):
     import stat
 
-    from mcore.fileio import install_file, write_json
+    from mcore.common.fileio import install_file, write_json
 
     old = os.umask(0o027)
     try:
@@ -113,7 +113,7 @@ def test_files_follow_the_umask(tmp_path):
 
 KILLED_WRITER = r"""
 import sys, time
-from mcore.fileio import atomic_write
+from mcore.common.fileio import atomic_write
 
 def write(f):
     f.write("partial " * 1000)
@@ -128,7 +128,7 @@ atomic_write(sys.argv[1], write)
 def test_kill_9_mid_write_leaves_the_old_file_and_the_next_write_cleans_up(tmp_path):
     import signal
 
-    from mcore.fileio import write_json
+    from mcore.common.fileio import write_json
 
     out = tmp_path / "r.json"
     out.write_text('{"old": true}\n')

@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from mcore.errors import UserError
-from mcore.fileio import check_overwrite
+from mcore.common.errors import UserError
+from mcore.common.fileio import check_overwrite
 from workbench.actions import ActionContext
 from workbench.app import WorkbenchApp
 from workbench.dispatch import run_action

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mcore.build import build_bundle
-from mcore.buildargs import BuildArgs
-from mcore.errors import UserError
-from mcore.pipeline import DecoderPipeline
+from mcore.bundle.build import build_bundle
+from mcore.common.errors import UserError
+from mcore.model.buildargs import BuildArgs
+from mcore.runtime.pipeline import DecoderPipeline
 from tests.checkpoints import make_qwen3_checkpoint
 
 PROMPT = "the quick brown fox jumps"
@@ -178,8 +178,8 @@ def test_greedy_decode_queued_ahead_gives_the_same_tokens_and_stops_where_asked(
 
 
 def test_generation_reports_progress_and_cancels(native):
-    from mcore.errors import Cancelled
-    from mcore.progress import CancelToken, Progress
+    from mcore.common.errors import Cancelled
+    from mcore.common.progress import CancelToken, Progress
 
     pipe = DecoderPipeline(str(native), device="cpu")
     seen = []

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from mcore.build import build_bundle
-from mcore.buildargs import BuildArgs
-from mcore.errors import UserError
-from mcore.pipeline import EncoderPipeline
+from mcore.bundle.build import build_bundle
+from mcore.common.errors import UserError
+from mcore.model.buildargs import BuildArgs
+from mcore.runtime.pipeline import EncoderPipeline
 from tests.checkpoints import make_bert_checkpoint, make_distilbert_checkpoint
 
 PROMPT = "The quick brown fox jumps over the lazy dog."

@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from mcore.selection import select_region
+from mcore.selection.region import select_region
 
 from .conftest import assert_user_error
 
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
-    from mcore.build import build_bundle
-    from mcore.buildargs import BuildArgs
+    from mcore.bundle.build import build_bundle
+    from mcore.model.buildargs import BuildArgs
 
     d = tmp_path_factory.mktemp("profile")
     qwen = build_bundle(BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=256), d / "q.bundle")
@@ -68,8 +68,8 @@ def test_decoder_profile_total_is_the_steps_order_of_magnitude(mcore, tmp_path, 
 def test_candidates_are_regions_select_region_accepts(mcore, tmp_path, bundles):
     qwen, _ = bundles
     r, p = _profile(mcore, tmp_path, qwen.bundle_path, "--top", "20")
-    from mcore.buildargs import BuildArgs
-    from mcore.graph_capture import capture
+    from mcore.graph.capture import capture
+    from mcore.model.buildargs import BuildArgs
 
     snap = capture(BuildArgs.from_dict(qwen.manifest["build_args"]), "decode").snapshot
     kinds = [c["kind"] for c in p["candidates"]]
@@ -107,9 +107,9 @@ def test_bad_profile_inputs(mcore, tmp_path, bundles):
 
 
 def test_bound_slot_is_attributed_by_binding_id(mcore, tmp_path):
-    from mcore.build import build_bundle
-    from mcore.buildargs import BuildArgs
-    from mcore.kernels import build_kernel
+    from mcore.bundle.build import build_bundle
+    from mcore.kernels.shipped import build_kernel
+    from mcore.model.buildargs import BuildArgs
 
     rid = "qwen.decode_logits_copy@1"
     res = build_bundle(
@@ -140,8 +140,8 @@ def test_bound_slot_is_attributed_by_binding_id(mcore, tmp_path):
 def test_profiler_ranges_attribute_the_same_nodes(bundles):
     """The kernel-time path's bookkeeping (a profiler range per node, summed by name), run on the
     CPU: every node of the wall-clock profile is attributed, and the costly ops stay costly."""
-    from mcore.pipeline import DecoderPipeline
-    from mcore.profile import profile_pipeline
+    from mcore.profile.profiler import profile_pipeline
+    from mcore.runtime.pipeline import DecoderPipeline
 
     qwen, _ = bundles
     pipe = DecoderPipeline(qwen.bundle_path, device="cpu", engine="torch")
@@ -164,8 +164,8 @@ def test_profiler_ranges_attribute_the_same_nodes(bundles):
 def test_no_profiler_activity_falls_back_to_the_wall_clock(bundles, monkeypatch):
     """A profiler that sees nothing (no CUPTI on the machine) must not give an empty profile: that step
     and every later one are timed by the wall clock, and the report says so."""
-    import mcore.profile as profile_mod
-    from mcore.pipeline import DecoderPipeline
+    import mcore.profile.profiler as profile_mod
+    from mcore.runtime.pipeline import DecoderPipeline
 
     calls = []
     monkeypatch.setattr(profile_mod, "profiled_seconds", lambda *a, **k: calls.append(1) or {})
@@ -184,8 +184,8 @@ def test_gpu_profile_charges_kernel_time_not_launch_latency(bundles):
     op-by-op step's wall time (which adds Python dispatch and launches) and every node is charged."""
     import torch
 
-    from mcore.pipeline import DecoderPipeline
-    from mcore.profile import profile_pipeline
+    from mcore.profile.profiler import profile_pipeline
+    from mcore.runtime.pipeline import DecoderPipeline
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -200,8 +200,8 @@ def test_gpu_profile_charges_kernel_time_not_launch_latency(bundles):
 
 def test_partial_views_fill_in_step_by_step(bundles):
     """`on_partial` sees the attribution grow one step at a time; the last view is the report's."""
-    from mcore.pipeline import DecoderPipeline
-    from mcore.profile import profile_pipeline
+    from mcore.profile.profiler import profile_pipeline
+    from mcore.runtime.pipeline import DecoderPipeline
 
     qwen, _ = bundles
     pipe = DecoderPipeline(qwen.bundle_path, device="cpu", engine="torch")
@@ -237,7 +237,7 @@ def test_fusion_report_names_the_kernels_a_slot_would_split(mcore, tmp_path, bun
 def test_the_limit_is_the_roofline_of_bytes_and_math():
     """A node's time at the limit is the longer of its bytes at the copy rate and its matrix-product
     FLOPs at the peak math rate; without a known peak only the bytes count."""
-    from mcore.profile_attribution import rates as _rates
+    from mcore.profile.attribution import rates as _rates
 
     bw, peak = 4e12, 1e15
     gemv = _rates({"seconds": 2e-3, "bytes": 4e9, "flops": 4e9}, 1.0, bw, peak)  # memory-bound

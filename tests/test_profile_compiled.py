@@ -12,9 +12,9 @@ from collections import Counter
 
 import pytest
 
-from mcore.profile import load_profile
-from mcore.profile_view import head_lines, overhead_note
-from mcore.selection import select_region
+from mcore.profile.profiler import load_profile
+from mcore.profile.view import head_lines, overhead_note
+from mcore.selection.region import select_region
 
 from .conftest import assert_user_error
 
@@ -23,9 +23,9 @@ RID = "qwen.decode_logits_copy@1"
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from mcore.build import build_bundle
-    from mcore.buildargs import BuildArgs
-    from mcore.kernels import build_kernel
+    from mcore.bundle.build import build_bundle
+    from mcore.kernels.shipped import build_kernel
+    from mcore.model.buildargs import BuildArgs
 
     d = tmp_path_factory.mktemp("profile-compiled")
     args = BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=256)
@@ -145,8 +145,8 @@ def test_a_fused_kernels_time_is_shared_by_the_bytes_its_nodes_move(decode):
 
 
 def test_candidates_say_which_fused_kernels_a_slot_would_split(decode, built):
-    from mcore.buildargs import BuildArgs
-    from mcore.graph_capture import capture
+    from mcore.graph.capture import capture
+    from mcore.model.buildargs import BuildArgs
 
     _, qwen, _, _ = built
     p = decode
@@ -216,11 +216,11 @@ def test_gpu_compiled_profile_accounts_for_the_steps_device_time(tmp_path):
     kernels plus gaps outrun the step by more than 5%, the printed head says so."""
     import torch
 
-    from mcore.build import build_bundle
-    from mcore.buildargs import BuildArgs
-    from mcore.fileio import write_json
-    from mcore.pipeline import DecoderPipeline
-    from mcore.profile import profile_pipeline
+    from mcore.bundle.build import build_bundle
+    from mcore.common.fileio import write_json
+    from mcore.model.buildargs import BuildArgs
+    from mcore.profile.profiler import profile_pipeline
+    from mcore.runtime.pipeline import DecoderPipeline
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")

@@ -10,8 +10,8 @@ import json
 import pytest
 from hypothesis import given
 
-from mcore.errors import UserError
-from mcore.profile import load_profile
+from mcore.common.errors import UserError
+from mcore.profile.profiler import load_profile
 
 from .conftest import assert_user_error
 from .profile_reports import fixed_report
@@ -121,7 +121,7 @@ def test_fuzz_profile_reader(data, tmp_path):
     except UserError as e:
         assert "\n" not in str(e) and str(path) in str(e)
         return
-    from mcore.profile_view import diff_lines, top_lines
+    from mcore.profile.view import diff_lines, top_lines
 
     top_lines(p, 5)  # whatever the reader accepts, the views can print
     diff_lines(p, p)

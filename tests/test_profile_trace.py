@@ -1,4 +1,4 @@
-"""The kernel-time bookkeeping of a compiled profile (mcore/profile_trace.py) on hand-made traces:
+"""The kernel-time bookkeeping of a compiled profile (mcore/profile/trace.py) on hand-made traces:
 what the profiler gives on CUDA (device activities linked to host ops; a CUDA graph's replays with
 no host op per kernel; kernels that overlap under programmatic dependent launch; activities lost at
 the start of a session) and on the CPU (kernel ranges inside the compiled graph's range)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcore.profile_trace import (
+from mcore.profile.trace import (
     DeviceEvent,
     HostEvent,
     align,

@@ -135,13 +135,13 @@ def test_open_pipeline_picks_the_class_from_the_family_kind(demo_bundles):
 
 def test_the_graph_ir_knows_no_model_family():
     """mcore/graph is the IR (snapshots, display); capture, which needs families and recipes, sits
-    above it in mcore/graph_capture.py. Importing the IR must not pull in a family."""
+    above it in mcore/graph/capture.py. Importing the IR must not pull in a family."""
     import subprocess
     import sys
 
     code = (
         "import sys, mcore.graph.snapshot, mcore.graph.display, mcore.graph.categories; "
-        "print(sorted(m for m in sys.modules if m.startswith(('mcore.families', 'mcore.recipes'))))"
+        "print(sorted(m for m in sys.modules if m.startswith(('mcore.families', 'mcore.selection.recipes'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

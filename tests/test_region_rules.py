@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcore.graph.snapshot import Snapshot, fingerprint
-from mcore.selection import RegionError, check_receipt, convexity_violation, is_connected, select_region
+from mcore.selection.region import RegionError, check_receipt, convexity_violation, is_connected, select_region
 from tests.graphs import chain_snapshot, dag_snapshot
 
 

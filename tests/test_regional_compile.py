@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from mcore.build import build_bundle
-from mcore.buildargs import BuildArgs
+from mcore.bundle.build import build_bundle
 from mcore.engines.regions import plan_regions, unique_regions
 from mcore.engines.structure import rebased, structure_key
 from mcore.families import get_family
 from mcore.families.demo import materialize
 from mcore.graph.snapshot import Snapshot, fingerprint
-from mcore.pipeline import DecoderPipeline
+from mcore.model.buildargs import BuildArgs
+from mcore.runtime.pipeline import DecoderPipeline
 
 LAYERS = 6
 
@@ -108,13 +108,13 @@ def test_regions_repeat_and_compute_the_whole_graph_bits(bundles, compiled_a, tm
 
 
 def test_a_fine_tune_reuses_the_compiled_roles_without_capture(bundles, compiled_a, tmp_path, monkeypatch):
-    import mcore.pipeline
+    import mcore.runtime.pipeline
 
     a, b = bundles
     shutil.copytree(compiled_a[0], tmp_path / "cache")
     captures: list = []
-    real = mcore.pipeline.capture_cached
-    monkeypatch.setattr(mcore.pipeline, "capture_cached", lambda *x, **k: captures.append(x) or real(*x, **k))
+    real = mcore.runtime.pipeline.capture_cached
+    monkeypatch.setattr(mcore.runtime.pipeline, "capture_cached", lambda *x, **k: captures.append(x) or real(*x, **k))
     tuned = _load(b, tmp_path / "cache", monkeypatch)
     assert captures == [] and all(r.cached for r in tuned.runners.values())
     manifest = tuned.manifest
@@ -265,7 +265,7 @@ def test_llama_regions_compute_the_whole_graph_bits(llama_bundle, tmp_path, monk
 
 @pytest.fixture()
 def notes(monkeypatch) -> list[str]:
-    from mcore import cache
+    from mcore.common import cache
 
     monkeypatch.setattr(cache, "_private", {})
     monkeypatch.setattr(cache, "_noted", set())
@@ -338,8 +338,8 @@ def test_a_fine_tune_reuses_code_only_where_the_recorded_graph_is_its_own(
     """A record of this structure, unedited and with its artifact's sha256, whose recorded graph is
     not B's (as a record another mcore wrote could be) does not serve B: its artifact stays unread
     and the role is captured and compiled."""
-    import mcore.pipeline
-    from mcore import cache
+    import mcore.runtime.pipeline
+    from mcore.common import cache
     from mcore.graph.snapshot import fingerprint
 
     cache_dir = tmp_path / "cache"
@@ -351,8 +351,10 @@ def test_a_fine_tune_reuses_code_only_where_the_recorded_graph_is_its_own(
     data["record_sha256"] = cache._self_hash(data)
     record.write_text(json.dumps(data))
     captures: list = []
-    real = mcore.pipeline.capture_cached
-    monkeypatch.setattr(mcore.pipeline, "capture_cached", lambda *x, **k: captures.append(x[1]) or real(*x, **k))
+    real = mcore.runtime.pipeline.capture_cached
+    monkeypatch.setattr(
+        mcore.runtime.pipeline, "capture_cached", lambda *x, **k: captures.append(x[1]) or real(*x, **k)
+    )
     loads = _spy_artifact_loads(monkeypatch)
     tuned = _load(bundles[1], cache_dir, monkeypatch)
     assert captures == ["decode"] and tuned.runners["prefill"].cached
@@ -365,7 +367,7 @@ def test_an_artifact_is_unpickled_only_from_the_bytes_checked_against_its_record
     """The record is checked on the file, then the file is read once more to be loaded: bytes changed
     in between, or the file swapped for a link to a good copy, are refused before any region is
     unpickled (cache.read_checked, the one check for every cache entry loaded with pickle)."""
-    from mcore import cache
+    from mcore.common import cache
     from mcore.engines.compiled import _load_artifact
 
     cache_dir = tmp_path / "cache"

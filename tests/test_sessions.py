@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mcore.errors import UserError
+from mcore.common.errors import UserError
 from workbench.actions import ActionContext
 from workbench.dispatch import action_params, run_action
 from workbench.registry import GATES, REGISTRY

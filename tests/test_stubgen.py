@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from mcore.errors import UserError
+from mcore.common.errors import UserError
 from mcore.graph.snapshot import KIND, SCHEMA_VERSION, fingerprint
-from mcore.selection import select_region
-from mcore.stubgen import classify_region, generate_exporter, write_exporter
+from mcore.kernels.stubgen import classify_region, generate_exporter, write_exporter
+from mcore.selection.region import select_region
 
 from .conftest import needs_cute, repo_env
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from mcore.tokenization import load_tokenizer_from_folder
+from mcore.model.tokenization import load_tokenizer_from_folder
 
 from .checkpoints import make_qwen3_bos_checkpoint, make_qwen3_checkpoint, make_sentence_encoder_checkpoint
 from .conftest import assert_user_error
@@ -171,8 +171,8 @@ def test_chat_without_template_is_a_clear_error(ckpts, tmp_path, mcore):
 def test_bert_special_token_of_the_wrong_type_is_one_line(ckpts, field, value):
     # a published BERT tokenizer_config names its special tokens as strings; null or a number is a
     # damaged file, said in one line (it was a TypeError from the tokenizers library)
-    from mcore.errors import UserError
-    from mcore.tokenization import TextTokenizer
+    from mcore.common.errors import UserError
+    from mcore.model.tokenization import TextTokenizer
 
     folder = ckpts["bert"]
     config = {**json.loads((folder / "tokenizer_config.json").read_text()), field: value}

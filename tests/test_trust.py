@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mcore.errors import UserError
+from mcore.common.errors import UserError
 from workbench.actions import ActionContext
 from workbench.session import Session
 

@@ -437,7 +437,7 @@ async def test_capture_pressed_while_the_model_is_checked_is_queued(tmp_path, mo
     """A cold cache makes the first model check slow: c then waits for it instead of refusing."""
     import threading
 
-    import mcore.graph_capture as capture_mod
+    import mcore.graph.capture as capture_mod
 
     real = capture_mod.resolve
     checked = threading.Event()  # the model check waits for it: "slow" until the test says so

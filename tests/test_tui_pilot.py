@@ -21,9 +21,9 @@ import pytest
 from textual.screen import ModalScreen
 from textual.widgets import Static, TextArea
 
-from mcore.buildargs import BuildArgs
-from mcore.graph_capture import capture
-from mcore.selection import load_receipt
+from mcore.graph.capture import capture
+from mcore.model.buildargs import BuildArgs
+from mcore.selection.region import load_receipt
 from workbench.app import DEFAULT_BUILD_ARGS, WorkbenchApp
 from workbench.registry import REGISTRY
 from workbench.screens.dialogs import SummaryModal, TrustModal

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable
 
-from mcore.selection import select_region
+from mcore.selection.region import select_region
 from workbench.actions import ActionContext
 from workbench.app import DEFAULT_BUILD_ARGS, WorkbenchApp
 from workbench.commands import palette_entries
@@ -251,7 +251,7 @@ def test_profile_screen_snapshot(snap_compare, tmp_path, size, engine):
 
 def test_profile_steps_are_confined_like_every_action(tmp_path):
     """A session's profile step may not write outside the replay workdir (issue 11's one rule)."""
-    from mcore.errors import UserError
+    from mcore.common.errors import UserError
     from workbench.dispatch import check_step_paths
 
     assert REGISTRY["profile"].native_param == "kernel_bindings"

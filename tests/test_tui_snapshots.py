@@ -38,8 +38,8 @@ def perf_result(samples: dict, params: dict | None = None) -> Applied[PerfGated]
     """What gate_perf records for these per-pair samples (fastest-step steps/s), by mcore's rule."""
     import statistics
 
-    from mcore.interval import ratio_interval
-    from mcore.verify_perf import PerfPlan
+    from mcore.verify.interval import ratio_interval
+    from mcore.verify.perf import PerfPlan
 
     plan = PerfPlan(6, 12, None, 0.98, 0.95, 1, "min-step")
     ratios = [e / n for n, e in zip(samples["native"], samples["external"], strict=True)]

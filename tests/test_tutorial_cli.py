@@ -176,7 +176,7 @@ def test_step4_tokens_equal_and_perf_snippet(mcore, qwen):
 def test_slot_really_runs_and_pipelines_hold_their_own_binding(qwen, tmp_path):
     import tvm_ffi.cpp
 
-    from mcore.pipeline import DecoderPipeline
+    from mcore.runtime.pipeline import DecoderPipeline
 
     (tmp_path / "fill.cc").write_text(CONST_FILL)
     lib = tvm_ffi.cpp.build("constfill", cpp_files=[str(tmp_path / "fill.cc")], build_directory=str(tmp_path / "b"))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from mcore.cli.main import main
-from mcore.errors import UserError
-from mcore.verify import GateResult, compare_embeddings, compare_tokens, parse_benchmark, perf_gate
+from mcore.common.errors import UserError
+from mcore.verify.compare import GateResult, compare_embeddings, compare_tokens, parse_benchmark, perf_gate
 from tests.tutorial_snippets import STEP4_PERF_SNIPPET, STEP7_EMBEDDING_SNIPPET, run_snippet, tutorial_path
 
 PY = shlex.quote(sys.executable)

@@ -14,9 +14,9 @@ RID = "qwen.decode_logits_copy@1"
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
-    from mcore.build import build_bundle
-    from mcore.buildargs import BuildArgs
-    from mcore.kernels import build_kernel
+    from mcore.bundle.build import build_bundle
+    from mcore.kernels.shipped import build_kernel
+    from mcore.model.buildargs import BuildArgs
 
     d = tmp_path_factory.mktemp("lockstep")
     args = dict(model="demo:qwen3-tiny", max_cache_length=64)
@@ -68,7 +68,7 @@ def test_identity_copy_slot_is_bit_identical_in_lockstep(bundles, mcore):
 def test_a_real_difference_fails_with_the_measured_max_abs(bundles, mcore):
     import torch
 
-    from mcore.pipeline import DecoderPipeline
+    from mcore.runtime.pipeline import DecoderPipeline
 
     _, native, _, bf16, _ = bundles
     r = mcore(
@@ -142,7 +142,7 @@ def test_step_comparison_reports_non_finite_as_inf_and_the_first_divergence():
 
     import torch
 
-    from mcore.verify_logits import _compare_steps, _lockstep_result
+    from mcore.verify.logits import _compare_steps, _lockstep_result
 
     a = [torch.tensor([[0.0, 1.0, 0.5]]), torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([[0.0, 0.0, 3.0]])]
     b = [torch.tensor([[0.0, 1.0, 0.25]]), torch.tensor([[0.0, 1.5, float("nan")]]), torch.tensor([[1.0, 0.0, 0.0]])]

@@ -15,11 +15,11 @@ import time
 import pytest
 
 from mcore.cli.main import main
-from mcore.errors import Cancelled, UserError
-from mcore.interval import look_confidence, ratio_interval, t_quantile, t_two_sided_mass
-from mcore.progress import CancelToken, Progress
-from mcore.verdicts import GateResult
-from mcore.verify import parse_benchmark, perf_gate
+from mcore.common.errors import Cancelled, UserError
+from mcore.common.progress import CancelToken, Progress
+from mcore.verify.compare import parse_benchmark, perf_gate
+from mcore.verify.interval import look_confidence, ratio_interval, t_quantile, t_two_sided_mass
+from mcore.verify.verdicts import GateResult
 
 PY = shlex.quote(sys.executable)
 

@@ -64,7 +64,7 @@ def test_encoder_matches_transformers(built, mcore):
 def test_a_wrong_engine_is_caught(built, mcore, monkeypatch):
     """Break the engine's logits (a stand-in for a wrong kernel or family): the check fails and
     names the first diverging step."""
-    from mcore import pipeline as P
+    from mcore.runtime import pipeline as P
 
     ckpt, bundle = built["q"]
     real_init = P.DecoderPipeline.__init__
@@ -131,7 +131,7 @@ def _scaled_copy(src, dst, name: str, factor: float):
 def test_values_are_gated_not_only_their_direction(built, mcore, monkeypatch, tmp_path, tensor, factor, rel):
     """A doubled final norm (or lm_head x1.5) keeps every cosine at 1.0 and every greedy token: the
     weight comparison names the tensor, and the relative error fails the values by itself."""
-    import mcore.verify_reference as V
+    import mcore.verify.reference as V
 
     ckpt, bundle = built["q"]
     other = _scaled_copy(ckpt, tmp_path / "scaled", tensor, factor)

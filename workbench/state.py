@@ -90,7 +90,7 @@ class WorkbenchState:
     perf: Applied[PerfGated] | None = None
     reference: ReferenceChecked | None = None  # the last verify_reference
     logits: LogitsGated | None = None  # the last gate_logits (decoders)
-    profile: dict[str, Any] | None = None  # the last profile report (mcore.profile's JSON)
+    profile: dict[str, Any] | None = None  # the last profile report (mcore.profile.profiler's JSON)
     profile_path: str | None = None
     profile_partial: dict[str, Any] | None = None  # what a running profile has attributed so far
     chat: bool = False  # generate through the checkpoint's chat template

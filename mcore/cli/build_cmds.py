@@ -8,11 +8,11 @@ import statistics
 import sys
 import time
 
-from ..buildargs import add_build_args, build_args_from_namespace
-from ..errors import UserError
-from ..fileio import atomic_write, check_overwrite
+from ..common.errors import UserError
+from ..common.fileio import atomic_write, check_overwrite
 from ..graph.display import abi_lines, versions_line
-from ..tokenization import check_prompt
+from ..model.buildargs import add_build_args, build_args_from_namespace
+from ..model.tokenization import check_prompt
 from .graph_cmds import stderr_progress
 
 
@@ -21,7 +21,7 @@ def log(msg: str) -> None:
 
 
 def cmd_build(ns: argparse.Namespace) -> int:
-    from ..build import build_bundle
+    from ..bundle.build import build_bundle
 
     args = build_args_from_namespace(ns)
     res = build_bundle(
@@ -55,10 +55,10 @@ def cmd_build(ns: argparse.Namespace) -> int:
 
 
 def _pipeline(ns: argparse.Namespace, kind: str, prompts: tuple[str, ...] = ()):
-    from ..bundle import open_bundle
-    from ..bundle_contents import read_json_member
+    from ..bundle.container import open_bundle
+    from ..bundle.contents import read_json_member
     from ..families import bundle_kind
-    from ..pipeline import DecoderPipeline, EncoderPipeline, bundle_tokenizer, check_fits, encode_prompt
+    from ..runtime.pipeline import DecoderPipeline, EncoderPipeline, bundle_tokenizer, check_fits, encode_prompt
 
     bundle = open_bundle(ns.bundle)
     chat = getattr(ns, "chat", False)
@@ -108,7 +108,7 @@ def _device_field(seconds: float | None) -> str:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    from ..pipeline import percentile
+    from ..runtime.pipeline import percentile
 
     if ns.benchmark is not None and ns.benchmark < 1:
         raise UserError("--benchmark N needs N >= 1")
@@ -161,7 +161,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 
 def cmd_embed(ns: argparse.Namespace) -> int:
-    from ..pipeline import percentile, sync
+    from ..runtime.pipeline import percentile, sync
 
     check_prompt(ns.prompt)
     pipe = _pipeline(ns, "encoder")
@@ -188,10 +188,10 @@ def cmd_embed(ns: argparse.Namespace) -> int:
 
 
 def cmd_inspect(ns: argparse.Namespace) -> int:
-    from ..bundle import open_bundle
-    from ..bundle_contents import check_family
+    from ..bundle.container import open_bundle
+    from ..bundle.contents import check_family
     from ..graph.display import printable
-    from ..patch import slot_groups
+    from ..selection.patch import slot_groups
 
     b = open_bundle(ns.bundle)
     if ns.json:

@@ -7,14 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from ..buildargs import add_build_args, build_args_from_namespace
-from ..errors import UserError, printable
-from ..fileio import check_output_path, check_overwrite, read_json, write_json
+from ..common.errors import UserError, printable
+from ..common.fileio import check_output_path, check_overwrite, read_json, write_json
+from ..common.progress import Progress
 from ..graph.display import abi_lines, list_lines, tensor_desc, tree_lines, versions_line
 from ..graph.snapshot import load_snapshot
-from ..progress import Progress
-from ..recipes import recipe_rows, select_recipe
-from ..selection import select_region
+from ..model.buildargs import add_build_args, build_args_from_namespace
+from ..selection.recipes import recipe_rows, select_recipe
+from ..selection.region import select_region
 
 
 def stderr_progress() -> Progress:
@@ -27,7 +27,7 @@ def say(line: str) -> None:
 
 
 def cmd_inspect(ns: argparse.Namespace) -> int:
-    from ..graph_capture import capture
+    from ..graph.capture import capture
 
     check_output_path(ns.snapshot)
     args = build_args_from_namespace(ns)

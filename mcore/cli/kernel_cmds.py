@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..dso import library_sha256
-from ..errors import UserError
-from ..exporters import SHIPPED_EXPORTERS, kernel_catalog, run_exporter
-from ..kernels import CUDA_MODES, KERNELS, build_kernel
-from ..stubgen import write_exporter
-from ..verdicts import EXIT_CODES
-from ..verify_perf import METRICS, PERF_DEFAULTS
+from ..common.errors import UserError
+from ..kernels.dso import library_sha256
+from ..kernels.exporters import SHIPPED_EXPORTERS, kernel_catalog, run_exporter
+from ..kernels.shipped import CUDA_MODES, KERNELS, build_kernel
+from ..kernels.stubgen import write_exporter
+from ..verify.perf import METRICS, PERF_DEFAULTS
+from ..verify.verdicts import EXIT_CODES
 
 TRUST_NOTE = "note: a DSO runs native code when it is loaded; bind only libraries you trust."
 
@@ -180,7 +180,7 @@ WATCH_PROMPT = "Explain grouped-query attention in one sentence."
 def cmd_watch(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..watch import WatchConfig, default_out_dir, watch_kernel
+    from ..verify.watch import WatchConfig, default_out_dir, watch_kernel
 
     if args.rounds is not None and args.rounds < 1:
         raise UserError(f"--rounds {args.rounds} must be at least 1")

@@ -8,8 +8,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..errors import Cancelled, UserError
-from ..fileio import check_std_streams, stdout_failed
+from ..common.errors import Cancelled, UserError
+from ..common.fileio import check_std_streams, stdout_failed
 
 # Verb groups, each a module in mcore.cli with register(subparsers).
 GROUPS = ("graph_cmds", "build_cmds", "kernel_cmds", "verify_cmds", "profile_cmds")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import UserError
-from ..fileio import check_overwrite, write_json
+from ..common.errors import UserError
+from ..common.fileio import check_overwrite, write_json
 from .graph_cmds import stderr_progress
 
 
@@ -14,7 +14,7 @@ def cmd_profile(ns: argparse.Namespace) -> int:
     if ns.bundle == "diff":
         if len(ns.rest) != 2:
             raise UserError("mcore profile diff A.json B.json: give two profile files")
-        from ..profile import diff_lines, load_profile
+        from ..profile.profiler import diff_lines, load_profile
 
         a, b = (load_profile(p) for p in ns.rest)
         for line in diff_lines(a, b, ns.rest):
@@ -26,10 +26,10 @@ def cmd_profile(ns: argparse.Namespace) -> int:
         raise UserError(f"--top {ns.top} must be at least 1")
     if ns.output:
         check_overwrite(ns.output, ns.force)  # before the profile runs
-    from ..bundle import open_bundle
+    from ..bundle.container import open_bundle
     from ..families import bundle_kind
-    from ..pipeline import DecoderPipeline, EncoderPipeline
-    from ..profile import ENGINES, profile_pipeline, top_lines
+    from ..profile.profiler import ENGINES, profile_pipeline, top_lines
+    from ..runtime.pipeline import DecoderPipeline, EncoderPipeline
 
     if ns.engine not in ENGINES:
         raise UserError(f"--engine {ns.engine!r} is not one of {', '.join(ENGINES)}")

@@ -1,17 +1,17 @@
 """`mcore verify tokens|embeddings|perf|reference|logits`: the correctness and no-regression gates.
 
-Each command builds its gate from the flags (mcore/gates.py, whose classes hold the defaults the
+Each command builds its gate from the flags (mcore/verify/gates.py, whose classes hold the defaults the
 flags show) and runs it as the workbench's gate actions do.
 
-Exit codes (mcore/verdicts.py): 0 PASS or PROMOTE, 1 FAIL or REJECT, 2 bad input (through UserError
+Exit codes (mcore/verify/verdicts.py): 0 PASS or PROMOTE, 1 FAIL or REJECT, 2 bad input (through UserError
 in main), 3 INCONCLUSIVE (the perf gate's interval straddles its threshold)."""
 
 from __future__ import annotations
 
 import argparse
 
-from .. import verify_perf as P
-from ..gates import (
+from ..verify import perf as P
+from ..verify.gates import (
     ENGINES,
     EmbeddingsGate,
     GateHooks,
@@ -21,7 +21,7 @@ from ..gates import (
     ReferenceGate,
     TokensGate,
 )
-from ..verdicts import GateResult
+from ..verify.verdicts import GateResult
 
 Sub = argparse._SubParsersAction
 CHAT_HELP = "wrap the prompt in the checkpoint's chat template"

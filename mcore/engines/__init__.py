@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .base import Engine, RoleRunner
 
 ENGINES = ("auto", "torch", "compiled")

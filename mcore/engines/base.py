@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..progress import NO_PROGRESS, Progress
+from ..common.progress import NO_PROGRESS, Progress
 
 
 class RoleRunner(Protocol):
@@ -36,7 +36,7 @@ class Engine(Protocol):
     def compile_role(
         self, captured: Any, state: dict[str, torch.Tensor], slots: Sequence[tuple[Any, Any]], device: torch.device
     ) -> RoleRunner:
-        """`captured`: mcore.graph_capture.Captured; `state`: FQN -> tensor for every lifted
+        """`captured`: mcore.graph.capture.Captured; `state`: FQN -> tensor for every lifted
         parameter/buffer; `slots`: (slot record, bound SlotCall) pairs for this role."""
         ...
 

@@ -13,7 +13,7 @@ Inductor sees (which covers the graph, the slot ops, the device and the torch ve
 index beside it (compiled/<key>.json, our key: the role graph's structure, slot ABIs, device,
 torch, options) says whether this pipeline was compiled on this machine before and how long that
 took. Every folder is checked and every precompiled entry carries its record before it is
-unpickled (mcore/cache.py); a role compiled by regions (regions.py, standalone.py) is one file
+unpickled (mcore/common/cache.py); a role compiled by regions (regions.py, standalone.py) is one file
 under one record.
 """
 
@@ -31,13 +31,15 @@ from typing import Any
 import torch
 import torch._inductor.config
 
-from .. import __version__, cache, inductor
-from ..errors import UserError
-from ..gemv import enabled as gemv_enabled
-from ..gemv import glu_enabled
+from .. import __version__
+from ..common import cache
+from ..common.errors import UserError
+from ..common.progress import NO_PROGRESS, Progress
 from ..graph.snapshot import Snapshot
-from ..progress import NO_PROGRESS, Progress
-from ..receipt import SlotRecord
+from ..ops import inductor
+from ..ops.gemv import enabled as gemv_enabled
+from ..ops.gemv import glu_enabled
+from ..selection.receipt import SlotRecord
 from .fusion import fuse_sibling_projections, fuse_weights
 from .gemv_pass import use_gemv
 from .prepared import PreparedGraph, RoleProgram, prepare_graph
@@ -150,7 +152,7 @@ def compile_options(device: torch.device, fixed_shapes: bool) -> dict[str, Any]:
     numbers (reduction launch shapes and the like), so each compile of a graph computes the same
     bits: a native and a slot pipeline agree in lockstep, and a reload matches the first run.
     MCORE_COMPILE_TUNING=1 trades that for coordinate-descent tuning of one-token kernels. The extra
-    settings of mcore/inductor.py (fewer, overlapped launches) go to fixed-shape roles alone (the
+    settings of mcore/ops/inductor.py (fewer, overlapped launches) go to fixed-shape roles alone (the
     decode step, replayed per token): the prefill pass is one launch sequence per prompt, and on the
     H200 they made its first token slower (26.9 -> 29.8 ms at 1k) and its cached reload 6 s longer."""
     options: dict[str, Any] = {}

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..gemv import glu_enabled  # importing mcore.gemv registers mcore::gemv and mcore::gemv_silu_mul
+from ..ops.gemv import glu_enabled  # importing mcore.gemv registers mcore::gemv and mcore::gemv_silu_mul
 from .prepared import PreparedGraph
 
 

@@ -24,7 +24,7 @@ import torch
 import torch._inductor.config
 from torch import fx
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .gemv_pass import use_gemv
 from .prepared import PreparedGraph
 

@@ -15,7 +15,7 @@ import torch
 from torch import fx
 
 from ..graph.from_export import is_assert_node
-from ..receipt import SlotRecord
+from ..selection.receipt import SlotRecord
 from .slots import SlotCall, apply_slot
 
 

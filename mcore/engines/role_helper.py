@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from .. import cache
-from ..progress import Progress
+from ..common import cache
+from ..common.progress import Progress
 
 ENV = "MCORE_PARALLEL_ROLES"
 TIMEOUT_S = 300.0  # several times the slowest decode compile seen (8B on an H200: 29 s); then compiled here
@@ -111,13 +111,13 @@ class RoleHelper:
 def compile_roles(bundle_path: str, device: torch.device, roles: Sequence[str]) -> None:
     """Capture and compile `roles` of a slot-free decoder bundle into the cache, as a pipeline's
     load would (its weights left uninitialized: compiled code never reads their values)."""
-    from ..bundle import open_bundle
-    from ..bundle_contents import check_family, check_graph_args, read_json_member
-    from ..errors import UserError
+    from ..bundle.container import open_bundle
+    from ..bundle.contents import check_family, check_graph_args, read_json_member
+    from ..common.errors import UserError
     from ..families import get_family
     from ..families.base import ModelSource
-    from ..graph_capture import build_core, capture_cached
-    from ..pipeline import DecoderBuffers
+    from ..graph.capture import build_core, capture_cached
+    from ..runtime.pipeline import DecoderBuffers
     from . import get_engine
     from .compiled import start_compile_workers
 

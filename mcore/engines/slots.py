@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..errors import UserError
+from ..common.errors import UserError
 from ..graph.from_export import TORCH_DTYPES
 from ..graph.snapshot import Snapshot
-from ..receipt import SlotRecord
+from ..selection.receipt import SlotRecord
 
 # Live slots by key. Weak: a key is free again once its pipeline is gone, so a pipeline loaded after
 # another was dropped gets the same keys, and with them the same compiled code (no recompile).

@@ -4,7 +4,7 @@ one file a compiled role is kept in.
 A whole-graph role is one Inductor artifact file, as `CompiledArtifact.save` writes it. A role
 compiled by regions is one file too: a small header (the region calls: which values each region
 reads, which compiled region runs it, the role's outputs) followed by each distinct region's
-artifact, so the role record's sha256 of that file (mcore/cache.py), checked before anything is
+artifact, so the role record's sha256 of that file (mcore/common/cache.py), checked before anything is
 unpickled, covers every region in it.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .. import cache
+from ..common import cache
 from .regions import RegionalProgram, RegionPlan, unique_regions
 
 MAGIC = b"mcore regional artifact v1\n"

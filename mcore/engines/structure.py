@@ -5,7 +5,7 @@ A bundle's role fingerprint covers the model's identity (its spec, revision and 
 the graph. Compiled code covers only the graph: the weights reach it as arguments, never as
 constants. So precompiled roles are keyed by `structure_key` (the family, the role, the graph
 arguments and what the family builds the graph from, `Family.structure(config)`), and a role
-found under that key is used for another model only once its record holds (mcore/cache.py: made
+found under that key is used for another model only once its record holds (mcore/common/cache.py: made
 from this structure, its artifact's sha256; nothing unpickled before) and its recorded snapshot,
 given that model's metadata, has exactly the model's bundle fingerprint (`rebased`): every node,
 tensor, input and output equal, or the role is captured and compiled as usual (docs/trust.md).

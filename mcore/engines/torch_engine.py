@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..progress import NO_PROGRESS, Progress
+from ..common.progress import NO_PROGRESS, Progress
 from .prepared import PreparedGraph, prepare_graph
 from .slots import slot_call
 

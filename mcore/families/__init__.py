@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import ops as _ops  # noqa: F401  (registers mcore::decode_attention)
-from ..errors import UserError
+from ..common.errors import UserError
+from ..ops import attention as _ops  # noqa: F401  (registers mcore::decode_attention)
 from .base import DTYPES, Family, ModelSource, RecipeSpec, RoleIO
 from .bert import BertFamily
 from .distilbert import DistilBertFamily
@@ -18,7 +18,7 @@ from .qwen2 import Qwen2Family
 from .qwen3 import Qwen3Family
 
 if TYPE_CHECKING:
-    from ..bundle_manifest import BundleManifest
+    from ..bundle.manifest import BundleManifest
 
 _FAMILIES: dict[str, Family] = {
     f.name: f for f in (Qwen3Family(), LlamaFamily(), MistralFamily(), Qwen2Family(), DistilBertFamily(), BertFamily())

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..buildargs import BuildArgs
+from ..model.buildargs import BuildArgs
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

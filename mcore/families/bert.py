@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..buildargs import BuildArgs
-from ..errors import UserError
+from ..common.errors import UserError
+from ..model.buildargs import BuildArgs
 from . import weights as W
 from .base import DTYPES, Family, ModelSource, RecipeSpec, RoleIO
 from .config import cfg_bool, cfg_choice, cfg_float, cfg_int

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import UserError
+from ..common.errors import UserError
 
 _ABSENT = object()
 

@@ -13,7 +13,7 @@ Module paths inside a role module (which holds the core as `decoder`):
 
 The KV caches belong to the caller ([1, KV, C, D] each, model dtype) and are written in place
 with index_copy_. Prefill attends over its new tokens through mcore::prefill_attention; decode
-attends over the updated caches through mcore::decode_attention (see mcore/ops.py). The numerics
+attends over the updated caches through mcore::decode_attention (see mcore/ops/attention.py). The numerics
 are transformers' (LlamaRMSNorm, apply_rotary_pos_emb, eager attention's fp32 softmax).
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import ops as _ops  # noqa: F401  (registers mcore::decode_attention / prefill_attention)
+from ..ops import attention as _ops  # noqa: F401  (registers mcore::decode_attention / prefill_attention)
 from . import weights as W
 from .decoder_config import ACTIVATIONS, DecoderDims
 from .rope import rope_tables

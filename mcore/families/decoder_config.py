@@ -14,7 +14,7 @@ from typing import Any
 
 import torch.nn.functional as F
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .config import cfg_bool, cfg_choice, cfg_float, cfg_int
 from .rope import Rope, parse_rope
 

@@ -13,8 +13,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..buildargs import BuildArgs
-from ..errors import UserError
+from ..common.errors import UserError
+from ..model.buildargs import BuildArgs
 from . import weights as W
 from .base import DTYPES, Family, ModelSource, RecipeSpec, RoleIO
 from .decoder import DecoderCore, role_class

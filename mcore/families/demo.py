@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
+from ..common.errors import UserError
 
 GENERATOR_VERSION = 1
 MARKER = ".mcore-demo.json"
@@ -814,7 +814,9 @@ def materialize(name: str, root: str | Path | None = None) -> Path:
     if final.is_dir() and _valid(final, name):
         return final
     try:
-        base.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # $MCORE_CACHE_DIR owner-only (mcore/cache.py)
+        base.parent.mkdir(
+            mode=0o700, parents=True, exist_ok=True
+        )  # $MCORE_CACHE_DIR owner-only (mcore/common/cache.py)
         base.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=base))
         os.chmod(tmp, 0o755)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .config import cfg_float, cfg_int
 
 ROPE_TYPES = ("default", "linear", "llama3")  # what rope_tables computes

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from ..tokenization import token_text
+from ..common.errors import UserError
+from ..model.tokenization import token_text
 from .base import ModelSource
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -25,7 +25,7 @@ _HUB_PATTERNS = [
 
 
 def _read_json_file(path: Path, what: str) -> Any:
-    from ..fileio import parse_json, read_input_text
+    from ..common.fileio import parse_json, read_input_text
 
     return parse_json(read_input_text(path, what), str(path), what, constants=True)
 

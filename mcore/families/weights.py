@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn.utils import skip_init
 
-from ..errors import UserError
+from ..common.errors import UserError
 
 M = TypeVar("M", bound=nn.Module)
 

@@ -6,8 +6,8 @@ import fnmatch
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from ..errors import printable  # noqa: F401 - re-exported for the CLI
-from ..receipt import SlotRecord
+from ..common.errors import printable  # noqa: F401 - re-exported for the CLI
+from ..selection.receipt import SlotRecord
 from .snapshot import Node, Snapshot, Tensor
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contract import (
+from ..common.contract import (
     JsonView,
     check_kind,
     field_error,
@@ -26,8 +26,8 @@ from ..contract import (
     need_str,
     need_strs,
 )
-from ..errors import UserError
-from ..fileio import canonical_json, check_fields, read_json
+from ..common.errors import UserError
+from ..common.fileio import canonical_json, check_fields, read_json
 
 SCHEMA_VERSION = 1
 KIND = "mcore.graph_snapshot"
@@ -196,7 +196,7 @@ class Tensor:
 
 @dataclass(frozen=True)
 class RecipeRow:
-    """One recipe instance resolved at capture to exact node IDs (mcore/recipes.py)."""
+    """One recipe instance resolved at capture to exact node IDs (mcore/selection/recipes.py)."""
 
     id: str
     instance: str

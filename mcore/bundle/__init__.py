@@ -1,0 +1,1 @@
+"""Bundles: the build flow, the integrity-checked container, its manifest and its contents."""

@@ -1,0 +1,1 @@
+"""What every stage uses: errors, atomic files, progress, typed-contract checks, subprocesses, caches."""

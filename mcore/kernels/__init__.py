@@ -1,0 +1,1 @@
+"""Bringing a kernel: shipped kernel builds, exporter stubs, running exporters, DSO checks."""

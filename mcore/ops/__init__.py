@@ -1,0 +1,1 @@
+"""mcore's own custom ops (mcore::decode_attention, mcore::gemv) and their Triton kernels."""

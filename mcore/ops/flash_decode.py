@@ -1,0 +1,240 @@
+"""Split-KV decode attention (flash-decoding) in Triton: the CUDA implementation of mcore::decode_attention.
+
+Cost follows the active length, not the cache capacity, without a host sync: the length is read
+from the INT32[1] device tensor inside the kernels. The grid is fixed for a given cache (KV heads
+x NSPLIT programs), so the launch is the same on every call and safe inside a CUDA graph; each
+program takes an equal, block-aligned share of [0, length) and programs past the end do nothing.
+
+Deterministic: the split schedule depends only on the length, and the second kernel merges the
+splits' partial results in a fixed order (no atomics).
+
+Numerics (the mcore::decode_attention contract): scores accumulate in fp32 (16-bit products are
+exact), the softmax is fp32, the probabilities are rounded to the cache dtype for the product with
+V (as fused attention kernels do; fp32 accumulation), and the result is cast to the cache dtype.
+With fp32 caches both products run as 3xTF32, fp32-accurate.
+
+One program handles one KV head and all G = H/KV query heads that share it, for all s new tokens
+(rows r = g*s + i): K and V are read once per KV head.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .pdl import launch_options
+
+# Launch configuration (bench/flash_decode_sweep.py measures the alternatives on the GPU).
+BLOCK_N = 64
+NSPLIT_PER_SM = 2  # programs per SM, summed over KV heads
+NUM_WARPS = 4
+NUM_STAGES = 3
+
+
+@triton.jit
+def _attend_block(
+    q,
+    K,
+    V,
+    base,
+    n0,
+    end,
+    qpos,
+    cols,
+    m,
+    l,
+    acc,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    WIDE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """One block of BLOCK_N cache positions folded into the running (max, sum, accumulator)."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    pos_ok = pos < end
+    offs = base + pos.to(tl.int64)[:, None] * D + cols[None, :]
+    k = tl.load(K + offs, mask=pos_ok[:, None], other=0.0)
+    if UPCAST:  # Triton's CPU interpreter cannot multiply bf16 tiles: widen them there
+        k = k.to(tl.float32)
+    if WIDE:  # fp32 caches: 3xTF32 keeps fp32 accuracy on the tensor cores
+        s = tl.dot(q, tl.trans(k), input_precision="tf32x3")
+    else:  # 16-bit: exact products, fp32 sums
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where((pos[None, :] <= qpos[:, None]) & pos_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet stay at 0
+    alpha = tl.exp(m - m_ref)
+    p = tl.exp(s - m_ref[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    v = tl.load(V + offs, mask=pos_ok[:, None], other=0.0)
+    if UPCAST:
+        v = v.to(tl.float32)
+    if WIDE:
+        pv = tl.dot(p, v, input_precision="tf32x3")
+    else:  # probabilities rounded to the cache dtype for the product, as fused attention kernels do
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _split_kernel(
+    Q,
+    K,
+    V,
+    LEN,
+    PACC,
+    PML,
+    C,
+    S: tl.constexpr,
+    ROWS: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NSPLIT: tl.constexpr,
+    WIDE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INTERP: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    kvh = tl.program_id(0)
+    split = tl.program_id(1)
+    if PDL:  # the query and the caches are the previous kernels' output (mcore/ops/pdl.py)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    length = tl.load(LEN)
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, D)
+    row_ok = rows < ROWS
+    q = tl.load(Q + (kvh * ROWS + rows)[:, None] * D + cols[None, :], mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    qpos = length - S + (rows % S)  # absolute position of each row's query token
+    share = tl.cdiv(tl.cdiv(length, NSPLIT), BLOCK_N) * BLOCK_N
+    start = split * share
+    end = tl.minimum(start + share, length)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    base = kvh.to(tl.int64) * C * D
+    if INTERP:  # the interpreter (Triton 3.6 with numpy 2) takes no tensor bounds in range(): same blocks
+        n0 = start
+        while n0 < end:
+            m, l, acc = _attend_block(q, K, V, base, n0, end, qpos, cols, m, l, acc, BLOCK_N, D, WIDE, UPCAST)
+            n0 += BLOCK_N
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            m, l, acc = _attend_block(q, K, V, base, n0, end, qpos, cols, m, l, acc, BLOCK_N, D, WIDE, UPCAST)
+    part = (kvh * NSPLIT + split) * ROWS + rows
+    tl.store(PACC + part[:, None] * D + cols[None, :], acc, mask=row_ok[:, None])
+    tl.store(PML + part * 2, m, mask=row_ok)
+    tl.store(PML + part * 2 + 1, l, mask=row_ok)
+
+
+@triton.jit
+def _merge_kernel(
+    PACC,
+    PML,
+    OUT,
+    ROWS: tl.constexpr,
+    D: tl.constexpr,
+    NSPLIT: tl.constexpr,
+    NSPLIT_P2: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    kvh = tl.program_id(0)
+    row = tl.program_id(1)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    splits = tl.arange(0, NSPLIT_P2)
+    ok = splits < NSPLIT
+    cols = tl.arange(0, D)
+    part = (kvh * NSPLIT + splits) * ROWS + row
+    m = tl.load(PML + part * 2, mask=ok, other=float("-inf"))
+    l = tl.load(PML + part * 2 + 1, mask=ok, other=0.0)
+    m_all = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_all))
+    acc = tl.load(PACC + part[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(OUT + (kvh * ROWS + row) * D + cols, out.to(OUT.dtype.element_ty))
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _nsplit(device_index: int, kv_heads: int) -> int:
+    return max(1, triton.cdiv(NSPLIT_PER_SM * _sm_count(device_index), kv_heads))
+
+
+def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    d = q.shape[-1]
+    return (
+        q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and k_cache.dtype == q.dtype
+        and d >= 16
+        and d & (d - 1) == 0
+        and q.shape[0] == 1
+    )
+
+
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor, nsplit: int | None = None
+) -> torch.Tensor:
+    """q [1, H, s, D] (scaled), caches [1, KV, C, D], kv_lengths INT32[1] on the device -> [1, H, s, D].
+
+    `nsplit` (programs per KV head) defaults to about two programs per SM; tests pass their own."""
+    _, h, s, d = q.shape
+    kvh, cap = k_cache.shape[1], k_cache.shape[2]
+    rows = (h // kvh) * s
+    q = q.contiguous()
+    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    if nsplit is None:
+        nsplit = _nsplit(q.device.index if q.device.index is not None else torch.cuda.current_device(), kvh)
+    pacc = torch.empty(kvh * nsplit * rows * d, dtype=torch.float32, device=q.device)
+    pml = torch.empty(kvh * nsplit * rows * 2, dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
+    block_m = max(16, triton.next_power_of_2(rows))
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    pdl = launch_options(q.device)
+    _split_kernel[(kvh, nsplit)](
+        q,
+        k_cache,
+        v_cache,
+        kv_lengths,
+        pacc,
+        pml,
+        cap,
+        S=s,
+        ROWS=rows,
+        D=d,
+        BLOCK_M=block_m,
+        BLOCK_N=BLOCK_N,
+        NSPLIT=nsplit,
+        WIDE=q.dtype == torch.float32,
+        UPCAST=q.dtype == torch.bfloat16 and interp,
+        INTERP=interp,
+        PDL=bool(pdl),
+        num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+        **pdl,
+    )
+    _merge_kernel[(kvh, rows)](
+        pacc,
+        pml,
+        out,
+        ROWS=rows,
+        D=d,
+        NSPLIT=nsplit,
+        NSPLIT_P2=triton.next_power_of_2(nsplit),
+        PDL=bool(pdl),
+        num_warps=4,
+        **pdl,
+    )
+    return out

@@ -1,0 +1,151 @@
+"""Matrix-vector products for the decode step (one token): `mcore::gemv(x, weight) -> y`.
+
+A decode step at batch 1 multiplies one row by every weight matrix of the model, so it is bound by
+reading the weights: the step can be no faster than the weight bytes over the memory bandwidth.
+This kernel streams each weight row once with wide loads, many rows per program and every SM busy,
+and accumulates in fp32. Deterministic: each output element is one program's fixed-order sum (no
+split-K, no atomics), so a step computes the same bits on every call and every compile.
+
+y[..., n] = sum_k x[..., k] * weight[n, k]   (x has one row: its leading dimensions multiply to 1)
+
+The compiled engine puts it in place of `aten.linear` for one-row inputs of fixed-shape roles on
+CUDA (mcore/engines/gemv_pass.py; MCORE_GEMV=0 turns that off). On CPU the op is
+`torch.nn.functional.linear`; the Triton kernel runs there only under Triton's interpreter (tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+from .pdl import launch_options
+
+__all__ = ["gemv", "gemv_silu_mul", "gemv_triton", "gemv_config", "enabled", "glu_enabled"]
+
+
+def enabled(device: torch.device) -> bool:
+    """The compiled engine's one-row linears use this kernel: on CUDA by default (an 8B-sized decode
+    step's projections on the H200: 3.97 ms against cuBLAS's 4.22); MCORE_GEMV=0 turns it off, =1
+    rewrites on any device (on CPU the op is F.linear: the tests check the rewrite there)."""
+    flag = os.environ.get("MCORE_GEMV", "")
+    return flag == "1" if flag in ("0", "1") else device.type == "cuda"
+
+
+def glu_enabled() -> bool:
+    """MCORE_GEMV_GLU=1 (an experiment, with the rewrite to mcore::gemv): the MLP's silu(gate) * up
+    is computed inside the down projection's kernel (`mcore::gemv_silu_mul`), one launch a layer less."""
+    return os.environ.get("MCORE_GEMV_GLU", "0") == "1"
+
+
+def gemv_config(n: int, k: int, sms: int = 132) -> tuple[int, int, int, int]:
+    """(BLOCK_N rows per program, BLOCK_K columns per iteration, warps, pipeline stages) for an
+    N x K weight. Rows of at most 4096 columns are read 2 KB of bf16 at a time by 8 warps, 2 rows
+    per program up to 8192 rows, 4 beyond; longer rows 1 KB at a time by 4 warps, 8 rows per
+    program; rows per program halved until there are at least four programs per SM. From the
+    H200 sweep of bench/gemv_gpu.py (docs/gpu-results.md): within 2% of the best configuration
+    measured at each 8B decode shape, 0.09 ms a step faster than 1 KB at a time everywhere."""
+    width = max(16, 1 << math.ceil(math.log2(max(k, 1))))
+    if width <= 4096:
+        block_n, block_k = (2 if n <= 8192 else 4), min(1024, width)
+    else:
+        block_n, block_k = 8, 512
+    warps = 8 if block_k == 1024 else 4
+    while block_n > 1 and -(-n // block_n) < 4 * sms:
+        block_n //= 2
+    return block_n, block_k, warps, 3
+
+
+@functools.cache
+def _kernel():
+    """The Triton kernel, imported on first use (importing triton is not free, and CPU runs never need it)."""
+    from .gemv_kernel import gemv_kernel
+
+    return gemv_kernel
+
+
+@functools.cache
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def gemv_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    config: tuple[int, int, int, int] | None = None,
+    up: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The Triton kernel: x [..., K] with one row, weight [N, K] contiguous, same dtype; y [..., N].
+    With `up` (shaped like x): the product of silu(x) * up, computed in the kernel."""
+    if not _has_triton():
+        raise RuntimeError("mcore.gemv needs triton (pip install triton)")
+    n, k = weight.shape
+    for name, t in {"x": x, **({} if up is None else {"up": up})}.items():
+        if t.shape[-1] != k or t.numel() != k or t.dtype != weight.dtype:
+            raise ValueError(
+                f"gemv: {name} {tuple(t.shape)} {t.dtype} is not one row for weight {tuple(weight.shape)} {weight.dtype}"
+            )
+    xs = x.reshape(k).contiguous()
+    us = xs if up is None else up.reshape(k).contiguous()
+    w = weight.contiguous()
+    y = torch.empty(n, dtype=x.dtype, device=x.device)
+    sms = _sm_count(x.device.index or 0) if x.device.type == "cuda" else 4  # 4: the interpreter
+    block_n, block_k, warps, stages = config or gemv_config(n, k, sms)
+    pdl = launch_options(x.device)  # programmatic dependent launch, where asked for (mcore/ops/pdl.py)
+    _kernel()[(-(-n // block_n),)](
+        xs,
+        us,
+        w,
+        y,
+        n,
+        K=k,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        PDL=bool(pdl),
+        GLU=up is not None,
+        num_warps=warps,
+        num_stages=stages,
+        **pdl,
+    )
+    return y.reshape(*x.shape[:-1], n)
+
+
+@torch.library.custom_op("mcore::gemv", mutates_args=())
+def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K] (one row) times weight [N, K] transposed, as `F.linear(x, weight)`."""
+    if x.device.type == "cuda" and x.dtype in (torch.bfloat16, torch.float16) and _has_triton():
+        return gemv_triton(x, weight)
+    return F.linear(x, weight)
+
+
+@gemv.register_fake
+def _gemv_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in fp32, rounded once to gate's dtype: what the kernel feeds its product."""
+    return (F.silu(gate.float()) * up.float()).to(gate.dtype)
+
+
+@torch.library.custom_op("mcore::gemv_silu_mul", mutates_args=())
+def gemv_silu_mul(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`F.linear(silu(gate) * up, weight)` for one row: the MLP's down projection with its gating
+    computed in the kernel (MCORE_GEMV_GLU=1), so the step has no launch for the gating alone."""
+    if gate.device.type == "cuda" and gate.dtype in (torch.bfloat16, torch.float16) and _has_triton():
+        return gemv_triton(gate, weight, up=up)
+    return F.linear(silu_mul(gate, up), weight)
+
+
+@gemv_silu_mul.register_fake
+def _gemv_silu_mul_fake(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return gate.new_empty((*gate.shape[:-1], weight.shape[0]))

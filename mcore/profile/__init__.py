@@ -1,0 +1,1 @@
+"""Where the time goes: profiling, attribution, the profile file and its views, device facts."""

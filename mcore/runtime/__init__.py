@@ -1,0 +1,1 @@
+"""Running a bundle: load-time binding of kernel slots and the pipelines."""

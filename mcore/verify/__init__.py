@@ -1,0 +1,1 @@
+"""The promotion gates (tokens, embeddings, perf, logits, reference), verdicts, the watch loop."""
