@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import sys
 
-from mcore.kernels import exporter_kit as kit
+from mcore import exporter_kit as kit
 
 # ---------------------------------------------------------------- the contract (copied from the selection receipt)
 

@@ -23,7 +23,7 @@ CASES = [
 
 _INTERP = r"""
 import json, os, sys, torch
-from mcore import flash_decode as fd
+from mcore.ops import flash_decode as fd
 from mcore.ops.attention import decode_attention_reference
 out = []
 for h, kv, d, cap, n, s, dt, ns in json.loads(sys.argv[1]):
