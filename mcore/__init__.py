@@ -25,7 +25,8 @@ The groups:
 - verify gates: compare_tokens, compare_embeddings, perf_gate (and its PERF_DEFAULTS), reference_check,
   lockstep_logits; the one gate implementation the CLI and the workbench share (mcore/verify/gates.py):
   TokensGate, EmbeddingsGate, ReferenceGate, LogitsGate, PerfGate (PerfOptions, BenchArms), GateHooks
-- the edit-export-verify loop: watch_kernel, WatchConfig, benchmark_command (a perf gate arm's command)
+- the edit-export-verify loop: watch_kernel, WatchConfig, WatchRound (a round's outcome), benchmark_command
+  (a perf gate arm's command)
 - profile: profile_pipeline, load_profile, CANDIDATE_BINDING; device facts: device_facts, describe_device
 - files: atomic_write, check_fields, check_overwrite (the one overwrite rule), check_path_text, read_json,
   write_json, stdout_failed, check_std_streams; library_sha256 (a DSO's sha256, as a bindings manifest
@@ -118,6 +119,7 @@ _EXPORTS: dict[str, str] = {
     # the edit-export-verify loop
     "WatchConfig": "verify.watch",
     "watch_kernel": "verify.watch",
+    "WatchRound": "verify.watch",
     "benchmark_command": "verify.watch",
     # profile
     "profile_pipeline": "profile.profiler",
@@ -223,6 +225,7 @@ __all__ = [
     "stdout_failed",
     "tool_versions",
     "watch_kernel",
+    "WatchRound",
     "write_exporter",
     "write_json",
 ]
@@ -290,4 +293,4 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .verify.logits import lockstep_logits
     from .verify.perf import PERF_DEFAULTS
     from .verify.reference import reference_check
-    from .verify.watch import WatchConfig, benchmark_command, watch_kernel
+    from .verify.watch import WatchConfig, WatchRound, benchmark_command, watch_kernel

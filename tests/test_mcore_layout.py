@@ -73,6 +73,8 @@ PUBLIC_NAMES = [
 # kit that generated stubs import (kernels/exporter_kit.py)
 PUBLIC_NAMES += ["BenchArms", "EmbeddingsGate", "GateHooks", "LogitsGate", "PerfGate", "PerfOptions"]
 PUBLIC_NAMES += ["ReferenceGate", "TokensGate", "exporter_kit"]
+# what the kernel watch hands its caller each round (the workbench keeps them typed)
+PUBLIC_NAMES += ["WatchRound"]
 
 
 def _module_name(path: Path) -> str:

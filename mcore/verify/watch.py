@@ -58,7 +58,7 @@ class WatchConfig:
 
 
 @dataclass
-class Round:
+class WatchRound:
     """One round's outcome: the row a watch shows (round, time, max_abs, ratio, verdict)."""
 
     index: int
@@ -214,12 +214,12 @@ def watch_kernel(
     cfg: WatchConfig,
     rounds: int | None = None,
     progress: Progress = NO_PROGRESS,
-    on_round: Callable[[Round], None] | None = None,
+    on_round: Callable[[WatchRound], None] | None = None,
     log: LineFn | None = None,
     announce: LineFn | None = None,
     poll_s: float = 0.5,
     on_start: Callable[[], None] | None = None,
-) -> list[Round]:
+) -> list[WatchRound]:
     """Run rounds until `rounds` are done (None: until cancelled): the first at once, then one each
     time the exporter file's content changes. `on_start` runs once the inputs passed their checks.
     Returns the rounds' outcomes."""
@@ -229,7 +229,7 @@ def watch_kernel(
     if on_start is not None:
         on_start()
     watched = exporter_script(cfg.exporter)
-    history: list[Round] = []
+    history: list[WatchRound] = []
     seen: str | None = None
     while rounds is None or len(history) < rounds:
         seen = wait_for_change(watched, seen, progress, poll_s, first=not history)
@@ -269,10 +269,10 @@ def run_round(
     progress: Progress,
     log: LineFn | None,
     announce: LineFn | None,
-) -> Round:
+) -> WatchRound:
     """One round: export, bind, correctness, perf. A user error, or a kernel that raises when it runs
     (the code being edited), ends the round as ERROR and the watch goes on; cancellation propagates."""
-    r = Round(index, time.time())
+    r = WatchRound(index, time.time())
     t0 = time.monotonic()
     try:
         progress.report(f"round {index}: exporting", 0.0)
