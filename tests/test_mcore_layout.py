@@ -75,6 +75,8 @@ PUBLIC_NAMES += ["BenchArms", "EmbeddingsGate", "GateHooks", "LogitsGate", "Perf
 PUBLIC_NAMES += ["ReferenceGate", "TokensGate", "exporter_kit"]
 # what the kernel watch hands its caller each round (the workbench keeps them typed)
 PUBLIC_NAMES += ["WatchRound"]
+# what the gates return, their numbers typed per gate (mcore/verify/details.py)
+PUBLIC_NAMES += ["GateResult", "TokensDetails", "EmbeddingsDetails", "ReferenceDetails", "LogitsDetails", "PerfDetails"]
 
 
 def _module_name(path: Path) -> str:
