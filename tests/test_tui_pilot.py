@@ -410,9 +410,7 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
         await pilot.pause(0.2)
         rows = list(graph._rows)
         assert rows and all(
-            "logits_zero_bias" in n.module_path or "logits_zero_bias" in n.name
-            for n in snap.nodes
-            if n.id in rows
+            "logits_zero_bias" in n.module_path or "logits_zero_bias" in n.name for n in snap.nodes if n.id in rows
         )
         start = graph.current
         for nid in rows:  # mark the bias nodes by hand with space
