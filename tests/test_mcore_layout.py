@@ -44,6 +44,7 @@ EXCEPTIONS: dict[str, set[str]] = {
         "mcore.model.buildargs",
         "mcore.families",
         "mcore.families.base",
+        "mcore.families.graph_args",
         "mcore.families.source",
         "mcore.selection.recipes",
         "mcore.bundle.contents",

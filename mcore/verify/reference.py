@@ -24,6 +24,7 @@ import torch
 from ..bundle.manifest import BundleManifest
 from ..common.errors import UserError
 from ..common.progress import NO_PROGRESS, Progress
+from ..families.graph_args import GraphArgs
 from .compare import GateResult, check_limits, check_threshold
 from .details import ReferenceDetails, ReferenceStep, ReferenceWorst
 from .gates import REFERENCE_MAX_REL
@@ -104,7 +105,7 @@ def weights_differences(bundle: Any, manifest: BundleManifest, source: Any) -> l
         differ = sorted(n for n in set(recorded) | set(mine) if recorded.get(n) != mine.get(n))
         out.append(f"the bundle's weights are not those it recorded at build: {_names(differ, len(mine))}")
     family = get_family(manifest.family)
-    core = build_core(family, source.config, manifest.graph_args, "cpu")
+    core = build_core(family, source.config, GraphArgs.from_dict(manifest.graph_args), "cpu")
     family.load_checkpoint(core, source)
     theirs = {n: tensor_sha256(t) for n, t in stored_state(core)[0].items()}
     del core
@@ -213,13 +214,13 @@ def _compare(
         bundle=bundle,
         **kw,
     )
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[pipe.gargs["precision"]]
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[pipe.gargs.precision]
     progress.report("loading the transformers reference", 0.0)
     ref_tok = _transformers_call("load the checkpoint's tokenizer", tf.AutoTokenizer.from_pretrained, folder)
     ids = pipe.encode(prompt, chat=chat)
     ref_ids = _transformers_call("tokenize the prompt", _reference_ids, ref_tok, prompt, chat)
     info = [
-        f"reference: transformers {tf.__version__} on {pipe.device}, {pipe.gargs['precision']}, checkpoint {checkpoint}",
+        f"reference: transformers {tf.__version__} on {pipe.device}, {pipe.gargs.precision}, checkpoint {checkpoint}",
         "weights: every tensor's sha256 equals the checkpoint's",
     ]
     if ids != ref_ids:
