@@ -48,7 +48,7 @@ def main() -> None:
     rid = ("distilbert.attention_residual_add@1", "encoder.layers.0.attention_residual")
     build_bundle(args, out / "d-native.bundle", device="cuda", overwrite=True)  # a rerun in OUT rebuilds
     slot = build_bundle(args, out / "d-slot.bundle", recipe=rid, device="cuda", overwrite=True).receipt
-    print(f"residual add abi_sha256={slot['abi_sha256']}")
+    print(f"residual add abi_sha256={slot.abi_sha256}")
     m = bindings(out, "d-bindings.json", slot.binding_id, slot.abi_sha256, ev / "residual-add-cutedsl.so")
     nat = EncoderPipeline(str(out / "d-native.bundle"), device="cuda")
     byok = EncoderPipeline(str(out / "d-slot.bundle"), kernel_bindings=str(m), device="cuda")
@@ -80,7 +80,7 @@ def main() -> None:
         device="cuda",
         overwrite=True,
     ).receipt
-    print(f"logits copy abi_sha256={qslot['abi_sha256']}")
+    print(f"logits copy abi_sha256={qslot.abi_sha256}")
     qm = bindings(out, "q-bindings.json", qslot.binding_id, qslot.abi_sha256, ev / "logits-cutedsl.so")
     p = "Explain grouped-query attention, KV caching, and decode latency."
     a = DecoderPipeline(str(out / "q-native.bundle"), device="cuda").generate(p, 64, stop_at_eos=False)

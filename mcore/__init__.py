@@ -24,8 +24,11 @@ The groups:
   load_bindings_manifest, BindingsManifest, Binding, BINDINGS_SCHEMA_VERSION
 - verify gates: compare_tokens, compare_embeddings, perf_gate (and its PERF_DEFAULTS), reference_check,
   lockstep_logits; the one gate implementation the CLI and the workbench share (mcore/verify/gates.py):
-  TokensGate, EmbeddingsGate, ReferenceGate, LogitsGate, PerfGate (PerfOptions, BenchArms), GateHooks
-- the edit-export-verify loop: watch_kernel, WatchConfig, benchmark_command (a perf gate arm's command)
+  TokensGate, EmbeddingsGate, ReferenceGate, LogitsGate, PerfGate (PerfOptions, BenchArms), GateHooks;
+  what they return: GateResult, its details typed per gate (TokensDetails, EmbeddingsDetails,
+  ReferenceDetails, LogitsDetails, PerfDetails)
+- the edit-export-verify loop: watch_kernel, WatchConfig, WatchRound (a round's outcome), benchmark_command
+  (a perf gate arm's command)
 - profile: profile_pipeline, load_profile, CANDIDATE_BINDING; device facts: device_facts, describe_device
 - files: atomic_write, check_fields, check_overwrite (the one overwrite rule), check_path_text, read_json,
   write_json, stdout_failed, check_std_streams; library_sha256 (a DSO's sha256, as a bindings manifest
@@ -115,9 +118,16 @@ _EXPORTS: dict[str, str] = {
     "PerfGate": "verify.gates",
     "PerfOptions": "verify.gates",
     "BenchArms": "verify.gates",
+    "GateResult": "verify.verdicts",
+    "TokensDetails": "verify.details",
+    "EmbeddingsDetails": "verify.details",
+    "ReferenceDetails": "verify.details",
+    "LogitsDetails": "verify.details",
+    "PerfDetails": "verify.details",
     # the edit-export-verify loop
     "WatchConfig": "verify.watch",
     "watch_kernel": "verify.watch",
+    "WatchRound": "verify.watch",
     "benchmark_command": "verify.watch",
     # profile
     "profile_pipeline": "profile.profiler",
@@ -223,6 +233,13 @@ __all__ = [
     "stdout_failed",
     "tool_versions",
     "watch_kernel",
+    "GateResult",
+    "TokensDetails",
+    "EmbeddingsDetails",
+    "ReferenceDetails",
+    "LogitsDetails",
+    "PerfDetails",
+    "WatchRound",
     "write_exporter",
     "write_json",
 ]
@@ -277,6 +294,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .selection.recipes import find_recipe, recipe_rows, select_recipe
     from .selection.region import load_receipt, select_region
     from .verify.compare import compare_embeddings, compare_tokens, perf_gate
+    from .verify.details import EmbeddingsDetails, LogitsDetails, PerfDetails, ReferenceDetails, TokensDetails
     from .verify.gates import (
         BenchArms,
         EmbeddingsGate,
@@ -290,4 +308,5 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .verify.logits import lockstep_logits
     from .verify.perf import PERF_DEFAULTS
     from .verify.reference import reference_check
-    from .verify.watch import WatchConfig, benchmark_command, watch_kernel
+    from .verify.verdicts import GateResult
+    from .verify.watch import WatchConfig, WatchRound, benchmark_command, watch_kernel

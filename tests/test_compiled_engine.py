@@ -45,7 +45,7 @@ def _bundles(
                 "bindings": [
                     {
                         "id": recipe[0],
-                        "abi_sha256": res.receipt["abi_sha256"],
+                        "abi_sha256": res.receipt.abi_sha256,
                         "library": "./kernel.so",
                         "function": "run",
                     }

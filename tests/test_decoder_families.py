@@ -416,7 +416,7 @@ def test_mistral_sliding_window_no_smaller_than_the_cache_is_full_attention(ckpt
     null allows any cache up to max_position_embeddings."""
     v01 = ckpts["mistral-7b-v0.1"]
     fam = get_family("mistral")
-    assert fam.graph_args(resolve_model(str(v01)).config, BuildArgs(model="x"))["max_cache_length"] == 4096
+    assert fam.graph_args(resolve_model(str(v01)).config, BuildArgs(model="x")).max_cache_length == 4096
     res = mcore("build", v01, "--max-cache-length", "4097", "-o", tmp_path / "x.bundle")
     assert_user_error(res, "config.json", "sliding_window 4096", "--max-cache-length 4097")
     omitted = _edited(v01, tmp_path, sliding_window=_DROP)
@@ -424,7 +424,7 @@ def test_mistral_sliding_window_no_smaller_than_the_cache_is_full_attention(ckpt
         mcore("build", omitted, "--max-cache-length", "8192", "-o", tmp_path / "x.bundle"), "sliding_window"
     )
     null = resolve_model(str(ckpts["mistral-7b-v0.3"])).config
-    assert fam.graph_args(null, BuildArgs(model="x", max_cache_length=32768))["max_cache_length"] == 32768
+    assert fam.graph_args(null, BuildArgs(model="x", max_cache_length=32768)).max_cache_length == 32768
 
     shutil.rmtree(omitted)
     folder = _edited(v01, tmp_path, sliding_window=12)

@@ -173,11 +173,11 @@ def test_encoder_demo_matches_transformers(demo_root, name):
     s = resolve_model(str(folder))
     fam = get_family(s.family)
     g = fam.graph_args(s.config, BuildArgs(model=str(folder)))
-    assert g["max_seq_length"] == 256
+    assert g.max_seq_length == 256
     core = fam.build_core(s.config, g, "cpu")
     fam.load_checkpoint(core, s)
     ids = load_tokenizer(s).encode("The quick brown fox jumps over the lazy dog.").ids
-    n, S = len(ids), g["max_seq_length"]
+    n, S = len(ids), g.max_seq_length
     inp = torch.tensor(ids + [0] * (S - n), dtype=torch.int32)
     mask = torch.tensor([1] * n + [0] * (S - n), dtype=torch.int32)
     with torch.no_grad():

@@ -100,9 +100,13 @@ def test_qwen3_graph_args(qwen3_dirs):
     source = resolve_model(str(qwen3_dirs["plain"]))
     fam = get_family("qwen3")
     g = fam.graph_args(source.config, BuildArgs(model="x"))
-    assert g == {"precision": "fp32", "max_cache_length": 256, "decoder_engine_layout": "split"}  # min(256, 4096)
+    assert g.to_dict() == {
+        "precision": "fp32",
+        "max_cache_length": 256,
+        "decoder_engine_layout": "split",
+    }  # min(256, 4096)
     g = fam.graph_args(source.config, BuildArgs(model="x", precision="bf16", max_cache_length=100))
-    assert g == {"precision": "bf16", "max_cache_length": 100, "decoder_engine_layout": "split"}
+    assert g.to_dict() == {"precision": "bf16", "max_cache_length": 100, "decoder_engine_layout": "split"}
     io = fam.role_io(source.config, g, "decode")
     assert io.inputs == ("input_ids", "cache_length", "key_cache.0", "value_cache.0", "key_cache.1", "value_cache.1")
     assert io.outputs == ("logits",)
@@ -152,7 +156,7 @@ def test_encoder_matches_transformers(encoder_dirs, family, n_real):
     folder = encoder_dirs[family]
     S = 16
     source, fam, gargs, core = _build(folder, max_seq_length=S)
-    assert gargs == {"precision": "fp32", "max_seq_length": S}
+    assert gargs.to_dict() == {"precision": "fp32", "max_seq_length": S}
     role = fam.role_module(core, "encoder")
     g = torch.Generator().manual_seed(11)
     real = torch.randint(5, source.config["vocab_size"], (n_real,), generator=g)
@@ -202,7 +206,7 @@ def test_encoder_recipes_and_io(encoder_dirs):
         source = resolve_model(str(encoder_dirs[family]))
         fam = get_family(family)
         g = fam.graph_args(source.config, BuildArgs(model="x"))
-        assert g == {"precision": "fp32", "max_seq_length": 128}  # capped by max_position_embeddings 128
+        assert g.to_dict() == {"precision": "fp32", "max_seq_length": 128}  # capped by max_position_embeddings 128
         io = fam.role_io(source.config, g, "encoder")
         assert io.inputs == ("input_ids", "attention_mask") and io.outputs == ("hidden_states",)
         (r,) = fam.recipes(source.config, g)

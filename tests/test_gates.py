@@ -13,6 +13,7 @@ import pytest
 
 from mcore.cli.main import main, make_parser
 from mcore.verify import gates as G
+from mcore.verify.details import LogitsDetails, PerfDetails, ReferenceDetails
 from mcore.verify.verdicts import GateResult
 from workbench import actions
 from workbench.actions import ActionContext
@@ -67,13 +68,21 @@ def test_the_cli_flags_default_to_the_gate_defaults(verb):
             assert (int(value) if name == "pairs" else value) == default, (verb, name)
 
 
+# what each stand-in gate reports: nothing measured
+STAND_IN_DETAILS = {
+    G.ReferenceGate: ReferenceDetails(prompt_tokens=0),
+    G.LogitsGate: LogitsDetails((), 0.0, None, (), 0.0, "torch", "cpu"),
+    G.PerfGate: PerfDetails(0, 3, 1, 0.98, 0.95, (), (), (), (), "PASS"),
+}
+
+
 def _capture(monkeypatch, cls) -> list:
     """Replace `cls.run` with one that records the gate it was asked to run and passes."""
     seen: list = []
 
     def run(self, hooks=G.NO_HOOKS):
         seen.append(self)
-        return GateResult(True, "PASS: stand-in", {"steps": [], "max_abs": 0.0, "first_divergence": None})
+        return GateResult(True, "PASS: stand-in", STAND_IN_DETAILS[cls])
 
     monkeypatch.setattr(cls, "run", run)
     return seen

@@ -241,14 +241,14 @@ async def test_kernel_screen_edits_in_the_editor_and_watches_every_save(kernel_s
         assert isinstance(app.screen, TrustModal)  # it runs the script and loads what it exports
         await pilot.press("y")
         await until(lambda: len(st.watch_rounds) == 1)
-        assert app.busy == "kernel_watch" and st.watch_rounds[0]["verdict"] == "PASS"
-        assert st.watch_rounds[0]["max_abs"] == 0.0
+        assert app.busy == "kernel_watch" and st.watch_rounds[0].verdict == "PASS"
+        assert st.watch_rounds[0].max_abs == 0.0
         await pilot.press("o")  # the editor saves the change: the running watch takes it
         await pilot.pause(0.1)
         assert '"2.0f"' in exporter.read_text() and '"2.0f"' in st.stub_text  # the stub view shows the edit
         await until(lambda: len(st.watch_rounds) == 2)
         second = st.watch_rounds[1]
-        assert second["verdict"] == "REJECT" and second["max_abs"] > 0
+        assert second.verdict == "REJECT" and second.max_abs is not None and second.max_abs > 0
         table = app.screen.query_one("#watch-history", DataTable)
         assert table.display and table.row_count == 2
         assert [str(table.get_row_at(i)[4]) for i in range(2)] == ["PASS", "REJECT"]

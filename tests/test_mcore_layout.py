@@ -44,6 +44,7 @@ EXCEPTIONS: dict[str, set[str]] = {
         "mcore.model.buildargs",
         "mcore.families",
         "mcore.families.base",
+        "mcore.families.graph_args",
         "mcore.families.source",
         "mcore.selection.recipes",
         "mcore.bundle.contents",
@@ -73,6 +74,10 @@ PUBLIC_NAMES = [
 # kit that generated stubs import (kernels/exporter_kit.py)
 PUBLIC_NAMES += ["BenchArms", "EmbeddingsGate", "GateHooks", "LogitsGate", "PerfGate", "PerfOptions"]
 PUBLIC_NAMES += ["ReferenceGate", "TokensGate", "exporter_kit"]
+# what the kernel watch hands its caller each round (the workbench keeps them typed)
+PUBLIC_NAMES += ["WatchRound"]
+# what the gates return, their numbers typed per gate (mcore/verify/details.py)
+PUBLIC_NAMES += ["GateResult", "TokensDetails", "EmbeddingsDetails", "ReferenceDetails", "LogitsDetails", "PerfDetails"]
 
 
 def _module_name(path: Path) -> str:

@@ -36,7 +36,7 @@ def test_decoder_profile_attributes_the_step(mcore, tmp_path, bundles):
     assert p["schema_version"] == 2 and p["role"] == "decode" and p["context"] == 100
     assert p["engine"]["name"] == "torch"  # what the pipeline runs on the CPU
     assert p["between_kernels"] is None and p["kernels"] is None
-    assert p["bundle"]["fingerprint"] == qwen.manifest["roles"]["decode"]["fingerprint"]
+    assert p["bundle"]["fingerprint"] == qwen.manifest.roles["decode"].fingerprint
     assert p["device"]["type"] == "cpu" and p["device"]["copy_bytes_per_s"] > 0 and p["versions"]["torch"]
     # every timed graph node is a snapshot node, and the node times add up to the attributed total
     snap_ids = {n["id"] for n in json.loads(json.dumps(p["nodes"])) if n["id"]}
@@ -71,7 +71,7 @@ def test_candidates_are_regions_select_region_accepts(mcore, tmp_path, bundles):
     from mcore.graph.capture import capture
     from mcore.model.buildargs import BuildArgs
 
-    snap = capture(BuildArgs.from_dict(qwen.manifest["build_args"]), "decode").snapshot
+    snap = capture(BuildArgs.from_dict(qwen.manifest.build_args), "decode").snapshot
     kinds = [c["kind"] for c in p["candidates"]]
     assert "recipe" in kinds and "region" in kinds
     heads = [c["headroom_seconds"] for c in p["candidates"]]
@@ -123,7 +123,7 @@ def test_bound_slot_is_attributed_by_binding_id(mcore, tmp_path):
             {
                 "schema_version": 1,
                 "bindings": [
-                    {"id": rid, "abi_sha256": res.receipt["abi_sha256"], "library": "./kernel.so", "function": "run"}
+                    {"id": rid, "abi_sha256": res.receipt.abi_sha256, "library": "./kernel.so", "function": "run"}
                 ],
             }
         )

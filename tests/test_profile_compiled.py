@@ -33,7 +33,7 @@ def built(tmp_path_factory):
     slot = build_bundle(args, d / "s.bundle", recipe=(RID, "decoder.logits_zero_bias"))
     enc = build_bundle(BuildArgs(model="demo:distilbert-tiny", precision="fp32"), d / "e.bundle")
     build_kernel("identity-copy", d / "kernel.so", cuda="off")
-    entry = {"id": RID, "abi_sha256": slot.receipt["abi_sha256"], "library": "./kernel.so", "function": "run"}
+    entry = {"id": RID, "abi_sha256": slot.receipt.abi_sha256, "library": "./kernel.so", "function": "run"}
     (d / "b.json").write_text(json.dumps({"schema_version": 1, "bindings": [entry]}))
     return d, qwen, slot, enc
 
@@ -150,7 +150,7 @@ def test_candidates_say_which_fused_kernels_a_slot_would_split(decode, built):
 
     _, qwen, _, _ = built
     p = decode
-    snap = capture(BuildArgs.from_dict(qwen.manifest["build_args"]), "decode").snapshot
+    snap = capture(BuildArgs.from_dict(qwen.manifest.build_args), "decode").snapshot
     nets = [c["net_headroom_seconds"] for c in p["candidates"]]
     assert nets == sorted(nets, reverse=True)
     kernels = {k["order"]: set(k["node_ids"]) for k in p["kernels"]}

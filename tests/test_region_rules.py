@@ -25,27 +25,27 @@ def rule_of(excinfo):
 def test_chain_region_receipt_fields():
     snap = chain_snapshot(5)
     r = select_region(snap, ["node:1", "node:2"], "my.kernel@1")
-    assert r["node_ids"] == ["node:1", "node:2"]
-    assert r["input_tensor_ids"] == ["tensor:1"]
-    assert r["output_tensor_ids"] == ["tensor:3"]
-    assert r["graph_fingerprint"] == snap["fingerprint"]
-    assert r["engine_role"] == "decode"
-    assert r["workspace_bytes"] == 0 and r["extra_args"] == [] and r["output_shape_input"] is None
-    assert r["abi"]["call"] == "run(input0, output0)"
-    check_receipt(r, "receipt")
+    assert r.node_ids == ("node:1", "node:2")
+    assert r.input_tensor_ids == ("tensor:1",)
+    assert r.output_tensor_ids == ("tensor:3",)
+    assert r.graph_fingerprint == snap["fingerprint"]
+    assert r.engine_role == "decode"
+    assert r.workspace_bytes == 0 and r.extra_args == () and r.output_shape_input is None
+    assert r.to_dict()["abi"]["call"] == "run(input0, output0)"
+    check_receipt(r.to_dict(), "receipt")
 
 
 def test_abi_hash_covers_contract_only():
     a = select_region(chain_snapshot(5), ["node:1"], "a@1")
     b = select_region(chain_snapshot(7), ["node:4", "node:5"], "other.id@2")  # other graph, other nodes
-    assert a["abi_sha256"] == b["abi_sha256"]
-    assert a["graph_fingerprint"] != b["graph_fingerprint"]
+    assert a.abi_sha256 == b.abi_sha256
+    assert a.graph_fingerprint != b.graph_fingerprint
     c = select_region(chain_snapshot(5), ["node:1"], "a@1", workspace_bytes=16)
     d = select_region(chain_snapshot(5, dtype="FP16"), ["node:1"], "a@1")
     e = select_region(chain_snapshot(5), ["node:1"], "a@1", extra_args=[{"type": "int", "value": 3}])
-    assert len({a["abi_sha256"], c["abi_sha256"], d["abi_sha256"], e["abi_sha256"]}) == 4
-    assert c["abi"]["call"] == "run(input0, workspace, output0)"
-    assert e["abi"]["call"] == "run(input0, output0, extra0)"
+    assert len({a.abi_sha256, c.abi_sha256, d.abi_sha256, e.abi_sha256}) == 4
+    assert c.to_dict()["abi"]["call"] == "run(input0, workspace, output0)"
+    assert e.to_dict()["abi"]["call"] == "run(input0, output0, extra0)"
 
 
 def test_input_order_is_first_use():
@@ -55,7 +55,7 @@ def test_input_order_is_first_use():
     snap["nodes"][2]["inputs"] = ["tensor:2", "tensor:1"]
     refp(snap)
     r = select_region(snap, ["node:2"], "k@1")
-    assert r["input_tensor_ids"] == ["tensor:2", "tensor:1"]
+    assert r.input_tensor_ids == ("tensor:2", "tensor:1")
 
 
 @pytest.mark.parametrize(
@@ -168,7 +168,7 @@ def test_workspace_range(ws):
 
 def test_workspace_bounds_ok():
     for ws in (0, 2147483647):
-        assert select_region(chain_snapshot(3), ["node:1"], "k@1", workspace_bytes=ws)["workspace_bytes"] == ws
+        assert select_region(chain_snapshot(3), ["node:1"], "k@1", workspace_bytes=ws).workspace_bytes == ws
 
 
 @pytest.mark.parametrize(
@@ -204,12 +204,12 @@ def test_good_extra_args_normalized():
             {"type": "ptr", "value": None},
         ],
     )
-    assert r["extra_args"] == [
+    assert r.extra_args == (
         {"type": "int", "value": 32},
         {"type": "float", "value": 0.5},
         {"type": "none"},
         {"type": "ptr", "value": None},
-    ]
+    )
 
 
 def test_dynamic_output_needs_rule():
@@ -218,7 +218,7 @@ def test_dynamic_output_needs_rule():
         select_region(snap, ["node:1"], "k@1")
     assert rule_of(e) == "output_shape" and "--output-shape-like-input" in str(e.value)
     r = select_region(snap, ["node:1"], "k@1", output_shape_input=0)
-    assert r["output_shape_input"] == 0
+    assert r.output_shape_input == 0
 
 
 def test_output_shape_input_must_match():

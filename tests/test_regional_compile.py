@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from mcore.engines.regions import plan_regions, unique_regions
 from mcore.engines.structure import rebased, structure_key
 from mcore.families import get_family
 from mcore.families.demo import materialize
+from mcore.families.graph_args import GraphArgs
 from mcore.graph.snapshot import Snapshot, fingerprint
 from mcore.model.buildargs import BuildArgs
 from mcore.runtime.pipeline import DecoderPipeline
@@ -145,7 +147,7 @@ def test_a_fine_tune_reuses_the_compiled_roles_without_capture(bundles, compiled
 def test_structure_key_covers_what_builds_the_graph_and_nothing_else():
     family = get_family("qwen3")
     config = json.loads((materialize("qwen3-tiny") / "config.json").read_text())
-    gargs = {"precision": "bf16", "max_cache_length": 64, "decoder_engine_layout": "split"}
+    gargs = GraphArgs("bf16", max_cache_length=64, decoder_engine_layout="split")
     key = structure_key(family, config, gargs, "decode")
     same = {
         **config,
@@ -157,7 +159,7 @@ def test_structure_key_covers_what_builds_the_graph_and_nothing_else():
     assert structure_key(family, same, gargs, "decode") == key
     for change in ({"rms_norm_eps": 1e-5}, {"rope_theta": 5e5}, {"num_hidden_layers": 3}, {"vocab_size": 500}):
         assert structure_key(family, {**config, **change}, gargs, "decode") != key, change
-    assert structure_key(family, config, {**gargs, "max_cache_length": 128}, "decode") != key
+    assert structure_key(family, config, replace(gargs, max_cache_length=128), "decode") != key
     assert structure_key(family, config, gargs, "prefill") != key
 
 
@@ -179,7 +181,7 @@ def test_every_decoder_family_keys_its_structure_on_what_builds_the_graph(name):
     family = get_family(name)
     assert type(family).structure is DecoderFamily.structure
     config = _demo_config(name)
-    gargs = {"precision": "bf16", "max_cache_length": 64, "decoder_engine_layout": "split"}
+    gargs = GraphArgs("bf16", max_cache_length=64, decoder_engine_layout="split")
     key = structure_key(family, config, gargs, "decode")
     names = {"_name_or_path": "someone/ft", "transformers_version": "9.9", "_commit_hash": "abc", "use_cache": False}
     assert structure_key(family, {**config, **names, "torch_dtype": "bfloat16"}, gargs, "decode") == key
@@ -194,7 +196,7 @@ def test_every_decoder_family_keys_its_structure_on_what_builds_the_graph(name):
         assert structure_key(family, {**config, "rope_scaling": {"rope_type": "default"}}, gargs, "decode") == key
     for change in changes:
         assert structure_key(family, {**config, **change}, gargs, "decode") != key, change
-    assert structure_key(family, config, {**gargs, "max_cache_length": 128}, "decode") != key
+    assert structure_key(family, config, replace(gargs, max_cache_length=128), "decode") != key
     assert structure_key(family, config, gargs, "prefill") != key
 
 
@@ -204,7 +206,7 @@ def test_decoder_families_never_share_compiled_code_through_one_config():
     parse it into the same dims (Llama and Mistral here); Qwen2's q/k/v bias and Qwen3's q/k norms
     show in the dims themselves."""
     config = {**_demo_config("qwen3"), "sliding_window": None}
-    gargs = {"precision": "bf16", "max_cache_length": 64, "decoder_engine_layout": "split"}
+    gargs = GraphArgs("bf16", max_cache_length=64, decoder_engine_layout="split")
     families = {name: get_family(name) for name in STRUCTURE_FAMILIES}
     dims = {name: f.structure(config) for name, f in families.items()}
     assert dims["llama"] == dims["mistral"]

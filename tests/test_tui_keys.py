@@ -83,7 +83,7 @@ async def test_graph_search_enter_then_n_steps_through_matches_not_the_tutorial(
         # esc ends the search: n is the next tutorial step again
         await pilot.press("escape")
         await pilot.pause(0.1)
-        assert graph.pattern == "" and len(graph._rows) == len(app.state.snapshot["nodes"])
+        assert graph.pattern == "" and len(graph._rows) == len(app.state.snapshot.nodes)
         assert app.screen.check_action("next_match", (1,)) is False
 
 
@@ -379,9 +379,9 @@ async def test_graph_tree_keys_and_search(captured, tmp_path):
         await pilot.press("slash", *"logits")
         await pilot.pause(0.1)
         assert graph.scope == "" and all(
-            "logits" in " ".join((n["name"], n["module_path"], graph.recipes.get(n["id"], ""))).lower()
-            for n in app.state.snapshot["nodes"]
-            if n["id"] in graph._rows
+            "logits" in " ".join((n.name, n.module_path, graph.recipes.get(n.id, ""))).lower()
+            for n in app.state.snapshot.nodes
+            if n.id in graph._rows
         )
 
 

@@ -119,7 +119,7 @@ async def wait_idle(app: WorkbenchApp, pilot, timeout: float = 300) -> None:
 def fresh_fingerprint(session: Session) -> str:
     cap = next(s for s in session.steps if s.action == "capture_graph")
     args = BuildArgs.from_dict(cap.params["build_args"])
-    return capture(args, cap.params["engine_role"]).snapshot["fingerprint"]
+    return capture(args, cap.params["engine_role"]).snapshot.fingerprint
 
 
 async def check_common(app: WorkbenchApp, pilot, session: Session, seen: dict, workdir: Path) -> None:
@@ -128,20 +128,20 @@ async def check_common(app: WorkbenchApp, pilot, session: Session, seen: dict, w
     assert len(app.session) == len(session.steps)
     assert [s.action for s in app.session.steps] == [s.action for s in session.steps]
     # the graph shown is the graph a fresh capture produces
-    assert st.snapshot["fingerprint"] == fresh_fingerprint(session)
+    assert st.snapshot.fingerprint == fresh_fingerprint(session)
     await pilot.press("f2")
     await pilot.pause(0.2)
     assert app.screen.SCREEN_NAME == "graph"
     # the ABI hash shown is the receipt file's, which is the slot's in the bundle
     receipt = load_receipt(st.path(st.receipt_path))
-    assert st.receipt["abi_sha256"] == receipt["abi_sha256"]
+    assert st.receipt.abi_sha256 == receipt.abi_sha256
     slots = st.bundles["slot"].result.kernel_slots
-    assert [s.abi_sha256 for s in slots] == [receipt["abi_sha256"]]
+    assert [s.abi_sha256 for s in slots] == [receipt.abi_sha256]
     manifest = json.loads(st.path(st.manifest).read_text())
-    assert manifest["bindings"][0]["abi_sha256"] == receipt["abi_sha256"]
+    assert manifest["bindings"][0]["abi_sha256"] == receipt.abi_sha256
     await pilot.press("f3")
     await pilot.pause(0.3)
-    assert receipt["abi_sha256"] in static_text(app, "#abi")
+    assert receipt.abi_sha256 in static_text(app, "#abi")
     assert "✓" in static_text(app, "#region-check")
     # one trust prompt for the one library, then never again
     assert seen["trust_prompts"] == 1
@@ -196,7 +196,10 @@ async def test_tutorial_qwen_recipe(tmp_path):
         assert isinstance(st.perf.result.passed, bool) and st.perf.result.ratio > 0
         assert any(st.samples["native"]) and any(st.samples["external"])
         # the recipe is the one the tutorial names
-        assert st.receipt["recipe"] == {"id": "qwen.decode_logits_copy@1", "instance": "decoder.logits_zero_bias"}
+        assert st.receipt.to_dict()["recipe"] == {
+            "id": "qwen.decode_logits_copy@1",
+            "instance": "decoder.logits_zero_bias",
+        }
         await check_common(app, pilot, session, seen, tmp_path)
         # the end: a summary with the artifacts, the verdicts with numbers, how to save and replay
         summary = seen["summary"]
@@ -263,12 +266,12 @@ async def test_tutorial_qwen_manual(tmp_path):
         # the Region screen shows the refused selection and the rule it breaks (not a binding-ID complaint)
         assert "rule" in seen["region"][0] and "network output" in seen["region"][0], seen["region"]
         # the hand-made receipt has the recipe's ABI hash (same call contract), and no recipe
-        assert st.receipt["recipe"] is None
-        assert st.receipt["binding_id"] == "qwen3.decode.logits_copy.manual@1"
+        assert st.receipt.recipe is None
+        assert st.receipt.binding_id == "qwen3.decode.logits_copy.manual@1"
         recipe_hash = next(
             s for s in load_qwen_recipe().steps if s.action == "build_bundle" and s.params.get("recipe")
         ).results["kernel_slots"][0]["abi_sha256"]
-        assert st.receipt["abi_sha256"] == recipe_hash
+        assert st.receipt.abi_sha256 == recipe_hash
         assert st.outputs["native"].result.tokens == st.outputs["external"].result.tokens
         assert st.correctness.result.passed is True and st.perf is None
         # the Graph screen showed the tail the tutorial lists (--last 6)
@@ -290,7 +293,7 @@ async def test_tutorial_distilbert_residual(tmp_path):
         shorten_perf(app)
         seen = await drive(app, pilot)
         st = app.state
-        assert st.receipt["node_ids"] == session.steps[2].params["node_ids"]
+        assert list(st.receipt.node_ids) == session.steps[2].params["node_ids"]
         assert st.correctness.action == "gate_embeddings" and st.correctness.result.passed is True
         # the Verify screen shows the numbers the gate judged and draws every element's error
         await pilot.press("f6")
@@ -306,7 +309,7 @@ async def test_tutorial_distilbert_residual(tmp_path):
             await pilot.press("f4")
             await pilot.pause(0.3)
             stub = app.screen.query_one("#stub-view", TextArea).text
-            assert st.receipt["abi_sha256"] in stub
+            assert st.receipt.abi_sha256 in stub
         await check_common(app, pilot, session, seen, tmp_path)
 
 
@@ -398,7 +401,7 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
         assert app.screen.SCREEN_NAME == "graph"
         snap = app.state.snapshot
         # free exploration captures with the tutorials' build arguments (256-token cache, split layout)
-        assert snap["fingerprint"] == capture(BuildArgs.from_dict(DEFAULT_BUILD_ARGS), "decode").snapshot["fingerprint"]
+        assert snap.fingerprint == capture(BuildArgs.from_dict(DEFAULT_BUILD_ARGS), "decode").snapshot.fingerprint
         graph = app.screen
         # filter with --match semantics, then follow an edge and come back
         await pilot.press("slash")
@@ -407,9 +410,7 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
         await pilot.pause(0.2)
         rows = list(graph._rows)
         assert rows and all(
-            "logits_zero_bias" in n["module_path"] or "logits_zero_bias" in n["name"]
-            for n in snap["nodes"]
-            if n["id"] in rows
+            "logits_zero_bias" in n.module_path or "logits_zero_bias" in n.name for n in snap.nodes if n.id in rows
         )
         start = graph.current
         for nid in rows:  # mark the bias nodes by hand with space
@@ -429,7 +430,7 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
         region.query_one("#binding-id").value = "my.bias_copy@1"
         await pilot.pause(0.2)
         assert "✓ valid manual selection" in static_text(app, "#region-check")
-        expected = region.preview["abi_sha256"]
+        expected = region.preview.abi_sha256
         assert expected in static_text(app, "#abi")
         # break it: a bad workspace names the rule
         region.query_one("#workspace").value = "99999999999"
@@ -443,8 +444,8 @@ async def test_interactive_capture_select_and_cancel(tmp_path, monkeypatch):
             await pilot.pause(0.05)
             if not app.busy:
                 break
-        assert app.state.receipt["abi_sha256"] == expected
-        assert load_receipt(tmp_path / "my.bias_copy@1.selection.json")["abi_sha256"] == expected
+        assert app.state.receipt.abi_sha256 == expected
+        assert load_receipt(tmp_path / "my.bias_copy@1.selection.json").abi_sha256 == expected
         assert app.session.steps[-1].action == "select_nodes"
         # Kernel: the stub from the receipt, its exporter run (its error line shown where the CuTe DSL
         # or the kernel body is missing), a shipped kernel built, the bindings manifest written
@@ -528,7 +529,7 @@ async def test_replay_shows_expected_vs_actual(tmp_path):
         await step_through(app, pilot, 1)
         o = app.guide.outcomes[0]
         assert [d[0] for d in o.diffs] == ["fingerprint"]
-        assert o.diffs[0][1] == "0" * 64 and o.diffs[0][2] == app.state.snapshot["fingerprint"]
+        assert o.diffs[0][1] == "0" * 64 and o.diffs[0][2] == app.state.snapshot.fingerprint
         text = static_text(app, "#guide-text")
         assert "≠ fingerprint" in text and "expected 0000000000000000…" in text
         assert "= nodes: 192" in text

@@ -95,7 +95,7 @@ async def test_profile_lists_candidates_and_selects_one_into_the_region_screen(b
         assert "live:" not in text_of(app, "#profile-head") and table_names(app)
         report = json.loads((tmp_path / "profile-decode.json").read_text())
         assert report["kind"] == "mcore-profile" and report["role"] == "decode"
-        assert report["bundle"]["fingerprint"] == app.state.snapshot["fingerprint"]
+        assert report["bundle"]["fingerprint"] == app.state.snapshot.fingerprint
         assert app.session.steps[-1].action == "profile"
         # the table lists every candidate in the report's rank order
         names = [c["instance"] if c["kind"] == "recipe" else c["module_path"] for c in report["candidates"]]
@@ -114,7 +114,7 @@ async def test_profile_lists_candidates_and_selects_one_into_the_region_screen(b
         region = report["candidates"][i]
         assert app.state.marked == region["node_ids"]
         assert app.screen.recipe is None and app.screen.error is None, app.screen.error
-        assert app.screen.preview["node_ids"] == region["node_ids"]
+        assert list(app.screen.preview.node_ids) == region["node_ids"]
         # alt+left goes back to the Profile screen; a recipe candidate picks its recipe instance
         await pilot.press("alt+left")
         await pilot.pause(0.1)

@@ -14,6 +14,7 @@ import pytest
 from mcore.cli.main import main
 from mcore.common.errors import UserError
 from mcore.verify.compare import GateResult, compare_embeddings, compare_tokens, parse_benchmark, perf_gate
+from mcore.verify.details import TokensDetails
 from tests.tutorial_snippets import STEP4_PERF_SNIPPET, STEP7_EMBEDDING_SNIPPET, run_snippet, tutorial_path
 
 PY = shlex.quote(sys.executable)
@@ -49,7 +50,7 @@ def test_tokens_equal(tmp_path, capsys):
     r = compare_tokens(a, b)
     assert isinstance(r, GateResult) and r.passed
     assert r.line == "PASS: tokens identical (2 records, 5 tokens)"
-    assert r.details == {"records": 2, "tokens": 5}
+    assert r.details == TokensDetails(records=2, tokens=5)
     assert main(["verify", "tokens", str(a), str(b)]) == 0
     assert capsys.readouterr().out.strip().endswith("PASS: tokens identical (2 records, 5 tokens)")
 
@@ -60,7 +61,8 @@ def test_tokens_differ(tmp_path, capsys):
     r = compare_tokens(a, b)
     assert not r.passed
     assert r.line.startswith("FAIL: record 2 (prompt 'second') differs at token position 2: native=6 external=9")
-    assert r.details["first_record"] == 2 and r.details["first_position"] == 2
+    assert r.details.first_record == 2 and r.details.first_position == 2
+    assert r.details.differing == (6, 9)
     assert main(["verify", "tokens", str(a), str(b)]) == 1
     assert "FAIL: record 2" in capsys.readouterr().out
 
@@ -159,7 +161,7 @@ def test_embeddings_agree_with_tutorial_snippet(tmp_path, capsys, case):
     stats = [l for l in snip.stdout.splitlines() if l.startswith("values=")]
     if stats:
         assert r.info == stats  # the same numbers, printed the same way
-        assert r.details["values"] == len(native)
+        assert r.details.values == len(native)
     else:
         assert not r.passed and "FAIL: embedding lengths differ" in snip.stderr
         assert r.line.startswith("FAIL: embedding lengths differ")
@@ -177,22 +179,22 @@ def test_embeddings_numbers_exactly_as_snippet():
     max_abs = max(abs(a - b) for a, b in zip(native, byok, strict=True))
     denominator = math.sqrt(sum(v * v for v in native) * sum(v * v for v in byok))
     cosine = sum(a * b for a, b in zip(native, byok, strict=True)) / denominator
-    assert r.details["max_abs"] == max_abs and r.details["cosine"] == cosine
+    assert r.details.max_abs == max_abs and r.details.cosine == cosine
 
 
 def test_embeddings_thresholds():
     native, byok = EMBED_CASES["small_noise_pass"]
     assert compare_embeddings(native, byok).passed
     r = compare_embeddings(native, byok, max_abs=0.001)
-    assert not r.passed and r.line == "FAIL: numerical gate" and "max_abs" in r.details["reason"]
+    assert not r.passed and r.line == "FAIL: numerical gate" and "max_abs" in (r.details.reason or "")
     assert not compare_embeddings(native, byok, min_cosine=0.9999999999).passed
 
 
 def test_embeddings_degenerate():
     r = compare_embeddings([0.0, 0.0], [0.0, 0.0])
-    assert not r.passed and r.details["reason"] == "zero-norm embedding"
+    assert not r.passed and r.details.reason == "zero-norm embedding"
     r = compare_embeddings([1.0, float("nan")], [1.0, 1.0])
-    assert not r.passed and r.details["reason"] == "non-finite values"
+    assert not r.passed and r.details.reason == "non-finite values"
 
 
 @pytest.mark.parametrize(
@@ -258,7 +260,9 @@ def test_step4_snippet_on_synthetic_logs_and_agreement(tmp_path, native, externa
     # is the snippet's ratio itself; no warm-up).
     r = perf_gate(f"cat {shlex.quote(str(a))}", f"cat {shlex.quote(str(b))}", pairs=2, min_ratio=0.98, warmup=0)
     assert r.passed == (verdict == "PASS"), r.line
-    assert r.details.get("metric", "throughput") == "throughput"  # the tutorial's lines carry nothing steadier
+    assert (
+        r.details.decision is None or r.details.decision.metric == "throughput"
+    )  # the tutorial's lines carry nothing steadier
 
 
 def test_step4_snippet_uses_last_benchmark_line(tmp_path):

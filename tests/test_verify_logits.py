@@ -32,7 +32,7 @@ def bundles(tmp_path_factory):
             {
                 "schema_version": 1,
                 "bindings": [
-                    {"id": RID, "abi_sha256": slot.receipt["abi_sha256"], "library": "./kernel.so", "function": "run"}
+                    {"id": RID, "abi_sha256": slot.receipt.abi_sha256, "library": "./kernel.so", "function": "run"}
                 ],
             }
         )

@@ -18,6 +18,7 @@ from mcore.cli.main import main
 from mcore.common.errors import Cancelled, UserError
 from mcore.common.progress import CancelToken, Progress
 from mcore.verify.compare import parse_benchmark, perf_gate
+from mcore.verify.details import PerfDecision, PerfDetails, TokensDetails
 from mcore.verify.interval import look_confidence, ratio_interval, t_quantile, t_two_sided_mass
 from mcore.verify.verdicts import GateResult
 
@@ -100,14 +101,21 @@ def test_bonferroni_checks_keep_the_overall_confidence():
     assert look_confidence(0.95, 1) == pytest.approx(0.95)
 
 
+def _decided(r: GateResult[PerfDetails]) -> PerfDecision:
+    """What a perf gate that measured its pairs decided by (a failed run has none)."""
+    assert r.details.decision is not None, r.line
+    return r.details.decision
+
+
 def test_gate_result_words_and_exit_codes():
-    assert GateResult(True, "PASS: x").exit_code == 0 and GateResult(True, "PASS: x").verdict == "PASS"
-    assert GateResult(False, "FAIL: x").exit_code == 1
-    assert GateResult(True, "", verdict="PROMOTE").exit_code == 0
-    assert GateResult(False, "", verdict="REJECT").exit_code == 1
-    assert GateResult(False, "", verdict="INCONCLUSIVE").exit_code == 3
+    d = TokensDetails(records=1, tokens=3)
+    assert GateResult(True, "PASS: x", d).exit_code == 0 and GateResult(True, "PASS: x", d).verdict == "PASS"
+    assert GateResult(False, "FAIL: x", d).exit_code == 1
+    assert GateResult(True, "", d, verdict="PROMOTE").exit_code == 0
+    assert GateResult(False, "", d, verdict="REJECT").exit_code == 1
+    assert GateResult(False, "", d, verdict="INCONCLUSIVE").exit_code == 3
     with pytest.raises(ValueError):
-        GateResult(True, "", verdict="INCONCLUSIVE")  # the word and `passed` must agree
+        GateResult(True, "", d, verdict="INCONCLUSIVE")  # the word and `passed` must agree
 
 
 # ---------------------------------------------------------------- fake benchmark commands
@@ -168,22 +176,23 @@ def test_promote_with_every_pair_the_interval_and_the_rule(fake):
     assert any(l.startswith("interval: geometric mean ratio") for l in r.info)
     assert any(l.startswith("rule: PROMOTE when the whole 95% t-interval") for l in r.info)
     d = r.details
-    assert d["verdict"] == "PROMOTE" and d["pairs"] == 4 and d["metric"] == "throughput"
-    iv = ratio_interval(d["ratios"], 0.95)
-    assert (d["interval"]["low"], d["interval"]["high"]) == (iv.low, iv.high)
-    assert d["interval"]["low"] >= 0.98
+    assert d.decision is not None and d.decision.metric == "throughput"
+    assert d.verdict == "PROMOTE" and d.pairs == 4
+    iv = ratio_interval(list(d.ratios), 0.95)
+    assert (d.decision.interval.low, d.decision.interval.high) == (iv.low, iv.high)
+    assert d.decision.interval.low >= 0.98
     assert [s[0] for s in samples] == ["native", "external", "external", "native"] * 2
 
 
 def test_reject_and_inconclusive(fake):
     r = perf_gate(fake("native"), fake("external", values="90,91,89"), pairs=3, warmup=0)
     assert (r.verdict, r.exit_code) == ("REJECT", 1) and r.line.startswith("REJECT: external/native")
-    assert " is below 0.98 (3 pairs;" in r.line and r.details["interval"]["high"] < 0.98
+    assert " is below 0.98 (3 pairs;" in r.line and _decided(r).interval.high < 0.98
     # one pair ran at half speed (a neighbour's job): the median would still say 1.0, the interval
     # cannot tell
     fake.log.unlink()
     r = perf_gate(fake("native"), fake("external", values="50,100,100,100,100"), pairs=5, warmup=0)
-    assert r.details["ratios"] == [0.5, 1.0, 1.0, 1.0, 1.0] and r.details["median_ratio"] == 1.0
+    assert r.details.ratios == (0.5, 1.0, 1.0, 1.0, 1.0) and _decided(r).median_ratio == 1.0
     assert (r.verdict, r.passed, r.exit_code) == ("INCONCLUSIVE", False, 3)
     assert "straddles 0.98: the pairs cannot tell" in r.line and "--pairs auto" in r.line
 
@@ -193,7 +202,7 @@ def test_alternation_order_and_warmup(fake):
     assert r.verdict == "PROMOTE"
     order = fake.log.read_text().split()
     assert order == ["native", "external"] + ["native", "external", "external", "native"] * 2
-    assert r.details["order"] == [["native", "external"], ["external", "native"]] * 2
+    assert r.details.order == (("native", "external"), ("external", "native")) * 2
     fake.log.unlink()
     perf_gate(fake("native"), fake("external"), pairs=2, warmup=3)
     assert fake.log.read_text().split().count("native") == 5
@@ -201,18 +210,18 @@ def test_alternation_order_and_warmup(fake):
 
 def test_pairs_auto_stops_once_decided(fake):
     r = perf_gate(fake("native"), fake("external", values="60,61,59"), pairs="auto", warmup=0)
-    assert r.verdict == "REJECT" and r.details["pairs"] == 3 and r.details["stop"] == "decided after 3 pairs"
+    assert r.verdict == "REJECT" and r.details.pairs == 3 and _decided(r).stop == "decided after 3 pairs"
     assert fake.log.read_text().split().count("external") == 3
     checks = [l for l in r.info if l.startswith("check after")]
     assert checks == [checks[0]] and "99.5% interval" in checks[0] and "stopping: decided after 3 pairs" in checks[0]
-    assert "each check at 99.5% (Bonferroni over 10 checks: 95% overall)" in r.details["rule"]
+    assert "each check at 99.5% (Bonferroni over 10 checks: 95% overall)" in _decided(r).rule
     assert "99.5% interval" in r.line
 
 
 def test_pairs_auto_stops_at_max_pairs_undecided(fake):
     r = perf_gate(fake("native"), fake("external", values="90,110"), pairs="auto", max_pairs=5, warmup=0)
-    assert r.verdict == "INCONCLUSIVE" and r.details["pairs"] == 5
-    assert r.details["stop"] == "undecided after --max-pairs 5"
+    assert r.verdict == "INCONCLUSIVE" and r.details.pairs == 5
+    assert _decided(r).stop == "undecided after --max-pairs 5"
     assert [l.split(":")[0] for l in r.info if l.startswith("check after")] == [
         "check after 3 pairs",
         "check after 4 pairs",
@@ -220,19 +229,19 @@ def test_pairs_auto_stops_at_max_pairs_undecided(fake):
     ]
     assert "undecided after --max-pairs 5; run again on a quieter machine" in r.line
     # each of the 3 checks runs at 1 - 0.05/3
-    assert r.details["interval"]["confidence"] == pytest.approx(1 - 0.05 / 3)
+    assert _decided(r).interval.confidence == pytest.approx(1 - 0.05 / 3)
 
 
 def test_pairs_auto_stops_when_the_time_budget_runs_out(fake):
     r = perf_gate(fake("native"), fake("external", values="90,110"), pairs="auto", budget_s=0.001, warmup=0)
-    assert r.details["pairs"] == 3 and r.verdict == "INCONCLUSIVE"  # the first 3 pairs always run
-    assert r.details["stop"] == "the 0.001 s budget ran out after 3 pairs"
+    assert r.details.pairs == 3 and r.verdict == "INCONCLUSIVE"  # the first 3 pairs always run
+    assert _decided(r).stop == "the 0.001 s budget ran out after 3 pairs"
 
 
 def test_pairs_auto_takes_more_pairs_when_the_first_ones_are_noisy(fake):
     # pairs 1-3 spread widely, then the runs settle at 0.95: the gate keeps measuring and REJECTs
     r = perf_gate(fake("native"), fake("external", values="92,99,95" + ",95" * 9), pairs="auto", max_pairs=12, warmup=0)
-    assert r.verdict == "REJECT" and r.details["pairs"] == 8 and r.details["stop"] == "decided after 8 pairs"
+    assert r.verdict == "REJECT" and r.details.pairs == 8 and _decided(r).stop == "decided after 8 pairs"
 
 
 def test_metric_auto_picks_device_then_fastest_step_then_throughput(fake):
@@ -244,16 +253,16 @@ def test_metric_auto_picks_device_then_fastest_step_then_throughput(fake):
         pairs=2,
         warmup=0,
     )
-    assert r.details["metric"] == "device" and r.verdict == "PROMOTE" and "device steps/s" in r.line
-    assert r.details["ratios"] == [pytest.approx(0.02 / 0.0201)] * 2
+    assert _decided(r).metric == "device" and r.verdict == "PROMOTE" and "device steps/s" in r.line
+    assert list(r.details.ratios) == [pytest.approx(0.02 / 0.0201)] * 2
     assert any("(auto: both lines carry device_step_ms)" in l for l in r.info)
     # a CPU run: the fastest step decides; here the wall clock says 0.5 but every fastest step is the same
     best = "decode_ms_p50=9.0 decode_ms_min=1.2500"
     r = perf_gate(
         fake("native", values="100", extra=best), fake("external", values="50", extra=best), pairs=3, warmup=0
     )
-    assert r.details["metric"] == "min-step" and r.verdict == "PROMOTE" and "steps/s (fastest)" in r.line
-    assert r.details["native"] == [800.0] * 3
+    assert _decided(r).metric == "min-step" and r.verdict == "PROMOTE" and "steps/s (fastest)" in r.line
+    assert r.details.native == (800.0,) * 3
     r = perf_gate(
         fake("native", values="100", extra=best),
         fake("external", values="50", extra=best),
@@ -267,10 +276,10 @@ def test_metric_auto_picks_device_then_fastest_step_then_throughput(fake):
     r = perf_gate(
         fake("n", gen="embed", extra=enc), fake("e", gen="embed", extra="latency_ms_min=2.5"), pairs=2, warmup=0
     )
-    assert r.details["metric"] == "min-step" and r.verdict == "REJECT" and "calls/s (fastest)" in r.line
+    assert _decided(r).metric == "min-step" and r.verdict == "REJECT" and "calls/s (fastest)" in r.line
     # lines as the tutorial prints them: throughput
     r = perf_gate(fake("native"), fake("external"), pairs=2, warmup=0)
-    assert r.details["metric"] == "throughput"
+    assert _decided(r).metric == "throughput"
 
 
 def test_a_named_metric_the_lines_lack_fails_saying_what_to_use(fake):

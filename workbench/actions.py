@@ -30,7 +30,7 @@ from mcore import PERF_DEFAULTS, EmbeddingsGate, Progress, ReferenceGate, UserEr
 from . import results as R
 
 if TYPE_CHECKING:
-    from mcore import Receipt
+    from mcore import GateResult, PerfDetails, Receipt
 
 SampleFn = Callable[[str, int, float], None]  # (arm "native"|"external", index, value)
 LogFn = Callable[[str], None]
@@ -639,13 +639,13 @@ def verify_reference(
     )
     r = gate.run(_hooks(ctx))
     _say_gate(ctx, r)
-    d = r.details
+    w = r.details.worst  # None: the weights or the token IDs differed before any step ran
     return R.ReferenceChecked(
         **_gated(ctx, r),
-        first_diverging_step=d.get("first_diverging_step"),
-        max_abs=d.get("max_abs"),
-        max_rel=d.get("max_rel"),
-        min_cosine=d.get("min_cosine"),
+        first_diverging_step=None if w is None else w.first_diverging_step,
+        max_abs=None if w is None else w.max_abs,
+        max_rel=None if w is None else w.max_rel,
+        min_cosine=None if w is None else w.min_cosine,
     )
 
 
@@ -681,9 +681,9 @@ def gate_logits(
     d = r.details
     return R.LogitsGated(
         **_gated(ctx, r),
-        steps=tuple(s["max_abs"] for s in d["steps"]),
-        max_abs=d["max_abs"],
-        first_divergence=d["first_divergence"],
+        steps=tuple(s.max_abs for s in d.steps),
+        max_abs=d.max_abs,
+        first_divergence=d.first_divergence,
     )
 
 
@@ -716,7 +716,7 @@ def gate_embeddings(
     for line in r.info + [r.line]:
         ctx.say(line)
     d = r.details
-    return R.EmbeddingsGated(**_gated(ctx, r), values=d.get("values"), max_abs=d.get("max_abs"), cosine=d.get("cosine"))
+    return R.EmbeddingsGated(**_gated(ctx, r), values=d.values, max_abs=d.max_abs, cosine=d.cosine)
 
 
 # an encoder arm's default benchmark calls: calls are few and short, and a fastest-call metric needs
@@ -772,31 +772,29 @@ def gate_perf(
     return _perf_results(ctx, r)
 
 
-def _perf_results(ctx: ActionContext, r: Any) -> R.PerfGated:
+def _perf_results(ctx: ActionContext, r: GateResult[PerfDetails]) -> R.PerfGated:
     """What a perf gate step records: the verdict, every pair, the interval and the rule."""
-    d = r.details
+    d, dec = r.details, r.details.decision  # dec None: a run failed before the gate decided
     pairs = tuple(
         R.PerfPair(native=n, external=e, ratio=q, first=o[0])
         # a run that failed mid-pair leaves one arm a value longer: the pairs are the complete ones
-        for n, e, q, o in zip(
-            d.get("native", []), d.get("external", []), d.get("ratios", []), d.get("order", []), strict=False
-        )
+        for n, e, q, o in zip(d.native, d.external, d.ratios, d.order, strict=False)
     )
-    iv = d.get("interval")
+    iv = None if dec is None else dec.interval
     return R.PerfGated(
         **_gated(ctx, r),
-        ratio=d.get("ratio"),
-        median_ratio=d.get("median_ratio"),
-        interval=R.Interval.from_dict(iv) if isinstance(iv, dict) else None,
-        rule=d.get("rule"),
-        metric=d.get("metric"),
-        min_ratio=d.get("min_ratio"),
-        stop=d.get("stop"),
+        ratio=None if dec is None else dec.ratio,
+        median_ratio=None if dec is None else dec.median_ratio,
+        interval=None if iv is None else R.Interval(iv.low, iv.high, iv.confidence, iv.t, iv.sd_log),
+        rule=None if dec is None else dec.rule,
+        metric=None if dec is None else dec.metric,
+        min_ratio=d.min_ratio,
+        stop=None if dec is None else dec.stop,
         pairs=pairs,
-        native=d.get("native_median"),
-        external=d.get("external_median"),
-        unit=d.get("unit"),
-        samples={"native": tuple(d.get("native", [])), "external": tuple(d.get("external", []))},
+        native=None if dec is None else dec.native_median,
+        external=None if dec is None else dec.external_median,
+        unit=None if dec is None else dec.unit,
+        samples={"native": d.native, "external": d.external},
     )
 
 

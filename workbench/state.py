@@ -23,7 +23,7 @@ from .results import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mcore import Receipt, Snapshot
+    from mcore import Receipt, Snapshot, WatchRound
 
 DEFAULT_BUILD_ARGS = {
     "model": "demo:qwen3-tiny",
@@ -98,7 +98,7 @@ class WorkbenchState:
     samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})
     log: list[str] = field(default_factory=list)
     last_prompt: LastPrompt | None = None
-    watch_rounds: list[dict[str, Any]] = field(default_factory=list)  # the Kernel screen's watch: Round.to_dict()
+    watch_rounds: list[WatchRound] = field(default_factory=list)  # the Kernel screen's watch, a round each
     # the watch's gate settings (mcore.WatchConfig fields); the perf gate's as the Verify screen runs it
     watch_settings: dict[str, Any] = field(default_factory=lambda: {"pairs": 3, "warmup": 1, "max_new_tokens": 8})
 

@@ -15,6 +15,7 @@ from ..common.errors import UserError
 from ..common.fileio import check_overwrite, read_json, write_json
 from ..common.progress import NO_PROGRESS, Progress
 from ..families.base import Family, ModelSource
+from ..families.graph_args import GraphArgs
 from ..graph.capture import Captured, build_core, capture, resolve, tool_versions
 from ..model.buildargs import BuildArgs
 from ..selection.patch import check_receipt_against
@@ -35,7 +36,7 @@ class BuildResult:
 
 
 # What resolve() gives: the model source, its family and the family's graph args.
-Resolved = tuple[ModelSource, Family, dict[str, Any]]
+Resolved = tuple[ModelSource, Family, GraphArgs]
 
 
 def receipt_path_for(bundle_path: Path, instance: str | None = None) -> Path:
@@ -192,7 +193,7 @@ def _recipe_receipts(
 
 
 def _model_members(
-    args: BuildArgs, source: ModelSource, family: Family, gargs: dict[str, Any]
+    args: BuildArgs, source: ModelSource, family: Family, gargs: GraphArgs
 ) -> tuple[dict[str, Any], dict[str, Any], Any]:
     """(the bundle's model members, the manifest's weights entry, the sentence-embedding default):
     config, tokenizer (checked by loading it) and, for checkpoint weights, the stored tensors."""
@@ -242,7 +243,7 @@ def _manifest(
         "family_kind": family.kind,
         "model": {"spec": source.spec, "revision": source.revision},
         "build_args": args.to_dict(),
-        "graph_args": gargs,
+        "graph_args": gargs.to_dict(),
         "device": device,
         "roles": {
             r: {"fingerprint": c.snapshot.fingerprint, "inputs": list(c.io.inputs), "outputs": list(c.io.outputs)}

@@ -19,6 +19,7 @@ import torch
 
 from ..common.errors import UserError
 from ..common.fileio import parse_json
+from ..families.graph_args import GraphArgs
 from ..model.buildargs import BuildArgs
 from .manifest import REBUILD, BundleManifest
 
@@ -74,9 +75,9 @@ def check_family(m: BundleManifest, where: str) -> Any:
     return family
 
 
-def check_graph_args(family: Any, config: dict, m: BundleManifest, where: str) -> BuildArgs:
-    """The manifest's build args, typed, and its graph args exactly what this mcore derives from
-    them and the bundle's config (a hand-edited `max_cache_length: "x"` or precision is refused)."""
+def check_graph_args(family: Any, config: dict, m: BundleManifest, where: str) -> tuple[BuildArgs, GraphArgs]:
+    """The manifest's build args, typed, and its graph args (typed) exactly what this mcore derives
+    from them and the bundle's config (a hand-edited `max_cache_length: "x"` or precision is refused)."""
     try:
         args = BuildArgs.from_dict(m.build_args)
     except TypeError as e:
@@ -84,16 +85,17 @@ def check_graph_args(family: Any, config: dict, m: BundleManifest, where: str) -
     except UserError as e:
         raise UserError(f"{where}: bundle manifest field build_args: {e}; {REBUILD}") from None
     try:
-        derived = family.graph_args(config, args)
+        typed = family.graph_args(config, args)
     except UserError as e:
         raise UserError(f"{where}: the bundle's build_args and config.json do not fit ({e}); {REBUILD}") from None
+    derived = typed.to_dict()
     if derived != m.graph_args:
         differ = sorted(k for k in set(derived) | set(m.graph_args) if derived.get(k) != m.graph_args.get(k))
         raise UserError(
             f"{where}: bundle manifest field graph_args ({', '.join(differ)}) is not what its build_args give "
             f"({json.dumps({k: derived.get(k) for k in differ})}); {REBUILD}"
         )
-    return args
+    return args, typed
 
 
 def weights_header(blob: bytes, where: str) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:

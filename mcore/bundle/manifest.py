@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..common.contract import JsonView, field_error, is_int, need_dict, need_str
+from ..common.contract import field_error, is_int, need_dict, need_str
 from ..common.errors import UserError
 from ..common.fileio import check_fields
 from ..selection.receipt import SlotRecord
@@ -167,7 +167,7 @@ def _optional_fields(m: dict[str, Any], w: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class BundleManifest(JsonView):
+class BundleManifest:
     engine: str
     family: str
     model: ModelRef

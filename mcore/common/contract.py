@@ -1,5 +1,5 @@
 """What every typed contract (snapshot, receipt, slot record, manifests) shares: field checks that
-fail with one line naming the file and the field, and a read-only dict view of the JSON form.
+fail with one line naming the file and the field.
 
 Each contract is a frozen dataclass parsed and checked once by ``from_dict(data, where)`` and
 written by one ``to_dict()``; code reads its attributes, never the JSON.
@@ -7,9 +7,7 @@ written by one ``to_dict()``; code reads its attributes, never the JSON.
 
 from __future__ import annotations
 
-from abc import abstractmethod
-from collections.abc import Iterator, Mapping
-from functools import cached_property
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import UserError
@@ -96,28 +94,3 @@ def json_form(value: Any) -> Any:
     if isinstance(value, tuple):
         return [json_form(v) for v in value]
     return value
-
-
-class JsonView(Mapping[str, Any]):
-    """A read-only view of ``to_dict()`` (computed once), so that code still written against the
-    JSON dicts (bench/, the profiler, older scripts) keeps working; new code reads attributes."""
-
-    @abstractmethod
-    def to_dict(self) -> dict[str, Any]:
-        """The contract's JSON form, as the file holds it (each contract writes its own)."""
-
-    @cached_property
-    def _json(self) -> dict[str, Any]:
-        return self.to_dict()
-
-    def __getitem__(self, key: str) -> Any:
-        return self._json[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._json)
-
-    def __len__(self) -> int:
-        return len(self._json)
-
-    def __bool__(self) -> bool:  # a contract is always there (and `if rec:` must not build the view)
-        return True

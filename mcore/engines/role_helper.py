@@ -27,13 +27,14 @@ import torch
 
 from ..common import cache
 from ..common.progress import Progress
+from ..families.graph_args import GraphArgs
 
 ENV = "MCORE_PARALLEL_ROLES"
 TIMEOUT_S = 300.0  # several times the slowest decode compile seen (8B on an H200: 29 s); then compiled here
 
 
 def helper_wanted(
-    device: torch.device, engine: Any, has_slots: bool, family: Any, config: dict, gargs: dict, core: Any
+    device: torch.device, engine: Any, has_slots: bool, family: Any, config: dict, gargs: GraphArgs, core: Any
 ) -> bool:
     flag = os.environ.get(ENV, "")
     if flag == "0" or has_slots or family.kind != "decoder" or engine.keeps_captures(device):
@@ -45,7 +46,7 @@ def helper_wanted(
     return device.type == "cuda" and _room_for_a_copy(device, family, config, gargs, core)
 
 
-def _room_for_a_copy(device: torch.device, family: Any, config: dict, gargs: dict, core: Any) -> bool:
+def _room_for_a_copy(device: torch.device, family: Any, config: dict, gargs: GraphArgs, core: Any) -> bool:
     """The helper holds the weights and KV caches once more (uninitialized) while this process
     allocates its own caches: room for both and a margin."""
     weights = sum(t.numel() * t.element_size() for t in core.state_dict(keep_vars=True).values())
@@ -127,8 +128,7 @@ def compile_roles(bundle_path: str, device: torch.device, roles: Sequence[str]) 
     check_family(m, str(bundle.path))
     family = get_family(m.family)
     config = read_json_member(bundle, "config.json")
-    args = check_graph_args(family, config, m, str(bundle.path))
-    gargs = m.graph_args
+    args, gargs = check_graph_args(family, config, m, str(bundle.path))
     source = ModelSource(spec=m.model.spec, family=m.family, config=config, path=None, revision=m.model.revision)
     core = build_core(family, config, gargs, device).eval()
     engine = get_engine("compiled", device)

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..families.graph_args import GraphArgs
 from ..graph.snapshot import Snapshot, fingerprint
 
 
@@ -28,8 +29,13 @@ class RoleStructure:
     metadata: dict[str, Any]  # the snapshot metadata this model's capture writes (graph_metadata)
 
 
-def structure_key(family: Any, config: dict, gargs: dict[str, Any], role: str) -> str:
-    payload = {"family": family.name, "role": role, "graph_args": gargs, "structure": family.structure(config)}
+def structure_key(family: Any, config: dict, gargs: GraphArgs, role: str) -> str:
+    payload = {
+        "family": family.name,
+        "role": role,
+        "graph_args": gargs.to_dict(),
+        "structure": family.structure(config),
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 

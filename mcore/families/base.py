@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..model.buildargs import BuildArgs
+from .graph_args import GraphArgs
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -66,12 +67,12 @@ class Family(ABC):
     roles: tuple[str, ...]
 
     @abstractmethod
-    def graph_args(self, config: dict, args: BuildArgs) -> dict[str, Any]:
+    def graph_args(self, config: dict, args: BuildArgs) -> GraphArgs:
         """The resolved graph-producing arguments (defaults filled in), or UserError
         when an argument does not apply to this family or is out of range."""
 
     @abstractmethod
-    def build_core(self, config: dict, gargs: dict[str, Any], device: torch.device | str) -> nn.Module:
+    def build_core(self, config: dict, gargs: GraphArgs, device: torch.device | str) -> nn.Module:
         """The model with parameters of the requested precision on `device` (meta for
         capture; values unset). Non-persistent buffers (RoPE tables, zero bias) are
         computed here on `device` (meta included)."""
@@ -82,11 +83,11 @@ class Family(ABC):
         parameter FQNs are stable."""
 
     @abstractmethod
-    def role_io(self, config: dict, gargs: dict[str, Any], role: str) -> RoleIO: ...
+    def role_io(self, config: dict, gargs: GraphArgs, role: str) -> RoleIO: ...
 
     @abstractmethod
     def example_inputs(
-        self, config: dict, gargs: dict[str, Any], role: str, device: torch.device | str
+        self, config: dict, gargs: GraphArgs, role: str, device: torch.device | str
     ) -> tuple[tuple[torch.Tensor, ...], Any]:
         """Example inputs for torch.export and its dynamic_shapes spec."""
 
@@ -100,7 +101,7 @@ class Family(ABC):
         """Deterministic seeded random weights (for benchmarking configs with no checkpoint)."""
 
     @abstractmethod
-    def recipes(self, config: dict, gargs: dict[str, Any]) -> list[RecipeSpec]: ...
+    def recipes(self, config: dict, gargs: GraphArgs) -> list[RecipeSpec]: ...
 
     def structure(self, config: dict) -> Any:
         """What the role graphs are built from in `config`, apart from the model's identity: equal

@@ -19,7 +19,6 @@ import re
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +29,7 @@ from ..model.buildargs import BuildArgs
 from . import weights as W
 from .base import DTYPES, Family, ModelSource, RecipeSpec, RoleIO
 from .config import cfg_bool, cfg_choice, cfg_float, cfg_int
+from .graph_args import GraphArgs
 
 DEFAULT_MAX_SEQ_LENGTH = 256
 
@@ -232,7 +232,7 @@ class EncoderFamily(Family):
     def dims(self, config: dict) -> EncoderDims:
         """The encoder's sizes read from its config.json."""
 
-    def graph_args(self, config: dict, args: BuildArgs) -> dict[str, Any]:
+    def graph_args(self, config: dict, args: BuildArgs) -> GraphArgs:
         if args.max_cache_length is not None:
             raise UserError(f"--max-cache-length does not apply to an encoder ({self.name}); use --max-seq-length")
         if args.decoder_engine_layout is not None:
@@ -250,12 +250,10 @@ class EncoderFamily(Family):
                 f"--max-seq-length {s} exceeds the model's max_position_embeddings {d.max_position_embeddings}; "
                 f"use at most {d.max_position_embeddings}"
             )
-        return {"precision": args.precision, "max_seq_length": int(s)}
+        return GraphArgs(args.precision, max_seq_length=int(s))
 
-    def build_core(self, config: dict, gargs: dict[str, Any], device: torch.device | str) -> nn.Module:
-        return EncoderCore(
-            self.dims(config), DTYPES[gargs["precision"]], int(gargs["max_seq_length"]), torch.device(device)
-        )
+    def build_core(self, config: dict, gargs: GraphArgs, device: torch.device | str) -> nn.Module:
+        return EncoderCore(self.dims(config), DTYPES[gargs.precision], gargs.seq_length, torch.device(device))
 
     def role_module(self, core: nn.Module, role: str) -> nn.Module:
         self._check_role(role)
@@ -263,13 +261,13 @@ class EncoderFamily(Family):
         m.encoder = core
         return m
 
-    def role_io(self, config: dict, gargs: dict[str, Any], role: str) -> RoleIO:
+    def role_io(self, config: dict, gargs: GraphArgs, role: str) -> RoleIO:
         self._check_role(role)
         return RoleIO(inputs=("input_ids", "attention_mask"), outputs=("hidden_states",))
 
-    def example_inputs(self, config: dict, gargs: dict[str, Any], role: str, device: torch.device | str):
+    def example_inputs(self, config: dict, gargs: GraphArgs, role: str, device: torch.device | str):
         self._check_role(role)
-        s = int(gargs["max_seq_length"])
+        s = gargs.seq_length
         ids = torch.zeros(s, dtype=torch.int32, device=device)
         mask = torch.ones(s, dtype=torch.int32, device=device)
         return (ids, mask), (None, None)
@@ -300,7 +298,7 @@ class EncoderFamily(Family):
     def random_init(self, core: nn.Module, seed: int) -> None:
         W.random_init(core, seed)
 
-    def recipes(self, config: dict, gargs: dict[str, Any]) -> list[RecipeSpec]:
+    def recipes(self, config: dict, gargs: GraphArgs) -> list[RecipeSpec]:
         d = self.dims(config)
         return [
             RecipeSpec(

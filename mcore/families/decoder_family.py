@@ -19,6 +19,7 @@ from . import weights as W
 from .base import DTYPES, Family, ModelSource, RecipeSpec, RoleIO
 from .decoder import DecoderCore, role_class
 from .decoder_config import DecoderDims, cached_dims
+from .graph_args import GraphArgs
 
 DEFAULT_MAX_CACHE_LENGTH = 4096
 
@@ -60,7 +61,7 @@ class DecoderFamily(Family):
         return f"{self.recipe_prefix}.decode_logits_copy@1"
 
     # ------------------------------------------------------------ build arguments
-    def graph_args(self, config: dict, args: BuildArgs) -> dict[str, Any]:
+    def graph_args(self, config: dict, args: BuildArgs) -> GraphArgs:
         if args.max_seq_length is not None:
             raise UserError(f"--max-seq-length does not apply to {self.name} (a decoder); use --max-cache-length")
         if args.precision not in DTYPES:
@@ -70,7 +71,7 @@ class DecoderFamily(Family):
         if layout != "split":
             raise UserError(f"--decoder-engine-layout {layout!r} is not supported; use split")
         cap = self._capacity(d, args.max_cache_length)
-        return {"precision": args.precision, "max_cache_length": int(cap), "decoder_engine_layout": layout}
+        return GraphArgs(args.precision, max_cache_length=int(cap), decoder_engine_layout=layout)
 
     def _capacity(self, d: DecoderDims, asked: int | None) -> int:
         """The KV cache capacity: as asked, else min(max_position_embeddings, 4096, the sliding window).
@@ -93,10 +94,8 @@ class DecoderFamily(Family):
         return asked
 
     # ------------------------------------------------------------ the graph
-    def build_core(self, config: dict, gargs: dict[str, Any], device: torch.device | str) -> nn.Module:
-        return DecoderCore(
-            self.dims(config), DTYPES[gargs["precision"]], int(gargs["max_cache_length"]), torch.device(device)
-        )
+    def build_core(self, config: dict, gargs: GraphArgs, device: torch.device | str) -> nn.Module:
+        return DecoderCore(self.dims(config), DTYPES[gargs.precision], gargs.cache_length, torch.device(device))
 
     def role_module(self, core: nn.Module, role: str) -> nn.Module:
         self._check_role(role)
@@ -104,7 +103,7 @@ class DecoderFamily(Family):
         m.decoder = core
         return m
 
-    def role_io(self, config: dict, gargs: dict[str, Any], role: str) -> RoleIO:
+    def role_io(self, config: dict, gargs: GraphArgs, role: str) -> RoleIO:
         self._check_role(role)
         d = self.dims(config)
         caches: list[str] = []
@@ -113,11 +112,11 @@ class DecoderFamily(Family):
         head = ("input_ids", "cache_length") if role == "decode" else ("input_ids",)
         return RoleIO(inputs=head + tuple(caches), outputs=("logits",))
 
-    def example_inputs(self, config: dict, gargs: dict[str, Any], role: str, device: torch.device | str):
+    def example_inputs(self, config: dict, gargs: GraphArgs, role: str, device: torch.device | str):
         self._check_role(role)
         d = self.dims(config)
-        cap = int(gargs["max_cache_length"])
-        dtype = DTYPES[gargs["precision"]]
+        cap = gargs.cache_length
+        dtype = DTYPES[gargs.precision]
         s = min(2, cap)
         ids = torch.zeros(1, s, dtype=torch.int32, device=device)
         head: list[torch.Tensor] = [ids]
@@ -130,10 +129,10 @@ class DecoderFamily(Family):
         dyn = ({1: tokens},) + (None,) * (len(head) - 1 + len(caches))
         return tuple(head + caches), dyn
 
-    def cache_shape(self, config: dict, gargs: dict[str, Any]) -> tuple[int, int, int, int]:
+    def cache_shape(self, config: dict, gargs: GraphArgs) -> tuple[int, int, int, int]:
         """The shape of each key/value cache input: [1, KV heads, max_cache_length, head_dim]."""
         d = self.dims(config)
-        return (1, d.num_kv_heads, int(gargs["max_cache_length"]), d.head_dim)
+        return (1, d.num_kv_heads, gargs.cache_length, d.head_dim)
 
     # ------------------------------------------------------------ weights
     def load_checkpoint(self, core: nn.Module, source: ModelSource) -> None:
@@ -158,7 +157,7 @@ class DecoderFamily(Family):
         W.random_init(core, seed)
 
     # ------------------------------------------------------------ recipes
-    def recipes(self, config: dict, gargs: dict[str, Any]) -> list[RecipeSpec]:
+    def recipes(self, config: dict, gargs: GraphArgs) -> list[RecipeSpec]:
         d = self.dims(config)
         return [
             RecipeSpec(

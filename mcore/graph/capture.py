@@ -14,6 +14,7 @@ from ..common.errors import UserError
 from ..common.progress import NO_PROGRESS, Progress
 from ..families import family_for_config
 from ..families.base import Family, ModelSource, RoleIO
+from ..families.graph_args import GraphArgs
 from ..families.source import resolve_model
 from ..model.buildargs import BuildArgs
 from ..selection.recipes import annotate_recipes
@@ -31,7 +32,7 @@ def tool_versions() -> dict[str, str]:
 class Captured:
     source: ModelSource
     family: Family
-    gargs: dict[str, Any]
+    gargs: GraphArgs
     role: str
     io: RoleIO
     exported: torch.export.ExportedProgram
@@ -52,19 +53,19 @@ def config_sha256(config: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def graph_metadata(source: ModelSource, family: Family, gargs: dict[str, Any], role: str) -> dict[str, Any]:
+def graph_metadata(source: ModelSource, family: Family, gargs: GraphArgs, role: str) -> dict[str, Any]:
     return {
         "family": family.name,
         "model": source.spec,
         "revision": source.revision,
         "engine_role": role,
-        "build_args": gargs,
+        "build_args": gargs.to_dict(),
         "config_sha256": config_sha256(source.config),
         "tool_versions": tool_versions(),
     }
 
 
-def build_core(family: Family, config: dict, gargs: dict[str, Any], device: Any) -> torch.nn.Module:
+def build_core(family: Family, config: dict, gargs: GraphArgs, device: Any) -> torch.nn.Module:
     """family.build_core, with a config.json that describes a model too large to build (a hidden size
     of 10**12) as a one-line error: built first on the meta device, which allocates nothing, then
     on `device` only when its weights fit that device's memory."""
@@ -92,7 +93,7 @@ def build_core(family: Family, config: dict, gargs: dict[str, Any], device: Any)
         raise UserError(f"config.json: the model's weights ({need / 2**30:.1f} GiB) do not fit on {dev}") from None
 
 
-def resolve(args: BuildArgs) -> tuple[ModelSource, Family, dict[str, Any]]:
+def resolve(args: BuildArgs) -> tuple[ModelSource, Family, GraphArgs]:
     source = resolve_model(args.model, args.model_revision)
     family = family_for_config(source.config)
     gargs = family.graph_args(source.config, args)
@@ -103,7 +104,7 @@ def capture(
     args: BuildArgs,
     role: str,
     progress: Progress = NO_PROGRESS,
-    resolved: tuple[ModelSource, Family, dict[str, Any]] | None = None,
+    resolved: tuple[ModelSource, Family, GraphArgs] | None = None,
 ) -> Captured:
     """Export the role's module on the meta device and turn it into a snapshot."""
     source, family, gargs = resolved or resolve(args)
@@ -122,7 +123,7 @@ def capture(
 
 
 def captured_from(
-    ep: torch.export.ExportedProgram, source: ModelSource, family: Family, gargs: dict[str, Any], role: str
+    ep: torch.export.ExportedProgram, source: ModelSource, family: Family, gargs: GraphArgs, role: str
 ) -> Captured:
     """The snapshot of an exported role graph (fresh from torch.export, or loaded back from a cache)."""
     io = family.role_io(source.config, gargs, role)
@@ -145,7 +146,7 @@ def capture_cached(
     args: BuildArgs,
     role: str,
     fingerprint: str,
-    resolved: tuple[ModelSource, Family, dict[str, Any]],
+    resolved: tuple[ModelSource, Family, GraphArgs],
     save: bool = True,
 ) -> Captured:
     """capture(), reusing an ExportedProgram saved by an earlier load of the same graph on this machine.

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.contract import (
-    JsonView,
     check_kind,
     field_error,
     is_int,
@@ -239,7 +238,7 @@ class RecipeRow:
 
 
 @dataclass(frozen=True)
-class Snapshot(JsonView):
+class Snapshot:
     """A graph snapshot, checked once, with its node and tensor indexes.
 
     `nodes` and `tensors` are in ID (topological) order; `node(id)` and `tensor(id)` look them up.

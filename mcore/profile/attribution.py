@@ -17,6 +17,7 @@ from typing import Any, cast
 import torch
 from torch import fx
 
+from ..bundle.manifest import BundleManifest
 from ..common.errors import UserError
 from ..graph.from_export import TORCH_DTYPES
 from ..graph.snapshot import Snapshot
@@ -285,7 +286,7 @@ def candidates(
     recipes: list[dict],
     total: float,
     bw: float,
-    manifest: Any,
+    manifest: BundleManifest,
     peak_flops: float | None = None,
     kernels: list[dict] | None = None,
     gap: float = 0.0,
@@ -295,9 +296,9 @@ def candidates(
     first where they tie: its command is ready to build). One ranking, because on a large model
     dozens of small recipe instances would otherwise bury the regions worth a kernel."""
     args = " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in manifest["build_args"].items() if v is not None and k != "model"
+        f"--{k.replace('_', '-')} {v}" for k, v in manifest.build_args.items() if v is not None and k != "model"
     )
-    model = manifest["build_args"]["model"]
+    model = manifest.build_args["model"]
     out = [
         {
             "kind": "recipe",

@@ -31,6 +31,7 @@ import torch
 from torch import fx
 
 from .. import __version__
+from ..bundle.manifest import BundleManifest
 from ..common.errors import UserError
 from ..common.progress import NO_PROGRESS, Progress
 from ..ops.gemv import enabled as gemv_enabled
@@ -381,9 +382,9 @@ def _report(
         "kind": "mcore-profile",
         "role": role,
         "bundle": {
-            "model": m["model"]["spec"],
-            "fingerprint": m["roles"][role]["fingerprint"],
-            "build_args": m["build_args"],
+            "model": m.model.spec,
+            "fingerprint": m.roles[role].fingerprint,
+            "build_args": dict(m.build_args),
         },
         "device": facts,
         "attributed_seconds": total,
@@ -410,7 +411,7 @@ def _report(
     }
 
 
-def _rank(report: dict, snap: Any, manifest: Any, kernels: list[dict], gap: float) -> None:
+def _rank(report: dict, snap: Any, manifest: BundleManifest, kernels: list[dict], gap: float) -> None:
     """Candidates again, now with the kernels a slot over each would split and what that costs."""
     dev = report["device"]
     report["candidates"] = candidates(

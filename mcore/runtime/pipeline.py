@@ -32,6 +32,7 @@ from ..engines.slots import SlotCall, release_dropped
 from ..engines.structure import RoleStructure, structure_key
 from ..families import bundle_kind, get_family
 from ..families.base import ModelSource
+from ..families.graph_args import GraphArgs
 from ..graph.capture import build_core, capture_cached, graph_metadata
 from ..graph.from_export import TORCH_DTYPES
 from ..graph.snapshot import Snapshot, Tensor
@@ -115,7 +116,7 @@ def bundle_tokenizer(bundle: Any, config: dict, where: str):
 def load_core(bundle: Any, family: Any, config: dict, m: Any, device: torch.device) -> torch.nn.Module:
     """The model with the bundle's weights: stored names, shapes and dtypes checked against the
     model's state before any tensor loads (another model's weights are refused, one line)."""
-    core = build_core(family, config, m.graph_args, device)
+    core = build_core(family, config, GraphArgs.from_dict(m.graph_args), device)
     w = m.weights
     if w["kind"] == "random":
         family.random_init(core, w["seed"])
@@ -185,8 +186,7 @@ class Pipeline:
         """Family, config, tokenizer and the weights-loaded core; returns the checked graph args and the source."""
         self.family = get_family(m.family)
         self.config = read_json_member(self.bundle, "config.json")
-        args = check_graph_args(self.family, self.config, m, str(self.bundle.path))
-        self.gargs = m.graph_args
+        args, self.gargs = check_graph_args(self.family, self.config, m, str(self.bundle.path))
         source = ModelSource(
             spec=m.model.spec, family=m.family, config=self.config, path=None, revision=m.model.revision
         )
@@ -351,7 +351,7 @@ class DecoderBuffers:
     example inputs its roles compile on; `state_inputs` are a role's (name, tensor) graph inputs.
     The role helper process (role_helper.py) compiles on buffers made the same way."""
 
-    def __init__(self, state_inputs: list[tuple[str, Tensor]], gargs: dict[str, Any], device: torch.device):
+    def __init__(self, state_inputs: list[tuple[str, Tensor]], gargs: GraphArgs, device: torch.device):
         self.caches: dict[str, torch.Tensor] = {}
         for name, t in state_inputs:
             if name in ("input_ids", "cache_length"):
@@ -360,7 +360,7 @@ class DecoderBuffers:
                 raise RuntimeError(f"state input {name} has a dynamic shape")
             self.caches[name] = torch.zeros(t.shape, dtype=TORCH_DTYPES[t.dtype], device=device)
         self.cache_names = [n for n, _ in state_inputs if n in self.caches]
-        self.capacity = int(gargs["max_cache_length"])
+        self.capacity = gargs.cache_length
         self.cache_length = torch.zeros(1, dtype=torch.int32, device=device)
         self.step_ids = torch.zeros(1, 1, dtype=torch.int32, device=device)
         self.prompt = torch.zeros(1, min(2, self.capacity), dtype=torch.int32, device=device)
@@ -560,7 +560,7 @@ class EncoderPipeline(Pipeline):
 
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
-        self.seq = int(self.gargs["max_seq_length"])
+        self.seq = self.gargs.seq_length
         self.pad_id = int(self.special.get("pad_token_id") or 0)
         ids = torch.zeros(self.seq, dtype=torch.int32, device=self.device)
         self._ready({"encoder": ((ids, torch.ones_like(ids)), True)})

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..common.contract import JsonView, check_kind, field_error, is_int, need_dict, need_str, need_strs
+from ..common.contract import check_kind, field_error, is_int, need_dict, need_str, need_strs
 from ..common.errors import RegionError, UserError
 from ..common.fileio import canonical_json, check_fields
 
@@ -194,7 +194,7 @@ _SLOT_KEYS = (
 
 
 @dataclass(frozen=True)
-class SlotRecord(JsonView):
+class SlotRecord:
     """A slot's call contract: what a bundle records per kernel slot (DESIGN.md §6)."""
 
     binding_id: str

@@ -3,7 +3,7 @@ measured no-regression performance (mcore/verify/perf.py). The CLI (`mcore verif
 share these.
 
 Every gate returns a `GateResult` (mcore/verify/verdicts.py): `verdict` (PASS/FAIL; the perf gate says
-PROMOTE/REJECT/INCONCLUSIVE), `passed`, `line` (the final verdict line), `details` (numbers), and
+PROMOTE/REJECT/INCONCLUSIVE), `passed`, `line` (the final verdict line), `details` (numbers, typed: details.py), and
 `info` (lines to show before the verdict, e.g. per-pair measurements).
 Bad input (missing file, malformed JSON, missing fields) raises `UserError` (exit 2).
 """
@@ -18,6 +18,7 @@ from typing import Any
 
 from ..common.errors import UserError
 from ..common.fileio import check_fields, parse_json, read_input_text
+from .details import EmbeddingsDetails, TokensDetails
 from .perf import METRICS, BenchmarkReading, parse_benchmark, perf_gate, run_shell  # noqa: F401 - the gates' home
 from .verdicts import GateResult, check_threshold  # noqa: F401 - imported from here by the other gates
 
@@ -66,10 +67,11 @@ def _records(src: Any) -> list[dict]:
     return out
 
 
-def compare_tokens(a: Any, b: Any, labels: Sequence[str] = ("native", "external")) -> GateResult:
+def compare_tokens(a: Any, b: Any, labels: Sequence[str] = ("native", "external")) -> GateResult[TokensDetails]:
     """PASS when every record's tokens are identical. `a`/`b`: JSONL paths or lists of records."""
     ra, rb = _records(a), _records(b)
     la, lb = labels
+    names = (la, lb)
     total = 0
     for i, (x, y) in enumerate(zip(ra, rb, strict=False)):  # unequal counts: reported after the first difference
         ta, tb = x["tokens"], y["tokens"]
@@ -83,24 +85,26 @@ def compare_tokens(a: Any, b: Any, labels: Sequence[str] = ("native", "external"
                 f"FAIL: record {i + 1}{about} differs at token position {pos}: {la}={va} {lb}={vb} "
                 f"({la} {len(ta)} tokens, {lb} {len(tb)} tokens)"
             )
-            return GateResult(
-                False,
-                line,
-                {"records": min(len(ra), len(rb)), "first_record": i + 1, "first_position": pos, la: va, lb: vb},
+            details = TokensDetails(
+                min(len(ra), len(rb)), first_record=i + 1, first_position=pos, differing=(va, vb), labels=names
             )
+            return GateResult(False, line, details)
         total += len(ta)
     if len(ra) != len(rb):
         return GateResult(
             False,
             f"FAIL: {la} has {len(ra)} records but {lb} has {len(rb)}; run both with the same prompts",
-            {"records": min(len(ra), len(rb)), f"{la}_records": len(ra), f"{lb}_records": len(rb)},
+            TokensDetails(min(len(ra), len(rb)), counts=(len(ra), len(rb)), labels=names),
         )
     info = []
     for i, (x, y) in enumerate(zip(ra, rb, strict=True)):
         if x.get("prompt") != y.get("prompt"):
             info.append(f"warning: record {i + 1} has different prompts in the two files")
     return GateResult(
-        True, f"PASS: tokens identical ({len(ra)} records, {total} tokens)", {"records": len(ra), "tokens": total}, info
+        True,
+        f"PASS: tokens identical ({len(ra)} records, {total} tokens)",
+        TokensDetails(len(ra), tokens=total, labels=names),
+        info,
     )
 
 
@@ -140,7 +144,7 @@ def check_limits(min_cosine: Any, max_abs: Any) -> None:
 
 def compare_embeddings(
     a: Any, b: Any, max_abs: float = 0.02, min_cosine: float = 0.999, labels: Sequence[str] = ("native", "byok")
-) -> GateResult:
+) -> GateResult[EmbeddingsDetails]:
     """The tutorial's step-7 numerical gate, computed exactly like its snippet.
 
     `a`/`b`: JSON paths, `{"embedding": [...]}` dicts or lists of numbers. The stats line
@@ -149,19 +153,20 @@ def compare_embeddings(
     """
     check_limits(min_cosine, max_abs)
     la, lb = labels
+    names = (la, lb)
     native = _embedding_src(a, la)
     byok = _embedding_src(b, lb)
     if not native or len(native) != len(byok):
         return GateResult(
             False,
             f"FAIL: embedding lengths differ ({la} {len(native)} values, {lb} {len(byok)} values)",
-            {"values": len(native), f"{la}_values": len(native), f"{lb}_values": len(byok)},
+            EmbeddingsDetails(len(native), counts=(len(native), len(byok)), labels=names),
         )
     if not all(math.isfinite(v) for v in native) or not all(math.isfinite(v) for v in byok):
         return GateResult(
             False,
             "FAIL: numerical gate",
-            {"values": len(native), "reason": "non-finite values"},
+            EmbeddingsDetails(len(native), reason="non-finite values", labels=names),
             [f"values={len(native)} embedding contains NaN or infinite values"],
         )
     # Same expressions, same order as the tutorial's snippet, so the numbers agree to the bit.
@@ -171,24 +176,17 @@ def compare_embeddings(
         return GateResult(
             False,
             "FAIL: numerical gate",
-            {"values": len(native), "max_abs": max_abs_value, "reason": "zero-norm embedding"},
+            EmbeddingsDetails(len(native), max_abs=max_abs_value, reason="zero-norm embedding", labels=names),
             [f"values={len(native)} max_abs={max_abs_value:.6g} cosine=undefined (an embedding is all zeros)"],
         )
     cosine = sum(x * y for x, y in zip(native, byok, strict=True)) / denominator
     stats = f"values={len(native)} max_abs={max_abs_value:.6g} cosine={cosine:.9f}"
-    details: dict[str, Any] = {
-        "values": len(native),
-        "max_abs": max_abs_value,
-        "cosine": cosine,
-        "max_abs_limit": max_abs,
-        "min_cosine": min_cosine,
-    }
-    if max_abs_value > max_abs or cosine < min_cosine:
-        reasons = []
-        if max_abs_value > max_abs:
-            reasons.append(f"max_abs {max_abs_value:.6g} > {max_abs:g}")
-        if cosine < min_cosine:
-            reasons.append(f"cosine {cosine:.9f} < {min_cosine:g}")
-        details["reason"] = "; ".join(reasons)
-        return GateResult(False, "FAIL: numerical gate", details, [stats])
-    return GateResult(True, "PASS: numerical gate", details, [stats])
+    reasons = []
+    if max_abs_value > max_abs:
+        reasons.append(f"max_abs {max_abs_value:.6g} > {max_abs:g}")
+    if cosine < min_cosine:
+        reasons.append(f"cosine {cosine:.9f} < {min_cosine:g}")
+    details = EmbeddingsDetails(
+        len(native), None, max_abs_value, cosine, max_abs, min_cosine, "; ".join(reasons) or None, names
+    )
+    return GateResult(not reasons, f"{'FAIL' if reasons else 'PASS'}: numerical gate", details, [stats])

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..common.progress import NO_PROGRESS, Progress
+from .details import EmbeddingsDetails, LogitsDetails, PerfDetails, ReferenceDetails, TokensDetails
 from .perf import PERF_DEFAULTS
 from .verdicts import GateResult
 
@@ -48,7 +49,7 @@ class TokensGate:
     native: str | Path
     external: str | Path
 
-    def run(self, hooks: GateHooks = NO_HOOKS) -> GateResult:
+    def run(self, hooks: GateHooks = NO_HOOKS) -> GateResult[TokensDetails]:
         from .compare import compare_tokens
 
         return compare_tokens(self.native, self.external)
@@ -63,7 +64,7 @@ class EmbeddingsGate:
     max_abs: float = EMBEDDINGS_MAX_ABS
     min_cosine: float = MIN_COSINE
 
-    def run(self, hooks: GateHooks = NO_HOOKS) -> GateResult:
+    def run(self, hooks: GateHooks = NO_HOOKS) -> GateResult[EmbeddingsDetails]:
         from .compare import compare_embeddings
 
         return compare_embeddings(self.native, self.external, max_abs=self.max_abs, min_cosine=self.min_cosine)
@@ -84,7 +85,7 @@ class ReferenceGate:
     max_abs: float | None = None  # not gated unless given
     max_rel: float = REFERENCE_MAX_REL
 
-    def run(self, hooks: GateHooks = NO_HOOKS) -> GateResult:
+    def run(self, hooks: GateHooks = NO_HOOKS) -> GateResult[ReferenceDetails]:
         from ..model.tokenization import check_prompt
         from .reference import reference_check
 
@@ -119,7 +120,7 @@ class LogitsGate:
     device: str | None = None
     engine: str = "auto"
 
-    def run(self, hooks: GateHooks = NO_HOOKS) -> GateResult:
+    def run(self, hooks: GateHooks = NO_HOOKS) -> GateResult[LogitsDetails]:
         from ..model.tokenization import check_prompt
         from .logits import lockstep_logits
 
@@ -175,7 +176,7 @@ class PerfGate:
         native, external = arms.command(native_bundle, None), arms.command(external_bundle, kernel_bindings)
         return cls(native, external, options or PerfOptions())
 
-    def run(self, hooks: GateHooks = NO_HOOKS) -> GateResult:
+    def run(self, hooks: GateHooks = NO_HOOKS) -> GateResult[PerfDetails]:
         from .perf import perf_gate
 
         o = self.options

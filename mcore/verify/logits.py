@@ -13,6 +13,7 @@ import math
 from ..common.errors import UserError
 from ..common.progress import NO_PROGRESS, Progress
 from .compare import GateResult, check_threshold
+from .details import LogitsDetails, LogitsStep
 
 
 def lockstep_logits(
@@ -27,7 +28,7 @@ def lockstep_logits(
     engine: str = "auto",
     progress: Progress = NO_PROGRESS,
     announce=None,
-) -> GateResult:
+) -> GateResult[LogitsDetails]:
     """PASS when every step's max |native - external| over the vocabulary is at most `max_abs`."""
     from ..runtime.pipeline import DecoderPipeline, check_fits
 
@@ -88,18 +89,11 @@ def _compare_steps(a, b) -> tuple[list[dict], int | None]:
 
 def _lockstep_result(
     steps: list[dict], first: int | None, tokens: list[int], max_abs: float, engine: str, device: str
-) -> GateResult:
-    """The verdict line, one info line per step, and the details the CLI's --json and the TUI read."""
+) -> GateResult[LogitsDetails]:
+    """The verdict line, one info line per step, and the details the CLI and the TUI read."""
     worst = max(s["max_abs"] for s in steps)
-    details = {
-        "steps": steps,
-        "max_abs": worst,
-        "first_divergence": first,
-        "tokens": tokens,
-        "limit": max_abs,
-        "engine": engine,
-        "device": device,
-    }
+    per_step = tuple(LogitsStep(s["step"], s["max_abs"], s["native"], s["external"]) for s in steps)
+    details = LogitsDetails(per_step, worst, first, tuple(tokens), max_abs, engine, device)
     info = [
         f"step {s['step']}: max_abs {s['max_abs']:.6g} greedy native={s['native']} external={s['external']}"
         + ("  <- first divergence" if s["step"] == first else "")

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..common.errors import UserError
 from ..common.progress import NO_PROGRESS, Progress
+from .details import PerfDecision, PerfDetails, PerfInterval
 from .interval import RatioInterval, look_confidence, ratio_interval
 from .verdicts import FAIL, INCONCLUSIVE, PROMOTE, REJECT, GateResult, check_threshold
 
@@ -274,26 +275,32 @@ class _PerfRun:
         self.unit: str | None = None
         self.runs_done, self.total_runs = 0, 2 * (plan.warmup + plan.limit)
         self.t0 = time.monotonic()
-        self.details: dict[str, Any] = {
-            "pairs": 0,
-            "pairs_requested": AUTO if plan.auto else plan.pairs,
-            "warmup": plan.warmup,
-            "min_ratio": plan.min_ratio,
-            "confidence": plan.confidence,
-            "native": self.samples["native"],
-            "external": self.samples["external"],
-            "ratios": self.ratios,
-            "order": [],
-        }
+        self.order: list[tuple[str, str]] = []  # which arm ran first, per pair begun
 
     def say(self, text: str) -> None:
         self.info.append(text)
         if self.on_line is not None:
             self.on_line(text)
 
-    def fail(self, text: str) -> GateResult:
-        self.details["verdict"] = FAIL
-        return GateResult(False, f"FAIL: {text}", self.details, self.info, FAIL)
+    def details(self, verdict: str, decision: PerfDecision | None = None) -> PerfDetails:
+        """The measurements so far, the settings and the verdict (with what decided it)."""
+        plan = self.plan
+        return PerfDetails(
+            pairs=len(self.ratios),
+            pairs_requested=AUTO if plan.pairs is None else plan.pairs,
+            warmup=plan.warmup,
+            min_ratio=plan.min_ratio,
+            confidence=plan.confidence,
+            native=tuple(self.samples["native"]),
+            external=tuple(self.samples["external"]),
+            ratios=tuple(self.ratios),
+            order=tuple(self.order),
+            verdict=verdict,
+            decision=decision,
+        )
+
+    def fail(self, text: str) -> GateResult[PerfDetails]:
+        return GateResult(False, f"FAIL: {text}", self.details(FAIL), self.info, FAIL)
 
     def label(self, i: int) -> str:
         return f"pair {i + 1}/{self.plan.limit}" + (" at most" if self.plan.auto else "")
@@ -325,7 +332,7 @@ class _PerfRun:
     def pair(self, i: int) -> str | None:
         """Measure pair `i` (0-based); a problem string on a hard failure."""
         order = ("native", "external") if i % 2 == 0 else ("external", "native")
-        self.details["order"].append(list(order))
+        self.order.append(order)
         label = self.label(i)
         readings: dict[str, BenchmarkReading] = {}
         for arm in order:
@@ -362,7 +369,6 @@ class _PerfRun:
             self.gens.append(n.generated_tokens_mean)
         ratio = values["external"] / values["native"]
         self.ratios.append(ratio)
-        self.details["pairs"] = len(self.ratios)
         self.say(
             f"{self.label(i)}: native={values['native']:.2f} external={values['external']:.2f} {self.unit} "
             f"ratio={ratio:.4f} ({order[0]} first)"
@@ -419,16 +425,15 @@ class _PerfRun:
         )
         return reason
 
-    def result(self, stop: str) -> GateResult:
+    def result(self, stop: str) -> GateResult[PerfDetails]:
         plan, iv = self.plan, self.interval()
         verdict = iv.verdict(plan.min_ratio)
         nm, em = statistics.median(self.samples["native"]), statistics.median(self.samples["external"])
         rule = plan.rule()
-        self.details.update(
-            verdict=verdict,
+        decision = PerfDecision(
             ratio=iv.estimate,
             median_ratio=statistics.median(self.ratios),
-            interval={"low": iv.low, "high": iv.high, "confidence": iv.confidence, "t": iv.t, "sd_log": iv.sd_log},
+            interval=PerfInterval(iv.low, iv.high, iv.confidence, iv.t, iv.sd_log),
             rule=rule,
             stop=stop or None,
             native_median=nm,
@@ -444,7 +449,8 @@ class _PerfRun:
         )
         self.say(f"rule: {rule}")
         self.prog.report("done", 1.0)
-        return GateResult(verdict == PROMOTE, self._line(iv, verdict, nm, em, stop), self.details, self.info, verdict)
+        line = self._line(iv, verdict, nm, em, stop)
+        return GateResult(verdict == PROMOTE, line, self.details(verdict, decision), self.info, verdict)
 
     def _line(self, iv: RatioInterval, verdict: str, nm: float, em: float, stop: str) -> str:
         assert self.metric is not None
@@ -479,7 +485,7 @@ def perf_gate(
     max_pairs: int | None = None,
     budget_s: float | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
-) -> GateResult:
+) -> GateResult[PerfDetails]:
     """The no-regression gate: `warmup` runs of each command, then fresh-process pairs alternating
     which arm goes first (pair 1: native first, pair 2: external first, ...), decided by the
     t-interval of the pairs' log-ratios against `min_ratio` (module docstring: metrics, --pairs auto).

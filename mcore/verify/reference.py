@@ -24,7 +24,9 @@ import torch
 from ..bundle.manifest import BundleManifest
 from ..common.errors import UserError
 from ..common.progress import NO_PROGRESS, Progress
+from ..families.graph_args import GraphArgs
 from .compare import GateResult, check_limits, check_threshold
+from .details import ReferenceDetails, ReferenceStep, ReferenceWorst
 from .gates import REFERENCE_MAX_REL
 
 INSTALL_HINT = "transformers is not installed; install it (pip install transformers) to compare against the reference"
@@ -103,7 +105,7 @@ def weights_differences(bundle: Any, manifest: BundleManifest, source: Any) -> l
         differ = sorted(n for n in set(recorded) | set(mine) if recorded.get(n) != mine.get(n))
         out.append(f"the bundle's weights are not those it recorded at build: {_names(differ, len(mine))}")
     family = get_family(manifest.family)
-    core = build_core(family, source.config, manifest.graph_args, "cpu")
+    core = build_core(family, source.config, GraphArgs.from_dict(manifest.graph_args), "cpu")
     family.load_checkpoint(core, source)
     theirs = {n: tensor_sha256(t) for n, t in stored_state(core)[0].items()}
     del core
@@ -142,7 +144,7 @@ def reference_check(
     progress: Progress = NO_PROGRESS,
     announce=None,
     max_rel: float = DEFAULT_MAX_REL,
-) -> GateResult:
+) -> GateResult[ReferenceDetails]:
     """Run the bundle's engine and transformers on `checkpoint` with `prompt`; PASS when the bundle's
     weights are the checkpoint's, the prompt's token IDs agree, no greedy token diverges, every
     step's cosine >= min_cosine and relative error <= max_rel (and max_abs <= the limit, when one is given)."""
@@ -163,7 +165,7 @@ def reference_check(
     progress.report("comparing the bundle's weights with the checkpoint's", 0.0)
     wrong = weights_differences(bundle, manifest, source)
     if wrong:
-        details: dict[str, Any] = {"weights_differ": wrong}
+        details = ReferenceDetails(weights_differ=tuple(wrong))
         return GateResult(
             False, "FAIL: reference check (the bundle's weights are not the checkpoint's)", details, wrong
         )
@@ -193,7 +195,7 @@ def _compare(
     chat: bool,
     limits: tuple,
     load: dict,
-) -> GateResult:
+) -> GateResult[ReferenceDetails]:
     """The engine against transformers on `prompt`: token IDs, then per step values and tokens."""
     from ..families import bundle_kind
     from ..runtime.pipeline import DecoderPipeline, EncoderPipeline
@@ -212,16 +214,15 @@ def _compare(
         bundle=bundle,
         **kw,
     )
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[pipe.gargs["precision"]]
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[pipe.gargs.precision]
     progress.report("loading the transformers reference", 0.0)
     ref_tok = _transformers_call("load the checkpoint's tokenizer", tf.AutoTokenizer.from_pretrained, folder)
     ids = pipe.encode(prompt, chat=chat)
     ref_ids = _transformers_call("tokenize the prompt", _reference_ids, ref_tok, prompt, chat)
     info = [
-        f"reference: transformers {tf.__version__} on {pipe.device}, {pipe.gargs['precision']}, checkpoint {checkpoint}",
+        f"reference: transformers {tf.__version__} on {pipe.device}, {pipe.gargs.precision}, checkpoint {checkpoint}",
         "weights: every tensor's sha256 equals the checkpoint's",
     ]
-    details: dict[str, Any] = {"prompt_tokens": len(ids), "steps": []}
     if ids != ref_ids:
         at = next(
             (i for i, (a, b) in enumerate(zip(ids, ref_ids, strict=False)) if a != b), min(len(ids), len(ref_ids))
@@ -230,14 +231,14 @@ def _compare(
             f"prompt token IDs differ from transformers' tokenizer at position {at} "
             f"(engine {ids[at : at + 4]}, transformers {ref_ids[at : at + 4]}; lengths {len(ids)} and {len(ref_ids)})"
         )
-        details["token_mismatch_at"] = at
+        details = ReferenceDetails(len(ids), token_mismatch_at=at)
         return GateResult(False, "FAIL: reference check (tokenization differs)", details, info)
     info.append(f"prompt_tokens={len(ids)} (token IDs equal to transformers' tokenizer)")
     auto = tf.AutoModelForCausalLM if decoder else tf.AutoModel
     model = _transformers_call("load the checkpoint", auto.from_pretrained, folder, dtype=dtype, use_safetensors=True)
     model = model.to(pipe.device).eval()
     steps = _decoder_steps(pipe, model, ids, n, progress) if decoder else [_encoder_step(pipe, model, prompt)]
-    return _verdict(steps, decoder, limits, info, details)
+    return _verdict(steps, decoder, limits, info, len(ids))
 
 
 def _reference_ids(ref_tok: Any, prompt: str, chat: bool) -> list[int]:
@@ -249,26 +250,19 @@ def _reference_ids(ref_tok: Any, prompt: str, chat: bool) -> list[int]:
     return list(ref_tok(prompt)["input_ids"])
 
 
-def _verdict(steps: list[StepStats], decoder: bool, limits: tuple, info: list[str], details: dict) -> GateResult:
+def _verdict(
+    steps: list[StepStats], decoder: bool, limits: tuple, info: list[str], prompt_tokens: int
+) -> GateResult[ReferenceDetails]:
     min_cosine, max_abs, max_rel = limits
     first_div = next((s.step for s in steps if s.engine_token != s.reference_token), None)
-    for s in steps:
-        info.append(s.line())
-        details["steps"].append(
-            {
-                "step": s.step,
-                "max_abs": s.max_abs,
-                "rel": s.rel,
-                "cosine": s.cosine,
-                "engine_token": s.engine_token,
-                "reference_token": s.reference_token,
-            }
-        )
+    info.extend(s.line() for s in steps)
     worst_cos = min(s.cosine for s in steps)
     worst_abs = max(s.max_abs for s in steps)
     worst_rel = max(s.rel for s in steps)
-    details.update(
-        {"first_diverging_step": first_div, "min_cosine": worst_cos, "max_abs": worst_abs, "max_rel": worst_rel}
+    details = ReferenceDetails(
+        prompt_tokens,
+        tuple(ReferenceStep(s.step, s.max_abs, s.rel, s.cosine, s.engine_token, s.reference_token) for s in steps),
+        worst=ReferenceWorst(first_div, worst_cos, worst_abs, worst_rel),
     )
     if decoder:
         info.append("first_diverging_token=" + ("none" if first_div is None else f"step {first_div}"))

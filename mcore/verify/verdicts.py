@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ..common.errors import UserError
+from .details import GateDetails
 
 PASS, FAIL = "PASS", "FAIL"
 PROMOTE, REJECT, INCONCLUSIVE = "PROMOTE", "REJECT", "INCONCLUSIVE"
@@ -25,15 +26,18 @@ EXIT_CODES = {PASS: 0, PROMOTE: 0, FAIL: 1, REJECT: 1, INCONCLUSIVE: EXIT_INCONC
 PASSING = (PASS, PROMOTE)
 
 
+D = TypeVar("D", bound=GateDetails)
+
+
 @dataclass
-class GateResult:
-    """`passed` (PASS or PROMOTE), `line` (the final verdict line), `details` (numbers), `info`
-    (lines to show before the verdict, e.g. per-pair measurements) and `verdict` (the word; left
-    empty it is PASS or FAIL from `passed`)."""
+class GateResult(Generic[D]):
+    """`passed` (PASS or PROMOTE), `line` (the final verdict line), `details` (the gate's numbers, typed:
+    mcore/verify/details.py), `info` (lines to show before the verdict, e.g. per-pair measurements) and
+    `verdict` (the word; left empty it is PASS or FAIL from `passed`)."""
 
     passed: bool
     line: str
-    details: dict[str, Any] = field(default_factory=dict)
+    details: D
     info: list[str] = field(default_factory=list)
     verdict: str = ""
 

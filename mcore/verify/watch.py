@@ -26,7 +26,9 @@ from typing import Any
 
 from ..common.errors import Cancelled, UserError
 from ..common.progress import NO_PROGRESS, Progress
+from .details import EmbeddingsDetails, LogitsDetails, PerfDetails
 from .perf import PERF_DEFAULTS
+from .verdicts import GateResult
 
 LineFn = Callable[[str], None]
 
@@ -58,7 +60,7 @@ class WatchConfig:
 
 
 @dataclass
-class Round:
+class WatchRound:
     """One round's outcome: the row a watch shows (round, time, max_abs, ratio, verdict)."""
 
     index: int
@@ -214,12 +216,12 @@ def watch_kernel(
     cfg: WatchConfig,
     rounds: int | None = None,
     progress: Progress = NO_PROGRESS,
-    on_round: Callable[[Round], None] | None = None,
+    on_round: Callable[[WatchRound], None] | None = None,
     log: LineFn | None = None,
     announce: LineFn | None = None,
     poll_s: float = 0.5,
     on_start: Callable[[], None] | None = None,
-) -> list[Round]:
+) -> list[WatchRound]:
     """Run rounds until `rounds` are done (None: until cancelled): the first at once, then one each
     time the exporter file's content changes. `on_start` runs once the inputs passed their checks.
     Returns the rounds' outcomes."""
@@ -229,7 +231,7 @@ def watch_kernel(
     if on_start is not None:
         on_start()
     watched = exporter_script(cfg.exporter)
-    history: list[Round] = []
+    history: list[WatchRound] = []
     seen: str | None = None
     while rounds is None or len(history) < rounds:
         seen = wait_for_change(watched, seen, progress, poll_s, first=not history)
@@ -269,16 +271,16 @@ def run_round(
     progress: Progress,
     log: LineFn | None,
     announce: LineFn | None,
-) -> Round:
+) -> WatchRound:
     """One round: export, bind, correctness, perf. A user error, or a kernel that raises when it runs
     (the code being edited), ends the round as ERROR and the watch goes on; cancellation propagates."""
-    r = Round(index, time.time())
+    r = WatchRound(index, time.time())
     t0 = time.monotonic()
     try:
         progress.report(f"round {index}: exporting", 0.0)
         r.library, r.manifest = _export_and_bind(cfg, receipt, index, progress.part(0.0, 0.3), log)
         correct = _correctness(cfg, kind, r.manifest, progress.part(0.3, 0.6), announce)
-        r.correctness, r.max_abs = gate_verdict(correct), correct.details.get("max_abs")
+        r.correctness, r.max_abs = gate_verdict(correct), correct.details.max_abs
         r.details["correctness"] = correct.line
         if r.correctness != "PASS" or not cfg.perf:
             r.verdict = "REJECT" if r.correctness != "PASS" else "PASS"
@@ -286,7 +288,7 @@ def run_round(
         else:
             perf = _perf(cfg, kind, r.manifest, progress.part(0.6, 1.0), log)
             # the ratio the verdict is decided by (the interval's estimate); a run that failed has none
-            r.perf, r.ratio = gate_verdict(perf), perf.details.get("ratio")
+            r.perf, r.ratio = gate_verdict(perf), perf.details.ratio
             r.details["perf"] = perf.line
             r.verdict = {"PASS": "PROMOTE", "FAIL": "REJECT"}.get(r.perf, r.perf)
             r.note = perf.line
@@ -326,7 +328,9 @@ def _export_and_bind(
     return res.library, manifest
 
 
-def _correctness(cfg: WatchConfig, kind: str, manifest: Path, progress: Progress, announce: LineFn | None):
+def _correctness(
+    cfg: WatchConfig, kind: str, manifest: Path, progress: Progress, announce: LineFn | None
+) -> GateResult[LogitsDetails] | GateResult[EmbeddingsDetails]:
     """`mcore verify logits` (decoders) or the embeddings gate on both pipelines (encoders), each
     pipeline constructed here, bound to this round's manifest."""
     from .gates import EmbeddingsGate, GateHooks, LogitsGate
@@ -364,7 +368,9 @@ def _correctness(cfg: WatchConfig, kind: str, manifest: Path, progress: Progress
     return EmbeddingsGate(a, b, max_abs=limit, min_cosine=cfg.min_cosine).run()
 
 
-def _perf(cfg: WatchConfig, kind: str, manifest: Path, progress: Progress, log: LineFn | None):
+def _perf(
+    cfg: WatchConfig, kind: str, manifest: Path, progress: Progress, log: LineFn | None
+) -> GateResult[PerfDetails]:
     """The perf gate (`mcore verify perf`'s implementation) on fresh-process benchmark runs."""
     from .gates import BenchArms, GateHooks, PerfGate, PerfOptions
 

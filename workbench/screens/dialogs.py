@@ -343,11 +343,16 @@ def replay_verdict(g) -> tuple[str, list[str]]:
 
 def summary_text(app) -> Text:
     """What a finished tutorial or replay leaves behind (one implementation; tests read it)."""
-    from ..results import EmbeddingsGated
-    from .verify import verdict
-
-    st, g = app.state, app.guide
     t = Text()
+    _summary_headline(t, app.guide)
+    _summary_files(t, app.state)
+    _summary_verdicts(t, app.state)
+    _summary_next(t)
+    return t
+
+
+def _summary_headline(t: Text, g) -> None:
+    """The title, and the replay's word (as the headless headline has it) or the tutorial's counts."""
     t.append(
         f"{'Tutorial' if g and g.mode == 'tutorial' else 'Replay'} finished: {g.session.title if g else ''}\n",
         style="bold",
@@ -361,6 +366,10 @@ def summary_text(app) -> Text:
             t.append(f"  {note}\n", style=style)
     elif g is not None:
         t.append(f"{g.finished_text()}\n", style="yellow" if g.skipped else "green")
+
+
+def _summary_files(t: Text, st) -> None:
+    """What was built, in the work folder."""
     t.append("built, in the work folder ", style="bold")
     t.append(f"{shown_folder(st.workdir)}\n", style="")
     rows = [
@@ -376,6 +385,13 @@ def summary_text(app) -> Text:
         if path:
             t.append(f"  {label:<15}", style="dim")
             t.append(f"{st.show_path(path)}\n")
+
+
+def _summary_verdicts(t: Text, st) -> None:
+    """The correctness and performance verdicts with their numbers, and the overall word."""
+    from ..results import EmbeddingsGated
+    from .verify import verdict
+
     t.append("verdicts\n", style="bold")
     c, p = st.correctness, st.perf
     if c is not None:
@@ -395,10 +411,12 @@ def summary_text(app) -> Text:
         t.append(f"  performance     {pw}{nums}\n", style=style)
     word, reason = verdict(c, p)
     t.append(f"  verdict         {word}: {reason}\n", style="bold")
+
+
+def _summary_next(t: Text) -> None:
     t.append("next\n", style="bold")
     t.append("  ctrl+s", style="bold cyan")
     t.append(" saves this session (every step and its results) as a JSON file\n")
     t.append("  workbench replay FILE", style="bold cyan")
     t.append(" re-runs it step by step; add --headless for a table (CI)\n")
     t.append("enter / esc closes · ctrl+s saves now", style="dim")
-    return t

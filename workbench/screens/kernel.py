@@ -18,6 +18,8 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Input, Label, OptionList, RichLog, Static, TextArea
 from textual.widgets.option_list import Option
 
+from mcore import WatchRound
+
 from ..messages import ActionLog
 from ..outputs import fresh_name
 from ..results import KernelBuilt, Record
@@ -356,7 +358,7 @@ class KernelScreen(WorkbenchScreen):
         st.watch_rounds = []
 
         def on_round(r) -> None:
-            self.wb.call_from_thread(self.round_done, r.to_dict())
+            self.wb.call_from_thread(self.round_done, r)
 
         def say(line: str) -> None:  # the exporter's output and the native-code notices, from the thread
             self.wb._call_ui(self.wb._on_log, line)
@@ -372,8 +374,8 @@ class KernelScreen(WorkbenchScreen):
             self.wb.say(f"watching; rounds go to {st.show_path(str(cfg.out_dir))} (x stops)", "green")
             self.refresh_view()
 
-    def round_done(self, row: dict) -> None:
-        self.state.watch_rounds.append(row)
+    def round_done(self, r: WatchRound) -> None:
+        self.state.watch_rounds.append(r)
         self.reload_stub()
-        style = {"PROMOTE": "green", "PASS": "green"}.get(row["verdict"], "red")
-        self.wb.say(f"round {row['round']}: {row['verdict']}; save the exporter for the next (x stops)", style)
+        style = {"PROMOTE": "green", "PASS": "green"}.get(r.verdict, "red")
+        self.wb.say(f"round {r.index}: {r.verdict}; save the exporter for the next (x stops)", style)

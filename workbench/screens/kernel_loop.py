@@ -10,12 +10,12 @@ import os
 import shlex
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.widgets import DataTable
 
-from mcore import UserError, WatchConfig
+from mcore import UserError, WatchConfig, WatchRound
 
 from ..outputs import fresh_name
 
@@ -83,7 +83,7 @@ def watch_config(state: WorkbenchState) -> WatchConfig:
     )
 
 
-def fill_history(table: DataTable, rounds: list[dict[str, Any]]) -> None:
+def fill_history(table: DataTable, rounds: list[WatchRound]) -> None:
     """The rounds so far, the newest last (and in view)."""
     if not table.columns:
         for label, key in (("#", "round"), ("time", "time"), ("max_abs", "max_abs"), ("ratio", "ratio")):
@@ -92,16 +92,16 @@ def fill_history(table: DataTable, rounds: list[dict[str, Any]]) -> None:
         table.add_column("note", key="note")
     table.clear()
     for r in rounds:
-        num = "-" if r["max_abs"] is None else f"{r['max_abs']:.3g}"
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.4f}"
-        verdict = Text(r["verdict"], style=VERDICT_STYLES.get(r["verdict"], "yellow"))
-        table.add_row(str(r["round"]), r["time"], num, ratio, verdict, _note(r), key=str(r["round"]))
+        num = "-" if r.max_abs is None else f"{r.max_abs:.3g}"
+        ratio = "-" if r.ratio is None else f"{r.ratio:.4f}"
+        verdict = Text(r.verdict, style=VERDICT_STYLES.get(r.verdict, "yellow"))
+        table.add_row(str(r.index), r.clock, num, ratio, verdict, _note(r), key=str(r.index))
     if rounds:
         table.move_cursor(row=len(rounds) - 1)
 
 
-def _note(r: dict[str, Any]) -> str:
-    note = str(r.get("note") or "")
+def _note(r: WatchRound) -> str:
+    note = r.note
     for prefix in ("PASS: ", "FAIL: ", "INCONCLUSIVE: "):
         note = note.removeprefix(prefix)
     return note
