@@ -97,7 +97,11 @@ async def drive(app: WorkbenchApp, pilot) -> dict:
             seen.setdefault("skipped", []).append(i + 1)
             continue
         assert o.kind in ("ok", "user"), f"step {i + 1} ({step.action}): {o.kind}: {o.error}"
-        assert not o.diffs, f"step {i + 1} ({step.action}) differs from the recording: {o.diffs}"
+        # a perf verdict is measured: on a loaded machine it may differ from the recording, and then the
+        # guide shows that as a difference on the verdict alone (as replay does); nothing else may differ
+        measured = {"verdict"} if step.action == "gate_perf" else set()
+        others = [d for d in o.diffs if d[0] not in measured]
+        assert not others, f"step {i + 1} ({step.action}) differs from the recording: {o.diffs}"
         assert g.index == i + 1, f"step {i + 1} ({step.action}) did not advance: {o.error}"
         assert app.screen.SCREEN_NAME == REGISTRY[step.action].screen
         seen["screens"].append(app.screen.SCREEN_NAME)
