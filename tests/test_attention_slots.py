@@ -294,10 +294,10 @@ def test_instances_select_through_select_region_and_must_share_one_abi():
 
     snap = two_instance_snapshot()
     receipts = select_recipe_instances(snap, "t.r@1", ["all-instances"])
-    assert [r["recipe"]["instance"] for r in receipts] == ["a", "b"]
-    assert [r["node_ids"] for r in select_recipe_instances(snap, "t.r@1", ["b", "a"])] == [
-        receipts[1]["node_ids"],
-        receipts[0]["node_ids"],
+    assert [r.recipe.instance for r in receipts if r.recipe] == ["a", "b"]
+    assert [r.node_ids for r in select_recipe_instances(snap, "t.r@1", ["b", "a"])] == [
+        receipts[1].node_ids,
+        receipts[0].node_ids,
     ]  # the order given
     with pytest.raises(UserError, match=r"instance b has ABI .* but a has .*; one binding serves slots of one ABI"):
         select_recipe_instances(two_instance_snapshot((2, 8)), "t.r@1", ["all-instances"])

@@ -30,19 +30,19 @@ def other_torch(monkeypatch):
 
 
 def test_same_graph_other_versions_same_fingerprint(monkeypatch):
-    here = capture(BuildArgs("demo:qwen3-tiny", max_cache_length=256), "decode").snapshot
+    here = capture(BuildArgs("demo:qwen3-tiny", max_cache_length=256), "decode").snapshot.to_dict()
     monkeypatch.setattr(capture_mod, "tool_versions", lambda: dict(OTHER))
-    there = capture(BuildArgs("demo:qwen3-tiny", max_cache_length=256), "decode").snapshot
+    there = capture(BuildArgs("demo:qwen3-tiny", max_cache_length=256), "decode").snapshot.to_dict()
     assert there["metadata"]["tool_versions"] == OTHER != here["metadata"]["tool_versions"]
     assert there["fingerprint"] == here["fingerprint"] == fingerprint(there)
 
 
 def test_what_the_fingerprint_covers():
-    snap = capture(BuildArgs("demo:distilbert-tiny"), "encoder").snapshot
+    snap = capture(BuildArgs("demo:distilbert-tiny"), "encoder").snapshot.to_dict()
     base = fingerprint(snap)
 
     def changed(edit) -> str:
-        s = json.loads(json.dumps(snap.to_dict()))
+        s = json.loads(json.dumps(snap))
         edit(s)
         return fingerprint(s)
 
@@ -61,11 +61,11 @@ def test_other_config_changes_the_fingerprint(tmp_path):
     from .checkpoints import make_bert_checkpoint
 
     folder = make_bert_checkpoint(tmp_path / "a", layer_norm_eps=1e-12)
-    before = capture(BuildArgs(str(folder)), "encoder").snapshot
+    before = capture(BuildArgs(str(folder)), "encoder").snapshot.to_dict()
     cfg = json.loads((folder / "config.json").read_text())
     cfg["layer_norm_eps"] = 1e-5
     (folder / "config.json").write_text(json.dumps(cfg))
-    after = capture(BuildArgs(str(folder)), "encoder").snapshot
+    after = capture(BuildArgs(str(folder)), "encoder").snapshot.to_dict()
     assert before["nodes"] == after["nodes"] and before["fingerprint"] != after["fingerprint"]
 
 
