@@ -5,7 +5,11 @@
 #   source .device/base/install.sh && bash bench/gpu_session.sh "$OUT" [suite,engine,gate,profile]
 # suite:   the whole test suite (names of failures printed: -rfE); more than one call's 10 minutes now;
 #          the CuTe DSL must be carried (prepare.sh --cute): the test extra requires it, so its tests fail without it
-#          suite-gpu (GPU-marked tests and shipped-session replays) + suite-rest (the others) split it
+#          suite-gpu (GPU-marked tests and shipped-session replays, then the timing tests alone) + suite-rest (the
+#          others) split it; suite-gpu = suite-gpu-share + suite-timing, for a call that runs the share beside another
+#          stage and the timing tests after both (N=16 pytest workers; N=12 leaves cores to a stage beside)
+# walk:    the README's GPU walk, DEVICE=cuda PRECISION=bf16 bash bench/tutorial_cli.sh (every step; step 4's perf
+#          gate on the device metric, WALK_MAX_PAIRS=3 pairs at most; needs the CuTe DSL for step 5)      ~5 min
 # engine:  bench/engine_gpu.py (roofline, compiled cold/cached, op by op, transformers peers)   ~9 min
 #          issue 32 (start-up as whole processes, the whole-graph compile beside, prefill share), ~6 min:
 #          ENGINE_ARGS="--parts roofline,startup,compiled,reference,prefill --contexts 1024,32768 --steps 20 --extra-capacity="
@@ -48,9 +52,19 @@ suite() {  # NAME PYTEST_ARGS...: one share of the suite, its log in OUT
 # sessions' replays, which compile on CUDA and take minutes each) and suite-rest (everything else)
 # tests marked `timing` time the GPU: under -n 16 they share it with other tests' compiles and
 # kernels (a 5% repeatability check failed that way once), so they run alone after each share
-if has suite; then suite suite -n 16 -m "not timing" tests/; suite suite-timing -m timing tests/; fi
-if has suite-gpu; then suite suite-gpu -n 16 -m "(gpu or slow) and not timing" tests/; suite suite-timing -m timing tests/; fi
-has suite-rest && suite suite-rest -n 16 -m "not gpu and not slow" tests/
+N=${N:-16}
+if has suite; then suite suite -n "$N" -m "not timing" tests/; suite suite-timing -m timing tests/; fi
+if has suite-gpu || has suite-gpu-share; then suite suite-gpu -n "$N" -m "(gpu or slow) and not timing" tests/; fi
+if has suite-gpu || has suite-timing; then suite suite-timing -m timing tests/; fi
+has suite-rest && suite suite-rest -n "$N" -m "not gpu and not slow" tests/
+if has walk; then
+  # the GPU walk (issue 26, item 4): a stage of its own, so that it can run beside a CPU-bound one
+  mkdir -p "$W/walk"
+  MCORE="python3 -m mcore" DEVICE=cuda PRECISION=bf16 MAX_PAIRS=${WALK_MAX_PAIRS:-3} bash "$here/tutorial_cli.sh" "$W/walk/cli" \
+    > "$OUT/walk.log" 2>&1
+  echo "== walk (exit $?)"; tail -n 6 "$OUT/walk.log"
+  rm -rf "$W"/walk/cli/*.bundle
+fi
 if has engine; then
   # shellcheck disable=SC2086
   python3 "$here/engine_gpu.py" "$W/engine" $ENGINE_ARGS > "$OUT/engine.log" 2>&1

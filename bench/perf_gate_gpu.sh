@@ -5,8 +5,9 @@
 #   identity-copy     -> what a slot boundary costs (on this 50 us step, about 1 us: REJECT, rightly)
 #   slow-copy         -> REJECT (a correct copy that repeats itself 512 times)
 #   and `mcore verify logits` native vs identity-copy: bit-identical logits in lockstep
-# GATES names the gates, NAME:COUNT runs one COUNT times, e.g. the issue's evidence:
+# GATES names the gates in the order they run, NAME:COUNT runs one COUNT times, e.g. the issue's evidence:
 #   GATES="native-vs-native:6 slow-copy:3" bash bench/perf_gate_gpu.sh OUT
+# (a name may come again, "native-vs-native:2 slow-copy:1 native-vs-native:2", so that a run cut short has both)
 # Gates run side by side, one per GPU (each fresh process reloads the compiled engine, about 20-26 s
 # on the H200 box: 9 gates one after another take longer than one device call); NGPU=1 runs them in turn.
 #   (MCORE="python3 -m mcore"; PAIRS=auto|N; MAX_PAIRS=4; TOKENS=128; RUNS=30; METRIC=device|min-step|throughput;
@@ -85,9 +86,10 @@ gate() {  # NAME FILE: one gate on the GPU CUDA_VISIBLE_DEVICES names
 }
 declare -a BUSY=()  # BUSY[gpu] = pid of the gate running there
 RUNS_LIST=()
+declare -A SEEN=()  # a name may come back ("native-vs-native:1 slow-copy:1 native-vs-native:1"): numbered on
 for spec in $GATES; do
   g=${spec%%:*}; n=${spec#*:}; [ "$n" = "$spec" ] && n=1
-  for i in $(seq "$n"); do RUNS_LIST+=("$g:$i"); done
+  for _ in $(seq "$n"); do SEEN[$g]=$(( ${SEEN[$g]:-0} + 1 )); RUNS_LIST+=("$g:${SEEN[$g]}"); done
 done
 t0=$SECONDS
 for run in "${RUNS_LIST[@]}"; do
@@ -110,8 +112,7 @@ for run in "${RUNS_LIST[@]}"; do
   grep -E '^(pair [0-9]+/|check after|interval:|PROMOTE|REJECT|INCONCLUSIVE|FAIL)' "$OUT/gate-$g-$i.txt" || tail -n 3 "$OUT/gate-$g-$i.txt"
 done
 echo "== verdicts"
-for spec in $GATES; do
-  g=${spec%%:*}
+for g in "${!SEEN[@]}"; do
   echo "$g: $(cat "$OUT"/gate-"$g"-*.txt | grep -oE '^(PROMOTE|REJECT|INCONCLUSIVE|FAIL)' | sort | uniq -c | xargs)"
 done
 if [[ " $GATES " == *" identity-copy"* ]]; then  # native and slot in lockstep, bit for bit
