@@ -28,9 +28,13 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qwen3_8b_config import QWEN3_8B, write_config_folder  # noqa: E402
+
+if TYPE_CHECKING:
+    from mcore import ProfileReport
 
 RECIPE = "qwen.decode_attention_region@2"
 # the split schedule's workspace, as the exporter prints it for its default 32 splits (bench/attention_gpu.py)
@@ -74,7 +78,9 @@ def build(out: Path, capacity: int, parts: set[str], dev: str) -> tuple[Path, Pa
     return out / "native.bundle", out / "attn.bundle", export
 
 
-def profile_all(label: str, bundle: Path, bindings: Path | None, contexts: list[int], ns, out: Path) -> dict:
+def profile_all(
+    label: str, bundle: Path, bindings: Path | None, contexts: list[int], ns, out: Path
+) -> dict[int, ProfileReport]:
     """Profiles of one bundle's compiled decode step at each context, written and printed."""
     import torch
 
@@ -90,7 +96,7 @@ def profile_all(label: str, bundle: Path, bindings: Path | None, contexts: list[
         t = time.perf_counter()
         report = profile_pipeline(pipe, "decode", n, ns.steps, engine="compiled")
         log(f"{label} at {n}: profiled in {time.perf_counter() - t:.0f} s")
-        write_json(out / f"{label}-{n}.json", report)
+        write_json(out / f"{label}-{n}.json", report.to_dict())
         print(f"== {label}, context {n}")
         print("\n".join(top_lines(report, ns.top)), flush=True)
         reports[n] = report
@@ -101,7 +107,7 @@ def profile_all(label: str, bundle: Path, bindings: Path | None, contexts: list[
     return reports
 
 
-def summary(runs: dict[str, dict[int, dict]]) -> None:
+def summary(runs: dict[str, dict[int, ProfileReport]]) -> None:
     print("== summary (decode step, compiled engine)")
     print(
         f"{'profile':<8} {'context':>7} {'step ms':>9} {'attributed':>11} {'kernels ms':>11} {'between ms':>11} "
@@ -109,11 +115,11 @@ def summary(runs: dict[str, dict[int, dict]]) -> None:
     )
     for label, reports in runs.items():
         for n, p in reports.items():
-            b = p["between_kernels"]
+            b = p.between_kernels
             print(
-                f"{label:<8} {n:>7} {p['step_seconds'] * 1e3:9.3f} {p['attributed_seconds'] / p['step_seconds']:11.1%} "
-                f"{p['kernel_seconds'] * 1e3:11.3f} {b['seconds'] * 1e3:11.3f} {len(p['kernels']):6}  "
-                f"{p['timing'][:60]}"
+                f"{label:<8} {n:>7} {p.step_seconds * 1e3:9.3f} {p.attributed_seconds / p.step_seconds:11.1%} "
+                f"{p.kernel_seconds * 1e3:11.3f} {b.seconds * 1e3:11.3f} {len(p.kernels):6}  "
+                f"{p.timing[:60]}"
             )
 
 

@@ -29,7 +29,9 @@ The groups:
   ReferenceDetails, LogitsDetails, PerfDetails)
 - the edit-export-verify loop: watch_kernel, WatchConfig, WatchRound (a round's outcome), benchmark_command
   (a perf gate arm's command)
-- profile: profile_pipeline, load_profile, CANDIDATE_BINDING; device facts: device_facts, describe_device
+- profile: profile_pipeline, load_profile, CANDIDATE_BINDING; what they return, typed (mcore/profile/report.py):
+  ProfileReport (to_dict() is the profile file), its ranked ProfileCandidate rows, and PartialProfile (the live
+  view `on_partial` receives); device facts: device_facts, describe_device
 - files: atomic_write, check_fields, check_overwrite (the one overwrite rule), check_path_text, read_json,
   write_json, stdout_failed, check_std_streams; library_sha256 (a DSO's sha256, as a bindings manifest
   records it); set_cache_note_sink
@@ -133,6 +135,9 @@ _EXPORTS: dict[str, str] = {
     "profile_pipeline": "profile.profiler",
     "load_profile": "profile.profiler",
     "CANDIDATE_BINDING": "profile.profiler",
+    "ProfileReport": "profile.report",
+    "ProfileCandidate": "profile.report",
+    "PartialProfile": "profile.report",
     # files
     "atomic_write": "common.fileio",
     "check_fields": "common.fileio",
@@ -221,6 +226,9 @@ __all__ = [
     "perf_gate",
     "profile_pipeline",
     "load_profile",
+    "ProfileReport",
+    "ProfileCandidate",
+    "PartialProfile",
     "read_json",
     "recipe_rows",
     "reference_check",
@@ -287,6 +295,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .model.buildargs import LAYOUTS, PRECISIONS, WEIGHTS, BuildArgs
     from .profile.device import describe_device, device_facts
     from .profile.profiler import CANDIDATE_BINDING, load_profile, profile_pipeline
+    from .profile.report import PartialProfile, ProfileCandidate, ProfileReport
     from .runtime.api import open_pipeline
     from .runtime.bindings import BINDINGS_SCHEMA_VERSION, Binding, BindingsManifest, load_bindings_manifest
     from .runtime.pipeline import DecoderPipeline, EncoderPipeline

@@ -78,6 +78,8 @@ PUBLIC_NAMES += ["ReferenceGate", "TokensGate", "exporter_kit"]
 PUBLIC_NAMES += ["WatchRound"]
 # what the gates return, their numbers typed per gate (mcore/verify/details.py)
 PUBLIC_NAMES += ["GateResult", "TokensDetails", "EmbeddingsDetails", "ReferenceDetails", "LogitsDetails", "PerfDetails"]
+# what profile_pipeline and load_profile return, typed (mcore/profile/report.py)
+PUBLIC_NAMES += ["ProfileReport", "ProfileCandidate", "PartialProfile"]
 
 
 def _module_name(path: Path) -> str:

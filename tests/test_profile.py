@@ -147,15 +147,15 @@ def test_profiler_ranges_attribute_the_same_nodes(bundles):
     pipe = DecoderPipeline(qwen.bundle_path, device="cpu", engine="torch")
     wall = profile_pipeline(pipe, "decode", 50, 2, timing="wall")
     prof = profile_pipeline(pipe, "decode", 50, 2, timing="profiler-cpu")
-    assert prof["timing"].startswith("CPU time inside") and wall["timing"].startswith("wall clock")
-    assert {n["name"] for n in prof["nodes"]} == {n["name"] for n in wall["nodes"]}
-    assert sum(n["seconds"] for n in prof["nodes"]) == pytest.approx(prof["attributed_seconds"])
+    assert prof.timing.startswith("CPU time inside") and wall.timing.startswith("wall clock")
+    assert {n.name for n in prof.nodes} == {n.name for n in wall.nodes}
+    assert sum(n.rates.seconds for n in prof.nodes) == pytest.approx(prof.attributed_seconds)
     # (the totals differ: on the CPU each range also carries the profiler's own bookkeeping)
     # the matrix products cost more than the views around them in both
     for p in (wall, prof):
         by_op = {}
-        for n in p["nodes"]:
-            by_op[n["op"]] = by_op.get(n["op"], 0.0) + n["seconds"]
+        for n in p.nodes:
+            by_op[n.op] = by_op.get(n.op, 0.0) + n.rates.seconds
         assert by_op["aten.linear.default"] > by_op.get("aten.view.default", 0.0)
     with pytest.raises(Exception, match="kernel timing needs a CUDA device"):
         profile_pipeline(pipe, "decode", 50, 1, timing="kernel")
@@ -173,8 +173,8 @@ def test_no_profiler_activity_falls_back_to_the_wall_clock(bundles, monkeypatch)
     pipe = DecoderPipeline(qwen.bundle_path, device="cpu", engine="torch")
     prof = profile_mod.profile_pipeline(pipe, "decode", 50, 3, timing="profiler-cpu")
     assert calls == [1]  # asked once; the later steps go straight to the wall clock
-    assert prof["timing"].startswith("wall clock") and prof["nodes"]
-    assert all(n["seconds"] >= 0 for n in prof["nodes"]) and prof["attributed_seconds"] > 0
+    assert prof.timing.startswith("wall clock") and prof.nodes
+    assert all(n.rates.seconds >= 0 for n in prof.nodes) and prof.attributed_seconds > 0
 
 
 @pytest.mark.timing
@@ -192,14 +192,15 @@ def test_gpu_profile_charges_kernel_time_not_launch_latency(bundles):
     qwen, _ = bundles
     pipe = DecoderPipeline(qwen.bundle_path, device="cuda", engine="torch")
     p = profile_pipeline(pipe, "decode", 100, 3, engine="torch")
-    assert p["timing"].startswith("device time"), p["timing"]
-    assert 0 < p["attributed_seconds"] < p["step_seconds"]
-    att = [n for n in p["nodes"] if n["op"] == "mcore.decode_attention.default"]
-    assert att and all(n["seconds"] > 0 for n in att)
+    assert p.timing.startswith("device time"), p.timing
+    assert 0 < p.attributed_seconds < p.step_seconds
+    att = [n for n in p.nodes if n.op == "mcore.decode_attention.default"]
+    assert att and all(n.rates.seconds > 0 for n in att)
 
 
 def test_partial_views_fill_in_step_by_step(bundles):
     """`on_partial` sees the attribution grow one step at a time; the last view is the report's."""
+    from mcore import PartialProfile
     from mcore.profile.profiler import profile_pipeline
     from mcore.runtime.pipeline import DecoderPipeline
 
@@ -207,11 +208,13 @@ def test_partial_views_fill_in_step_by_step(bundles):
     pipe = DecoderPipeline(qwen.bundle_path, device="cpu", engine="torch")
     seen = []
     report = profile_pipeline(pipe, "decode", 30, 3, on_partial=seen.append)
-    assert [(p["step"], p["steps"], p["partial"]) for p in seen] == [(1, 3, True), (2, 3, True), (3, 3, True)]
-    assert all("candidates" not in p and p["modules"] and p["nodes"] for p in seen)
+    assert [(p.step, p.steps, p.to_dict()["partial"]) for p in seen] == [(1, 3, True), (2, 3, True), (3, 3, True)]
+    assert all(
+        isinstance(p, PartialProfile) and "candidates" not in p.to_dict() and p.modules and p.nodes for p in seen
+    )
     last = seen[-1]
-    assert {n["name"]: n["seconds"] for n in last["nodes"]} == {n["name"]: n["seconds"] for n in report["nodes"]}
-    assert last["attributed_seconds"] == pytest.approx(report["attributed_seconds"])
+    assert {n.name: n.rates.seconds for n in last.nodes} == {n.name: n.rates.seconds for n in report.nodes}
+    assert last.attributed_seconds == pytest.approx(report.attributed_seconds)
 
 
 def test_fusion_report_names_the_kernels_a_slot_would_split(mcore, tmp_path, bundles):
@@ -240,10 +243,10 @@ def test_the_limit_is_the_roofline_of_bytes_and_math():
     from mcore.profile.attribution import rates as _rates
 
     bw, peak = 4e12, 1e15
-    gemv = _rates({"seconds": 2e-3, "bytes": 4e9, "flops": 4e9}, 1.0, bw, peak)  # memory-bound
-    assert gemv["limit_seconds"] == pytest.approx(1e-3) and gemv["headroom_seconds"] == pytest.approx(1e-3)
-    gemm = _rates({"seconds": 2e-3, "bytes": 4e6, "flops": 1e12}, 1.0, bw, peak)  # math-bound
-    assert gemm["limit_seconds"] == pytest.approx(1e-3) and gemm["ratio_to_limit"] == pytest.approx(0.5)
-    assert gemm["flops_per_s"] == pytest.approx(5e14)
-    unknown = _rates({"seconds": 2e-3, "bytes": 4e6, "flops": 1e12}, 1.0, bw, None)
-    assert unknown["limit_seconds"] == pytest.approx(1e-6)
+    gemv = _rates(2e-3, 4e9, 4e9, 1.0, bw, peak)  # memory-bound
+    assert gemv.limit_seconds == pytest.approx(1e-3) and gemv.headroom_seconds == pytest.approx(1e-3)
+    gemm = _rates(2e-3, 4e6, 1e12, 1.0, bw, peak)  # math-bound
+    assert gemm.limit_seconds == pytest.approx(1e-3) and gemm.ratio_to_limit == pytest.approx(0.5)
+    assert gemm.flops_per_s == pytest.approx(5e14)
+    unknown = _rates(2e-3, 4e6, 1e12, 1.0, bw, None)
+    assert unknown.limit_seconds == pytest.approx(1e-6)

@@ -25,7 +25,7 @@ def _write(path, report) -> str:
 
 def test_the_fixed_reports_are_valid_profiles(tmp_path):
     for engine in ("torch", "compiled"):
-        assert load_profile(_write(tmp_path / f"{engine}.json", fixed_report(engine)))["engine"]["name"] == engine
+        assert load_profile(_write(tmp_path / f"{engine}.json", fixed_report(engine))).engine.name == engine
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable
 
+from mcore import ProfileReport
 from mcore.selection.region import select_region
 from workbench.actions import ActionContext
 from workbench.app import DEFAULT_BUILD_ARGS, WorkbenchApp
@@ -167,7 +168,7 @@ async def test_profile_names_the_engine_it_profiled(built, tmp_path):
         assert app.last_outcome.kind == "ok", app.last_outcome.error
         assert app.session.steps[-1].params["engine"] == "compiled"
         report = json.loads((tmp_path / "profile-decode.json").read_text())
-        assert report["engine"]["name"] == "compiled" and app.state.profile["kernels"]
+        assert report["engine"]["name"] == "compiled" and app.state.profile.kernels
         head = text_of(app, "#profile-head")
         assert f"engine compiled: {len(report['kernels'])} kernels, between kernels" in head, head
         assert "between kernels" in text_of(app, "#bars-ops")
@@ -237,7 +238,7 @@ def test_profile_screen_snapshot(snap_compare, tmp_path, size, engine):
     async def show(pilot) -> None:
         app = pilot.app
         await wait(pilot, lambda: bool(app.get_screen("model").family or app.get_screen("model").args_error), 60)
-        app.state.profile = fixed_report(engine)
+        app.state.profile = ProfileReport.from_dict(fixed_report(engine))
         app.state.profile_path = "profile-decode.json"
         await pilot.press("f2", "p")
         await pilot.pause(0.3)

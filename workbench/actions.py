@@ -30,7 +30,7 @@ from mcore import PERF_DEFAULTS, EmbeddingsGate, Progress, ReferenceGate, UserEr
 from . import results as R
 
 if TYPE_CHECKING:
-    from mcore import GateResult, PerfDetails, Receipt
+    from mcore import GateResult, PartialProfile, PerfDetails, ProfileCandidate, Receipt
 
 SampleFn = Callable[[str, int, float], None]  # (arm "native"|"external", index, value)
 LogFn = Callable[[str], None]
@@ -57,7 +57,7 @@ class ActionContext:
     workdir: Path
     progress: Progress = field(default_factory=Progress)
     on_sample: SampleFn | None = None
-    on_partial: Callable[[dict], None] | None = None
+    on_partial: Callable[[PartialProfile], None] | None = None
     log: LogFn | None = None
     device: str | None = None
     confined: bool = False
@@ -834,25 +834,27 @@ def profile(
         fusion=_bool(fusion, "fusion"),
         engine=_str(engine, "engine"),
     )
-    write_json(out, report)
+    write_json(out, report.to_dict())
     ctx.say(
-        f"profile written: {ctx.rel(out)} (engine {report['engine']['name']}, "
-        f"{len(report['candidates'])} candidate regions)"
+        f"profile written: {ctx.rel(out)} (engine {report.engine.name}, {len(report.candidates)} candidate regions)"
     )
-    ident = [_candidate_ident(c) for c in report["candidates"]]
+    ident = [_candidate_ident(c) for c in report.candidates]
     return R.Profiled(
-        role=report["role"],
-        context=report["context"],
-        engine=report["engine"]["name"],
+        role=report.role,
+        context=report.context,
+        engine=report.engine.name,
         profile=_rel(ctx, out),
         # which candidates exist is a fact of the graph; their order follows measured headroom
         candidates=tuple(sorted(ident, key=lambda c: json.dumps(c, sort_keys=True))),
         ranked=tuple(ident),
-        step_seconds=report["step_seconds"],
+        step_seconds=report.step_seconds,
     )
 
 
-def _candidate_ident(c: dict) -> dict:
+def _candidate_ident(c: ProfileCandidate) -> dict:
     """A candidate region without its timings: what it is and the nodes it covers."""
-    keys = ("kind", "recipe", "instance") if c["kind"] == "recipe" else ("kind", "module_path")
-    return {**{k: c[k] for k in keys}, "node_ids": list(c["node_ids"])}
+    if c.kind == "recipe":
+        what = {"kind": c.kind, "recipe": c.recipe, "instance": c.instance}
+    else:
+        what = {"kind": c.kind, "module_path": c.module_path}
+    return {**what, "node_ids": list(c.node_ids)}

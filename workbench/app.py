@@ -32,6 +32,8 @@ from textual.widgets import Input, TextArea
 from mcore import Cancelled, CancelToken, Progress, UserError
 
 if TYPE_CHECKING:
+    from mcore import PartialProfile
+
     from .actions import ActionContext
     from .session import Session
 
@@ -804,7 +806,7 @@ class WorkbenchApp(App):
             ys.append(float(value))
         self._post(ActionSample(arm, index, value))
 
-    def _on_partial(self, action: str, data: dict) -> None:
+    def _on_partial(self, action: str, data: PartialProfile) -> None:
         if self.busy == action == "profile":
             self.state.profile_partial = data
             self._hook(lambda s: s.refresh_view())

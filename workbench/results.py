@@ -367,7 +367,7 @@ class Profiled(Record):
     a candidate here is its identity without timings (kind, recipe/instance or module_path, node_ids)."""
 
     role: str
-    context: int
+    context: int | None  # None: an encoder (its length is the prompt's)
     engine: str
     profile: str
     candidates: tuple[Json, ...] = ()

@@ -23,7 +23,7 @@ from .results import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mcore import Receipt, Snapshot, WatchRound
+    from mcore import PartialProfile, ProfileReport, Receipt, Snapshot, WatchRound
 
 DEFAULT_BUILD_ARGS = {
     "model": "demo:qwen3-tiny",
@@ -90,9 +90,9 @@ class WorkbenchState:
     perf: Applied[PerfGated] | None = None
     reference: ReferenceChecked | None = None  # the last verify_reference
     logits: LogitsGated | None = None  # the last gate_logits (decoders)
-    profile: dict[str, Any] | None = None  # the last profile report (mcore.profile.profiler's JSON)
+    profile: ProfileReport | None = None  # the last profile report, read back from its file
     profile_path: str | None = None
-    profile_partial: dict[str, Any] | None = None  # what a running profile has attributed so far
+    profile_partial: PartialProfile | None = None  # what a running profile has attributed so far
     chat: bool = False  # generate through the checkpoint's chat template
     trusted: set[str] = field(default_factory=set)
     samples: dict[str, list[float]] = field(default_factory=lambda: {"native": [], "external": []})

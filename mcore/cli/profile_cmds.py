@@ -50,7 +50,7 @@ def cmd_profile(ns: argparse.Namespace) -> int:
     for line in top_lines(report, ns.top):
         print(line)
     if ns.output:
-        write_json(ns.output, report)
+        write_json(ns.output, report.to_dict())
         print(f"profile written to {ns.output}", file=sys.stderr)
     return 0
 

@@ -11,7 +11,8 @@ snapshot node passes its share on: a slot to the region it replaced, a product t
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 import torch
@@ -21,6 +22,7 @@ from ..bundle.manifest import BundleManifest
 from ..common.errors import UserError
 from ..graph.from_export import TORCH_DTYPES
 from ..graph.snapshot import Snapshot
+from .report import KernelSplit, ProfileCandidate, ProfileModule, ProfileNode, ProfileRecipe, ProfileSlot, Rates
 
 CANDIDATE_BINDING = "my.kernel@1"
 MATMULS = {
@@ -171,9 +173,10 @@ def expansion(gm: fx.GraphModule, snap: Snapshot) -> dict[str, tuple[str | None,
 
 def graph_rows(
     snap: Snapshot, charges: Iterable[tuple[str, float, float, float]], expand: dict
-) -> tuple[list[dict], list[dict], float]:
-    """Charges (engine-graph node name, seconds, bytes, FLOPs) -> (snapshot node rows, slot rows by
-    binding ID, seconds no snapshot node takes)."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+    """Charges (engine-graph node name, seconds, bytes, FLOPs) -> (what each snapshot node was
+    charged, what each slot was charged by binding ID, seconds no snapshot node takes): the amounts
+    node_rows and slot_rows rate once the attributed total is known."""
     by_name = {n.name: n for n in snap.nodes}
     rows: dict[str, dict[str, Any]] = {}
     slots: dict[str, dict[str, Any]] = defaultdict(lambda: {"seconds": 0.0, "bytes": 0, "flops": 0, "calls": 0})
@@ -202,53 +205,81 @@ def graph_rows(
     return nodes, [dict(binding_id=k, **v) for k, v in slots.items()], lost
 
 
+def node_rows(charged: list[dict[str, Any]], total: float, bw: float, peak: float | None) -> list[ProfileNode]:
+    """graph_rows' node amounts as rows, in the same order."""
+    return [
+        ProfileNode(
+            n["id"], n["name"], n["op"], n["module_path"], n["binding_id"], rates(*_amounts(n), total, bw, peak)
+        )
+        for n in charged
+    ]
+
+
+def slot_rows(charged: list[dict[str, Any]], total: float, bw: float, peak: float | None) -> list[ProfileSlot]:
+    """graph_rows' slot amounts as rows, in the same order."""
+    return [ProfileSlot(s["binding_id"], s["calls"], rates(*_amounts(s), total, bw, peak)) for s in charged]
+
+
+def _amounts(row: dict[str, Any]) -> tuple[float, float, float]:
+    return row["seconds"], row["bytes"], row["flops"]
+
+
 # ------------------------------------------------------------------ rows, regions, candidates
 
 
-def rates(row: dict[str, Any], total: float, bw: float, peak_flops: float | None = None) -> dict[str, Any]:
-    s = row["seconds"]
-    row["share"] = s / total if total > 0 else 0.0
-    row["bytes_per_s"] = row["bytes"] / s if s > 0 else 0.0
-    row["flops_per_s"] = row["flops"] / s if s > 0 else 0.0
+def rates(
+    seconds: float, moved: float, flops: float, total: float, bw: float, peak_flops: float | None = None
+) -> Rates:
+    """A row's amounts rated against the attributed total, the copy rate and the peak math rate."""
+    s = seconds
     # the roofline: memory time at the copy rate, or math time at the peak, whichever is longer
-    row["limit_seconds"] = max(row["bytes"] / bw, row["flops"] / peak_flops if peak_flops else 0.0)
-    row["ratio_to_limit"] = row["limit_seconds"] / s if s > 0 else 0.0
-    row["headroom_seconds"] = max(0.0, s - row["limit_seconds"])
-    return row
+    limit = max(moved / bw, flops / peak_flops if peak_flops else 0.0)
+    return Rates(
+        seconds=s,
+        bytes=moved,
+        flops=flops,
+        share=s / total if total > 0 else 0.0,
+        bytes_per_s=moved / s if s > 0 else 0.0,
+        flops_per_s=flops / s if s > 0 else 0.0,
+        limit_seconds=limit,
+        ratio_to_limit=limit / s if s > 0 else 0.0,
+        headroom_seconds=max(0.0, s - limit),
+    )
 
 
-def _sum(members: list[dict]) -> dict[str, Any]:
-    return {
-        "seconds": sum(m["seconds"] for m in members),
-        "bytes": sum(m["bytes"] for m in members),
-        "flops": sum(m["flops"] for m in members),
-        "calls": len(members),
-    }
+def _sum(members: Sequence[ProfileNode]) -> tuple[float, float, float]:
+    """The members' seconds, bytes and FLOPs, summed."""
+    return (
+        sum(m.rates.seconds for m in members),
+        sum(m.rates.bytes for m in members),
+        sum(m.rates.flops for m in members),
+    )
 
 
-def module_rows(nodes: list[dict], total: float, bw: float, peak: float | None) -> list[dict]:
+def module_rows(nodes: Sequence[ProfileNode], total: float, bw: float, peak: float | None) -> list[ProfileModule]:
     """Each module subtree (and <root>): the nodes under it, summed."""
-    members: dict[str, list[dict]] = defaultdict(list)
+    members: dict[str, list[ProfileNode]] = defaultdict(list)
     for n in nodes:
-        parts = n["module_path"].split(".") if n["module_path"] else []
+        parts = n.module_path.split(".") if n.module_path else []
         for depth in range(len(parts) + 1):
             members[".".join(parts[:depth]) or "<root>"].append(n)
-    rows = [rates(dict(path=p, **_sum(ms)), total, bw, peak) for p, ms in members.items()]
-    return sorted(rows, key=lambda r: -r["seconds"])
+    rows = [ProfileModule(p, len(ms), rates(*_sum(ms), total, bw, peak)) for p, ms in members.items()]
+    return sorted(rows, key=lambda r: -r.rates.seconds)
 
 
-def recipe_rows(snap: Snapshot, nodes: list[dict], total: float, bw: float, peak: float | None) -> list[dict]:
-    by_id = {n["id"]: n for n in nodes}
+def recipe_rows(
+    snap: Snapshot, nodes: Sequence[ProfileNode], total: float, bw: float, peak: float | None
+) -> list[ProfileRecipe]:
+    by_id = {n.id: n for n in nodes}
     rows = []
     for r in snap.recipe_rows:
-        row: dict[str, Any] = {"recipe": r.id, "instance": r.instance, "node_ids": list(r.node_ids)}
-        row |= _sum([by_id[i] for i in r.node_ids if i in by_id])
-        row["output_shape_input"] = r.output_shape_input
-        rows.append(rates(row, total, bw, peak))
-    return sorted(rows, key=lambda r: -r["seconds"])
+        ms = [by_id[i] for i in r.node_ids if i in by_id]
+        rated = rates(*_sum(ms), total, bw, peak)
+        rows.append(ProfileRecipe(r.id, r.instance, tuple(r.node_ids), len(ms), r.output_shape_input, rated))
+    return sorted(rows, key=lambda r: -r.rates.seconds)
 
 
-def split_costs(kernels: list[dict], region: set[str], snap: Snapshot, bw: float, gap: float) -> list[dict[str, Any]]:
+def split_costs(kernels: list[dict], region: set[str], snap: Snapshot, bw: float, gap: float) -> list[KernelSplit]:
     """The kernels (snapshot node names in "nodes") that a slot over `region` would split, each with
     what the split costs at least: the tensors that cross the new boundary inside the kernel written
     out and read back at the copy rate, and one more launch (`gap`: the step's mean time between
@@ -268,74 +299,85 @@ def split_costs(kernels: list[dict], region: set[str], snap: Snapshot, bw: float
                     crossing.add(t)
         moved = sum(tensor_bytes(snap, t) for t in crossing)
         out.append(
-            {
-                "kernel": k["kernel"],
-                "order": k.get("order"),
-                "inside": len(inside),
-                "outside": len(members) - len(inside),
-                "seconds": k.get("seconds"),
-                "cost_seconds": 2 * moved / bw + gap,
-            }
+            KernelSplit(
+                kernel=k["kernel"],
+                order=k.get("order"),
+                inside=len(inside),
+                outside=len(members) - len(inside),
+                seconds=k.get("seconds"),
+                cost_seconds=2 * moved / bw + gap,
+            )
         )
     return out
 
 
 def candidates(
     snap: Snapshot,
-    nodes: list[dict],
-    recipes: list[dict],
+    nodes: Sequence[ProfileNode],
+    recipes: Sequence[ProfileRecipe],
     total: float,
     bw: float,
     manifest: BundleManifest,
     peak_flops: float | None = None,
     kernels: list[dict] | None = None,
     gap: float = 0.0,
-) -> list[dict[str, Any]]:
+) -> list[ProfileCandidate]:
     """Recipe instances and module subtrees whose nodes select_region() accepts, ranked together by
     net headroom (headroom minus what splitting the compiled engine's kernels there costs; a recipe
     first where they tie: its command is ready to build). One ranking, because on a large model
-    dozens of small recipe instances would otherwise bury the regions worth a kernel."""
+    dozens of small recipe instances would otherwise bury the regions worth a kernel. Without
+    `kernels` (op by op, no --fusion) nothing is known to split: the net headroom is the headroom."""
     args = " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in manifest.build_args.items() if v is not None and k != "model"
     )
     model = manifest.build_args["model"]
     out = [
-        {
-            "kind": "recipe",
-            "recipe": r["recipe"],
-            "instance": r["instance"],
-            "node_ids": r["node_ids"],
-            "output_shape_input": r["output_shape_input"],
-            **{k: r[k] for k in ("seconds", "share", "headroom_seconds")},
-            "command": f"mcore build {model} {args} --recipe {r['recipe']} {r['instance']} -o slot.bundle",
-        }
+        ProfileCandidate(
+            kind="recipe",
+            recipe=r.recipe,
+            instance=r.instance,
+            node_ids=r.node_ids,
+            output_shape_input=r.output_shape_input,
+            seconds=r.rates.seconds,
+            share=r.rates.share,
+            headroom_seconds=r.rates.headroom_seconds,
+            command=f"mcore build {model} {args} --recipe {r.recipe} {r.instance} -o slot.bundle",
+            split_cost_seconds=0,
+            net_headroom_seconds=r.rates.headroom_seconds,
+        )
         for r in recipes
     ]
-    out += _module_candidates(snap, nodes, {tuple(r["node_ids"]) for r in recipes}, total, bw, peak_flops)
-    names = {n.id: n.name for n in snap.nodes}
-    for c in out:
-        if kernels is not None:
-            c["splits"] = split_costs(kernels, {names[i] for i in c["node_ids"] if i in names}, snap, bw, gap)
-        c["split_cost_seconds"] = sum(s["cost_seconds"] for s in c.get("splits", []))
-        c["net_headroom_seconds"] = max(0.0, c["headroom_seconds"] - c["split_cost_seconds"])
-    return sorted(out, key=lambda c: (-c["net_headroom_seconds"], c["kind"] != "recipe"))
+    out += _module_candidates(snap, nodes, {r.node_ids for r in recipes}, total, bw, peak_flops)
+    if kernels is not None:
+        names = {n.id: n.name for n in snap.nodes}
+        out = [
+            _priced(c, split_costs(kernels, {names[i] for i in c.node_ids if i in names}, snap, bw, gap)) for c in out
+        ]
+    return sorted(out, key=lambda c: (-c.net_headroom_seconds, c.kind != "recipe"))
+
+
+def _priced(c: ProfileCandidate, splits: list[KernelSplit]) -> ProfileCandidate:
+    """A candidate with the fused kernels a slot there would split, their cost and the net headroom."""
+    cost = sum(s.cost_seconds for s in splits)
+    net = max(0.0, c.headroom_seconds - cost)
+    return replace(c, splits=tuple(splits), split_cost_seconds=cost, net_headroom_seconds=net)
 
 
 def _module_candidates(
-    snap: Snapshot, nodes: list[dict], covered: set[tuple], total: float, bw: float, peak: float | None
-) -> list[dict[str, Any]]:
+    snap: Snapshot, nodes: Sequence[ProfileNode], covered: set[tuple], total: float, bw: float, peak: float | None
+) -> list[ProfileCandidate]:
     from ..selection.region import select_region
 
-    by_module: dict[str, list[dict]] = defaultdict(list)
+    by_module: dict[str, list[ProfileNode]] = defaultdict(list)
     for n in nodes:  # each module subtree: a module's own nodes and those of every module below it
-        if n["id"] and n["module_path"]:
-            parts = n["module_path"].split(".")
+        if n.id and n.module_path:
+            parts = n.module_path.split(".")
             for k in range(2, len(parts) + 1):  # not the whole model ("decoder")
                 by_module[".".join(parts[:k])].append(n)
     out = []
     for path, members in by_module.items():
-        ids = sorted((m["id"] for m in members), key=lambda i: int(i.split(":")[1]))
-        if tuple(ids) in covered or not any(m["seconds"] for m in members):
+        ids = sorted((m.id for m in members), key=lambda i: int(i.split(":")[1]))
+        if tuple(ids) in covered or not any(m.rates.seconds for m in members):
             continue
         receipt = None
         for shape_input in (None, 0):
@@ -346,17 +388,21 @@ def _module_candidates(
                 continue
         if receipt is None:
             continue
-        row = rates(_sum(members), total, bw, peak)
+        row = rates(*_sum(members), total, bw, peak)
         flag = "" if receipt.output_shape_input is None else f" --output-shape-like-input {receipt.output_shape_input}"
         out.append(
-            {
-                "kind": "region",
-                "module_path": path,
-                "node_ids": ids,
-                "output_shape_input": receipt.output_shape_input,
-                **{k: row[k] for k in ("seconds", "share", "headroom_seconds")},
-                "command": f"mcore graph select SNAPSHOT --nodes {' '.join(ids)} --binding-id {CANDIDATE_BINDING} "
+            ProfileCandidate(
+                kind="region",
+                module_path=path,
+                node_ids=tuple(ids),
+                output_shape_input=receipt.output_shape_input,
+                seconds=row.seconds,
+                share=row.share,
+                headroom_seconds=row.headroom_seconds,
+                command=f"mcore graph select SNAPSHOT --nodes {' '.join(ids)} --binding-id {CANDIDATE_BINDING} "
                 f"--workspace-bytes 0{flag} -o selection.json",
-            }
+                split_cost_seconds=0,
+                net_headroom_seconds=row.headroom_seconds,
+            )
         )
     return out

@@ -1,6 +1,7 @@
 """The profile file (DESIGN.md contract 10): `mcore profile -o FILE` writes it; `mcore profile diff` and
 the workbench read it back through `load_profile`, which checks every field they use (types, finite
-non-negative numbers, the known keys and no others) into one-line errors naming the file and the field.
+non-negative numbers, the known keys and no others) into one-line errors naming the file and the field,
+and returns the typed report (report.py).
 
 schema_version 2 (this mcore): the engine profiled (`engine.name`: compiled or torch), the kernels of
 a compiled step and the time between them. Version 1 files (op by op only, no engine record) are
@@ -17,9 +18,8 @@ from typing import Any
 from ..common.contract import field_error, is_int
 from ..common.errors import UserError
 from ..common.fileio import read_input_text
+from .report import KIND, SCHEMA_VERSION, ProfileReport
 
-SCHEMA_VERSION = 2
-KIND = "mcore-profile"
 AGAIN = "make it again with `mcore profile BUNDLE -o FILE`"
 
 Check = Callable[[Any], str | None]  # a problem with a value, or None
@@ -246,7 +246,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
-def parse_profile(text: str, where: str) -> dict[str, Any]:
+def parse_profile(text: str, where: str) -> ProfileReport:
     """A profile from its JSON text, checked (one-line UserError naming `where` and the field)."""
     try:
         data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
@@ -260,9 +260,9 @@ def parse_profile(text: str, where: str) -> dict[str, Any]:
         raise field_error(where, e.path, e.problem, AGAIN) from None
     except RecursionError:
         raise UserError(f"{where}: profile nested too deeply; {AGAIN}") from None
-    return data
+    return ProfileReport.from_dict(data)
 
 
-def load_profile(path: Any) -> dict[str, Any]:
+def load_profile(path: Any) -> ProfileReport:
     """The profile at `path`, checked; a one-line UserError where it is not one this mcore writes."""
     return parse_profile(read_input_text(path, "profile"), str(path))

@@ -25,13 +25,13 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import fx
 
 from .. import __version__
-from ..bundle.manifest import BundleManifest
 from ..common.errors import UserError
 from ..common.progress import NO_PROGRESS, Progress
 from ..ops.gemv import enabled as gemv_enabled
@@ -43,16 +43,41 @@ from .attribution import (
     expansion,
     graph_rows,
     module_rows,
+    node_rows,
     op_of,
     rates,
     recipe_rows,
+    slot_rows,
 )
 from .contract import SCHEMA_VERSION, load_profile
 from .device import device_facts
+from .report import (
+    BetweenKernels,
+    FusedKernel,
+    FusionReport,
+    PartialProfile,
+    ProfileBundle,
+    ProfileDevice,
+    ProfileEngine,
+    ProfileKernel,
+    ProfileNode,
+    ProfileReport,
+    ProfileSlot,
+    ProfileVersions,
+)
 from .view import diff_lines, top_lines
 
 ENGINES = ("auto", "compiled", "torch")
-__all__ = ["profile_pipeline", "top_lines", "diff_lines", "load_profile", "CANDIDATE_BINDING", "SCHEMA_VERSION"]
+__all__ = [
+    "profile_pipeline",
+    "top_lines",
+    "diff_lines",
+    "load_profile",
+    "CANDIDATE_BINDING",
+    "SCHEMA_VERSION",
+    "ProfileReport",
+    "PartialProfile",
+]
 
 
 def _sync(device: torch.device) -> None:
@@ -117,10 +142,10 @@ def profile_pipeline(
     prompt: str | None = None,
     progress: Progress = NO_PROGRESS,
     timing: str = "auto",
-    on_partial: Callable[[dict[str, Any]], None] | None = None,
+    on_partial: Callable[[PartialProfile], None] | None = None,
     fusion: bool = False,
     engine: str = "auto",
-) -> dict[str, Any]:
+) -> ProfileReport:
     """Profile one role of a pipeline built with the `torch` engine (which keeps the graph): `steps`
     timed runs at `context`, on `engine` ("auto": the one the pipeline would run on its device).
 
@@ -144,32 +169,40 @@ def profile_pipeline(
         raise UserError(f"--steps {steps} must be at least 1")
     inputs = _role_inputs(pipe, role, context, prompt)
     engine = resolve_engine_name(engine, pipe.device)
+    shown = context if pipe.kind == "decoder" else None  # an encoder's length is its prompt's
     if engine == "compiled":
-        report = _profile_compiled(pipe, role, inputs, steps, progress)
+        report = _profile_compiled(pipe, role, inputs, shown, steps, progress)
     else:
-        report = _profile_torch(pipe, role, inputs, steps, progress, timing, on_partial, fusion)
-    report["context"] = context if pipe.kind == "decoder" else None
-    report["steps"] = steps
+        report = _profile_torch(pipe, role, inputs, shown, steps, progress, timing, on_partial, fusion)
     progress.report("profiled", 1.0)
     return report
+
+
+TIMINGS = {
+    "kernel": "device time of each node's kernels and copies (CUDA profiler)",
+    "profiler-cpu": "CPU time inside each node's profiler range",
+    "wall": "wall clock per node between device synchronisations",
+}
 
 
 def _profile_torch(
     pipe: Any,
     role: str,
     inputs: tuple,
+    context: int | None,
     steps: int,
     progress: Progress,
     timing: str,
-    on_partial: Callable[[dict[str, Any]], None] | None,
+    on_partial: Callable[[PartialProfile], None] | None,
     fusion: bool,
-) -> dict[str, Any]:
+) -> ProfileReport:
     prepared = pipe.runners[role].prepared
     dev = pipe.device
+    snap = pipe.snapshots[role]
     interp = _TimedInterpreter(prepared.gm, dev)
     timing = _resolve_timing(timing, dev)
     facts = device_facts(dev)  # measures the copy rate (once per device) before anything is timed
-    expand = expansion(prepared.gm, pipe.snapshots[role])
+    expand = expansion(prepared.gm, snap)
     step_totals: list[float] = []
     per_step: list[dict[str, float]] = []
     with torch.no_grad():
@@ -179,25 +212,23 @@ def _profile_torch(
             step_totals.append(_timed_step(pipe.runners[role], inputs, dev))
             node_s, timing = _node_seconds(interp, prepared, inputs, timing)
             per_step.append(node_s)
-            if on_partial is not None:
-                part = _report(pipe, role, _charges(interp, _medians(per_step)), expand, facts, partial=True)
-                part.update(step_seconds=statistics.median(step_totals), step=i + 1, steps=steps)
-                on_partial(part)
+            if on_partial is not None:  # what a live view needs; recipes and candidates come with the report
+                part = _attribute(snap, _charges(interp, _medians(per_step)), expand, facts)
+                head = _head(pipe, role, part, facts, part.lost)
+                on_partial(PartialProfile(**head, step_seconds=statistics.median(step_totals), step=i + 1, steps=steps))
     progress.report("attributing", 0.95)
-    report = _report(pipe, role, _charges(interp, _medians(per_step)), expand, facts)
-    report.update(
-        engine={"name": "torch", "how": "op by op (the compiled engine fuses these nodes into fewer kernels)"},
-        timing={
-            "kernel": "device time of each node's kernels and copies (CUDA profiler)",
-            "profiler-cpu": "CPU time inside each node's profiler range",
-            "wall": "wall clock per node between device synchronisations",
-        }[timing],
-        step_seconds=statistics.median(step_totals),
+    attributed = _attribute(snap, _charges(interp, _medians(per_step)), expand, facts)
+    run = _Run(
+        ProfileEngine("torch", "op by op (the compiled engine fuses these nodes into fewer kernels)"),
+        TIMINGS[timing],
+        statistics.median(step_totals),
+        context,
+        steps,
     )
     if fusion:
         progress.report("compiling the graph once more to see what the compiled engine fuses", 0.96)
-        _add_fusion(report, pipe, role, prepared, inputs)
-    return report
+        run = _with_fusion(run, pipe, role, prepared, inputs)
+    return _report(pipe, role, attributed, facts, run)
 
 
 def _resolve_timing(timing: str, dev: torch.device) -> str:
@@ -241,27 +272,29 @@ def _charges(interp: TrafficInterpreter, seconds: dict[str, float]) -> list[tupl
     return [(name, s, interp.bytes_of(name), interp.flops.get(name, 0)) for name, s in seconds.items()]
 
 
-def _add_fusion(report: dict[str, Any], pipe: Any, role: str, prepared: Any, inputs: tuple) -> None:
+def _with_fusion(run: _Run, pipe: Any, role: str, prepared: Any, inputs: tuple) -> _Run:
+    """`run` with what the compiled engine fuses, and those kernels for the candidates' splits."""
     from ..engines.kernel_map import fused_kernels
 
     gemv = role != "prefill" and gemv_enabled(pipe.device)
     kernels = fused_kernels(prepared, inputs, gemv=gemv)
-    snap = pipe.snapshots[role]
-    to_id = {n.name: n.id for n in snap.nodes}
-    report["fusion"] = {
-        "engine": "compiled (Inductor), this device"
+    to_id = {n.name: n.id for n in pipe.snapshots[role].nodes}
+    fusion = FusionReport(
+        engine="compiled (Inductor), this device"
         + ("; one-row products on mcore::gemv" if gemv else "")
         + "; the engine also merges sibling projections (q/k/v, gate/up)",
-        "kernels": [{"kernel": k["kernel"], "nodes": [to_id.get(n, n) for n in k["nodes"]]} for k in kernels],
-    }
+        kernels=tuple(FusedKernel(k["kernel"], tuple(to_id.get(n, n) for n in k["nodes"])) for k in kernels),
+    )
     known = [dict(k, nodes=[n for n in k["nodes"] if n in to_id]) for k in kernels]
-    _rank(report, snap, pipe.manifest, known, 0.0)
+    return replace(run, fusion=fusion, split_kernels=known, gap=0.0)
 
 
 # ------------------------------------------------------------------ the compiled engine
 
 
-def _profile_compiled(pipe: Any, role: str, inputs: tuple, steps: int, progress: Progress) -> dict[str, Any]:
+def _profile_compiled(
+    pipe: Any, role: str, inputs: tuple, context: int | None, steps: int, progress: Progress
+) -> ProfileReport:
     from .compiled import HOW, SHARED, time_step
 
     dev = pipe.device
@@ -273,34 +306,51 @@ def _profile_compiled(pipe: Any, role: str, inputs: tuple, steps: int, progress:
         progress.report("attributing kernels to graph nodes", 0.9)
         traffic = TrafficInterpreter(step.prepared.gm)
         traffic.run(*step.prepared.state_args, *inputs)
-    kernels, charges = _kernel_rows(step, times, traffic)
+    calls, charges = _kernel_rows(step, times, traffic)
     snap = pipe.snapshots[role]
     expand = expansion(step.prepared.gm, snap)
-    report = _report(pipe, role, charges, expand, facts, extra=times.between + times.unmapped)
-    total = report["attributed_seconds"]
-    to_id = {n.name: n.id for n in snap.nodes}
-    split_input = []  # each kernel with the snapshot nodes it computes, as candidates' splits read them
-    for k in kernels:
-        members = sorted({m for n in k.pop("graph_nodes") for m, _ in expand.get(n, (None, []))[1]})
-        k["node_ids"] = sorted((to_id[m] for m in members), key=lambda i: int(i.split(":")[1]))
-        rates(k, total, facts["copy_bytes_per_s"], facts.get("peak_bf16_flops_per_s"))
-        split_input.append({"kernel": k["kernel"], "order": k["order"], "seconds": k["seconds"], "nodes": members})
-    report.update(
-        engine={"name": "compiled", "how": _describe(step)},
-        timing=HOW[how] + SHARED,
-        step_seconds=step_s,
-        kernel_seconds=sum(times.calls) + times.unmapped,
-        between_kernels={
-            "seconds": times.between,
-            "share": times.between / total if total > 0 else 0.0,
-            "gaps": times.gaps,
-            "what": "no kernel running: launch latency and dependencies between kernels (and steps)",
-        },
-        unattributed_seconds=report["unattributed_seconds"] + times.unmapped,
-        kernels=kernels,
+    attributed = _attribute(snap, charges, expand, facts, extra=times.between + times.unmapped)
+    total = attributed.total
+    kernels, split_input = _kernels(calls, attributed, expand, {n.name: n.id for n in snap.nodes})
+    between = BetweenKernels(
+        seconds=times.between,
+        share=times.between / total if total > 0 else 0.0,
+        gaps=times.gaps,
+        what="no kernel running: launch latency and dependencies between kernels (and steps)",
     )
-    _rank(report, snap, pipe.manifest, split_input, times.between / max(1, len(kernels)))
-    return report
+    run = _Run(
+        ProfileEngine("compiled", _describe(step)),
+        HOW[how] + SHARED,
+        step_s,
+        context,
+        steps,
+        kernel_seconds=sum(times.calls) + times.unmapped,
+        between=between,
+        kernels=tuple(kernels),
+        unmapped=times.unmapped,
+        split_kernels=split_input,
+        gap=times.between / max(1, len(kernels)),
+    )
+    return _report(pipe, role, attributed, facts, run)
+
+
+def _kernels(
+    calls: list[dict], attributed: _Attribution, expand: dict, to_id: dict[str, str]
+) -> tuple[list[ProfileKernel], list[dict]]:
+    """The kernel rows (the snapshot node IDs each computes, rated against the attributed total) and
+    each kernel with the snapshot node names it computes, as candidates' splits read them."""
+    a = attributed
+    rows, split_input = [], []
+    for k in calls:
+        members = sorted({m for n in k["graph_nodes"] for m, _ in expand.get(n, (None, []))[1]})
+        ids = sorted((to_id[m] for m in members), key=lambda i: int(i.split(":")[1]))
+        rated = rates(k["seconds"], k["bytes"], k["flops"], a.total, a.bw, a.peak)
+        device = k.get("device_kernels")
+        rows.append(
+            ProfileKernel(k["kernel"], k["order"], tuple(ids), rated, None if device is None else tuple(device))
+        )
+        split_input.append({"kernel": k["kernel"], "order": k["order"], "seconds": k["seconds"], "nodes": members})
+    return rows, split_input
 
 
 def _compiled_step(pipe: Any, role: str, inputs: tuple, progress: Progress) -> Any:
@@ -359,71 +409,99 @@ def _kernel_rows(step: Any, times: Any, traffic: TrafficInterpreter) -> tuple[li
 # ------------------------------------------------------------------ the report
 
 
-def _report(
-    pipe: Any,
-    role: str,
-    charges: list[tuple[str, float, float, float]],
-    expand: dict,
-    facts: dict[str, Any],
-    partial: bool = False,
-    extra: float = 0.0,
-) -> dict[str, Any]:
-    """The report's head and its node, module, recipe, slot and candidate rows. `extra`: time that
-    belongs to the step but to no node (between kernels), counted in the attributed total."""
-    snap = pipe.snapshots[role]
+@dataclass(frozen=True)
+class _Attribution:
+    """One step's charges rated: the node rows in charge order (module, recipe and candidate sums
+    follow it), the slot rows, the attributed total and what no snapshot node took, and the rates
+    they were held to (the copy rate; the peak math rate, None where unknown)."""
+
+    snap: Any
+    nodes: list[ProfileNode]
+    slots: list[ProfileSlot]
+    total: float
+    lost: float
+    bw: float
+    peak: float | None
+
+    @property
+    def hottest(self) -> tuple[ProfileNode, ...]:
+        return tuple(sorted(self.nodes, key=lambda n: -n.rates.seconds))
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What the engine adds to the attribution: its record, how it timed, the step's own time, the
+    context and steps, a compiled step's timeline (kernels, the time between them, device time no
+    call claims), op by op the fusion report, and the kernels candidates' splits read (None: none
+    known) with the cost of one more launch."""
+
+    engine: ProfileEngine
+    timing: str
+    step_seconds: float
+    context: int | None
+    steps: int
+    kernel_seconds: float | None = None
+    between: BetweenKernels | None = None
+    kernels: tuple[ProfileKernel, ...] | None = None
+    unmapped: float = 0.0
+    fusion: FusionReport | None = None
+    split_kernels: list[dict] | None = None
+    gap: float = 0.0
+
+
+def _attribute(
+    snap: Any, charges: list[tuple[str, float, float, float]], expand: dict, facts: dict[str, Any], extra: float = 0.0
+) -> _Attribution:
+    """The node and slot rows of `charges`. `extra`: time that belongs to the step but to no node
+    (between kernels), counted in the attributed total."""
     bw, peak = facts["copy_bytes_per_s"], facts.get("peak_bf16_flops_per_s")  # peak: None where unknown
-    nodes, slots, lost = graph_rows(snap, charges, expand)
-    total = sum(n["seconds"] for n in nodes) + lost + extra
-    for n in nodes:
-        rates(n, total, bw, peak)
+    charged, slots, lost = graph_rows(snap, charges, expand)
+    total = sum(n["seconds"] for n in charged) + lost + extra
+    return _Attribution(
+        snap, node_rows(charged, total, bw, peak), slot_rows(slots, total, bw, peak), total, lost, bw, peak
+    )
+
+
+def _head(pipe: Any, role: str, a: _Attribution, facts: dict[str, Any], unattributed: float) -> dict[str, Any]:
+    """What a report and a live view share, as their fields."""
     m = pipe.manifest
-    head = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "mcore-profile",
-        "role": role,
-        "bundle": {
-            "model": m.model.spec,
-            "fingerprint": m.roles[role].fingerprint,
-            "build_args": dict(m.build_args),
-        },
-        "device": facts,
-        "attributed_seconds": total,
-        "unattributed_seconds": lost,
-        "nodes": sorted(nodes, key=lambda n: -n["seconds"]),
-        "modules": module_rows(nodes, total, bw, peak),
-    }
-    if partial:  # what a live view needs; recipes and candidates come with the whole report
-        return {**head, "partial": True}
-    recipes = recipe_rows(snap, nodes, total, bw, peak)
     return {
-        **head,
-        "versions": {
-            "mcore": __version__,
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda if pipe.device.type == "cuda" else None,
-        },
-        "kernel_seconds": None,
-        "between_kernels": None,
-        "kernels": None,
-        "recipes": recipes,
-        "slots": [rates(s, total, bw, peak) for s in slots],
-        "candidates": candidates(snap, nodes, recipes, total, bw, m, peak),
+        "role": role,
+        "bundle": ProfileBundle(m.model.spec, m.roles[role].fingerprint, dict(m.build_args)),
+        "device": ProfileDevice.from_dict(facts),
+        "attributed_seconds": a.total,
+        "unattributed_seconds": unattributed,
+        "nodes": a.hottest,
+        "modules": tuple(module_rows(a.nodes, a.total, a.bw, a.peak)),
     }
 
 
-def _rank(report: dict, snap: Any, manifest: BundleManifest, kernels: list[dict], gap: float) -> None:
-    """Candidates again, now with the kernels a slot over each would split and what that costs."""
-    dev = report["device"]
-    report["candidates"] = candidates(
-        snap,
-        report["nodes"],
-        report["recipes"],
-        report["attributed_seconds"],
-        dev["copy_bytes_per_s"],
-        manifest,
-        dev.get("peak_bf16_flops_per_s"),
-        kernels=kernels,
-        gap=gap,
+def _report(pipe: Any, role: str, a: _Attribution, facts: dict[str, Any], run: _Run) -> ProfileReport:
+    """The report: the head, recipe and slot rows, and the candidates ranked."""
+    recipes = recipe_rows(a.snap, a.nodes, a.total, a.bw, a.peak)
+    # with kernels to split, candidates come from the rows hottest first, else in charge order (as
+    # before the report was typed: the order decides ties and the last bits of sums)
+    nodes = a.nodes if run.split_kernels is None else a.hottest
+    ranked = candidates(
+        a.snap, nodes, recipes, a.total, a.bw, pipe.manifest, a.peak, kernels=run.split_kernels, gap=run.gap
+    )
+    return ProfileReport(
+        **_head(pipe, role, a, facts, a.lost + run.unmapped),
+        versions=ProfileVersions(
+            __version__, torch.__version__, torch.version.cuda if pipe.device.type == "cuda" else None
+        ),
+        kernel_seconds=run.kernel_seconds,
+        between_kernels=run.between,
+        kernels=run.kernels,
+        recipes=tuple(recipes),
+        slots=tuple(a.slots),
+        candidates=tuple(ranked),
+        engine=run.engine,
+        timing=run.timing,
+        step_seconds=run.step_seconds,
+        context=run.context,
+        steps=run.steps,
+        fusion=run.fusion,
     )
 
 

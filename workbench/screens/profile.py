@@ -18,6 +18,8 @@ from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
+from mcore import PartialProfile, ProfileCandidate, ProfileReport
+
 from ..messages import ActionDone, ActionProgress
 from ..widgets.plot import share_bars
 from .base import WorkbenchScreen, bar_text, on_action
@@ -25,45 +27,48 @@ from .base import WorkbenchScreen, bar_text, on_action
 ROOMY_HEIGHT = 32  # from this height the bars show 10 rows each, below 5
 
 
-def module_rows(report: dict[str, Any], top: int) -> list[tuple[str, float]]:
+Shown = ProfileReport | PartialProfile  # a finished report, or a running profile's live view
+
+
+def module_rows(report: Shown, top: int) -> list[tuple[str, float]]:
     """The hottest module subtrees, leaving out the root and wrappers that hold all the time."""
-    rows = [(m["path"], m["share"]) for m in report["modules"] if m["path"] != "<root>" and m["share"] < 0.999]
+    rows = [(m.path, m.rates.share) for m in report.modules if m.path != "<root>" and m.rates.share < 0.999]
     return sorted(rows, key=lambda r: -r[1])[:top]
 
 
-def op_rows(report: dict[str, Any], top: int) -> list[tuple[str, float]]:
+def op_rows(report: Shown, top: int) -> list[tuple[str, float]]:
     """Time by op kind (aten.mm.default -> mm), summed over the role's nodes, and a compiled step's
     time between kernels as a row of its own."""
     shares: dict[str, float] = defaultdict(float)
-    for n in report["nodes"]:
-        op = n["op"].removeprefix("aten.").removesuffix(".default")
-        shares[op] += n["share"]
-    if report.get("between_kernels"):
-        shares["between kernels"] += report["between_kernels"]["share"]
+    for n in report.nodes:
+        op = n.op.removeprefix("aten.").removesuffix(".default")
+        shares[op] += n.rates.share
+    if isinstance(report, ProfileReport) and report.between_kernels:
+        shares["between kernels"] += report.between_kernels.share
     return sorted(shares.items(), key=lambda r: -r[1])[:top]
 
 
 ENGINES = ("auto", "compiled", "torch")
 
 
-def engine_text(p: dict[str, Any]) -> str:
+def engine_text(p: Shown) -> str:
     """Which engine the report profiled, and for a compiled one how its step's time splits."""
-    engine = p.get("engine")
-    if not engine:  # a live view of an op-by-op profile
-        return f"{len(p['nodes'])} nodes timed op by op"
-    if engine["name"] == "torch":
-        return f"engine torch: {len(p['nodes'])} nodes timed op by op"
-    between = p["between_kernels"]
+    if isinstance(p, PartialProfile):  # a live view of an op-by-op profile
+        return f"{len(p.nodes)} nodes timed op by op"
+    if p.engine.name == "torch":
+        return f"engine torch: {len(p.nodes)} nodes timed op by op"
+    kernels = len(p.kernels or ())  # a compiled profile has kernels and the time between them
+    between = p.between_kernels.share if p.between_kernels else 0.0
     return (
-        f"engine compiled: {len(p['kernels'])} kernels, between kernels {between['share']:.1%}, "
-        f"attributed {p['attributed_seconds'] / p['step_seconds']:.1%} of the step"
-        if p["step_seconds"] > 0
-        else f"engine compiled: {len(p['kernels'])} kernels"
+        f"engine compiled: {kernels} kernels, between kernels {between:.1%}, "
+        f"attributed {p.attributed_seconds / p.step_seconds:.1%} of the step"
+        if p.step_seconds > 0
+        else f"engine compiled: {kernels} kernels"
     )
 
 
-def candidate_name(c: dict[str, Any]) -> str:
-    return c["instance"] if c["kind"] == "recipe" else c["module_path"]
+def candidate_name(c: ProfileCandidate) -> str:
+    return c.name
 
 
 class ProfileScreen(WorkbenchScreen):
@@ -77,7 +82,7 @@ class ProfileScreen(WorkbenchScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._shown: dict[str, Any] | None = None  # the report the widgets show
+        self._shown: Shown | None = None  # the report the widgets show
         self.engine = "auto"  # what r profiles: auto is the engine the pipeline runs on its device
 
     def compose_body(self) -> Iterable[Widget]:
@@ -117,7 +122,7 @@ class ProfileScreen(WorkbenchScreen):
         super().refresh_view()
         if not self.is_mounted:
             return
-        p = self.state.profile
+        p: Shown | None = self.state.profile
         live = self.state.profile_partial if self.wb.busy == "profile" else None
         if live is not None:  # a running profile: its bars fill in step by step
             p = live
@@ -143,12 +148,12 @@ class ProfileScreen(WorkbenchScreen):
         half = max(20, (self.query_one("#profile-bars").size.width or self.app.size.width) // 2 - 1)
         from mcore import describe_device
 
-        ctx = f" · context {p['context']}" if p.get("context") else ""
+        ctx = f" · context {p.context}" if isinstance(p, ProfileReport) and p.context else ""
         head = Text(no_wrap=True, overflow="ellipsis")
-        head.append(f"Profile {p['role']}{ctx}", style="bold")
-        head.append(f" · {p['bundle']['model']} · {engine_text(p)} · {describe_device(p['device'])}")
-        if p.get("partial"):
-            head.append(f" · live: step {p['step']}/{p['steps']}, candidates when done (x cancels)", style="yellow")
+        head.append(f"Profile {p.role}{ctx}", style="bold")
+        head.append(f" · {p.bundle.model} · {engine_text(p)} · {describe_device(p.device.to_dict())}")
+        if isinstance(p, PartialProfile):
+            head.append(f" · live: step {p.step}/{p.steps}, candidates when done (x cancels)", style="yellow")
         elif self.state.profile_path:
             head.append(f" · {self.state.show_path(self.state.profile_path)}", style="dim")
         self.query_one("#profile-head", Static).update(head)
@@ -156,17 +161,17 @@ class ProfileScreen(WorkbenchScreen):
         self.query_one("#bars-ops", Static).update(share_bars(op_rows(p, top), half, "time by op"))
         t = self.query_one("#candidates", DataTable)
         t.clear()
-        for i, c in enumerate(p.get("candidates", [])):  # a live view has none yet
+        for i, c in enumerate(p.candidates if isinstance(p, ProfileReport) else ()):  # a live view has none yet
             # net headroom as a share of the step: what a kernel at the copy limit could save at most,
             # less what splitting the compiled engine's fused kernels there costs
-            room = c["net_headroom_seconds"] / (p["attributed_seconds"] or 1e-12)
+            room = c.net_headroom_seconds / (p.attributed_seconds or 1e-12)
             t.add_row(
                 str(i + 1),
-                f"{c['share']:.1%}",
+                f"{c.share:.1%}",
                 f"≤{room:.1%}",
-                str(len(c["node_ids"])),
-                c["kind"],
-                candidate_name(c) + (f"  splits {len(c['splits'])} fused" if c.get("splits") else ""),
+                str(len(c.node_ids)),
+                c.kind,
+                candidate_name(c) + (f"  splits {len(c.splits)} fused" if c.splits else ""),
                 key=str(i),
             )
 
@@ -221,14 +226,14 @@ class ProfileScreen(WorkbenchScreen):
 
     async def action_select_candidate(self) -> None:
         p, st = self.state.profile, self.state
-        if p is None or not p["candidates"]:
+        if p is None or not p.candidates:
             self.wb.say("no candidate to select: press r to profile first", "yellow")
             return
         row = self.query_one("#candidates", DataTable).cursor_row
-        c = p["candidates"][max(0, min(row, len(p["candidates"]) - 1))]
-        if st.snapshot is None or st.snapshot.fingerprint != p["bundle"]["fingerprint"]:
+        c = p.candidates[max(0, min(row, len(p.candidates) - 1))]
+        if st.snapshot is None or st.snapshot.fingerprint != p.bundle.fingerprint:
             self.wb.report_error(
-                f"the captured graph is not the profiled {p['role']} graph: capture that role "
+                f"the captured graph is not the profiled {p.role} graph: capture that role "
                 "(Model screen, F1) with the bundle's build arguments, then select again"
             )
             return
@@ -238,4 +243,4 @@ class ProfileScreen(WorkbenchScreen):
         region = self.wb.get_screen("region")
         if isinstance(region, RegionScreen):
             region.use_candidate(c)
-        self.wb.say(f"{candidate_name(c)}: {len(c['node_ids'])} node(s) marked; s saves the receipt", "green")
+        self.wb.say(f"{candidate_name(c)}: {len(c.node_ids)} node(s) marked; s saves the receipt", "green")

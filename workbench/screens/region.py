@@ -18,6 +18,7 @@ from textual.widgets import DataTable, Input, Label, Static
 
 from mcore import (
     CANDIDATE_BINDING,
+    ProfileCandidate,
     Receipt,
     RegionError,
     UserError,
@@ -360,19 +361,19 @@ class RegionScreen(WorkbenchScreen):
         self.query_one("#out-like", Input).value = "" if osi is None else str(osi)
         self._filling = False
 
-    def use_candidate(self, c: dict[str, Any]) -> None:
+    def use_candidate(self, c: ProfileCandidate) -> None:
         """A profile candidate (Profile screen, s): its recipe instance picked, else its nodes marked
         with the output shape it was found valid with; the receipt is still saved here with s."""
-        if c["kind"] == "recipe":
+        if c.kind == "recipe":
             for n, r in enumerate(recipe_rows(self.snap)):
-                if (r.id, r.instance) == (c["recipe"], c["instance"]):
+                if (r.id, r.instance) == (c.recipe, c.instance):
                     self.pick_recipe(n)
                     break
         else:
             self.recipe = None
-            self.state.marked = list(c["node_ids"])
+            self.state.marked = list(c.node_ids)
             self._marked_seen = list(self.state.marked)
-            osi = c.get("output_shape_input")
+            osi = c.output_shape_input
             self._filling = True
             self.query_one("#out-like", Input).value = "" if osi is None else str(osi)
             self.query_one("#binding-id", Input).value = CANDIDATE_BINDING  # the ID it was checked with
