@@ -393,3 +393,19 @@ def test_an_artifact_is_unpickled_only_from_the_bytes_checked_against_its_record
     with pytest.raises(ValueError, match="cannot be read"):
         _load_artifact(artifact, accepted)
     assert len(loads) == n  # nothing more unpickled
+
+
+def test_a_compiled_profile_says_it_compiled_whole_a_role_the_pipeline_cuts(bundles, monkeypatch):
+    """Inductor's provenance covers one graph, so `mcore profile` compiles the role whole; where the
+    pipeline would compile it by regions the profile's engine line says so, and how many."""
+    from mcore.profile.profiler import profile_pipeline
+
+    pipe = DecoderPipeline(str(bundles[0]), device="cpu", engine="torch")
+    monkeypatch.setenv("MCORE_PRECOMPILED", "1")
+    how = profile_pipeline(pipe, "decode", 8, 2, engine="compiled").engine.how
+    assert f"in {2 + LAYERS // 2} regions (4 distinct; MCORE_REGIONAL=0 runs it whole)" in how, how
+    monkeypatch.setenv("MCORE_REGIONAL", "0")  # the pipeline compiles it whole too: nothing to say
+    assert "regions" not in profile_pipeline(pipe, "decode", 8, 2, engine="compiled").engine.how
+    monkeypatch.setenv("MCORE_REGIONAL", "1")
+    monkeypatch.setenv("MCORE_PRECOMPILED", "0")  # compiled through Dynamo, as one graph (the CPU default)
+    assert "regions" not in profile_pipeline(pipe, "decode", 8, 2, engine="compiled").engine.how

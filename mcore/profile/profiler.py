@@ -375,7 +375,27 @@ def _describe(step: Any) -> str:
     how = "compiled (Inductor" + "".join(f", {k}" for k, v in sorted(opts.items()) if v is True) + ")"
     if step.runner.graphs:
         how += ", replayed as a CUDA graph"
-    return how + f", {len(step.kernels)} kernel calls"
+    return how + f", {len(step.kernels)} kernel calls" + _regions_note(step)
+
+
+def _regions_note(step: Any) -> str:
+    """Where the pipeline compiles this role by regions, the profile says that it compiled it whole:
+    Inductor's provenance covers one graph. The cuts are placed so that no kernel spans one (regions.py),
+    and on the CPU both compiles make the same kernel calls; that they run equally fast on CUDA is not
+    measured yet (docs/gpu-results.md, thirteenth session), so the profile claims no more than it timed."""
+    from ..engines.compiled import precompiled
+    from ..engines.regions import plan_regions
+    from ..engines.standalone import regional
+
+    if not (precompiled(step.runner.device) and regional()):
+        return ""
+    plan = plan_regions(step.prepared.gm)
+    if plan is None:
+        return ""
+    return (
+        f"; profiled as one graph (Inductor's provenance covers one), where the pipeline compiles this role "
+        f"in {len(plan.modules)} regions ({len(set(plan.signatures))} distinct; MCORE_REGIONAL=0 runs it whole)"
+    )
 
 
 def _kernel_rows(step: Any, times: Any, traffic: TrafficInterpreter) -> tuple[list[dict], list[tuple]]:
