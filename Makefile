@@ -3,6 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # torch 2.13.0 is a CPU wheel on this project's machines (a looser pin would pull a multi-GB CUDA build).
 TORCH ?= torch==2.13.0
+# pytest-xdist workers for `make test` (auto: one per core)
+TEST_WORKERS ?= auto
 
 .PHONY: setup demo demo-cli test test-gpu bench clean
 
@@ -21,11 +23,14 @@ demo: setup
 demo-cli: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash bench/tutorial_cli.sh artifacts/demo-cli
 
+# The untimed tests on every core (on a 2-core CI machine 11 min instead of 17), then the ones that time
+# something alone: a test marked `timing` must not share the machine with other tests.
 test: setup
 	$(VENV)/bin/ruff check mcore workbench tests bench kernels sessions
 	$(VENV)/bin/ruff format --check mcore workbench tests bench kernels sessions
 	$(VENV)/bin/mypy  # [tool.mypy] in pyproject.toml names the packages (mcore, workbench)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not gpu and not timing"
+	$(PY) -m pytest -q -m "timing and not gpu"
 
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu
