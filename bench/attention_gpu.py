@@ -84,12 +84,22 @@ def emit(out: Path, key: str, value) -> None:
 # Tenth session (issue 31), slower everywhere and removed from the exporter: the split count from
 # the device length (0.83-0.95x native), the merge in each row's last block (0.46-0.82x; with 33
 # splits too), the TMA ring (0.62-0.74x; 0.32x with the last-block merge). PDL early stays, opt-in.
+# Fifteenth session: the ring again with one bulk copy a tile (kept, opt-in: 0.85x / 0.93x / 1.01x at
+# 1k / 8k / 32k with the merge on the walk's shared memory, 0.81x / 0.91x / 0.99x without); 3 stages
+# (0.79x / 0.85x / 0.96x), 16 splits of 8 warps (0.74x / 0.87x / 0.99x) and the register walk below
+# 12k keys inside the ring's kernel (0.75x / 0.86x / 0.99x: the ring's shared memory slows it) lost.
 VARIANTS = {
     "CuTe cluster 8 (no workspace, default)": {},
     # with a workspace: split over blocks (no cluster); ptxas for sm_90a: the walk 162 registers a
     # thread (218 loading ahead), so 3 blocks (2 loading ahead) of 4 warps an SM
     "CuTe split 32 x 4 warps (workspace, default)": {},
     "CuTe split 32 x 4, PDL early": {"CUTEDSL_ATTENTION_PDL": "early"},
+    # issue 31 (fifteenth session): the keys through a shared-memory ring, one bulk copy a K or V tile
+    "CuTe split 32 x 4, TMA tiles, 2 stages": {"CUTEDSL_ATTENTION_TMA": "1"},
+    "CuTe split 32 x 4, TMA tiles, 2 stages, PDL early": {
+        "CUTEDSL_ATTENTION_TMA": "1",
+        "CUTEDSL_ATTENTION_PDL": "early",
+    },
 }
 SHIPPED_SPLIT = "CuTe split 32 x 4 warps (workspace, default)"  # what --bind binds unless told
 BIND = list(VARIANTS).index(SHIPPED_SPLIT)  # --bind: the variant the slot pipeline binds
@@ -641,6 +651,8 @@ def main() -> None:
             )
             return
         slot, manifest = bind(out, slots, bound["variant"])
+        if a.bind not in ("fastest", "balanced"):  # the table names the variant bound, whichever chose it
+            emit(out, "bind", {"variant": list(VARIANTS)[bound["variant"]], "rule": a.bind})
         pipelines(out, native, slot, manifest, contexts, a.steps)
 
     for name, part in (("kernel", kernel_part), ("pipelines", pipelines_part)):

@@ -274,6 +274,51 @@ def test_a_receipt_with_a_workspace_exports_the_split_schedule(tmp_path):
 
 
 @needs_cute
+def test_the_tma_walk_copies_a_tile_of_keys_with_one_bulk_copy(tmp_path):
+    """CUTEDSL_ATTENTION_TMA=1: a producer warp fills each ring stage with one bulk copy of the tile's
+    K rows and one of its V rows (a runtime byte count: only keys below the block's stop), counted on
+    the stage's mbarrier; the walking warps wait on it and release the stage; the merge kernel asks
+    for the walk's shared memory (one carveout for both)."""
+    ws = 32 * 32 * 130 * 4
+    rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 40960, 128, workspace_bytes=ws))
+    out, text = _ptx(tmp_path, "tma", rp, CUTEDSL_ATTENTION_TMA="1")
+    assert "tensor cores, bulk copies through a ring of 2 tiles of 64 keys" in out
+    lines = text.splitlines()
+    entries = [i for i, t in enumerate(lines) if t.startswith(".visible .entry")]
+    walk = lines[entries[0] : entries[1]]
+    copies = [t for t in walk if "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in t]
+    # one K and one V copy a tile; the loop over tiles is unrolled a few times, never a copy a row
+    assert copies and len(copies) % 2 == 0 and len(copies) <= 16
+    assert all(c.split(",")[2].strip().startswith("%r") for c in copies)  # the byte count is a register
+    assert any("mbarrier.arrive.expect_tx" in t for t in walk) and any("mbarrier.try_wait" in t for t in walk)
+    assert sum("mbarrier.init" in t for t in walk) == 4  # full and empty, 2 stages
+    # a plain split export has no ring
+    plain_out, plain = _ptx(tmp_path, "plain", rp)
+    assert "cp.async.bulk" not in plain and "bulk copies" not in plain_out
+
+
+@needs_cute
+def test_the_tma_walk_refuses_what_it_cannot_run(tmp_path):
+    """No workspace (the cluster schedule), a bad stage count, or a ring over an sm_90 block's shared
+    memory: one line naming the knob, exit 2, no DSO."""
+    plain_rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128), "plain")
+    ws_rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 4, 4096, 128, workspace_bytes=32 * 16 * 130 * 4), "ws")
+    for rp, env, says in (
+        (plain_rp, {"CUTEDSL_ATTENTION_TMA": "1"}, "CUTEDSL_ATTENTION_TMA=1 needs the split schedule"),
+        (ws_rp, {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_STAGES": "9"}, "TMA_STAGES 2 to 6"),
+        (
+            ws_rp,
+            {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_STAGES": "4", "CUTEDSL_ATTENTION_WARPS": "8"},
+            "KB of shared memory a block (at most 227 KB)",
+        ),
+    ):
+        out = tmp_path / "x.so"
+        r = run_script("--selection", rp, "--output", out, **env)
+        assert r.returncode == 2 and says in r.stderr, (env, r.stderr[-2000:])
+        assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+@needs_cute
 def test_a_bad_split_count_is_named(tmp_path):
     rp, sp = write_pair(tmp_path, *attention_pair(workspace_bytes=32 * 16 * 130 * 4))
     r = run_script("--selection", rp, "--output", tmp_path / "x.so", CUTEDSL_ATTENTION_SPLITS="1")
@@ -350,10 +395,23 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "split-tight-8-warps": {"CUTEDSL_ATTENTION_WARPS": "8"},
     # the next kernel launched as soon as the wait returned (both kernels)
     "split-early": {"CUTEDSL_ATTENTION_PDL": "early"},
+    # keys through a shared-memory ring by bulk copies (a producer warp): 2 stages (the default), 3;
+    # tiles of 8 warps
+    "split-tma": {"CUTEDSL_ATTENTION_TMA": "1"},
+    "split-tma-3-stages": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_STAGES": "3"},
+    "split-tma-8-warps": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_WARPS": "8"},
 }
 # the partial results a head the receipt's workspace holds at one new token, by schedule: 2 leaves
 # 3 new tokens one split (the blocks write the context themselves); 7 of 7 leaves them 2 each
-WORKSPACE_SPLITS = {"split": 32, "split-7-scalar": 7, "split-tight-8-warps": 2, "split-early": 32}
+WORKSPACE_SPLITS = {
+    "split": 32,
+    "split-7-scalar": 7,
+    "split-tight-8-warps": 2,
+    "split-early": 32,
+    "split-tma": 32,
+    "split-tma-3-stages": 32,
+    "split-tma-8-warps": 16,
+}
 
 
 def workspace_bytes(schedule: str, heads: int, head_dim: int) -> int:
@@ -460,7 +518,7 @@ def test_gpu_published_groups_match_the_reference(gpu_kernels, shape, schedule):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch", "split", "split-early"])
+@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch", "split", "split-early", "split-tma"])
 def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
     """Shares of many steps a warp (8192 keys over 64 warps, or 256 with 32 splits), where the test
     above has 1 to 4: the walk that loads a step ahead carries its buffer across many steps."""
@@ -486,7 +544,36 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["per-group", "split", "split-early"])
+@pytest.mark.parametrize("schedule", ["mma", "split", "split-tma", "split-tma-3-stages", "split-tma-8-warps"])
+def test_gpu_cache_rows_past_the_length_never_reach_the_result(gpu_kernels, schedule):
+    """An engine's cache past the active length holds anything (an uninitialised allocation, an older
+    sequence): with NaN there the result still equals the reference on the clean cache. The ring
+    copies whole tiles and holds older tiles, so its walk must zero what it did not copy."""
+    import torch
+
+    from mcore.ops.attention import decode_attention_reference
+
+    shape = ("BF16", 32, 8, 8192, 128)
+    fn = gpu_kernels[shape, schedule]
+    gen = torch.Generator().manual_seed(77)
+    q = (torch.randn(1, 32, 1, 128, generator=gen) * 128**-0.5).to(torch.bfloat16)
+    k = torch.randn(1, 8, 8192, 128, generator=gen).to(torch.bfloat16)
+    v = torch.randn(1, 8, 8192, 128, generator=gen).to(torch.bfloat16)
+    for length in (8192, 5000, 777, 64, 3):  # longest first: the ring's stages then hold older tiles
+        n = torch.tensor([length], dtype=torch.int32)
+        kd, vd = k.clone(), v.clone()
+        kd[:, :, length:] = float("nan")
+        vd[:, :, length:] = float("nan")
+        out = torch.full_like(q, float("nan")).cuda()
+        fn(q.cuda(), kd.cuda(), vd.cuda(), n.cuda(), out)
+        torch.cuda.synchronize()
+        ref = decode_attention_reference(q, k, v, n)
+        assert torch.isfinite(out).all(), (schedule, length)
+        assert torch.allclose(out.double().cpu(), ref, atol=2e-2, rtol=2e-2), (schedule, length)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["per-group", "split", "split-early", "split-tma"])
 def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels, schedule):
     """No host sync: the length lives on the device, so a captured graph follows later lengths
     (split: both kernels, the walk and the merge, in the graph)."""
