@@ -21,8 +21,9 @@ In one run on the GPU (bf16, batch 1, random weights, KV capacity 40960):
      logits in lockstep after a prompt, then at each context the same random caches in both, one
      step's logits compared and the decode step timed alternately (a user's loop: step, argmax, one read);
      skipped when fewer than PIPELINES_S seconds of --budget are left;
-  4. the perf verdict on those step times with `mcore verify perf`'s rule (external throughput at
-     least 0.98 of native), in process — labelled so; the fresh-process gate runs on the small model.
+  4. the perf verdict on those step times with `mcore verify perf`'s rule (mcore/verify/interval.py: the
+     rounds as pairs, their t-interval against the threshold: PROMOTE, REJECT or INCONCLUSIVE), in process
+     — labelled so; the fresh-process gate runs on the small model.
 Prints the full table, then a short one (per context: native, the shipped default, the best CuTe,
 FlashInfer) last; writes OUT_DIR/attention.json.
 """
@@ -53,12 +54,13 @@ from model_configs import MODELS, attention_recipe, head_dim, write_model_folder
 from mcore import BuildArgs, DecoderPipeline, build_bundle, shipped_exporter  # noqa: E402
 from mcore.ops.attention import decode_attention_reference  # noqa: E402
 from mcore.profile.device import device_facts  # noqa: E402
+from mcore.verify.interval import ratio_interval  # noqa: E402
+from mcore.verify.perf import PERF_DEFAULTS  # noqa: E402
 
 MODEL = "qwen3-8b"  # --model: a name in bench/model_configs.py
 CONFIG = MODELS[MODEL][0]
 RECIPE = attention_recipe(CONFIG)
 PROMPT = "Explain grouped-query attention, KV caching, and decode latency."
-MIN_RATIO = 0.98  # mcore verify perf's default
 RESULTS: dict = {}
 DEV = "cuda"  # a CPU smoke run (tests nothing about speed) sets this to "cpu"
 START = time.monotonic()
@@ -467,12 +469,16 @@ def pipelines(out: Path, native: Path, slot: Path, manifest: Path, contexts: lis
                 times[name].append(statistics.median(ms))
         nat_ms, ext_ms = statistics.median(times["native"]), statistics.median(times["external"])
         ratio = nat_ms / ext_ms  # external throughput / native throughput
+        # the gate's rule (mcore/verify/interval.py): each round a pair, their t-interval against the threshold
+        pairs = [a / b for a, b in zip(times["native"], times["external"], strict=True)]
+        ci = ratio_interval(pairs, PERF_DEFAULTS.confidence)
         row = {
             "context": n,
             "native_ms": nat_ms,
             "external_ms": ext_ms,
             "ratio": ratio,
-            "verdict": "PROMOTE" if ratio >= MIN_RATIO else "REJECT",
+            "interval": [ci.low, ci.high],
+            "verdict": ci.verdict(PERF_DEFAULTS.min_ratio),
             "rounds": times,
             "logits": one,
         }
@@ -544,11 +550,14 @@ def table() -> str:
         bound = RESULTS.get("bind", {}).get("variant", list(VARIANTS)[BIND])
         layers = CONFIG["num_hidden_layers"]
         lines.append(f"bound in all {layers} layers: {bound}")
-        lines.append(f"| context | native ms | all {layers} bound ms | ratio | verdict | logits max_abs | cosine |")
+        lines.append(
+            f"| context | native ms | all {layers} bound ms | ratio | interval | verdict | logits max_abs | cosine |"
+        )
         for r in RESULTS["steps"]:
+            low, high = r["interval"]
             lines.append(
-                f"| {r['context']} | {r['native_ms']:.2f} | {r['external_ms']:.2f} | {r['ratio']:.3f} | {r['verdict']} | "
-                f"{r['logits']['max_abs']:.4g} | {r['logits']['cosine']:.6f} |"
+                f"| {r['context']} | {r['native_ms']:.2f} | {r['external_ms']:.2f} | {r['ratio']:.3f} | "
+                f"[{low:.4f}, {high:.4f}] | {r['verdict']} | {r['logits']['max_abs']:.4g} | {r['logits']['cosine']:.6f} |"
             )
     if k:
         lines += short_table(k)
