@@ -98,6 +98,10 @@ VARIANTS = {
     "CuTe split 32 x 4, PDL early": {"CUTEDSL_ATTENTION_PDL": "early"},
     # issue 31 (fifteenth session): the keys through a shared-memory ring, one bulk copy a K or V tile
     "CuTe split 32 x 4, TMA tiles, 2 stages": {"CUTEDSL_ATTENTION_TMA": "1"},
+    "CuTe split 32 x 4, TMA tiles, 2 stages, reads in bank order": {
+        "CUTEDSL_ATTENTION_TMA": "1",
+        "CUTEDSL_ATTENTION_TMA_BANKS": "1",
+    },
     "CuTe split 32 x 4, TMA tiles, 2 stages, PDL early": {
         "CUTEDSL_ATTENTION_TMA": "1",
         "CUTEDSL_ATTENTION_PDL": "early",

@@ -226,6 +226,9 @@ PDL_EARLY = _PDL_ENV == "early"
 # tile and one a V tile: a KV head's rows are contiguous in the cache, so a tile is one unpadded run of
 # bytes (see `walk_tma`).
 TMA = os.environ.get("CUTEDSL_ATTENTION_TMA", "0") == "1"
+# CUTEDSL_ATTENTION_TMA_BANKS=1 (experimental, not yet run on a GPU): the ring's lanes read their chunks
+# in an order that puts fewer lanes of a quarter warp on one bank (see `ring_pair`).
+TMA_BANKS = os.environ.get("CUTEDSL_ATTENTION_TMA_BANKS", "0") == "1"
 _STAGES_ENV = os.environ.get("CUTEDSL_ATTENTION_TMA_STAGES", "2")
 TMA_STAGES = int(_STAGES_ENV) if _STAGES_ENV in ("2", "3", "4", "5", "6") else 0  # 0: refused
 
@@ -350,6 +353,7 @@ class Plan:
         walk = ("tensor cores, prefetch" if PREFETCH else "tensor cores") if self.use_mma else "scalar"
         if self.tma:
             walk = f"tensor cores, bulk copies through a ring of {TMA_STAGES} tiles of {self.tile} keys"
+            walk += ", reads in bank order" if TMA_BANKS else ""
         if self.split:
             most = min(SPLITS, self.partials // (self.heads // self.hpb))
             blocks = f"split {most} ways over blocks at 1 new token (workspace {self.workspace_bytes} bytes)"
@@ -374,6 +378,8 @@ class Plan:
             raise ValueError("CUTEDSL_ATTENTION_WARPS must be 4, 8 or 12")
         if self.split and not SPLITS:
             raise ValueError("CUTEDSL_ATTENTION_SPLITS must be 2 to 64")
+        if TMA_BANKS and not TMA:
+            raise ValueError("CUTEDSL_ATTENTION_TMA_BANKS=1 orders the ring's reads: it needs CUTEDSL_ATTENTION_TMA=1")
         if TMA and not (self.split and self.use_mma and TMA_STAGES):
             raise ValueError(
                 "CUTEDSL_ATTENTION_TMA=1 needs the split schedule (a workspace), the tensor-core walk (a GQA group "
@@ -693,11 +699,37 @@ if cute is not None:
         return [2 * t + 8 * j + c for j in range(p.head_dim // 64) for c in range(2)]
 
     def v_chunks(p, g):
+        if TMA_BANKS and p.head_dim == 128:  # two bank groups, g and g + 4, instead of g twice
+            return [g, 8 + (g + 4) % 8]
         return [g + 8 * j for j in range(p.head_dim // 64)]
 
     def tma_col(p, lane, i, half):
         """The context column accumulator register i * 4 + 2 * half (+1) of `lane` holds (TMA walk)."""
-        return (lane // 4 + 8 * (i // 4)) * 8 + 2 * (i % 4) + half
+        return v_chunks(p, lane // 4)[i // 4] * 8 + 2 * (i % 4) + half
+
+    def select(flag, a, b):
+        """a where the Int32 `flag` is nonzero, else b (one selp)."""
+        return asm_i32("{ .reg .pred q; setp.ne.s32 q, $1, 0; selp.b32 $0, $2, $3, q; }", [flag, a, b], "=r,r,r,r")
+
+    def ring_pair(ring32, stage, which, row, ca, cb, flag):
+        """The words of chunks ca and cb of a ring row, read cb first where `flag` (0 or 1) is set and
+        put back in place. With unpadded rows a chunk's bank group is its index mod 8, so lanes that
+        read one chunk each of the same group at once wait for each other: K's lanes g and g + 1 (same
+        t, other rows) share a group, V's lanes t = 0..3 (same g, other rows) too. Flipping the order
+        on odd g (K) or odd t (V) halves the lanes a group serves."""
+        first = ring_words(ring32, stage, which, row, [ca + (cb - ca) * flag])
+        second = ring_words(ring32, stage, which, row, [cb + (ca - cb) * flag])
+        pairs = list(zip(first, second, strict=True))
+        return [select(flag, y, x) for x, y in pairs] + [select(flag, x, y) for x, y in pairs]
+
+    def ring_chunks(p, ring32, stage, which, row, chunks, flag):
+        """`ring_words` of `chunks` (pairs of them in turn read through `ring_pair`)."""
+        if not TMA_BANKS or len(chunks) < 2:
+            return ring_words(ring32, stage, which, row, chunks)
+        out = []
+        for i in range(0, len(chunks), 2):
+            out += ring_pair(ring32, stage, which, row, chunks[i], chunks[i + 1], flag)
+        return out
 
     def ring_words(ring32, stage, which, row, chunks):
         """The words of `chunks` of row `row` of the K (which 0) or V (1) tile in ring stage `stage`."""
@@ -761,10 +793,10 @@ if cute is not None:
             stage = j % TMA_STAGES
             cute.arch.mbarrier_wait(bars.iterator + stage, (j // TMA_STAGES) % 2)
             base = start + j * p.tile + first
-            kw = [ring_words(ring32, stage, 0, first + kb * 8 + g, k_chunks(p, t)) for kb in range(2)]
+            kw = [ring_chunks(p, ring32, stage, 0, first + kb * 8 + g, k_chunks(p, t), g % 2) for kb in range(2)]
             for r in cutlass.range_constexpr(4):
                 key = 2 * t + (r % 2) + 8 * (r // 2)
-                words_r = ring_words(ring32, stage, 1, first + key, v_chunks(p, g))
+                words_r = ring_chunks(p, ring32, stage, 1, first + key, v_chunks(p, g), t % 2)
                 for i in cutlass.range_constexpr(v_words):
                     vbuf[r * v_words + i] = words_r[i]
                 if base + key >= stop:  # not copied: whatever the stage holds there must not reach the sums

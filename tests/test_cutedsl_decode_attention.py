@@ -292,6 +292,11 @@ def test_the_tma_walk_copies_a_tile_of_keys_with_one_bulk_copy(tmp_path):
     assert all(c.split(",")[2].strip().startswith("%r") for c in copies)  # the byte count is a register
     assert any("mbarrier.arrive.expect_tx" in t for t in walk) and any("mbarrier.try_wait" in t for t in walk)
     assert sum("mbarrier.init" in t for t in walk) == 4  # full and empty, 2 stages
+    # in bank order: each lane reads a pair of chunks in its order, then one selp a word puts them back
+    # (K: 16 words a row, 2 rows; V: 8 words a row, 4 rows)
+    _, banks = _ptx(tmp_path, "banks", rp, CUTEDSL_ATTENTION_TMA="1", CUTEDSL_ATTENTION_TMA_BANKS="1")
+    assert banks.count("selp.b32") - text.count("selp.b32") == 2 * 16 + 4 * 8
+    assert banks.count("ld.shared.v4") == text.count("ld.shared.v4") == 2 * 4 + 4 * 2
     # a plain split export has no ring
     plain_out, plain = _ptx(tmp_path, "plain", rp)
     assert "cp.async.bulk" not in plain and "bulk copies" not in plain_out
@@ -306,6 +311,7 @@ def test_the_tma_walk_refuses_what_it_cannot_run(tmp_path):
     for rp, env, says in (
         (plain_rp, {"CUTEDSL_ATTENTION_TMA": "1"}, "CUTEDSL_ATTENTION_TMA=1 needs the split schedule"),
         (ws_rp, {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_STAGES": "9"}, "TMA_STAGES 2 to 6"),
+        (ws_rp, {"CUTEDSL_ATTENTION_TMA_BANKS": "1"}, "it needs CUTEDSL_ATTENTION_TMA=1"),
         (
             ws_rp,
             {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_STAGES": "4", "CUTEDSL_ATTENTION_WARPS": "8"},
@@ -400,6 +406,7 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "split-tma": {"CUTEDSL_ATTENTION_TMA": "1"},
     "split-tma-3-stages": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_STAGES": "3"},
     "split-tma-8-warps": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_WARPS": "8"},
+    "split-tma-banks": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_BANKS": "1"},
 }
 # the partial results a head the receipt's workspace holds at one new token, by schedule: 2 leaves
 # 3 new tokens one split (the blocks write the context themselves); 7 of 7 leaves them 2 each
@@ -411,6 +418,7 @@ WORKSPACE_SPLITS = {
     "split-tma": 32,
     "split-tma-3-stages": 32,
     "split-tma-8-warps": 16,
+    "split-tma-banks": 32,
 }
 
 
@@ -518,7 +526,7 @@ def test_gpu_published_groups_match_the_reference(gpu_kernels, shape, schedule):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch", "split", "split-early", "split-tma"])
+@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch", "split", "split-early", "split-tma", "split-tma-banks"])
 def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
     """Shares of many steps a warp (8192 keys over 64 warps, or 256 with 32 splits), where the test
     above has 1 to 4: the walk that loads a step ahead carries its buffer across many steps."""
@@ -544,7 +552,9 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["mma", "split", "split-tma", "split-tma-3-stages", "split-tma-8-warps"])
+@pytest.mark.parametrize(
+    "schedule", ["mma", "split", "split-tma", "split-tma-3-stages", "split-tma-8-warps", "split-tma-banks"]
+)
 def test_gpu_cache_rows_past_the_length_never_reach_the_result(gpu_kernels, schedule):
     """An engine's cache past the active length holds anything (an uninitialised allocation, an older
     sequence): with NaN there the result still equals the reference on the clean cache. The ring
