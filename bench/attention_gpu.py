@@ -16,9 +16,10 @@ In one run on the GPU (bf16, batch 1, random weights, KV capacity 40960):
      (nothing from L2), in one CUDA graph; K+V bytes of the active length / time, as a share of the
      measured copy rate and of the theoretical peak; the output against the float64 reference, and
      two calls compared bit for bit;
-  3. both pipelines (compiled engine) in one process, the slot bound to VARIANTS[--bind] ('fastest':
-     fastest at the longest context; 'balanced': the best worst ratio to native over the contexts):
-     logits in lockstep after a prompt, then at each context the same random caches in both, one
+  3. the pipelines (compiled engine) in one process: native, and the slot bound to each of VARIANTS[--bind]
+     in turn (--bind 1,3: the default split and the TMA ring side by side, native loaded once and timed
+     again beside each; 'fastest': fastest at the longest context; 'balanced': the best worst ratio to
+     native over the contexts): logits in lockstep after a prompt, then at each context the same random caches in both, one
      step's logits compared and the decode step timed alternately (a user's loop: step, argmax, one read);
      skipped when fewer than PIPELINES_S seconds of --budget are left;
   4. the perf verdict on those step times with `mcore verify perf`'s rule (mcore/verify/interval.py: the
@@ -394,7 +395,7 @@ def balanced(rows: list[dict]) -> int:
 def bind(out: Path, slots: dict[str, tuple[Path, str]], index: int) -> tuple[Path, Path]:
     """The slot bundle VARIANTS[index] binds to and a bindings manifest naming its DSO."""
     bundle, abi = slots["workspace" if uses_workspace(list(VARIANTS)[index]) else "plain"]
-    manifest = out / "attn-bindings.json"
+    manifest = out / f"attn-bindings-{index}.json"
     entry = {"id": RECIPE, "abi_sha256": abi, "library": f"./attn-{index}.so", "function": "run"}
     manifest.write_text(json.dumps({"schema_version": 1, "bindings": [entry]}))
     return bundle, manifest
@@ -404,15 +405,27 @@ def cosine(x: torch.Tensor, y: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(x.double().reshape(-1), y.double().reshape(-1), dim=0))
 
 
-def pipelines(out: Path, native: Path, slot: Path, manifest: Path, contexts: list[int], steps: int) -> None:
-    """Native vs `slot` bound through `manifest`: lockstep logits, then the step timed at each context."""
+def pipelines(out: Path, native: Path, bound: list[tuple[str, Path, Path]], contexts: list[int], steps: int) -> None:
+    """Native vs each (variant, slot bundle, bindings manifest) in `bound`, one after another in this
+    process (native loaded once, timed again beside each): lockstep logits, then the step at each context."""
     t = time.perf_counter()
     nat = DecoderPipeline(str(native), device=DEV)
-    load_native = time.perf_counter() - t
-    t = time.perf_counter()
-    ext = DecoderPipeline(str(slot), kernel_bindings=str(manifest) if manifest else None, device=DEV)
-    load_ext = time.perf_counter() - t
-    emit(out, "load", {"native_s": load_native, "external_s": load_ext, "engines": [nat.engine_name, ext.engine_name]})
+    done: list[dict] = []
+    emit(out, "load", {"native_s": time.perf_counter() - t, "engine": nat.engine_name})
+    for variant, slot, manifest in bound:
+        t = time.perf_counter()
+        ext = DecoderPipeline(str(slot), kernel_bindings=str(manifest), device=DEV)
+        entry = {"variant": variant, "load_s": time.perf_counter() - t, "engine": ext.engine_name}
+        entry.update(compare(nat, ext, contexts, steps))
+        done.append(entry)
+        emit(out, "pipelines", done)
+        del ext
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+
+
+def compare(nat: Any, ext: Any, contexts: list[int], steps: int) -> dict:
+    """{"lockstep": logits after the prompt step by step, "steps": the step timed at each context}."""
 
     ids = nat.encode(PROMPT)
     tokens = nat.generate(PROMPT, 16, greedy=True, stop_at_eos=False).tokens
@@ -426,7 +439,6 @@ def pipelines(out: Path, native: Path, slot: Path, manifest: Path, contexts: lis
         }
         for k, (x, y) in enumerate(zip(a, b, strict=True))
     ]
-    emit(out, "lockstep", lock)
 
     def stepper(p):
         caches = [p.caches[c] for c in p.cache_names]
@@ -487,8 +499,8 @@ def pipelines(out: Path, native: Path, slot: Path, manifest: Path, contexts: lis
             "logits": one,
         }
         rows.append(row)
-        emit(out, f"step_{n}", row)
-    emit(out, "steps", rows)
+        print(f"[step_{n}] {json.dumps(row, default=str)[:400]}", flush=True)
+    return {"lockstep": lock, "steps": rows}
 
 
 def kernel_table(k: dict) -> list[str]:
@@ -541,23 +553,21 @@ def table() -> str:
         lines.append(f"FlashInfer: {RESULTS['flashinfer']}")
     if k:
         lines += kernel_table(k)
-    if "lockstep" in RESULTS:
-        lk = RESULTS["lockstep"]
+    layers = CONFIG["num_hidden_layers"]
+    for entry in RESULTS.get("pipelines", []):
+        lk = entry["lockstep"]
+        lines.append(f"bound in all {layers} layers: {entry['variant']}")
         lines.append(
             f"lockstep after the prompt, {len(lk)} steps: worst max_abs {max(s['max_abs'] for s in lk):.4g}, "
             f"lowest cosine {min(s['cosine'] for s in lk):.6f}, same greedy pick {sum(s['same_pick'] for s in lk)}/{len(lk)}"
         )
-    if "steps" in RESULTS:
         lines.append(
             "decode step (user loop, median of 6 alternating rounds); verdict by verify perf's rule, in process"
         )
-        bound = RESULTS.get("bind", {}).get("variant", list(VARIANTS)[BIND])
-        layers = CONFIG["num_hidden_layers"]
-        lines.append(f"bound in all {layers} layers: {bound}")
         lines.append(
             f"| context | native ms | all {layers} bound ms | ratio | interval | verdict | logits max_abs | cosine |"
         )
-        for r in RESULTS["steps"]:
+        for r in entry["steps"]:
             low, high = r["interval"]
             lines.append(
                 f"| {r['context']} | {r['native_ms']:.2f} | {r['external_ms']:.2f} | {r['ratio']:.3f} | "
@@ -606,8 +616,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument(
         "--bind",
         default=str(BIND),
-        help="which of VARIANTS the slot pipeline binds: an index (default: the shipped split schedule), "
-        "'fastest' (at the longest context) or 'balanced' (the best worst ratio to native)",
+        help="which of VARIANTS the slot pipelines bind, each compared with native in turn: indices "
+        "(1,3; default: the shipped split schedule), 'fastest' (at the longest context) or 'balanced' "
+        "(the best worst ratio to native)",
     )
     ap.add_argument(
         "--flashinfer", default=None, help="archive from bench/flashinfer_carry.py (else: import flashinfer)"
@@ -622,8 +633,10 @@ def parse() -> argparse.Namespace:
         "--budget", type=float, default=math.inf, help="seconds this run may take: pipelines skipped if short"
     )
     a = ap.parse_args()
-    if a.bind not in ("fastest", "balanced") and not (a.bind.isdigit() and int(a.bind) < len(VARIANTS)):
-        ap.error(f"--bind must be an index below {len(VARIANTS)}, 'fastest' or 'balanced'")
+    picks = a.bind.split(",")
+    if a.bind not in ("fastest", "balanced") and not all(x.isdigit() and int(x) < len(VARIANTS) for x in picks):
+        ap.error(f"--bind must be indices below {len(VARIANTS)} (comma-separated), 'fastest' or 'balanced'")
+    a.indices = [] if a.bind in ("fastest", "balanced") else [int(x) for x in picks]
     if a.out is None and not a.flashinfer_warm:
         ap.error("OUT_DIR is required")
     return a
@@ -643,18 +656,18 @@ def main() -> None:
         flashinfer_main(out, contexts, a.capacity, a.flashinfer)
         return
     parts = a.parts.split(",")
-    only = None if "kernel" in parts or not a.bind.isdigit() else {int(a.bind)}  # pipelines alone: the bound one
+    only = None if "kernel" in parts or not a.indices else set(a.indices)  # pipelines alone: the bound ones
     given = Path(a.native) if a.native else None
     native, slots, dsos = build(out, a.capacity, "pipelines" in parts, only, given)
-    bound = {"variant": int(a.bind) if a.bind.isdigit() else BIND}
+    bound = {"variants": a.indices or [BIND]}
 
     def kernel_part() -> None:
         rows = kernel_times(out, dsos, contexts, a.capacity)
         if not a.no_flashinfer:
             flashinfer_child(out, a, timeout=max(60.0, min(300.0, a.budget - (time.monotonic() - START) - 30)))
         if a.bind in ("fastest", "balanced"):  # the pipelines bind the variant the kernel table chose
-            bound["variant"] = fastest(rows) if a.bind == "fastest" else balanced(rows)
-            emit(out, "bind", {"variant": list(VARIANTS)[bound["variant"]], "rule": a.bind})
+            bound["variants"] = [fastest(rows) if a.bind == "fastest" else balanced(rows)]
+            emit(out, "bind", {"variant": list(VARIANTS)[bound["variants"][0]], "rule": a.bind})
 
     def pipelines_part() -> None:
         left = a.budget - (time.monotonic() - START)
@@ -663,10 +676,8 @@ def main() -> None:
                 out, "pipelines", f"skipped: {left:.0f} s of the {a.budget:.0f} s budget left, they need {PIPELINES_S}"
             )
             return
-        slot, manifest = bind(out, slots, bound["variant"])
-        if a.bind not in ("fastest", "balanced"):  # the table names the variant bound, whichever chose it
-            emit(out, "bind", {"variant": list(VARIANTS)[bound["variant"]], "rule": a.bind})
-        pipelines(out, native, slot, manifest, contexts, a.steps)
+        chosen = [(list(VARIANTS)[i], *bind(out, slots, i)) for i in bound["variants"]]
+        pipelines(out, native, chosen, contexts, a.steps)
 
     for name, part in (("kernel", kernel_part), ("pipelines", pipelines_part)):
         if name not in parts:

@@ -19,7 +19,7 @@
 # attention: tutorial step 5 on the GPU (bench/tutorial_cli.sh, all steps) and the qwen-attention
 #          session replayed with its CUDA steps (needs the CuTe DSL carried: prepare.sh --cute)    ~8 min
 # attnbench: bench/attention_gpu.py, the CuTe attention kernel against native on the 8B-sized config
-#          (kernel per call, whole step with all 36 layers bound; needs the CuTe DSL)               ~6 min
+#          (kernel per call, whole step with all 36 layers bound; needs the CuTe DSL; ATTN_ARGS)    ~6 min
 # gemv:    bench/gemv_gpu.py --sweep, mcore::gemv against cuBLAS at the 8B decode shapes (issue 8)  ~3 min
 set -uo pipefail
 OUT=${1:?usage: gpu_session.sh OUT [stages]}
@@ -98,9 +98,10 @@ if has attention; then
   keep attention
 fi
 if has attnbench; then
-  python3 "$here/attention_gpu.py" "$W/attnbench" > "$OUT/attnbench.log" 2>&1
+  # ATTN_ARGS: the bench's options, e.g. "--bind 1,3,4 --no-flashinfer" (several variants' whole steps in turn)
+  python3 "$here/attention_gpu.py" "$W/attnbench" ${ATTN_ARGS:-} > "$OUT/attnbench.log" 2>&1
   cp "$W/attnbench/attention.json" "$OUT/attnbench.json" 2>/dev/null
-  echo "== attnbench"; grep -v '^\[' "$OUT/attnbench.log" | tail -n 22
+  echo "== attnbench"; grep -v '^\[' "$OUT/attnbench.log" | tail -n 60
   rm -rf "$W"/attnbench/*.bundle
 fi
 if has gemv; then
