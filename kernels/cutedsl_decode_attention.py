@@ -410,8 +410,7 @@ def make_run(p):
     """The jit function run(query, key_cache, value_cache, kv_lengths, [workspace,] context, stream) for
     the plan (the workspace when the receipt has one: split over blocks, no cluster). Every plan field
     is a compile-time constant; the token count s comes from query's shape."""
-    p.check_knobs()
-    attention_kernel, merge_kernel = make_kernels(p)
+    attention_kernel, merge_kernel = make_kernels(p)  # the knobs were checked with the contract (attention_plan)
     if p.split:
         return split_launcher(p, attention_kernel, merge_kernel)
     return cluster_launcher(p, attention_kernel)
@@ -493,20 +492,20 @@ if cute is not None:
         for j in range(4):
             acc[i * 4 + j] = cutlass.Float32(llvm.extractvalue(f32, res, [j]))
 
-    def row_chunks(cache32, kv_head, row, first, count):
-        """The 16-byte pieces (4 words each) of a cache row holding `count` 32-bit words from word
-        `first` on (cache32: the cache viewed as Int32, 16-byte aligned)."""
-        chunks = cute.logical_divide(cache32[0, kv_head, row, None], cute.make_layout(4))
-        return [chunks[None, first // 4 + c] for c in range(count // 4)]
-
-    def words(cache32, kv_head, row, first, count):
-        """`count` 32-bit words of a cache row from word `first` on, as 16-byte loads."""
+    def chunk_words(row, chunks):
+        """The words of 16-byte pieces `chunks` (4 words each) of `row`, a row of 32-bit words
+        (16-byte aligned: a cache row or a ring row), as 16-byte loads."""
+        pieces = cute.logical_divide(row, cute.make_layout(4))
         out = []
-        for piece in row_chunks(cache32, kv_head, row, first, count):
-            v = piece.load()
+        for chunk in chunks:
+            v = pieces[None, chunk].load()
             for j in range(4):
                 out.append(v[j])
         return out
+
+    def words(cache32, kv_head, row, first, count):
+        """`count` 32-bit words of a cache row from word `first` on (cache32: the cache viewed as Int32)."""
+        return chunk_words(cache32[0, kv_head, row, None], [first // 4 + c for c in range(count // 4)])
 
     def k_rows(base, last, g):
         """The key rows a lane feeds the scores of keys base .. base + 15: row g of each block of 8
@@ -733,13 +732,7 @@ if cute is not None:
 
     def ring_words(ring32, stage, which, row, chunks):
         """The words of `chunks` of row `row` of the K (which 0) or V (1) tile in ring stage `stage`."""
-        pieces = cute.logical_divide(ring32[stage, which, row, None], cute.make_layout(4))
-        out = []
-        for chunk in chunks:
-            v = pieces[None, chunk].load()
-            for j in range(4):
-                out.append(v[j])
-        return out
+        return chunk_words(ring32[stage, which, row, None], chunks)
 
     def bulk_copy(dst, src, nbytes, mbar):
         """`nbytes` from global `src` into shared `dst`, completing on mbarrier `mbar` (a multiple of 16)."""
