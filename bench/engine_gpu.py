@@ -109,9 +109,10 @@ def _bundle(a) -> str:
     return str(Path(a.out) / f"native-{a.model}-{a.capacity}.bundle")
 
 
-def _determinism(pipe) -> dict:
+def _determinism(pipe, save: str | None = None) -> dict:
     """Logits of a fixed 64-token prompt and 16 forced tokens, twice in this process: equal bit for
-    bit? Their hash lets the table compare the cached reload (another process) with the cold run."""
+    bit? Their hash lets the table compare the cached reload (another process) with the cold run;
+    `save`: the logits kept in that file, for comparing variants that change the bits."""
     import hashlib
 
     import torch
@@ -122,6 +123,8 @@ def _determinism(pipe) -> dict:
     first = pipe.step_logits(prompt, forced)
     again = pipe.step_logits(prompt, forced)
     digest = hashlib.sha256(b"".join(x.numpy().tobytes() for x in first)).hexdigest()[:16]
+    if save:
+        torch.save(torch.stack([x.reshape(-1).float() for x in first]), save)
     return {
         "same_bits_twice": all(torch.equal(x, y) for x, y in zip(first, again, strict=True)),
         "logits_sha256": digest,
@@ -217,8 +220,9 @@ def part_mcore(a) -> None:
         rec["ttft_1k_ms"] = _median_ms(first, 5)
     if a.prefill and not a.decode_only:
         rec["prefill_ms"] = _prefill_ms(lambda ids: pipe.runners["prefill"](ids, *caches)[0], a.prefill, vocab)
-    if not a.decode_only:  # deliverable 3 on this config: the same bits twice, and after a reload
-        rec.update(_determinism(pipe))
+    # deliverable 3 on this config: the same bits twice, and after a reload (a decode-only variant:
+    # its own decode step after the op-by-op prefill, kept for the comparison between variants)
+    rec.update(_determinism(pipe, a.save_logits))
     if getattr(dec, "graphs", None) is not None:
         rec["decode_replays_cuda_graph"] = bool(dec.graphs) and dec.calls_compiled == 0
         rec["decode_graph_nodes"] = graph_nodes(dec, (pipe.step_ids, pipe.cache_length, *caches))
@@ -476,6 +480,27 @@ def determinism(recs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def variant_logits(saved: list[tuple[str, Path]]) -> str:
+    """Each decode-only variant's logits (64-token prompt, 16 forced steps) against the first
+    variant's: how far a variant that changes the bits moves them, and the greedy picks it keeps."""
+    import torch
+
+    have = [(v, torch.load(p)) for v, p in saved if p.exists()]
+    if len(have) < 2:
+        return ""
+    base_v, base = have[0]
+    lines = []
+    for v, x in have[1:]:
+        diff = (x - base).abs().max().item()
+        cos = torch.nn.functional.cosine_similarity(x, base, dim=-1).min().item()
+        picks = (x.argmax(-1) == base.argmax(-1)).sum().item()
+        lines.append(
+            f"logits, {v} against {base_v}: max_abs {diff:.4g}, lowest cosine {cos:.6f}, "
+            f"same greedy pick {picks}/{len(x)} steps{' (bit-identical)' if torch.equal(x, base) else ''}"
+        )
+    return "\n".join(lines)
+
+
 def table(recs: list[dict], contexts: list[int]) -> str:
     roof = next((r for r in recs if r.get("part") == "roofline"), None)
     lines = []
@@ -546,6 +571,7 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
     ap.add_argument("--label", default="", help=argparse.SUPPRESS)  # names a part's log apart from its twin's
     ap.add_argument("--decode-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--prefill-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--save-logits", default=None, help=argparse.SUPPRESS)
     ap.add_argument(
         "--prefill", default="", help="prefill lengths timed by the mcore parts (the `prefill` part sets them)"
     )
@@ -556,6 +582,12 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
         const="profile",
         default=None,
         help="one more cached reload under cProfile: where its seconds go (OUT/load-profile.txt)",
+    )
+    ap.add_argument(
+        "--prefill-variants",
+        default="",
+        help="after the compiled rows, the same compiled code reloaded under other env settings, ';'-separated "
+        "(e.g. 'MCORE_PREFILL_ATTENTION=cudnn'): prefill and decode at the first context timed again",
     )
     ap.add_argument(
         "--variants",
@@ -628,6 +660,12 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
                     print("profiled cached reload: " + " | ".join(r.get("load_stamps", [])), flush=True)
                     continue
                 recs.append(r)
+    for variant in [v for v in a.prefill_variants.split(";") if v]:  # the compiled row's code, cached
+        b = argparse.Namespace(**{**vars(a), "contexts": a.contexts[:1], "steps": 5})
+        more = dict(kv.split("=", 1) for kv in variant.split())
+        for r in run_part(b, "mcore", "--engine", "compiled", "--label", "pv", env={**env, **more}):
+            r["label"] = f"mcore compiled, {variant}"
+            recs.append(r)
     if "reference" in parts:  # the compile before regions (MCORE_REGIONAL=0), cold: step time and bits beside
         ref = Path(a.out) / "reference-cache"
         shutil.rmtree(ref, ignore_errors=True)
@@ -655,12 +693,15 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
             for r in run_part(b, "mcore", "--decode-only", env=env):
                 r["label"] = f"mcore compiled decode (capacity {cap})"
                 recs.append(r)
-    for variant in [v for v in a.variants.split(";") if v]:
+    saved = []
+    for i, variant in enumerate(v for v in a.variants.split(";") if v):
         env = dict(kv.split("=", 1) for kv in variant.split())
         env["MCORE_CACHE_DIR"] = str(cache) + "-variants"
-        for r in run_part(a, "mcore", "--decode-only", env=env):
+        logits = Path(a.out) / f"variant-{i}-logits.pt"
+        for r in run_part(a, "mcore", "--decode-only", "--save-logits", str(logits), env=env):
             r["label"] = "decode-only " + variant
             recs.append(r)
+        saved.append((variant, logits))
     if "torch" in parts:
         for r in run_part(a, "mcore", "--engine", "torch", env={"MCORE_CACHE_DIR": str(cache)}):
             r["label"] = "mcore torch (op by op)"
@@ -679,6 +720,7 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
     print(f"model: {a.model} (bench/model_configs.py), bf16, random weights, capacity {a.capacity}")
     print(table([r for r in recs if r.get("part") != "startup"], a.contexts))
     print(determinism(recs))
+    print(variant_logits(saved))
     starts = [r for r in recs if r.get("part") == "startup"]
     if starts:
         print(startup_table(starts))

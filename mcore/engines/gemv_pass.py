@@ -3,7 +3,8 @@
 A decode step's matrix products have one row: what the hardware allows is reading each weight once
 at the memory bandwidth. `mcore.gemv` is written for that shape; Inductor otherwise hands the
 product to the GEMM library. The rewrite runs after the sibling-projection fusion (so a fused
-q/k/v or gate/up product becomes one GEMV) and never touches a slot.
+q/k/v or gate/up product becomes one GEMV) and never touches a slot. The MLP's gating then moves into
+the gate/up product's epilogue (`mcore.gemv_glu`; MCORE_GEMV_GLU=0 keeps it a kernel of its own).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..ops.gemv import glu_enabled  # importing mcore.gemv registers mcore::gemv and mcore::gemv_silu_mul
+from ..ops.gemv import glu_enabled  # importing mcore.gemv registers mcore::gemv and mcore::gemv_glu
 from .prepared import PreparedGraph
 
 
@@ -71,7 +72,7 @@ def use_gemv(p: PreparedGraph, inputs: Sequence[torch.Tensor]) -> int:
         n.args = (x, w)
         done += 1
     if done and glu_enabled():
-        fuse_gating(gm)
+        fuse_gating(gm, state)
     if done:
         gm.graph.lint()
         gm.recompile()
@@ -82,31 +83,51 @@ def _only_user(node: object, user: fx.Node) -> bool:
     return isinstance(node, fx.Node) and list(node.users) == [user]
 
 
-def fuse_gating(gm: fx.GraphModule) -> int:
-    """Each `mcore.gemv(mul(silu(gate), up), W)` whose gating feeds nothing else becomes
-    `mcore.gemv_silu_mul(gate, up, W)` (MCORE_GEMV_GLU=1): the gating is computed in the kernel
-    that reads it. A slot between them (a kernel bound to the gating) keeps the pattern from
-    matching. Returns how many."""
+def _half(node: object, product: fx.Node, rows: int, first: bool) -> bool:
+    """`node` is `product[..., :rows]` (first) or `product[..., rows:2 * rows]` and feeds one node."""
+    if not isinstance(node, fx.Node) or node.target is not torch.ops.aten.slice.Tensor or node.kwargs:
+        return False
+    args = list(node.args) + [None] * (4 - len(node.args))
+    src, dim, start, end = args[:4]
+    lo, hi = (0, rows) if first else (rows, 2 * rows)
+    val = node.meta.get("val")
+    last = -1 if val is None else len(val.shape) - 1  # the fused product's node carries no value itself
+    return bool(src is product and dim in (-1, last) and start == lo and end == hi and len(node.users) == 1)
+
+
+def fuse_gating(gm: fx.GraphModule, state: dict[fx.Node, torch.Tensor]) -> int:
+    """Each `mcore.gemv(x, cat(gate_w, up_w))` read only as `silu(y[..., :M]) * y[..., M:]` (the fused
+    gate/up product and its gating) becomes `mcore.gemv_glu(x, W)`: the gating in the product's
+    epilogue. A slot on the gating (its nodes are gone) or any other reader of the product keeps the
+    pattern from matching. Returns how many."""
     done = 0
     for n in list(gm.graph.nodes):
         if n.op != "call_function" or n.target is not torch.ops.mcore.gemv.default:
             continue
-        mul, w = n.args
-        if not _only_user(mul, n) or mul.target is not torch.ops.aten.mul.Tensor or mul.kwargs:
+        weight = state.get(n.args[1])
+        users = list(n.users)
+        if weight is None or weight.shape[0] % 2 or len(users) != 2:
             continue
-        a, b = mul.args
-        silu, up = (a, b) if getattr(a, "target", None) is torch.ops.aten.silu.default else (b, a)
-        if getattr(silu, "target", None) is not torch.ops.aten.silu.default or not _only_user(silu, mul):
+        m = weight.shape[0] // 2
+        gate = next((u for u in users if _half(u, n, m, first=True)), None)
+        up = next((u for u in users if _half(u, n, m, first=False)), None)
+        if gate is None or up is None:
             continue
-        gate = silu.args[0]
-        g, u = (getattr(t, "meta", {}).get("val") for t in (gate, up))
-        if g is None or u is None or g.shape != u.shape or g.dtype != u.dtype:
-            continue  # no broadcasting: both halves are one row of the same size
-        n.target = torch.ops.mcore.gemv_silu_mul.default
-        n.args = (gate, up, w)
-        n.meta["mcore_fused_nodes"] = [silu.name, mul.name]  # the fusion report still names them
-        gm.graph.erase_node(mul)
-        gm.graph.erase_node(silu)
+        silu = next(iter(gate.users))
+        if silu.target is not torch.ops.aten.silu.default or len(silu.users) != 1:
+            continue
+        mul = next(iter(silu.users))
+        if mul.target is not torch.ops.aten.mul.Tensor or mul.kwargs or set(mul.args) != {silu, up}:
+            continue
+        if list(up.users) != [mul]:
+            continue
+        n.target = torch.ops.mcore.gemv_glu.default
+        n.meta["val"] = mul.meta["val"]
+        # the fusion report charges this kernel the gating's nodes too
+        n.meta["mcore_fused_nodes"] = [*n.meta.get("mcore_fused_nodes", []), silu.name, mul.name]
+        mul.replace_all_uses_with(n)
+        for dead in (mul, silu, gate, up):
+            gm.graph.erase_node(dead)
         done += 1
     return done
 

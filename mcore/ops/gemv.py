@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .pdl import launch_options
 
-__all__ = ["gemv", "gemv_silu_mul", "gemv_triton", "gemv_config", "enabled", "glu_enabled"]
+__all__ = ["gemv", "gemv_glu", "gemv_triton", "gemv_config", "enabled", "glu_enabled", "silu_mul"]
 
 
 def enabled(device: torch.device) -> bool:
@@ -37,9 +37,10 @@ def enabled(device: torch.device) -> bool:
 
 
 def glu_enabled() -> bool:
-    """MCORE_GEMV_GLU=1 (an experiment, with the rewrite to mcore::gemv): the MLP's silu(gate) * up
-    is computed inside the down projection's kernel (`mcore::gemv_silu_mul`), one launch a layer less."""
-    return os.environ.get("MCORE_GEMV_GLU", "0") == "1"
+    """With the rewrite to mcore::gemv, the MLP's fused gate/up product and its silu(gate) * up become
+    one kernel (`mcore::gemv_glu`): the gating in the product's epilogue, one launch a layer less and
+    no gate/up row written. On by default; MCORE_GEMV_GLU=0 keeps the gating a kernel of its own."""
+    return os.environ.get("MCORE_GEMV_GLU", "1") != "0"
 
 
 def gemv_config(n: int, k: int, sms: int = 132) -> tuple[int, int, int, int]:
@@ -52,12 +53,21 @@ def gemv_config(n: int, k: int, sms: int = 132) -> tuple[int, int, int, int]:
     width = max(16, 1 << math.ceil(math.log2(max(k, 1))))
     if width <= 4096:
         block_n, block_k = (2 if n <= 8192 else 4), min(1024, width)
+        if whole_rows():
+            block_k = width
     else:
         block_n, block_k = 8, 512
     warps = 8 if block_k == 1024 else 4
     while block_n > 1 and -(-n // block_n) < 4 * sms:
         block_n //= 2
     return block_n, block_k, warps, 3
+
+
+def whole_rows() -> bool:
+    """MCORE_GEMV_WHOLE_ROWS=1 (an experiment): rows of at most 4096 columns are read as one tile, the
+    whole row block before the kernel waits for its predecessor (programmatic dependent launch), so
+    more of the weight stream overlaps the small kernel before it. Off by default."""
+    return os.environ.get("MCORE_GEMV_WHOLE_ROWS", "0") == "1"
 
 
 @functools.cache
@@ -82,41 +92,45 @@ def gemv_triton(
     x: torch.Tensor,
     weight: torch.Tensor,
     config: tuple[int, int, int, int] | None = None,
-    up: torch.Tensor | None = None,
+    glu: bool = False,
 ) -> torch.Tensor:
     """The Triton kernel: x [..., K] with one row, weight [N, K] contiguous, same dtype; y [..., N].
-    With `up` (shaped like x): the product of silu(x) * up, computed in the kernel."""
+    With `glu`: weight is [2M, K] (gate rows, then up rows) and y [..., M] = silu(gate) * up, each
+    half rounded to x's dtype first as the unfused step stores it. `config` is the concatenated
+    weight's (gemv_config): a GLU program takes half as many output rows, the same weight bytes."""
     if not _has_triton():
         raise RuntimeError("mcore.gemv needs triton (pip install triton)")
     n, k = weight.shape
-    for name, t in {"x": x, **({} if up is None else {"up": up})}.items():
-        if t.shape[-1] != k or t.numel() != k or t.dtype != weight.dtype:
-            raise ValueError(
-                f"gemv: {name} {tuple(t.shape)} {t.dtype} is not one row for weight {tuple(weight.shape)} {weight.dtype}"
-            )
+    if x.shape[-1] != k or x.numel() != k or x.dtype != weight.dtype:
+        raise ValueError(
+            f"gemv: x {tuple(x.shape)} {x.dtype} is not one row for weight {tuple(weight.shape)} {weight.dtype}"
+        )
+    if glu and n % 2:
+        raise ValueError(f"gemv_glu: weight {tuple(weight.shape)} has an odd row count: not gate and up rows")
     xs = x.reshape(k).contiguous()
-    us = xs if up is None else up.reshape(k).contiguous()
     w = weight.contiguous()
-    y = torch.empty(n, dtype=x.dtype, device=x.device)
+    out = n // 2 if glu else n
+    y = torch.empty(out, dtype=x.dtype, device=x.device)
     sms = _sm_count(x.device.index or 0) if x.device.type == "cuda" else 4  # 4: the interpreter
     block_n, block_k, warps, stages = config or gemv_config(n, k, sms)
+    if glu:
+        block_n = max(1, block_n // 2)
     pdl = launch_options(x.device)  # programmatic dependent launch, where asked for (mcore/ops/pdl.py)
-    _kernel()[(-(-n // block_n),)](
+    _kernel()[(-(-out // block_n),)](
         xs,
-        us,
         w,
         y,
-        n,
+        out,
         K=k,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         PDL=bool(pdl),
-        GLU=up is not None,
+        GLU=glu,
         num_warps=warps,
         num_stages=stages,
         **pdl,
     )
-    return y.reshape(*x.shape[:-1], n)
+    return y.reshape(*x.shape[:-1], out)
 
 
 @torch.library.custom_op("mcore::gemv", mutates_args=())
@@ -133,19 +147,21 @@ def _gemv_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up in fp32, rounded once to gate's dtype: what the kernel feeds its product."""
+    """silu(gate) * up in fp32, rounded once to gate's dtype: what the compiled step's fused gating
+    computes from the stored halves (the kernel's epilogue does the same)."""
     return (F.silu(gate.float()) * up.float()).to(gate.dtype)
 
 
-@torch.library.custom_op("mcore::gemv_silu_mul", mutates_args=())
-def gemv_silu_mul(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`F.linear(silu(gate) * up, weight)` for one row: the MLP's down projection with its gating
-    computed in the kernel (MCORE_GEMV_GLU=1), so the step has no launch for the gating alone."""
-    if gate.device.type == "cuda" and gate.dtype in (torch.bfloat16, torch.float16) and _has_triton():
-        return gemv_triton(gate, weight, up=up)
-    return F.linear(silu_mul(gate, up), weight)
+@torch.library.custom_op("mcore::gemv_glu", mutates_args=())
+def gemv_glu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`silu(F.linear(x, gate_w)) * F.linear(x, up_w)` for one row, weight = cat(gate_w, up_w): the MLP's
+    fused gate/up product with its gating in the kernel's epilogue (on unless MCORE_GEMV_GLU=0)."""
+    if x.device.type == "cuda" and x.dtype in (torch.bfloat16, torch.float16) and _has_triton():
+        return gemv_triton(x, weight, glu=True)
+    gate, up = F.linear(x, weight).chunk(2, dim=-1)
+    return silu_mul(gate, up)
 
 
-@gemv_silu_mul.register_fake
-def _gemv_silu_mul_fake(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return gate.new_empty((*gate.shape[:-1], weight.shape[0]))
+@gemv_glu.register_fake
+def _gemv_glu_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0] // 2))

@@ -1,25 +1,12 @@
-"""The Triton kernel behind mcore::gemv and mcore::gemv_silu_mul (mcore/ops/gemv.py imports it on first use)."""
+"""The Triton kernel behind mcore::gemv and mcore::gemv_glu (mcore/ops/gemv.py imports it on first use)."""
 
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def load_x(X, U, offs, ok, GLU: tl.constexpr):
-    """x[offs] widened to fp32; with GLU, x = silu(X) * U rounded once to X's dtype (as the
-    unfused step stores it for the product)."""
-    x = tl.load(X + offs, mask=ok, other=0.0)
-    if GLU:
-        g = x.to(tl.float32)
-        u = tl.load(U + offs, mask=ok, other=0.0).to(tl.float32)
-        x = (g * tl.sigmoid(g) * u).to(X.dtype.element_ty)
-    return x.to(tl.float32)
-
-
-@triton.jit
 def gemv_kernel(
     X,
-    U,
     W,
     Y,
     N,
@@ -29,9 +16,18 @@ def gemv_kernel(
     PDL: tl.constexpr,
     GLU: tl.constexpr,
 ):
+    """Y[n] = sum_k X[k] * W[n, k] for BLOCK_N rows a program. With GLU, W holds 2N rows (the gate's,
+    then the up projection's) and Y[n] = silu(g_n) * u_n: a program takes gate row n and up row n
+    together (interleaved in its tile), so the gating costs no read and no launch of its own."""
     pid = tl.program_id(0)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
+    if GLU:
+        r = tl.arange(0, 2 * BLOCK_N)
+        out_rows = pid * BLOCK_N + r // 2
+        rows = out_rows + (r % 2) * N  # even tile rows: gate row n; odd: up row n
+    else:
+        out_rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows = out_rows
+    row_ok = out_rows < N
     cols = tl.arange(0, BLOCK_K)
     base = W + rows.to(tl.int64)[:, None] * K + cols[None, :]
     k_ok = cols < K
@@ -41,13 +37,17 @@ def gemv_kernel(
     if PDL:
         tl.extra.cuda.gdc_wait()  # x is the previous kernel's output
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel waits for all of this one anyway
-    x = load_x(X, U, cols, k_ok, GLU)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc += w.to(tl.float32) * x[None, :]  # widened first: fp32 products and sums
+    x = tl.load(X + cols, mask=k_ok, other=0.0).to(tl.float32)
+    acc = w.to(tl.float32) * x[None, :]  # widened first: fp32 products and sums
     for k0 in range(BLOCK_K, K, BLOCK_K):
         k_ok = (k0 + cols) < K
         w = tl.load(base + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        x = load_x(X, U, k0 + cols, k_ok, GLU)
+        x = tl.load(X + k0 + cols, mask=k_ok, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
-    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=row_ok)
+    if GLU:
+        # g and u rounded to Y's dtype as the unfused step stores them, the gating in fp32, one rounding
+        g, u = tl.split(tl.reshape(y.to(Y.dtype.element_ty).to(tl.float32), [BLOCK_N, 2]))
+        y = g * tl.sigmoid(g) * u
+        out_rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(Y + out_rows, y.to(Y.dtype.element_ty), mask=out_rows < N)

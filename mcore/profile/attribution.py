@@ -32,7 +32,7 @@ MATMULS = {
     "aten.bmm.default",
     "aten.matmul.default",
     "mcore.gemv.default",
-    "mcore.gemv_silu_mul.default",
+    "mcore.gemv_glu.default",
 }
 VIEWS = {
     "aten.view.default",
