@@ -584,12 +584,6 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
         help="one more cached reload under cProfile: where its seconds go (OUT/load-profile.txt)",
     )
     ap.add_argument(
-        "--prefill-variants",
-        default="",
-        help="after the compiled rows, the same compiled code reloaded under other env settings, ';'-separated "
-        "(e.g. 'MCORE_PREFILL_ATTENTION=cudnn'): prefill and decode at the first context timed again",
-    )
-    ap.add_argument(
         "--variants",
         default="",
         help="decode-only compiled variants, ';'-separated, each space-separated env settings "
@@ -660,12 +654,6 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
                     print("profiled cached reload: " + " | ".join(r.get("load_stamps", [])), flush=True)
                     continue
                 recs.append(r)
-    for variant in [v for v in a.prefill_variants.split(";") if v]:  # the compiled row's code, cached
-        b = argparse.Namespace(**{**vars(a), "contexts": a.contexts[:1], "steps": 5})
-        more = dict(kv.split("=", 1) for kv in variant.split())
-        for r in run_part(b, "mcore", "--engine", "compiled", "--label", "pv", env={**env, **more}):
-            r["label"] = f"mcore compiled, {variant}"
-            recs.append(r)
     if "reference" in parts:  # the compile before regions (MCORE_REGIONAL=0), cold: step time and bits beside
         ref = Path(a.out) / "reference-cache"
         shutil.rmtree(ref, ignore_errors=True)

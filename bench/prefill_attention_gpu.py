@@ -3,20 +3,19 @@
     python3 bench/prefill_attention_gpu.py [--lengths 1024,8192,32768] [--json OUT.json]
 
 Qwen3-8B's attention (32 query heads on 8 KV heads, head_dim 128, bf16, causal) over one prompt of
-n tokens, as mcore::prefill_attention runs it under each MCORE_PREFILL_ATTENTION setting (sdpa: PyTorch
-chooses, the KV heads shared; cudnn / flash / efficient: that backend alone, the KV heads repeated
-for each query head, the repeat timed with it), and each backend asked for with the KV heads shared
-(enable_gqa) where it takes that. Per cell: milliseconds (median of 7, CUDA events), TFLOP/s over the
+n tokens: mcore::prefill_attention as it runs (SDPA, PyTorch's choice of kernel, the KV heads shared),
+and each SDPA backend asked for alone, with the KV heads shared (enable_gqa) where it takes that and
+with them repeated for each query head (the repeat timed with it). Per cell: milliseconds (median of 7, CUDA events), TFLOP/s over the
 causal half (4 * n(n+1)/2 * heads * head_dim), the same bits twice, max |difference| against the
-default's output; a float32 reference at the shortest length. The 36 layers' attention in a prefill is
-36 times the cell: the last line says what each setting would save on the whole prefill.
+default's output (equal bits name the kernel PyTorch chose); a float32 reference at the shortest
+length. The 36 layers' attention in a prefill is 36 times the cell: the last lines say what each
+backend would save on the whole prefill.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM = 36, 32, 8, 128
+DEFAULT = "mcore::prefill_attention (SDPA's choice)"
 
 
 def _time_ms(fn, reps: int = 7) -> float:
@@ -43,38 +43,29 @@ def _time_ms(fn, reps: int = 7) -> float:
 
 
 def variants():
-    """(label, callable(q, k, v, scale)) for each way prefill's attention can run."""
+    """(label, callable(q, k, v, scale)) for each way prefill's attention can run; mcore's op first."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from mcore.ops.attention import PREFILL_BACKENDS, prefill_attention
+    from mcore.ops.attention import prefill_attention
 
-    def setting(name):
+    def alone(backend, repeat):
         def run(q, k, v, scale):
-            os.environ["MCORE_PREFILL_ATTENTION"] = name
-            try:
-                return prefill_attention(q, k, v, scale)
-            finally:
-                os.environ.pop("MCORE_PREFILL_ATTENTION", None)
-
-        return run
-
-    def shared(backend):
-        def run(q, k, v, scale):
+            if repeat:
+                group = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=not repeat)
 
         return run
 
-    out = [(f"MCORE_PREFILL_ATTENTION={n}", setting(n)) for n in PREFILL_BACKENDS]
-    out += [
-        (f"{name} backend, KV shared (enable_gqa)", shared(b))
-        for name, b in (
-            ("cudnn", SDPBackend.CUDNN_ATTENTION),
-            ("flash", SDPBackend.FLASH_ATTENTION),
-            ("efficient", SDPBackend.EFFICIENT_ATTENTION),
-        )
-    ]
+    out = [(DEFAULT, prefill_attention)]
+    for name, b in (
+        ("cudnn", SDPBackend.CUDNN_ATTENTION),
+        ("flash", SDPBackend.FLASH_ATTENTION),
+        ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+    ):
+        out += [(f"{name}, KV shared (enable_gqa)", alone(b, False)), (f"{name}, KV repeated", alone(b, True))]
     return out
 
 
@@ -139,7 +130,7 @@ def main() -> None:
                 else f"{c['ms']:8.3f} ms {c['tflops']:5.0f} TF/s {'det' if c['same_bits_twice'] else 'NONDET'}"
             )
         print(f"{label:44} " + " ".join(f"{x:>26}" for x in out))
-    default = rows["MCORE_PREFILL_ATTENTION=sdpa"]
+    default = rows[DEFAULT]
     for label, cells in rows.items():
         saved = [
             f"{LAYERS * (default[n]['ms'] - c['ms']):+.1f} ms at {n}"

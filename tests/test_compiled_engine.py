@@ -336,25 +336,6 @@ def test_extra_inductor_settings_are_checked_and_enter_the_cache_key(cpu_bundles
     assert any("prefill: compiled (Inductor)" in ln for ln in lines), lines  # prefill: no extra settings
 
 
-def test_prefill_attention_backend_is_checked_before_loading(cpu_bundles, mcore, monkeypatch):
-    """MCORE_PREFILL_ATTENTION picks prefill's attention kernel on CUDA (an experiment the prefill
-    bench measures): a name that is not a backend is one line, exit 2, before anything loads; a
-    known one runs (the CPU has one SDPA: the same tokens)."""
-    native, _, _ = cpu_bundles
-    monkeypatch.setenv("MCORE_PREFILL_ATTENTION", "fa3")
-    assert_user_error(
-        mcore("run", native, "--prompt", "x", "--engine", "torch"),
-        "MCORE_PREFILL_ATTENTION='fa3' is not a prefill attention backend",
-        "cudnn",
-    )
-    monkeypatch.delenv("MCORE_PREFILL_ATTENTION")
-    args = ("run", native, "--prompt", "x y z", "--max-new-tokens", "4", "--greedy", "--engine", "torch")
-    plain = mcore(*args)
-    monkeypatch.setenv("MCORE_PREFILL_ATTENTION", "cudnn")
-    chosen = mcore(*args)
-    assert plain.code == chosen.code == 0 and plain.out == chosen.out, (plain, chosen)
-
-
 def test_cpu_run_names_the_engine(cpu_bundles, mcore):
     native, _, _ = cpu_bundles
     r = mcore(
@@ -527,31 +508,6 @@ def test_gpu_llama_replays_a_cuda_graph_and_an_identity_slot_keeps_the_bits(llam
     assert all(torch.equal(x, y) for x, y in zip(ln, nat.step_logits(r.prompt_tokens, r.tokens[:-1]), strict=True))
     assert all(torch.equal(x, y) for x, y in zip(ln, ext.step_logits(r.prompt_tokens, r.tokens[:-1]), strict=True))
     assert ext.runners["decode"].graphs
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("backend", ["cudnn", "flash", "efficient"])
-def test_gpu_prefill_attention_backends_match_the_default(backend, monkeypatch):
-    """Each MCORE_PREFILL_ATTENTION backend on the 8B-sized attention shape (32 query heads on 8 KV
-    heads, head_dim 128, bf16), causal: close to the default SDPA's result and to a float32
-    reference, the same bits twice."""
-    from mcore.ops.attention import prefill_attention
-
-    g = torch.Generator(device="cuda").manual_seed(5)
-    q, k, v = (torch.randn(1, h, 1000, 128, device="cuda", generator=g).to(torch.bfloat16) for h in (32, 8, 8))
-    scale = 128**-0.5
-    monkeypatch.delenv("MCORE_PREFILL_ATTENTION", raising=False)
-    base = prefill_attention(q, k, v, scale)
-    monkeypatch.setenv("MCORE_PREFILL_ATTENTION", backend)
-    out = prefill_attention(q, k, v, scale)
-    assert torch.equal(out, prefill_attention(q, k, v, scale))
-    kk, vv = (t.float().repeat_interleave(4, dim=1) for t in (k, v))
-    mask = torch.ones(1000, 1000, dtype=torch.bool, device="cuda").tril()
-    scores = (q.float() @ kk.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
-    ref = torch.softmax(scores, -1) @ vv
-    assert (out.float() - ref).abs().max().item() < 2e-2
-    assert (out.float() - base.float()).abs().max().item() < 2e-2
 
 
 @gpu

@@ -21,12 +21,8 @@ stride guards on torch 2.11 that fail for short sequences.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
-
-from ..common.errors import UserError
 
 __all__ = ["decode_attention", "prefill_attention", "decode_attention_reference"]
 
@@ -118,49 +114,16 @@ def _decode_attention_fake(q, k_cache, v_cache, kv_lengths):
     return torch.empty_like(q)
 
 
-# MCORE_PREFILL_ATTENTION: which fused kernel runs prefill's attention on CUDA. "sdpa" (the default)
-# lets PyTorch choose, with the KV heads shared (enable_gqa); the others ask for one SDPA backend and
-# give it the KV heads repeated for each query head (every backend takes that), an experiment the
-# prefill bench (bench/prefill_attention_gpu.py) measures. The op is opaque to the compiler, so the
-# choice is made when it runs and compiled code does not depend on it.
-PREFILL_BACKENDS = ("sdpa", "cudnn", "flash", "efficient")
-
-
-def prefill_backend() -> str:
-    name = os.environ.get("MCORE_PREFILL_ATTENTION", "sdpa").strip() or "sdpa"
-    if name not in PREFILL_BACKENDS:
-        raise UserError(
-            f"MCORE_PREFILL_ATTENTION={name!r} is not a prefill attention backend; "
-            f"set it to one of {', '.join(PREFILL_BACKENDS)} (sdpa, the default: PyTorch chooses) or unset it"
-        )
-    return name
-
-
-def _prefill_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, backend: str) -> torch.Tensor:
-    gqa = q.shape[1] != k.shape[1]
-    if backend == "sdpa" or q.device.type != "cuda":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    chosen = {
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-    }[backend]
-    if gqa:
-        group = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    with sdpa_kernel([chosen]):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-
-
 @torch.library.custom_op("mcore::prefill_attention", mutates_args=())
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[2] != k.shape[2] or q.shape[1] % k.shape[1]:
         raise ValueError(
             f"prefill_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit [1,H,s,D]/[1,KV,s,D]"
         )
-    out = _prefill_sdpa(q, k, v, scale, prefill_backend())
+    # PyTorch picks the kernel: with torch 2.11 on the H100, cuDNN's (the same bits as cuDNN asked for
+    # alone); no other SDPA backend was faster at 8k or 32k, KV heads shared or repeated
+    # (bench/prefill_attention_gpu.py, docs/gpu-results.md)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     return out.contiguous()  # a fresh tensor (never an alias of an input), laid out as the fake says
 
 

@@ -53,21 +53,12 @@ def gemv_config(n: int, k: int, sms: int = 132) -> tuple[int, int, int, int]:
     width = max(16, 1 << math.ceil(math.log2(max(k, 1))))
     if width <= 4096:
         block_n, block_k = (2 if n <= 8192 else 4), min(1024, width)
-        if whole_rows():
-            block_k = width
     else:
         block_n, block_k = 8, 512
     warps = 8 if block_k == 1024 else 4
     while block_n > 1 and -(-n // block_n) < 4 * sms:
         block_n //= 2
     return block_n, block_k, warps, 3
-
-
-def whole_rows() -> bool:
-    """MCORE_GEMV_WHOLE_ROWS=1 (an experiment): rows of at most 4096 columns are read as one tile, the
-    whole row block before the kernel waits for its predecessor (programmatic dependent launch), so
-    more of the weight stream overlaps the small kernel before it. Off by default."""
-    return os.environ.get("MCORE_GEMV_WHOLE_ROWS", "0") == "1"
 
 
 @functools.cache

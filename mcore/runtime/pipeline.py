@@ -36,7 +36,6 @@ from ..families.graph_args import GraphArgs
 from ..graph.capture import build_core, capture_cached, graph_metadata
 from ..graph.from_export import TORCH_DTYPES
 from ..graph.snapshot import Snapshot, Tensor
-from ..ops.attention import prefill_backend
 from .bindings import bind_slots
 
 
@@ -393,7 +392,6 @@ class DecoderPipeline(Pipeline):
     KIND = "decoder"
 
     def __init__(self, *a: Any, **kw: Any):
-        prefill_backend()  # a bad MCORE_PREFILL_ATTENTION is one line before anything loads
         super().__init__(*a, **kw)
         # both roles take the caches in one order; the decode role's snapshot may still be on its
         # way from a helper process (role_helper.py), then the prefill role's names them
