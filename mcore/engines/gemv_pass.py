@@ -119,7 +119,7 @@ def fuse_gating(gm: fx.GraphModule, state: dict[fx.Node, torch.Tensor]) -> int:
         mul = next(iter(silu.users))
         if mul.target is not torch.ops.aten.mul.Tensor or mul.kwargs or set(mul.args) != {silu, up}:
             continue
-        if list(up.users) != [mul]:
+        if not _only_user(up, mul):
             continue
         n.target = torch.ops.mcore.gemv_glu.default
         n.meta["val"] = mul.meta["val"]
