@@ -24,12 +24,13 @@ demo-cli: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash bench/tutorial_cli.sh artifacts/demo-cli
 
 # The untimed tests on every core (on a 2-core CI machine 11 min instead of 17), then the ones that time
-# something alone: a test marked `timing` must not share the machine with other tests.
+# something alone: a test marked `timing` must not share the machine with other tests. The long tests
+# start first (tests/conftest.py) and an idle worker takes half of another's queue (worksteal).
 test: setup
 	$(VENV)/bin/ruff check mcore workbench tests bench kernels sessions
 	$(VENV)/bin/ruff format --check mcore workbench tests bench kernels sessions
 	$(VENV)/bin/mypy  # [tool.mypy] in pyproject.toml names the packages (mcore, workbench)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not gpu and not timing"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not gpu and not timing"
 	$(PY) -m pytest -q -m "timing and not gpu"
 
 test-gpu: setup

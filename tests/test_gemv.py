@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mcore.bundle.build import build_bundle
+from mcore.engines.gemv_pass import GEMV_OPS
 from mcore.model.buildargs import BuildArgs
 from mcore.runtime.pipeline import DecoderPipeline
 
@@ -86,6 +87,65 @@ def test_the_gated_kernel_matches_the_float64_reference_under_the_triton_interpr
             assert res["far"] < 8 * ulp, (case, res)
 
 
+_INTERP_FUSED = r"""
+import json, sys, torch
+from mcore.ops.gemv import gemv_triton, rms_norm, silu_mul
+out = []
+for n, k, dt in json.loads(sys.argv[1]):
+    g = torch.Generator().manual_seed(3 * n + k)
+    dtype = getattr(torch, dt)
+    x = (torch.randn(1, 1, k, generator=g) * 3).to(dtype)  # not unit scale: the norm has work to do
+    nw = (1 + 0.5 * torch.randn(k, generator=g)).to(dtype)
+    w = torch.randn(2 * n, k, generator=g).to(dtype)
+    r = torch.randn(1, 1, 2 * n, generator=g).to(dtype)
+    xd = x.double().reshape(k)
+    exact_in = xd * nw.double() / torch.sqrt(xd.pow(2).mean() + 1e-6)
+    configs = [None, (1, 16, 4, 1), (4, 64, 4, 2)]  # the default, one row a program, a tile narrower than K
+    res = {}
+    # the norm in the prologue, against float64 of the unrounded normalised row
+    outs = [gemv_triton(x, w, c, norm_weight=nw, eps=1e-6) for c in configs]
+    ref = (exact_in @ w.double().T).reshape(1, 1, 2 * n)
+    unfused = gemv_triton(rms_norm(x, nw, 1e-6), w)  # the norm rounded first, as the unfused step does
+    res["norm_rel"] = [((o.double() - ref).norm() / ref.norm()).item() for o in outs]
+    res["floor"] = ((ref.to(dtype).double() - ref).norm() / ref.norm()).item()
+    res["unfused_rel"] = ((unfused.double() - ref).norm() / ref.norm()).item()
+    res["norm_same"] = bool(torch.equal(outs[0], gemv_triton(x, w, norm_weight=nw, eps=1e-6)))
+    # the norm and the gating together
+    glu = [gemv_triton(x, w, c, glu=True, norm_weight=nw, eps=1e-6) for c in configs]
+    prod = exact_in @ w.double().T
+    gref = silu_mul(prod[:n].to(dtype), prod[n:].to(dtype)).double().reshape(1, 1, n)
+    res["glu_err"] = [((o.double() - gref).abs() / (gref.abs() + 1e-3)).max().item() for o in glu]
+    res["glu_shape"] = [list(o.shape) for o in glu]
+    # the residual add in the epilogue: the product rounded, then the add, as the unfused step
+    res["res_err"] = []
+    for c in configs:
+        want = r.double() + gemv_triton(x, w, c).double()
+        res["res_err"].append(((gemv_triton(x, w, c, residual=r).double() - want).abs() / (want.abs() + 1e-3)).max().item())
+    out.append(res)
+print(json.dumps(out))
+"""
+
+
+def test_the_norm_and_residual_kernels_match_float64_under_the_triton_interpreter():
+    """mcore::rms_gemv's kernel (the RMSNorm in the product's prologue, with and without the gating)
+    against float64 of the unrounded normalised row, about as close as the unfused path (norm rounded
+    first) is; mcore::gemv_add's (the residual add in the epilogue) against the plain product plus the
+    residual, within the output's one rounding; several launch configurations."""
+    for case, res in zip(CASES, run_under_triton_interpreter(_INTERP_FUSED, CASES), strict=True):
+        n, _, dt = case
+        assert res["norm_same"] and res["glu_shape"] == [[1, 1, n]] * 3, (case, res)
+        if dt == "float32":
+            assert max(res["norm_rel"]) < 1e-5 and max(res["glu_err"]) < 1e-4, (case, res)
+            assert max(res["res_err"]) < 1e-6, (case, res)
+        else:  # the output one 16-bit rounding (the interpreter truncates: up to 2x the floor)
+            ulp = 2**-7 if dt == "bfloat16" else 2**-10
+            assert max(res["norm_rel"]) < 2.5 * res["floor"] + 1e-6, (case, res)
+            assert max(res["norm_rel"]) <= res["unfused_rel"] + res["floor"], (case, res)  # no worse than unfused
+            # each half scaled by the norm and then rounded, the gating rounded: 3 roundings, truncated
+            assert max(res["glu_err"]) < 6 * ulp, (case, res)
+            assert max(res["res_err"]) <= 2 * ulp, (case, res)
+
+
 def test_config_keeps_every_sm_busy_and_blocks_whole():
     from mcore.ops.gemv import gemv_config
 
@@ -112,8 +172,9 @@ def tiny_bf16(tmp_path_factory):
 
 
 def _gemv_nodes(pipe: DecoderPipeline, role: str) -> int:
+    """How many one-row products of `role` run on an mcore::gemv kernel (with or without fusions)."""
     gm = pipe.runners[role].prepared.gm
-    return sum(1 for n in gm.graph.nodes if n.target is torch.ops.mcore.gemv.default)
+    return sum(1 for n in gm.graph.nodes if n.target in GEMV_OPS)
 
 
 def test_the_engine_rewrites_the_decode_steps_one_row_products(tiny_bf16, monkeypatch):
@@ -143,6 +204,7 @@ def test_the_gating_moves_into_the_gate_up_products_epilogue(tiny_bf16, monkeypa
     from mcore.engines.compiled import compile_key
 
     monkeypatch.setenv("MCORE_GEMV", "1")
+    monkeypatch.setenv("MCORE_GEMV_NORM", "0")  # the norms apart: this test is about the gating
     monkeypatch.setenv("MCORE_GEMV_GLU", "0")
     plain = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
     monkeypatch.delenv("MCORE_GEMV_GLU")
@@ -151,7 +213,7 @@ def test_the_gating_moves_into_the_gate_up_products_epilogue(tiny_bf16, monkeypa
     gm = pipe.runners["decode"].prepared.gm
     targets = [n.target for n in gm.graph.nodes]
     glu = [n for n in gm.graph.nodes if n.target is torch.ops.mcore.gemv_glu.default]
-    assert len(glu) == layers and _gemv_nodes(pipe, "decode") == 3 * layers + 1
+    assert len(glu) == layers and targets.count(torch.ops.mcore.gemv.default) == 3 * layers + 1
     assert all(n.args[1].name.startswith("mcore_fused_weight_") for n in glu)
     assert all([u.target for u in n.users] == [torch.ops.mcore.gemv.default] for n in glu)  # straight into down
     assert torch.ops.aten.silu.default not in targets
@@ -164,6 +226,88 @@ def test_the_gating_moves_into_the_gate_up_products_epilogue(tiny_bf16, monkeypa
     a = pipe.step_logits(r.prompt_tokens, r.tokens[:-1])
     b = plain.step_logits(r.prompt_tokens, r.tokens[:-1])
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_the_norms_and_residual_adds_move_into_the_products_around_them(tiny_bf16, monkeypatch):
+    """MCORE_GEMV=1 (the norm fusion on by default): every add + RMSNorm of the decode step leaves
+    its kernel: each layer's two residual adds in the epilogues of o_proj and down (mcore::gemv_add),
+    its two norms and the final one in the prologues of q/k/v, gate/up (with the gating) and lm_head
+    (mcore::rms_gemv). The per-head q/k norms (not read by a product) stay. The same tokens and
+    logits within bf16 rounding of MCORE_GEMV_NORM=0; its own compiled code."""
+    monkeypatch.setenv("MCORE_GEMV", "1")
+    monkeypatch.setenv("MCORE_GEMV_NORM", "0")
+    apart = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
+    monkeypatch.delenv("MCORE_GEMV_NORM")
+    pipe = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
+    layers = int(pipe.config["num_hidden_layers"])
+    nodes = list(pipe.runners["decode"].prepared.gm.graph.nodes)
+    by = {op: [n for n in nodes if n.target is op] for op in GEMV_OPS}
+    norms, adds = by[torch.ops.mcore.rms_gemv.default], by[torch.ops.mcore.gemv_add.default]
+    assert len(norms) == 2 * layers + 1 and len(adds) == 2 * layers and not by[torch.ops.mcore.gemv.default]
+    assert sum(n.args[4] for n in norms) == layers and not by[torch.ops.mcore.gemv_glu.default]  # gate/up: glu
+    names = [n.args[1].name for n in norms]
+    assert sum("input_layernorm" in x for x in names) == sum("post_attention_layernorm" in x for x in names) == layers
+    assert names[-1] == "p_decoder_norm_weight"  # the final norm, in lm_head's prologue
+    assert [n.target for n in nodes].count(torch.ops.aten.rsqrt.default) == 2 * layers  # q_norm, k_norm
+    for n in adds:  # the residual is the layer's input or the attention's sum: a product or the embedding
+        assert n.args[2].target in (torch.ops.mcore.gemv_add.default, torch.ops.aten.embedding.default), n.args
+    assert pipe.runners["decode"].key != apart.runners["decode"].key
+    prompt = "the quick brown fox"
+    r = pipe.generate(prompt, 8, stop_at_eos=False)
+    assert r.tokens == apart.generate(prompt, 8, stop_at_eos=False).tokens
+    a = pipe.step_logits(r.prompt_tokens, r.tokens[:-1])
+    b = apart.step_logits(r.prompt_tokens, r.tokens[:-1])
+    for x, y in zip(a, b, strict=True):  # a bf16 ulp or two: the norms' sums in another order
+        torch.testing.assert_close(x, y, atol=0.1, rtol=0.05)
+
+
+def test_a_norm_or_sum_read_elsewhere_stays_apart():
+    """The norm moves into a product only where nothing else reads its row or its intermediates, and
+    the residual add only where the add is the product's only reader and needs no broadcast; what
+    moves computes what it did."""
+    from torch import fx
+
+    from mcore.engines.gemv_pass import fuse_norms, fuse_residuals
+
+    g = torch.Generator().manual_seed(0)
+    w, w2 = torch.randn(8, 4, generator=g).to(torch.bfloat16), torch.randn(4, 8, generator=g).to(torch.bfloat16)
+    nw = (1 + torch.rand(4, generator=g)).to(torch.bfloat16)
+
+    class M(torch.nn.Module):
+        def __init__(self, extra: bool):
+            super().__init__()
+            self.extra = extra
+
+        def forward(self, h, nw, w, w2, r):
+            h32 = h.float()
+            normed = nw * (h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+            out = r + torch.ops.mcore.gemv(torch.ops.mcore.gemv(normed, w), w2)
+            return (out, normed) if self.extra else (out,)
+
+    def exported(module: torch.nn.Module, *args: torch.Tensor) -> fx.GraphModule:
+        gm = torch.export.export(module, args).module()
+        assert isinstance(gm, fx.GraphModule)
+        for n in list(gm.graph.nodes):  # as the engine's graphs: no metadata asserts among the users
+            if n.target is torch.ops.aten._assert_tensor_metadata.default:
+                gm.graph.erase_node(n)
+        return gm
+
+    h, r = torch.randn(1, 4, generator=g).to(torch.bfloat16), torch.randn(1, 4, generator=g).to(torch.bfloat16)
+    for extra in (False, True):
+        gm = exported(M(extra), h, nw, w, w2, r)
+        ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        assert fuse_norms(gm, {ph[1]: nw, ph[2]: w, ph[3]: w2}) == (0 if extra else 1)
+        assert fuse_residuals(gm) == 1
+        gm.recompile()
+        for got, want in zip(gm(h, nw, w, w2, r), M(extra)(h, nw, w, w2, r), strict=True):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)  # CPU: the ops compute the unfused step
+
+    class Broadcast(torch.nn.Module):
+        def forward(self, x, w, r):
+            return r + torch.ops.mcore.gemv(x, w)  # r [4, 8] against a [1, 8] product
+
+    gm = exported(Broadcast(), torch.randn(1, 4), torch.randn(8, 4), torch.randn(4, 8))
+    assert fuse_residuals(gm) == 0
 
 
 def test_a_product_read_elsewhere_keeps_its_gating_apart():
@@ -220,12 +364,14 @@ def test_the_fusion_report_shows_the_gemv_kernels_the_engine_runs(tiny_bf16):
     inputs = _role_inputs(pipe, "decode", 5, None)
     linears = {n.name for n in prepared.gm.graph.nodes if n.target is torch.ops.aten.linear.default}
     kernels = fused_kernels(prepared, inputs, gemv=True)
-    gemv = [k for k in kernels if k["kernel"].startswith("torch.ops.mcore.gemv")]
-    assert len(gemv) == len(linears) and {n for k in gemv for n in k["nodes"]} == linears
+    gemv = [k for k in kernels if k["kernel"] in {f"torch.ops.{op}" for op in GEMV_OPS}]
+    # each one-row product a kernel of its own (with the residual adds and the final norm folded in)
+    assert len(gemv) == len(linears) and all(len(set(k["nodes"]) & linears) == 1 for k in gemv)
+    assert {n for k in gemv for n in k["nodes"]} >= linears
     assert {n.name for n in prepared.gm.graph.nodes if n.target is torch.ops.aten.linear.default} == linears
 
 
-def test_the_fusion_report_names_the_gating_inside_the_gate_up_product(tiny_bf16):
+def test_the_fusion_report_names_the_gating_inside_the_gate_up_product(tiny_bf16, monkeypatch):
     """On the graph as the compiled engine prepares it (siblings fused, the one-row products on
     mcore::gemv), the gate/up product's kernel computes the gating too: the kernel map puts each
     layer's silu and gating product in that kernel, beside the gate and up projections it stands for."""
@@ -233,6 +379,7 @@ def test_the_fusion_report_names_the_gating_inside_the_gate_up_product(tiny_bf16
     from mcore.profile.compiled import engine_graph
     from mcore.profile.profiler import _role_inputs
 
+    monkeypatch.setenv("MCORE_GEMV_NORM", "0")  # the norms apart (the next test has them)
     pipe = DecoderPipeline(str(tiny_bf16), device="cpu", engine="torch")
     prepared = engine_graph(pipe.runners["decode"].prepared)
     inputs = _role_inputs(pipe, "decode", 5, None)
@@ -249,6 +396,30 @@ def test_the_fusion_report_names_the_gating_inside_the_gate_up_product(tiny_bf16
         assert len(names) == 5 and len(names & silus) == 1 and len(names & linears) == 2, names
 
 
+def test_the_fusion_report_puts_the_norms_and_residual_adds_in_the_products(tiny_bf16):
+    """With the norms fused (the default), the kernel map charges each norm's nodes (its rsqrt among
+    them) to the product it feeds and each residual add to the product before it: no kernel of the
+    step computes a hidden-size norm or a residual add on its own."""
+    from mcore.engines.kernel_map import fused_kernels
+    from mcore.profile.compiled import engine_graph
+    from mcore.profile.profiler import _role_inputs
+
+    pipe = DecoderPipeline(str(tiny_bf16), device="cpu", engine="torch")
+    original = pipe.runners["decode"].prepared.gm
+    rsqrts = {n.name for n in original.graph.nodes if n.target is torch.ops.aten.rsqrt.default}
+    prepared = engine_graph(pipe.runners["decode"].prepared)
+    kernels = fused_kernels(prepared, _role_inputs(pipe, "decode", 5, None), gemv=True)
+    layers = int(pipe.config["num_hidden_layers"])
+    norm_kernels = [k for k in kernels if k["kernel"] == "torch.ops.mcore.rms_gemv.default"]
+    add_kernels = [k for k in kernels if k["kernel"] == "torch.ops.mcore.gemv_add.default"]
+    assert len(norm_kernels) == 2 * layers + 1 and len(add_kernels) == 2 * layers
+    assert all(len(set(k["nodes"]) & rsqrts) == 1 for k in norm_kernels)
+    per_head = rsqrts - {n for k in norm_kernels for n in k["nodes"]}
+    assert len(per_head) == 2 * layers  # q_norm and k_norm stay in Inductor's kernels
+    adds = {n.name for n in original.graph.nodes if n.target is torch.ops.aten.add.Tensor}
+    assert all(len(set(k["nodes"]) & adds) == 1 for k in add_kernels)
+
+
 # ------------------------------------------------------------------------------------------- GPU
 
 gpu = pytest.mark.gpu
@@ -260,7 +431,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_kernel_at_the_8b_shapes(dtype):
     """Fused q/k/v, gate/up, down and lm_head of Qwen3-8B, and a few odd sizes: against float64,
-    bit-equal run to run, and the same bits replayed inside a CUDA graph."""
+    bit-equal run to run, and the same bits replayed inside a CUDA graph; the same with the gating,
+    the norm and the residual add folded in."""
     from mcore.ops.gemv import gemv_triton
 
     for n, k in [(6144, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (37, 300), (130, 64)]:
@@ -296,6 +468,42 @@ def test_gpu_kernel_at_the_8b_shapes(dtype):
         prod = x.double().reshape(k) @ w.double().T
         ref = silu_mul(prod[:n].to(dtype), prod[n:].to(dtype)).double().reshape(1, 1, n)
         assert ((a.double() - ref).abs() <= 2 * ref.abs() * 2**-7 + 1e-6).all(), (n, k)
+    from mcore.ops.gemv import rms_norm
+
+    # the add + RMSNorm folded in: the norm in the prologue of q/k/v, gate/up (gated) and lm_head, the
+    # residual add in the epilogue of o_proj and down
+    for n, k, glu in [(6144, 4096, False), (12288, 4096, True), (151936, 4096, False), (65, 300, True)]:
+        g = torch.Generator(device="cuda").manual_seed(n - k)
+        x = (torch.randn(1, 1, k, device="cuda", generator=g) * 4).to(dtype)
+        nw = (1 + 0.3 * torch.randn(k, device="cuda", generator=g)).to(dtype)
+        w = (torch.randn(2 * n if glu else n, k, device="cuda", generator=g) * 0.02).to(dtype)
+        a = gemv_triton(x, w, glu=glu, norm_weight=nw, eps=1e-6)
+        assert torch.equal(a, gemv_triton(x, w, glu=glu, norm_weight=nw, eps=1e-6)), (n, k)
+        xd = x.double().reshape(k)
+        prod = (xd * nw.double() / torch.sqrt(xd.pow(2).mean() + 1e-6)) @ w.double().T
+        if glu:
+            ref = silu_mul(prod[:n].to(dtype), prod[n:].to(dtype)).double().reshape(1, 1, n)
+            assert ((a.double() - ref).abs() <= 3 * ref.abs() * 2**-7 + 1e-6).all(), (n, k)
+        else:
+            ref = prod.reshape(1, 1, n)
+            rel = ((a.double() - ref).norm() / ref.norm()).item()
+            floor = ((ref.to(dtype).double() - ref).norm() / ref.norm()).item()
+            unfused = gemv_triton(rms_norm(x, nw, 1e-6), w)  # the norm rounded first
+            assert rel < 1.5 * floor + 1e-6, (n, k, rel, floor)
+            assert rel <= ((unfused.double() - ref).norm() / ref.norm()).item() + 1e-6, (n, k)
+    for n, k in [(4096, 4096), (4096, 12288), (37, 300)]:
+        g = torch.Generator(device="cuda").manual_seed(n + 7 * k)
+        x = torch.randn(1, 1, k, device="cuda", generator=g).to(dtype)
+        w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(dtype)
+        r = torch.randn(1, 1, n, device="cuda", generator=g).to(dtype)
+        a = gemv_triton(x, w, residual=r)
+        assert torch.equal(a, r + gemv_triton(x, w)), (n, k)  # the unfused step's bits
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            b = gemv_triton(x, w, residual=r)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(a, b), (n, k)
 
 
 @gpu
@@ -325,7 +533,11 @@ def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_pat
         monkeypatch.delenv("MCORE_INDUCTOR")
     nat = DecoderPipeline(str(native), device="cuda")
     assert _gemv_nodes(nat, "decode") > 0 and nat.runners["decode"].graphs
-    gated = [n for n in nat.runners["decode"].prepared.gm.graph.nodes if n.target is torch.ops.mcore.gemv_glu.default]
+    gated = [
+        n
+        for n in nat.runners["decode"].prepared.gm.graph.nodes
+        if n.target is torch.ops.mcore.gemv_glu.default or (n.target is torch.ops.mcore.rms_gemv.default and n.args[4])
+    ]
     assert len(gated) == (int(nat.config["num_hidden_layers"]) if glu == "1" else 0)
     prompt = "the quick brown fox"
     r = nat.generate(prompt, 24, stop_at_eos=False)

@@ -59,6 +59,7 @@ def _shipped_params() -> list:
 
 
 @pytest.mark.slow  # minutes each where CUDA is (every pipeline compiles): the GPU box runs them apart
+@pytest.mark.long
 @pytest.mark.parametrize("name", _shipped_params())
 def test_shipped_session_replays_clean(name, tmp_path, workbench):  # noqa: F811
     res = workbench(

@@ -177,6 +177,7 @@ async def check_common(app: WorkbenchApp, pilot, session: Session, seen: dict, w
     assert all(s.status == t.status for s, t in zip(saved.steps, session.steps, strict=True))
 
 
+@pytest.mark.long
 @pytest.mark.asyncio
 async def test_tutorial_qwen_recipe(tmp_path):
     session = Session.load(find_tutorial("qwen-recipe"))
@@ -288,6 +289,7 @@ def load_qwen_recipe() -> Session:
     return Session.load(find_tutorial("qwen-recipe"))
 
 
+@pytest.mark.long
 @pytest.mark.asyncio
 async def test_tutorial_distilbert_residual(tmp_path):
     session = Session.load(find_tutorial("distilbert-residual"))

@@ -38,7 +38,7 @@ from ..common.progress import NO_PROGRESS, Progress
 from ..graph.snapshot import Snapshot
 from ..ops import inductor
 from ..ops.gemv import enabled as gemv_enabled
-from ..ops.gemv import glu_enabled
+from ..ops.gemv import glu_enabled, norm_enabled
 from ..selection.receipt import SlotRecord
 from .fusion import fuse_sibling_projections, fuse_weights
 from .gemv_pass import use_gemv
@@ -105,6 +105,7 @@ def made_from(structure: str, slots: Sequence[SlotRecord], device: torch.device)
         "options": [fuse_projections(), tuning()]
         + (["gemv"] if gemv_enabled(device) else [])
         + (["gemv-glu"] if gemv_enabled(device) and glu_enabled() else [])
+        + (["gemv-norm"] if gemv_enabled(device) and norm_enabled() else [])
         + inductor.settings(device)
         + (["regional"] if regional() else []),
     }

@@ -4,7 +4,10 @@ A decode step's matrix products have one row: what the hardware allows is readin
 at the memory bandwidth. `mcore.gemv` is written for that shape; Inductor otherwise hands the
 product to the GEMM library. The rewrite runs after the sibling-projection fusion (so a fused
 q/k/v or gate/up product becomes one GEMV) and never touches a slot. The MLP's gating then moves into
-the gate/up product's epilogue (`mcore.gemv_glu`; MCORE_GEMV_GLU=0 keeps it a kernel of its own).
+the gate/up product's epilogue (`mcore.gemv_glu`; MCORE_GEMV_GLU=0 keeps it a kernel of its own), and
+each add + RMSNorm between two products into them: the residual add into the epilogue of the product
+before it (`mcore.gemv_add`), the norm into the prologue of the one after (`mcore.rms_gemv`;
+MCORE_GEMV_NORM=0 keeps them a kernel of their own).
 """
 
 from __future__ import annotations
@@ -15,8 +18,16 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..ops.gemv import glu_enabled  # importing mcore.gemv registers mcore::gemv and mcore::gemv_glu
+from ..ops.gemv import glu_enabled, norm_enabled  # importing mcore.gemv registers the mcore::gemv ops
 from .prepared import PreparedGraph
+
+# the ops a one-row product becomes: plain, with the gating, with the residual add, with the norm
+GEMV_OPS = (
+    torch.ops.mcore.gemv.default,
+    torch.ops.mcore.gemv_glu.default,
+    torch.ops.mcore.gemv_add.default,
+    torch.ops.mcore.rms_gemv.default,
+)
 
 
 def _sizes(user: list[fx.Node], inputs: Sequence[torch.Tensor]) -> dict[Any, int]:
@@ -73,6 +84,9 @@ def use_gemv(p: PreparedGraph, inputs: Sequence[torch.Tensor]) -> int:
         done += 1
     if done and glu_enabled():
         fuse_gating(gm, state)
+    if done and norm_enabled():
+        fuse_norms(gm, state)
+        fuse_residuals(gm)
     if done:
         gm.graph.lint()
         gm.recompile()
@@ -132,4 +146,116 @@ def fuse_gating(gm: fx.GraphModule, state: dict[fx.Node, torch.Tensor]) -> int:
     return done
 
 
-__all__ = ["use_gemv", "one_row", "fuse_gating"]
+def _call(node: object, *targets: Any) -> fx.Node | None:
+    """`node` if it is a call of one of `targets` without keyword arguments."""
+    if isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets and not node.kwargs:
+        return node
+    return None
+
+
+def _cast(node: object, dtype: object) -> fx.Node | None:
+    """`node` if it is `aten.to(x, dtype)` (its input is args[0])."""
+    n = _call(node, torch.ops.aten.to.dtype)
+    return n if n is not None and len(n.args) == 2 and n.args[1] == dtype else None
+
+
+def _split(node: fx.Node | None, pick: Any) -> tuple[fx.Node, object] | None:
+    """(the argument of the two-argument `node` for which `pick` holds, the other one)."""
+    if node is None or len(node.args) != 2:
+        return None
+    a, b = node.args
+    for one, other in ((a, b), (b, a)):
+        if isinstance(one, fx.Node) and pick(one) and not pick(other):
+            return one, other
+    return None
+
+
+def rms_norm_of(x: object, state: dict[fx.Node, torch.Tensor]) -> tuple[fx.Node, fx.Node, float, list[fx.Node]] | None:
+    """(h, norm weight, eps, the norm's nodes) if `x` is the decoders' RMSNorm of h as their modules
+    compute it, w * to(h32 * rsqrt(mean(h32 ** 2, -1, keepdim) + eps), h.dtype) with h32 = to(h,
+    float32) and w a [K] weight of h's dtype, and nothing outside the norm reads its intermediates.
+    Otherwise None."""
+    scale = _split(_call(x, torch.ops.aten.mul.Tensor), lambda a: isinstance(a, fx.Node) and a in state)
+    if scale is None or not isinstance(x, fx.Node):
+        return None
+    weight, rounded = scale
+    dtype = state[weight].dtype
+    to_dtype = _cast(rounded, dtype)
+    normed = _call(to_dtype.args[0], torch.ops.aten.mul.Tensor) if to_dtype is not None else None
+    parts = _split(normed, lambda a: _call(a, torch.ops.aten.rsqrt.default) is not None)
+    if parts is None or to_dtype is None or normed is None:
+        return None
+    rsqrt, other = parts
+    h32 = _cast(other, torch.float32)
+    add = _call(rsqrt.args[0], torch.ops.aten.add.Tensor)
+    mean = _call(add.args[0], torch.ops.aten.mean.dim) if add is not None else None
+    square = _call(mean.args[0], torch.ops.aten.pow.Tensor_Scalar) if mean is not None else None
+    if h32 is None or add is None or mean is None or square is None or not isinstance(add.args[1], float):
+        return None
+    if square.args != (h32, 2) or list(mean.args[1:]) != [[-1], True]:
+        return None
+    h = h32.args[0]
+    val = h.meta.get("val") if isinstance(h, fx.Node) else None
+    if not isinstance(h, fx.Node) or val is None or val.dtype != dtype or state[weight].shape != (val.shape[-1],):
+        return None
+    chain = [x, to_dtype, normed, rsqrt, add, mean, square]
+    if not all(_only_user(node, reader) for node, reader in zip(chain[1:], chain[:-1], strict=True)):
+        return None
+    if set(h32.users) != {square, normed}:
+        return None
+    return h, weight, float(add.args[1]), [*chain, h32]
+
+
+def fuse_norms(gm: fx.GraphModule, state: dict[fx.Node, torch.Tensor]) -> int:
+    """Each `mcore.gemv(rms_norm(h), W)` or `mcore.gemv_glu(...)` whose normalised row nothing else
+    reads becomes `mcore.rms_gemv(h, norm_weight, eps, W, glu)`: the norm in the product's prologue.
+    Returns how many."""
+    done = 0
+    for n in list(gm.graph.nodes):
+        glu = n.target is torch.ops.mcore.gemv_glu.default
+        if n.op != "call_function" or not (glu or n.target is torch.ops.mcore.gemv.default):
+            continue
+        found = rms_norm_of(n.args[0], state)
+        if found is None or not _only_user(n.args[0], n):
+            continue
+        h, weight, eps, chain = found
+        n.target = torch.ops.mcore.rms_gemv.default
+        n.args = (h, weight, eps, n.args[1], glu)
+        n.meta["mcore_fused_nodes"] = [*n.meta.get("mcore_fused_nodes", []), *(c.name for c in chain)]
+        for dead in chain:
+            gm.graph.erase_node(dead)
+        done += 1
+    return done
+
+
+def fuse_residuals(gm: fx.GraphModule) -> int:
+    """Each `r + mcore.gemv(x, W)` (either order) where the add is the product's only reader, r and
+    the product have the sum's shape and dtype, and r comes before the product becomes `mcore.gemv_add(x, W, r)`: the
+    residual add in the product's epilogue, the same bits. Returns how many."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    done = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target is not torch.ops.mcore.gemv.default or len(n.users) != 1:
+            continue
+        add = _call(next(iter(n.users)), torch.ops.aten.add.Tensor)
+        parts = _split(add, lambda a, product=n: a is product)
+        if add is None or parts is None or not isinstance(parts[1], fx.Node):
+            continue
+        r = parts[1]
+        val, rv = add.meta.get("val"), r.meta.get("val")
+        if val is None or rv is None or order[r] > order[n]:
+            continue
+        pv = n.meta["val"]
+        if not tuple(rv.shape) == tuple(pv.shape) == tuple(val.shape) or not rv.dtype == pv.dtype == val.dtype:
+            continue  # a broadcast or a type promotion
+        n.target = torch.ops.mcore.gemv_add.default
+        n.args = (*n.args, r)
+        n.meta["val"] = val
+        n.meta["mcore_fused_nodes"] = [*n.meta.get("mcore_fused_nodes", []), add.name]
+        add.replace_all_uses_with(n)
+        gm.graph.erase_node(add)
+        done += 1
+    return done
+
+
+__all__ = ["GEMV_OPS", "use_gemv", "one_row", "fuse_gating", "fuse_norms", "fuse_residuals", "rms_norm_of"]

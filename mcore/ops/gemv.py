@@ -25,7 +25,19 @@ import torch.nn.functional as F
 
 from .pdl import launch_options
 
-__all__ = ["gemv", "gemv_glu", "gemv_triton", "gemv_config", "enabled", "glu_enabled", "silu_mul"]
+__all__ = [
+    "gemv",
+    "gemv_glu",
+    "gemv_add",
+    "rms_gemv",
+    "gemv_triton",
+    "gemv_config",
+    "enabled",
+    "glu_enabled",
+    "norm_enabled",
+    "silu_mul",
+    "rms_norm",
+]
 
 
 def enabled(device: torch.device) -> bool:
@@ -41,6 +53,15 @@ def glu_enabled() -> bool:
     one kernel (`mcore::gemv_glu`): the gating in the product's epilogue, one launch a layer less and
     no gate/up row written. On by default; MCORE_GEMV_GLU=0 keeps the gating a kernel of its own."""
     return os.environ.get("MCORE_GEMV_GLU", "1") != "0"
+
+
+def norm_enabled() -> bool:
+    """With the rewrite to mcore::gemv, the decoder's add + RMSNorm kernels fold into the products
+    around them: the residual add into the epilogue of the product before it (`mcore::gemv_add`,
+    the same bits) and the norm into the prologue of the product it feeds (`mcore::rms_gemv`, no
+    rounding of the normalised row: within one bf16 rounding of the unfused step). Two launches a
+    layer less. On by default; MCORE_GEMV_NORM=0 keeps them kernels of their own."""
+    return os.environ.get("MCORE_GEMV_NORM", "1") != "0"
 
 
 def gemv_config(n: int, k: int, sms: int = 132) -> tuple[int, int, int, int]:
@@ -84,11 +105,16 @@ def gemv_triton(
     weight: torch.Tensor,
     config: tuple[int, int, int, int] | None = None,
     glu: bool = False,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The Triton kernel: x [..., K] with one row, weight [N, K] contiguous, same dtype; y [..., N].
     With `glu`: weight is [2M, K] (gate rows, then up rows) and y [..., M] = silu(gate) * up, each
     half rounded to x's dtype first as the unfused step stores it. `config` is the concatenated
-    weight's (gemv_config): a GLU program takes half as many output rows, the same weight bytes."""
+    weight's (gemv_config): a GLU program takes half as many output rows, the same weight bytes.
+    With `norm_weight` [K]: x RMS-normalised first (rms_norm, unrounded). With `residual` (y's
+    shape): y = residual + the product rounded to y's dtype."""
     if not _has_triton():
         raise RuntimeError("mcore.gemv needs triton (pip install triton)")
     n, k = weight.shape
@@ -98,9 +124,13 @@ def gemv_triton(
         )
     if glu and n % 2:
         raise ValueError(f"gemv_glu: weight {tuple(weight.shape)} has an odd row count: not gate and up rows")
+    out = n // 2 if glu else n
+    if norm_weight is not None and norm_weight.numel() != k:
+        raise ValueError(f"rms_gemv: norm weight {tuple(norm_weight.shape)} does not match x's {k} columns")
+    if residual is not None and (residual.numel() != out or residual.dtype != x.dtype):
+        raise ValueError(f"gemv_add: residual {tuple(residual.shape)} {residual.dtype} is not one row of {out}")
     xs = x.reshape(k).contiguous()
     w = weight.contiguous()
-    out = n // 2 if glu else n
     y = torch.empty(out, dtype=x.dtype, device=x.device)
     sms = _sm_count(x.device.index or 0) if x.device.type == "cuda" else 4  # 4: the interpreter
     block_n, block_k, warps, stages = config or gemv_config(n, k, sms)
@@ -111,12 +141,17 @@ def gemv_triton(
         xs,
         w,
         y,
+        xs if norm_weight is None else norm_weight.reshape(k).contiguous(),  # unread without NORM
+        y if residual is None else residual.reshape(out).contiguous(),  # unread without RESIDUAL
         out,
+        float(eps),
         K=k,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         PDL=bool(pdl),
         GLU=glu,
+        NORM=norm_weight is not None,
+        RESIDUAL=residual is not None,
         num_warps=warps,
         num_stages=stages,
         **pdl,
@@ -124,10 +159,14 @@ def gemv_triton(
     return y.reshape(*x.shape[:-1], out)
 
 
+def _on_triton(x: torch.Tensor) -> bool:
+    return x.device.type == "cuda" and x.dtype in (torch.bfloat16, torch.float16) and _has_triton()
+
+
 @torch.library.custom_op("mcore::gemv", mutates_args=())
 def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., K] (one row) times weight [N, K] transposed, as `F.linear(x, weight)`."""
-    if x.device.type == "cuda" and x.dtype in (torch.bfloat16, torch.float16) and _has_triton():
+    if _on_triton(x):
         return gemv_triton(x, weight)
     return F.linear(x, weight)
 
@@ -147,7 +186,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def gemv_glu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`silu(F.linear(x, gate_w)) * F.linear(x, up_w)` for one row, weight = cat(gate_w, up_w): the MLP's
     fused gate/up product with its gating in the kernel's epilogue (on unless MCORE_GEMV_GLU=0)."""
-    if x.device.type == "cuda" and x.dtype in (torch.bfloat16, torch.float16) and _has_triton():
+    if _on_triton(x):
         return gemv_triton(x, weight, glu=True)
     gate, up = F.linear(x, weight).chunk(2, dim=-1)
     return silu_mul(gate, up)
@@ -156,3 +195,44 @@ def gemv_glu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 @gemv_glu.register_fake
 def _gemv_glu_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0] // 2))
+
+
+@torch.library.custom_op("mcore::gemv_add", mutates_args=())
+def gemv_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """`residual + F.linear(x, weight)` for one row: the decoder's residual add in the product's epilogue,
+    the product rounded to x's dtype first as the unfused step stores it (the same bits)."""
+    if _on_triton(x):
+        return gemv_triton(x, weight, residual=residual)
+    return residual + F.linear(x, weight)
+
+
+@gemv_add.register_fake
+def _gemv_add_fake(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def rms_norm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The decoders' RMSNorm as their modules compute it: in fp32, rounded to x's dtype, then scaled by
+    the weight in x's dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return norm_weight * h.to(x.dtype)
+
+
+@torch.library.custom_op("mcore::rms_gemv", mutates_args=())
+def rms_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, glu: bool) -> torch.Tensor:
+    """`F.linear(rms_norm(x, norm_weight, eps), weight)` for one row (`glu`: then silu(gate) * up as
+    mcore::gemv_glu): the norm in the product's prologue. The kernel sums x^2 in the pass that reads x
+    for the products and scales the sums once, so the normalised row is never rounded: within one
+    rounding of the unfused step, not bit-equal to it (CPU computes the unfused step)."""
+    if _on_triton(x):
+        return gemv_triton(x, weight, glu=glu, norm_weight=norm_weight, eps=eps)
+    h = rms_norm(x, norm_weight, eps)
+    return gemv_glu(h, weight) if glu else F.linear(h, weight)
+
+
+@rms_gemv.register_fake
+def _rms_gemv_fake(
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, glu: bool
+) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0] // 2 if glu else weight.shape[0]))

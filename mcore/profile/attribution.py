@@ -33,6 +33,8 @@ MATMULS = {
     "aten.matmul.default",
     "mcore.gemv.default",
     "mcore.gemv_glu.default",
+    "mcore.gemv_add.default",
+    "mcore.rms_gemv.default",
 }
 VIEWS = {
     "aten.view.default",

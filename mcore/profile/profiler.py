@@ -35,7 +35,7 @@ from .. import __version__
 from ..common.errors import UserError
 from ..common.progress import NO_PROGRESS, Progress
 from ..ops.gemv import enabled as gemv_enabled
-from ..ops.gemv import glu_enabled
+from ..ops.gemv import glu_enabled, norm_enabled
 from .attribution import (
     CANDIDATE_BINDING,
     VIEWS,
@@ -284,7 +284,8 @@ def _with_fusion(run: _Run, pipe: Any, role: str, prepared: Any, inputs: tuple) 
         engine="compiled (Inductor), this device"
         + ("; one-row products on mcore::gemv" if gemv else "")
         + "; the engine also merges sibling projections (q/k/v, gate/up)"
-        + ("; and computes the gating in the gate/up product's kernel" if gemv and glu_enabled() else ""),
+        + ("; and computes the gating in the gate/up product's kernel" if gemv and glu_enabled() else "")
+        + ("; each add + RMSNorm inside the products around it" if gemv and norm_enabled() else ""),
         kernels=tuple(FusedKernel(k["kernel"], tuple(to_id.get(n, n) for n in k["nodes"])) for k in kernels),
     )
     known = [dict(k, nodes=[n for n in k["nodes"] if n in to_id]) for k in kernels]
