@@ -13,6 +13,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Under pytest-xdist every worker (and every process a test starts: the perf gates' fresh-process
+# pairs) would run as many CPU threads as the machine has cores: on CI's 2 cores, 2 workers with 2
+# spinning OpenMP threads each ran the shipped replays 3x slower than one thread each does.
+# Each worker and its children get an equal share of the cores (set before torch is imported).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+    os.environ.setdefault("MKL_NUM_THREADS", str(_share))
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `long` first (stable order otherwise): under pytest-xdist each starts while the

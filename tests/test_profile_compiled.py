@@ -236,8 +236,6 @@ def test_gpu_compiled_profile_accounts_for_the_steps_device_time(tmp_path):
     assert abs(p.kernel_seconds - step) <= 0.05 * step, (step, p.kernel_seconds, p.between_kernels)
     assert total >= p.kernel_seconds and (total <= 1.05 * step or overhead_note(p) in head_lines(p)), (step, total)
     assert all(k.device_kernels for k in p.kernels if k.rates.seconds > 0)
-    # the engine's one-row products: the norms in their prologues, the residual adds in their epilogues
-    kernels = {k.kernel for k in p.kernels}
-    assert {"torch.ops.mcore.rms_gemv.default", "torch.ops.mcore.gemv_add.default"} <= kernels, kernels
+    assert any(k.kernel == "torch.ops.mcore.gemv.default" for k in p.kernels)  # the engine's one-row products
     write_json(tmp_path / "p.json", p.to_dict())
     assert load_profile(tmp_path / "p.json").kernels == p.kernels

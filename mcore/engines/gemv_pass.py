@@ -6,8 +6,8 @@ product to the GEMM library. The rewrite runs after the sibling-projection fusio
 q/k/v or gate/up product becomes one GEMV) and never touches a slot. The MLP's gating then moves into
 the gate/up product's epilogue (`mcore.gemv_glu`; MCORE_GEMV_GLU=0 keeps it a kernel of its own), and
 each add + RMSNorm between two products into them: the residual add into the epilogue of the product
-before it (`mcore.gemv_add`), the norm into the prologue of the one after (`mcore.rms_gemv`;
-MCORE_GEMV_NORM=0 keeps them a kernel of their own).
+before it (`mcore.gemv_add`), the norm into the prologue of the one after (`mcore.rms_gemv`), where
+MCORE_GEMV_NORM=1 asks for it.
 """
 
 from __future__ import annotations

@@ -5,8 +5,12 @@ from the INT32[1] device tensor inside the kernels. The grid is fixed for a give
 x NSPLIT programs), so the launch is the same on every call and safe inside a CUDA graph; each
 program takes an equal, block-aligned share of [0, length) and programs past the end do nothing.
 
-Deterministic: the split schedule depends only on the length, and the second kernel merges the
-splits' partial results in a fixed order (no atomics).
+Deterministic: the split schedule depends only on the length, and the splits' partial results are
+merged in a fixed order by a second kernel. MCORE_ATTN_MERGE=fold makes the merge no kernel of its
+own: each split counts itself in on a per-KV-head counter once its partials are stored, and the
+last one to arrive merges that head's rows and resets the counter (which program that is varies;
+what it computes does not). The counters live on the device, one set per device, so one decode
+step at a time runs on a device. Off until its GPU timing says it pays (docs/gpu-results.md).
 
 Numerics (the mcore::decode_attention contract): scores accumulate in fp32 (16-bit products are
 exact), the softmax is fp32, the probabilities are rounded to the cache dtype for the product with
@@ -81,6 +85,25 @@ def _attend_block(
 
 
 @triton.jit
+def _merge_rows(
+    PACC, PML, OUT, kvh, row, ROWS: tl.constexpr, D: tl.constexpr, NSPLIT: tl.constexpr, NSPLIT_P2: tl.constexpr
+):
+    """One output row from its NSPLIT partial results, always in the same order. The partials are
+    read past L1 (.cg): other SMs wrote them in this very kernel when the merge is folded in."""
+    splits = tl.arange(0, NSPLIT_P2)
+    ok = splits < NSPLIT
+    cols = tl.arange(0, D)
+    part = (kvh * NSPLIT + splits) * ROWS + row
+    m = tl.load(PML + part * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    l = tl.load(PML + part * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
+    m_all = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_all))
+    acc = tl.load(PACC + part[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg")
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(OUT + (kvh * ROWS + row) * D + cols, out.to(OUT.dtype.element_ty))
+
+
+@triton.jit
 def _split_kernel(
     Q,
     K,
@@ -88,6 +111,8 @@ def _split_kernel(
     LEN,
     PACC,
     PML,
+    OUT,
+    CNT,
     C,
     S: tl.constexpr,
     ROWS: tl.constexpr,
@@ -95,10 +120,12 @@ def _split_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NSPLIT: tl.constexpr,
+    NSPLIT_P2: tl.constexpr,
     WIDE: tl.constexpr,
     UPCAST: tl.constexpr,
     INTERP: tl.constexpr,
     PDL: tl.constexpr,
+    FOLD: tl.constexpr,
 ):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
@@ -132,6 +159,12 @@ def _split_kernel(
     tl.store(PACC + part[:, None] * D + cols[None, :], acc, mask=row_ok[:, None])
     tl.store(PML + part * 2, m, mask=row_ok)
     tl.store(PML + part * 2 + 1, l, mask=row_ok)
+    if FOLD:
+        tl.debug_barrier()  # all of this program's partials stored before it counts itself in
+        if tl.atomic_add(CNT + kvh, 1, sem="acq_rel") == NSPLIT - 1:  # the last of this head's splits
+            for row in range(ROWS):
+                _merge_rows(PACC, PML, OUT, kvh, row, ROWS, D, NSPLIT, NSPLIT_P2)
+            tl.atomic_xchg(CNT + kvh, 0)  # ready for the next call
 
 
 @triton.jit
@@ -150,22 +183,36 @@ def _merge_kernel(
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    splits = tl.arange(0, NSPLIT_P2)
-    ok = splits < NSPLIT
-    cols = tl.arange(0, D)
-    part = (kvh * NSPLIT + splits) * ROWS + row
-    m = tl.load(PML + part * 2, mask=ok, other=float("-inf"))
-    l = tl.load(PML + part * 2 + 1, mask=ok, other=0.0)
-    m_all = tl.max(m, 0)
-    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_all))
-    acc = tl.load(PACC + part[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0)
-    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
-    tl.store(OUT + (kvh * ROWS + row) * D + cols, out.to(OUT.dtype.element_ty))
+    _merge_rows(PACC, PML, OUT, kvh, row, ROWS, D, NSPLIT, NSPLIT_P2)
 
 
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def fold_merge() -> bool:
+    """MCORE_ATTN_MERGE=fold: the splits' merge folded into the split kernel; otherwise (=kernel, the
+    default) a kernel of its own."""
+    return os.environ.get("MCORE_ATTN_MERGE", "kernel") == "fold"
+
+
+_counters: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _counter(device: torch.device, kv_heads: int) -> torch.Tensor:
+    """The per-KV-head arrival counters of the folded merge: zero between calls (the last arrival
+    resets its own). Made once per device outside any CUDA graph capture; a capture that needs them
+    first gets zeros of its own (a memset the graph repeats)."""
+    if device.type != "cuda":  # Triton's interpreter (tests): one call at a time
+        return torch.zeros(kv_heads, dtype=torch.int32, device=device)
+    key = (device.index if device.index is not None else torch.cuda.current_device(), kv_heads)
+    if key not in _counters:
+        zeros = torch.zeros(kv_heads, dtype=torch.int32, device=device)
+        if torch.cuda.is_current_stream_capturing():
+            return zeros
+        _counters[key] = zeros
+    return _counters[key]
 
 
 def _nsplit(device_index: int, kv_heads: int) -> int:
@@ -203,6 +250,7 @@ def decode_attention(
     block_m = max(16, triton.next_power_of_2(rows))
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     pdl = launch_options(q.device)
+    fold = fold_merge()
     _split_kernel[(kvh, nsplit)](
         q,
         k_cache,
@@ -210,6 +258,8 @@ def decode_attention(
         kv_lengths,
         pacc,
         pml,
+        out,
+        _counter(q.device, kvh) if fold else kv_lengths,  # unread without FOLD
         cap,
         S=s,
         ROWS=rows,
@@ -217,14 +267,18 @@ def decode_attention(
         BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         NSPLIT=nsplit,
+        NSPLIT_P2=triton.next_power_of_2(nsplit),
         WIDE=q.dtype == torch.float32,
         UPCAST=q.dtype == torch.bfloat16 and interp,
         INTERP=interp,
         PDL=bool(pdl),
+        FOLD=fold,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
         **pdl,
     )
+    if fold:
+        return out
     _merge_kernel[(kvh, rows)](
         pacc,
         pml,
