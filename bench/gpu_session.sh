@@ -21,6 +21,8 @@
 # attnbench: bench/attention_gpu.py, the CuTe attention kernel against native on the 8B-sized config
 #          (kernel per call, whole step with all 36 layers bound; needs the CuTe DSL; ATTN_ARGS)    ~6 min
 # gemv:    bench/gemv_gpu.py --sweep, mcore::gemv against cuBLAS at the 8B decode shapes (issue 8)  ~3 min
+# fusions: issue 32's opt-in launch cuts (MCORE_GEMV_NORM=1, MCORE_ATTN_MERGE=fold): their GPU tests, then the
+#          8B-sized decode step with each beside the defaults, in repeated processes (logits compared)  ~7 min
 set -uo pipefail
 OUT=${1:?usage: gpu_session.sh OUT [stages]}
 STAGES=${2:-suite,engine,gate,profile,attention}
@@ -103,6 +105,16 @@ if has attnbench; then
   cp "$W/attnbench/attention.json" "$OUT/attnbench.json" 2>/dev/null
   echo "== attnbench"; grep -v '^\[' "$OUT/attnbench.log" | tail -n 60
   rm -rf "$W"/attnbench/*.bundle
+fi
+if has fusions; then
+  python3 -m pytest -q -o addopts="" -p no:cacheprovider -n 8 -m "gpu and not timing" tests/test_gemv.py \
+    tests/test_flash_decode.py > "$OUT/fusions-tests.log" 2>&1
+  echo "== fusions: gpu tests"; grep -E "passed|failed|FAILED|ERROR|^E " "$OUT/fusions-tests.log" | tail -n 12
+  base="MCORE_GEMV_NORM=0 MCORE_ATTN_MERGE=kernel" both="MCORE_GEMV_NORM=1 MCORE_ATTN_MERGE=fold"
+  python3 "$here/engine_gpu.py" "$W/fusions" --parts roofline --contexts 1024,32768 --steps 30 --extra-capacity= \
+    --variants "$base;MCORE_GEMV_NORM=1 MCORE_ATTN_MERGE=kernel;$both;$base;$both" > "$OUT/fusions.log" 2>&1
+  echo "== fusions: engine"; grep -v '^\[' "$OUT/fusions.log" | grep -v "^  .* load: " | tail -n 40
+  rm -rf "$W"/fusions/*.bundle "$W"/fusions/*-cache*
 fi
 if has gemv; then
   python3 "$here/gemv_gpu.py" --sweep --json "$OUT/gemv.json" > "$OUT/gemv.log" 2>&1
