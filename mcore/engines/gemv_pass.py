@@ -230,8 +230,9 @@ def fuse_norms(gm: fx.GraphModule, state: dict[fx.Node, torch.Tensor]) -> int:
 
 def fuse_residuals(gm: fx.GraphModule) -> int:
     """Each `r + mcore.gemv(x, W)` (either order) where the add is the product's only reader, r and
-    the product have the sum's shape and dtype, and r comes before the product becomes `mcore.gemv_add(x, W, r)`: the
-    residual add in the product's epilogue, the same bits. Returns how many."""
+    the product have the sum's shape and dtype, and r comes before the product becomes
+    `mcore.gemv_add(x, W, r)`: the residual add in the product's epilogue, the same bits. Returns
+    how many."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     done = 0
     for n in list(gm.graph.nodes):
