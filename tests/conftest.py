@@ -21,6 +21,13 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     os.environ.setdefault("OMP_NUM_THREADS", str(_share))
     os.environ.setdefault("MKL_NUM_THREADS", str(_share))
+    # One Inductor cache for every worker and test (tests that give mcore a cache folder of their own
+    # would otherwise compile the same demo graphs' C++ again each time). mcore's own caches stay
+    # where each test puts them, and the timing tests (run without xdist) compile cold as users do.
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        _inductor = Path(os.environ.get("MCORE_CACHE_DIR", REPO / ".ci-cache" / "mcore")).parent / "inductor-tests"
+        _inductor.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(_inductor)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

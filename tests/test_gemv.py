@@ -76,7 +76,8 @@ def test_the_gated_kernel_matches_the_float64_reference_under_the_triton_interpr
     """mcore::gemv_glu's kernel: the fused gate/up product with silu(gate) * up in its epilogue,
     against float64 of the two halves rounded as the unfused step stores them (then the gating in
     fp32, rounded once), for several launch configurations, and close to the exact float64 gating."""
-    for case, res in zip(CASES, run_under_triton_interpreter(_INTERP_GLU, CASES), strict=True):
+    glu_cases = CASES[:4]  # the 600-row case is most of the interpreter time and the plain test has it
+    for case, res in zip(glu_cases, run_under_triton_interpreter(_INTERP_GLU, glu_cases), strict=True):
         n, _, dt = case
         assert res["same"] and res["shape"] == [[1, 1, n]] * 3, (case, res)
         if dt == "float32":
