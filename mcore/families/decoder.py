@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..ops import attention as _ops  # noqa: F401  (registers mcore::decode_attention / prefill_attention)
+from ..ops.gemv import rms_norm
 from . import weights as W
 from .decoder_config import ACTIVATIONS, DecoderDims
 from .rope import rope_tables
@@ -40,11 +41,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        var = h.pow(2).mean(-1, keepdim=True)
-        h = h * torch.rsqrt(var + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class DecodeAttention(nn.Module):

@@ -20,6 +20,7 @@ from torch import fx
 
 from ..bundle.manifest import BundleManifest
 from ..common.errors import UserError
+from ..engines.gemv_pass import GEMV_OPS
 from ..graph.from_export import TORCH_DTYPES
 from ..graph.snapshot import Snapshot
 from .report import KernelSplit, ProfileCandidate, ProfileModule, ProfileNode, ProfileRecipe, ProfileSlot, Rates
@@ -31,10 +32,7 @@ MATMULS = {
     "aten.addmm.default",
     "aten.bmm.default",
     "aten.matmul.default",
-    "mcore.gemv.default",
-    "mcore.gemv_glu.default",
-    "mcore.gemv_add.default",
-    "mcore.rms_gemv.default",
+    *(str(op) for op in GEMV_OPS),  # mcore's one-row products, with or without their fusions
 }
 VIEWS = {
     "aten.view.default",
