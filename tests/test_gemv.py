@@ -512,8 +512,8 @@ def test_gpu_kernel_at_the_8b_shapes(dtype):
 @needs_cuda
 @pytest.mark.parametrize(
     "inductor, glu, fused",
-    [("none", "1", False), (None, "1", False), (None, "0", False), (None, "1", True)],
-    ids=["plain", "defaults", "defaults-no-glu", "defaults-norms-and-merge-folded"],
+    [("none", "1", ""), (None, "1", ""), (None, "0", ""), (None, "1", "norm-fold"), (None, "1", "norm-fold-rope")],
+    ids=["plain", "defaults", "defaults-no-glu", "defaults-norms-and-merge-folded", "defaults-and-every-launch-cut"],
 )
 def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_path, monkeypatch, inductor, glu, fused):
     """mcore::gemv in the decode step: the same tokens twice, bit-identical logits with an
@@ -528,6 +528,8 @@ def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_pat
     if fused:  # the add + RMSNorm in the products around it, the attention's merge in its split kernel
         monkeypatch.setenv("MCORE_GEMV_NORM", "1")
         monkeypatch.setenv("MCORE_ATTN_MERGE", "fold")
+    if "rope" in fused:  # the q/k norms, rotation and cache writes in the attention's split kernel
+        monkeypatch.setenv("MCORE_ATTN_ROPE", "1")
     monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
     # each pipeline compiles its decode role itself: a role a helper process compiled is loaded
     # without its graph, and this test reads the graph's gemv nodes
@@ -549,6 +551,12 @@ def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_pat
     assert len(gated) == (layers if glu == "1" else 0)
     norms = [n for n in nat.runners["decode"].prepared.gm.graph.nodes if n.target is torch.ops.mcore.rms_gemv.default]
     assert len(norms) == (2 * layers + 1 if fused else 0)
+    ropes = [
+        n
+        for n in nat.runners["decode"].prepared.gm.graph.nodes
+        if n.target is torch.ops.mcore.rope_decode_attention.default
+    ]
+    assert len(ropes) == (layers if "rope" in fused else 0)
     prompt = "the quick brown fox"
     r = nat.generate(prompt, 24, stop_at_eos=False)
     assert nat.generate(prompt, 24, stop_at_eos=False).tokens == r.tokens

@@ -31,17 +31,20 @@ for pdl, glu, norm, res in itertools.product([False, True], repeat=4):
                        options={"num_warps": 8, "num_stages": 3})
     out["gemv"].append(len(k.asm["cubin"]))
 split_sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "LEN": "*i32", "PACC": "*fp32", "PML": "*fp32", "OUT": "*bf16",
-             "CNT": "*i32", "C": "i32",
+             "CNT": "*i32", "QNW": "*bf16", "KNW": "*bf16", "COS": "*fp32", "SIN": "*fp32", "eps": "fp32",
+             "scale": "fp32", "C": "i32",
              **{c: "constexpr" for c in ("S", "ROWS", "D", "BLOCK_M", "BLOCK_N", "NSPLIT", "NSPLIT_P2", "WIDE",
-                                         "UPCAST", "INTERP", "PDL", "FOLD")}}
-for pdl, fold in itertools.product([False, True], repeat=2):
+                                         "UPCAST", "INTERP", "PDL", "FOLD", "ROPE", "QKNORM", "KVH", "S_P2")}}
+# the rotary prologue (mcore::rope_decode_attention) with and without the q/k norms, beside the plain split
+for pdl, fold, (rope, qknorm) in itertools.product([False, True], [False, True], [(0, 0), (1, 1), (1, 0)]):
     const = {"S": 1, "ROWS": 4, "D": 128, "BLOCK_M": 16, "BLOCK_N": 64, "NSPLIT": 33, "NSPLIT_P2": 64,
-             "WIDE": False, "UPCAST": False, "INTERP": False, "PDL": pdl, "FOLD": fold}
+             "WIDE": False, "UPCAST": False, "INTERP": False, "PDL": pdl, "FOLD": fold, "ROPE": bool(rope),
+             "QKNORM": bool(qknorm), "KVH": 8, "S_P2": 1}
     k = triton.compile(ASTSource(fn=fd._split_kernel, signature=split_sig, constexprs=const), target=target,
                        options={"num_warps": 4, "num_stages": 3})
     lines = [l.strip() for l in k.asm["ptx"].splitlines()]
     atoms = [i for i, l in enumerate(lines) if " atom." in l or l.startswith("atom.")]
-    out["split"][f"pdl={pdl} fold={fold}"] = {
+    out["split"][f"pdl={pdl} fold={fold} rope={rope} qknorm={qknorm}"] = {
         "cubin": len(k.asm["cubin"]),
         "atoms": [lines[i] for i in atoms],
         # what comes between the last partial store before the first atomic and that atomic
@@ -70,7 +73,7 @@ def test_kernels_compile_for_sm90_and_the_folded_merge_counts_in_after_a_barrier
     )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert len(out["gemv"]) == 16 and all(out["gemv"]) and out["merge"] == 2
+    assert len(out["gemv"]) == 16 and all(out["gemv"]) and out["merge"] == 2 and len(out["split"]) == 12
     for name, k in out["split"].items():
         assert k["cubin"], name
         if "fold=False" in name:

@@ -36,7 +36,7 @@ from ..common import cache
 from ..common.errors import UserError
 from ..common.progress import NO_PROGRESS, Progress
 from ..graph.snapshot import Snapshot
-from ..ops import inductor
+from ..ops import inductor, rope_attention
 from ..ops.gemv import enabled as gemv_enabled
 from ..ops.gemv import glu_enabled, norm_enabled
 from ..selection.receipt import SlotRecord
@@ -106,6 +106,7 @@ def made_from(structure: str, slots: Sequence[SlotRecord], device: torch.device)
         + (["gemv"] if gemv_enabled(device) else [])
         + (["gemv-glu"] if gemv_enabled(device) and glu_enabled() else [])
         + (["gemv-norm"] if gemv_enabled(device) and norm_enabled() else [])
+        + (["attn-rope"] if gemv_enabled(device) and rope_attention.enabled() else [])
         + inductor.settings(device)
         + (["regional"] if regional() else []),
     }

@@ -18,8 +18,11 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..ops import rope_attention
 from ..ops.gemv import glu_enabled, norm_enabled  # importing mcore.gemv registers the mcore::gemv ops
+from .patterns import call, only_user, rms_norm_of, split
 from .prepared import PreparedGraph
+from .rope_pass import fuse_rope_attention
 
 # the ops a one-row product becomes: plain, with the gating, with the residual add, with the norm
 GEMV_OPS = (
@@ -87,14 +90,12 @@ def use_gemv(p: PreparedGraph, inputs: Sequence[torch.Tensor]) -> int:
     if done and norm_enabled():
         fuse_norms(gm, state)
         fuse_residuals(gm)
+    if done and rope_attention.enabled():
+        fuse_rope_attention(gm, state)
     if done:
         gm.graph.lint()
         gm.recompile()
     return done
-
-
-def _only_user(node: object, user: fx.Node) -> bool:
-    return isinstance(node, fx.Node) and list(node.users) == [user]
 
 
 def _half(node: object, product: fx.Node, rows: int, first: bool) -> bool:
@@ -133,7 +134,7 @@ def fuse_gating(gm: fx.GraphModule, state: dict[fx.Node, torch.Tensor]) -> int:
         mul = next(iter(silu.users))
         if mul.target is not torch.ops.aten.mul.Tensor or mul.kwargs or set(mul.args) != {silu, up}:
             continue
-        if not _only_user(up, mul):
+        if not only_user(up, mul):
             continue
         n.target = torch.ops.mcore.gemv_glu.default
         n.meta["val"] = mul.meta["val"]
@@ -146,66 +147,6 @@ def fuse_gating(gm: fx.GraphModule, state: dict[fx.Node, torch.Tensor]) -> int:
     return done
 
 
-def _call(node: object, *targets: Any) -> fx.Node | None:
-    """`node` if it is a call of one of `targets` without keyword arguments."""
-    if isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets and not node.kwargs:
-        return node
-    return None
-
-
-def _cast(node: object, dtype: object) -> fx.Node | None:
-    """`node` if it is `aten.to(x, dtype)` (its input is args[0])."""
-    n = _call(node, torch.ops.aten.to.dtype)
-    return n if n is not None and len(n.args) == 2 and n.args[1] == dtype else None
-
-
-def _split(node: fx.Node | None, pick: Any) -> tuple[fx.Node, object] | None:
-    """(the argument of the two-argument `node` for which `pick` holds, the other one)."""
-    if node is None or len(node.args) != 2:
-        return None
-    a, b = node.args
-    for one, other in ((a, b), (b, a)):
-        if isinstance(one, fx.Node) and pick(one) and not pick(other):
-            return one, other
-    return None
-
-
-def rms_norm_of(x: object, state: dict[fx.Node, torch.Tensor]) -> tuple[fx.Node, fx.Node, float, list[fx.Node]] | None:
-    """(h, norm weight, eps, the norm's nodes) if `x` is the decoders' RMSNorm of h as their modules
-    compute it, w * to(h32 * rsqrt(mean(h32 ** 2, -1, keepdim) + eps), h.dtype) with h32 = to(h,
-    float32) and w a [K] weight of h's dtype, and nothing outside the norm reads its intermediates.
-    Otherwise None."""
-    scale = _split(_call(x, torch.ops.aten.mul.Tensor), lambda a: isinstance(a, fx.Node) and a in state)
-    if scale is None or not isinstance(x, fx.Node):
-        return None
-    weight, rounded = scale
-    dtype = state[weight].dtype
-    to_dtype = _cast(rounded, dtype)
-    normed = _call(to_dtype.args[0], torch.ops.aten.mul.Tensor) if to_dtype is not None else None
-    parts = _split(normed, lambda a: _call(a, torch.ops.aten.rsqrt.default) is not None)
-    if parts is None or to_dtype is None or normed is None:
-        return None
-    rsqrt, other = parts
-    h32 = _cast(other, torch.float32)
-    add = _call(rsqrt.args[0], torch.ops.aten.add.Tensor)
-    mean = _call(add.args[0], torch.ops.aten.mean.dim) if add is not None else None
-    square = _call(mean.args[0], torch.ops.aten.pow.Tensor_Scalar) if mean is not None else None
-    if h32 is None or add is None or mean is None or square is None or not isinstance(add.args[1], float):
-        return None
-    if square.args != (h32, 2) or list(mean.args[1:]) != [[-1], True]:
-        return None
-    h = h32.args[0]
-    val = h.meta.get("val") if isinstance(h, fx.Node) else None
-    if not isinstance(h, fx.Node) or val is None or val.dtype != dtype or state[weight].shape != (val.shape[-1],):
-        return None
-    chain = [x, to_dtype, normed, rsqrt, add, mean, square]
-    if not all(_only_user(node, reader) for node, reader in zip(chain[1:], chain[:-1], strict=True)):
-        return None
-    if set(h32.users) != {square, normed}:
-        return None
-    return h, weight, float(add.args[1]), [*chain, h32]
-
-
 def fuse_norms(gm: fx.GraphModule, state: dict[fx.Node, torch.Tensor]) -> int:
     """Each `mcore.gemv(rms_norm(h), W)` or `mcore.gemv_glu(...)` whose normalised row nothing else
     reads becomes `mcore.rms_gemv(h, norm_weight, eps, W, glu)`: the norm in the product's prologue.
@@ -216,7 +157,7 @@ def fuse_norms(gm: fx.GraphModule, state: dict[fx.Node, torch.Tensor]) -> int:
         if n.op != "call_function" or not (glu or n.target is torch.ops.mcore.gemv.default):
             continue
         found = rms_norm_of(n.args[0], state)
-        if found is None or not _only_user(n.args[0], n):
+        if found is None or not only_user(n.args[0], n):
             continue
         h, weight, eps, chain = found
         n.target = torch.ops.mcore.rms_gemv.default
@@ -238,8 +179,8 @@ def fuse_residuals(gm: fx.GraphModule) -> int:
     for n in list(gm.graph.nodes):
         if n.op != "call_function" or n.target is not torch.ops.mcore.gemv.default or len(n.users) != 1:
             continue
-        add = _call(next(iter(n.users)), torch.ops.aten.add.Tensor)
-        parts = _split(add, lambda a, product=n: a is product)
+        add = call(next(iter(n.users)), torch.ops.aten.add.Tensor)
+        parts = split(add, lambda a, product=n: a is product)
         if add is None or parts is None or not isinstance(parts[1], fx.Node):
             continue
         r = parts[1]
@@ -259,4 +200,4 @@ def fuse_residuals(gm: fx.GraphModule) -> int:
     return done
 
 
-__all__ = ["GEMV_OPS", "use_gemv", "one_row", "fuse_gating", "fuse_norms", "fuse_residuals", "rms_norm_of"]
+__all__ = ["GEMV_OPS", "use_gemv", "one_row", "fuse_gating", "fuse_norms", "fuse_residuals"]

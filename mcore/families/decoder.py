@@ -27,6 +27,7 @@ from torch import nn
 
 from ..ops import attention as _ops  # noqa: F401  (registers mcore::decode_attention / prefill_attention)
 from ..ops.gemv import rms_norm
+from ..ops.rope_attention import rotate
 from . import weights as W
 from .decoder_config import ACTIVATIONS, DecoderDims
 from .rope import rope_tables
@@ -76,12 +77,6 @@ class Attention(nn.Module):
         self.decode_attention = DecodeAttention()
         self.scale = d.head_dim**-0.5
 
-    @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x * cos) + (rot * sin)
-
     def _heads(self, proj: nn.Module, norm: nn.Module | None, x: torch.Tensor, b: int, s: int, n: int):
         """[b, s, hidden] -> [b, n, s, D]: the projection split into heads, each normalized first
         where the family has q/k norms."""
@@ -104,8 +99,8 @@ class Attention(nn.Module):
         q = self._heads(self.q_proj, self.q_norm, x, b, s, self.num_heads)
         k = self._heads(self.k_proj, self.k_norm, x, b, s, self.num_kv_heads)
         v = self._heads(self.v_proj, None, x, b, s, self.num_kv_heads)
-        q = self._rope(q, cos, sin)
-        k = self._rope(k, cos, sin)
+        q = rotate(q, cos, sin)
+        k = rotate(k, cos, sin)
         # In-place cache update at the new positions; later reads see the updated tensor.
         k_cache = k_cache.index_copy_(2, positions, k)
         v_cache = v_cache.index_copy_(2, positions, v)

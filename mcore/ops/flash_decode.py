@@ -104,6 +104,25 @@ def _merge_rows(
 
 
 @triton.jit
+def _rotated_heads(X, NW, COS, SIN, offs, pos, ok, eps, cols, D: tl.constexpr, QKNORM: tl.constexpr):
+    """Rows of D values at X + offs (one a head), each RMS-normalised with NW (QKNORM) and rounded as
+    the decoder's norm rounds, then rotated by the rotary embedding: the rows `pos` of the FP32 tables
+    COS and SIN, rounded to X's dtype as the decoder reads them. mcore/ops/rope_attention.py's
+    computation, in fp32 between those roundings."""
+    half = (cols + D // 2) % D  # the partner of each column in rotate_half
+    x = tl.load(X + offs[:, None] + cols[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    xr = tl.load(X + offs[:, None] + half[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    if QKNORM:
+        r = tl.rsqrt(tl.sum(x * x, 1) / D + eps)[:, None]
+        x = (x * r).to(X.dtype.element_ty).to(tl.float32) * tl.load(NW + cols).to(tl.float32)[None, :]
+        xr = (xr * r).to(X.dtype.element_ty).to(tl.float32) * tl.load(NW + half).to(tl.float32)[None, :]
+    trig = pos.to(tl.int64)[:, None] * D + cols[None, :]
+    c = tl.load(COS + trig, mask=ok[:, None], other=0.0).to(X.dtype.element_ty).to(tl.float32)
+    s = tl.load(SIN + trig, mask=ok[:, None], other=0.0).to(X.dtype.element_ty).to(tl.float32)
+    return x * c + tl.where(cols < D // 2, -1.0, 1.0)[None, :] * xr * s
+
+
+@triton.jit
 def _split_kernel(
     Q,
     K,
@@ -113,6 +132,12 @@ def _split_kernel(
     PML,
     OUT,
     CNT,
+    QNW,
+    KNW,
+    COS,
+    SIN,
+    eps,
+    scale,
     C,
     S: tl.constexpr,
     ROWS: tl.constexpr,
@@ -126,27 +151,52 @@ def _split_kernel(
     INTERP: tl.constexpr,
     PDL: tl.constexpr,
     FOLD: tl.constexpr,
+    ROPE: tl.constexpr,
+    QKNORM: tl.constexpr,
+    KVH: tl.constexpr,
+    S_P2: tl.constexpr,
 ):
+    """ROPE: Q is the q/k/v product's row [S, (H + 2 KVH) D] (mcore/ops/rope_attention.py): the program
+    normalises and rotates its query heads itself, and writes the new keys and values whose positions
+    fall in its share into the caches before it reads that share (a barrier between: one block)."""
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     if PDL:  # the query and the caches are the previous kernels' output (mcore/ops/pdl.py)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    length = tl.load(LEN)
+    length = tl.load(LEN) + S if ROPE else tl.load(LEN)  # ROPE: LEN counts what was cached before
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, D)
     row_ok = rows < ROWS
-    q = tl.load(Q + (kvh * ROWS + rows)[:, None] * D + cols[None, :], mask=row_ok[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-    qpos = length - S + (rows % S)  # absolute position of each row's query token
     share = tl.cdiv(tl.cdiv(length, NSPLIT), BLOCK_N) * BLOCK_N
     start = split * share
     end = tl.minimum(start + share, length)
+    base = kvh.to(tl.int64) * C * D
+    if ROPE:
+        G: tl.constexpr = ROWS // S
+        width: tl.constexpr = (G + 2) * KVH * D
+        tok = rows % S
+        offs = tok * width + (kvh * G + rows // S) * D
+        q = _rotated_heads(Q, QNW, COS, SIN, offs, length - S + tok, row_ok, eps, cols, D, QKNORM)
+        q = (q * scale).to(K.dtype.element_ty)  # the scaled query, rounded as the unfused step stores it
+        toks = tl.arange(0, S_P2)
+        pos = length - S + toks
+        new = toks < S
+        k = _rotated_heads(Q, KNW, COS, SIN, toks * width + (G * KVH + kvh) * D, pos, new, eps, cols, D, QKNORM)
+        v = tl.load(Q + (toks * width + (G * KVH + KVH + kvh) * D)[:, None] + cols[None, :], mask=new[:, None])
+        mine = (new & (pos >= start) & (pos < end))[:, None]
+        dst = base + pos.to(tl.int64)[:, None] * D + cols[None, :]
+        tl.store(K + dst, k.to(K.dtype.element_ty), mask=mine)
+        tl.store(V + dst, v.to(V.dtype.element_ty), mask=mine)
+        tl.debug_barrier()  # the whole block sees them before it reads its share
+    else:
+        q = tl.load(Q + (kvh * ROWS + rows)[:, None] * D + cols[None, :], mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    qpos = length - S + (rows % S)  # absolute position of each row's query token
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    base = kvh.to(tl.int64) * C * D
     if INTERP:  # the interpreter (Triton 3.6 with numpy 2) takes no tensor bounds in range(): same blocks
         n0 = start
         while n0 < end:
@@ -220,7 +270,7 @@ def _nsplit(device_index: int, kv_heads: int) -> int:
 
 
 def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    d = q.shape[-1]
+    d = k_cache.shape[-1]
     return (
         q.is_cuda
         and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
@@ -237,20 +287,74 @@ def decode_attention(
     """q [1, H, s, D] (scaled), caches [1, KV, C, D], kv_lengths INT32[1] on the device -> [1, H, s, D].
 
     `nsplit` (programs per KV head) defaults to about two programs per SM; tests pass their own."""
-    _, h, s, d = q.shape
-    kvh, cap = k_cache.shape[1], k_cache.shape[2]
+    _, h, s, _ = q.shape
+    return _launch(q.contiguous(), h, s, k_cache, v_cache, kv_lengths, nsplit, None)
+
+
+def decode_attention_from_qkv(
+    qkv: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_length: torch.Tensor,
+    scale: float,
+    nsplit: int | None = None,
+) -> torch.Tensor:
+    """mcore::rope_decode_attention (mcore/ops/rope_attention.py) in the split kernel's prologue: qkv
+    [1, s, (H + 2 KV) D], the q/k norm weights [D] (or None), the FP32 rope tables [C, D], the count
+    already cached (INT32 [1]); writes the s new keys and values into k_cache and v_cache (which must be
+    contiguous) -> [1, H, s, D]."""
+    from .rope_attention import split_heads
+
+    kvh, cap, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    h, s = split_heads(qkv, kvh, d)
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("rope_decode_attention: the caches are written in place and must be contiguous")
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("rope_decode_attention: give both q/k norm weights or neither")
+    for name, table in (("cos", cos_table), ("sin", sin_table)):
+        if table.dim() != 2 or table.shape[0] < cap or table.shape[1] != d or table.dtype != torch.float32:
+            raise ValueError(
+                f"rope_decode_attention: the {name} table {tuple(table.shape)} is not FP32 [>= {cap}, {d}]"
+            )
+    norms = None
+    if q_norm_weight is not None and k_norm_weight is not None:
+        norms = (q_norm_weight.contiguous(), k_norm_weight.contiguous())
+    rope = (norms, float(eps), cos_table.contiguous(), sin_table.contiguous(), float(scale))
+    return _launch(qkv.contiguous(), h, s, k_cache, v_cache, cache_length, nsplit, rope)
+
+
+def _launch(
+    q: torch.Tensor,
+    h: int,
+    s: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_lengths: torch.Tensor,
+    nsplit: int | None,
+    rope: tuple | None,
+) -> torch.Tensor:
+    """The split kernel, then the merge kernel unless it is folded in. `q` is the scaled query [1, H,
+    s, D] and `kv_lengths` counts the new tokens; or with `rope` (norm weights or None, eps, the cos and
+    sin tables, scale) `q` is the q/k/v row it comes from and `kv_lengths` counts only the cached ones."""
+    kvh, cap, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     rows = (h // kvh) * s
-    q = q.contiguous()
-    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    if rope is None:
+        k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     if nsplit is None:
         nsplit = _nsplit(q.device.index if q.device.index is not None else torch.cuda.current_device(), kvh)
     pacc = torch.empty(kvh * nsplit * rows * d, dtype=torch.float32, device=q.device)
     pml = torch.empty(kvh * nsplit * rows * 2, dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
+    out = torch.empty((1, h, s, d), dtype=k_cache.dtype, device=q.device)
     block_m = max(16, triton.next_power_of_2(rows))
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     pdl = launch_options(q.device)
     fold = fold_merge()
+    norms, eps, cos, sin, scale = rope if rope is not None else (None, 0.0, q, q, 1.0)  # cos/sin unread without ROPE
     _split_kernel[(kvh, nsplit)](
         q,
         k_cache,
@@ -260,6 +364,12 @@ def decode_attention(
         pml,
         out,
         _counter(q.device, kvh) if fold else kv_lengths,  # unread without FOLD
+        norms[0] if norms else q,  # unread without the q/k norms
+        norms[1] if norms else q,
+        cos,
+        sin,
+        eps,
+        scale,
         cap,
         S=s,
         ROWS=rows,
@@ -268,11 +378,15 @@ def decode_attention(
         BLOCK_N=BLOCK_N,
         NSPLIT=nsplit,
         NSPLIT_P2=triton.next_power_of_2(nsplit),
-        WIDE=q.dtype == torch.float32,
-        UPCAST=q.dtype == torch.bfloat16 and interp,
+        WIDE=k_cache.dtype == torch.float32,
+        UPCAST=k_cache.dtype == torch.bfloat16 and interp,
         INTERP=interp,
         PDL=bool(pdl),
         FOLD=fold,
+        ROPE=rope is not None,
+        QKNORM=norms is not None,
+        KVH=kvh,
+        S_P2=triton.next_power_of_2(s),
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
         **pdl,

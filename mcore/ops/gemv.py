@@ -214,7 +214,7 @@ def _gemv_add_fake(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor
 def rms_norm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The decoders' RMSNorm (mcore.families.decoder.RMSNorm's forward), with transformers' numerics:
     normalised in fp32, rounded to x's dtype, then scaled by the weight in x's dtype. The graph pass
-    (gemv_pass.rms_norm_of) matches exactly these ops."""
+    (mcore/engines/patterns.py rms_norm_of) matches exactly these ops."""
     h = x.to(torch.float32)
     var = h.pow(2).mean(-1, keepdim=True)
     h = h * torch.rsqrt(var + eps)
