@@ -49,6 +49,9 @@ for pdl, fold, (rope, qknorm) in itertools.product([False, True], [False, True],
         "atoms": [lines[i] for i in atoms],
         # what comes between the last partial store before the first atomic and that atomic
         "barrier_before": bool(atoms) and any(l.startswith("bar.sync") for l in lines[max(0, atoms[0] - 40):atoms[0]]),
+        # every thread's fence, then the barrier, then the count (the fence after the last partial store)
+        "fence_before": bool(atoms) and any(l.startswith("fence.acq_rel.gpu") for l in lines[max(0, atoms[0] - 40):atoms[0]]),
+        "fences": sum(l.startswith("fence.acq_rel.gpu") for l in lines),
         "shared_after": bool(atoms) and any("st.shared" in l for l in lines[atoms[0]:atoms[0] + 6]),
         "cg_loads": sum("ld.global.cg" in l for l in lines),
     }
@@ -77,9 +80,10 @@ def test_kernels_compile_for_sm90_and_the_folded_merge_counts_in_after_a_barrier
     for name, k in out["split"].items():
         assert k["cubin"], name
         if "fold=False" in name:
-            assert k["atoms"] == [], name
+            assert k["atoms"] == [] and k["fences"] == 0, name
             continue
         add, xchg = k["atoms"]  # count in, then reset: each by one predicated thread, gpu scope, acq_rel
         assert add.startswith("@%p") and "atom.global.gpu.acq_rel.add" in add, (name, add)
         assert xchg.startswith("@%p") and "atom.global.gpu.acq_rel.exch" in xchg, (name, xchg)
         assert k["barrier_before"] and k["shared_after"] and k["cg_loads"] > 0, (name, k)
+        assert k["fence_before"] and k["fences"] == 2, (name, k)  # the writers' fence and the last arrival's

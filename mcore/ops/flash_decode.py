@@ -123,6 +123,14 @@ def _rotated_heads(X, NW, COS, SIN, offs, pos, ok, eps, cols, D: tl.constexpr, Q
 
 
 @triton.jit
+def _fence_gpu(x):
+    """`fence.acq_rel.gpu` in every thread of the program (x, a scalar, only gives the asm a value)."""
+    return tl.inline_asm_elementwise(
+        "fence.acq_rel.gpu;\n\tmov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
 def _split_kernel(
     Q,
     K,
@@ -210,8 +218,15 @@ def _split_kernel(
     tl.store(PML + part * 2, m, mask=row_ok)
     tl.store(PML + part * 2 + 1, l, mask=row_ok)
     if FOLD:
-        tl.debug_barrier()  # all of this program's partials stored before it counts itself in
+        # every thread's partials out at gpu scope, then the block's, before one thread counts it in:
+        # the count's release covers its own thread's stores only (without the fence the last arrival
+        # read stale partials now and then, s=3 on the H100, 2026-12-05)
+        if not INTERP:
+            _fence_gpu(kvh)
+        tl.debug_barrier()
         if tl.atomic_add(CNT + kvh, 1, sem="acq_rel") == NSPLIT - 1:  # the last of this head's splits
+            if not INTERP:
+                _fence_gpu(kvh)  # and each of its threads sees the others' partials
             for row in range(ROWS):
                 _merge_rows(PACC, PML, OUT, kvh, row, ROWS, D, NSPLIT, NSPLIT_P2)
             tl.atomic_xchg(CNT + kvh, 0)  # ready for the next call
