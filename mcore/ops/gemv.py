@@ -136,6 +136,10 @@ def gemv_triton(
     block_n, block_k, warps, stages = config or gemv_config(n, k, sms)
     if glu:
         block_n = max(1, block_n // 2)
+    if norm_weight is not None and config is None:
+        # an experiment (eighteenth session): the norm's weight is read once a program, so more rows a
+        # program read less of it a row. MCORE_GEMV_NORM_ROWS=2 doubles them; docs/gpu-results.md
+        block_n *= int(os.environ.get("MCORE_GEMV_NORM_ROWS", "1"))
     pdl = launch_options(x.device)  # programmatic dependent launch, where asked for (mcore/ops/pdl.py)
     _kernel()[(-(-out // block_n),)](
         xs,
