@@ -227,7 +227,7 @@ def _split_kernel(
         if tl.atomic_add(CNT + kvh, 1, sem="acq_rel") == NSPLIT - 1:  # the last of this head's splits
             if not INTERP:
                 _fence_gpu(kvh)  # and each of its threads sees the others' partials
-            for row in range(ROWS):
+            for row in tl.static_range(ROWS):  # unrolled: the rows' loads overlap (the tail of the step)
                 _merge_rows(PACC, PML, OUT, kvh, row, ROWS, D, NSPLIT, NSPLIT_P2)
             tl.atomic_xchg(CNT + kvh, 0)  # ready for the next call
 
