@@ -163,13 +163,18 @@ def test_config_keeps_every_sm_busy_and_blocks_whole():
         assert -(-n // block_n) >= min(4 * 132, n)  # at least 4 programs an SM where there are rows for them
 
 
-def test_bad_inputs_are_refused():
-    from mcore.ops.gemv import gemv_triton
+def test_bad_inputs_are_refused(monkeypatch):
+    from mcore.common.errors import UserError
+    from mcore.ops.gemv import gemv_triton, norm_rows
 
     with pytest.raises(ValueError, match="not one row"):
         gemv_triton(torch.zeros(2, 8), torch.zeros(4, 8))
     with pytest.raises(ValueError, match="not one row"):
         gemv_triton(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(4, 8))
+    assert norm_rows() == 1
+    monkeypatch.setenv("MCORE_GEMV_NORM_ROWS", "3")
+    with pytest.raises(UserError, match="MCORE_GEMV_NORM_ROWS must be 1, 2 or 4, got '3'"):
+        norm_rows()
 
 
 @pytest.fixture(scope="module")
