@@ -131,6 +131,54 @@ def _fence_gpu(x):
 
 
 @triton.jit
+def _rope_prologue(
+    QKV, K, V, QNW, KNW, COS, SIN, eps, scale, kvh, length, start, end, base, rows, row_ok, cols,
+    S: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, KVH: tl.constexpr, S_P2: tl.constexpr,
+    QKNORM: tl.constexpr,
+):  # fmt: skip
+    """The split's query rows from the q/k/v product's row [S, (H + 2 KVH) D], normalised, rotated, scaled
+    and rounded; and the new keys and values whose positions fall in [start, end) written into the
+    caches, seen by the whole block before it reads its share."""
+    G: tl.constexpr = ROWS // S
+    width: tl.constexpr = (G + 2) * KVH * D
+    tok = rows % S
+    offs = tok * width + (kvh * G + rows // S) * D
+    q = _rotated_heads(QKV, QNW, COS, SIN, offs, length - S + tok, row_ok, eps, cols, D, QKNORM)
+    q = (q * scale).to(K.dtype.element_ty)  # the scaled query, rounded as the unfused step stores it
+    toks = tl.arange(0, S_P2)
+    pos = length - S + toks
+    new = toks < S
+    k = _rotated_heads(QKV, KNW, COS, SIN, toks * width + (G * KVH + kvh) * D, pos, new, eps, cols, D, QKNORM)
+    v = tl.load(QKV + (toks * width + (G * KVH + KVH + kvh) * D)[:, None] + cols[None, :], mask=new[:, None])
+    mine = (new & (pos >= start) & (pos < end))[:, None]
+    dst = base + pos.to(tl.int64)[:, None] * D + cols[None, :]
+    tl.store(K + dst, k.to(K.dtype.element_ty), mask=mine)
+    tl.store(V + dst, v.to(V.dtype.element_ty), mask=mine)
+    tl.debug_barrier()  # the whole block sees them before it reads its share
+    return q
+
+
+@triton.jit
+def _fold_merge(
+    PACC, PML, OUT, CNT, kvh, ROWS: tl.constexpr, D: tl.constexpr, NSPLIT: tl.constexpr, NSPLIT_P2: tl.constexpr,
+    INTERP: tl.constexpr,
+):  # fmt: skip
+    """Count this split in on its KV head's counter; the last of the head's splits merges its rows and
+    resets the counter. Every thread's partials go out at gpu scope, then the block's, before one thread
+    counts it in: the count's release covers its own thread's stores only (without the fence the last
+    arrival read stale partials now and then, s=3 on the H100, 2026-12-05)."""
+    if not INTERP:
+        _fence_gpu(kvh)
+    tl.debug_barrier()
+    if tl.atomic_add(CNT + kvh, 1, sem="acq_rel") == NSPLIT - 1:  # the last of this head's splits
+        if not INTERP:
+            _fence_gpu(kvh)  # and each of its threads sees the others' partials
+        for row in tl.static_range(ROWS):  # unrolled: the rows' loads overlap (the tail of the step)
+            _merge_rows(PACC, PML, OUT, kvh, row, ROWS, D, NSPLIT, NSPLIT_P2)
+        tl.atomic_xchg(CNT + kvh, 0)  # ready for the next call
+
+
+@triton.jit
 def _split_kernel(
     Q,
     K,
@@ -181,22 +229,8 @@ def _split_kernel(
     end = tl.minimum(start + share, length)
     base = kvh.to(tl.int64) * C * D
     if ROPE:
-        G: tl.constexpr = ROWS // S
-        width: tl.constexpr = (G + 2) * KVH * D
-        tok = rows % S
-        offs = tok * width + (kvh * G + rows // S) * D
-        q = _rotated_heads(Q, QNW, COS, SIN, offs, length - S + tok, row_ok, eps, cols, D, QKNORM)
-        q = (q * scale).to(K.dtype.element_ty)  # the scaled query, rounded as the unfused step stores it
-        toks = tl.arange(0, S_P2)
-        pos = length - S + toks
-        new = toks < S
-        k = _rotated_heads(Q, KNW, COS, SIN, toks * width + (G * KVH + kvh) * D, pos, new, eps, cols, D, QKNORM)
-        v = tl.load(Q + (toks * width + (G * KVH + KVH + kvh) * D)[:, None] + cols[None, :], mask=new[:, None])
-        mine = (new & (pos >= start) & (pos < end))[:, None]
-        dst = base + pos.to(tl.int64)[:, None] * D + cols[None, :]
-        tl.store(K + dst, k.to(K.dtype.element_ty), mask=mine)
-        tl.store(V + dst, v.to(V.dtype.element_ty), mask=mine)
-        tl.debug_barrier()  # the whole block sees them before it reads its share
+        q = _rope_prologue(Q, K, V, QNW, KNW, COS, SIN, eps, scale, kvh, length, start, end, base, rows, row_ok, cols,
+                           S, ROWS, D, KVH, S_P2, QKNORM)  # fmt: skip
     else:
         q = tl.load(Q + (kvh * ROWS + rows)[:, None] * D + cols[None, :], mask=row_ok[:, None], other=0.0)
     if UPCAST:
@@ -218,18 +252,7 @@ def _split_kernel(
     tl.store(PML + part * 2, m, mask=row_ok)
     tl.store(PML + part * 2 + 1, l, mask=row_ok)
     if FOLD:
-        # every thread's partials out at gpu scope, then the block's, before one thread counts it in:
-        # the count's release covers its own thread's stores only (without the fence the last arrival
-        # read stale partials now and then, s=3 on the H100, 2026-12-05)
-        if not INTERP:
-            _fence_gpu(kvh)
-        tl.debug_barrier()
-        if tl.atomic_add(CNT + kvh, 1, sem="acq_rel") == NSPLIT - 1:  # the last of this head's splits
-            if not INTERP:
-                _fence_gpu(kvh)  # and each of its threads sees the others' partials
-            for row in tl.static_range(ROWS):  # unrolled: the rows' loads overlap (the tail of the step)
-                _merge_rows(PACC, PML, OUT, kvh, row, ROWS, D, NSPLIT, NSPLIT_P2)
-            tl.atomic_xchg(CNT + kvh, 0)  # ready for the next call
+        _fold_merge(PACC, PML, OUT, CNT, kvh, ROWS, D, NSPLIT, NSPLIT_P2, INTERP)
 
 
 @triton.jit
