@@ -21,9 +21,9 @@
 # attnbench: bench/attention_gpu.py, the CuTe attention kernel against native on the 8B-sized config
 #          (kernel per call, whole step with all 36 layers bound; needs the CuTe DSL; ATTN_ARGS)    ~6 min
 # gemv:    bench/gemv_gpu.py --sweep, mcore::gemv against cuBLAS at the 8B decode shapes (issue 8)  ~3 min
-# fusions: issue 32's opt-in launch cuts (MCORE_GEMV_NORM=1, MCORE_ATTN_MERGE=fold, MCORE_ATTN_ROPE=1): their GPU
-#          tests, then the 8B-sized decode step with each alone beside the defaults, in processes of their own
-#          (logits compared)  ~7 min on an H100
+# fusions: issue 32's opt-in launch cuts (MCORE_GEMV_NORM=1, MCORE_ATTN_ROPE=1): their GPU tests, then the
+#          8B-sized decode step with each alone and both beside the defaults, in processes of their own
+#          (logits compared)  ~4 min on an H100
 set -uo pipefail
 OUT=${1:?usage: gpu_session.sh OUT [stages]}
 STAGES=${2:-suite,engine,gate,profile,attention}
@@ -111,14 +111,13 @@ if has fusions; then
   python3 -m pytest -q -o addopts="" -p no:cacheprovider -n 8 -m "gpu and not timing" tests/test_gemv.py \
     tests/test_flash_decode.py tests/test_rope_attention.py > "$OUT/fusions-tests.log" 2>&1
   echo "== fusions: gpu tests"; grep -E "passed|failed|FAILED|ERROR|^E " "$OUT/fusions-tests.log" | tail -n 12
-  # each cut alone beside the defaults (the eighteenth session timed them together: fewer kernels, a slower step)
-  base="MCORE_GEMV_NORM=0 MCORE_ATTN_MERGE=kernel MCORE_ATTN_ROPE=0"
-  norm="MCORE_GEMV_NORM=1 MCORE_ATTN_MERGE=kernel MCORE_ATTN_ROPE=0"
-  norm2="MCORE_GEMV_NORM=1 MCORE_GEMV_NORM_ROWS=2 MCORE_ATTN_MERGE=kernel MCORE_ATTN_ROPE=0"
-  fold="MCORE_GEMV_NORM=0 MCORE_ATTN_MERGE=fold MCORE_ATTN_ROPE=0"
-  rope="MCORE_GEMV_NORM=0 MCORE_ATTN_MERGE=kernel MCORE_ATTN_ROPE=1"
+  # each cut alone and both beside the defaults (the nineteenth session: neither pays alone at both lengths)
+  base="MCORE_GEMV_NORM=0 MCORE_ATTN_ROPE=0"
+  norm="MCORE_GEMV_NORM=1 MCORE_ATTN_ROPE=0"
+  rope="MCORE_GEMV_NORM=0 MCORE_ATTN_ROPE=1"
+  both="MCORE_GEMV_NORM=1 MCORE_ATTN_ROPE=1"
   python3 "$here/engine_gpu.py" "$W/fusions" --parts roofline --contexts 1024,32768 --steps 30 --extra-capacity= \
-    --variants "${FUSION_VARIANTS:-$base;$norm;$norm2;$fold;$rope;$base}" > "$OUT/fusions.log" 2>&1
+    --variants "${FUSION_VARIANTS:-$base;$norm;$rope;$both;$base}" > "$OUT/fusions.log" 2>&1
   echo "== fusions: engine"; grep -v '^\[' "$OUT/fusions.log" | grep -v "^  .* load: " | tail -n 45
   rm -rf "$W"/fusions/*.bundle "$W"/fusions/*-cache*
 fi

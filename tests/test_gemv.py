@@ -163,18 +163,13 @@ def test_config_keeps_every_sm_busy_and_blocks_whole():
         assert -(-n // block_n) >= min(4 * 132, n)  # at least 4 programs an SM where there are rows for them
 
 
-def test_bad_inputs_are_refused(monkeypatch):
-    from mcore.common.errors import UserError
-    from mcore.ops.gemv import gemv_triton, norm_rows
+def test_bad_inputs_are_refused():
+    from mcore.ops.gemv import gemv_triton
 
     with pytest.raises(ValueError, match="not one row"):
         gemv_triton(torch.zeros(2, 8), torch.zeros(4, 8))
     with pytest.raises(ValueError, match="not one row"):
         gemv_triton(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(4, 8))
-    assert norm_rows() == 1
-    monkeypatch.setenv("MCORE_GEMV_NORM_ROWS", "3")
-    with pytest.raises(UserError, match="MCORE_GEMV_NORM_ROWS must be 1, 2 or 4, got '3'"):
-        norm_rows()
 
 
 @pytest.fixture(scope="module")
@@ -520,8 +515,8 @@ def test_gpu_kernel_at_the_8b_shapes(dtype):
 @needs_cuda
 @pytest.mark.parametrize(
     "inductor, glu, fused",
-    [("none", "1", ""), (None, "1", ""), (None, "0", ""), (None, "1", "norm-fold"), (None, "1", "norm-fold-rope")],
-    ids=["plain", "defaults", "defaults-no-glu", "defaults-norms-and-merge-folded", "defaults-and-every-launch-cut"],
+    [("none", "1", ""), (None, "1", ""), (None, "0", ""), (None, "1", "norm"), (None, "1", "norm-rope")],
+    ids=["plain", "defaults", "defaults-no-glu", "defaults-norms-folded", "defaults-and-every-launch-cut"],
 )
 def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_path, monkeypatch, inductor, glu, fused):
     """mcore::gemv in the decode step: the same tokens twice, bit-identical logits with an
@@ -533,9 +528,8 @@ def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_pat
 
     monkeypatch.setenv("MCORE_GEMV", "1")
     monkeypatch.setenv("MCORE_GEMV_GLU", glu)  # 1 (the default): the MLP's gating in the gate/up product's kernel
-    if fused:  # the add + RMSNorm in the products around it, the attention's merge in its split kernel
+    if fused:  # the add + RMSNorm in the products around it
         monkeypatch.setenv("MCORE_GEMV_NORM", "1")
-        monkeypatch.setenv("MCORE_ATTN_MERGE", "fold")
     if "rope" in fused:  # the q/k norms, rotation and cache writes in the attention's split kernel
         monkeypatch.setenv("MCORE_ATTN_ROPE", "1")
     monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))

@@ -6,11 +6,10 @@ x NSPLIT programs), so the launch is the same on every call and safe inside a CU
 program takes an equal, block-aligned share of [0, length) and programs past the end do nothing.
 
 Deterministic: the split schedule depends only on the length, and the splits' partial results are
-merged in a fixed order by a second kernel. MCORE_ATTN_MERGE=fold makes the merge no kernel of its
-own: each split counts itself in on a per-KV-head counter once its partials are stored, and the
-last one to arrive merges that head's rows and resets the counter (which program that is varies;
-what it computes does not). The counters live on the device, one set per device, so one decode
-step at a time runs on a device. Off until its GPU timing says it pays (docs/gpu-results.md).
+merged in a fixed order by a second kernel. (A merge folded into the split kernel's last arrival per
+KV head was built and measured in the eighteenth and nineteenth sessions: slower alone on the H100,
+6.00 against 5.75 ms a step at 1k, and its arrival counters raced at three rows a head; removed,
+docs/gpu-results.md.)
 
 Numerics (the mcore::decode_attention contract): scores accumulate in fp32 (16-bit products are
 exact), the softmax is fp32, the probabilities are rounded to the cache dtype for the product with
@@ -88,17 +87,16 @@ def _attend_block(
 def _merge_rows(
     PACC, PML, OUT, kvh, row, ROWS: tl.constexpr, D: tl.constexpr, NSPLIT: tl.constexpr, NSPLIT_P2: tl.constexpr
 ):
-    """One output row from its NSPLIT partial results, always in the same order. The partials are
-    read past L1 (.cg): other SMs wrote them in this very kernel when the merge is folded in."""
+    """One output row from its NSPLIT partial results, always in the same order."""
     splits = tl.arange(0, NSPLIT_P2)
     ok = splits < NSPLIT
     cols = tl.arange(0, D)
     part = (kvh * NSPLIT + splits) * ROWS + row
-    m = tl.load(PML + part * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
-    l = tl.load(PML + part * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
+    m = tl.load(PML + part * 2, mask=ok, other=float("-inf"))
+    l = tl.load(PML + part * 2 + 1, mask=ok, other=0.0)
     m_all = tl.max(m, 0)
     w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_all))
-    acc = tl.load(PACC + part[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg")
+    acc = tl.load(PACC + part[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0)
     out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
     tl.store(OUT + (kvh * ROWS + row) * D + cols, out.to(OUT.dtype.element_ty))
 
@@ -120,14 +118,6 @@ def _rotated_heads(X, NW, COS, SIN, offs, pos, ok, eps, cols, D: tl.constexpr, Q
     c = tl.load(COS + trig, mask=ok[:, None], other=0.0).to(X.dtype.element_ty).to(tl.float32)
     s = tl.load(SIN + trig, mask=ok[:, None], other=0.0).to(X.dtype.element_ty).to(tl.float32)
     return x * c + tl.where(cols < D // 2, -1.0, 1.0)[None, :] * xr * s
-
-
-@triton.jit
-def _fence_gpu(x):
-    """`fence.acq_rel.gpu` in every thread of the program (x, a scalar, only gives the asm a value)."""
-    return tl.inline_asm_elementwise(
-        "fence.acq_rel.gpu;\n\tmov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1
-    )
 
 
 @triton.jit
@@ -159,26 +149,6 @@ def _rope_prologue(
 
 
 @triton.jit
-def _fold_merge(
-    PACC, PML, OUT, CNT, kvh, ROWS: tl.constexpr, D: tl.constexpr, NSPLIT: tl.constexpr, NSPLIT_P2: tl.constexpr,
-    INTERP: tl.constexpr,
-):  # fmt: skip
-    """Count this split in on its KV head's counter; the last of the head's splits merges its rows and
-    resets the counter. Every thread's partials go out at gpu scope, then the block's, before one thread
-    counts it in: the count's release covers its own thread's stores only (without the fence the last
-    arrival read stale partials now and then, s=3 on the H100, 2026-12-05)."""
-    if not INTERP:
-        _fence_gpu(kvh)
-    tl.debug_barrier()
-    if tl.atomic_add(CNT + kvh, 1, sem="acq_rel") == NSPLIT - 1:  # the last of this head's splits
-        if not INTERP:
-            _fence_gpu(kvh)  # and each of its threads sees the others' partials
-        for row in tl.static_range(ROWS):  # unrolled: the rows' loads overlap (the tail of the step)
-            _merge_rows(PACC, PML, OUT, kvh, row, ROWS, D, NSPLIT, NSPLIT_P2)
-        tl.atomic_xchg(CNT + kvh, 0)  # ready for the next call
-
-
-@triton.jit
 def _split_kernel(
     Q,
     K,
@@ -187,7 +157,6 @@ def _split_kernel(
     PACC,
     PML,
     OUT,
-    CNT,
     QNW,
     KNW,
     COS,
@@ -206,7 +175,6 @@ def _split_kernel(
     UPCAST: tl.constexpr,
     INTERP: tl.constexpr,
     PDL: tl.constexpr,
-    FOLD: tl.constexpr,
     ROPE: tl.constexpr,
     QKNORM: tl.constexpr,
     KVH: tl.constexpr,
@@ -251,8 +219,6 @@ def _split_kernel(
     tl.store(PACC + part[:, None] * D + cols[None, :], acc, mask=row_ok[:, None])
     tl.store(PML + part * 2, m, mask=row_ok)
     tl.store(PML + part * 2 + 1, l, mask=row_ok)
-    if FOLD:
-        _fold_merge(PACC, PML, OUT, CNT, kvh, ROWS, D, NSPLIT, NSPLIT_P2, INTERP)
 
 
 @triton.jit
@@ -277,30 +243,6 @@ def _merge_kernel(
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def fold_merge() -> bool:
-    """MCORE_ATTN_MERGE=fold: the splits' merge folded into the split kernel; otherwise (=kernel, the
-    default) a kernel of its own."""
-    return os.environ.get("MCORE_ATTN_MERGE", "kernel") == "fold"
-
-
-_counters: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def _counter(device: torch.device, kv_heads: int) -> torch.Tensor:
-    """The per-KV-head arrival counters of the folded merge: zero between calls (the last arrival
-    resets its own). Made once per device outside any CUDA graph capture; a capture that needs them
-    first gets zeros of its own (a memset the graph repeats)."""
-    if device.type != "cuda":  # Triton's interpreter (tests): one call at a time
-        return torch.zeros(kv_heads, dtype=torch.int32, device=device)
-    key = (device.index if device.index is not None else torch.cuda.current_device(), kv_heads)
-    if key not in _counters:
-        zeros = torch.zeros(kv_heads, dtype=torch.int32, device=device)
-        if torch.cuda.is_current_stream_capturing():
-            return zeros
-        _counters[key] = zeros
-    return _counters[key]
 
 
 def _nsplit(device_index: int, kv_heads: int) -> int:
@@ -376,7 +318,7 @@ def _launch(
     nsplit: int | None,
     rope: tuple | None,
 ) -> torch.Tensor:
-    """The split kernel, then the merge kernel unless it is folded in. `q` is the scaled query [1, H,
+    """The split kernel, then the merge kernel. `q` is the scaled query [1, H,
     s, D] and `kv_lengths` counts the new tokens; or with `rope` (norm weights or None, eps, the cos and
     sin tables, scale) `q` is the q/k/v row it comes from and `kv_lengths` counts only the cached ones."""
     kvh, cap, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -391,7 +333,6 @@ def _launch(
     block_m = max(16, triton.next_power_of_2(rows))
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     pdl = launch_options(q.device)
-    fold = fold_merge()
     norms, eps, cos, sin, scale = rope if rope is not None else (None, 0.0, q, q, 1.0)  # cos/sin unread without ROPE
     _split_kernel[(kvh, nsplit)](
         q,
@@ -401,7 +342,6 @@ def _launch(
         pacc,
         pml,
         out,
-        _counter(q.device, kvh) if fold else kv_lengths,  # unread without FOLD
         norms[0] if norms else q,  # unread without the q/k norms
         norms[1] if norms else q,
         cos,
@@ -420,7 +360,6 @@ def _launch(
         UPCAST=k_cache.dtype == torch.bfloat16 and interp,
         INTERP=interp,
         PDL=bool(pdl),
-        FOLD=fold,
         ROPE=rope is not None,
         QKNORM=norms is not None,
         KVH=kvh,
@@ -429,8 +368,6 @@ def _launch(
         num_stages=NUM_STAGES,
         **pdl,
     )
-    if fold:
-        return out
     _merge_kernel[(kvh, rows)](
         pacc,
         pml,
