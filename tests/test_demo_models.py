@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,3 +196,36 @@ def test_encoder_demo_matches_transformers(demo_root, name):
 def test_demo_cache_default_location(monkeypatch):
     monkeypatch.delenv("MCORE_CACHE_DIR", raising=False)
     assert demo.cache_root() == demo.Path(os.path.expanduser("~/.cache/mcore"))
+
+
+def test_a_copy_another_process_put_in_place_first_is_used_as_it_is(tmp_path, monkeypatch):
+    """Processes generating the same demo at once (a fresh machine's first runs, parallel test
+    workers): one finishes first and renames its copy into place. Every other must use that copy,
+    not move it aside as stale (16 test workers on the GPU box once failed that way: each moved aside
+    the copy another had just put there). Both interleavings, each played out in this process."""
+    write = demo.write_demo
+    final = tmp_path / "demo" / "bert-tiny"
+    first = []
+
+    def slower(name, folder):  # while this process writes, another one completes the demo
+        write(name, folder)
+        monkeypatch.setattr(demo, "write_demo", write)
+        first.append(demo.materialize(name, root=tmp_path).stat().st_ino)
+
+    monkeypatch.setattr(demo, "write_demo", slower)
+    assert demo.materialize("bert-tiny", root=tmp_path) == final
+    assert final.stat().st_ino == first[0]  # the other process's copy, not moved aside
+    # the other copy lands between this process's look and its rename (the rename finds it there)
+    replace = os.replace
+
+    def late(src, dst):
+        if Path(dst) == final and not final.exists():
+            (tmp_path / "other").mkdir()
+            write("bert-tiny", tmp_path / "other")
+            replace(tmp_path / "other", final)
+        return replace(src, dst)
+
+    shutil.rmtree(final)
+    monkeypatch.setattr(demo.os, "replace", late)
+    assert demo.materialize("bert-tiny", root=tmp_path) == final and demo._valid(final, "bert-tiny")
+    assert sorted(p.name for p in final.parent.iterdir()) == ["bert-tiny"]  # nothing half-written left

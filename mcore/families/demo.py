@@ -805,6 +805,28 @@ def _valid(folder: Path, name: str) -> bool:
         return False
 
 
+def _install(tmp: Path, final: Path, name: str) -> None:
+    """Rename the complete copy `tmp` into place as `final`. Processes materializing the same demo at
+    once (a fresh machine's first runs, parallel test workers) race here: a valid copy another one
+    put there first is used as it is, and only a stale or damaged one is moved aside and replaced."""
+    for _ in range(8):
+        if final.is_dir() and _valid(final, name):
+            return
+        if final.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{name}.old-", dir=final.parent))
+            try:
+                os.replace(final, trash / name)
+            except OSError:
+                pass  # another process moved it first
+            shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.replace(tmp, final)
+            return
+        except OSError:
+            continue  # another process's copy landed in between: look at it again
+    raise OSError(f"it kept changing under {final.parent} while other processes wrote it")
+
+
 def materialize(name: str, root: str | Path | None = None) -> Path:
     """The folder of demo `name`, generated on first use (or when found stale or damaged)."""
     if name not in DEMOS:
@@ -826,20 +848,7 @@ def materialize(name: str, root: str | Path | None = None) -> Path:
         ) from None
     try:
         write_demo(name, tmp)
-        if final.exists():
-            # Stale or damaged: move it aside first (another process may be doing the same).
-            trash = Path(tempfile.mkdtemp(prefix=f".{name}.old-", dir=base))
-            try:
-                os.replace(final, trash / name)
-            except OSError:
-                pass
-            shutil.rmtree(trash, ignore_errors=True)
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            # Another process renamed its copy in first; use it if it is complete.
-            if not _valid(final, name):
-                raise
+        _install(tmp, final, name)
     except OSError as e:
         raise UserError(
             f"{final}: cannot write the demo model ({e}); set MCORE_CACHE_DIR to a writable folder"
