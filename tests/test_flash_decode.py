@@ -22,7 +22,7 @@ CASES = [
 ]
 
 _INTERP = r"""
-import json, os, sys, torch
+import json, sys, torch
 from mcore.ops import flash_decode as fd
 from mcore.ops.attention import decode_attention_reference
 out = []
