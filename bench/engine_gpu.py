@@ -144,6 +144,9 @@ def part_mcore(a) -> None:
         stamps.append(f"{time.perf_counter() - t0:7.2f}s {step}")
         print(stamps[-1], file=sys.stderr, flush=True)
 
+    if a.prefill_only:
+        _emit(_prefill_variant(a, note))
+        return
     if a.decode_only:  # quick variant checks: load with the op-by-op engine, compile the decode role alone
         from mcore.engines.compiled import CompiledRoleRunner, fuse_projections
         from mcore.engines.fusion import fuse_sibling_projections
@@ -227,6 +230,46 @@ def part_mcore(a) -> None:
         rec["decode_replays_cuda_graph"] = bool(dec.graphs) and dec.calls_compiled == 0
         rec["decode_graph_nodes"] = graph_nodes(dec, (pipe.step_ids, pipe.cache_length, *caches))
     _emit(rec)
+
+
+def _prefill_variant(a, note) -> dict:
+    """A prefill-only variant: load with the op-by-op engine, compile the prefill role alone as the
+    compiled engine does (dynamic token count), time each prompt length; the logits of a fixed 1k
+    prompt twice (the same bits?) and saved for the comparison between variants."""
+    import hashlib
+
+    import torch
+
+    from mcore.common.progress import Progress
+    from mcore.engines.compiled import CompiledRoleRunner, fuse_projections
+    from mcore.engines.fusion import fuse_sibling_projections
+    from mcore.runtime.pipeline import DecoderPipeline
+
+    t0 = time.perf_counter()
+    pipe = DecoderPipeline(_bundle(a), device=DEV, engine="torch", progress=Progress(note))
+    prepared = pipe.runners["prefill"].prepared
+    if fuse_projections():
+        fuse_sibling_projections(prepared)
+    runner = CompiledRoleRunner(prepared, pipe.device, f"prefill-variant-{os.getpid()}")
+    caches = [pipe.caches[n] for n in pipe.cache_names]
+    vocab = int(pipe.config["vocab_size"])
+    g = torch.Generator(device=DEV).manual_seed(1)
+    ids = torch.randint(0, vocab, (1, min(1024, a.capacity)), dtype=torch.int32, device=DEV, generator=g)
+    runner.prepare(ids, *caches, progress=Progress(note), fixed_shapes=False)
+    load_s = time.perf_counter() - t0
+    first, again = (runner(ids, *caches)[0].float().cpu() for _ in range(2))
+    rec = {
+        "part": "mcore-prefill",
+        "load_s": load_s,
+        "engine": [f"prefill compiled in {runner.compile_s:.1f} s"],
+        "same_bits_twice": bool(torch.equal(first, again)),
+        "logits_of": f"a {ids.shape[1]}-token prompt's last token",
+        "logits_sha256": hashlib.sha256(first.numpy().tobytes()).hexdigest()[:16],
+        "prefill_ms": _prefill_ms(lambda x: runner(x, *caches)[0], a.prefill, vocab),
+    }
+    if a.save_logits:
+        torch.save(first.reshape(1, -1), a.save_logits)
+    return rec
 
 
 def _prefill_ms(run, lengths: list[int], vocab: int, reps: int = 3) -> dict:
@@ -474,15 +517,16 @@ def determinism(recs: list[dict]) -> str:
     for r in rows:
         same = "the same as" if r["logits_sha256"] == rows[0]["logits_sha256"] else "DIFFERENT from"
         lines.append(
-            f"determinism, {r.get('label') or r.get('part')}: logits of 17 steps bit-identical twice in one process: "
+            f"determinism, {r.get('label') or r.get('part')}: logits of {r.get('logits_of', '17 steps')} bit-identical twice in one process: "
             f"{'yes' if r['same_bits_twice'] else 'NO'}; sha256 {r['logits_sha256']} ({same} the first row's)"
         )
     return "\n".join(lines)
 
 
-def variant_logits(saved: list[tuple[str, Path]]) -> str:
-    """Each decode-only variant's logits (64-token prompt, 16 forced steps) against the first
-    variant's: how far a variant that changes the bits moves them, and the greedy picks it keeps."""
+def variant_logits(saved: list[tuple[str, Path]], what: str = "") -> str:
+    """Each variant's logits (decode-only: 64-token prompt, 16 forced steps; prefill-only: `what`)
+    against the first variant's: how far a variant that changes the bits moves them, and the
+    greedy picks it keeps."""
     import torch
 
     have = [(v, torch.load(p)) for v, p in saved if p.exists()]
@@ -495,7 +539,7 @@ def variant_logits(saved: list[tuple[str, Path]]) -> str:
         cos = torch.nn.functional.cosine_similarity(x, base, dim=-1).min().item()
         picks = (x.argmax(-1) == base.argmax(-1)).sum().item()
         lines.append(
-            f"logits, {v} against {base_v}: max_abs {diff:.4g}, lowest cosine {cos:.6f}, "
+            f"logits{', ' + what if what else ''}, {v} against {base_v}: max_abs {diff:.4g}, lowest cosine {cos:.6f}, "
             f"same greedy pick {picks}/{len(x)} steps{' (bit-identical)' if torch.equal(x, base) else ''}"
         )
     return "\n".join(lines)
@@ -584,6 +628,12 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
         help="one more cached reload under cProfile: where its seconds go (OUT/load-profile.txt)",
     )
     ap.add_argument(
+        "--prefill-variants",
+        default="",
+        help="prefill-only compiled variants timed at --prefill lengths, ';'-separated, each space-separated "
+        "env settings or 'default' (e.g. 'default;MCORE_PREFILL_GLU=1')",
+    )
+    ap.add_argument(
         "--variants",
         default="",
         help="decode-only compiled variants, ';'-separated, each space-separated env settings "
@@ -623,7 +673,7 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
     if "prefill" in parts and not a.prefill:
         a.prefill = [1024, 8192, 32768]
     pair = None
-    if {"compiled", "torch", "startup", "reference"} & set(parts) or a.variants:
+    if {"compiled", "torch", "startup", "reference"} & set(parts) or a.variants or a.prefill_variants:
         for cap in caps:
             b = argparse.Namespace(**{**vars(a), "capacity": cap})
             t = time.perf_counter()
@@ -681,7 +731,7 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
             for r in run_part(b, "mcore", "--decode-only", env=env):
                 r["label"] = f"mcore compiled decode (capacity {cap})"
                 recs.append(r)
-    saved = []
+    saved, saved_prefill = [], []
     for i, variant in enumerate(v for v in a.variants.split(";") if v):
         env = dict(kv.split("=", 1) for kv in variant.split())
         env["MCORE_CACHE_DIR"] = str(cache) + "-variants"
@@ -690,6 +740,14 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
             r["label"] = "decode-only " + variant
             recs.append(r)
         saved.append((variant, logits))
+    for i, variant in enumerate(v for v in a.prefill_variants.split(";") if v):
+        env = dict(kv.split("=", 1) for kv in variant.split() if kv != "default")
+        env["MCORE_CACHE_DIR"] = str(cache) + "-prefill-variants"
+        logits = Path(a.out) / f"prefill-variant-{i}-logits.pt"
+        for r in run_part(a, "mcore", "--prefill-only", "--save-logits", str(logits), env=env):
+            r["label"] = "prefill-only " + variant
+            recs.append(r)
+        saved_prefill.append((variant, logits))
     if "torch" in parts:
         for r in run_part(a, "mcore", "--engine", "torch", env={"MCORE_CACHE_DIR": str(cache)}):
             r["label"] = "mcore torch (op by op)"
@@ -709,6 +767,7 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
     print(table([r for r in recs if r.get("part") != "startup"], a.contexts))
     print(determinism(recs))
     print(variant_logits(saved))
+    print(variant_logits(saved_prefill, "the 1k prompt's last-token logits"))
     starts = [r for r in recs if r.get("part") == "startup"]
     if starts:
         print(startup_table(starts))

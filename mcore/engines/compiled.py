@@ -36,12 +36,13 @@ from ..common import cache
 from ..common.errors import UserError
 from ..common.progress import NO_PROGRESS, Progress
 from ..graph.snapshot import Snapshot
-from ..ops import inductor, rope_attention
+from ..ops import glu_matmul, inductor, rope_attention
 from ..ops.gemv import enabled as gemv_enabled
 from ..ops.gemv import glu_enabled, norm_enabled
 from ..selection.receipt import SlotRecord
 from .fusion import fuse_sibling_projections, fuse_weights
 from .gemv_pass import use_gemv
+from .prefill_pass import rewrite_prefill, rows_enabled
 from .prepared import PreparedGraph, RoleProgram, prepare_graph
 from .regions import plan_regions
 from .standalone import (
@@ -103,6 +104,8 @@ def made_from(structure: str, slots: Sequence[SlotRecord], device: torch.device)
         "device": device_label(device),
         "torch": torch.__version__,
         "options": [fuse_projections(), tuning()]
+        + (["prefill-rows"] if rows_enabled() else [])
+        + (["prefill-glu"] if glu_matmul.enabled() else [])
         + (["gemv"] if gemv_enabled(device) else [])
         + (["gemv-glu"] if gemv_enabled(device) and glu_enabled() else [])
         + (["gemv-norm"] if gemv_enabled(device) and norm_enabled() else [])
@@ -164,6 +167,16 @@ def compile_options(device: torch.device, fixed_shapes: bool) -> dict[str, Any]:
         options["deterministic"] = True
     extra = inductor.settings(device) if fixed_shapes else []
     return options | {name: True for name in extra}
+
+
+def rewrite(p: PreparedGraph, inputs: Sequence[torch.Tensor], device: torch.device, fixed_shapes: bool) -> None:
+    """The rewrites of a role graph between its weight fusions and Inductor (a profile of the
+    compiled engine makes the same ones): one-row products (the decode step) as mcore::gemv, and the
+    prefill's attention context without its two copies."""
+    if fixed_shapes and gemv_enabled(device):
+        use_gemv(p, inputs)
+    if not fixed_shapes:
+        rewrite_prefill(p)
 
 
 class CompiledRoleRunner:
@@ -267,9 +280,9 @@ class CompiledRoleRunner:
     def _set_up_compile(
         self, inputs: Sequence[torch.Tensor], options: dict[str, Any], fixed_shapes: bool, lazy: bool
     ) -> None:
-        """Rewrite one-row products for the decode step; `lazy`: torch.compile now (it compiles on the first call)."""
-        if fixed_shapes and gemv_enabled(self.device):
-            use_gemv(self._graph(), inputs)  # one-row products (the decode step) as mcore::gemv
+        """Rewrite one-row products for the decode step and the prefill's attention context; `lazy`: torch.compile now
+        (it compiles on the first call)."""
+        rewrite(self._graph(), inputs, self.device, fixed_shapes)
         if lazy:
             gm = self._graph().gm
             if not fixed_shapes:

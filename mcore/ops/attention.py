@@ -17,6 +17,10 @@ Causal self-attention over the s new tokens only (the prefill role): q [1, H, s,
 [1, KV, s, D], GQA, the given softmax scale. It is an op (not inline SDPA) so that torch.export
 treats it as one opaque node: exporting inline GQA attention with a dynamic token count adds
 stride guards on torch 2.11 that fail for short sequences.
+
+`mcore::prefill_attention_rows(q, k, v, scale) -> [1, s, H*D]`: the same attention with its context
+already as the output projection reads it. Captured graphs never hold it; the compiled engine puts
+it in place of prefill_attention -> transpose -> reshape (mcore/engines/prefill_pass.py).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["decode_attention", "prefill_attention", "decode_attention_reference"]
+__all__ = ["decode_attention", "prefill_attention", "prefill_attention_rows", "decode_attention_reference"]
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor) -> None:
@@ -116,20 +120,42 @@ def _decode_attention_fake(q, k_cache, v_cache, kv_lengths):
 
 @torch.library.custom_op("mcore::prefill_attention", mutates_args=())
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    # a fresh tensor (never an alias of an input), laid out as the fake says
+    return _causal_sdpa("prefill_attention", q, k, v, scale).contiguous()
+
+
+def _causal_sdpa(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[2] != k.shape[2] or q.shape[1] % k.shape[1]:
         raise ValueError(
-            f"prefill_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit [1,H,s,D]/[1,KV,s,D]"
+            f"{op}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit [1,H,s,D]/[1,KV,s,D]"
         )
     # PyTorch picks the kernel: with torch 2.11 on the H100, cuDNN's (the same bits as cuDNN asked for
     # alone); no other SDPA backend was faster at 8k or 32k, KV heads shared or repeated
     # (bench/prefill_attention_gpu.py, docs/gpu-results.md)
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    return out.contiguous()  # a fresh tensor (never an alias of an input), laid out as the fake says
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
 @prefill_attention.register_fake
 def _prefill_attention_fake(q, k, v, scale):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("mcore::prefill_attention_rows", mutates_args=())
+def prefill_attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """prefill_attention's context as the output projection reads it, [1, s, H*D]: what the compiled
+    engine runs in place of prefill_attention -> transpose(1, 2) -> reshape (mcore/engines/prefill_pass.py).
+    cuDNN and flash write the context tokens-major for a q laid out so, which makes this a view of
+    their output; the contiguous [1, H, s, D] of prefill_attention cost two copies of the context a
+    layer (its own and the one Inductor makes to transpose it back)."""
+    out = _causal_sdpa("prefill_attention_rows", q, k, v, scale)
+    b, h, s, d = q.shape
+    return out.transpose(1, 2).reshape(b, s, h * d)  # a view where the kernel wrote tokens-major
+
+
+@prefill_attention_rows.register_fake
+def _prefill_attention_rows_fake(q, k, v, scale):
+    b, h, s, d = q.shape
+    return q.new_empty(b, s, h * d)
 
 
 def decode_attention_reference(

@@ -30,13 +30,11 @@ from torch import fx
 
 from ..common.errors import UserError
 from ..common.progress import Progress
-from ..engines.compiled import CompiledEngine, CompiledRoleRunner, compile_options, fuse_projections
+from ..engines.compiled import CompiledEngine, CompiledRoleRunner, compile_options, fuse_projections, rewrite
 from ..engines.fusion import fuse_sibling_projections
-from ..engines.gemv_pass import use_gemv
 from ..engines.kernel_map import provenance_trace, read_provenance
 from ..engines.prepared import PreparedGraph
 from ..engines.slots import SlotCall
-from ..ops.gemv import enabled as gemv_enabled
 from .trace import (
     STEP_RANGE,
     StepTimes,
@@ -116,8 +114,7 @@ def compile_traced(
     """Compile the role as the engine does, with provenance: the kernels and the runner that runs them."""
     CompiledEngine()  # the engine's compile settings (its Inductor cache folder)
     p = engine_graph(src)
-    if fixed_shapes and gemv_enabled(device):
-        use_gemv(p, inputs)
+    rewrite(p, inputs, device, fixed_shapes)
     if not fixed_shapes:
         for i, dims in p.dynamic_dims.items():
             for dim in dims:
