@@ -75,6 +75,14 @@ def main() -> None:
         t_mm = _time(lambda x=x: F.linear(x, w))
         t_base = _time(lambda x=x: unfused(x, w))
         print(f"M={m}: library GEMM alone {t_mm:.3f} ms ({flops / t_mm / 1e9:.0f} TF/s)", flush=True)
+        for lib in ("cublaslt", "cublas"):  # which of torch's BLAS back ends picks the faster kernel here
+            try:
+                torch.backends.cuda.preferred_blas_library(lib)
+                t_lib = _time(lambda x=x: F.linear(x, w))
+                print(f"M={m}: library GEMM alone, {lib} preferred {t_lib:.3f} ms ({flops / t_lib / 1e9:.0f} TF/s)")
+            except Exception as e:  # noqa: BLE001  (a torch without the switch)
+                print(f"M={m}: {lib}: {type(e).__name__}: {e}")
+        torch.backends.cuda.preferred_blas_library("cublas")  # torch's default on CUDA
         print(f"M={m}: GEMM + gating (compiled, unfused) {t_base:.3f} ms ({flops / t_base / 1e9:.0f} TF/s)", flush=True)
         for tma in [False, True] if _tma() else [False]:
             for cfg in CONFIGS:
