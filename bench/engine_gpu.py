@@ -631,7 +631,7 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
         "--prefill-variants",
         default="",
         help="prefill-only compiled variants timed at --prefill lengths, ';'-separated, each space-separated "
-        "env settings or 'default' (e.g. 'default;MCORE_PREFILL_GLU=1')",
+        "env settings or 'default' (e.g. 'MCORE_PREFILL_ROWS=0;default')",
     )
     ap.add_argument(
         "--variants",

@@ -36,7 +36,7 @@ from ..common import cache
 from ..common.errors import UserError
 from ..common.progress import NO_PROGRESS, Progress
 from ..graph.snapshot import Snapshot
-from ..ops import glu_matmul, inductor, rope_attention
+from ..ops import inductor, rope_attention
 from ..ops.gemv import enabled as gemv_enabled
 from ..ops.gemv import glu_enabled, norm_enabled
 from ..selection.receipt import SlotRecord
@@ -105,7 +105,6 @@ def made_from(structure: str, slots: Sequence[SlotRecord], device: torch.device)
         "torch": torch.__version__,
         "options": [fuse_projections(), tuning()]
         + (["prefill-rows"] if rows_enabled() else [])
-        + (["prefill-glu"] if glu_matmul.enabled() else [])
         + (["gemv"] if gemv_enabled(device) else [])
         + (["gemv-glu"] if gemv_enabled(device) and glu_enabled() else [])
         + (["gemv-norm"] if gemv_enabled(device) and norm_enabled() else [])

@@ -110,20 +110,14 @@ def _half(node: object, product: fx.Node, rows: int, first: bool) -> bool:
     return bool(src is product and dim in (-1, last) and start == lo and end == hi and len(node.users) == 1)
 
 
-def fuse_gating(
-    gm: fx.GraphModule,
-    state: dict[fx.Node, torch.Tensor],
-    product: Any = torch.ops.mcore.gemv.default,
-    gated: Any = torch.ops.mcore.gemv_glu.default,
-) -> int:
+def fuse_gating(gm: fx.GraphModule, state: dict[fx.Node, torch.Tensor]) -> int:
     """Each `mcore.gemv(x, cat(gate_w, up_w))` read only as `silu(y[..., :M]) * y[..., M:]` (the fused
     gate/up product and its gating) becomes `mcore.gemv_glu(x, W)`: the gating in the product's
     epilogue. A slot on the gating (its nodes are gone) or any other reader of the product keeps the
-    pattern from matching. `product` and `gated`: the same for another pair of ops (the prefill's
-    `aten.linear` and `mcore.matmul_glu`). Returns how many."""
+    pattern from matching. Returns how many."""
     done = 0
     for n in list(gm.graph.nodes):
-        if n.op != "call_function" or n.target is not product or n.kwargs or len(n.args) != 2:
+        if n.op != "call_function" or n.target is not torch.ops.mcore.gemv.default:
             continue
         weight = state.get(n.args[1])
         users = list(n.users)
@@ -142,7 +136,7 @@ def fuse_gating(
             continue
         if not only_user(up, mul):
             continue
-        n.target = gated
+        n.target = torch.ops.mcore.gemv_glu.default
         n.meta["val"] = mul.meta["val"]
         # the fusion report charges this kernel the gating's nodes too
         n.meta["mcore_fused_nodes"] = [*n.meta.get("mcore_fused_nodes", []), silu.name, mul.name]
