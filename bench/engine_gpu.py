@@ -272,6 +272,22 @@ def _prefill_variant(a, note) -> dict:
     return rec
 
 
+def run_variants(a, recs: list, spec: str, role: str, cache: Path) -> list[tuple[str, Path]]:
+    """Each ';'-separated variant of `spec` (space-separated env settings, or 'default') as a
+    `role`-only mcore part in a process of its own, its rows added to `recs`; (variant, its saved
+    logits) for the comparison between variants."""
+    saved = []
+    for i, variant in enumerate(v for v in spec.split(";") if v):
+        env = dict(kv.split("=", 1) for kv in variant.split() if kv != "default")
+        env["MCORE_CACHE_DIR"] = f"{cache}-{role}-variants"
+        logits = Path(a.out) / f"{role}-variant-{i}-logits.pt"
+        for r in run_part(a, "mcore", f"--{role}-only", "--save-logits", str(logits), env=env):
+            r["label"] = f"{role}-only {variant}"
+            recs.append(r)
+        saved.append((variant, logits))
+    return saved
+
+
 def _prefill_ms(run, lengths: list[int], vocab: int, reps: int = 3) -> dict:
     """Median time of a prompt's prefill (its logits read back) at each length, after one warm-up."""
     import torch
@@ -731,23 +747,8 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
             for r in run_part(b, "mcore", "--decode-only", env=env):
                 r["label"] = f"mcore compiled decode (capacity {cap})"
                 recs.append(r)
-    saved, saved_prefill = [], []
-    for i, variant in enumerate(v for v in a.variants.split(";") if v):
-        env = dict(kv.split("=", 1) for kv in variant.split())
-        env["MCORE_CACHE_DIR"] = str(cache) + "-variants"
-        logits = Path(a.out) / f"variant-{i}-logits.pt"
-        for r in run_part(a, "mcore", "--decode-only", "--save-logits", str(logits), env=env):
-            r["label"] = "decode-only " + variant
-            recs.append(r)
-        saved.append((variant, logits))
-    for i, variant in enumerate(v for v in a.prefill_variants.split(";") if v):
-        env = dict(kv.split("=", 1) for kv in variant.split() if kv != "default")
-        env["MCORE_CACHE_DIR"] = str(cache) + "-prefill-variants"
-        logits = Path(a.out) / f"prefill-variant-{i}-logits.pt"
-        for r in run_part(a, "mcore", "--prefill-only", "--save-logits", str(logits), env=env):
-            r["label"] = "prefill-only " + variant
-            recs.append(r)
-        saved_prefill.append((variant, logits))
+    saved = run_variants(a, recs, a.variants, "decode", cache)
+    saved_prefill = run_variants(a, recs, a.prefill_variants, "prefill", cache)
     if "torch" in parts:
         for r in run_part(a, "mcore", "--engine", "torch", env={"MCORE_CACHE_DIR": str(cache)}):
             r["label"] = "mcore torch (op by op)"
@@ -767,7 +768,7 @@ def main() -> None:  # noqa: C901 - benchmark driver, one branch per arm and opt
     print(table([r for r in recs if r.get("part") != "startup"], a.contexts))
     print(determinism(recs))
     print(variant_logits(saved))
-    print(variant_logits(saved_prefill, "the 1k prompt's last-token logits"))
+    print(variant_logits(saved_prefill, "the prompt's last token (1k tokens, or the capacity)"))
     starts = [r for r in recs if r.get("part") == "startup"]
     if starts:
         print(startup_table(starts))
