@@ -53,6 +53,23 @@ def test_the_prefill_context_reaches_o_proj_without_copies(tiny_bf16, monkeypatc
     assert pipe.generate(PROMPT, 6, stop_at_eos=False).tokens == plain.generate(PROMPT, 6, stop_at_eos=False).tokens
 
 
+def test_precompiled_regions_carry_the_rows_and_reload_them(tiny_bf16, monkeypatch, tmp_path):
+    """As on CUDA by default: each role compiled by regions into an artifact (MCORE_PRECOMPILED=1).
+    The prefill with the context rows gives the bits of the one without, and a second pipeline that
+    loads the artifact instead of compiling gives them again."""
+    monkeypatch.setenv("MCORE_PRECOMPILED", "1")
+    monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
+    pipe = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
+    assert torch.ops.mcore.prefill_attention_rows.default in _targets(pipe, "prefill")
+    reload = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
+    assert reload.runners["prefill"].artifact is not None and reload.runners["prefill"].cached
+    monkeypatch.setenv("MCORE_PREFILL_ROWS", "0")
+    plain = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
+    ids = pipe.encode(PROMPT)
+    a = _prefill_logits(pipe, ids)
+    assert torch.equal(a, _prefill_logits(reload, ids)) and torch.equal(a, _prefill_logits(plain, ids))
+
+
 @pytest.mark.parametrize("tokens_major", [True, False])
 def test_the_rows_op_is_prefill_attention_as_o_proj_reads_it(tokens_major):
     """GQA (8 query heads on 2 KV heads), q laid out as the decoder makes it (tokens-major) or
