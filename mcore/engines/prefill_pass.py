@@ -17,6 +17,7 @@ and the gating apart.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 from torch import fx
@@ -50,7 +51,7 @@ def context_as_rows(p: PreparedGraph) -> int:
         r = call(r_users[0], aten.reshape.default, aten.view.default) if len(r_users) == 1 else None
         if att is None or t is None or r is None or not only_user(att, t) or not only_user(t, r):
             continue
-        if sorted(int(d) % 4 for d in t.args[1:]) != [1, 2] or not _rows_of(att, r):
+        if sorted(d % 4 for d in t.args[1:] if isinstance(d, int)) != [1, 2] or not _rows_of(att, r):
             continue
         with gm.graph.inserting_before(att):
             rows = gm.graph.call_function(torch.ops.mcore.prefill_attention_rows.default, att.args)
@@ -76,6 +77,6 @@ def _rows_of(att: fx.Node, r: fx.Node) -> bool:
     return [_expr(x) for x in out.shape] == [b, s, h * d]
 
 
-def _expr(size: object) -> object:
+def _expr(size: Any) -> Any:
     # a size symbol's expression (comparing SymInts themselves would add guards to the graph's shape env)
-    return size.node.expr if isinstance(size, torch.SymInt) else int(size)  # type: ignore[call-overload]
+    return size.node.expr if isinstance(size, torch.SymInt) else int(size)
