@@ -70,6 +70,22 @@ def test_precompiled_regions_carry_the_rows_and_reload_them(tiny_bf16, monkeypat
     assert torch.equal(a, _prefill_logits(reload, ids)) and torch.equal(a, _prefill_logits(plain, ids))
 
 
+@pytest.mark.parametrize("demo", ["llama-tiny", "qwen2-tiny"])
+def test_every_decoder_family_gets_the_rows(demo, tmp_path, monkeypatch):
+    """The families without q/k norms (Llama) and with q/k/v biases (Qwen2) write the same
+    attention: each layer's context reaches o_proj through the rows op, with the captured graph's bits."""
+    args = BuildArgs(model=f"demo:{demo}", precision="bf16", max_cache_length=128)
+    bundle = str(build_bundle(args, tmp_path / "n.bundle", device="cpu").bundle_path)
+    pipe = DecoderPipeline(bundle, device="cpu", engine="compiled")
+    layers = int(pipe.config["num_hidden_layers"])
+    assert _targets(pipe, "prefill").count(torch.ops.mcore.prefill_attention_rows.default) == layers
+    ids = pipe.encode(PROMPT)
+    a = _prefill_logits(pipe, ids)
+    monkeypatch.setenv("MCORE_PREFILL_ROWS", "0")
+    plain = DecoderPipeline(bundle, device="cpu", engine="compiled")
+    assert torch.equal(a, _prefill_logits(plain, ids))
+
+
 @pytest.mark.parametrize("tokens_major", [True, False])
 def test_the_rows_op_is_prefill_attention_as_o_proj_reads_it(tokens_major):
     """GQA (8 query heads on 2 KV heads), q laid out as the decoder makes it (tokens-major) or
