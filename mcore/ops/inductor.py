@@ -17,7 +17,6 @@ import os
 from typing import Any
 
 import torch
-import torch._inductor.config
 
 from ..common.errors import UserError
 
@@ -27,6 +26,10 @@ HOPPER_DEFAULTS = ("triton.enable_pdl",)  # needs sm_90 or later
 
 @functools.cache  # asked on every launch of mcore's own kernels (mcore/ops/pdl.py)
 def _is_bool_setting(name: str) -> bool:
+    # imported here: torch._inductor imports Dynamo (about 1.5 s), which a command that never
+    # compiles (help, a graph listing, a one-line input error) should not pay for
+    import torch._inductor.config
+
     owner: Any = torch._inductor.config
     *path, leaf = name.split(".")
     for part in path:
