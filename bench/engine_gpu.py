@@ -148,14 +148,7 @@ def part_mcore(a) -> None:
         _emit(_prefill_variant(a, note))
         return
     if a.decode_only:  # quick variant checks: load with the op-by-op engine, compile the decode role alone
-        from mcore.engines.compiled import CompiledRoleRunner, fuse_projections
-        from mcore.engines.fusion import fuse_sibling_projections
-
-        pipe = DecoderPipeline(_bundle(a), device=DEV, engine="torch", progress=Progress(note))
-        prepared = pipe.runners["decode"].prepared
-        if fuse_projections():
-            fuse_sibling_projections(prepared)
-        runner = CompiledRoleRunner(prepared, pipe.device, f"variant-{os.getpid()}")
+        pipe, runner = _one_role(a, "decode", note)
         runner.prepare(
             pipe.step_ids, pipe.cache_length, *[pipe.caches[n] for n in pipe.cache_names], progress=Progress(note)
         )
@@ -232,6 +225,21 @@ def part_mcore(a) -> None:
     _emit(rec)
 
 
+def _one_role(a, role: str, note):
+    """(the pipeline loaded with the op-by-op engine, a compiled runner of its `role` alone, not yet
+    prepared): a variant compiles only the role it compares, as the compiled engine would."""
+    from mcore.common.progress import Progress
+    from mcore.engines.compiled import CompiledRoleRunner, fuse_projections
+    from mcore.engines.fusion import fuse_sibling_projections
+    from mcore.runtime.pipeline import DecoderPipeline
+
+    pipe = DecoderPipeline(_bundle(a), device=DEV, engine="torch", progress=Progress(note))
+    prepared = pipe.runners[role].prepared
+    if fuse_projections():
+        fuse_sibling_projections(prepared)
+    return pipe, CompiledRoleRunner(prepared, pipe.device, f"{role}-variant-{os.getpid()}")
+
+
 def _prefill_variant(a, note) -> dict:
     """A prefill-only variant: load with the op-by-op engine, compile the prefill role alone as the
     compiled engine does (dynamic token count), time each prompt length; the logits of a fixed 1k
@@ -241,16 +249,9 @@ def _prefill_variant(a, note) -> dict:
     import torch
 
     from mcore.common.progress import Progress
-    from mcore.engines.compiled import CompiledRoleRunner, fuse_projections
-    from mcore.engines.fusion import fuse_sibling_projections
-    from mcore.runtime.pipeline import DecoderPipeline
 
     t0 = time.perf_counter()
-    pipe = DecoderPipeline(_bundle(a), device=DEV, engine="torch", progress=Progress(note))
-    prepared = pipe.runners["prefill"].prepared
-    if fuse_projections():
-        fuse_sibling_projections(prepared)
-    runner = CompiledRoleRunner(prepared, pipe.device, f"prefill-variant-{os.getpid()}")
+    pipe, runner = _one_role(a, "prefill", note)
     caches = [pipe.caches[n] for n in pipe.cache_names]
     vocab = int(pipe.config["vocab_size"])
     g = torch.Generator(device=DEV).manual_seed(1)
@@ -531,10 +532,11 @@ def determinism(recs: list[dict]) -> str:
     rows = [r for r in recs if "logits_sha256" in r]
     lines = []
     for r in rows:
-        same = "the same as" if r["logits_sha256"] == rows[0]["logits_sha256"] else "DIFFERENT from"
+        first = next(x for x in rows if x.get("logits_of") == r.get("logits_of"))  # the same logits measured
+        same = "the same as" if r["logits_sha256"] == first["logits_sha256"] else "DIFFERENT from"
         lines.append(
             f"determinism, {r.get('label') or r.get('part')}: logits of {r.get('logits_of', '17 steps')} bit-identical twice in one process: "
-            f"{'yes' if r['same_bits_twice'] else 'NO'}; sha256 {r['logits_sha256']} ({same} the first row's)"
+            f"{'yes' if r['same_bits_twice'] else 'NO'}; sha256 {r['logits_sha256']} ({same} the first such row's)"
         )
     return "\n".join(lines)
 
