@@ -82,10 +82,11 @@ def beside_the_work_folder(recorded, monkeypatch):
     monkeypatch.chdir(recorded[0].parent)
 
 
-@pytest.fixture(scope="module")
+# session, not module: xdist's work stealing can bring a worker back to this module after another one,
+# and a module fixture would run the tutorial's steps again (6 s each time)
+@pytest.fixture(scope="session")
 def recorded(tmp_path_factory) -> tuple[Path, list[tuple[str, dict, dict]]]:
-    # the folder's name shows on screen: always snapshot-work0, also where xdist's work stealing makes a
-    # worker set this module up twice (mktemp would number the second snapshot-work1)
+    # the folder's name shows on screen: always snapshot-work0, whatever mktemp numbers its parent
     wd = tmp_path_factory.mktemp("snapshots") / "snapshot-work0"
     wd.mkdir()
     ctx = ActionContext(workdir=wd)
