@@ -38,7 +38,7 @@ from ..common.progress import NO_PROGRESS, Progress
 from ..graph.snapshot import Snapshot
 from ..ops import inductor, rope_attention
 from ..ops.gemv import enabled as gemv_enabled
-from ..ops.gemv import glu_enabled, norm_enabled, prefetch_bytes
+from ..ops.gemv import glu_enabled, norm_enabled
 from ..selection.receipt import SlotRecord
 from .fusion import fuse_sibling_projections, fuse_weights
 from .gemv_pass import use_gemv
@@ -109,7 +109,6 @@ def made_from(structure: str, slots: Sequence[SlotRecord], device: torch.device)
         + (["gemv-glu"] if gemv_enabled(device) and glu_enabled() else [])
         + (["gemv-norm"] if gemv_enabled(device) and norm_enabled() else [])
         + (["attn-rope"] if gemv_enabled(device) and rope_attention.enabled() else [])
-        + ([f"gemv-prefetch={prefetch_bytes()}"] if gemv_enabled(device) and prefetch_bytes() else [])
         + inductor.settings(device)
         + (["regional"] if regional() else []),
     }

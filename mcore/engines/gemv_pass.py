@@ -7,8 +7,7 @@ q/k/v or gate/up product becomes one GEMV) and never touches a slot. The MLP's g
 the gate/up product's epilogue (`mcore.gemv_glu`; MCORE_GEMV_GLU=0 keeps it a kernel of its own), and
 each add + RMSNorm between two products into them: the residual add into the epilogue of the product
 before it (`mcore.gemv_add`), the norm into the prologue of the one after (`mcore.rms_gemv`), where
-MCORE_GEMV_NORM=1 asks for it. Last, each product may prefetch the next one's weight into L2
-(prefetch_pass.py, MCORE_GEMV_PREFETCH=<MB>).
+MCORE_GEMV_NORM=1 asks for it.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from torch import fx
 from ..ops import rope_attention
 from ..ops.gemv import glu_enabled, norm_enabled  # importing mcore.gemv registers the mcore::gemv ops
 from .patterns import call, only_user, rms_norm_of, split
-from .prefetch_pass import plan_prefetch
 from .prepared import PreparedGraph
 from .rope_pass import fuse_rope_attention
 
@@ -94,8 +92,6 @@ def use_gemv(p: PreparedGraph, inputs: Sequence[torch.Tensor]) -> int:
         fuse_residuals(gm)
     if done and rope_attention.enabled():
         fuse_rope_attention(gm, state)
-    if done:
-        plan_prefetch(p, state)  # MCORE_GEMV_PREFETCH=<MB>
     if done:
         gm.graph.lint()
         gm.recompile()

@@ -23,7 +23,6 @@ import os
 import torch
 import torch.nn.functional as F
 
-from ..common.errors import UserError
 from .pdl import launch_options
 
 __all__ = [
@@ -36,7 +35,6 @@ __all__ = [
     "enabled",
     "glu_enabled",
     "norm_enabled",
-    "prefetch_bytes",
     "silu_mul",
     "rms_norm",
 ]
@@ -64,24 +62,6 @@ def norm_enabled() -> bool:
     (`mcore::rms_gemv`, the normalised row never rounded: within a bf16 rounding of the unfused
     step). Two launches a layer less. Off until its GPU timing says it pays (docs/gpu-results.md)."""
     return os.environ.get("MCORE_GEMV_NORM", "0") == "1"
-
-
-def prefetch_bytes() -> int:
-    """MCORE_GEMV_PREFETCH=<MB>: each one-row product asks L2 for up to that many MB of the next
-    product's weight in the same layer, where kernels run between the two (the attention and its
-    rotary and cache kernels, an add + RMSNorm): those kernels read little, so the memory system
-    would idle under them; the next product then starts from L2. Off (0) until its GPU timing says
-    it pays (docs/gpu-results.md)."""
-    raw = os.environ.get("MCORE_GEMV_PREFETCH", "0").strip() or "0"
-    try:
-        mb = float(raw)
-    except ValueError:
-        mb = -1.0
-    if not 0 <= mb <= 1024:
-        raise UserError(
-            f"MCORE_GEMV_PREFETCH: {raw!r} is not a size in MB from 0 to 1024; 0 (the default) turns it off"
-        )
-    return int(mb * (1 << 20))
 
 
 def gemv_config(n: int, k: int, sms: int = 132) -> tuple[int, int, int, int]:
@@ -128,18 +108,13 @@ def gemv_triton(
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
     residual: torch.Tensor | None = None,
-    prefetch: torch.Tensor | None = None,
-    prefetch_size: int = 0,
-    prefetch_halves: int = 1,
 ) -> torch.Tensor:
     """The Triton kernel: x [..., K] with one row, weight [N, K] contiguous, same dtype; y [..., N].
     With `glu`: weight is [2M, K] (gate rows, then up rows) and y [..., M] = silu(gate) * up, each
     half rounded to x's dtype first as the unfused step stores it. `config` is the concatenated
     weight's (gemv_config): a GLU program takes half as many output rows, the same weight bytes.
     With `norm_weight` [K]: x RMS-normalised first (rms_norm, unrounded). With `residual` (y's
-    shape): y = residual + the product rounded to y's dtype. With `prefetch` (the next product's
-    weight): its first `prefetch_size` bytes (split over its two halves where `prefetch_halves` is 2,
-    a gate/up weight) asked of L2 by the last programs (prefetch_bytes)."""
+    shape): y = residual + the product rounded to y's dtype."""
     if not _has_triton():
         raise RuntimeError("mcore.gemv needs triton (pip install triton)")
     n, k = weight.shape
@@ -166,28 +141,14 @@ def gemv_triton(
         # (H100, Qwen3-8B-sized step: 5.97 -> 5.83 ms at 1k; docs/gpu-results.md, nineteenth session)
         block_n *= 2
     pdl = launch_options(x.device)  # programmatic dependent launch, where asked for (mcore/ops/pdl.py)
-    grid = -(-out // block_n)
-    pf_l = 32 * warps  # one 128-byte line a thread
-    pf_first, pf_lines, pf_off2 = grid, 0, 0
-    if prefetch is not None and prefetch_size > 0 and x.device.type == "cuda":
-        halves = 2 if prefetch_halves == 2 and prefetch.shape[0] % 2 == 0 else 1
-        region = prefetch.numel() // halves
-        pf_lines = min(prefetch_size // halves, region * prefetch.element_size()) // 128
-        pf_lines = min(pf_lines, grid * pf_l // halves)  # at most a line a thread of the whole grid
-        pf_off2 = region if halves == 2 else 0
-        pf_first = grid - -(-(pf_lines * halves) // pf_l)  # the last programs: they end the kernel
-    _kernel()[(grid,)](
+    _kernel()[(-(-out // block_n),)](
         xs,
         w,
         y,
         xs if norm_weight is None else norm_weight.reshape(k).contiguous(),  # unread without NORM
         y if residual is None else residual.reshape(out).contiguous(),  # unread without RESIDUAL
-        w if pf_lines == 0 else prefetch,  # unread without PREFETCH
         out,
         float(eps),
-        pf_first,
-        pf_lines,
-        pf_off2,
         K=k,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
@@ -195,9 +156,6 @@ def gemv_triton(
         GLU=glu,
         NORM=norm_weight is not None,
         RESIDUAL=residual is not None,
-        PREFETCH=pf_lines > 0,
-        PF_L=pf_l,
-        EVICT="evict_first" if prefetch_bytes() else "",  # each weight read once a step: its lines go first
         num_warps=warps,
         num_stages=stages,
         **pdl,
@@ -210,27 +168,15 @@ def _on_triton(x: torch.Tensor) -> bool:
 
 
 @torch.library.custom_op("mcore::gemv", mutates_args=())
-def gemv(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    prefetch: torch.Tensor | None = None,
-    prefetch_size: int = 0,
-    prefetch_halves: int = 1,
-) -> torch.Tensor:
+def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., K] (one row) times weight [N, K] transposed, as `F.linear(x, weight)`."""
     if _on_triton(x):
-        return gemv_triton(x, weight, prefetch=prefetch, prefetch_size=prefetch_size, prefetch_halves=prefetch_halves)
+        return gemv_triton(x, weight)
     return F.linear(x, weight)
 
 
 @gemv.register_fake
-def _gemv_fake(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    prefetch: torch.Tensor | None = None,
-    prefetch_size: int = 0,
-    prefetch_halves: int = 1,
-) -> torch.Tensor:
+def _gemv_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -241,66 +187,31 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("mcore::gemv_glu", mutates_args=())
-def gemv_glu(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    prefetch: torch.Tensor | None = None,
-    prefetch_size: int = 0,
-    prefetch_halves: int = 1,
-) -> torch.Tensor:
+def gemv_glu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`silu(F.linear(x, gate_w)) * F.linear(x, up_w)` for one row, weight = cat(gate_w, up_w): the MLP's
     fused gate/up product with its gating in the kernel's epilogue (on unless MCORE_GEMV_GLU=0)."""
     if _on_triton(x):
-        return gemv_triton(
-            x, weight, glu=True, prefetch=prefetch, prefetch_size=prefetch_size, prefetch_halves=prefetch_halves
-        )
+        return gemv_triton(x, weight, glu=True)
     gate, up = F.linear(x, weight).chunk(2, dim=-1)
     return silu_mul(gate, up)
 
 
 @gemv_glu.register_fake
-def _gemv_glu_fake(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    prefetch: torch.Tensor | None = None,
-    prefetch_size: int = 0,
-    prefetch_halves: int = 1,
-) -> torch.Tensor:
+def _gemv_glu_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0] // 2))
 
 
 @torch.library.custom_op("mcore::gemv_add", mutates_args=())
-def gemv_add(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    residual: torch.Tensor,
-    prefetch: torch.Tensor | None = None,
-    prefetch_size: int = 0,
-    prefetch_halves: int = 1,
-) -> torch.Tensor:
+def gemv_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """`residual + F.linear(x, weight)` for one row: the decoder's residual add in the product's epilogue,
     the product rounded to x's dtype first as the unfused step stores it (the same bits)."""
     if _on_triton(x):
-        return gemv_triton(
-            x,
-            weight,
-            residual=residual,
-            prefetch=prefetch,
-            prefetch_size=prefetch_size,
-            prefetch_halves=prefetch_halves,
-        )
+        return gemv_triton(x, weight, residual=residual)
     return residual + F.linear(x, weight)
 
 
 @gemv_add.register_fake
-def _gemv_add_fake(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    residual: torch.Tensor,
-    prefetch: torch.Tensor | None = None,
-    prefetch_size: int = 0,
-    prefetch_halves: int = 1,
-) -> torch.Tensor:
+def _gemv_add_fake(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -315,44 +226,19 @@ def rms_norm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Te
 
 
 @torch.library.custom_op("mcore::rms_gemv", mutates_args=())
-def rms_gemv(
-    x: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    glu: bool,
-    prefetch: torch.Tensor | None = None,
-    prefetch_size: int = 0,
-    prefetch_halves: int = 1,
-) -> torch.Tensor:
+def rms_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, glu: bool) -> torch.Tensor:
     """`F.linear(rms_norm(x, norm_weight, eps), weight)` for one row (`glu`: then silu(gate) * up as
     mcore::gemv_glu): the norm in the product's prologue. The kernel sums x^2 in the pass that reads x
     for the products and scales the sums once, so the normalised row is never rounded: within one
     rounding of the unfused step, not bit-equal to it (CPU computes the unfused step)."""
     if _on_triton(x):
-        return gemv_triton(
-            x,
-            weight,
-            glu=glu,
-            norm_weight=norm_weight,
-            eps=eps,
-            prefetch=prefetch,
-            prefetch_size=prefetch_size,
-            prefetch_halves=prefetch_halves,
-        )
+        return gemv_triton(x, weight, glu=glu, norm_weight=norm_weight, eps=eps)
     h = rms_norm(x, norm_weight, eps)
     return gemv_glu(h, weight) if glu else F.linear(h, weight)
 
 
 @rms_gemv.register_fake
 def _rms_gemv_fake(
-    x: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    glu: bool,
-    prefetch: torch.Tensor | None = None,
-    prefetch_size: int = 0,
-    prefetch_halves: int = 1,
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, glu: bool
 ) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0] // 2 if glu else weight.shape[0]))

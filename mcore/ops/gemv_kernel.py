@@ -12,12 +12,8 @@ def gemv_kernel(
     Y,
     NW,
     R,
-    PF,
     N,
     eps,
-    pf_first,
-    pf_lines,
-    pf_off2,
     K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -25,9 +21,6 @@ def gemv_kernel(
     GLU: tl.constexpr,
     NORM: tl.constexpr,
     RESIDUAL: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
-    PF_L: tl.constexpr = 256,
-    EVICT: tl.constexpr = "",
 ):
     """Y[n] = sum_k X[k] * W[n, k] for BLOCK_N rows a program.
 
@@ -37,13 +30,7 @@ def gemv_kernel(
     NORM: X is RMS-normalised first, X * NW / sqrt(mean(X^2) + eps), in the same pass: every program
     reads all of X anyway, so it sums X^2 beside the products and scales its sums once at the end.
     RESIDUAL: Y[n] = R[n] + the product rounded to Y's dtype, the residual add as the unfused step
-    computes it (same bits).
-    PREFETCH: programs pf_first.. each ask L2 for PF_L lines (128 bytes) of the weight PF that the
-    next product reads: its first pf_lines lines, then as many from element pf_off2 on (a gate/up
-    weight's programs start at both halves). The lines arrive while the small kernels between the
-    two products run, which leave the memory system idle. Fire and forget: no value changes.
-    EVICT: the weight loads' L2 policy ("evict_first": each weight is read once a step, so its
-    lines should go before the prefetched ones)."""
+    computes it (same bits)."""
     pid = tl.program_id(0)
     if GLU:
         r = tl.arange(0, 2 * BLOCK_N)
@@ -58,7 +45,7 @@ def gemv_kernel(
     k_ok = cols < K
     # the first weight tile is read before waiting for the kernel before this one (programmatic
     # dependent launch): no kernel writes weights, so that read may overlap the previous kernel
-    w = tl.load(base, mask=row_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy=EVICT)
+    w = tl.load(base, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()  # x is the previous kernel's output
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel waits for all of this one anyway
@@ -69,7 +56,7 @@ def gemv_kernel(
     acc = w.to(tl.float32) * x[None, :]  # widened first: fp32 products and sums
     for k0 in range(BLOCK_K, K, BLOCK_K):
         k_ok = (k0 + cols) < K
-        w = tl.load(base + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy=EVICT)
+        w = tl.load(base + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(X + k0 + cols, mask=k_ok, other=0.0).to(tl.float32)
         if NORM:
             ss += x * x
@@ -86,18 +73,3 @@ def gemv_kernel(
     if RESIDUAL:
         y = y.to(Y.dtype.element_ty).to(tl.float32) + tl.load(R + out_rows, mask=out_rows < N).to(tl.float32)
     tl.store(Y + out_rows, y.to(Y.dtype.element_ty), mask=out_rows < N)
-    if PREFETCH:
-        j = pid - pf_first
-        if j >= 0:
-            i = (j * PF_L + tl.arange(0, PF_L)).to(tl.int64)
-            second = i >= pf_lines
-            off = tl.where(second, pf_off2 + (i - pf_lines) * 64, i * 64)  # 64 16-bit elements a line
-            ok = i < (2 * pf_lines if pf_off2 > 0 else pf_lines)
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
-                "=r,l,r",
-                [(PF + off).to(tl.int64, bitcast=False), ok.to(tl.int32)],
-                dtype=tl.int32,
-                is_pure=False,
-                pack=1,
-            )
