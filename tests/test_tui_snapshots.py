@@ -84,7 +84,10 @@ def beside_the_work_folder(recorded, monkeypatch):
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> tuple[Path, list[tuple[str, dict, dict]]]:
-    wd = tmp_path_factory.mktemp("snapshot-work")
+    # the folder's name shows on screen: always snapshot-work0, also where xdist's work stealing makes a
+    # worker set this module up twice (mktemp would number the second snapshot-work1)
+    wd = tmp_path_factory.mktemp("snapshots") / "snapshot-work0"
+    wd.mkdir()
     ctx = ActionContext(workdir=wd)
     steps = []
     for st in Session.load(find_tutorial("qwen-recipe")).steps:

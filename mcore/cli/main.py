@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -40,11 +41,17 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, own_process: bool = False) -> int:
     closed = check_std_streams("mcore")
     if closed is not None:
         return closed
     parser = make_parser()
+    if own_process:
+        # The verbs' imports (torch's objects, most of them) live until the process exits: frozen, the
+        # garbage collector no longer walks them on each full collection nor at exit (a CPU `mcore run`
+        # of a demo bundle: 4.4 -> 3.7 s). Only in a process of its own: frozen objects are never
+        # collected, which a long-lived caller of main() (the workbench, a test) must not inherit.
+        gc.freeze()
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
@@ -67,5 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(rc or 0)
 
 
+def entry() -> int:
+    """The `mcore` command and `python -m mcore`: main() in a process of its own."""
+    return main(own_process=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())
