@@ -214,11 +214,25 @@ MMA = os.environ.get("CUTEDSL_ATTENTION_MMA", "1") != "0"
 # 16 keys before the arithmetic of the current ones
 PREFETCH = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0") == "1"
 # Programmatic dependent launch (Hopper), as the compiled engine launches its own kernels (mcore/ops/pdl.py):
-# CUTEDSL_ATTENTION_PDL=0 a plain launch; =early the next kernel may launch as soon as this one's wait
-# returned (as the engine's Triton kernels do), the merge kernel's successor too.
+# by default the walk lets the next kernel (the merge) launch once it has read the caches, and the merge
+# lets its successor launch as soon as its wait returned (the merge is 32 small blocks: the successor's
+# blocks can wait beside it, so its launch is off the critical path). CUTEDSL_ATTENTION_PDL=0 a plain
+# launch; =early the walk's successor too as soon as its wait returned (as the engine's Triton kernels
+# do); =walk (measurement only: the schedule shipped until the twenty-second session) the merge's
+# successor launches when the merge has finished.
 _PDL_ENV = os.environ.get("CUTEDSL_ATTENTION_PDL", "1")
 PDL = _PDL_ENV != "0"
 PDL_EARLY = _PDL_ENV == "early"
+PDL_MERGE_EARLY = PDL and _PDL_ENV != "walk"
+# Measurement knobs (twenty-second session; =0 restores the earlier code for a side-by-side row):
+# CUTEDSL_ATTENTION_MERGE_LOADS=0 the merge reads the records' maxima before their sums and columns;
+# CUTEDSL_ATTENTION_Q_FIRST=0 the walk reads the length before the query.
+MERGE_LOADS = os.environ.get("CUTEDSL_ATTENTION_MERGE_LOADS", "1") != "0"
+Q_FIRST = os.environ.get("CUTEDSL_ATTENTION_Q_FIRST", "1") != "0"
+# CUTEDSL_ATTENTION_INTERLEAVE=1 (split schedule, register walk; experimental): a block takes every
+# SPLITS-th tile of 16 keys a warp instead of one contiguous share, so its first tile's place does not
+# depend on the length: its loads go out with the length's (see `walk_interleaved`).
+INTERLEAVE = os.environ.get("CUTEDSL_ATTENTION_INTERLEAVE", "0") == "1"
 
 # CUTEDSL_ATTENTION_TMA=1 (split schedule, tensor-core walk; experimental): a producer warp streams each
 # block's keys through a ring of CUTEDSL_ATTENTION_TMA_STAGES (2-6, default 2: 3 was slower on the H200)
@@ -279,6 +293,11 @@ class Plan:
     def tma(self):
         """Keys through a shared-memory ring by bulk copies (a producer warp besides the walking ones)."""
         return TMA and self.split and self.use_mma
+
+    @property
+    def interleave(self):
+        """Tiles dealt round the blocks (register walk, split schedule), the first one read before the length."""
+        return INTERLEAVE and self.split and self.use_mma and not self.tma
 
     @property
     def threads(self):
@@ -360,6 +379,10 @@ class Plan:
         else:
             blocks = f"cluster {CLUSTER}"
         launch = ", dependents launched early" if PDL_EARLY else ("" if PDL else ", plain launch")
+        launch += "" if PDL_MERGE_EARLY or not PDL else ", the merge's dependents at its end"
+        launch += "" if MERGE_LOADS else ", merge loads in two trips"
+        launch += "" if Q_FIRST or not self.use_mma else ", length before query"
+        launch += ", interleaved tiles" if self.interleave else ""
         lines = [
             f"shapes: {self.described}",
             f"schedule={blocks}, {self.warps} warps, {self.hpb} heads a block, {walk}{launch}",
@@ -548,22 +571,24 @@ if cute is not None:
         hold (columns [t * D/4, (t + 1) * D/4), or `chunks`: 8-column pieces), packed in pairs exactly.
         Loaded by element: the query's alignment is not promised."""
         qk_words, hpb, pack = p.qk_words, p.hpb, p.pack
-        zero = cutlass.Int32(0)
         qw = cute.make_rmem_tensor((qk_words,), cutlass.Int32)
-        for w in cutlass.range_constexpr(qk_words):
-            qw[w] = zero
-        if g < hpb:
-            if cutlass.const_expr(chunks is None):
-                qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(2 * qk_words))
-                qv = qrow[None, t].load().to(cutlass.Float32)
-                for w in cutlass.range_constexpr(qk_words):
-                    qw[w] = asm_i32(f"{pack} $0, $1, $2;", [qv[2 * w + 1], qv[2 * w]], "=r,f,f")
-            else:
-                qrow = cute.logical_divide(query[0, head0 + g, token, None], cute.make_layout(8))
-                for c, chunk in enumerate(chunks):
-                    qv = qrow[None, chunk].load().to(cutlass.Float32)
-                    for w in cutlass.range_constexpr(4):
-                        qw[c * 4 + w] = asm_i32(f"{pack} $0, $1, $2;", [qv[2 * w + 1], qv[2 * w]], "=r,f,f")
+        # every lane loads (rows past the group read the group's last row, then zeroed): no branch
+        # around the loads, so they can go out before the length's arithmetic
+        qrow_all = query[0, head0 + cutlass.min(g, hpb - 1), token, None]
+        if cutlass.const_expr(chunks is None):
+            qrow = cute.logical_divide(qrow_all, cute.make_layout(2 * qk_words))
+            qv = qrow[None, t].load().to(cutlass.Float32)
+            for w in cutlass.range_constexpr(qk_words):
+                qw[w] = asm_i32(f"{pack} $0, $1, $2;", [qv[2 * w + 1], qv[2 * w]], "=r,f,f")
+        else:
+            qrow = cute.logical_divide(qrow_all, cute.make_layout(8))
+            for c, chunk in enumerate(chunks):
+                qv = qrow[None, chunk].load().to(cutlass.Float32)
+                for w in cutlass.range_constexpr(4):
+                    qw[c * 4 + w] = asm_i32(f"{pack} $0, $1, $2;", [qv[2 * w + 1], qv[2 * w]], "=r,f,f")
+        if g >= hpb:
+            for w in cutlass.range_constexpr(qk_words):
+                qw[w] = cutlass.Int32(0)
         return qw
 
     @cute.jit
@@ -653,8 +678,9 @@ if cute is not None:
         return acc
 
     @cute.jit
-    def walk_mma(p, query, key_cache, value_cache, part, head0, kv_head, token, start, stop):
-        """A warp's keys [start, stop), 16 a step, loaded from global memory into registers."""
+    def walk_mma(p, query, key_cache, value_cache, part, head0, kv_head, token, start, stop, qw=None):
+        """A warp's keys [start, stop), 16 a step, loaded from global memory into registers (`qw`: the
+        query's words, when read before the length)."""
         qk_words, v_words = p.qk_words, p.v_words
         tidx, _, _ = cute.arch.thread_idx()
         warp = tidx // WARP
@@ -663,7 +689,8 @@ if cute is not None:
         vc32 = cute.recast_tensor(value_cache, cutlass.Int32)
         g = lane // 4
         t = lane % 4
-        qw = load_q(p, query, head0, token, g, t)
+        if cutlass.const_expr(qw is None):
+            qw = load_q(p, query, head0, token, g, t)
         acc = fresh_acc(p)
         m = cutlass.Float32(NEG)  # running max of row g
         lsum = cutlass.Float32(0.0)  # this lane's share of row g's sum
@@ -682,6 +709,50 @@ if cute is not None:
                 kw = fetch_k(p, kc32, kv_head, base, last, g, t)
                 get_v = lambda base=base: fetch_v(p, vc32, kv_head, base, last, g, t)  # noqa: E731
                 m, lsum = mma_step(p, qw, kw, get_v, acc, sc, m, lsum, base, stop, t)
+        store_partial(p, part, acc, m, lsum, warp, lane)
+
+    @cute.jit
+    def walk_interleaved(
+        p, query, key_cache, value_cache, part, head0, kv_head, token, rank, splits, kv_lengths, new_tokens, qw
+    ):
+        """A warp's keys with tiles dealt round the blocks: block `rank` takes tiles rank, rank + splits, ...
+        of 16 keys a warp, warp w keys 16 w .. 16 w + 15 of each. Its first tile's place is fixed, so those
+        loads go out before the length arrives (rows clamped to the capacity: in bounds); the V words of
+        keys at or past the length are zeroed (0 x NaN would not be 0). Returns nothing; writes the partial."""
+        v_words = p.v_words
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = tidx // WARP
+        lane = tidx % WARP
+        kc32 = cute.recast_tensor(key_cache, cutlass.Int32)
+        vc32 = cute.recast_tensor(value_cache, cutlass.Int32)
+        g = lane // 4
+        t = lane % 4
+        stride = splits * p.tile
+        first = rank * p.tile + 16 * warp
+        kw0 = fetch_k(p, kc32, kv_head, first, p.capacity - 1, g, t)
+        vk0 = fetch_v(p, vc32, kv_head, first, p.capacity - 1, g, t)
+        end = row_end(p, kv_lengths[0], token, new_tokens)
+        acc = fresh_acc(p)
+        m = cutlass.Float32(NEG)
+        lsum = cutlass.Float32(0.0)
+        sc = cute.make_rmem_tensor((8,), cutlass.Float32)
+        vbuf = cute.make_rmem_tensor((4 * v_words,), cutlass.Int32)
+        # the first tile unconditionally (a branch on the length would sink its loads after it): where it
+        # lies past the length every key is masked and its V words zeroed, which leaves (m, lsum, acc) as
+        # they were
+        for r in cutlass.range_constexpr(4):
+            for i in cutlass.range_constexpr(v_words):
+                vbuf[r * v_words + i] = vk0[r][i]
+            if first + 2 * t + (r % 2) + 8 * (r // 2) >= end:
+                for i in cutlass.range_constexpr(v_words):
+                    vbuf[r * v_words + i] = cutlass.Int32(0)
+        vk = [[vbuf[r * v_words + i] for i in range(v_words)] for r in range(4)]
+        m, lsum = mma_step(p, qw, kw0, lambda vk=vk: vk, acc, sc, m, lsum, first, end, t)
+        last = cutlass.max(end - 1, 0)
+        for base in cutlass.range(first + stride, end, stride):
+            kw = fetch_k(p, kc32, kv_head, base, last, g, t)
+            get_v = lambda base=base: fetch_v(p, vc32, kv_head, base, last, g, t)  # noqa: E731
+            m, lsum = mma_step(p, qw, kw, get_v, acc, sc, m, lsum, base, end, t)
         store_partial(p, part, acc, m, lsum, warp, lane)
 
     # The TMA walk (CUTEDSL_ATTENTION_TMA=1, split schedule). A producer warp (the last; one lane)
@@ -803,24 +874,30 @@ if cute is not None:
         return m, lsum
 
     @cute.jit
-    def walk_tma(p, query, key_cache, value_cache, ring32, bars, part, head0, kv_head, token, start, stop):
-        """The block's keys [start, stop) through the shared-memory ring."""
+    def ring_barriers(p, bars):
+        """The ring's mbarriers initialised (shared memory only: done before the kernel's wait)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            for s in cutlass.range_constexpr(TMA_STAGES):
+                cute.arch.mbarrier_init(bars.iterator + s, 1)  # full: the producer's arrival and the bytes
+                cute.arch.mbarrier_init(bars.iterator + TMA_STAGES + s, p.warps)  # empty: each walking warp
+            cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def walk_tma(p, query, key_cache, value_cache, ring32, bars, part, head0, kv_head, token, start, stop, qw=None):
+        """The block's keys [start, stop) through the shared-memory ring (its barriers initialised)."""
         warps = p.warps
         tidx, _, _ = cute.arch.thread_idx()
         warp = tidx // WARP
         lane = tidx % WARP
-        if tidx == 0:
-            for s in cutlass.range_constexpr(TMA_STAGES):
-                cute.arch.mbarrier_init(bars.iterator + s, 1)  # full: the producer's arrival and the bytes
-                cute.arch.mbarrier_init(bars.iterator + TMA_STAGES + s, warps)  # empty: each walking warp
-            cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
         tiles = cutlass.max((stop - start + p.tile - 1) // p.tile, 0)
         if warp == warps:
             if lane == 0:
                 produce(p, key_cache, value_cache, ring32, bars, kv_head, start, stop, tiles)
         else:
-            qw = load_q(p, query, head0, token, lane // 4, lane % 4, k_chunks(p, lane % 4))
+            if cutlass.const_expr(qw is None):
+                qw = load_q(p, query, head0, token, lane // 4, lane % 4, k_chunks(p, lane % 4))
             acc = fresh_acc(p)
             m, lsum = consume(p, qw, acc, ring32, bars, start, stop, tiles, warp, lane)
             store_partial(p, part, acc, m, lsum, warp, lane, tma_col)
@@ -839,34 +916,44 @@ if cute is not None:
         return cutlass.min(length - new_tokens + token + 1, p.capacity)
 
     @cute.jit
-    def attend(p, tensors, part, blk, new_tokens, row, rank, end, splits, ring=None):
+    def attend(p, tensors, part, blk, new_tokens, row, rank, kv_lengths, splits, ring=None):
         """One block's share of row `row`: walk, merge its warps, then hand the result on (the
         context, a record for the merge, or the cluster's merge)."""
-        hpb, split, warps = p.hpb, p.split, p.warps
+        hpb, split = p.hpb, p.split
         query, key_cache, value_cache, context, workspace = tensors
         tidx, _, _ = cute.arch.thread_idx()
-        warp = tidx // WARP
+        lane = tidx % WARP
         token = row % new_tokens
         head0 = (row // new_tokens) * hpb  # this block's query heads: head0 .. head0 + hpb - 1
         kv_head = head0 // p.group
-        # at least one step of the walk a warp (16 keys on tensor cores, 32 scalar): at short lengths
-        # the warps past end get no keys and write an empty record, instead of every warp a part step
-        parts = splits * warps if split else CLUSTER * warps
-        share = cutlass.max((end + parts - 1) // parts, cutlass.Int32(16 if p.use_mma else WARP))
-        if cutlass.const_expr(p.tma):  # the block's keys, one contiguous share, through the ring
-            start = rank * warps * share
-            stop = cutlass.min(start + warps * share, end)
-            walk_tma(p, query, key_cache, value_cache, ring[0], ring[1], part, head0, kv_head, token, start, stop)
-        else:  # each warp its own contiguous share
-            start = (rank * warps + warp) * share
-            stop = cutlass.min(start + share, end)
-            if cutlass.const_expr(p.use_mma):
-                walk_mma(p, query, key_cache, value_cache, part, head0, kv_head, token, start, stop)
-            else:
-                part_acc, part_m, part_l = part
-                walk_scalar(
-                    p, query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop
-                )
+        qw = None
+        if cutlass.const_expr(p.use_mma and Q_FIRST):
+            # the query does not depend on the length: its loads go out with the length's, one memory
+            # trip before the keys instead of two
+            qw = load_q(p, query, head0, token, lane // 4, lane % 4, k_chunks(p, lane % 4) if p.tma else None)
+        if cutlass.const_expr(p.interleave):
+            if cutlass.const_expr(qw is None):
+                qw = load_q(p, query, head0, token, lane // 4, lane % 4)
+            walk_interleaved(
+                p, query, key_cache, value_cache, part, head0, kv_head, token, rank, splits, kv_lengths, new_tokens, qw
+            )
+        else:
+            attend_shares(
+                p,
+                query,
+                key_cache,
+                value_cache,
+                part,
+                ring,
+                head0,
+                kv_head,
+                token,
+                rank,
+                splits,
+                kv_lengths,
+                new_tokens,
+                qw,
+            )
         if cutlass.const_expr(PDL and not PDL_EARLY):
             # the walk's reads are done: the next kernel may launch (it still waits for all of this
             # one), so its blocks do not sit on the SMs while this one streams
@@ -875,6 +962,34 @@ if cute is not None:
         block_partial(p, part, blk, context, workspace, row, rank, splits, head0, token, tidx)
         if cutlass.const_expr(not split):
             cluster_merge(p, context, blk[0], blk[1], blk[2], head0, token, rank, tidx)
+
+    @cute.jit
+    def attend_shares(
+        p, query, key_cache, value_cache, part, ring, head0, kv_head, token, rank, splits, kv_lengths, new_tokens, qw
+    ):
+        """The walk over contiguous shares: the block's (the ring) or each warp's."""
+        split, warps = p.split, p.warps
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = tidx // WARP
+        end = row_end(p, kv_lengths[0], token, new_tokens)  # the length is read on the device: no host sync
+        # at least one step of the walk a warp (16 keys on tensor cores, 32 scalar): at short lengths
+        # the warps past end get no keys and write an empty record, instead of every warp a part step
+        parts = splits * warps if split else CLUSTER * warps
+        share = cutlass.max((end + parts - 1) // parts, cutlass.Int32(16 if p.use_mma else WARP))
+        if cutlass.const_expr(p.tma):  # the block's keys, one contiguous share, through the ring
+            start = rank * warps * share
+            stop = cutlass.min(start + warps * share, end)
+            walk_tma(p, query, key_cache, value_cache, ring[0], ring[1], part, head0, kv_head, token, start, stop, qw)
+        else:  # each warp its own contiguous share
+            start = (rank * warps + warp) * share
+            stop = cutlass.min(start + share, end)
+            if cutlass.const_expr(p.use_mma):
+                walk_mma(p, query, key_cache, value_cache, part, head0, kv_head, token, start, stop, qw)
+            else:
+                part_acc, part_m, part_l = part
+                walk_scalar(
+                    p, query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop
+                )
 
     @cute.jit
     def walk_scalar(plan, query, key_cache, value_cache, part_m, part_l, part_acc, head0, kv_head, token, start, stop):
@@ -1018,9 +1133,16 @@ if cute is not None:
         head_dim = p.head_dim
         first = row * splits
         ms = cute.make_rmem_tensor((SPLITS,), cutlass.Float32)
+        ls = cute.make_rmem_tensor((SPLITS,), cutlass.Float32)
+        cs = cute.make_rmem_tensor((SPLITS,), cutlass.Float32)
         mall = cutlass.Float32(NEG)
         for r in cutlass.range_constexpr(SPLITS):
-            ms[r] = workspace[first + cutlass.min(r, splits - 1), g, head_dim]  # a repeat cannot raise the max
+            at = first + cutlass.min(r, splits - 1)
+            ms[r] = workspace[at, g, head_dim]  # a repeat cannot raise the max
+            if cutlass.const_expr(MERGE_LOADS):  # every load before any arithmetic: one trip to L2
+                ls[r] = workspace[at, g, head_dim + 1]
+                cs[r] = workspace[at, g, d]
+        for r in cutlass.range_constexpr(SPLITS):
             mall = cute.arch.fmax(mall, ms[r])
         num = cutlass.Float32(0.0)
         den = cutlass.Float32(0.0)
@@ -1029,8 +1151,12 @@ if cute is not None:
             weight = cute.math.exp(ms[r] - mall)
             if r >= splits:
                 weight = cutlass.Float32(0.0)
-            num = num + workspace[at, g, d] * weight
-            den = den + workspace[at, g, head_dim + 1] * weight
+            if cutlass.const_expr(MERGE_LOADS):
+                num = num + cs[r] * weight
+                den = den + ls[r] * weight
+            else:
+                num = num + workspace[at, g, d] * weight
+                den = den + workspace[at, g, head_dim + 1] * weight
         context[0, head0 + g, token, d] = (num / den).to(p.element)
 
     @cute.jit
@@ -1079,13 +1205,6 @@ if cute is not None:
             if cutlass.const_expr(split):  # `splits` consecutive blocks a row
                 rank = bidx % splits
                 row = bidx // splits
-            if cutlass.const_expr(PDL):  # every input is an earlier kernel's output; nothing is touched before this
-                cute.arch.griddepcontrol_wait()
-                if cutlass.const_expr(PDL_EARLY):
-                    cute.arch.griddepcontrol_launch_dependents()
-            token = row % new_tokens
-            end = row_end(p, kv_lengths[0], token, new_tokens)  # the length is read on the device: no host sync
-
             smem = cutlass.memory.SmemAllocator()
             blk = (
                 smem.allocate_tensor(cutlass.Float32, cute.make_layout((hpb, head_dim), stride=(head_dim, 1)), 16),
@@ -1104,6 +1223,11 @@ if cute is not None:
                     128,
                 )
                 ring = (words, smem.allocate_tensor(cutlass.Int64, cute.make_layout(2 * TMA_STAGES), 16))
+                ring_barriers(p, ring[1])
+            if cutlass.const_expr(PDL):  # every input is an earlier kernel's output; no global memory before this
+                cute.arch.griddepcontrol_wait()
+                if cutlass.const_expr(PDL_EARLY):
+                    cute.arch.griddepcontrol_launch_dependents()
             attend(
                 p,
                 (query, key_cache, value_cache, context, workspace),
@@ -1112,7 +1236,7 @@ if cute is not None:
                 new_tokens,
                 row,
                 rank,
-                end,
+                kv_lengths,
                 splits,
                 ring,
             )
@@ -1129,7 +1253,7 @@ if cute is not None:
             row = bidx // hpb
             if cutlass.const_expr(PDL):  # the records are the kernel before's output
                 cute.arch.griddepcontrol_wait()
-                if cutlass.const_expr(PDL_EARLY):
+                if cutlass.const_expr(PDL_MERGE_EARLY):
                     cute.arch.griddepcontrol_launch_dependents()
             if splits > 1:
                 merge_records(p, workspace, context, row, g, d, splits, (row // new_tokens) * hpb, row % new_tokens)

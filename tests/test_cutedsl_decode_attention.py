@@ -375,6 +375,47 @@ def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
     assert len(at["griddepcontrol.wait"]) == len(at["griddepcontrol.launch_dependents"]) == 2  # walk and merge
     for wait, launch in zip(at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"], strict=True):
         assert wait < launch and not any(wait < i < launch for i in at["ld.global"] + at["st.global"])
+    # the split default: the walk lets the merge launch once it has read the caches; the merge lets its
+    # successor launch as soon as its wait returned (its 32 small blocks leave room for the successor's)
+    out, text = _ptx(tmp_path, "split", ws_rp)
+    lines = text.splitlines()
+    merge_at = next(i for i, t in enumerate(lines) if t.startswith(".visible .entry") and "merge_kernel" in t)
+    walk_at = next(i for i, t in enumerate(lines) if t.startswith(".visible .entry") and "attention_kernel" in t)
+    assert walk_at < merge_at  # the walk's entry comes first in the PTX (as above)
+    at = places(text)
+    walk = {k: [i for i in v if i < merge_at] for k, v in at.items()}
+    merge = {k: [i for i in v if i > merge_at] for k, v in at.items()}
+    (wait,), (launch,) = walk["griddepcontrol.wait"], walk["griddepcontrol.launch_dependents"]
+    assert wait < min(walk["ld.global"]) and max(walk["ld.global"]) < launch < min(walk["st.global"])
+    (wait,), (launch,) = merge["griddepcontrol.wait"], merge["griddepcontrol.launch_dependents"]
+    assert wait < launch < min(merge["ld.global"] + merge["st.global"])
+    assert "dependents" not in out
+    # =walk: the merge's successor waits for the merge's end (the schedule before the twenty-second session)
+    out, text = _ptx(tmp_path, "walk", ws_rp, CUTEDSL_ATTENTION_PDL="walk")
+    assert "the merge's dependents at its end" in out
+    at = places(text)
+    assert len(at["griddepcontrol.wait"]) == 2 and len(at["griddepcontrol.launch_dependents"]) == 1
+
+
+@needs_cute
+def test_interleaved_tiles_read_the_first_tile_before_the_length(tmp_path):
+    """CUTEDSL_ATTENTION_INTERLEAVE=1: block r takes tiles r, r + splits, ..., so its first tile's place
+    does not depend on the length and its K and V loads come before the length's load; the default
+    (one contiguous share a warp) must read the length first. Checked in the walk's PTX."""
+    rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4))
+
+    def order(text: str) -> list[str]:
+        lines = text.splitlines()
+        entries = [i for i, t in enumerate(lines) if t.startswith(".visible .entry")]
+        walk = next(lines[i:j] for i, j in zip(entries, [*entries[1:], len(lines)]) if "attention_kernel" in lines[i])
+        kinds = [t.split()[0] for t in walk if t.strip().startswith("ld.global")]
+        return [k for n, k in enumerate(kinds) if n == 0 or kinds[n - 1] != k]  # runs of one kind of load
+
+    out, text = _ptx(tmp_path, "il", rp, CUTEDSL_ATTENTION_INTERLEAVE="1")
+    assert "interleaved tiles" in out
+    # the query (16-bit elements), the first tile's K and V words, then the length (one 32-bit word)
+    assert order(text)[:3] == ["ld.global.b16", "ld.global.v4.b32", "ld.global.b32"]
+    assert order(_ptx(tmp_path, "plain", rp)[1])[:3] == ["ld.global.b16", "ld.global.b32", "ld.global.v4.b32"]
 
 
 # ---------------------------------------------------------------- GPU numerics (run on the device: pytest -m gpu)
@@ -407,6 +448,8 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "split-tma-3-stages": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_STAGES": "3"},
     "split-tma-8-warps": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_WARPS": "8"},
     "split-tma-banks": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_BANKS": "1"},
+    # tiles dealt round the blocks, the first read before the length
+    "split-interleave": {"CUTEDSL_ATTENTION_INTERLEAVE": "1"},
 }
 # the partial results a head the receipt's workspace holds at one new token, by schedule: 2 leaves
 # 3 new tokens one split (the blocks write the context themselves); 7 of 7 leaves them 2 each
@@ -419,6 +462,7 @@ WORKSPACE_SPLITS = {
     "split-tma-3-stages": 32,
     "split-tma-8-warps": 16,
     "split-tma-banks": 32,
+    "split-interleave": 32,
 }
 
 
@@ -553,7 +597,8 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "schedule", ["mma", "split", "split-tma", "split-tma-3-stages", "split-tma-8-warps", "split-tma-banks"]
+    "schedule",
+    ["mma", "split", "split-tma", "split-tma-3-stages", "split-tma-8-warps", "split-tma-banks", "split-interleave"],
 )
 def test_gpu_cache_rows_past_the_length_never_reach_the_result(gpu_kernels, schedule):
     """An engine's cache past the active length holds anything (an uninitialised allocation, an older
@@ -583,7 +628,7 @@ def test_gpu_cache_rows_past_the_length_never_reach_the_result(gpu_kernels, sche
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["per-group", "split", "split-early", "split-tma"])
+@pytest.mark.parametrize("schedule", ["per-group", "split", "split-early", "split-tma", "split-interleave"])
 def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels, schedule):
     """No host sync: the length lives on the device, so a captured graph follows later lengths
     (split: both kernels, the walk and the merge, in the graph)."""
