@@ -230,9 +230,11 @@ PDL_MERGE_EARLY = PDL and _PDL_ENV != "walk"
 MERGE_LOADS = os.environ.get("CUTEDSL_ATTENTION_MERGE_LOADS", "1") != "0"
 Q_FIRST = os.environ.get("CUTEDSL_ATTENTION_Q_FIRST", "1") != "0"
 # CUTEDSL_ATTENTION_INTERLEAVE=1 (split schedule, register walk; experimental): a block takes every
-# SPLITS-th tile of 16 keys a warp instead of one contiguous share, so its first tile's place does not
-# depend on the length: its loads go out with the length's (see `walk_interleaved`).
-INTERLEAVE = os.environ.get("CUTEDSL_ATTENTION_INTERLEAVE", "0") == "1"
+# SPLITS-th tile of 16 keys a warp instead of one contiguous share (see `walk_interleaved`); =preload
+# also reads its first tile before the length (its place does not depend on it).
+_INTERLEAVE_ENV = os.environ.get("CUTEDSL_ATTENTION_INTERLEAVE", "0")
+INTERLEAVE = _INTERLEAVE_ENV in ("1", "preload")
+PRELOAD = _INTERLEAVE_ENV == "preload"
 
 # CUTEDSL_ATTENTION_TMA=1 (split schedule, tensor-core walk; experimental): a producer warp streams each
 # block's keys through a ring of CUTEDSL_ATTENTION_TMA_STAGES (2-6, default 2: 3 was slower on the H200)
@@ -382,7 +384,7 @@ class Plan:
         launch += "" if PDL_MERGE_EARLY or not PDL else ", the merge's dependents at its end"
         launch += "" if MERGE_LOADS else ", merge loads in two trips"
         launch += "" if Q_FIRST or not self.use_mma else ", length before query"
-        launch += ", interleaved tiles" if self.interleave else ""
+        launch += (", interleaved tiles" + (", first read early" if PRELOAD else "")) if self.interleave else ""
         lines = [
             f"shapes: {self.described}",
             f"schedule={blocks}, {self.warps} warps, {self.hpb} heads a block, {walk}{launch}",
@@ -716,9 +718,10 @@ if cute is not None:
         p, query, key_cache, value_cache, part, head0, kv_head, token, rank, splits, kv_lengths, new_tokens, qw
     ):
         """A warp's keys with tiles dealt round the blocks: block `rank` takes tiles rank, rank + splits, ...
-        of 16 keys a warp, warp w keys 16 w .. 16 w + 15 of each. Its first tile's place is fixed, so those
-        loads go out before the length arrives (rows clamped to the capacity: in bounds); the V words of
-        keys at or past the length are zeroed (0 x NaN would not be 0). Returns nothing; writes the partial."""
+        of 16 keys a warp, warp w keys 16 w .. 16 w + 15 of each, so at any moment the blocks read
+        neighbouring tiles. PRELOAD: the first tile's place is fixed, so its loads go out before the
+        length arrives (rows clamped to the capacity: in bounds; the V words of keys at or past the
+        length zeroed: 0 x NaN would not be 0)."""
         v_words = p.v_words
         tidx, _, _ = cute.arch.thread_idx()
         warp = tidx // WARP
@@ -729,27 +732,31 @@ if cute is not None:
         t = lane % 4
         stride = splits * p.tile
         first = rank * p.tile + 16 * warp
-        kw0 = fetch_k(p, kc32, kv_head, first, p.capacity - 1, g, t)
-        vk0 = fetch_v(p, vc32, kv_head, first, p.capacity - 1, g, t)
-        end = row_end(p, kv_lengths[0], token, new_tokens)
         acc = fresh_acc(p)
         m = cutlass.Float32(NEG)
         lsum = cutlass.Float32(0.0)
         sc = cute.make_rmem_tensor((8,), cutlass.Float32)
-        vbuf = cute.make_rmem_tensor((4 * v_words,), cutlass.Int32)
-        # the first tile unconditionally (a branch on the length would sink its loads after it): where it
-        # lies past the length every key is masked and its V words zeroed, which leaves (m, lsum, acc) as
-        # they were
-        for r in cutlass.range_constexpr(4):
-            for i in cutlass.range_constexpr(v_words):
-                vbuf[r * v_words + i] = vk0[r][i]
-            if first + 2 * t + (r % 2) + 8 * (r // 2) >= end:
-                for i in cutlass.range_constexpr(v_words):
-                    vbuf[r * v_words + i] = cutlass.Int32(0)
-        vk = [[vbuf[r * v_words + i] for i in range(v_words)] for r in range(4)]
-        m, lsum = mma_step(p, qw, kw0, lambda vk=vk: vk, acc, sc, m, lsum, first, end, t)
+        if cutlass.const_expr(PRELOAD):
+            kw0 = fetch_k(p, kc32, kv_head, first, p.capacity - 1, g, t)
+            vk0 = fetch_v(p, vc32, kv_head, first, p.capacity - 1, g, t)
+        end = row_end(p, kv_lengths[0], token, new_tokens)
         last = cutlass.max(end - 1, 0)
-        for base in cutlass.range(first + stride, end, stride):
+        rest = first
+        if cutlass.const_expr(PRELOAD):
+            # the first tile unconditionally (a branch on the length would sink its loads after it): where
+            # it lies past the length every key is masked and its V words zeroed, which leaves (m, lsum,
+            # acc) as they were
+            vbuf = cute.make_rmem_tensor((4 * v_words,), cutlass.Int32)
+            for r in cutlass.range_constexpr(4):
+                for i in cutlass.range_constexpr(v_words):
+                    vbuf[r * v_words + i] = vk0[r][i]
+                if first + 2 * t + (r % 2) + 8 * (r // 2) >= end:
+                    for i in cutlass.range_constexpr(v_words):
+                        vbuf[r * v_words + i] = cutlass.Int32(0)
+            vk = [[vbuf[r * v_words + i] for i in range(v_words)] for r in range(4)]
+            m, lsum = mma_step(p, qw, kw0, lambda vk=vk: vk, acc, sc, m, lsum, first, end, t)
+            rest = first + stride
+        for base in cutlass.range(rest, end, stride):
             kw = fetch_k(p, kc32, kv_head, base, last, g, t)
             get_v = lambda base=base: fetch_v(p, vc32, kv_head, base, last, g, t)  # noqa: E731
             m, lsum = mma_step(p, qw, kw, get_v, acc, sc, m, lsum, base, end, t)

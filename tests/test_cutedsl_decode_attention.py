@@ -399,22 +399,30 @@ def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
 
 @needs_cute
 def test_interleaved_tiles_read_the_first_tile_before_the_length(tmp_path):
-    """CUTEDSL_ATTENTION_INTERLEAVE=1: block r takes tiles r, r + splits, ..., so its first tile's place
-    does not depend on the length and its K and V loads come before the length's load; the default
-    (one contiguous share a warp) must read the length first. Checked in the walk's PTX."""
+    """CUTEDSL_ATTENTION_INTERLEAVE=preload: block r takes tiles r, r + splits, ..., so its first tile's
+    place does not depend on the length and its K and V loads come before the length's load; =1 (tiles
+    dealt the same way) and the default (one contiguous share a warp) read the length first. Checked in
+    the walk's PTX."""
     rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4))
 
     def order(text: str) -> list[str]:
         lines = text.splitlines()
         entries = [i for i, t in enumerate(lines) if t.startswith(".visible .entry")]
-        walk = next(lines[i:j] for i, j in zip(entries, [*entries[1:], len(lines)]) if "attention_kernel" in lines[i])
+        walk = next(
+            lines[i:j]
+            for i, j in zip(entries, [*entries[1:], len(lines)], strict=True)
+            if "attention_kernel" in lines[i]
+        )
         kinds = [t.split()[0] for t in walk if t.strip().startswith("ld.global")]
         return [k for n, k in enumerate(kinds) if n == 0 or kinds[n - 1] != k]  # runs of one kind of load
 
-    out, text = _ptx(tmp_path, "il", rp, CUTEDSL_ATTENTION_INTERLEAVE="1")
-    assert "interleaved tiles" in out
+    out, text = _ptx(tmp_path, "il", rp, CUTEDSL_ATTENTION_INTERLEAVE="preload")
+    assert "interleaved tiles, first read early" in out
     # the query (16-bit elements), the first tile's K and V words, then the length (one 32-bit word)
     assert order(text)[:3] == ["ld.global.b16", "ld.global.v4.b32", "ld.global.b32"]
+    out, text = _ptx(tmp_path, "il1", rp, CUTEDSL_ATTENTION_INTERLEAVE="1")
+    assert "interleaved tiles" in out and "first read early" not in out
+    assert order(text)[:3] == ["ld.global.b16", "ld.global.b32", "ld.global.v4.b32"]
     assert order(_ptx(tmp_path, "plain", rp)[1])[:3] == ["ld.global.b16", "ld.global.b32", "ld.global.v4.b32"]
 
 
@@ -450,6 +458,7 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "split-tma-banks": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_BANKS": "1"},
     # tiles dealt round the blocks, the first read before the length
     "split-interleave": {"CUTEDSL_ATTENTION_INTERLEAVE": "1"},
+    "split-interleave-preload": {"CUTEDSL_ATTENTION_INTERLEAVE": "preload"},
 }
 # the partial results a head the receipt's workspace holds at one new token, by schedule: 2 leaves
 # 3 new tokens one split (the blocks write the context themselves); 7 of 7 leaves them 2 each
@@ -463,6 +472,7 @@ WORKSPACE_SPLITS = {
     "split-tma-8-warps": 16,
     "split-tma-banks": 32,
     "split-interleave": 32,
+    "split-interleave-preload": 32,
 }
 
 
@@ -598,7 +608,16 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "schedule",
-    ["mma", "split", "split-tma", "split-tma-3-stages", "split-tma-8-warps", "split-tma-banks", "split-interleave"],
+    [
+        "mma",
+        "split",
+        "split-tma",
+        "split-tma-3-stages",
+        "split-tma-8-warps",
+        "split-tma-banks",
+        "split-interleave",
+        "split-interleave-preload",
+    ],
 )
 def test_gpu_cache_rows_past_the_length_never_reach_the_result(gpu_kernels, schedule):
     """An engine's cache past the active length holds anything (an uninitialised allocation, an older
