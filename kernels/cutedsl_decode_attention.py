@@ -213,28 +213,18 @@ MMA = os.environ.get("CUTEDSL_ATTENTION_MMA", "1") != "0"
 # CUTEDSL_ATTENTION_PREFETCH=1 (tensor-core walk, experimental): a warp issues the loads of its next
 # 16 keys before the arithmetic of the current ones
 PREFETCH = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0") == "1"
-# Programmatic dependent launch (Hopper), as the compiled engine launches its own kernels (mcore/ops/pdl.py):
-# by default the walk lets the next kernel (the merge) launch once it has read the caches, and the merge
-# lets its successor launch as soon as its wait returned (the merge is 32 small blocks: the successor's
-# blocks can wait beside it, so its launch is off the critical path). CUTEDSL_ATTENTION_PDL=0 a plain
-# launch; =early the walk's successor too as soon as its wait returned (as the engine's Triton kernels
-# do); =walk (measurement only: the schedule shipped until the twenty-second session) the merge's
-# successor launches when the merge has finished.
-_PDL_ENV = os.environ.get("CUTEDSL_ATTENTION_PDL", "1")
+# Programmatic dependent launch (Hopper), as the compiled engine launches its own kernels (mcore/ops/pdl.py).
+# The split schedule's default, =early: each kernel lets its successor launch as soon as its wait
+# returned, as the engine's Triton kernels do (the merge's 32 small blocks then wait beside the walk,
+# and the next layer's kernel beside the merge). =1 (the cluster's default): the walk lets the next
+# kernel launch once it has read the caches, so no other blocks sit on the SMs while it streams; the
+# merge still right after its wait. =0: a plain launch.
+_PDL_ENV = os.environ.get("CUTEDSL_ATTENTION_PDL", "")
 PDL = _PDL_ENV != "0"
-PDL_EARLY = _PDL_ENV == "early"
-PDL_MERGE_EARLY = PDL and _PDL_ENV != "walk"
-# Measurement knobs (twenty-second session; =0 restores the earlier code for a side-by-side row):
-# CUTEDSL_ATTENTION_MERGE_LOADS=0 the merge reads the records' maxima before their sums and columns;
-# CUTEDSL_ATTENTION_Q_FIRST=0 the walk reads the length before the query.
-MERGE_LOADS = os.environ.get("CUTEDSL_ATTENTION_MERGE_LOADS", "1") != "0"
-Q_FIRST = os.environ.get("CUTEDSL_ATTENTION_Q_FIRST", "1") != "0"
-# CUTEDSL_ATTENTION_INTERLEAVE=1 (split schedule, register walk; experimental): a block takes every
-# SPLITS-th tile of 16 keys a warp instead of one contiguous share (see `walk_interleaved`); =preload
-# also reads its first tile before the length (its place does not depend on it).
-_INTERLEAVE_ENV = os.environ.get("CUTEDSL_ATTENTION_INTERLEAVE", "0")
-INTERLEAVE = _INTERLEAVE_ENV in ("1", "preload")
-PRELOAD = _INTERLEAVE_ENV == "preload"
+# The split schedule's register walk deals tiles of 16 keys a warp round the blocks (block r takes
+# tiles r, r + SPLITS, ...; see `walk_interleaved`); CUTEDSL_ATTENTION_INTERLEAVE=0: one contiguous
+# share a warp, as before the twenty-second session.
+INTERLEAVE = os.environ.get("CUTEDSL_ATTENTION_INTERLEAVE", "1") != "0"
 
 # CUTEDSL_ATTENTION_TMA=1 (split schedule, tensor-core walk; experimental): a producer warp streams each
 # block's keys through a ring of CUTEDSL_ATTENTION_TMA_STAGES (2-6, default 2: 3 was slower on the H200)
@@ -298,8 +288,13 @@ class Plan:
 
     @property
     def interleave(self):
-        """Tiles dealt round the blocks (register walk, split schedule), the first one read before the length."""
+        """Tiles dealt round the blocks (the split schedule's register walk)."""
         return INTERLEAVE and self.split and self.use_mma and not self.tma
+
+    @property
+    def pdl_early(self):
+        """The walk lets its successor launch right after its wait (see CUTEDSL_ATTENTION_PDL)."""
+        return _PDL_ENV == "early" or (_PDL_ENV == "" and self.split)
 
     @property
     def threads(self):
@@ -380,11 +375,8 @@ class Plan:
             blocks = f"split {most} ways over blocks at 1 new token (workspace {self.workspace_bytes} bytes)"
         else:
             blocks = f"cluster {CLUSTER}"
-        launch = ", dependents launched early" if PDL_EARLY else ("" if PDL else ", plain launch")
-        launch += "" if PDL_MERGE_EARLY or not PDL else ", the merge's dependents at its end"
-        launch += "" if MERGE_LOADS else ", merge loads in two trips"
-        launch += "" if Q_FIRST or not self.use_mma else ", length before query"
-        launch += (", interleaved tiles" + (", first read early" if PRELOAD else "")) if self.interleave else ""
+        walk += ", tiles dealt round the blocks" if self.interleave else ""
+        launch = ", dependents launched early" if PDL and self.pdl_early else ("" if PDL else ", plain launch")
         lines = [
             f"shapes: {self.described}",
             f"schedule={blocks}, {self.warps} warps, {self.hpb} heads a block, {walk}{launch}",
@@ -680,9 +672,9 @@ if cute is not None:
         return acc
 
     @cute.jit
-    def walk_mma(p, query, key_cache, value_cache, part, head0, kv_head, token, start, stop, qw=None):
-        """A warp's keys [start, stop), 16 a step, loaded from global memory into registers (`qw`: the
-        query's words, when read before the length)."""
+    def walk_mma(p, key_cache, value_cache, part, kv_head, start, stop, qw):
+        """A warp's keys [start, stop), 16 a step, loaded from global memory into registers (`qw`: this
+        lane's query words, `load_q`)."""
         qk_words, v_words = p.qk_words, p.v_words
         tidx, _, _ = cute.arch.thread_idx()
         warp = tidx // WARP
@@ -691,8 +683,6 @@ if cute is not None:
         vc32 = cute.recast_tensor(value_cache, cutlass.Int32)
         g = lane // 4
         t = lane % 4
-        if cutlass.const_expr(qw is None):
-            qw = load_q(p, query, head0, token, g, t)
         acc = fresh_acc(p)
         m = cutlass.Float32(NEG)  # running max of row g
         lsum = cutlass.Float32(0.0)  # this lane's share of row g's sum
@@ -714,15 +704,13 @@ if cute is not None:
         store_partial(p, part, acc, m, lsum, warp, lane)
 
     @cute.jit
-    def walk_interleaved(
-        p, query, key_cache, value_cache, part, head0, kv_head, token, rank, splits, kv_lengths, new_tokens, qw
-    ):
+    def walk_interleaved(p, key_cache, value_cache, part, kv_head, rank, splits, end, qw):
         """A warp's keys with tiles dealt round the blocks: block `rank` takes tiles rank, rank + splits, ...
         of 16 keys a warp, warp w keys 16 w .. 16 w + 15 of each, so at any moment the blocks read
-        neighbouring tiles. PRELOAD: the first tile's place is fixed, so its loads go out before the
-        length arrives (rows clamped to the capacity: in bounds; the V words of keys at or past the
-        length zeroed: 0 x NaN would not be 0)."""
-        v_words = p.v_words
+        neighbouring tiles of the cache (one contiguous share a block read 3-4% slower at 8k and 32k
+        on an H100). Reading the first tile before the length (its place does not depend on it) was
+        0.5 us faster at 8k and 1 us slower at 1k (the blocks past the length read a tile for nothing):
+        not kept."""
         tidx, _, _ = cute.arch.thread_idx()
         warp = tidx // WARP
         lane = tidx % WARP
@@ -730,33 +718,12 @@ if cute is not None:
         vc32 = cute.recast_tensor(value_cache, cutlass.Int32)
         g = lane // 4
         t = lane % 4
-        stride = splits * p.tile
-        first = rank * p.tile + 16 * warp
         acc = fresh_acc(p)
         m = cutlass.Float32(NEG)
         lsum = cutlass.Float32(0.0)
         sc = cute.make_rmem_tensor((8,), cutlass.Float32)
-        if cutlass.const_expr(PRELOAD):
-            kw0 = fetch_k(p, kc32, kv_head, first, p.capacity - 1, g, t)
-            vk0 = fetch_v(p, vc32, kv_head, first, p.capacity - 1, g, t)
-        end = row_end(p, kv_lengths[0], token, new_tokens)
-        last = cutlass.max(end - 1, 0)
-        rest = first
-        if cutlass.const_expr(PRELOAD):
-            # the first tile unconditionally (a branch on the length would sink its loads after it): where
-            # it lies past the length every key is masked and its V words zeroed, which leaves (m, lsum,
-            # acc) as they were
-            vbuf = cute.make_rmem_tensor((4 * v_words,), cutlass.Int32)
-            for r in cutlass.range_constexpr(4):
-                for i in cutlass.range_constexpr(v_words):
-                    vbuf[r * v_words + i] = vk0[r][i]
-                if first + 2 * t + (r % 2) + 8 * (r // 2) >= end:
-                    for i in cutlass.range_constexpr(v_words):
-                        vbuf[r * v_words + i] = cutlass.Int32(0)
-            vk = [[vbuf[r * v_words + i] for i in range(v_words)] for r in range(4)]
-            m, lsum = mma_step(p, qw, kw0, lambda vk=vk: vk, acc, sc, m, lsum, first, end, t)
-            rest = first + stride
-        for base in cutlass.range(rest, end, stride):
+        last = cutlass.max(end - 1, 0)  # rows past it are clamped to it (in bounds; masked)
+        for base in cutlass.range(rank * p.tile + 16 * warp, end, splits * p.tile):
             kw = fetch_k(p, kc32, kv_head, base, last, g, t)
             get_v = lambda base=base: fetch_v(p, vc32, kv_head, base, last, g, t)  # noqa: E731
             m, lsum = mma_step(p, qw, kw, get_v, acc, sc, m, lsum, base, end, t)
@@ -892,7 +859,7 @@ if cute is not None:
         cute.arch.sync_threads()
 
     @cute.jit
-    def walk_tma(p, query, key_cache, value_cache, ring32, bars, part, head0, kv_head, token, start, stop, qw=None):
+    def walk_tma(p, key_cache, value_cache, ring32, bars, part, kv_head, start, stop, qw):
         """The block's keys [start, stop) through the shared-memory ring (its barriers initialised)."""
         warps = p.warps
         tidx, _, _ = cute.arch.thread_idx()
@@ -903,8 +870,6 @@ if cute is not None:
             if lane == 0:
                 produce(p, key_cache, value_cache, ring32, bars, kv_head, start, stop, tiles)
         else:
-            if cutlass.const_expr(qw is None):
-                qw = load_q(p, query, head0, token, lane // 4, lane % 4, k_chunks(p, lane % 4))
             acc = fresh_acc(p)
             m, lsum = consume(p, qw, acc, ring32, bars, start, stop, tiles, warp, lane)
             store_partial(p, part, acc, m, lsum, warp, lane, tma_col)
@@ -934,34 +899,15 @@ if cute is not None:
         head0 = (row // new_tokens) * hpb  # this block's query heads: head0 .. head0 + hpb - 1
         kv_head = head0 // p.group
         qw = None
-        if cutlass.const_expr(p.use_mma and Q_FIRST):
-            # the query does not depend on the length: its loads go out with the length's, one memory
-            # trip before the keys instead of two
+        if cutlass.const_expr(p.use_mma):
+            # the query does not depend on the length: its loads go out with the length's
             qw = load_q(p, query, head0, token, lane // 4, lane % 4, k_chunks(p, lane % 4) if p.tma else None)
+        end = row_end(p, kv_lengths[0], token, new_tokens)  # the length is read on the device: no host sync
         if cutlass.const_expr(p.interleave):
-            if cutlass.const_expr(qw is None):
-                qw = load_q(p, query, head0, token, lane // 4, lane % 4)
-            walk_interleaved(
-                p, query, key_cache, value_cache, part, head0, kv_head, token, rank, splits, kv_lengths, new_tokens, qw
-            )
+            walk_interleaved(p, key_cache, value_cache, part, kv_head, rank, splits, end, qw)
         else:
-            attend_shares(
-                p,
-                query,
-                key_cache,
-                value_cache,
-                part,
-                ring,
-                head0,
-                kv_head,
-                token,
-                rank,
-                splits,
-                kv_lengths,
-                new_tokens,
-                qw,
-            )
-        if cutlass.const_expr(PDL and not PDL_EARLY):
+            attend_shares(p, query, key_cache, value_cache, part, ring, head0, kv_head, token, rank, splits, end, qw)
+        if cutlass.const_expr(PDL and not p.pdl_early):
             # the walk's reads are done: the next kernel may launch (it still waits for all of this
             # one), so its blocks do not sit on the SMs while this one streams
             cute.arch.griddepcontrol_launch_dependents()
@@ -971,14 +917,11 @@ if cute is not None:
             cluster_merge(p, context, blk[0], blk[1], blk[2], head0, token, rank, tidx)
 
     @cute.jit
-    def attend_shares(
-        p, query, key_cache, value_cache, part, ring, head0, kv_head, token, rank, splits, kv_lengths, new_tokens, qw
-    ):
+    def attend_shares(p, query, key_cache, value_cache, part, ring, head0, kv_head, token, rank, splits, end, qw):
         """The walk over contiguous shares: the block's (the ring) or each warp's."""
         split, warps = p.split, p.warps
         tidx, _, _ = cute.arch.thread_idx()
         warp = tidx // WARP
-        end = row_end(p, kv_lengths[0], token, new_tokens)  # the length is read on the device: no host sync
         # at least one step of the walk a warp (16 keys on tensor cores, 32 scalar): at short lengths
         # the warps past end get no keys and write an empty record, instead of every warp a part step
         parts = splits * warps if split else CLUSTER * warps
@@ -986,12 +929,12 @@ if cute is not None:
         if cutlass.const_expr(p.tma):  # the block's keys, one contiguous share, through the ring
             start = rank * warps * share
             stop = cutlass.min(start + warps * share, end)
-            walk_tma(p, query, key_cache, value_cache, ring[0], ring[1], part, head0, kv_head, token, start, stop, qw)
+            walk_tma(p, key_cache, value_cache, ring[0], ring[1], part, kv_head, start, stop, qw)
         else:  # each warp its own contiguous share
             start = (rank * warps + warp) * share
             stop = cutlass.min(start + share, end)
             if cutlass.const_expr(p.use_mma):
-                walk_mma(p, query, key_cache, value_cache, part, head0, kv_head, token, start, stop, qw)
+                walk_mma(p, key_cache, value_cache, part, kv_head, start, stop, qw)
             else:
                 part_acc, part_m, part_l = part
                 walk_scalar(
@@ -1136,7 +1079,7 @@ if cute is not None:
         """Column d of head g of row `row`: its `splits` records merged in split order. The loop over
         splits is unrolled to SPLITS with indices clamped to the last record (weight 0 past it), so
         the loads are independent and issue together (a loop of dependent loads grew with the splits:
-        docs/cutedsl-decode-attention.md)."""
+        docs/cutedsl-decode-attention.md); every record's words are loaded before any arithmetic."""
         head_dim = p.head_dim
         first = row * splits
         ms = cute.make_rmem_tensor((SPLITS,), cutlass.Float32)
@@ -1146,24 +1089,18 @@ if cute is not None:
         for r in cutlass.range_constexpr(SPLITS):
             at = first + cutlass.min(r, splits - 1)
             ms[r] = workspace[at, g, head_dim]  # a repeat cannot raise the max
-            if cutlass.const_expr(MERGE_LOADS):  # every load before any arithmetic: one trip to L2
-                ls[r] = workspace[at, g, head_dim + 1]
-                cs[r] = workspace[at, g, d]
+            ls[r] = workspace[at, g, head_dim + 1]  # every load before any arithmetic
+            cs[r] = workspace[at, g, d]
         for r in cutlass.range_constexpr(SPLITS):
             mall = cute.arch.fmax(mall, ms[r])
         num = cutlass.Float32(0.0)
         den = cutlass.Float32(0.0)
         for r in cutlass.range_constexpr(SPLITS):
-            at = first + cutlass.min(r, splits - 1)
             weight = cute.math.exp(ms[r] - mall)
             if r >= splits:
                 weight = cutlass.Float32(0.0)
-            if cutlass.const_expr(MERGE_LOADS):
-                num = num + cs[r] * weight
-                den = den + ls[r] * weight
-            else:
-                num = num + workspace[at, g, d] * weight
-                den = den + workspace[at, g, head_dim + 1] * weight
+            num = num + cs[r] * weight
+            den = den + ls[r] * weight
         context[0, head0 + g, token, d] = (num / den).to(p.element)
 
     @cute.jit
@@ -1233,7 +1170,7 @@ if cute is not None:
                 ring_barriers(p, ring[1])
             if cutlass.const_expr(PDL):  # every input is an earlier kernel's output; no global memory before this
                 cute.arch.griddepcontrol_wait()
-                if cutlass.const_expr(PDL_EARLY):
+                if cutlass.const_expr(p.pdl_early):
                     cute.arch.griddepcontrol_launch_dependents()
             attend(
                 p,
@@ -1260,8 +1197,7 @@ if cute is not None:
             row = bidx // hpb
             if cutlass.const_expr(PDL):  # the records are the kernel before's output
                 cute.arch.griddepcontrol_wait()
-                if cutlass.const_expr(PDL_MERGE_EARLY):
-                    cute.arch.griddepcontrol_launch_dependents()
+                cute.arch.griddepcontrol_launch_dependents()  # the merge is small: its successor may wait beside it
             if splits > 1:
                 merge_records(p, workspace, context, row, g, d, splits, (row // new_tokens) * hpb, row % new_tokens)
 

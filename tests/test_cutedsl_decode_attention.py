@@ -370,18 +370,24 @@ def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
     assert "dependents launched early" in out
     (wait,), (launch,) = at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"]
     assert wait < launch < min(at["ld.global"] + at["st.global"])
+    # the split schedule launches both kernels early by default (the walk and the merge: each lets its
+    # successor launch as soon as its wait returned)
     ws_rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4), "ws")
-    at = places(_ptx(tmp_path, "early-split", ws_rp, CUTEDSL_ATTENTION_PDL="early")[1])
+    out, text = _ptx(tmp_path, "split", ws_rp)
+    assert "tiles dealt round the blocks, dependents launched early" in out
+    at = places(text)
     assert len(at["griddepcontrol.wait"]) == len(at["griddepcontrol.launch_dependents"]) == 2  # walk and merge
     for wait, launch in zip(at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"], strict=True):
         assert wait < launch and not any(wait < i < launch for i in at["ld.global"] + at["st.global"])
-    # the split default: the walk lets the merge launch once it has read the caches; the merge lets its
-    # successor launch as soon as its wait returned (its 32 small blocks leave room for the successor's)
-    out, text = _ptx(tmp_path, "split", ws_rp)
+    # =1 with a workspace: the walk lets the merge launch once it has read the caches; the merge lets its
+    # successor launch right after its wait
+    out, text = _ptx(tmp_path, "split-late", ws_rp, CUTEDSL_ATTENTION_PDL="1")
+    assert "dependents launched early" not in out
     lines = text.splitlines()
     merge_at = next(i for i, t in enumerate(lines) if t.startswith(".visible .entry") and "merge_kernel" in t)
-    walk_at = next(i for i, t in enumerate(lines) if t.startswith(".visible .entry") and "attention_kernel" in t)
-    assert walk_at < merge_at  # the walk's entry comes first in the PTX (as above)
+    assert merge_at > next(
+        i for i, t in enumerate(lines) if t.startswith(".visible .entry") and "attention_kernel" in t
+    )
     at = places(text)
     walk = {k: [i for i in v if i < merge_at] for k, v in at.items()}
     merge = {k: [i for i in v if i > merge_at] for k, v in at.items()}
@@ -389,41 +395,29 @@ def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
     assert wait < min(walk["ld.global"]) and max(walk["ld.global"]) < launch < min(walk["st.global"])
     (wait,), (launch,) = merge["griddepcontrol.wait"], merge["griddepcontrol.launch_dependents"]
     assert wait < launch < min(merge["ld.global"] + merge["st.global"])
-    assert "dependents" not in out
-    # =walk: the merge's successor waits for the merge's end (the schedule before the twenty-second session)
-    out, text = _ptx(tmp_path, "walk", ws_rp, CUTEDSL_ATTENTION_PDL="walk")
-    assert "the merge's dependents at its end" in out
-    at = places(text)
-    assert len(at["griddepcontrol.wait"]) == 2 and len(at["griddepcontrol.launch_dependents"]) == 1
 
 
 @needs_cute
-def test_interleaved_tiles_read_the_first_tile_before_the_length(tmp_path):
-    """CUTEDSL_ATTENTION_INTERLEAVE=preload: block r takes tiles r, r + splits, ..., so its first tile's
-    place does not depend on the length and its K and V loads come before the length's load; =1 (tiles
-    dealt the same way) and the default (one contiguous share a warp) read the length first. Checked in
-    the walk's PTX."""
+def test_the_split_walk_deals_tiles_round_the_blocks(tmp_path):
+    """The split schedule's register walk deals 16-key tiles a warp round the blocks (block r: tiles r,
+    r + splits, ...), so its loop steps by splits x 64 keys (the run-time split count, a register), where
+    a warp's contiguous share (CUTEDSL_ATTENTION_INTERLEAVE=0) steps by the constant 16. The numbers of both are
+    checked on the GPU (schedules `split` and `split-shares` below)."""
     rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4))
+    out, dealt = _ptx(tmp_path, "dealt", rp)
+    shares_out, shares = _ptx(tmp_path, "shares", rp, CUTEDSL_ATTENTION_INTERLEAVE="0")
+    assert "tiles dealt round the blocks" in out and "tiles dealt" not in shares_out
 
-    def order(text: str) -> list[str]:
+    def walk(text: str) -> list[str]:
         lines = text.splitlines()
-        entries = [i for i, t in enumerate(lines) if t.startswith(".visible .entry")]
-        walk = next(
-            lines[i:j]
-            for i, j in zip(entries, [*entries[1:], len(lines)], strict=True)
-            if "attention_kernel" in lines[i]
-        )
-        kinds = [t.split()[0] for t in walk if t.strip().startswith("ld.global")]
-        return [k for n, k in enumerate(kinds) if n == 0 or kinds[n - 1] != k]  # runs of one kind of load
+        entries = [i for i, t in enumerate(lines) if t.startswith(".visible .entry")] + [len(lines)]
+        first = next(n for n, i in enumerate(entries[:-1]) if "attention_kernel" in lines[i])
+        return [t.strip() for t in lines[entries[first] : entries[first + 1]]]
 
-    out, text = _ptx(tmp_path, "il", rp, CUTEDSL_ATTENTION_INTERLEAVE="preload")
-    assert "interleaved tiles, first read early" in out
-    # the query (16-bit elements), the first tile's K and V words, then the length (one 32-bit word)
-    assert order(text)[:3] == ["ld.global.b16", "ld.global.v4.b32", "ld.global.b32"]
-    out, text = _ptx(tmp_path, "il1", rp, CUTEDSL_ATTENTION_INTERLEAVE="1")
-    assert "interleaved tiles" in out and "first read early" not in out
-    assert order(text)[:3] == ["ld.global.b16", "ld.global.b32", "ld.global.v4.b32"]
-    assert order(_ptx(tmp_path, "plain", rp)[1])[:3] == ["ld.global.b16", "ld.global.b32", "ld.global.v4.b32"]
+    def steps_by_16(text: str) -> bool:  # a loop variable advanced by the constant 16
+        return any(t.startswith("add.s32") and t.endswith(", 16;") for t in walk(text))
+
+    assert steps_by_16(shares) and not steps_by_16(dealt)
 
 
 # ---------------------------------------------------------------- GPU numerics (run on the device: pytest -m gpu)
@@ -448,17 +442,16 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "split": {},
     "split-7-scalar": {"CUTEDSL_ATTENTION_SPLITS": "7", "CUTEDSL_ATTENTION_MMA": "0"},
     "split-tight-8-warps": {"CUTEDSL_ATTENTION_WARPS": "8"},
-    # the next kernel launched as soon as the wait returned (both kernels)
-    "split-early": {"CUTEDSL_ATTENTION_PDL": "early"},
+    # the walk lets the merge launch once it has read the caches (the default launches both early)
+    "split-late": {"CUTEDSL_ATTENTION_PDL": "1"},
+    # one contiguous share a warp instead of tiles dealt round the blocks
+    "split-shares": {"CUTEDSL_ATTENTION_INTERLEAVE": "0"},
     # keys through a shared-memory ring by bulk copies (a producer warp): 2 stages (the default), 3;
     # tiles of 8 warps
     "split-tma": {"CUTEDSL_ATTENTION_TMA": "1"},
     "split-tma-3-stages": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_STAGES": "3"},
     "split-tma-8-warps": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_WARPS": "8"},
     "split-tma-banks": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_BANKS": "1"},
-    # tiles dealt round the blocks, the first read before the length
-    "split-interleave": {"CUTEDSL_ATTENTION_INTERLEAVE": "1"},
-    "split-interleave-preload": {"CUTEDSL_ATTENTION_INTERLEAVE": "preload"},
 }
 # the partial results a head the receipt's workspace holds at one new token, by schedule: 2 leaves
 # 3 new tokens one split (the blocks write the context themselves); 7 of 7 leaves them 2 each
@@ -466,13 +459,12 @@ WORKSPACE_SPLITS = {
     "split": 32,
     "split-7-scalar": 7,
     "split-tight-8-warps": 2,
-    "split-early": 32,
+    "split-late": 32,
+    "split-shares": 32,
     "split-tma": 32,
     "split-tma-3-stages": 32,
     "split-tma-8-warps": 16,
     "split-tma-banks": 32,
-    "split-interleave": 32,
-    "split-interleave-preload": 32,
 }
 
 
@@ -580,7 +572,7 @@ def test_gpu_published_groups_match_the_reference(gpu_kernels, shape, schedule):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch", "split", "split-early", "split-tma", "split-tma-banks"])
+@pytest.mark.parametrize("schedule", ["mma", "mma-prefetch", "split", "split-late", "split-tma", "split-tma-banks"])
 def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
     """Shares of many steps a warp (8192 keys over 64 warps, or 256 with 32 splits), where the test
     above has 1 to 4: the walk that loads a step ahead carries its buffer across many steps."""
@@ -615,8 +607,7 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
         "split-tma-3-stages",
         "split-tma-8-warps",
         "split-tma-banks",
-        "split-interleave",
-        "split-interleave-preload",
+        "split-shares",
     ],
 )
 def test_gpu_cache_rows_past_the_length_never_reach_the_result(gpu_kernels, schedule):
@@ -647,7 +638,7 @@ def test_gpu_cache_rows_past_the_length_never_reach_the_result(gpu_kernels, sche
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["per-group", "split", "split-early", "split-tma", "split-interleave"])
+@pytest.mark.parametrize("schedule", ["per-group", "split", "split-late", "split-shares", "split-tma"])
 def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels, schedule):
     """No host sync: the length lives on the device, so a captured graph follows later lengths
     (split: both kernels, the walk and the merge, in the graph)."""
