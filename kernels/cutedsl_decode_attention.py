@@ -39,9 +39,10 @@ scores Q K^T, then context^T += V^T P^T with the probabilities kept in registers
 CUTEDSL_ATTENTION_MMA=0) walk 32 keys a step on CUDA cores (`walk_scalar`). Warps merge in warp order
 through shared memory, then rank 0 merges the blocks in rank order through distributed shared memory:
 deterministic, no atomics, no global scratch. With a workspace in the receipt: SPLITS blocks (no
-cluster) per (KV head, new token) each write a partial record (fp32 context row, max, sum per head)
-to the workspace, and a second kernel merges a row's records in split order (deterministic, no
-atomics; the workspace's contents on entry do not matter).
+cluster) per (KV head, new token), the tensor-core walk dealing 64-key tiles round them (block r takes
+tiles r, r + SPLITS, ...), each write a partial record (fp32 context row, max, sum per head) to the
+workspace, and a second kernel merges a row's records in split order (deterministic, no atomics; the
+workspace's contents on entry do not matter).
 
 Numerics (mirroring mcore/ops/flash_decode.py): products and sums in fp32; the softmax in fp32 (exp
 through ex2.approx); probabilities rounded to T for the product with V (the sum of probabilities is
@@ -51,7 +52,8 @@ No host sync: the length is read from the device tensor inside the kernel, so th
 every call and can be captured in a CUDA graph. The launch uses the TVM-FFI environment stream (the
 engine's current stream) with programmatic dependent launch (Hopper; CUTEDSL_ATTENTION_PDL=0 turns it
 off): the kernel may start while the kernel before it drains, waits for it (griddepcontrol.wait)
-before touching global memory, and lets the next kernel launch once its walk has read the caches.
+before touching global memory, and lets the next kernel launch: right after that wait with a
+workspace (both kernels), once its walk has read the caches in a cluster.
 Precondition (the engine guarantees it): s <= length <= C. Keys past C are never read.
 
 Use (needs mcore, nvidia-cutlass-dsl with its CUDA 13 libs, apache-tvm-ffi, gcc and libcudart):
