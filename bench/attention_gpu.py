@@ -3,6 +3,7 @@ default, or Llama-3.1-8B; bench/model_configs.py), beside the native engine's at
 
     python3 bench/attention_gpu.py OUT_DIR [--model qwen3-8b|llama3.1-8b] [--contexts 1024,8192,32768] [--capacity 40960]
         [--parts kernel,pipelines] [--bind INDEX|fastest|balanced] [--flashinfer ARCHIVE] [--budget SECONDS]
+        [--rounds N]   # kernel part: each kernel timed N times in turn, the median kept (rounds in the JSON)
     python3 bench/attention_gpu.py --flashinfer-warm [--flashinfer ARCHIVE]   # only JIT-build FlashInfer's modules
 
 In one run on the GPU (bf16, batch 1, random weights, KV capacity 40960):
