@@ -4,6 +4,8 @@
 #   native-vs-native  -> PROMOTE or INCONCLUSIVE, never REJECT
 #   identity-copy     -> what a slot boundary costs (on this 50 us step, about 1 us: REJECT, rightly)
 #   slow-copy         -> REJECT (a correct copy that repeats itself 512 times)
+#   cute-attention    -> the CuTe DSL decode attention bound in every layer (issue 31: MODEL=8b, split
+#                        schedule with its workspace; the kernel compiles for sm_90a, so CUDA only)
 #   and `mcore verify logits` native vs identity-copy: bit-identical logits in lockstep
 # GATES names the gates in the order they run, NAME:COUNT runs one COUNT times, e.g. the issue's evidence:
 #   GATES="native-vs-native:6 slow-copy:3" bash bench/perf_gate_gpu.sh OUT
@@ -11,7 +13,8 @@
 # Gates run side by side, one per GPU (each fresh process reloads the compiled engine, about 20-26 s
 # on the H200 box: 9 gates one after another take longer than one device call); NGPU=1 runs them in turn.
 #   (MCORE="python3 -m mcore"; PAIRS=auto|N; MAX_PAIRS=4; TOKENS=128; RUNS=30; METRIC=device|min-step|throughput;
-#    MODEL=tiny|8b; DEVICE=cpu: a smoke run of this script)
+#    MODEL=tiny|8b; CONTEXT=N: a prompt of about N tokens, so decode runs at that context (the cache
+#    capacity grows to fit it); DEVICE=cpu: a smoke run of this script)
 set -euo pipefail
 OUT=${1:-artifacts/perf-gate-gpu}
 MCORE=${MCORE:-python3 -m mcore}
@@ -33,18 +36,25 @@ from qwen3_8b_config import write_config_folder; from mcore.families.demo import
 d = write_config_folder(Path('$OUT/cfg')); shutil.copy(materialize('qwen3-tiny') / 'tokenizer.json', d)"
   ARGS=("$OUT/cfg" --weights random --precision bf16 --max-cache-length 4096 --decoder-engine-layout split)
 fi
+PROMPT="x y z"
+if [ -n "${CONTEXT:-}" ]; then  # decode at about CONTEXT tokens of context (use an OUT of its own: bundles are reused)
+  TOKENIZER=$([ "${MODEL:-tiny}" = 8b ] && echo "$OUT/cfg/tokenizer.json" || python3 -c \
+    "from mcore.families.demo import materialize; print(materialize('qwen3-tiny') / 'tokenizer.json')")
+  PROMPT=$(python3 "$(dirname "$0")/context_prompt.py" "$CONTEXT" "$TOKENIZER")
+  ARGS[4]=$(( CONTEXT + TOKENS + 64 ))  # --max-cache-length: the prompt, the new tokens, a margin
+fi
 BID=qwen.decode_logits_copy@1
 GATES=${GATES:-native-vs-native identity-copy slow-copy}
-# what an earlier call of this script left in OUT is reused (the device keeps /tmp while warm)
-[ -d "$OUT/native.bundle" ] || $MCORE build "${ARGS[@]}" --device "$DEVICE" -o "$OUT/native.bundle" > "$OUT/build.log" 2>&1
+# what an earlier call of this script left in OUT is reused (the device keeps /tmp while warm; bundles are files)
+[ -e "$OUT/native.bundle" ] || $MCORE build "${ARGS[@]}" --device "$DEVICE" -o "$OUT/native.bundle" > "$OUT/build.log" 2>&1
 if [[ "$GATES" == *copy* ]]; then
-  [ -d "$OUT/slot.bundle" ] || $MCORE build "${ARGS[@]}" --device "$DEVICE" --recipe "$BID" decoder.logits_zero_bias \
+  [ -e "$OUT/slot.bundle" ] || $MCORE build "${ARGS[@]}" --device "$DEVICE" --recipe "$BID" decoder.logits_zero_bias \
     -o "$OUT/slot.bundle" >> "$OUT/build.log" 2>&1
   ABI=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["abi_sha256"])' "$OUT/slot.selection.json")
 fi
 # A tiny model's decode step takes about 0.1 ms on the H200: 5 runs of 64 tokens measured 32 ms per
 # process and pair ratios spread 0.94-1.32 (2026-12-01). RUNS x TOKENS sets the measured window.
-BENCH="--device $DEVICE --prompt 'x y z' --max-new-tokens $TOKENS --greedy --ignore-eos --warmup 2 --benchmark ${RUNS:-30}"
+BENCH="--device $DEVICE --prompt '$PROMPT' --max-new-tokens $TOKENS --greedy --ignore-eos --warmup 2 --benchmark ${RUNS:-30}"
 NATIVE="$MCORE run $OUT/native.bundle $BENCH"
 declare -A EXT=([native-vs-native]="$NATIVE")
 warm() {  # NAME CMD: one unmeasured run fills the compiled-code cache, so no measured run pays for a compile
@@ -64,7 +74,23 @@ for spec in $GATES; do  # kernels and bindings before any gate is timed
       printf '{"schema_version": 1, "bindings": [{"id": "%s", "abi_sha256": "%s", "library": "./kernel.so", "function": "run"}]}\n' \
         "$BID" "$ABI" > "$OUT/$g/bindings.json"
       EXT[$g]="$MCORE run $OUT/slot.bundle --kernel-bindings $OUT/$g/bindings.json $BENCH" ;;
-    *) echo "perf_gate_gpu.sh: unknown gate $g (native-vs-native, identity-copy, slow-copy)" >&2; exit 2 ;;
+    cute-attention)
+      [ -n "${EXT[$g]:-}" ] && continue
+      [ "${MODEL:-tiny}" = 8b ] || { echo "perf_gate_gpu.sh: cute-attention needs MODEL=8b (head_dim 128)" >&2; exit 2; }
+      mkdir -p "$OUT/$g"
+      ATTN=qwen.decode_attention_region@2
+      # the split schedule's workspace: 32 splits of every head's fp32 (context row, max, sum)
+      WS=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); d=c.get("head_dim") or c["hidden_size"]//c["num_attention_heads"]; print(c["num_attention_heads"]*32*(d+2)*4)' "$OUT/cfg/config.json")
+      [ -e "$OUT/attn.bundle" ] || $MCORE build "${ARGS[@]}" --device "$DEVICE" --recipe "$ATTN" all-instances \
+        --workspace-bytes "$WS" -o "$OUT/attn.bundle" >> "$OUT/build.log" 2>&1
+      RECEIPT="$OUT/attn.selection.decoder.layers.0.decode_attention.json"
+      [ -f "$OUT/$g/kernel.so" ] || $MCORE kernel export cutedsl-decode-attention --selection "$RECEIPT" \
+        -o "$OUT/$g/kernel.so" > "$OUT/$g/kernel.log" 2>&1
+      AABI=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["abi_sha256"])' "$RECEIPT")
+      printf '{"schema_version": 1, "bindings": [{"id": "%s", "abi_sha256": "%s", "library": "./kernel.so", "function": "run"}]}\n' \
+        "$ATTN" "$AABI" > "$OUT/$g/bindings.json"
+      EXT[$g]="$MCORE run $OUT/attn.bundle --kernel-bindings $OUT/$g/bindings.json $BENCH" ;;
+    *) echo "perf_gate_gpu.sh: unknown gate $g (native-vs-native, identity-copy, slow-copy, cute-attention)" >&2; exit 2 ;;
   esac
 done
 NGPU=${NGPU:-$([ "$DEVICE" = cpu ] && echo 1 || nvidia-smi -L | wc -l)}
