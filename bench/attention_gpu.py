@@ -2,7 +2,7 @@
 default, or Llama-3.1-8B; bench/model_configs.py), beside the native engine's attention and FlashInfer's.
 
     python3 bench/attention_gpu.py OUT_DIR [--model qwen3-8b|llama3.1-8b] [--contexts 1024,8192,32768] [--capacity 40960]
-        [--parts kernel,pipelines] [--bind INDEX|fastest|balanced] [--flashinfer ARCHIVE] [--budget SECONDS]
+        [--parts kernel,timeline,pipelines] [--bind INDEX|fastest|balanced] [--flashinfer ARCHIVE] [--budget SECONDS]
         [--rounds N]   # kernel part: each kernel timed N times in turn, the median kept (rounds in the JSON)
     python3 bench/attention_gpu.py --flashinfer-warm [--flashinfer ARCHIVE]   # only JIT-build FlashInfer's modules
 
@@ -17,6 +17,9 @@ In one run on the GPU (bf16, batch 1, random weights, KV capacity 40960):
      (nothing from L2), in one CUDA graph; K+V bytes of the active length / time, as a share of the
      measured copy rate and of the theoretical peak; the output against the float64 reference, and
      two calls compared bit for bit;
+  2b. (--parts timeline) the same graphs replayed under torch.profiler, kernel by kernel: each kernel's
+     residence, how each starts and ends against its predecessor, a call's period (bench/kernel_timeline.py;
+     with --parts timeline alone, --bind names the CuTe variants exported);
   3. the pipelines (compiled engine) in one process: native, and the slot bound to each of VARIANTS[--bind]
      in turn (--bind 1,3: the default split and the TMA ring side by side, native loaded once and timed
      again beside each; 'fastest': fastest at the longest context; 'balanced': the best worst ratio to
@@ -50,6 +53,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import flashinfer_attention  # noqa: E402
+import kernel_timeline  # noqa: E402
 from flash_decode_sweep import time_graph  # noqa: E402
 from model_configs import MODELS, attention_recipe, head_dim, write_model_folder  # noqa: E402
 
@@ -245,13 +249,21 @@ class Setup:
         }
 
 
-def cute_row(s: Setup, run0: Callable[..., None], workspace: bool) -> dict:
+def cute_call(s: Setup, run0: Callable[..., None], workspace: bool) -> Callable[[int], None]:
+    """Layer i's call of a CuTe DSO's run, as the slot calls it."""
+
     def call(i: int) -> None:
         k, v = s.caches[i]
         if workspace:  # the slot passes its workspace between the inputs and the output
             run0(s.q, k, v, s.lens, s.scratch[i], s.outs[i])
         else:
             run0(s.q, k, v, s.lens, s.outs[i])
+
+    return call
+
+
+def cute_row(s: Setup, run0: Callable[..., None], workspace: bool) -> dict:
+    call = cute_call(s, run0, workspace)
 
     def result() -> torch.Tensor:
         s.outs[0].fill_(float("nan"))
@@ -358,6 +370,26 @@ def kernel_times(out: Path, dsos: dict[str, Path], contexts: list[int], capacity
         out, "kernel", {"copy_TBps": s.copy / 1e12, "peak_TBps": (s.peak or 0) / 1e12, "dsos": list(runs), "rows": rows}
     )
     return rows
+
+
+def timelines(out: Path, dsos: dict[str, Path], contexts: list[int], capacity: int) -> None:
+    """--parts timeline: native's and each CuTe DSO's graph of 36 calls replayed under the profiler at
+    each context, kernel by kernel (bench/kernel_timeline.py)."""
+    import tvm_ffi
+
+    runs = {name: tvm_ffi.load_module(str(p))["run"] for name, p in dsos.items() if p.exists()}
+    s = Setup(capacity)
+    for n in contexts:
+        s.at(n)
+        fns: dict[str, Callable[[int], None]] = {"native (Triton split-KV)": lambda i: fd_call(s, i)}
+        for name, run0 in runs.items():
+            fns[name] = cute_call(s, run0, uses_workspace(name))
+        row = {}
+        for name, call in fns.items():
+            events = kernel_timeline.profile_graph(lambda call=call: [call(i) for i in range(s.layers)])
+            row[name] = kernel_timeline.summarize(events)
+            print("\n".join(kernel_timeline.table(f"{n} {name}", row[name])), flush=True)
+        emit(out, f"timeline_{n}", row)
 
 
 def flashinfer_child(out: Path, a: argparse.Namespace, timeout: float) -> None:
@@ -657,7 +689,11 @@ def parse() -> argparse.Namespace:
     ap.add_argument(
         "--rounds", type=int, default=1, help="kernel part: each kernel timed this many times in turn, the median kept"
     )
-    ap.add_argument("--parts", default="kernel,pipelines", help="kernel: the kernels alone; pipelines: the whole step")
+    ap.add_argument(
+        "--parts",
+        default="kernel,pipelines",
+        help="kernel: the kernels alone; timeline: their device timeline under the profiler; pipelines: the whole step",
+    )
     ap.add_argument(
         "--bind",
         default=str(BIND),
@@ -724,7 +760,10 @@ def main() -> None:
         chosen = [(list(VARIANTS)[i], *bind(out, slots, i)) for i in bound["variants"]]
         pipelines(out, native, chosen, contexts, a.steps)
 
-    for name, part in (("kernel", kernel_part), ("pipelines", pipelines_part)):
+    def timeline_part() -> None:
+        timelines(out, dsos, contexts, a.capacity)
+
+    for name, part in (("kernel", kernel_part), ("timeline", timeline_part), ("pipelines", pipelines_part)):
         if name not in parts:
             continue
         try:
