@@ -23,6 +23,17 @@ MAX_PAIRS=${MAX_PAIRS:-4}
 TOKENS=${TOKENS:-128}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu: a smoke run of this script (CUDA kernels built only where a toolkit is)
 CUDA=$([ "$DEVICE" = cpu ] && echo auto || echo on)
+GATES=${GATES:-native-vs-native identity-copy slow-copy}
+for spec in $GATES; do  # every gate named and possible before anything is built or written
+  case ${spec%%:*} in
+    native-vs-native|identity-copy|slow-copy) ;;
+    cute-attention) [ "${MODEL:-tiny}" = 8b ] || { echo "perf_gate_gpu.sh: cute-attention needs MODEL=8b (head_dim 128)" >&2; exit 2; } ;;
+    *) echo "perf_gate_gpu.sh: unknown gate ${spec%%:*} (native-vs-native, identity-copy, slow-copy, cute-attention)" >&2; exit 2 ;;
+  esac
+done
+if [ -n "${CONTEXT:-}" ] && ! [[ "$CONTEXT" =~ ^[1-9][0-9]*$ ]]; then
+  echo "perf_gate_gpu.sh: CONTEXT=$CONTEXT is not a token count (a whole number, at least 1)" >&2; exit 2
+fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 trap 'echo "perf_gate_gpu.sh: line $LINENO failed; logs in $OUT" >&2' ERR
@@ -44,7 +55,6 @@ if [ -n "${CONTEXT:-}" ]; then  # decode at about CONTEXT tokens of context (use
   ARGS[4]=$(( CONTEXT + TOKENS + 64 ))  # --max-cache-length: the prompt, the new tokens, a margin
 fi
 BID=qwen.decode_logits_copy@1
-GATES=${GATES:-native-vs-native identity-copy slow-copy}
 # what an earlier call of this script left in OUT is reused (the device keeps /tmp while warm; bundles are files)
 [ -e "$OUT/native.bundle" ] || $MCORE build "${ARGS[@]}" --device "$DEVICE" -o "$OUT/native.bundle" > "$OUT/build.log" 2>&1
 if [[ "$GATES" == *copy* ]]; then
@@ -76,7 +86,6 @@ for spec in $GATES; do  # kernels and bindings before any gate is timed
       EXT[$g]="$MCORE run $OUT/slot.bundle --kernel-bindings $OUT/$g/bindings.json $BENCH" ;;
     cute-attention)
       [ -n "${EXT[$g]:-}" ] && continue
-      [ "${MODEL:-tiny}" = 8b ] || { echo "perf_gate_gpu.sh: cute-attention needs MODEL=8b (head_dim 128)" >&2; exit 2; }
       mkdir -p "$OUT/$g"
       ATTN=qwen.decode_attention_region@2
       # the split schedule's workspace: 32 splits of every head's fp32 (context row, max, sum)
@@ -90,7 +99,6 @@ for spec in $GATES; do  # kernels and bindings before any gate is timed
       printf '{"schema_version": 1, "bindings": [{"id": "%s", "abi_sha256": "%s", "library": "./kernel.so", "function": "run"}]}\n' \
         "$ATTN" "$AABI" > "$OUT/$g/bindings.json"
       EXT[$g]="$MCORE run $OUT/attn.bundle --kernel-bindings $OUT/$g/bindings.json $BENCH" ;;
-    *) echo "perf_gate_gpu.sh: unknown gate $g (native-vs-native, identity-copy, slow-copy, cute-attention)" >&2; exit 2 ;;
   esac
 done
 NGPU=${NGPU:-$([ "$DEVICE" = cpu ] && echo 1 || nvidia-smi -L | wc -l)}
