@@ -54,7 +54,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import flashinfer_attention  # noqa: E402
 import kernel_timeline  # noqa: E402
-from flash_decode_sweep import time_graph  # noqa: E402
+from flash_decode_sweep import capture_graph, time_graph  # noqa: E402
 from model_configs import MODELS, attention_recipe, head_dim, write_model_folder  # noqa: E402
 
 from mcore import BuildArgs, DecoderPipeline, build_bundle, shipped_exporter  # noqa: E402
@@ -221,8 +221,7 @@ class Setup:
         self.nbytes = 2 * n * self.kv * self.d * 2
         k0, v0 = self.caches[0]
         self.ref = decode_attention_reference(self.q.cpu(), k0.cpu(), v0.cpu(), self.lens.cpu())
-        self.native_ms = time_graph(lambda: [fd.decode_attention(self.q, k, v, self.lens) for k, v in self.caches])
-        self.native_ms /= self.layers
+        self.native_ms = self.timer(lambda i: fd_call(self, i))()
         self.native_max_abs = float(
             (fd.decode_attention(self.q, k0, v0, self.lens).double().cpu() - self.ref).abs().max()
         )
@@ -386,7 +385,8 @@ def timelines(out: Path, dsos: dict[str, Path], contexts: list[int], capacity: i
             fns[name] = cute_call(s, run0, uses_workspace(name))
         row = {}
         for name, call in fns.items():
-            events = kernel_timeline.profile_graph(lambda call=call: [call(i) for i in range(s.layers)])
+            graph = capture_graph(lambda call=call: [call(i) for i in range(s.layers)])
+            events = kernel_timeline.profile_graph(graph)
             row[name] = kernel_timeline.summarize(events)
             print("\n".join(kernel_timeline.table(f"{n} {name}", row[name])), flush=True)
         emit(out, f"timeline_{n}", row)

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mcore.ops import flash_decode as fd  # noqa: E402
 
 
-def time_graph(fn, reps=20) -> float:
+def capture_graph(fn) -> torch.cuda.CUDAGraph:
+    """`fn` captured in a CUDA graph after a warm-up run on a side stream, and replayed once."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -31,6 +32,11 @@ def time_graph(fn, reps=20) -> float:
         fn()
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def time_graph(fn, reps=20) -> float:
+    g = capture_graph(fn)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -56,24 +56,14 @@ def summarize(events: Sequence[Any]) -> dict:
     }
 
 
-def profile_graph(fn: Callable[[], Any], replays: int = 3) -> list:
-    """`fn` captured in a CUDA graph (warmed up on a side stream, as bench/flash_decode_sweep.time_graph
-    does), replayed once, then `replays` times under the profiler: the device events of those replays."""
+def profile_graph(g: Any, replays: int = 3) -> list:
+    """A captured CUDA graph (bench/flash_decode_sweep.capture_graph) replayed `replays` times under the
+    profiler: the device events of those replays."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from mcore.profile.trace import device_events
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             g.replay()
