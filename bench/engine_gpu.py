@@ -66,9 +66,9 @@ def _median_ms(fn, steps: int) -> float:
 def bench_config(model: str) -> dict:
     """The config benchmarked: the 8B-sized one `--model` names (bench/model_configs.py), or
     BENCH_CONFIG (JSON; a CPU smoke run of the script)."""
-    from bench.model_configs import MODELS
+    from bench.model_configs import config_of
 
-    return json.loads(os.environ["BENCH_CONFIG"]) if "BENCH_CONFIG" in os.environ else MODELS[model][0]
+    return json.loads(os.environ["BENCH_CONFIG"]) if "BENCH_CONFIG" in os.environ else config_of(model)
 
 
 def _emit(rec: dict) -> None:

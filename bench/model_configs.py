@@ -2,6 +2,8 @@
 
     qwen3-8b      Qwen3-8B: 36 layers, hidden 4096, 32/8 heads, head_dim 128, q/k norms (qwen3_8b_config.py)
     llama3.1-8b   Llama-3.1-8B: 32 layers, hidden 4096, 32/8 heads, head_dim 128, llama3 RoPE, untied
+    qwen3-tiny-hd64   the demo the shipped qwen-attention session binds (2 layers, 8/2 heads, head_dim 64;
+                      its config.json as the demo writes it): what that session's schedule is chosen on
 
 Both read about 15 GB of bf16 weights a token (Llama's MLP is wider, Qwen3 has four more layers and a
 larger vocabulary); Llama's KV cache is 8/9 of Qwen3's a position.
@@ -48,8 +50,23 @@ LLAMA31_8B = {  # config.json of meta-llama/Llama-3.1-8B, as published
     "vocab_size": 128256,
 }
 
-# name -> (config, the demo whose tokenizer files the bundle carries: any tokenizer whose IDs fit the vocabulary)
-MODELS = {"qwen3-8b": (QWEN3_8B, "qwen3-tiny"), "llama3.1-8b": (LLAMA31_8B, "llama-tiny")}
+# name -> (config, the demo whose tokenizer files the bundle carries: any tokenizer whose IDs fit the
+# vocabulary); a config of None is that demo's own (config_of reads it)
+MODELS = {
+    "qwen3-8b": (QWEN3_8B, "qwen3-tiny"),
+    "llama3.1-8b": (LLAMA31_8B, "llama-tiny"),
+    "qwen3-tiny-hd64": (None, "qwen3-tiny-hd64"),
+}
+
+
+def config_of(name: str) -> dict:
+    """The config.json of model `name` (a demo's as the demo writes it)."""
+    config, demo = MODELS[name]
+    if config is not None:
+        return config
+    from mcore.families.demo import materialize
+
+    return json.loads((materialize(demo) / "config.json").read_text())
 
 
 def head_dim(config: dict) -> int:
@@ -67,9 +84,9 @@ def write_model_folder(folder: Path, name: str) -> Path:
     """config.json of model `name` plus its demo's tokenizer files: what `mcore build --weights random` needs."""
     from mcore.families.demo import materialize
 
-    config, demo = MODELS[name]
+    demo = MODELS[name][1]
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "config.json").write_text(json.dumps(config_of(name), indent=2))
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(materialize(demo) / f, folder)
     return folder

@@ -13,8 +13,9 @@
 # Gates run side by side, one per GPU (each fresh process reloads the compiled engine, about 20-26 s
 # on the H200 box: 9 gates one after another take longer than one device call); NGPU=1 runs them in turn.
 #   (MCORE="python3 -m mcore"; PAIRS=auto|N; MAX_PAIRS=4; TOKENS=128; RUNS=30; METRIC=device|min-step|throughput;
-#    MODEL=tiny|8b; CONTEXT=N: a prompt of about N tokens, so decode runs at that context (the cache
-#    capacity grows to fit it); DEVICE=cpu: a smoke run of this script)
+#    MODEL=tiny|8b; CONTEXT="N ...": a prompt of about N tokens, so decode runs at that context, each
+#    gate run at every context named (one cache capacity for all, the largest's: one build, one compile);
+#    DEVICE=cpu: a smoke run of this script)
 set -euo pipefail
 OUT=${1:-artifacts/perf-gate-gpu}
 MCORE=${MCORE:-python3 -m mcore}
@@ -31,9 +32,11 @@ for spec in $GATES; do  # every gate named and possible before anything is built
     *) echo "perf_gate_gpu.sh: unknown gate ${spec%%:*} (native-vs-native, identity-copy, slow-copy, cute-attention)" >&2; exit 2 ;;
   esac
 done
-if [ -n "${CONTEXT:-}" ] && ! [[ "$CONTEXT" =~ ^[1-9][0-9]*$ ]]; then
-  echo "perf_gate_gpu.sh: CONTEXT=$CONTEXT is not a token count (a whole number, at least 1)" >&2; exit 2
-fi
+CONTEXT=${CONTEXT:-}
+CONTEXTS=(${CONTEXT//,/ })  # "1024 8192 32768" or "1024,8192,32768"
+for n in "${CONTEXTS[@]}"; do
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "perf_gate_gpu.sh: CONTEXT=$CONTEXT: $n is not a token count (whole numbers, at least 1)" >&2; exit 2; }
+done
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 trap 'echo "perf_gate_gpu.sh: line $LINENO failed; logs in $OUT" >&2' ERR
@@ -47,13 +50,20 @@ from qwen3_8b_config import write_config_folder; from mcore.families.demo import
 d = write_config_folder(Path('$OUT/cfg')); shutil.copy(materialize('qwen3-tiny') / 'tokenizer.json', d)"
   ARGS=("$OUT/cfg" --weights random --precision bf16 --max-cache-length 4096 --decoder-engine-layout split)
 fi
-PROMPT="x y z"
-if [ -n "${CONTEXT:-}" ]; then  # decode at about CONTEXT tokens of context (use an OUT of its own: bundles are reused)
+declare -A PROMPTS=([-]="x y z")  # context -> prompt ("-": no CONTEXT, the short prompt)
+ORDER=(-)
+if [ ${#CONTEXTS[@]} -gt 0 ]; then  # decode at about each context (an OUT of its own: bundles are reused)
   TOKENIZER=$([ "${MODEL:-tiny}" = 8b ] && echo "$OUT/cfg/tokenizer.json" || python3 -c \
     "from mcore.families.demo import materialize; print(materialize('qwen3-tiny') / 'tokenizer.json')")
-  PROMPT=$(python3 "$(dirname "$0")/context_prompt.py" "$CONTEXT" "$TOKENIZER")
-  ARGS[4]=$(( CONTEXT + TOKENS + 64 ))  # --max-cache-length: the prompt, the new tokens, a margin
+  ORDER=("${CONTEXTS[@]}")
+  most=0
+  for n in "${CONTEXTS[@]}"; do
+    PROMPTS[$n]=$(python3 "$(dirname "$0")/context_prompt.py" "$n" "$TOKENIZER")
+    [ "$n" -gt "$most" ] && most=$n
+  done
+  ARGS[4]=$(( most + TOKENS + 64 ))  # --max-cache-length: the longest prompt, the new tokens, a margin
 fi
+PROMPT=${PROMPTS[${ORDER[0]}]}
 BID=qwen.decode_logits_copy@1
 # what an earlier call of this script left in OUT is reused (the device keeps /tmp while warm; bundles are files)
 [ -e "$OUT/native.bundle" ] || $MCORE build "${ARGS[@]}" --device "$DEVICE" -o "$OUT/native.bundle" > "$OUT/build.log" 2>&1
@@ -64,8 +74,10 @@ if [[ "$GATES" == *copy* ]]; then
 fi
 # A tiny model's decode step takes about 0.1 ms on the H200: 5 runs of 64 tokens measured 32 ms per
 # process and pair ratios spread 0.94-1.32 (2026-12-01). RUNS x TOKENS sets the measured window.
-BENCH="--device $DEVICE --prompt '$PROMPT' --max-new-tokens $TOKENS --greedy --ignore-eos --warmup 2 --benchmark ${RUNS:-30}"
-NATIVE="$MCORE run $OUT/native.bundle $BENCH"
+bench() {  # the arguments every timed run takes, at the prompt $PROMPT
+  echo "--device $DEVICE --prompt '$PROMPT' --max-new-tokens $TOKENS --greedy --ignore-eos --warmup 2 --benchmark ${RUNS:-30}"
+}
+NATIVE="$MCORE run $OUT/native.bundle"  # each command without its bench() arguments
 declare -A EXT=([native-vs-native]="$NATIVE")
 warm() {  # NAME CMD: one unmeasured run fills the compiled-code cache, so no measured run pays for a compile
   bash -c "$2" > "$OUT/warm-$1.log" 2>&1 || { tail -n 5 "$OUT/warm-$1.log" >&2; exit 1; }
@@ -83,7 +95,7 @@ for spec in $GATES; do  # kernels and bindings before any gate is timed
       [ -f "$OUT/$g/kernel.so" ] || $MCORE kernel build "$g" -o "$OUT/$g/kernel.so" --cuda "$CUDA" --force > "$OUT/$g/kernel.log" 2>&1
       printf '{"schema_version": 1, "bindings": [{"id": "%s", "abi_sha256": "%s", "library": "./kernel.so", "function": "run"}]}\n' \
         "$BID" "$ABI" > "$OUT/$g/bindings.json"
-      EXT[$g]="$MCORE run $OUT/slot.bundle --kernel-bindings $OUT/$g/bindings.json $BENCH" ;;
+      EXT[$g]="$MCORE run $OUT/slot.bundle --kernel-bindings $OUT/$g/bindings.json" ;;
     cute-attention)
       [ -n "${EXT[$g]:-}" ] && continue
       mkdir -p "$OUT/$g"
@@ -98,25 +110,26 @@ for spec in $GATES; do  # kernels and bindings before any gate is timed
       AABI=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["abi_sha256"])' "$RECEIPT")
       printf '{"schema_version": 1, "bindings": [{"id": "%s", "abi_sha256": "%s", "library": "./kernel.so", "function": "run"}]}\n' \
         "$ATTN" "$AABI" > "$OUT/$g/bindings.json"
-      EXT[$g]="$MCORE run $OUT/attn.bundle --kernel-bindings $OUT/$g/bindings.json $BENCH" ;;
+      EXT[$g]="$MCORE run $OUT/attn.bundle --kernel-bindings $OUT/$g/bindings.json" ;;
   esac
 done
 NGPU=${NGPU:-$([ "$DEVICE" = cpu ] && echo 1 || nvidia-smi -L | wc -l)}
 t0=$SECONDS
-k=0  # one warm run per arm, side by side where there are GPUs for them (each compiles its bundle once)
+k=0  # one warm run per arm, side by side where there are GPUs for them (each compiles its bundle once;
+#   prefill compiles for any prompt length, so one context warms them all)
 for arm in native "${!EXT[@]}"; do
   [ "$arm" = native-vs-native ] && continue
   cmd=$([ "$arm" = native ] && echo "$NATIVE" || echo "${EXT[$arm]}")
-  CUDA_VISIBLE_DEVICES=$([ "$DEVICE" = cpu ] && echo "" || echo $((k % NGPU))) warm "$arm" "$cmd" &
+  CUDA_VISIBLE_DEVICES=$([ "$DEVICE" = cpu ] && echo "" || echo $((k % NGPU))) warm "$arm" "$cmd $(bench)" &
   k=$((k + 1))
   [ $((k % NGPU)) -eq 0 ] && wait
 done
 wait
 echo "warm runs done in $((SECONDS - t0)) s"
 PAIR_ARGS=(--pairs "$PAIRS"); [ "$PAIRS" = auto ] && PAIR_ARGS+=(--max-pairs "$MAX_PAIRS")
-gate() {  # NAME FILE: one gate on the GPU CUDA_VISIBLE_DEVICES names
+gate() {  # NAME FILE: one gate on the GPU CUDA_VISIBLE_DEVICES names, at the prompt $PROMPT
   $MCORE verify perf "${PAIR_ARGS[@]}" --warmup 0 --min-ratio 0.98 --metric "$METRIC" \
-    --native "$NATIVE" --external "${EXT[$1]}" > "$2" 2>&1 || true
+    --native "$NATIVE $(bench)" --external "${EXT[$1]} $(bench)" > "$2" 2>&1 || true
 }
 declare -a BUSY=()  # BUSY[gpu] = pid of the gate running there
 RUNS_LIST=()
@@ -125,29 +138,41 @@ for spec in $GATES; do
   g=${spec%%:*}; n=${spec#*:}; [ "$n" = "$spec" ] && n=1
   for _ in $(seq "$n"); do SEEN[$g]=$(( ${SEEN[$g]:-0} + 1 )); RUNS_LIST+=("$g:${SEEN[$g]}"); done
 done
+name() {  # RUN CONTEXT: the gate's file name
+  echo "gate-${1%%:*}-${1#*:}$([ "$2" = - ] || echo "-ctx$2").txt"
+}
 t0=$SECONDS
+for ctx in "${ORDER[@]}"; do  # every gate at the first context, then at the next
 for run in "${RUNS_LIST[@]}"; do
-  g=${run%%:*}; i=${run#*:}
+  g=${run%%:*}
+  PROMPT=${PROMPTS[$ctx]}
   while :; do  # the first GPU with no gate on it
     for ((k = 0; k < NGPU; k++)); do
       if [ -z "${BUSY[$k]:-}" ] || ! kill -0 "${BUSY[$k]}" 2>/dev/null; then break 2; fi
     done
     wait -n || true
   done
-  CUDA_VISIBLE_DEVICES=$([ "$DEVICE" = cpu ] && echo "" || echo "$k") gate "$g" "$OUT/gate-$g-$i.txt" &
+  CUDA_VISIBLE_DEVICES=$([ "$DEVICE" = cpu ] && echo "" || echo "$k") gate "$g" "$OUT/$(name "$run" "$ctx")" &
   BUSY[$k]=$!
-  echo "started $g gate $i on GPU $k ($((SECONDS - t0)) s)"
+  echo "started $(name "$run" "$ctx") on GPU $k ($((SECONDS - t0)) s)"
+done
 done
 wait
 echo "all gates done in $((SECONDS - t0)) s ($METRIC; ${PAIR_ARGS[*]})"
+for ctx in "${ORDER[@]}"; do
 for run in "${RUNS_LIST[@]}"; do
-  g=${run%%:*}; i=${run#*:}
-  echo "== $g gate $i"
-  grep -E '^(pair [0-9]+/|check after|interval:|PROMOTE|REJECT|INCONCLUSIVE|FAIL)' "$OUT/gate-$g-$i.txt" || tail -n 3 "$OUT/gate-$g-$i.txt"
+  f=$OUT/$(name "$run" "$ctx")
+  echo "== $(basename "$f" .txt)"
+  grep -E '^(pair [0-9]+/|check after|interval:|PROMOTE|REJECT|INCONCLUSIVE|FAIL)' "$f" || tail -n 3 "$f"
+done
 done
 echo "== verdicts"
+for ctx in "${ORDER[@]}"; do
 for g in "${!SEEN[@]}"; do
-  echo "$g: $(cat "$OUT"/gate-"$g"-*.txt | grep -oE '^(PROMOTE|REJECT|INCONCLUSIVE|FAIL)' | sort | uniq -c | xargs)"
+  verdicts=$(for run in "${RUNS_LIST[@]}"; do [ "${run%%:*}" = "$g" ] && cat "$OUT/$(name "$run" "$ctx")"; done \
+    | grep -oE '^(PROMOTE|REJECT|INCONCLUSIVE|FAIL)' | sort | uniq -c | xargs || true)
+  echo "$g$([ "$ctx" = - ] || echo " at context $ctx"): $verdicts"
+done
 done
 if [[ " $GATES " == *" identity-copy"* ]]; then  # native and slot in lockstep, bit for bit
   $MCORE verify logits "$OUT/native.bundle" "$OUT/slot.bundle" --kernel-bindings "$OUT/identity-copy/bindings.json" \

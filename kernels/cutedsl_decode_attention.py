@@ -39,7 +39,8 @@ scores Q K^T, then context^T += V^T P^T with the probabilities kept in registers
 CUTEDSL_ATTENTION_MMA=0) walk 32 keys a step on CUDA cores (`walk_scalar`). Warps merge in warp order
 through shared memory, then rank 0 merges the blocks in rank order through distributed shared memory:
 deterministic, no atomics, no global scratch. With a workspace in the receipt: SPLITS blocks (no
-cluster) per (KV head, new token), the tensor-core walk dealing 64-key tiles round them (block r takes
+cluster; fewer where the cache's capacity has fewer tiles, so a small cache's merge reads only records
+that can hold keys) per (KV head, new token), the tensor-core walk dealing 64-key tiles round them (block r takes
 tiles r, r + SPLITS, ...), each write a partial record (fp32 context row, max, sum per head) to the
 workspace, and a second kernel merges a row's records in split order (deterministic, no atomics; the
 workspace's contents on entry do not matter).
@@ -308,6 +309,13 @@ class Plan:
         return 16 * self.warps
 
     @property
+    def most_splits(self):
+        """Splits a row at most: SPLITS, or fewer where the capacity has fewer blocks' steps of keys
+        (a block past them could never hold one; its empty record would still be written and merged)."""
+        step = self.warps * (16 if self.use_mma else WARP)  # the keys a block walks a step
+        return min(SPLITS, max(1, -(-self.capacity // step)))
+
+    @property
     def ring_bytes(self):
         return TMA_STAGES * 2 * self.tile * 2 * self.head_dim
 
@@ -373,7 +381,7 @@ class Plan:
             walk = f"tensor cores, bulk copies through a ring of {TMA_STAGES} tiles of {self.tile} keys"
             walk += ", reads in bank order" if TMA_BANKS else ""
         if self.split:
-            most = min(SPLITS, self.partials // (self.heads // self.hpb))
+            most = max(1, min(self.most_splits, self.partials // (self.heads // self.hpb)))
             blocks = f"split {most} ways over blocks at 1 new token (workspace {self.workspace_bytes} bytes)"
         else:
             blocks = f"cluster {CLUSTER}"
@@ -1079,25 +1087,26 @@ if cute is not None:
     @cute.jit
     def merge_records(p, workspace, context, row, g, d, splits, head0, token):
         """Column d of head g of row `row`: its `splits` records merged in split order. The loop over
-        splits is unrolled to SPLITS with indices clamped to the last record (weight 0 past it), so
+        splits is unrolled to the plan's most splits with indices clamped to the last record (weight 0 past it), so
         the loads are independent and issue together (a loop of dependent loads grew with the splits:
         docs/cutedsl-decode-attention.md); every record's words are loaded before any arithmetic."""
         head_dim = p.head_dim
         first = row * splits
-        ms = cute.make_rmem_tensor((SPLITS,), cutlass.Float32)
-        ls = cute.make_rmem_tensor((SPLITS,), cutlass.Float32)
-        cs = cute.make_rmem_tensor((SPLITS,), cutlass.Float32)
+        most = p.most_splits
+        ms = cute.make_rmem_tensor((most,), cutlass.Float32)
+        ls = cute.make_rmem_tensor((most,), cutlass.Float32)
+        cs = cute.make_rmem_tensor((most,), cutlass.Float32)
         mall = cutlass.Float32(NEG)
-        for r in cutlass.range_constexpr(SPLITS):
+        for r in cutlass.range_constexpr(most):
             at = first + cutlass.min(r, splits - 1)
             ms[r] = workspace[at, g, head_dim]  # a repeat cannot raise the max
             ls[r] = workspace[at, g, head_dim + 1]  # every load before any arithmetic
             cs[r] = workspace[at, g, d]
-        for r in cutlass.range_constexpr(SPLITS):
+        for r in cutlass.range_constexpr(most):
             mall = cute.arch.fmax(mall, ms[r])
         num = cutlass.Float32(0.0)
         den = cutlass.Float32(0.0)
-        for r in cutlass.range_constexpr(SPLITS):
+        for r in cutlass.range_constexpr(most):
             weight = cute.math.exp(ms[r] - mall)
             if r >= splits:
                 weight = cutlass.Float32(0.0)
@@ -1235,13 +1244,14 @@ if cute is not None:
 
     def split_launcher(p, attention_kernel, merge_kernel):
         """run(query, key_cache, value_cache, kv_lengths, workspace, context): records, then the merge."""
-        heads, hpb, threads, smem_bytes, partials, head_dim = (
+        heads, hpb, threads, smem_bytes, partials, head_dim, most = (
             p.heads,
             p.hpb,
             p.threads,
             p.smem_bytes,
             p.partials,
             p.head_dim,
+            p.most_splits,
         )
 
         @cute.jit
@@ -1255,11 +1265,11 @@ if cute is not None:
             stream: cuda.CUstream,
         ):
             """run(query, key_cache, value_cache, kv_lengths, workspace, context): split over blocks, merged
-            by a second kernel; as many splits (up to SPLITS) as the
+            by a second kernel; as many splits (up to the plan's most) as the
             workspace holds for these rows."""
             new_tokens = cute.size(query, mode=[2])
             rows = heads // hpb * new_tokens
-            splits = cutlass.max(cutlass.min(cutlass.Int32(SPLITS), cutlass.Int32(partials) // rows), cutlass.Int32(1))
+            splits = cutlass.max(cutlass.min(cutlass.Int32(most), cutlass.Int32(partials) // rows), cutlass.Int32(1))
             records = cute.make_tensor(
                 cute.recast_ptr(workspace.iterator, dtype=cutlass.Float32),
                 cute.make_layout((partials, hpb, head_dim + 2), stride=(hpb * (head_dim + 2), head_dim + 2, 1)),

@@ -19,8 +19,9 @@ SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "perf_gate_gpu.sh"
             {"GATES": "native-vs-native:2 bogus"},
             "unknown gate bogus (native-vs-native, identity-copy, slow-copy, cute-attention)",
         ),
-        ({"GATES": "native-vs-native", "CONTEXT": "12x"}, "CONTEXT=12x is not a token count"),
-        ({"GATES": "native-vs-native", "CONTEXT": "0"}, "CONTEXT=0 is not a token count"),
+        ({"GATES": "native-vs-native", "CONTEXT": "12x"}, "CONTEXT=12x: 12x is not a token count"),
+        ({"GATES": "native-vs-native", "CONTEXT": "0"}, "CONTEXT=0: 0 is not a token count"),
+        ({"GATES": "native-vs-native", "CONTEXT": "1024,8k"}, "CONTEXT=1024,8k: 8k is not a token count"),
     ],
 )
 def test_a_gate_it_cannot_run_is_named_in_one_line_and_nothing_is_written(tmp_path, env, says):
