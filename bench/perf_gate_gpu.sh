@@ -61,7 +61,9 @@ if [ ${#CONTEXTS[@]} -gt 0 ]; then  # decode at about each context (an OUT of it
     PROMPTS[$n]=$(python3 "$(dirname "$0")/context_prompt.py" "$n" "$TOKENIZER")
     [ "$n" -gt "$most" ] && most=$n
   done
-  ARGS[4]=$(( most + TOKENS + 64 ))  # --max-cache-length: the longest prompt, the new tokens, a margin
+  for i in "${!ARGS[@]}"; do  # --max-cache-length: the longest prompt, the new tokens, a margin
+    [ "${ARGS[$i]}" = --max-cache-length ] && ARGS[$((i + 1))]=$(( most + TOKENS + 64 ))
+  done
 fi
 PROMPT=${PROMPTS[${ORDER[0]}]}
 BID=qwen.decode_logits_copy@1

@@ -75,7 +75,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mcore.kernels import exporter_kit as kit
 
@@ -392,9 +392,10 @@ class Plan:
             f"schedule={blocks}, {self.warps} warps, {self.hpb} heads a block, {walk}{launch}",
         ]
         if SPLITS:  # what to declare at build for the split schedule (a bad knob is refused with a workspace)
-            need = workspace_bytes_for(self.heads, self.head_dim, SPLITS)
+            most = (self if self.split else replace(self, workspace_bytes=1)).most_splits  # the split plan's
+            need = workspace_bytes_for(self.heads, self.head_dim, most)
             lines.append(
-                f"split_workspace_bytes={need} (`mcore build ... --workspace-bytes {need}`: {SPLITS} splits a row)"
+                f"split_workspace_bytes={need} (`mcore build ... --workspace-bytes {need}`: {most} splits a row)"
             )
         return lines
 

@@ -42,6 +42,11 @@ ATTN_ARGS = (
     .to_dict()
 )
 ATTN_RECIPE = "qwen.decode_attention_region@2"
+# the split schedule's workspace, as the exporter's split_workspace_bytes for this receipt: 8 heads x 4
+# splits (the 256-key cache's 64-key tiles) x an fp32 context row, max and sum (64 + 2 words). On an
+# H100 the split schedule took 3.0 us a call at this model's contexts, the cluster one (no workspace)
+# 3.7-3.9, native 4.1 (docs/gpu-results.md, twenty-third session)
+ATTN_WORKSPACE = 8 * 4 * (64 + 2) * 4
 # 5% of the largest logit of this model (8.1), the bound the CuTe kernel's GPU pipeline test holds
 # against native: another kernel reduces in another order, so bf16 logits differ in their last bits.
 ATTN_MAX_ABS = 0.4
@@ -240,19 +245,24 @@ def qwen_attention(r: Recorder) -> None:
         "Build the slot-ready bundle: every layer's attention",
         "`all-instances` names every instance of the recipe explicitly (never a silent default): each "
         "layer's attention becomes an opaque slot, and one receipt per instance is written beside the bundle. "
-        "The bundle is built for CUDA: the kernel runs only there.",
+        f"`--workspace-bytes {ATTN_WORKSPACE}` gives each slot a scratch buffer the kernel may use (the number "
+        "the exporter prints as split_workspace_bytes for this receipt); it becomes part of the ABI and its "
+        "hash. The bundle is built for CUDA: the kernel runs only there.",
         build_args=a,
         recipe=[ATTN_RECIPE, "all-instances"],
         device="cuda",
+        workspace_bytes=ATTN_WORKSPACE,
         output="qwen3-attention-slot.bundle",
     )
     r.step(
         "export_kernel",
         "Export the CuTe DSL decode attention",
         "The shipped exporter (kernels/cutedsl_decode_attention.py) checks the receipt against what its kernel "
-        "implements (dtype, head dim, GQA, no workspace), compiles the split-KV kernel with the CuTe DSL for "
-        "sm_90 and exports it through TVM-FFI as one DSO. No GPU is needed to export; running it needs an "
-        "sm_90 GPU (H100/H200).",
+        "implements (dtype, head dim, GQA, the workspace's size), compiles the kernel with the CuTe DSL for "
+        "sm_90 and exports it through TVM-FFI as one DSO. With the workspace it builds the split schedule: "
+        "each KV head's keys dealt in 64-key tiles over 4 blocks, whose partial results a second kernel merges "
+        "(on an H100 3.0 us a call here, against 3.7 without a workspace and 4.1 for native). No GPU is "
+        "needed to export; running it needs an sm_90 GPU (H100/H200).",
         exporter="cutedsl-decode-attention",
         receipt=layer0,
         snapshot="decode.graph.json",

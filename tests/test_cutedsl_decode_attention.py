@@ -437,6 +437,12 @@ def test_a_small_cache_splits_only_as_far_as_its_tiles_reach(tmp_path):
     small, small_loads = merge_loads(256)
     large, large_loads = merge_loads(4096)
     assert "schedule=split 4 ways over blocks" in small and "schedule=split 32 ways over blocks" in large
+    # the workspace the exporter asks for is 4 splits' there (it sizes the build's --workspace-bytes),
+    # whichever schedule the receipt exported (the cluster's 8 warps a block do not change it)
+    ask = "split_workspace_bytes=8448 (`mcore build ... --workspace-bytes 8448`: 4 splits a row)"
+    rp, _ = write_pair(tmp_path, *attention_pair("BF16", 8, 2, 256, 64), "cluster")
+    cluster = run_script("--selection", rp, "--output", tmp_path / "cluster.so").stdout
+    assert ask in small and ask in cluster and "schedule=cluster 8" in cluster
     assert (small_loads, large_loads) == (2 * 4, 2 * 32)
 
 
