@@ -70,6 +70,7 @@ PROMPT = "Explain grouped-query attention, KV caching, and decode latency."
 RESULTS: dict = {}
 DEV = "cuda"  # a CPU smoke run (tests nothing about speed) sets this to "cpu"
 START = time.monotonic()
+CAPACITY = 40960  # --capacity
 PIPELINES_S = 200  # what the pipelines part needs: two 36-layer compiled pipelines and the step timing
 # FlashInfer's tensor-core decode row (--flashinfer-tensor-cores): off by default, its JIT build (the
 # prefill kernels, 10 files) took 20 minutes of nvcc on a 2-core machine, about 4 minutes on the GPU box
@@ -368,7 +369,15 @@ def kernel_times(out: Path, dsos: dict[str, Path], contexts: list[int], capacity
         rows.append(row)
         emit(out, f"kernel_{n}", row)
     emit(
-        out, "kernel", {"copy_TBps": s.copy / 1e12, "peak_TBps": (s.peak or 0) / 1e12, "dsos": list(runs), "rows": rows}
+        out,
+        "kernel",
+        {
+            "copy_TBps": s.copy / 1e12,
+            "peak_TBps": (s.peak or 0) / 1e12,
+            "calls": s.layers,
+            "dsos": list(runs),
+            "rows": rows,
+        },
     )
     return rows
 
@@ -581,7 +590,7 @@ def compare(nat: Any, ext: Any, contexts: list[int], steps: int) -> dict:
 
 def kernel_table(k: dict) -> list[str]:
     lines = [
-        f"kernel, per call ({CONFIG['num_hidden_layers']} calls in one CUDA graph); copy {k['copy_TBps']:.2f} TB/s, peak {k['peak_TBps']:.2f} TB/s",
+        f"kernel, per call ({k.get('calls', CONFIG['num_hidden_layers'])} calls in one CUDA graph); copy {k['copy_TBps']:.2f} TB/s, peak {k['peak_TBps']:.2f} TB/s",
         "| context | kernel | us | TB/s | of copy | of peak | native us / this | max_abs vs fp64 | deterministic |",
     ]
     for r in k["rows"]:
@@ -623,7 +632,10 @@ def short_table(k: dict) -> list[str]:
 
 
 def table() -> str:
-    lines = ["", f"== CuTe DSL decode attention vs the native engine ({MODEL}-sized, {RECIPE}, bf16, capacity 40960)"]
+    lines = [
+        "",
+        f"== CuTe DSL decode attention vs the native engine ({MODEL}-sized, {RECIPE}, bf16, capacity {CAPACITY})",
+    ]
     k = RESULTS.get("kernel")
     if "flashinfer" in RESULTS:
         lines.append(f"FlashInfer: {RESULTS['flashinfer']}")
@@ -726,8 +738,9 @@ def parse() -> argparse.Namespace:
 
 
 def main() -> None:
-    global TENSOR_CORES
+    global TENSOR_CORES, CAPACITY
     a = parse()
+    CAPACITY = a.capacity
     use_model(a.model)
     TENSOR_CORES = a.flashinfer_tensor_cores
     if a.flashinfer_warm:
