@@ -197,6 +197,29 @@ def test_a_bound_library_other_than_the_recorded_one_is_named(tmp_path, workbenc
     assert res.code == 0 and not diff_rows(res.out), res
 
 
+def test_a_library_compiled_for_another_target_is_not_held_to_the_recorded_hash():
+    """qwen-attention exports its DSO in the session: recorded on a machine without a GPU (sm_90a), it
+    compiles for the GPU a replay sees, so the bound library's bytes (the bindings' library_sha256)
+    cannot match the recording there; the same target must give the same bytes, else a difference."""
+    from workbench.replay import compare_step, rebuilt_keys
+    from workbench.session import Session, find_tutorial
+
+    s = Session.load(find_tutorial("qwen-attention"))
+    actions = [st.action for st in s.steps]
+    export, bind = actions.index("export_kernel"), actions.index("write_bindings")
+    assert s.steps[export].results["arch"] == "sm_90a" and "library_sha256" in s.steps[bind].results
+    other_bytes = {**s.steps[bind].results, "library_sha256": "1" * 64}
+    for arch, expected in (("the visible GPU", []), ("sm_90a", ["library_sha256"])):
+        now = {export: {**s.steps[export].results, "arch": arch}}
+        diffs = compare_step(s.steps[bind], "ok", other_bytes, None, rebuilt=rebuilt_keys(s, bind, now))
+        assert [d.field for d in diffs] == expected, arch
+    # the ABI hash is held whatever the target
+    now = {export: {**s.steps[export].results, "arch": "the visible GPU"}}
+    wrong_abi = {**other_bytes, "abi_sha256": "f" * 64}
+    diffs = compare_step(s.steps[bind], "ok", wrong_abi, None, rebuilt=rebuilt_keys(s, bind, now))
+    assert [d.field for d in diffs] == ["abi_sha256"]
+
+
 def test_tampered_token_is_named(tmp_path):
     name = "qwen-recipe"
     native = step_index(name, "build_bundle", recipe=None, graph_patch=None)

@@ -287,18 +287,42 @@ def graph_note(step: Step, results: dict | None, header: dict | None) -> list[Di
     return out
 
 
+def rebuilt_keys(session: Session, index: int, now: dict[int, dict | None]) -> frozenset[str]:
+    """Recorded keys step `index` (0-based) cannot be held to in this replay: a bound library's sha256
+    where an earlier step of this replay wrote that library for another target than the recording's
+    (an exporter compiles for the GPU it sees, sm_90a where it sees none), so its bytes differ by
+    machine. `now`: what earlier steps returned in this replay, by index."""
+    step = session.steps[index]
+    lib = step.params.get("library")
+    if "library_sha256" not in REGISTRY[step.action].recorded_keys or lib is None:
+        return frozenset()
+    for j in range(index - 1, -1, -1):
+        earlier = session.steps[j]
+        if lib in (earlier.params.get(k) for k in REGISTRY[earlier.action].output_params):
+            arch_now = (now.get(j) or {}).get("arch")
+            return frozenset({"library_sha256"}) if arch_now != earlier.results.get("arch") else frozenset()
+    return frozenset()
+
+
 def compare_step(
-    step: Step, status: str, results: dict | None, error: str | None, header: dict | None = None
+    step: Step,
+    status: str,
+    results: dict | None,
+    error: str | None,
+    header: dict | None = None,
+    rebuilt: frozenset[str] = frozenset(),
 ) -> list[Difference]:
     """Differences between a recorded step and what it did now; `header` (the session's) lets a
-    fingerprint difference name the torch versions involved."""
-    diffs = _compare_step(step, status, results, error)
+    fingerprint difference name the torch versions involved; `rebuilt` (rebuilt_keys) are not compared."""
+    diffs = _compare_step(step, status, results, error, rebuilt)
     if any(d.field.startswith("fingerprint") for d in diffs):
         diffs += graph_note(step, results, header)
     return diffs
 
 
-def _compare_step(step: Step, status: str, results: dict | None, error: str | None) -> list[Difference]:
+def _compare_step(
+    step: Step, status: str, results: dict | None, error: str | None, rebuilt: frozenset[str] = frozenset()
+) -> list[Difference]:
     if step.status == "not_run":  # nothing recorded to compare with: it must run (its gate is checked apart)
         return (
             [Difference("status", f"ok (not recorded: {step.error})", f"error: {error}")] if status == "error" else []
@@ -311,7 +335,7 @@ def _compare_step(step: Step, status: str, results: dict | None, error: str | No
         return [] if step.error == error else [Difference("error", step.error, error)]
     out = []
     spec = REGISTRY[step.action]
-    for key in spec.stable_keys + tuple(k for k in spec.recorded_keys if k in step.results):
+    for key in spec.stable_keys + tuple(k for k in spec.recorded_keys if k in step.results and k not in rebuilt):
         if key == "verdict":  # a recording older than recorded verdicts says it through `passed`
             out.extend(compare(key, verdict_of(step.action, step.results), verdict_of(step.action, results)))
         else:
@@ -493,7 +517,14 @@ class _StepRunner:
             title=step.title,
             recorded_status=step.status,
             status=status,
-            differences=compare_step(step, status, results, error, self.session.header),
+            differences=compare_step(
+                step,
+                status,
+                results,
+                error,
+                self.session.header,
+                rebuilt_keys(self.session, i - 1, {o.index - 1: o.results for o in report.outcomes}),
+            ),
             compared=REGISTRY[step.action].stable_keys if status == "ok" and step.status == "ok" else (),
             results=results,
             error=error,

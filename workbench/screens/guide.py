@@ -100,14 +100,22 @@ class GuideState:
 
     def finish(self, index: int, results: dict[str, Any] | None, error: str | None, kind: str) -> StepOutcome:
         """Record what step `index` did now; compare it with the recording (replay.compare_step)."""
-        from ..replay import compare_step
+        from ..replay import compare_step, rebuilt_keys
 
         step = self.session.steps[index]
         diffs: list[tuple[str, Any, Any]] = []
         if kind in ("ok", "user"):
             status = "ok" if kind == "ok" else "error"
             diffs = [
-                (d.field, d.expected, d.actual) for d in compare_step(step, status, results, error, self.session.header)
+                (d.field, d.expected, d.actual)
+                for d in compare_step(
+                    step,
+                    status,
+                    results,
+                    error,
+                    self.session.header,
+                    rebuilt_keys(self.session, index, {j: o.results for j, o in self.outcomes.items()}),
+                )
             ]
         elif kind == "bug":
             diffs = [("status", "ok" if step.status == "ok" else f"error: {step.error}", f"error: {error}")]
