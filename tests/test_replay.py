@@ -17,6 +17,7 @@ import torch
 
 from workbench.replay import replay
 
+from .conftest import needs_cute
 from .test_sessions import SHIPPED, shipped
 
 
@@ -218,6 +219,21 @@ def test_a_library_compiled_for_another_target_is_not_held_to_the_recorded_hash(
     wrong_abi = {**other_bytes, "abi_sha256": "f" * 64}
     diffs = compare_step(s.steps[bind], "ok", wrong_abi, None, rebuilt=rebuilt_keys(s, bind, now))
     assert [d.field for d in diffs] == ["abi_sha256"]
+
+
+@pytest.mark.slow
+@needs_cute
+def test_a_session_whose_kernel_compiles_for_another_target_replays_clean(tmp_path, monkeypatch):
+    """What a GPU box does to qwen-attention (recorded without a GPU, for sm_90a): its export compiles
+    for the target there, so the bound DSO's bytes are not the recording's. Here the target is set to
+    sm_90 instead, over the steps before the CUDA ones: before the fix the replay stopped at
+    write_bindings on library_sha256."""
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90")
+    rep = replay(slice_session("qwen-attention", list(range(1, 7)), tmp_path), tmp_path / "wd", trust_libraries=".")
+    assert rep.ok and [o.status for o in rep.outcomes] == ["ok"] * 6, rep.summary()
+    assert not any(o.differences for o in rep.outcomes)
+    assert [o.action for o in rep.outcomes][3:5] == ["export_kernel", "write_bindings"]
+    assert rep.outcomes[3].results["arch"] == "sm_90"
 
 
 def test_tampered_token_is_named(tmp_path):
