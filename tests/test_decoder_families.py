@@ -556,7 +556,7 @@ def test_qwen3_graphs_and_abi_hashes_are_the_ones_the_shipped_sessions_recorded(
         snap = capture(args, role).snapshot
         assert snap.fingerprint == fingerprint, role
         if role == "decode":
-            receipts = select_recipe_instances(snap, recipe_id, instances)
+            receipts = select_recipe_instances(snap, recipe_id, instances, build["params"].get("workspace_bytes"))
             assert [r.abi_sha256 for r in receipts] == [k["abi_sha256"] for k in build["results"]["kernel_slots"]]
 
 

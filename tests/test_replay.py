@@ -179,45 +179,52 @@ def test_tampered_abi_hash_is_named(tmp_path, workbench):  # noqa: F811
 
 
 def test_a_bound_library_other_than_the_recorded_one_is_named(tmp_path, workbench):  # noqa: F811
-    """write_bindings pins the DSO it binds (library_sha256, in the manifest and the results); a replay
-    whose library has other bytes than the recording's says so. Recordings without it compare as before."""
-    name = "qwen-manual"
-    idx = [1, step_index(name, "select_nodes", 1), step_index(name, "build_kernel"), step_index(name, "write_bindings")]
-
-    def tamper(steps):
-        steps[3]["results"]["library_sha256"] = "0" * 64
-
-    res = workbench("replay", slice_session(name, idx, tmp_path, tamper), "--headless", "--workdir", tmp_path / "wd")
-    assert res.code == 1, res
-    assert [r[:4] for r in diff_rows(res.out)] == [["4", "write_bindings", "DIFF", "library_sha256"]]
+    """write_bindings pins the DSO it binds (library_sha256, in the manifest and the results). A library
+    the replay did not build itself is held to the recording: other bytes are a difference."""
     from mcore import library_sha256
 
+    name = "qwen-manual"
+    idx = [1, step_index(name, "select_nodes", 1), step_index(name, "build_kernel"), step_index(name, "write_bindings")]
+    res = workbench("replay", slice_session(name, idx, tmp_path), "--headless", "--workdir", tmp_path / "wd")
+    assert res.code == 0 and not diff_rows(res.out), res
     (entry,) = json.loads((tmp_path / "wd" / "kernel-bindings.json").read_text())["bindings"]
     assert entry["library_sha256"] == library_sha256(tmp_path / "wd" / "kernel.so")
-    res = workbench("replay", slice_session(name, idx, tmp_path), "--headless", "--workdir", tmp_path / "wd2")
-    assert res.code == 0 and not diff_rows(res.out), res
+    # the same steps but the build, recorded with the hash of what was built (as a recording made now
+    # holds it): the library is already in the workdir, once as built, once altered
+    built = (tmp_path / "wd" / "kernel.so").read_bytes()
+
+    def pin(steps):
+        steps[-1]["results"]["library_sha256"] = entry["library_sha256"]
+
+    no_build = slice_session(name, [i for i in idx if i != step_index(name, "build_kernel")], tmp_path, pin)
+    for folder, data, diffs in (("same", built, []), ("altered", built + b"\0", ["library_sha256"])):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "kernel.so").write_bytes(data)
+        rep = replay(no_build, tmp_path / folder, require_empty=False, trust_libraries=".")
+        assert [d.field for o in rep.outcomes for d in o.differences] == diffs, folder
 
 
-def test_a_library_compiled_for_another_target_is_not_held_to_the_recorded_hash():
-    """qwen-attention exports its DSO in the session: recorded on a machine without a GPU (sm_90a), it
-    compiles for the GPU a replay sees, so the bound library's bytes (the bindings' library_sha256)
-    cannot match the recording there; the same target must give the same bytes, else a difference."""
-    from workbench.replay import compare_step, rebuilt_keys
+def test_a_library_built_in_the_replay_is_held_to_what_its_build_reported():
+    """qwen-attention exports its DSO in the session. A compiled DSO's bytes differ by machine (the CuTe
+    DSL compiles for the GPU it sees; a fresh checkout's export differed on the same CPU), so the
+    bindings are held to the sha256 the export reported in this replay, not to the recording's."""
+    from workbench.replay import built_here, compare_step
     from workbench.session import Session, find_tutorial
 
     s = Session.load(find_tutorial("qwen-attention"))
     actions = [st.action for st in s.steps]
     export, bind = actions.index("export_kernel"), actions.index("write_bindings")
-    assert s.steps[export].results["arch"] == "sm_90a" and "library_sha256" in s.steps[bind].results
-    other_bytes = {**s.steps[bind].results, "library_sha256": "1" * 64}
-    for arch, expected in (("the visible GPU", []), ("sm_90a", ["library_sha256"])):
-        now = {export: {**s.steps[export].results, "arch": arch}}
-        diffs = compare_step(s.steps[bind], "ok", other_bytes, None, rebuilt=rebuilt_keys(s, bind, now))
-        assert [d.field for d in diffs] == expected, arch
-    # the ABI hash is held whatever the target
-    now = {export: {**s.steps[export].results, "arch": "the visible GPU"}}
-    wrong_abi = {**other_bytes, "abi_sha256": "f" * 64}
-    diffs = compare_step(s.steps[bind], "ok", wrong_abi, None, rebuilt=rebuilt_keys(s, bind, now))
+    assert s.steps[export].params["output"] == s.steps[bind].params["library"]
+    other = {**s.steps[bind].results, "library_sha256": "1" * 64}  # not the recording's bytes
+    for exported, fields in (("1" * 64, []), ("2" * 64, ["library_sha256"]), (None, [])):
+        now = {export: {**s.steps[export].results, "library_sha256": exported}}
+        diffs = compare_step(s.steps[bind], "ok", other, None, expected=built_here(s, bind, now))
+        assert [d.field for d in diffs] == fields, exported
+    # the ABI hash is held to the recording whatever was built
+    now = {export: {**s.steps[export].results, "library_sha256": "1" * 64}}
+    diffs = compare_step(
+        s.steps[bind], "ok", {**other, "abi_sha256": "f" * 64}, None, expected=built_here(s, bind, now)
+    )
     assert [d.field for d in diffs] == ["abi_sha256"]
 
 

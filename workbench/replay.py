@@ -287,21 +287,21 @@ def graph_note(step: Step, results: dict | None, header: dict | None) -> list[Di
     return out
 
 
-def rebuilt_keys(session: Session, index: int, now: dict[int, dict | None]) -> frozenset[str]:
-    """Recorded keys step `index` (0-based) cannot be held to in this replay: a bound library's sha256
-    where an earlier step of this replay wrote that library for another target than the recording's
-    (an exporter compiles for the GPU it sees, sm_90a where it sees none), so its bytes differ by
-    machine. `now`: what earlier steps returned in this replay, by index."""
+def built_here(session: Session, index: int, now: dict[int, dict | None]) -> dict[str, Any]:
+    """Recorded keys of step `index` (0-based) whose expected value comes from this replay: a bound
+    library an earlier step of this replay wrote (an export or a kernel build) is held to the sha256
+    that step reported now, not to the recording's, since a compiled DSO's bytes depend on the machine
+    (the CuTe DSL compiles for the GPU it sees, and a fresh checkout's export differed from the
+    recording's on the same CPU). None: nothing to hold it to. `now`: earlier steps' results, by index."""
     step = session.steps[index]
     lib = step.params.get("library")
     if "library_sha256" not in REGISTRY[step.action].recorded_keys or lib is None:
-        return frozenset()
+        return {}
     for j in range(index - 1, -1, -1):
         earlier = session.steps[j]
         if lib in (earlier.params.get(k) for k in REGISTRY[earlier.action].output_params):
-            arch_now = (now.get(j) or {}).get("arch")
-            return frozenset({"library_sha256"}) if arch_now != earlier.results.get("arch") else frozenset()
-    return frozenset()
+            return {"library_sha256": (now.get(j) or {}).get("library_sha256")}
+    return {}
 
 
 def compare_step(
@@ -310,18 +310,19 @@ def compare_step(
     results: dict | None,
     error: str | None,
     header: dict | None = None,
-    rebuilt: frozenset[str] = frozenset(),
+    expected: dict[str, Any] | None = None,
 ) -> list[Difference]:
     """Differences between a recorded step and what it did now; `header` (the session's) lets a
-    fingerprint difference name the torch versions involved; `rebuilt` (rebuilt_keys) are not compared."""
-    diffs = _compare_step(step, status, results, error, rebuilt)
+    fingerprint difference name the torch versions involved; `expected` (built_here) replaces
+    recorded values of recorded keys (None: not compared)."""
+    diffs = _compare_step(step, status, results, error, expected or {})
     if any(d.field.startswith("fingerprint") for d in diffs):
         diffs += graph_note(step, results, header)
     return diffs
 
 
 def _compare_step(
-    step: Step, status: str, results: dict | None, error: str | None, rebuilt: frozenset[str] = frozenset()
+    step: Step, status: str, results: dict | None, error: str | None, expected: dict[str, Any]
 ) -> list[Difference]:
     if step.status == "not_run":  # nothing recorded to compare with: it must run (its gate is checked apart)
         return (
@@ -335,8 +336,11 @@ def _compare_step(
         return [] if step.error == error else [Difference("error", step.error, error)]
     out = []
     spec = REGISTRY[step.action]
-    for key in spec.stable_keys + tuple(k for k in spec.recorded_keys if k in step.results and k not in rebuilt):
-        if key == "verdict":  # a recording older than recorded verdicts says it through `passed`
+    for key in spec.stable_keys + tuple(k for k in spec.recorded_keys if k in step.results):
+        if key in expected:  # what this replay built, not the recording (built_here)
+            if expected[key] is not None:
+                out.extend(compare(key, expected[key], (results or {}).get(key, "(absent)")))
+        elif key == "verdict":  # a recording older than recorded verdicts says it through `passed`
             out.extend(compare(key, verdict_of(step.action, step.results), verdict_of(step.action, results)))
         else:
             out.extend(compare(key, step.results.get(key, "(absent)"), (results or {}).get(key, "(absent)")))
@@ -523,7 +527,7 @@ class _StepRunner:
                 results,
                 error,
                 self.session.header,
-                rebuilt_keys(self.session, i - 1, {o.index - 1: o.results for o in report.outcomes}),
+                built_here(self.session, i - 1, {o.index - 1: o.results for o in report.outcomes}),
             ),
             compared=REGISTRY[step.action].stable_keys if status == "ok" and step.status == "ok" else (),
             results=results,

@@ -100,7 +100,7 @@ class GuideState:
 
     def finish(self, index: int, results: dict[str, Any] | None, error: str | None, kind: str) -> StepOutcome:
         """Record what step `index` did now; compare it with the recording (replay.compare_step)."""
-        from ..replay import compare_step, rebuilt_keys
+        from ..replay import built_here, compare_step
 
         step = self.session.steps[index]
         diffs: list[tuple[str, Any, Any]] = []
@@ -114,7 +114,7 @@ class GuideState:
                     results,
                     error,
                     self.session.header,
-                    rebuilt_keys(self.session, index, {j: o.results for j, o in self.outcomes.items()}),
+                    built_here(self.session, index, {j: o.results for j, o in self.outcomes.items()}),
                 )
             ]
         elif kind == "bug":
