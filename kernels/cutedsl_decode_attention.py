@@ -221,7 +221,9 @@ PREFETCH = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0") == "1"
 # returned, as the engine's Triton kernels do (the merge's 32 small blocks then wait beside the walk,
 # and the next layer's kernel beside the merge). =1 (the cluster's default): the walk lets the next
 # kernel launch once it has read the caches, so no other blocks sit on the SMs while it streams; the
-# merge still right after its wait. =0: a plain launch.
+# merge still right after its wait. =first (to measure; twenty-third session): both kernels let their
+# successor launch before their own wait, so the next layer's walk is launched while this walk still
+# runs and its launch is not on the path after the merge (the 1k timeline's gap). =0: a plain launch.
 _PDL_ENV = os.environ.get("CUTEDSL_ATTENTION_PDL", "")
 PDL = _PDL_ENV != "0"
 # The split schedule's register walk deals tiles of 16 keys a warp round the blocks (block r takes
@@ -296,8 +298,13 @@ class Plan:
 
     @property
     def pdl_early(self):
-        """The walk lets its successor launch right after its wait (see CUTEDSL_ATTENTION_PDL)."""
-        return _PDL_ENV == "early" or (_PDL_ENV == "" and self.split)
+        """The walk lets its successor launch right after its wait, or before it (see CUTEDSL_ATTENTION_PDL)."""
+        return _PDL_ENV in ("early", "first") or (_PDL_ENV == "" and self.split)
+
+    @property
+    def pdl_first(self):
+        """Both kernels let their successor launch before their own wait (CUTEDSL_ATTENTION_PDL=first)."""
+        return _PDL_ENV == "first"
 
     @property
     def threads(self):
@@ -387,6 +394,7 @@ class Plan:
             blocks = f"cluster {CLUSTER}"
         walk += ", tiles dealt round the blocks" if self.interleave else ""
         launch = ", dependents launched early" if PDL and self.pdl_early else ("" if PDL else ", plain launch")
+        launch += " (before the wait)" if PDL and self.pdl_first else ""
         lines = [
             f"shapes: {self.described}",
             f"schedule={blocks}, {self.warps} warps, {self.hpb} heads a block, {walk}{launch}",
@@ -400,6 +408,8 @@ class Plan:
         return lines
 
     def check_knobs(self):
+        if _PDL_ENV not in ("", "0", "1", "early", "first"):
+            raise ValueError("CUTEDSL_ATTENTION_PDL must be 0, 1, early or first (or unset)")
         if not CLUSTER:
             raise ValueError("CUTEDSL_ATTENTION_CLUSTER must be 1, 2, 4, 8 or 16")
         if WARPS == 0:
@@ -1181,8 +1191,10 @@ if cute is not None:
                 ring = (words, smem.allocate_tensor(cutlass.Int64, cute.make_layout(2 * TMA_STAGES), 16))
                 ring_barriers(p, ring[1])
             if cutlass.const_expr(PDL):  # every input is an earlier kernel's output; no global memory before this
+                if cutlass.const_expr(p.pdl_first):  # the successor waits for all of this kernel anyway
+                    cute.arch.griddepcontrol_launch_dependents()
                 cute.arch.griddepcontrol_wait()
-                if cutlass.const_expr(p.pdl_early):
+                if cutlass.const_expr(p.pdl_early and not p.pdl_first):
                     cute.arch.griddepcontrol_launch_dependents()
             attend(
                 p,
@@ -1208,8 +1220,11 @@ if cute is not None:
             g = bidx % hpb
             row = bidx // hpb
             if cutlass.const_expr(PDL):  # the records are the kernel before's output
+                if cutlass.const_expr(p.pdl_first):
+                    cute.arch.griddepcontrol_launch_dependents()
                 cute.arch.griddepcontrol_wait()
-                cute.arch.griddepcontrol_launch_dependents()  # the merge is small: its successor may wait beside it
+                if cutlass.const_expr(not p.pdl_first):
+                    cute.arch.griddepcontrol_launch_dependents()  # the merge is small: its successor may wait beside it
             if splits > 1:
                 merge_records(p, workspace, context, row, g, d, splits, (row // new_tokens) * hpb, row % new_tokens)
 

@@ -325,10 +325,17 @@ def test_the_tma_walk_refuses_what_it_cannot_run(tmp_path):
 
 
 @needs_cute
-def test_a_bad_split_count_is_named(tmp_path):
+@pytest.mark.parametrize(
+    ("knob", "value", "says"),
+    [
+        ("CUTEDSL_ATTENTION_SPLITS", "1", "CUTEDSL_ATTENTION_SPLITS must be 2 to 64"),
+        ("CUTEDSL_ATTENTION_PDL", "late", "CUTEDSL_ATTENTION_PDL must be 0, 1, early or first (or unset)"),
+    ],
+)
+def test_a_bad_knob_is_named(tmp_path, knob, value, says):
     rp, sp = write_pair(tmp_path, *attention_pair(workspace_bytes=32 * 16 * 130 * 4))
-    r = run_script("--selection", rp, "--output", tmp_path / "x.so", CUTEDSL_ATTENTION_SPLITS="1")
-    assert r.returncode != 0 and "CUTEDSL_ATTENTION_SPLITS must be 2 to 64" in r.stderr
+    r = run_script("--selection", rp, "--output", tmp_path / "x.so", **{knob: value})
+    assert r.returncode != 0 and says in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.so").exists()
 
 
@@ -395,6 +402,14 @@ def test_the_kernel_waits_for_its_producer_before_it_touches_memory(tmp_path):
     assert wait < min(walk["ld.global"]) and max(walk["ld.global"]) < launch < min(walk["st.global"])
     (wait,), (launch,) = merge["griddepcontrol.wait"], merge["griddepcontrol.launch_dependents"]
     assert wait < launch < min(merge["ld.global"] + merge["st.global"])
+    # =first: each kernel lets its successor launch before its own wait, and still touches no global
+    # memory before that wait returned
+    out, text = _ptx(tmp_path, "split-first", ws_rp, CUTEDSL_ATTENTION_PDL="first")
+    assert "dependents launched early (before the wait)" in out
+    at = places(text)
+    assert len(at["griddepcontrol.wait"]) == len(at["griddepcontrol.launch_dependents"]) == 2
+    for wait, launch in zip(at["griddepcontrol.wait"], at["griddepcontrol.launch_dependents"], strict=True):
+        assert launch < wait and not any(i < wait for i in at["ld.global"] + at["st.global"] if i > launch)
 
 
 @needs_cute
@@ -470,6 +485,8 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "split-tight-8-warps": {"CUTEDSL_ATTENTION_WARPS": "8"},
     # the walk lets the merge launch once it has read the caches (the default launches both early)
     "split-late": {"CUTEDSL_ATTENTION_PDL": "1"},
+    # both kernels let their successor launch before their own wait (to measure)
+    "split-first": {"CUTEDSL_ATTENTION_PDL": "first"},
     # one contiguous share a warp instead of tiles dealt round the blocks
     "split-shares": {"CUTEDSL_ATTENTION_INTERLEAVE": "0"},
     # keys through a shared-memory ring by bulk copies (a producer warp): 2 stages (the default), 3;
@@ -488,6 +505,7 @@ WORKSPACE_SPLITS = {
     "split-7-scalar": 7,
     "split-tight-8-warps": 2,
     "split-late": 32,
+    "split-first": 32,
     "split-shares": 32,
     "split-tma": 32,
     "split-tma-3-stages": 32,
@@ -601,7 +619,8 @@ def test_gpu_published_groups_match_the_reference(gpu_kernels, shape, schedule):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "schedule", ["mma", "mma-prefetch", "split", "split-late", "split-7-scalar", "split-tma", "split-tma-banks"]
+    "schedule",
+    ["mma", "mma-prefetch", "split", "split-late", "split-first", "split-7-scalar", "split-tma", "split-tma-banks"],
 )
 def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
     """Shares of many steps a warp (8192 keys over 64 warps, or 256 with 32 splits), where the test
@@ -638,6 +657,7 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
         "split-tma-8-warps",
         "split-tma-banks",
         "split-shares",
+        "split-first",
     ],
 )
 def test_gpu_cache_rows_past_the_length_never_reach_the_result(gpu_kernels, schedule):
@@ -668,7 +688,7 @@ def test_gpu_cache_rows_past_the_length_never_reach_the_result(gpu_kernels, sche
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["per-group", "split", "split-late", "split-shares", "split-tma"])
+@pytest.mark.parametrize("schedule", ["per-group", "split", "split-late", "split-first", "split-shares", "split-tma"])
 def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels, schedule):
     """No host sync: the length lives on the device, so a captured graph follows later lengths
     (split: both kernels, the walk and the merge, in the graph)."""
