@@ -321,6 +321,15 @@ def compare_step(
     return diffs
 
 
+def compare_in_session(
+    session: Session, index: int, status: str, results: dict | None, error: str | None, now: dict[int, dict | None]
+) -> list[Difference]:
+    """compare_step for step `index` (0-based) of `session`, with what earlier steps returned `now`
+    (by index): the one comparison the headless replay and the TUI guide both make."""
+    step = session.steps[index]
+    return compare_step(step, status, results, error, session.header, built_here(session, index, now))
+
+
 def _compare_step(
     step: Step, status: str, results: dict | None, error: str | None, expected: dict[str, Any]
 ) -> list[Difference]:
@@ -521,13 +530,8 @@ class _StepRunner:
             title=step.title,
             recorded_status=step.status,
             status=status,
-            differences=compare_step(
-                step,
-                status,
-                results,
-                error,
-                self.session.header,
-                built_here(self.session, i - 1, {o.index - 1: o.results for o in report.outcomes}),
+            differences=compare_in_session(
+                self.session, i - 1, status, results, error, {o.index - 1: o.results for o in report.outcomes}
             ),
             compared=REGISTRY[step.action].stable_keys if status == "ok" and step.status == "ok" else (),
             results=results,

@@ -99,8 +99,8 @@ class GuideState:
         return self.index >= len(self.session.steps)
 
     def finish(self, index: int, results: dict[str, Any] | None, error: str | None, kind: str) -> StepOutcome:
-        """Record what step `index` did now; compare it with the recording (replay.compare_step)."""
-        from ..replay import built_here, compare_step
+        """Record what step `index` did now; compare it with the recording (replay.compare_in_session)."""
+        from ..replay import compare_in_session
 
         step = self.session.steps[index]
         diffs: list[tuple[str, Any, Any]] = []
@@ -108,13 +108,8 @@ class GuideState:
             status = "ok" if kind == "ok" else "error"
             diffs = [
                 (d.field, d.expected, d.actual)
-                for d in compare_step(
-                    step,
-                    status,
-                    results,
-                    error,
-                    self.session.header,
-                    built_here(self.session, index, {j: o.results for j, o in self.outcomes.items()}),
+                for d in compare_in_session(
+                    self.session, index, status, results, error, {j: o.results for j, o in self.outcomes.items()}
                 )
             ]
         elif kind == "bug":
