@@ -115,6 +115,13 @@ VARIANTS = {
     "CuTe split 32 x 4, TMA tiles, 2 stages": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_PDL": "1"},
     # twenty-third session (to measure): both kernels let their successor launch before their own wait
     "CuTe split 32 x 4, tiles dealt, PDL before the wait": {"CUTEDSL_ATTENTION_PDL": "first"},
+    # twenty-fourth session (to measure): a step's cache lines asked for before its loads (ptxas issues
+    # the last K load and the V loads only after the first score product: two latencies a step)
+    "CuTe split 32 x 4, tiles dealt, V lines prefetched": {"CUTEDSL_ATTENTION_PREFETCH": "v"},
+    "CuTe split 32 x 4, tiles dealt, K and V lines prefetched": {"CUTEDSL_ATTENTION_PREFETCH": "kv"},
+    "CuTe split 32 x 4, tiles dealt, K and V lines prefetched, the next step's into L2": {
+        "CUTEDSL_ATTENTION_PREFETCH": "kvn"
+    },
 }
 SHIPPED_SPLIT = "CuTe split 32 x 4 warps (workspace, default)"  # what --bind binds unless told
 BIND = list(VARIANTS).index(SHIPPED_SPLIT)  # --bind: the variant the slot pipeline binds

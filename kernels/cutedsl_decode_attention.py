@@ -213,9 +213,18 @@ _HEADS_ENV = os.environ.get("CUTEDSL_ATTENTION_HEADS_PER_BLOCK", "0")
 HEADS_PER_BLOCK = int(_HEADS_ENV) if _HEADS_ENV.isdigit() else 0
 # Scores and context on tensor cores for groups of at most 8 heads; CUTEDSL_ATTENTION_MMA=0: the scalar walk
 MMA = os.environ.get("CUTEDSL_ATTENTION_MMA", "1") != "0"
-# CUTEDSL_ATTENTION_PREFETCH=1 (tensor-core walk, experimental): a warp issues the loads of its next
-# 16 keys before the arithmetic of the current ones
-PREFETCH = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0") == "1"
+# CUTEDSL_ATTENTION_PREFETCH=1 (tensor-core walk, contiguous shares, experimental): a warp issues the
+# loads of its next 16 keys before the arithmetic of the current ones. Tiles dealt (to measure,
+# twenty-fourth session): ptxas keeps the walk at 166 registers by issuing a step's last K load and
+# its V loads only after the first score product, which waits for the first K loads, so a step pays
+# two memory latencies (read in the SASS). =v: each step first asks L1 for the lines of its V rows
+# (prefetch.global.L1: no registers, so the second latency is an L1 hit); =kv: its K rows' too;
+# =kvn: and the next step's K and V rows into L2.
+_PREFETCH_ENV = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0")
+PREFETCH = _PREFETCH_ENV == "1"
+PREFETCH_V = _PREFETCH_ENV in ("v", "kv", "kvn")
+PREFETCH_K = _PREFETCH_ENV in ("kv", "kvn")
+PREFETCH_NEXT = _PREFETCH_ENV == "kvn"
 # Programmatic dependent launch (Hopper), as the compiled engine launches its own kernels (mcore/ops/pdl.py).
 # The split schedule's default, =early: each kernel lets its successor launch as soon as its wait
 # returned, as the engine's Triton kernels do (the merge's 32 small blocks then wait beside the walk,
@@ -384,6 +393,8 @@ class Plan:
     def report(self):
         """The lines printed after an export: shapes, the schedule built, the split workspace to declare."""
         walk = ("tensor cores, prefetch" if PREFETCH else "tensor cores") if self.use_mma else "scalar"
+        if self.interleave and PREFETCH_V:
+            walk += f", lines prefetched ({_PREFETCH_ENV})"
         if self.tma:
             walk = f"tensor cores, bulk copies through a ring of {TMA_STAGES} tiles of {self.tile} keys"
             walk += ", reads in bank order" if TMA_BANKS else ""
@@ -408,6 +419,8 @@ class Plan:
         return lines
 
     def check_knobs(self):
+        if _PREFETCH_ENV not in ("0", "1", "v", "kv", "kvn"):
+            raise ValueError("CUTEDSL_ATTENTION_PREFETCH must be 0, 1, v, kv or kvn")
         if _PDL_ENV not in ("", "0", "1", "early", "first"):
             raise ValueError("CUTEDSL_ATTENTION_PDL must be 0, 1, early or first (or unset)")
         if not CLUSTER:
@@ -561,6 +574,19 @@ if cute is not None:
     def fetch_v(p, vc32, kv_head, base, last, g, t):
         """This lane's V words of keys base + 2t, 2t+1, 2t+8, 2t+9 (columns [g * D/8, (g + 1) * D/8))."""
         return [words(vc32, kv_head, row, g * p.v_words, p.v_words) for row in v_rows(base, last, t)]
+
+    def prefetch(cache32, kv_head, rows, first, level):
+        """Ask the cache level ("L1" or "L2") for the words from `first` on of each of `rows` (no registers)."""
+        for row in rows:
+            llvm.inline_asm(
+                None,
+                [(cache32[0, kv_head, row, None].iterator + first).toint().ir_value()],
+                f"prefetch.global.{level} [$0];",
+                "l",
+                has_side_effects=True,
+                is_align_stack=False,
+                asm_dialect=llvm.AsmDialect.AD_ATT,
+            )
 
     def keep(buf, kw, vk):
         """Words from `fetch_k` and `fetch_v` into the register buffer `buf` (K words, then V words)."""
@@ -745,6 +771,14 @@ if cute is not None:
         sc = cute.make_rmem_tensor((8,), cutlass.Float32)
         last = cutlass.max(end - 1, 0)  # rows past it are clamped to it (in bounds; masked)
         for base in cutlass.range(rank * p.tile + 16 * warp, end, splits * p.tile):
+            if cutlass.const_expr(PREFETCH_V):
+                prefetch(vc32, kv_head, v_rows(base, last, t), g * p.v_words, "L1")
+            if cutlass.const_expr(PREFETCH_K):
+                prefetch(kc32, kv_head, k_rows(base, last, g), t * p.qk_words, "L1")
+            if cutlass.const_expr(PREFETCH_NEXT):
+                nxt = base + splits * p.tile
+                prefetch(kc32, kv_head, k_rows(nxt, last, g), t * p.qk_words, "L2")
+                prefetch(vc32, kv_head, v_rows(nxt, last, t), g * p.v_words, "L2")
             kw = fetch_k(p, kc32, kv_head, base, last, g, t)
             get_v = lambda base=base: fetch_v(p, vc32, kv_head, base, last, g, t)  # noqa: E731
             m, lsum = mma_step(p, qw, kw, get_v, acc, sc, m, lsum, base, end, t)

@@ -330,6 +330,7 @@ def test_the_tma_walk_refuses_what_it_cannot_run(tmp_path):
     [
         ("CUTEDSL_ATTENTION_SPLITS", "1", "CUTEDSL_ATTENTION_SPLITS must be 2 to 64"),
         ("CUTEDSL_ATTENTION_PDL", "late", "CUTEDSL_ATTENTION_PDL must be 0, 1, early or first (or unset)"),
+        ("CUTEDSL_ATTENTION_PREFETCH", "k", "CUTEDSL_ATTENTION_PREFETCH must be 0, 1, v, kv or kvn"),
     ],
 )
 def test_a_bad_knob_is_named(tmp_path, knob, value, says):
@@ -436,6 +437,23 @@ def test_the_split_walk_deals_tiles_round_the_blocks(tmp_path):
 
 
 @needs_cute
+def test_the_dealt_walk_asks_for_its_lines_before_its_loads(tmp_path):
+    """CUTEDSL_ATTENTION_PREFETCH=kvn: each step asks L1 for its 4 V rows' and 2 K rows' lines, and L2
+    for the next step's, before the step's first load and after the kernel's wait (the PTX; the
+    numbers are checked on the GPU, schedule `split-prefetch`); the default asks for none."""
+    rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4))
+    out, text = _ptx(tmp_path, "kvn", rp, CUTEDSL_ATTENTION_PREFETCH="kvn")
+    assert "lines prefetched (kvn)" in out
+    lines = [t.strip() for t in text.splitlines()]
+    l1 = [i for i, t in enumerate(lines) if t.startswith("prefetch.global.L1 ")]
+    l2 = [i for i, t in enumerate(lines) if t.startswith("prefetch.global.L2 ")]
+    wait = lines.index("griddepcontrol.wait;")
+    first_row_load = min(i for i, t in enumerate(lines) if t.startswith("ld.global.v4") and i > wait)
+    assert (len(l1), len(l2)) == (6, 6) and wait < min(l1 + l2) and max(l1 + l2) < first_row_load
+    assert "prefetch.global" not in _ptx(tmp_path, "plain", rp)[1]
+
+
+@needs_cute
 def test_a_small_cache_splits_only_as_far_as_its_tiles_reach(tmp_path):
     """The demo's 256-key cache holds four 64-key tiles: a fifth split could never hold a key, so the
     split schedule of a 32-split workspace runs 4 splits there and its merge loads 4 records (two loads
@@ -487,6 +505,8 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "split-late": {"CUTEDSL_ATTENTION_PDL": "1"},
     # both kernels let their successor launch before their own wait (to measure)
     "split-first": {"CUTEDSL_ATTENTION_PDL": "first"},
+    # each step's K and V lines asked of L1 before its loads, the next step's of L2 (to measure)
+    "split-prefetch": {"CUTEDSL_ATTENTION_PREFETCH": "kvn"},
     # one contiguous share a warp instead of tiles dealt round the blocks
     "split-shares": {"CUTEDSL_ATTENTION_INTERLEAVE": "0"},
     # keys through a shared-memory ring by bulk copies (a producer warp): 2 stages (the default), 3;
@@ -506,6 +526,7 @@ WORKSPACE_SPLITS = {
     "split-tight-8-warps": 2,
     "split-late": 32,
     "split-first": 32,
+    "split-prefetch": 32,
     "split-shares": 32,
     "split-tma": 32,
     "split-tma-3-stages": 32,
@@ -620,7 +641,17 @@ def test_gpu_published_groups_match_the_reference(gpu_kernels, shape, schedule):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "schedule",
-    ["mma", "mma-prefetch", "split", "split-late", "split-first", "split-7-scalar", "split-tma", "split-tma-banks"],
+    [
+        "mma",
+        "mma-prefetch",
+        "split",
+        "split-late",
+        "split-first",
+        "split-prefetch",
+        "split-7-scalar",
+        "split-tma",
+        "split-tma-banks",
+    ],
 )
 def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
     """Shares of many steps a warp (8192 keys over 64 warps, or 256 with 32 splits), where the test
@@ -658,6 +689,7 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
         "split-tma-banks",
         "split-shares",
         "split-first",
+        "split-prefetch",
     ],
 )
 def test_gpu_cache_rows_past_the_length_never_reach_the_result(gpu_kernels, schedule):
