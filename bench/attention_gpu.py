@@ -122,6 +122,8 @@ VARIANTS = {
     "CuTe split 32 x 4, tiles dealt, K and V lines prefetched, the next step's into L2": {
         "CUTEDSL_ATTENTION_PREFETCH": "kvn"
     },
+    # the default as it was before the twenty-fourth session: the block's place computed after the wait
+    "CuTe split 32 x 4, place computed after the wait (before)": {"CUTEDSL_ATTENTION_PIN": "0"},
 }
 SHIPPED_SPLIT = "CuTe split 32 x 4 warps (workspace, default)"  # what --bind binds unless told
 BIND = list(VARIANTS).index(SHIPPED_SPLIT)  # --bind: the variant the slot pipeline binds

@@ -235,6 +235,11 @@ PREFETCH_NEXT = _PREFETCH_ENV == "kvn"
 # runs and its launch is not on the path after the merge (the 1k timeline's gap). =0: a plain launch.
 _PDL_ENV = os.environ.get("CUTEDSL_ATTENTION_PDL", "")
 PDL = _PDL_ENV != "0"
+# Under PDL the walk computes its block's place (row, split, token, heads: two integer divisions by
+# run-time counts) before its wait, while the kernel before drains; CUTEDSL_ATTENTION_PIN=0 leaves the
+# placement to ptxas, which put them after the wait (as before the twenty-fourth session).
+_PIN_ENV = os.environ.get("CUTEDSL_ATTENTION_PIN", "1")
+PIN = _PIN_ENV != "0"
 # The split schedule's register walk deals tiles of 16 keys a warp round the blocks (block r takes
 # tiles r, r + SPLITS, ...; see `walk_interleaved`); CUTEDSL_ATTENTION_INTERLEAVE=0: one contiguous
 # share a warp, as before the twenty-second session.
@@ -343,7 +348,7 @@ class Plan:
     @property
     def smem_bytes(self):
         hpb, d, warps = self.hpb, self.head_dim, self.warps
-        base = 4 * (hpb * d + warps * hpb * d + 2 * warps * hpb + 2 * hpb) + 16 * 8
+        base = 4 * (hpb * d + warps * hpb * d + 2 * warps * hpb + 2 * hpb) + 16 * 8 + 16  # + the pin
         return base + (128 + self.ring_bytes + 16 * TMA_STAGES if self.tma else 0)  # ring, aligned; mbarriers
 
     # the tensor-core walk: lane (g = lane / 4, t = lane % 4) of a warp
@@ -406,6 +411,7 @@ class Plan:
         walk += ", tiles dealt round the blocks" if self.interleave else ""
         launch = ", dependents launched early" if PDL and self.pdl_early else ("" if PDL else ", plain launch")
         launch += " (before the wait)" if PDL and self.pdl_first else ""
+        launch += "" if PIN or not PDL else ", place computed after the wait"
         lines = [
             f"shapes: {self.described}",
             f"schedule={blocks}, {self.warps} warps, {self.hpb} heads a block, {walk}{launch}",
@@ -419,6 +425,8 @@ class Plan:
         return lines
 
     def check_knobs(self):
+        if _PIN_ENV not in ("0", "1"):
+            raise ValueError("CUTEDSL_ATTENTION_PIN must be 0 or 1")
         if _PREFETCH_ENV not in ("0", "1", "v", "kv", "kvn"):
             raise ValueError("CUTEDSL_ATTENTION_PREFETCH must be 0, 1, v, kv or kvn")
         if _PDL_ENV not in ("", "0", "1", "early", "first"):
@@ -943,15 +951,14 @@ if cute is not None:
         return cutlass.min(length - new_tokens + token + 1, p.capacity)
 
     @cute.jit
-    def attend(p, tensors, part, blk, new_tokens, row, rank, kv_lengths, splits, ring=None):
-        """One block's share of row `row`: walk, merge its warps, then hand the result on (the
-        context, a record for the merge, or the cluster's merge)."""
-        hpb, split = p.hpb, p.split
+    def attend(p, tensors, part, blk, place, new_tokens, kv_lengths, splits, ring=None):
+        """One block's share of its row (`place`: row, rank, token, head0): walk, merge its warps, then
+        hand the result on (the context, a record for the merge, or the cluster's merge)."""
+        split = p.split
+        row, rank, token, head0 = place  # this block's query heads: head0 .. head0 + hpb - 1
         query, key_cache, value_cache, context, workspace = tensors
         tidx, _, _ = cute.arch.thread_idx()
         lane = tidx % WARP
-        token = row % new_tokens
-        head0 = (row // new_tokens) * hpb  # this block's query heads: head0 .. head0 + hpb - 1
         kv_head = head0 // p.group
         qw = None
         if cutlass.const_expr(p.use_mma):
@@ -1205,7 +1212,9 @@ if cute is not None:
             if cutlass.const_expr(split):  # `splits` consecutive blocks a row
                 rank = bidx % splits
                 row = bidx // splits
+            place = (row, rank, row % new_tokens, (row // new_tokens) * hpb)  # row, rank, token, head0
             smem = cutlass.memory.SmemAllocator()
+            pin = smem.allocate_tensor(cutlass.Int32, cute.make_layout(1), 16)
             blk = (
                 smem.allocate_tensor(cutlass.Float32, cute.make_layout((hpb, head_dim), stride=(head_dim, 1)), 16),
                 smem.allocate_tensor(cutlass.Float32, cute.make_layout(hpb), 16),
@@ -1225,6 +1234,11 @@ if cute is not None:
                 ring = (words, smem.allocate_tensor(cutlass.Int64, cute.make_layout(2 * TMA_STAGES), 16))
                 ring_barriers(p, ring[1])
             if cutlass.const_expr(PDL):  # every input is an earlier kernel's output; no global memory before this
+                if cutlass.const_expr(PIN):
+                    # the block's place from its index and the arguments alone, stored so that ptxas
+                    # computes it before the wait (else it put both divisions, ~85 instructions, after
+                    # it: on the path of every call once the kernel before has finished)
+                    pin[0] = place[0] + place[1] + place[2] + place[3]
                 if cutlass.const_expr(p.pdl_first):  # the successor waits for all of this kernel anyway
                     cute.arch.griddepcontrol_launch_dependents()
                 cute.arch.griddepcontrol_wait()
@@ -1235,9 +1249,8 @@ if cute is not None:
                 (query, key_cache, value_cache, context, workspace),
                 part,
                 blk,
+                place,
                 new_tokens,
-                row,
-                rank,
                 kv_lengths,
                 splits,
                 ring,

@@ -331,6 +331,7 @@ def test_the_tma_walk_refuses_what_it_cannot_run(tmp_path):
         ("CUTEDSL_ATTENTION_SPLITS", "1", "CUTEDSL_ATTENTION_SPLITS must be 2 to 64"),
         ("CUTEDSL_ATTENTION_PDL", "late", "CUTEDSL_ATTENTION_PDL must be 0, 1, early or first (or unset)"),
         ("CUTEDSL_ATTENTION_PREFETCH", "k", "CUTEDSL_ATTENTION_PREFETCH must be 0, 1, v, kv or kvn"),
+        ("CUTEDSL_ATTENTION_PIN", "yes", "CUTEDSL_ATTENTION_PIN must be 0 or 1"),
     ],
 )
 def test_a_bad_knob_is_named(tmp_path, knob, value, says):
@@ -434,6 +435,32 @@ def test_the_split_walk_deals_tiles_round_the_blocks(tmp_path):
         return any(t.startswith("add.s32") and t.endswith(", 16;") for t in walk(text))
 
     assert steps_by_16(shares) and not steps_by_16(dealt)
+
+
+@needs_cute
+def test_the_walk_places_its_block_before_its_wait(tmp_path):
+    """The walk's row, split, token and heads come from its block index and two run-time counts
+    (integer divisions): their sum is stored to shared memory before griddepcontrol.wait, so ptxas
+    computes them while the kernel before drains (without the store it moved both divisions after the
+    wait: read in the SASS with cuobjdump; the PTX has them before it either way).
+    CUTEDSL_ATTENTION_PIN=0 builds the walk without that store."""
+    rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4))
+
+    def walk_lines(text: str) -> list[str]:
+        lines = [t.strip() for t in text.splitlines()]
+        merge = next(i for i, t in enumerate(lines) if t.startswith(".visible .entry") and "merge_kernel" in t)
+        walk = next(i for i, t in enumerate(lines) if t.startswith(".visible .entry") and "attention_kernel" in t)
+        return lines[walk:merge] if walk < merge else lines[walk:]
+
+    for env, pinned in (({}, True), ({"CUTEDSL_ATTENTION_PIN": "0"}, False)):
+        out, text = _ptx(tmp_path, f"pin{len(env)}", rp, **env)
+        lines = walk_lines(text)
+        wait = lines.index("griddepcontrol.wait;")
+        before = [t for t in lines[:wait] if t.startswith("st.shared")]
+        assert len(before) == (1 if pinned else 0), before
+        divisions = [i for i, t in enumerate(lines) if t.startswith(("div.s32", "div.u32"))]
+        assert len(divisions) == 2 and max(divisions) < wait
+        assert ("place computed after the wait" in out) != pinned
 
 
 @needs_cute
