@@ -729,6 +729,12 @@ def parse() -> argparse.Namespace:
     ap.add_argument(
         "--flashinfer", default=None, help="archive from bench/flashinfer_carry.py (else: import flashinfer)"
     )
+    ap.add_argument(
+        "--variants",
+        dest="variants_arg",
+        default=None,
+        help="which of VARIANTS the kernel and timeline parts export and time (indices, comma-separated; default: all)",
+    )
     ap.add_argument("--flashinfer-warm", action="store_true", help="only JIT-build FlashInfer's modules, then exit")
     ap.add_argument("--no-flashinfer", action="store_true", help="no FlashInfer rows")
     ap.add_argument(
@@ -743,6 +749,12 @@ def parse() -> argparse.Namespace:
     if a.bind not in ("fastest", "balanced") and not all(x.isdigit() and int(x) < len(VARIANTS) for x in picks):
         ap.error(f"--bind must be indices below {len(VARIANTS)} (comma-separated), 'fastest' or 'balanced'")
     a.indices = [] if a.bind in ("fastest", "balanced") else [int(x) for x in picks]
+    a.variants = None
+    if a.variants_arg is not None:
+        names = a.variants_arg.split(",")
+        if not all(x.isdigit() and int(x) < len(VARIANTS) for x in names):
+            ap.error(f"--variants must be indices below {len(VARIANTS)} (comma-separated)")
+        a.variants = {int(x) for x in names} | set(a.indices)  # the bound ones are exported too
     if a.out is None and not a.flashinfer_warm:
         ap.error("OUT_DIR is required")
     return a
@@ -763,7 +775,7 @@ def main() -> None:
         flashinfer_main(out, contexts, a.capacity, a.flashinfer)
         return
     parts = a.parts.split(",")
-    only = None if "kernel" in parts or not a.indices else set(a.indices)  # pipelines alone: the bound ones
+    only = a.variants if "kernel" in parts or not a.indices else set(a.indices)  # pipelines alone: the bound ones
     given = Path(a.native) if a.native else None
     native, slots, dsos = build(out, a.capacity, "pipelines" in parts, only, given)
     bound = {"variants": a.indices or [BIND]}

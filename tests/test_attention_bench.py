@@ -54,3 +54,19 @@ def test_the_pipelines_part_compares_each_bound_variant_with_native(tmp_path, mo
             assert r["logits"]["max_abs"] == 0.0
     table = bench.table()
     assert "bound in all 2 layers: A" in table and "bound in all 2 layers: B" in table
+
+
+def test_the_variants_to_time_are_named_by_index(monkeypatch):
+    """--variants picks which of VARIANTS the kernel part exports (the bound ones always among them);
+    an index past the list is refused with a one-line usage error, exit 2."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import attention_gpu
+
+    monkeypatch.setattr(sys, "argv", ["attention_gpu.py", "out", "--variants", "6,7", "--bind", "1"])
+    assert attention_gpu.parse().variants == {1, 6, 7}
+    monkeypatch.setattr(sys, "argv", ["attention_gpu.py", "out"])
+    assert attention_gpu.parse().variants is None
+    monkeypatch.setattr(sys, "argv", ["attention_gpu.py", "out", "--variants", f"1,{len(attention_gpu.VARIANTS)}"])
+    with pytest.raises(SystemExit) as e:
+        attention_gpu.parse()
+    assert e.value.code == 2
