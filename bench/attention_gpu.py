@@ -100,7 +100,7 @@ def emit(out: Path, key: str, value) -> None:
 VARIANTS = {
     "CuTe cluster 8 (no workspace, default)": {},
     # with a workspace: split over blocks (no cluster); ptxas for sm_90a: the walk 162 registers a
-    # thread (218 loading ahead), so 3 blocks (2 loading ahead) of 4 warps an SM
+    # thread (218 loading ahead; 166 in the twenty-fourth session), so 3 blocks (2 loading ahead) of 4 warps an SM
     "CuTe split 32 x 4 warps (workspace, default)": {},
     # twenty-second session: the default deals tiles round the blocks and launches both kernels early;
     # the schedule shipped before (contiguous shares a warp, the merge launched after the walk's reads)
@@ -113,17 +113,6 @@ VARIANTS = {
     # issue 31 (fifteenth session): the keys through a shared-memory ring, one bulk copy a K or V tile
     # (PDL after the walk: early was 0.6 us slower at 1k on an H100)
     "CuTe split 32 x 4, TMA tiles, 2 stages": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_PDL": "1"},
-    # twenty-third session (to measure): both kernels let their successor launch before their own wait
-    "CuTe split 32 x 4, tiles dealt, PDL before the wait": {"CUTEDSL_ATTENTION_PDL": "first"},
-    # twenty-fourth session (to measure): a step's cache lines asked for before its loads (ptxas issues
-    # the last K load and the V loads only after the first score product: two latencies a step)
-    "CuTe split 32 x 4, tiles dealt, V lines prefetched": {"CUTEDSL_ATTENTION_PREFETCH": "v"},
-    "CuTe split 32 x 4, tiles dealt, K and V lines prefetched": {"CUTEDSL_ATTENTION_PREFETCH": "kv"},
-    "CuTe split 32 x 4, tiles dealt, K and V lines prefetched, the next step's into L2": {
-        "CUTEDSL_ATTENTION_PREFETCH": "kvn"
-    },
-    # the default as it was before the twenty-fourth session: the block's place computed after the wait
-    "CuTe split 32 x 4, place computed after the wait (before)": {"CUTEDSL_ATTENTION_PIN": "0"},
 }
 SHIPPED_SPLIT = "CuTe split 32 x 4 warps (workspace, default)"  # what --bind binds unless told
 BIND = list(VARIANTS).index(SHIPPED_SPLIT)  # --bind: the variant the slot pipeline binds

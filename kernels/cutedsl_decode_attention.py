@@ -213,33 +213,17 @@ _HEADS_ENV = os.environ.get("CUTEDSL_ATTENTION_HEADS_PER_BLOCK", "0")
 HEADS_PER_BLOCK = int(_HEADS_ENV) if _HEADS_ENV.isdigit() else 0
 # Scores and context on tensor cores for groups of at most 8 heads; CUTEDSL_ATTENTION_MMA=0: the scalar walk
 MMA = os.environ.get("CUTEDSL_ATTENTION_MMA", "1") != "0"
-# CUTEDSL_ATTENTION_PREFETCH=1 (tensor-core walk, contiguous shares, experimental): a warp issues the
-# loads of its next 16 keys before the arithmetic of the current ones. Tiles dealt (to measure,
-# twenty-fourth session): ptxas keeps the walk at 166 registers by issuing a step's last K load and
-# its V loads only after the first score product, which waits for the first K loads, so a step pays
-# two memory latencies (read in the SASS). =v: each step first asks L1 for the lines of its V rows
-# (prefetch.global.L1: no registers, so the second latency is an L1 hit); =kv: its K rows' too;
-# =kvn: and the next step's K and V rows into L2.
-_PREFETCH_ENV = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0")
-PREFETCH = _PREFETCH_ENV == "1"
-PREFETCH_V = _PREFETCH_ENV in ("v", "kv", "kvn")
-PREFETCH_K = _PREFETCH_ENV in ("kv", "kvn")
-PREFETCH_NEXT = _PREFETCH_ENV == "kvn"
+# CUTEDSL_ATTENTION_PREFETCH=1 (tensor-core walk, experimental): a warp issues the loads of its next
+# 16 keys before the arithmetic of the current ones
+PREFETCH = os.environ.get("CUTEDSL_ATTENTION_PREFETCH", "0") == "1"
 # Programmatic dependent launch (Hopper), as the compiled engine launches its own kernels (mcore/ops/pdl.py).
 # The split schedule's default, =early: each kernel lets its successor launch as soon as its wait
 # returned, as the engine's Triton kernels do (the merge's 32 small blocks then wait beside the walk,
 # and the next layer's kernel beside the merge). =1 (the cluster's default): the walk lets the next
 # kernel launch once it has read the caches, so no other blocks sit on the SMs while it streams; the
-# merge still right after its wait. =first (to measure; twenty-third session): both kernels let their
-# successor launch before their own wait, so the next layer's walk is launched while this walk still
-# runs and its launch is not on the path after the merge (the 1k timeline's gap). =0: a plain launch.
+# merge still right after its wait. =0: a plain launch.
 _PDL_ENV = os.environ.get("CUTEDSL_ATTENTION_PDL", "")
 PDL = _PDL_ENV != "0"
-# Under PDL the walk computes its block's place (row, split, token, heads: two integer divisions by
-# run-time counts) before its wait, while the kernel before drains; CUTEDSL_ATTENTION_PIN=0 leaves the
-# placement to ptxas, which put them after the wait (as before the twenty-fourth session).
-_PIN_ENV = os.environ.get("CUTEDSL_ATTENTION_PIN", "1")
-PIN = _PIN_ENV != "0"
 # The split schedule's register walk deals tiles of 16 keys a warp round the blocks (block r takes
 # tiles r, r + SPLITS, ...; see `walk_interleaved`); CUTEDSL_ATTENTION_INTERLEAVE=0: one contiguous
 # share a warp, as before the twenty-second session.
@@ -312,13 +296,8 @@ class Plan:
 
     @property
     def pdl_early(self):
-        """The walk lets its successor launch right after its wait, or before it (see CUTEDSL_ATTENTION_PDL)."""
-        return _PDL_ENV in ("early", "first") or (_PDL_ENV == "" and self.split)
-
-    @property
-    def pdl_first(self):
-        """Both kernels let their successor launch before their own wait (CUTEDSL_ATTENTION_PDL=first)."""
-        return _PDL_ENV == "first"
+        """The walk lets its successor launch right after its wait (see CUTEDSL_ATTENTION_PDL)."""
+        return _PDL_ENV == "early" or (_PDL_ENV == "" and self.split)
 
     @property
     def threads(self):
@@ -398,8 +377,6 @@ class Plan:
     def report(self):
         """The lines printed after an export: shapes, the schedule built, the split workspace to declare."""
         walk = ("tensor cores, prefetch" if PREFETCH else "tensor cores") if self.use_mma else "scalar"
-        if self.interleave and PREFETCH_V:
-            walk += f", lines prefetched ({_PREFETCH_ENV})"
         if self.tma:
             walk = f"tensor cores, bulk copies through a ring of {TMA_STAGES} tiles of {self.tile} keys"
             walk += ", reads in bank order" if TMA_BANKS else ""
@@ -410,8 +387,6 @@ class Plan:
             blocks = f"cluster {CLUSTER}"
         walk += ", tiles dealt round the blocks" if self.interleave else ""
         launch = ", dependents launched early" if PDL and self.pdl_early else ("" if PDL else ", plain launch")
-        launch += " (before the wait)" if PDL and self.pdl_first else ""
-        launch += "" if PIN or not PDL else ", place computed after the wait"
         lines = [
             f"shapes: {self.described}",
             f"schedule={blocks}, {self.warps} warps, {self.hpb} heads a block, {walk}{launch}",
@@ -425,12 +400,8 @@ class Plan:
         return lines
 
     def check_knobs(self):
-        if _PIN_ENV not in ("0", "1"):
-            raise ValueError("CUTEDSL_ATTENTION_PIN must be 0 or 1")
-        if _PREFETCH_ENV not in ("0", "1", "v", "kv", "kvn"):
-            raise ValueError("CUTEDSL_ATTENTION_PREFETCH must be 0, 1, v, kv or kvn")
-        if _PDL_ENV not in ("", "0", "1", "early", "first"):
-            raise ValueError("CUTEDSL_ATTENTION_PDL must be 0, 1, early or first (or unset)")
+        if _PDL_ENV not in ("", "0", "1", "early"):
+            raise ValueError("CUTEDSL_ATTENTION_PDL must be 0, 1 or early (or unset)")
         if not CLUSTER:
             raise ValueError("CUTEDSL_ATTENTION_CLUSTER must be 1, 2, 4, 8 or 16")
         if WARPS == 0:
@@ -582,19 +553,6 @@ if cute is not None:
     def fetch_v(p, vc32, kv_head, base, last, g, t):
         """This lane's V words of keys base + 2t, 2t+1, 2t+8, 2t+9 (columns [g * D/8, (g + 1) * D/8))."""
         return [words(vc32, kv_head, row, g * p.v_words, p.v_words) for row in v_rows(base, last, t)]
-
-    def prefetch(cache32, kv_head, rows, first, level):
-        """Ask the cache level ("L1" or "L2") for the words from `first` on of each of `rows` (no registers)."""
-        for row in rows:
-            llvm.inline_asm(
-                None,
-                [(cache32[0, kv_head, row, None].iterator + first).toint().ir_value()],
-                f"prefetch.global.{level} [$0];",
-                "l",
-                has_side_effects=True,
-                is_align_stack=False,
-                asm_dialect=llvm.AsmDialect.AD_ATT,
-            )
 
     def keep(buf, kw, vk):
         """Words from `fetch_k` and `fetch_v` into the register buffer `buf` (K words, then V words)."""
@@ -779,14 +737,6 @@ if cute is not None:
         sc = cute.make_rmem_tensor((8,), cutlass.Float32)
         last = cutlass.max(end - 1, 0)  # rows past it are clamped to it (in bounds; masked)
         for base in cutlass.range(rank * p.tile + 16 * warp, end, splits * p.tile):
-            if cutlass.const_expr(PREFETCH_V):
-                prefetch(vc32, kv_head, v_rows(base, last, t), g * p.v_words, "L1")
-            if cutlass.const_expr(PREFETCH_K):
-                prefetch(kc32, kv_head, k_rows(base, last, g), t * p.qk_words, "L1")
-            if cutlass.const_expr(PREFETCH_NEXT):
-                nxt = base + splits * p.tile
-                prefetch(kc32, kv_head, k_rows(nxt, last, g), t * p.qk_words, "L2")
-                prefetch(vc32, kv_head, v_rows(nxt, last, t), g * p.v_words, "L2")
             kw = fetch_k(p, kc32, kv_head, base, last, g, t)
             get_v = lambda base=base: fetch_v(p, vc32, kv_head, base, last, g, t)  # noqa: E731
             m, lsum = mma_step(p, qw, kw, get_v, acc, sc, m, lsum, base, end, t)
@@ -1234,15 +1184,12 @@ if cute is not None:
                 ring = (words, smem.allocate_tensor(cutlass.Int64, cute.make_layout(2 * TMA_STAGES), 16))
                 ring_barriers(p, ring[1])
             if cutlass.const_expr(PDL):  # every input is an earlier kernel's output; no global memory before this
-                if cutlass.const_expr(PIN):
-                    # the block's place from its index and the arguments alone, stored so that ptxas
-                    # computes it before the wait (else it put both divisions, ~85 instructions, after
-                    # it: on the path of every call once the kernel before has finished)
-                    pin[0] = place[0] + place[1] + place[2] + place[3]
-                if cutlass.const_expr(p.pdl_first):  # the successor waits for all of this kernel anyway
-                    cute.arch.griddepcontrol_launch_dependents()
+                # the block's place from its index and the arguments alone, stored so that ptxas computes
+                # it before the wait (else it put both integer divisions, ~85 instructions, after it: on
+                # the path of every call once the kernel before has finished; 0.1 us a call on an H100)
+                pin[0] = place[0] + place[1] + place[2] + place[3]
                 cute.arch.griddepcontrol_wait()
-                if cutlass.const_expr(p.pdl_early and not p.pdl_first):
+                if cutlass.const_expr(p.pdl_early):
                     cute.arch.griddepcontrol_launch_dependents()
             attend(
                 p,
@@ -1267,11 +1214,8 @@ if cute is not None:
             g = bidx % hpb
             row = bidx // hpb
             if cutlass.const_expr(PDL):  # the records are the kernel before's output
-                if cutlass.const_expr(p.pdl_first):
-                    cute.arch.griddepcontrol_launch_dependents()
                 cute.arch.griddepcontrol_wait()
-                if cutlass.const_expr(not p.pdl_first):
-                    cute.arch.griddepcontrol_launch_dependents()  # the merge is small: its successor may wait beside it
+                cute.arch.griddepcontrol_launch_dependents()  # the merge is small: its successor may wait beside it
             if splits > 1:
                 merge_records(p, workspace, context, row, g, d, splits, (row // new_tokens) * hpb, row % new_tokens)
 
