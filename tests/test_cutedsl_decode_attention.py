@@ -428,20 +428,35 @@ def test_the_split_walk_deals_tiles_round_the_blocks(tmp_path):
 
 
 @needs_cute
-def test_the_walk_places_its_block_before_its_wait(tmp_path):
+def test_the_walk_places_its_block_before_its_wait(tmp_path, monkeypatch):
     """The walk's row, split, token and heads come from its block index and two run-time counts
     (integer divisions): their sum is stored to shared memory before griddepcontrol.wait, so ptxas
     computes them while the kernel before drains. Without the store the PTX had them before the wait
-    too, but ptxas moved both after it (about 85 instructions on the path of every call: read in the
-    SASS with cuobjdump; 0.05-0.12 us a call on an H100)."""
+    too, but ptxas moved both after it: about 85 instructions on the path of every call (0.05-0.12 us
+    a call on an H100). Checked in the SASS ptxas made (bench/kernel_sass.py), not only the PTX."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import kernel_sass
+
     rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4))
     lines = [t.strip() for t in _ptx(tmp_path, "pin", rp)[1].splitlines()]
-    walk = next(i for i, t in enumerate(lines) if t.startswith(".visible .entry") and "attention_kernel" in t)
-    lines = lines[walk:]
+    lines = lines[next(i for i, t in enumerate(lines) if t.startswith(".visible .entry") and "attention_kernel" in t) :]
     wait = lines.index("griddepcontrol.wait;")
     stores = [i for i, t in enumerate(lines[:wait]) if t.startswith("st.shared")]
     divisions = [i for i, t in enumerate(lines[:wait]) if t.startswith(("div.s32", "div.u32"))]
     assert len(stores) == 1 and len(divisions) == 2 and max(divisions) < stores[0]
+    cubin = kernel_sass.export_cubin(rp, {}, tmp_path / "sass")
+    (walk,) = [ins for name, ins in kernel_sass.sass_of(cubin).items() if "attention_kernel" in name]
+    summary = kernel_sass.summarize(walk)
+    assert summary["wait_to_first_load"] is not None and summary["wait_to_first_load"] <= 12, summary
+
+
+def test_the_sass_reader_names_a_missing_receipt(tmp_path):
+    r = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parent.parent / "bench" / "kernel_sass.py"),
+         "--selection", str(tmp_path / "none.json")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith("none.json: no such receipt")
 
 
 @needs_cute
