@@ -438,13 +438,14 @@ def test_the_walk_places_its_block_before_its_wait(tmp_path, monkeypatch):
     import kernel_sass
 
     rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4))
-    lines = [t.strip() for t in _ptx(tmp_path, "pin", rp)[1].splitlines()]
+    cubin = kernel_sass.export_cubin(rp, {"CUTE_DSL_KEEP": "ptx,cubin"}, tmp_path / "pin")  # one export, both files
+    (ptx,) = cubin.parent.rglob("*.ptx")
+    lines = [t.strip() for t in ptx.read_text().splitlines()]
     lines = lines[next(i for i, t in enumerate(lines) if t.startswith(".visible .entry") and "attention_kernel" in t) :]
     wait = lines.index("griddepcontrol.wait;")
     stores = [i for i, t in enumerate(lines[:wait]) if t.startswith("st.shared")]
     divisions = [i for i, t in enumerate(lines[:wait]) if t.startswith(("div.s32", "div.u32"))]
     assert len(stores) == 1 and len(divisions) == 2 and max(divisions) < stores[0]
-    cubin = kernel_sass.export_cubin(rp, {}, tmp_path / "sass")
     (walk,) = [ins for name, ins in kernel_sass.sass_of(cubin).items() if "attention_kernel" in name]
     summary = kernel_sass.summarize(walk)
     assert summary["wait_to_first_load"] is not None and summary["wait_to_first_load"] <= 12, summary
