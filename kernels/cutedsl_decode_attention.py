@@ -231,8 +231,11 @@ INTERLEAVE = os.environ.get("CUTEDSL_ATTENTION_INTERLEAVE", "1") != "0"
 # CUTEDSL_ATTENTION_TOGETHER=1 (dealt tiles; experimental): a step's first score product takes, as its
 # padding rows' zero, a word of each of the step's 16 loads ANDed with a run-time zero, so ptxas issues
 # all of them before it; without it ptxas issues 7, the product, then the rest (two memory latencies
-# a step, which a 1k call's one step a warp pays in full). See `loads_issued`.
-TOGETHER = os.environ.get("CUTEDSL_ATTENTION_TOGETHER", "0") == "1"
+# a step, which a 1k call's one step a warp pays in full). See `loads_issued`. =first: a warp's
+# first step only (a 1k call's only one), the later steps as without it.
+_TOGETHER_ENV = os.environ.get("CUTEDSL_ATTENTION_TOGETHER", "0")
+TOGETHER = _TOGETHER_ENV in ("1", "first")
+TOGETHER_FIRST = _TOGETHER_ENV == "first"
 
 # CUTEDSL_ATTENTION_TMA=1 (split schedule, tensor-core walk; experimental): a producer warp streams each
 # block's keys through a ring of CUTEDSL_ATTENTION_TMA_STAGES (2-6, default 2: 3 was slower on the H200)
@@ -413,6 +416,8 @@ class Plan:
             raise ValueError("CUTEDSL_ATTENTION_WARPS must be 4, 8 or 12")
         if self.split and not SPLITS:
             raise ValueError("CUTEDSL_ATTENTION_SPLITS must be 2 to 64")
+        if _TOGETHER_ENV not in ("0", "1", "first"):
+            raise ValueError("CUTEDSL_ATTENTION_TOGETHER must be 0, 1 or first (or unset)")
         if TOGETHER and not (self.interleave and self.use_mma):
             raise ValueError(
                 "CUTEDSL_ATTENTION_TOGETHER=1 orders the dealt tiles' loads: it needs the split schedule's "
@@ -760,9 +765,17 @@ if cute is not None:
         lsum = cutlass.Float32(0.0)
         sc = cute.make_rmem_tensor((8,), cutlass.Float32)
         last = cutlass.max(end - 1, 0)  # rows past it are clamped to it (in bounds; masked)
-        for base in cutlass.range(rank * p.tile + 16 * warp, end, splits * p.tile):
+        first = rank * p.tile + 16 * warp
+        if cutlass.const_expr(TOGETHER_FIRST):  # the first step with its loads together, the rest without
+            if first < end:
+                kw = fetch_k(p, kc32, kv_head, first, last, g, t)
+                vk = fetch_v(p, vc32, kv_head, first, last, g, t)
+                pad = loads_issued(kw, vk)
+                m, lsum = mma_step(p, qw, kw, lambda vk=vk: vk, acc, sc, m, lsum, first, end, t, pad)
+            first = first + splits * p.tile
+        for base in cutlass.range(first, end, splits * p.tile):
             kw = fetch_k(p, kc32, kv_head, base, last, g, t)
-            if cutlass.const_expr(TOGETHER):
+            if cutlass.const_expr(TOGETHER and not TOGETHER_FIRST):
                 vk = fetch_v(p, vc32, kv_head, base, last, g, t)
                 pad = loads_issued(kw, vk)
                 m, lsum = mma_step(p, qw, kw, lambda vk=vk: vk, acc, sc, m, lsum, base, end, t, pad)

@@ -333,6 +333,7 @@ def test_the_walk_refuses_knobs_it_cannot_run(tmp_path):
     [
         ("CUTEDSL_ATTENTION_SPLITS", "1", "CUTEDSL_ATTENTION_SPLITS must be 2 to 64"),
         ("CUTEDSL_ATTENTION_PDL", "late", "CUTEDSL_ATTENTION_PDL must be 0, 1 or early (or unset)"),
+        ("CUTEDSL_ATTENTION_TOGETHER", "2", "CUTEDSL_ATTENTION_TOGETHER must be 0, 1 or first (or unset)"),
     ],
 )
 def test_a_bad_knob_is_named(tmp_path, knob, value, says):
@@ -464,11 +465,12 @@ def test_together_issues_a_steps_loads_before_its_first_product(tmp_path, monkey
 
     rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4))
     orders = {}
-    for name, env in (("default", {}), ("together", {"CUTEDSL_ATTENTION_TOGETHER": "1"})):
+    together = ("together", {"CUTEDSL_ATTENTION_TOGETHER": "1"}), ("first", {"CUTEDSL_ATTENTION_TOGETHER": "first"})
+    for name, env in (("default", {}), *together):
         cubin = kernel_sass.export_cubin(rp, env, tmp_path / name)
         (walk,) = [ins for k, ins in kernel_sass.sass_of(cubin).items() if "attention_kernel" in k]
         orders[name] = kernel_sass.summarize(walk)["loop_order"]
-    assert orders["together"].startswith("L" * 16 + "M"), orders
+    assert orders["together"].startswith("L" * 16 + "M") and orders["first"].startswith("L" * 16 + "M"), orders
     assert not orders["default"].startswith("L" * 16), orders  # what the knob is for
 
 
@@ -535,6 +537,7 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "split-shares": {"CUTEDSL_ATTENTION_INTERLEAVE": "0"},
     # every load of a step issued before its first product
     "split-together": {"CUTEDSL_ATTENTION_TOGETHER": "1"},
+    "split-together-first": {"CUTEDSL_ATTENTION_TOGETHER": "first"},
     # keys through a shared-memory ring by bulk copies (a producer warp): 2 stages (the default), 3;
     # tiles of 8 warps
     "split-tma": {"CUTEDSL_ATTENTION_TMA": "1"},
@@ -553,6 +556,7 @@ WORKSPACE_SPLITS = {
     "split-late": 32,
     "split-shares": 32,
     "split-together": 32,
+    "split-together-first": 32,
     "split-tma": 32,
     "split-tma-3-stages": 32,
     "split-tma-8-warps": 16,
@@ -672,6 +676,7 @@ def test_gpu_published_groups_match_the_reference(gpu_kernels, shape, schedule):
         "split",
         "split-late",
         "split-together",
+        "split-together-first",
         "split-7-scalar",
         "split-tma",
         "split-tma-banks",
@@ -713,6 +718,7 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
         "split-tma-banks",
         "split-shares",
         "split-together",
+        "split-together-first",
     ],
 )
 def test_gpu_cache_rows_past_the_length_never_reach_the_result(gpu_kernels, schedule):
