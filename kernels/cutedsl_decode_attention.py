@@ -228,14 +228,6 @@ PDL = _PDL_ENV != "0"
 # tiles r, r + SPLITS, ...; see `walk_interleaved`); CUTEDSL_ATTENTION_INTERLEAVE=0: one contiguous
 # share a warp, as before the twenty-second session.
 INTERLEAVE = os.environ.get("CUTEDSL_ATTENTION_INTERLEAVE", "1") != "0"
-# CUTEDSL_ATTENTION_TOGETHER=1 (dealt tiles; experimental): a step's first score product takes, as its
-# padding rows' zero, a word of each of the step's 16 loads ANDed with a run-time zero, so ptxas issues
-# all of them before it; without it ptxas issues 7, the product, then the rest (two memory latencies
-# a step, which a 1k call's one step a warp pays in full). See `loads_issued`. =first: a warp's
-# first step only (a 1k call's only one), the later steps as without it.
-_TOGETHER_ENV = os.environ.get("CUTEDSL_ATTENTION_TOGETHER", "0")
-TOGETHER = _TOGETHER_ENV in ("1", "first")
-TOGETHER_FIRST = _TOGETHER_ENV == "first"
 
 # CUTEDSL_ATTENTION_TMA=1 (split schedule, tensor-core walk; experimental): a producer warp streams each
 # block's keys through a ring of CUTEDSL_ATTENTION_TMA_STAGES (2-6, default 2: 3 was slower on the H200)
@@ -416,13 +408,6 @@ class Plan:
             raise ValueError("CUTEDSL_ATTENTION_WARPS must be 4, 8 or 12")
         if self.split and not SPLITS:
             raise ValueError("CUTEDSL_ATTENTION_SPLITS must be 2 to 64")
-        if _TOGETHER_ENV not in ("0", "1", "first"):
-            raise ValueError("CUTEDSL_ATTENTION_TOGETHER must be 0, 1 or first (or unset)")
-        if TOGETHER and not (self.interleave and self.use_mma):
-            raise ValueError(
-                "CUTEDSL_ATTENTION_TOGETHER=1 orders the dealt tiles' loads: it needs the split schedule's "
-                "tensor-core walk with tiles dealt (a workspace, CUTEDSL_ATTENTION_INTERLEAVE and TMA unset)"
-            )
         if TMA_BANKS and not TMA:
             raise ValueError("CUTEDSL_ATTENTION_TMA_BANKS=1 orders the ring's reads: it needs CUTEDSL_ATTENTION_TMA=1")
         if TMA and not (self.split and self.use_mma and TMA_STAGES):
@@ -613,33 +598,19 @@ if cute is not None:
                 qw[w] = cutlass.Int32(0)
         return qw
 
-    def loads_issued(kw, vk):
-        """A run-time zero that depends on every 16-byte load of a step (one word of each: a load's
-        registers arrive together). Its mask is %dynamic_smem_size >> 31, 0 for any launch, which ptxas
-        cannot fold: it must issue every load before the product that reads the result."""
-        mask = asm_i32("mov.u32 $0, %dynamic_smem_size;", [], "=r") >> 31
-        firsts = [row[i] for row in kw + vk for i in range(0, len(row), 4)]
-        acc = firsts[0]
-        for w in firsts[1:]:
-            acc = acc | w
-        return acc & mask
-
     @cute.jit
-    def mma_step(p, qw, kw, get_v, acc, sc, m, lsum, base, stop, t, pad=None):
+    def mma_step(p, qw, kw, get_v, acc, sc, m, lsum, base, stop, t):
         """Keys base .. base + 15 folded into this warp's (acc, m, lsum) on tensor cores: scores, an
         online softmax of row g, then context^T += V^T P^T. `get_v()` gives the V words (called after
-        the softmax: the walk loads them there). `pad`: the first product's zero padding rows
-        (`loads_issued`). Returns the new (m, lsum)."""
+        the softmax: the walk loads them there). Returns the new (m, lsum)."""
         steps, pack = p.steps, p.pack
         zero = cutlass.Int32(0)
-        first = zero if cutlass.const_expr(pad is None) else pad
         # scores: key block kb holds keys base + kb*8 + (0..7); this lane feeds key row g of each
         for kb in cutlass.range_constexpr(2):
             for j in cutlass.range_constexpr(4):
                 sc[kb * 4 + j] = cutlass.Float32(0.0)
             for st in cutlass.range_constexpr(steps):
-                z = first if cutlass.const_expr(kb == 0 and st == 0) else zero
-                mma(p, sc, kb, (qw[2 * st], z, qw[2 * st + 1], z), (kw[kb][2 * st], kw[kb][2 * st + 1]))
+                mma(p, sc, kb, (qw[2 * st], zero, qw[2 * st + 1], zero), (kw[kb][2 * st], kw[kb][2 * st + 1]))
         # row g, keys base + 2t, 2t+1 (block 0) and 8 + 2t, 8 + 2t + 1 (block 1); rows g + 8 are padding
         s0 = sc[0]
         s1 = sc[1]
@@ -765,23 +736,10 @@ if cute is not None:
         lsum = cutlass.Float32(0.0)
         sc = cute.make_rmem_tensor((8,), cutlass.Float32)
         last = cutlass.max(end - 1, 0)  # rows past it are clamped to it (in bounds; masked)
-        first = rank * p.tile + 16 * warp
-        if cutlass.const_expr(TOGETHER_FIRST):  # the first step with its loads together, the rest without
-            if first < end:
-                kw = fetch_k(p, kc32, kv_head, first, last, g, t)
-                vk = fetch_v(p, vc32, kv_head, first, last, g, t)
-                pad = loads_issued(kw, vk)
-                m, lsum = mma_step(p, qw, kw, lambda vk=vk: vk, acc, sc, m, lsum, first, end, t, pad)
-            first = first + splits * p.tile
-        for base in cutlass.range(first, end, splits * p.tile):
+        for base in cutlass.range(rank * p.tile + 16 * warp, end, splits * p.tile):
             kw = fetch_k(p, kc32, kv_head, base, last, g, t)
-            if cutlass.const_expr(TOGETHER and not TOGETHER_FIRST):
-                vk = fetch_v(p, vc32, kv_head, base, last, g, t)
-                pad = loads_issued(kw, vk)
-                m, lsum = mma_step(p, qw, kw, lambda vk=vk: vk, acc, sc, m, lsum, base, end, t, pad)
-            else:
-                get_v = lambda base=base: fetch_v(p, vc32, kv_head, base, last, g, t)  # noqa: E731
-                m, lsum = mma_step(p, qw, kw, get_v, acc, sc, m, lsum, base, end, t)
+            get_v = lambda base=base: fetch_v(p, vc32, kv_head, base, last, g, t)  # noqa: E731
+            m, lsum = mma_step(p, qw, kw, get_v, acc, sc, m, lsum, base, end, t)
         store_partial(p, part, acc, m, lsum, warp, lane)
 
     # The TMA walk (CUTEDSL_ATTENTION_TMA=1, split schedule). A producer warp (the last; one lane)

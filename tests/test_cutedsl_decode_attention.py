@@ -303,18 +303,15 @@ def test_the_tma_walk_copies_a_tile_of_keys_with_one_bulk_copy(tmp_path):
 
 
 @needs_cute
-def test_the_walk_refuses_knobs_it_cannot_run(tmp_path):
-    """The ring or the loads together without a workspace (the cluster schedule), the loads together
-    without dealt tiles, a bad stage count, or a ring over an sm_90 block's shared memory: one line
-    naming the knob, exit 2, no DSO."""
+def test_the_tma_walk_refuses_what_it_cannot_run(tmp_path):
+    """No workspace (the cluster schedule), a bad stage count, or a ring over an sm_90 block's shared
+    memory: one line naming the knob, exit 2, no DSO."""
     plain_rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128), "plain")
     ws_rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 4, 4096, 128, workspace_bytes=32 * 16 * 130 * 4), "ws")
     for rp, env, says in (
         (plain_rp, {"CUTEDSL_ATTENTION_TMA": "1"}, "CUTEDSL_ATTENTION_TMA=1 needs the split schedule"),
         (ws_rp, {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_STAGES": "9"}, "TMA_STAGES 2 to 6"),
         (ws_rp, {"CUTEDSL_ATTENTION_TMA_BANKS": "1"}, "it needs CUTEDSL_ATTENTION_TMA=1"),
-        (plain_rp, {"CUTEDSL_ATTENTION_TOGETHER": "1"}, "TOGETHER=1 orders the dealt tiles' loads"),
-        (ws_rp, {"CUTEDSL_ATTENTION_TOGETHER": "1", "CUTEDSL_ATTENTION_INTERLEAVE": "0"}, "with tiles dealt"),
         (
             ws_rp,
             {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_TMA_STAGES": "4", "CUTEDSL_ATTENTION_WARPS": "8"},
@@ -333,7 +330,6 @@ def test_the_walk_refuses_knobs_it_cannot_run(tmp_path):
     [
         ("CUTEDSL_ATTENTION_SPLITS", "1", "CUTEDSL_ATTENTION_SPLITS must be 2 to 64"),
         ("CUTEDSL_ATTENTION_PDL", "late", "CUTEDSL_ATTENTION_PDL must be 0, 1 or early (or unset)"),
-        ("CUTEDSL_ATTENTION_TOGETHER", "2", "CUTEDSL_ATTENTION_TOGETHER must be 0, 1 or first (or unset)"),
     ],
 )
 def test_a_bad_knob_is_named(tmp_path, knob, value, says):
@@ -455,25 +451,6 @@ def test_the_walk_places_its_block_before_its_wait(tmp_path, monkeypatch):
     assert summary["wait_to_first_load"] is not None and summary["wait_to_first_load"] <= 12, summary
 
 
-@needs_cute
-def test_together_issues_a_steps_loads_before_its_first_product(tmp_path, monkeypatch):
-    """ptxas issues 7 of a dealt step's 16 loads, then the first score product (which waits for
-    them), then the rest: two memory latencies a step. CUTEDSL_ATTENTION_TOGETHER=1 feeds that product
-    a run-time zero made from every load, so all 16 go out first (the SASS; the PTX order says nothing)."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
-    import kernel_sass
-
-    rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4))
-    orders = {}
-    together = ("together", {"CUTEDSL_ATTENTION_TOGETHER": "1"}), ("first", {"CUTEDSL_ATTENTION_TOGETHER": "first"})
-    for name, env in (("default", {}), *together):
-        cubin = kernel_sass.export_cubin(rp, env, tmp_path / name)
-        (walk,) = [ins for k, ins in kernel_sass.sass_of(cubin).items() if "attention_kernel" in k]
-        orders[name] = kernel_sass.summarize(walk)["loop_order"]
-    assert orders["together"].startswith("L" * 16 + "M") and orders["first"].startswith("L" * 16 + "M"), orders
-    assert not orders["default"].startswith("L" * 16), orders  # what the knob is for
-
-
 def test_the_sass_reader_names_a_missing_receipt(tmp_path):
     r = subprocess.run(
         [sys.executable, str(Path(__file__).resolve().parent.parent / "bench" / "kernel_sass.py"),
@@ -535,9 +512,6 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "split-late": {"CUTEDSL_ATTENTION_PDL": "1"},
     # one contiguous share a warp instead of tiles dealt round the blocks
     "split-shares": {"CUTEDSL_ATTENTION_INTERLEAVE": "0"},
-    # every load of a step issued before its first product
-    "split-together": {"CUTEDSL_ATTENTION_TOGETHER": "1"},
-    "split-together-first": {"CUTEDSL_ATTENTION_TOGETHER": "first"},
     # keys through a shared-memory ring by bulk copies (a producer warp): 2 stages (the default), 3;
     # tiles of 8 warps
     "split-tma": {"CUTEDSL_ATTENTION_TMA": "1"},
@@ -555,8 +529,6 @@ WORKSPACE_SPLITS = {
     "split-tight-8-warps": 2,
     "split-late": 32,
     "split-shares": 32,
-    "split-together": 32,
-    "split-together-first": 32,
     "split-tma": 32,
     "split-tma-3-stages": 32,
     "split-tma-8-warps": 16,
@@ -675,8 +647,6 @@ def test_gpu_published_groups_match_the_reference(gpu_kernels, shape, schedule):
         "mma-prefetch",
         "split",
         "split-late",
-        "split-together",
-        "split-together-first",
         "split-7-scalar",
         "split-tma",
         "split-tma-banks",
@@ -717,8 +687,6 @@ def test_gpu_long_shares_match_the_reference(gpu_kernels, schedule):
         "split-tma-8-warps",
         "split-tma-banks",
         "split-shares",
-        "split-together",
-        "split-together-first",
     ],
 )
 def test_gpu_cache_rows_past_the_length_never_reach_the_result(gpu_kernels, schedule):

@@ -35,8 +35,6 @@ __all__ = [
     "enabled",
     "glu_enabled",
     "norm_enabled",
-    "norm_folded",
-    "folded_weight",
     "silu_mul",
     "rms_norm",
 ]
@@ -62,36 +60,8 @@ def norm_enabled() -> bool:
     into the products around them: the residual add into the epilogue of the product before it
     (`mcore::gemv_add`, the same bits) and the norm into the prologue of the product it feeds
     (`mcore::rms_gemv`, the normalised row never rounded: within a bf16 rounding of the unfused
-    step). Two launches a layer less. Off until its GPU timing says it pays (docs/gpu-results.md).
-    =fold: the same, with the norm's weight multiplied into the product's columns (`norm_folded`)."""
-    return os.environ.get("MCORE_GEMV_NORM", "0") in ("1", "fold")
-
-
-def norm_folded() -> bool:
-    """MCORE_GEMV_NORM=fold (an experiment): mcore::rms_gemv multiplies a copy of its weight by the
-    norm's weight once (column k times weight_k, rounded to the weight's dtype), so the kernel reads
-    no norm weight and only scales its sums by the row's 1/rms: the nineteenth session measured the
-    norm's weight reads (8 KB a program beside x) as what made the fused norm slower than the kernels
-    it replaces. The copies add the normed products' weights to memory a second time (on the 8B
-    config about 10 GB): a measurement vehicle, not the product, which would fold in place."""
-    return os.environ.get("MCORE_GEMV_NORM", "0") == "fold"
-
-
-_FOLDED: dict[tuple, torch.Tensor] = {}
-
-
-def folded_weight(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
-    """weight with column k multiplied by norm_weight[k] in fp32 and rounded once to weight's dtype,
-    made on the first call for this (weight, norm weight) and kept (a pipeline warms its roles
-    before it captures them: a capture never makes one)."""
-    key = (weight.data_ptr(), tuple(weight.shape), weight._version, norm_weight.data_ptr(), norm_weight._version)
-    got = _FOLDED.get(key)
-    if got is None:
-        if weight.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("rms_gemv: MCORE_GEMV_NORM=fold met a new weight inside a CUDA graph capture")
-        got = (weight.float() * norm_weight.float().reshape(1, -1)).to(weight.dtype).contiguous()
-        _FOLDED[key] = got
-    return got
+    step). Two launches a layer less. Off until its GPU timing says it pays (docs/gpu-results.md)."""
+    return os.environ.get("MCORE_GEMV_NORM", "0") == "1"
 
 
 def gemv_config(n: int, k: int, sms: int = 132) -> tuple[int, int, int, int]:
@@ -138,15 +108,13 @@ def gemv_triton(
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
     residual: torch.Tensor | None = None,
-    rms: bool = False,
 ) -> torch.Tensor:
     """The Triton kernel: x [..., K] with one row, weight [N, K] contiguous, same dtype; y [..., N].
     With `glu`: weight is [2M, K] (gate rows, then up rows) and y [..., M] = silu(gate) * up, each
     half rounded to x's dtype first as the unfused step stores it. `config` is the concatenated
     weight's (gemv_config): a GLU program takes half as many output rows, the same weight bytes.
-    With `norm_weight` [K]: x RMS-normalised first (rms_norm, unrounded). With `rms` (and no
-    norm_weight): x divided by its rms alone, the norm's weight being in `weight` already
-    (folded_weight). With `residual` (y's shape): y = residual + the product rounded to y's dtype."""
+    With `norm_weight` [K]: x RMS-normalised first (rms_norm, unrounded). With `residual` (y's
+    shape): y = residual + the product rounded to y's dtype."""
     if not _has_triton():
         raise RuntimeError("mcore.gemv needs triton (pip install triton)")
     n, k = weight.shape
@@ -168,8 +136,6 @@ def gemv_triton(
     block_n, block_k, warps, stages = config or gemv_config(n, k, sms)
     if glu:
         block_n = max(1, block_n // 2)
-    if rms and norm_weight is not None:
-        raise ValueError("rms_gemv: a folded norm (rms) takes no norm weight")
     if norm_weight is not None and config is None:
         # each program reads the norm's weight beside x: twice the rows a program, half those reads
         # (H100, Qwen3-8B-sized step: 5.97 -> 5.83 ms at 1k; docs/gpu-results.md, nineteenth session)
@@ -188,8 +154,7 @@ def gemv_triton(
         BLOCK_K=block_k,
         PDL=bool(pdl),
         GLU=glu,
-        NORM=norm_weight is not None or rms,
-        FOLDED=rms,
+        NORM=norm_weight is not None,
         RESIDUAL=residual is not None,
         num_warps=warps,
         num_stages=stages,
@@ -266,8 +231,6 @@ def rms_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: tor
     mcore::gemv_glu): the norm in the product's prologue. The kernel sums x^2 in the pass that reads x
     for the products and scales the sums once, so the normalised row is never rounded: within one
     rounding of the unfused step, not bit-equal to it (CPU computes the unfused step)."""
-    if _on_triton(x) and norm_folded():
-        return gemv_triton(x, folded_weight(weight, norm_weight), glu=glu, eps=eps, rms=True)
     if _on_triton(x):
         return gemv_triton(x, weight, glu=glu, norm_weight=norm_weight, eps=eps)
     h = rms_norm(x, norm_weight, eps)

@@ -21,7 +21,6 @@ def gemv_kernel(
     GLU: tl.constexpr,
     NORM: tl.constexpr,
     RESIDUAL: tl.constexpr,
-    FOLDED: tl.constexpr = False,
 ):
     """Y[n] = sum_k X[k] * W[n, k] for BLOCK_N rows a program.
 
@@ -30,7 +29,6 @@ def gemv_kernel(
     read and no launch of its own.
     NORM: X is RMS-normalised first, X * NW / sqrt(mean(X^2) + eps), in the same pass: every program
     reads all of X anyway, so it sums X^2 beside the products and scales its sums once at the end.
-    FOLDED (with NORM): NW is already multiplied into W's columns; only the 1/rms scale is left.
     RESIDUAL: Y[n] = R[n] + the product rounded to Y's dtype, the residual add as the unfused step
     computes it (same bits)."""
     pid = tl.program_id(0)
@@ -53,7 +51,7 @@ def gemv_kernel(
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel waits for all of this one anyway
     x = tl.load(X + cols, mask=k_ok, other=0.0).to(tl.float32)
     ss = x * x
-    if NORM and not FOLDED:
+    if NORM:
         x = x * tl.load(NW + cols, mask=k_ok, other=0.0).to(tl.float32)
     acc = w.to(tl.float32) * x[None, :]  # widened first: fp32 products and sums
     for k0 in range(BLOCK_K, K, BLOCK_K):
@@ -62,8 +60,7 @@ def gemv_kernel(
         x = tl.load(X + k0 + cols, mask=k_ok, other=0.0).to(tl.float32)
         if NORM:
             ss += x * x
-            if not FOLDED:
-                x = x * tl.load(NW + k0 + cols, mask=k_ok, other=0.0).to(tl.float32)
+            x = x * tl.load(NW + k0 + cols, mask=k_ok, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
     if NORM:
