@@ -60,7 +60,9 @@ def norm_enabled() -> bool:
     into the products around them: the residual add into the epilogue of the product before it
     (`mcore::gemv_add`, the same bits) and the norm into the prologue of the product it feeds
     (`mcore::rms_gemv`, the normalised row never rounded: within a bf16 rounding of the unfused
-    step). Two launches a layer less. Off until its GPU timing says it pays (docs/gpu-results.md)."""
+    step). Two launches a layer less. Off: slower than the defaults on an H100 (5.83 against 5.74 ms
+    at 1k); with the norm's weight folded into the products' columns, so that no program reads it,
+    5.80 (twenty-fifth session, docs/gpu-results.md): the weight reads are not most of its cost."""
     return os.environ.get("MCORE_GEMV_NORM", "0") == "1"
 
 
