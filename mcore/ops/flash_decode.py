@@ -135,19 +135,16 @@ def _rope_prologue(
     offs = tok * width + (kvh * G + rows // S) * D
     q = _rotated_heads(QKV, QNW, COS, SIN, offs, length - S + tok, row_ok, eps, cols, D, QKNORM)
     q = (q * scale).to(K.dtype.element_ty)  # the scaled query, rounded as the unfused step stores it
-    # only a split whose share holds a new position writes (one or two of a KV head's splits): the
-    # others skip the keys' rotation and the barrier, and go straight to their share
-    if (length - S < end) & (length > start):
-        toks = tl.arange(0, S_P2)
-        pos = length - S + toks
-        new = toks < S
-        k = _rotated_heads(QKV, KNW, COS, SIN, toks * width + (G * KVH + kvh) * D, pos, new, eps, cols, D, QKNORM)
-        v = tl.load(QKV + (toks * width + (G * KVH + KVH + kvh) * D)[:, None] + cols[None, :], mask=new[:, None])
-        mine = (new & (pos >= start) & (pos < end))[:, None]
-        dst = base + pos.to(tl.int64)[:, None] * D + cols[None, :]
-        tl.store(K + dst, k.to(K.dtype.element_ty), mask=mine)
-        tl.store(V + dst, v.to(V.dtype.element_ty), mask=mine)
-        tl.debug_barrier()  # the whole block sees them before it reads its share
+    toks = tl.arange(0, S_P2)
+    pos = length - S + toks
+    new = toks < S
+    k = _rotated_heads(QKV, KNW, COS, SIN, toks * width + (G * KVH + kvh) * D, pos, new, eps, cols, D, QKNORM)
+    v = tl.load(QKV + (toks * width + (G * KVH + KVH + kvh) * D)[:, None] + cols[None, :], mask=new[:, None])
+    mine = (new & (pos >= start) & (pos < end))[:, None]
+    dst = base + pos.to(tl.int64)[:, None] * D + cols[None, :]
+    tl.store(K + dst, k.to(K.dtype.element_ty), mask=mine)
+    tl.store(V + dst, v.to(V.dtype.element_ty), mask=mine)
+    tl.debug_barrier()  # the whole block sees them before it reads its share
     return q
 
 
