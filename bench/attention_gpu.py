@@ -113,8 +113,6 @@ VARIANTS = {
     # issue 31 (fifteenth session): the keys through a shared-memory ring, one bulk copy a K or V tile
     # (PDL after the walk: early was 0.6 us slower at 1k on an H100)
     "CuTe split 32 x 4, TMA tiles, 2 stages": {"CUTEDSL_ATTENTION_TMA": "1", "CUTEDSL_ATTENTION_PDL": "1"},
-    # twenty-sixth session (to measure): the merge's place computed before its wait
-    "CuTe split 32 x 4, the merge's place before its wait": {"CUTEDSL_ATTENTION_MERGE_PIN": "1"},
 }
 SHIPPED_SPLIT = "CuTe split 32 x 4 warps (workspace, default)"  # what --bind binds unless told
 BIND = list(VARIANTS).index(SHIPPED_SPLIT)  # --bind: the variant the slot pipeline binds

@@ -228,11 +228,6 @@ PDL = _PDL_ENV != "0"
 # tiles r, r + SPLITS, ...; see `walk_interleaved`); CUTEDSL_ATTENTION_INTERLEAVE=0: one contiguous
 # share a warp, as before the twenty-second session.
 INTERLEAVE = os.environ.get("CUTEDSL_ATTENTION_INTERLEAVE", "1") != "0"
-# CUTEDSL_ATTENTION_MERGE_PIN=1 (to measure, twenty-sixth session): the merge's wait takes its row's
-# first record, head and token as a predicate's operand, so ptxas computes them before the wait (the
-# SASS read 40 instructions from the wait to the first record load without, 24 with; a division by
-# the run-time token count among them)
-MERGE_PIN = os.environ.get("CUTEDSL_ATTENTION_MERGE_PIN", "0") == "1"
 
 # CUTEDSL_ATTENTION_TMA=1 (split schedule, tensor-core walk; experimental): a producer warp streams each
 # block's keys through a ring of CUTEDSL_ATTENTION_TMA_STAGES (2-6, default 2: 3 was slower on the H200)
@@ -392,7 +387,6 @@ class Plan:
             blocks = f"cluster {CLUSTER}"
         walk += ", tiles dealt round the blocks" if self.interleave else ""
         launch = ", dependents launched early" if PDL and self.pdl_early else ("" if PDL else ", plain launch")
-        launch += ", the merge's place before its wait" if PDL and MERGE_PIN and self.split else ""
         lines = [
             f"shapes: {self.described}",
             f"schedule={blocks}, {self.warps} warps, {self.hpb} heads a block, {walk}{launch}",
@@ -406,8 +400,6 @@ class Plan:
         return lines
 
     def check_knobs(self):
-        if os.environ.get("CUTEDSL_ATTENTION_MERGE_PIN", "0") not in ("0", "1"):
-            raise ValueError("CUTEDSL_ATTENTION_MERGE_PIN must be 0 or 1")
         if _PDL_ENV not in ("", "0", "1", "early"):
             raise ValueError("CUTEDSL_ATTENTION_PDL must be 0, 1 or early (or unset)")
         if not CLUSTER:
@@ -513,19 +505,6 @@ if cute is not None:
                 is_align_stack=False,
                 asm_dialect=llvm.AsmDialect.AD_ATT,
             )
-        )
-
-    def wait_after(value):
-        """griddepcontrol.wait, predicated on `value` >= 0 (always true: the callers pass sums of indices), so
-        that ptxas must compute `value` before the wait instead of after it."""
-        llvm.inline_asm(
-            None,
-            [value.ir_value()],
-            "{ .reg .pred pw; setp.ge.s32 pw, $0, 0; @pw griddepcontrol.wait; }",
-            "r",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
         )
 
     def mma(p, acc, i, a, b):
@@ -1234,16 +1213,11 @@ if cute is not None:
             bidx, _, _ = cute.arch.block_idx()
             g = bidx % hpb
             row = bidx // hpb
-            head0 = (row // new_tokens) * hpb
-            token = row % new_tokens
             if cutlass.const_expr(PDL):  # the records are the kernel before's output
-                if cutlass.const_expr(MERGE_PIN):
-                    wait_after(row * splits + head0 + token)
-                else:
-                    cute.arch.griddepcontrol_wait()
+                cute.arch.griddepcontrol_wait()
                 cute.arch.griddepcontrol_launch_dependents()  # the merge is small: its successor may wait beside it
             if splits > 1:
-                merge_records(p, workspace, context, row, g, d, splits, head0, token)
+                merge_records(p, workspace, context, row, g, d, splits, (row // new_tokens) * hpb, row % new_tokens)
 
         return attention_kernel, merge_kernel
 

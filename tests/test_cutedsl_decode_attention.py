@@ -330,7 +330,6 @@ def test_the_tma_walk_refuses_what_it_cannot_run(tmp_path):
     [
         ("CUTEDSL_ATTENTION_SPLITS", "1", "CUTEDSL_ATTENTION_SPLITS must be 2 to 64"),
         ("CUTEDSL_ATTENTION_PDL", "late", "CUTEDSL_ATTENTION_PDL must be 0, 1 or early (or unset)"),
-        ("CUTEDSL_ATTENTION_MERGE_PIN", "yes", "CUTEDSL_ATTENTION_MERGE_PIN must be 0 or 1"),
     ],
 )
 def test_a_bad_knob_is_named(tmp_path, knob, value, says):
@@ -452,27 +451,6 @@ def test_the_walk_places_its_block_before_its_wait(tmp_path, monkeypatch):
     assert summary["wait_to_first_load"] is not None and summary["wait_to_first_load"] <= 12, summary
 
 
-@needs_cute
-def test_the_merge_can_place_itself_before_its_wait(tmp_path, monkeypatch):
-    """CUTEDSL_ATTENTION_MERGE_PIN=1: the merge's wait is predicated on its row's first record, head and
-    token (always true), so ptxas computes them before the wait: fewer instructions between the wait
-    and the first record load than the plain wait leaves there (38 against 23 for ptxas 12.9)."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
-    import kernel_sass
-
-    rp, _ = write_pair(tmp_path, *attention_pair("BF16", 32, 8, 4096, 128, workspace_bytes=32 * 32 * 130 * 4))
-
-    def merge(name: str, **env: str) -> dict:
-        cubin = kernel_sass.export_cubin(rp, {"CUTE_DSL_KEEP": "ptx,cubin", **env}, tmp_path / name)
-        (ptx,) = cubin.parent.rglob("*.ptx")  # only the merge's wait is ever predicated
-        (ins,) = [ins for n, ins in kernel_sass.sass_of(cubin).items() if "merge_kernel" in n]
-        return {"predicated": "@pw griddepcontrol.wait;" in ptx.read_text(), **kernel_sass.summarize(ins)}
-
-    plain, pinned = merge("plain"), merge("pinned", CUTEDSL_ATTENTION_MERGE_PIN="1")
-    assert not plain["predicated"] and pinned["predicated"], (plain, pinned)
-    assert pinned["wait_to_first_load"] + 10 <= plain["wait_to_first_load"], (plain, pinned)
-
-
 def test_the_sass_reader_names_a_missing_receipt(tmp_path):
     r = subprocess.run(
         [sys.executable, str(Path(__file__).resolve().parent.parent / "bench" / "kernel_sass.py"),
@@ -532,8 +510,6 @@ SCHEDULES = {  # a cluster per KV head (the default) or per query head; tensor-c
     "split-tight-8-warps": {"CUTEDSL_ATTENTION_WARPS": "8"},
     # the walk lets the merge launch once it has read the caches (the default launches both early)
     "split-late": {"CUTEDSL_ATTENTION_PDL": "1"},
-    # the merge's place computed before its (predicated) wait
-    "split-merge-pin": {"CUTEDSL_ATTENTION_MERGE_PIN": "1"},
     # one contiguous share a warp instead of tiles dealt round the blocks
     "split-shares": {"CUTEDSL_ATTENTION_INTERLEAVE": "0"},
     # keys through a shared-memory ring by bulk copies (a producer warp): 2 stages (the default), 3;
@@ -552,7 +528,6 @@ WORKSPACE_SPLITS = {
     "split-7-scalar": 7,
     "split-tight-8-warps": 2,
     "split-late": 32,
-    "split-merge-pin": 32,
     "split-shares": 32,
     "split-tma": 32,
     "split-tma-3-stages": 32,
@@ -672,7 +647,6 @@ def test_gpu_published_groups_match_the_reference(gpu_kernels, shape, schedule):
         "mma-prefetch",
         "split",
         "split-late",
-        "split-merge-pin",
         "split-7-scalar",
         "split-tma",
         "split-tma-banks",
@@ -743,9 +717,7 @@ def test_gpu_cache_rows_past_the_length_never_reach_the_result(gpu_kernels, sche
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "schedule", ["per-group", "split", "split-late", "split-merge-pin", "split-shares", "split-tma"]
-)
+@pytest.mark.parametrize("schedule", ["per-group", "split", "split-late", "split-shares", "split-tma"])
 def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(gpu_kernels, schedule):
     """No host sync: the length lives on the device, so a captured graph follows later lengths
     (split: both kernels, the walk and the merge, in the graph)."""
