@@ -20,8 +20,8 @@
 #          session replayed with its CUDA steps (needs the CuTe DSL carried: prepare.sh --cute)    ~8 min
 # attnbench: bench/attention_gpu.py, the CuTe attention kernel against native on the 8B-sized config
 #          (kernel per call, whole step with all 36 layers bound; needs the CuTe DSL; ATTN_ARGS)    ~6 min
-# ropeprof: the compiled 8B-sized decode step profiled at 32k with MCORE_ATTN_ROPE=1 and =0, each a process of
-#          its own: where the rotary prologue's 0.14 ms at 32k goes (nineteenth session)       ~5 min
+# ropeprof: the compiled 8B-sized decode step profiled at 1k and 32k (ROPE_CONTEXTS) with MCORE_ATTN_ROPE=1 and =0,
+#          each a process of its own, the reports kept: where the rotary prologue's 0.14 ms at 32k goes  ~6 min
 # gemv:    bench/gemv_gpu.py --sweep, mcore::gemv against cuBLAS at the 8B decode shapes (issue 8)  ~3 min
 # fusions: issue 32's opt-in launch cuts (MCORE_GEMV_NORM=1, MCORE_ATTN_ROPE=1): their GPU tests, then the
 #          8B-sized decode step with each alone and both beside the defaults, in processes of their own
@@ -126,8 +126,10 @@ fi
 if has ropeprof; then
   for r in 1 0; do
     MCORE_GEMV_NORM=0 MCORE_ATTN_ROPE=$r python3 "$here/profile_gpu.py" "$W/ropeprof$r" --parts native \
-      --contexts "${ROPE_CONTEXTS:-32768}" --steps 5 --top 16 > "$OUT/ropeprof$r.log" 2>&1
+      --contexts "${ROPE_CONTEXTS:-1024,32768}" --steps 5 --top 16 > "$OUT/ropeprof$r.log" 2>&1
     echo "== ropeprof MCORE_ATTN_ROPE=$r"; grep -Ev '^\[|^W[0-9]|USDT' "$OUT/ropeprof$r.log" | tail -n 40
+    # every kernel's time is in the reports, not in the top lines: keep them to compare the contexts
+    mkdir -p "$OUT/ropeprof$r" && cp "$W/ropeprof$r"/*.json "$OUT/ropeprof$r/" 2>/dev/null
     rm -rf "$W/ropeprof$r"
   done
 fi
