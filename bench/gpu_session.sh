@@ -23,7 +23,7 @@
 # ropeprof: the compiled 8B-sized decode step profiled at 1k and 32k (ROPE_CONTEXTS) with MCORE_ATTN_ROPE=1 and =0,
 #          each a process of its own, the reports kept: where the rotary prologue's 0.14 ms at 32k goes  ~6 min
 # gemv:    bench/gemv_gpu.py --sweep, mcore::gemv against cuBLAS at the 8B decode shapes (issue 8)  ~3 min
-# fusions: issue 32's opt-in launch cuts (MCORE_GEMV_NORM=1, MCORE_ATTN_ROPE=1): their GPU tests, then the
+# fusions: issue 32's launch cuts (MCORE_GEMV_NORM=1 opt-in, MCORE_ATTN_ROPE on by default): their GPU tests, then the
 #          8B-sized decode step with each alone and both beside the defaults, in processes of their own
 #          (logits compared)  ~4 min on an H100
 set -uo pipefail

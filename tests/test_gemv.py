@@ -238,9 +238,11 @@ def test_the_norms_and_residual_adds_move_into_the_products_around_them(tiny_bf1
     """MCORE_GEMV=1 MCORE_GEMV_NORM=1: every add + RMSNorm of the decode step leaves
     its kernel: each layer's two residual adds in the epilogues of o_proj and down (mcore::gemv_add),
     its two norms and the final one in the prologues of q/k/v, gate/up (with the gating) and lm_head
-    (mcore::rms_gemv). The per-head q/k norms (not read by a product) stay. The same tokens and
+    (mcore::rms_gemv). The per-head q/k norms (not read by a product) stay (with the rotary prologue
+    off: by default they move into the attention, tests/test_rope_attention.py). The same tokens and
     logits within bf16 rounding of the norms apart (the default); its own compiled code."""
     monkeypatch.setenv("MCORE_GEMV", "1")
+    monkeypatch.setenv("MCORE_ATTN_ROPE", "0")
     apart = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
     monkeypatch.setenv("MCORE_GEMV_NORM", "1")
     pipe = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
@@ -515,8 +517,8 @@ def test_gpu_kernel_at_the_8b_shapes(dtype):
 @needs_cuda
 @pytest.mark.parametrize(
     "inductor, glu, fused",
-    [("none", "1", ""), (None, "1", ""), (None, "0", ""), (None, "1", "norm"), (None, "1", "norm-rope")],
-    ids=["plain", "defaults", "defaults-no-glu", "defaults-norms-folded", "defaults-and-every-launch-cut"],
+    [("none", "1", ""), (None, "1", ""), (None, "0", ""), (None, "1", "no-rope"), (None, "1", "norm")],
+    ids=["plain", "defaults", "defaults-no-glu", "defaults-rope-apart", "defaults-and-every-launch-cut"],
 )
 def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_path, monkeypatch, inductor, glu, fused):
     """mcore::gemv in the decode step: the same tokens twice, bit-identical logits with an
@@ -528,10 +530,13 @@ def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_pat
 
     monkeypatch.setenv("MCORE_GEMV", "1")
     monkeypatch.setenv("MCORE_GEMV_GLU", glu)  # 1 (the default): the MLP's gating in the gate/up product's kernel
-    if fused:  # the add + RMSNorm in the products around it
+    if fused == "norm":  # the add + RMSNorm in the products around it
         monkeypatch.setenv("MCORE_GEMV_NORM", "1")
-    if "rope" in fused:  # the q/k norms, rotation and cache writes in the attention's split kernel
-        monkeypatch.setenv("MCORE_ATTN_ROPE", "1")
+    # by default the q/k norms, rotation and cache writes run in the attention's split kernel
+    if fused == "no-rope":
+        monkeypatch.setenv("MCORE_ATTN_ROPE", "0")
+    else:
+        monkeypatch.delenv("MCORE_ATTN_ROPE", raising=False)
     monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
     # each pipeline compiles its decode role itself: a role a helper process compiled is loaded
     # without its graph, and this test reads the graph's gemv nodes
@@ -552,13 +557,13 @@ def test_gpu_pipeline_with_gemv_is_deterministic_and_slots_keep_its_bits(tmp_pat
     layers = int(nat.config["num_hidden_layers"])
     assert len(gated) == (layers if glu == "1" else 0)
     norms = [n for n in nat.runners["decode"].prepared.gm.graph.nodes if n.target is torch.ops.mcore.rms_gemv.default]
-    assert len(norms) == (2 * layers + 1 if fused else 0)
+    assert len(norms) == (2 * layers + 1 if fused == "norm" else 0)
     ropes = [
         n
         for n in nat.runners["decode"].prepared.gm.graph.nodes
         if n.target is torch.ops.mcore.rope_decode_attention.default
     ]
-    assert len(ropes) == (layers if "rope" in fused else 0)
+    assert len(ropes) == (0 if fused == "no-rope" else layers)
     prompt = "the quick brown fox"
     r = nat.generate(prompt, 24, stop_at_eos=False)
     assert nat.generate(prompt, 24, stop_at_eos=False).tokens == r.tokens

@@ -1,6 +1,6 @@
 """mcore::rope_decode_attention (mcore/ops/rope_attention.py): the decode step's q/k norms, rotary
 embedding and cache writes in the attention's split kernel, and the compiled engine's rewrite to it
-(MCORE_ATTN_ROPE=1, mcore/engines/rope_pass.py).
+(on by default, MCORE_ATTN_ROPE=0 turns it off; mcore/engines/rope_pass.py).
 
 CPU: the Triton kernel under Triton's interpreter against float64 (in a subprocess), and the rewrite on
 demo pipelines (the op runs the unfused computation on CPU). GPU (pytest -m gpu): the compiled kernel at
@@ -146,16 +146,17 @@ def _decode_nodes(pipe: DecoderPipeline) -> list:
 
 @pytest.mark.parametrize("model, norm", [("qwen3-tiny", "1"), ("llama-tiny", "0")])
 def test_the_engine_moves_the_norms_rotation_and_cache_writes_into_the_attention(bundles, monkeypatch, model, norm):
-    """MCORE_GEMV=1 MCORE_ATTN_ROPE=1 (Qwen3, with q/k norms, beside MCORE_GEMV_NORM=1; Llama without
-    them, alone): each layer's decode attention becomes one mcore::rope_decode_attention reading the q/k/v
+    """MCORE_GEMV=1 and the default (Qwen3, with q/k norms, beside MCORE_GEMV_NORM=1; Llama without
+    them, alone) against MCORE_ATTN_ROPE=0: each layer's decode attention becomes one mcore::rope_decode_attention reading the q/k/v
     product itself, and nothing is left between the two (no slice of the product, no norm, rotation,
     cache write or scaling); prefill keeps its graph; its own compiled code; the same tokens over 12
     steps (each reading the caches the steps before wrote), logits as close to the op-by-op engine's
     as the unfused step's are."""
     monkeypatch.setenv("MCORE_GEMV", "1")
     monkeypatch.setenv("MCORE_GEMV_NORM", norm)
+    monkeypatch.setenv("MCORE_ATTN_ROPE", "0")
     apart = DecoderPipeline(str(bundles[model]), device="cpu", engine="compiled")
-    monkeypatch.setenv("MCORE_ATTN_ROPE", "1")
+    monkeypatch.delenv("MCORE_ATTN_ROPE")  # on by default
     pipe = DecoderPipeline(str(bundles[model]), device="cpu", engine="compiled")
     layers = int(pipe.config["num_hidden_layers"])
     nodes = _decode_nodes(pipe)
@@ -188,6 +189,7 @@ def test_a_cache_read_elsewhere_keeps_the_chain_apart(bundles, monkeypatch):
     from mcore.engines.rope_pass import fuse_rope_attention
 
     monkeypatch.setenv("MCORE_GEMV", "1")
+    monkeypatch.setenv("MCORE_ATTN_ROPE", "0")  # the chain as the decoder writes it, fused below
     pipe = DecoderPipeline(str(bundles["qwen3-tiny"]), device="cpu", engine="compiled")
     prepared = pipe.runners["decode"].prepared
     gm = prepared.gm

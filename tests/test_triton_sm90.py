@@ -33,20 +33,28 @@ split_sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "LEN": "*i32", "PACC": "*
              "scale": "fp32", "C": "i32",
              **{c: "constexpr" for c in ("S", "ROWS", "D", "BLOCK_M", "BLOCK_N", "NSPLIT", "NSPLIT_P2", "WIDE",
                                          "UPCAST", "INTERP", "PDL", "ROPE", "QKNORM", "KVH", "S_P2")}}
+# as the launcher specializes them for the engine's tensors: pointers 16-byte aligned, the capacity a
+# multiple of 16 (without it the loads are not pipelined and the shared memory is another kernel's)
+names = list(split_sig)
+aligned = {(names.index(n),): [["tt.divisibility", 16]]
+           for n in ("Q", "K", "V", "LEN", "PACC", "PML", "OUT", "QNW", "KNW", "COS", "SIN", "C")}
 # the plain split in both launches, and the rotary prologue (mcore::rope_decode_attention) with and without
 # the q/k norms, with PDL (the default on Hopper) and without
 for pdl, rope, qknorm in [(False, 0, 0), (True, 0, 0), (True, 1, 1), (True, 1, 0), (False, 1, 1)]:
     const = {"S": 1, "ROWS": 4, "D": 128, "BLOCK_M": 16, "BLOCK_N": 64, "NSPLIT": 33, "NSPLIT_P2": 64,
              "WIDE": False, "UPCAST": False, "INTERP": False, "PDL": pdl, "ROPE": bool(rope),
              "QKNORM": bool(qknorm), "KVH": 8, "S_P2": 1}
-    k = triton.compile(ASTSource(fn=fd._split_kernel, signature=split_sig, constexprs=const), target=target,
-                       options={"num_warps": 4, "num_stages": 3})
+    stages = fd.ROPE_STAGES if rope else fd.NUM_STAGES  # as mcore/ops/flash_decode.py launches them
+    k = triton.compile(ASTSource(fn=fd._split_kernel, signature=split_sig, constexprs=const, attrs=aligned),
+                       target=target,
+                       options={"num_warps": fd.NUM_WARPS, "num_stages": stages})
     ptx = k.asm["ptx"]
     out["split"][f"pdl={pdl} rope={rope} qknorm={qknorm}"] = {
         "cubin": len(k.asm["cubin"]),
         "atoms": sum(" atom." in l for l in ptx.splitlines()),
         "barriers": sum(l.strip().startswith("bar.sync") for l in ptx.splitlines()),
         "griddepcontrol": sum("griddepcontrol" in l for l in ptx.splitlines()),
+        "shared": k.metadata.shared,
     }
 merge_sig = {"PACC": "*fp32", "PML": "*fp32", "OUT": "*bf16",
              **{c: "constexpr" for c in ("ROWS", "D", "NSPLIT", "NSPLIT_P2", "PDL")}}
@@ -77,3 +85,10 @@ def test_kernels_compile_for_sm90_in_every_launch_the_engine_makes(tmp_path):
     # the rotary prologue's cache writes reach the whole block (a barrier more) before it reads its share
     plain = out["split"]["pdl=True rope=0 qknorm=0"]["barriers"]
     assert all(k["barriers"] > plain for name, k in out["split"].items() if "rope=1" in name), out["split"]
+    # the rotary prologue's blocks are placed while the q/k/v product still runs (PDL): its shared
+    # memory keeps them at two an SM (an sm_90 SM has 228 KB; each block reserves 1 KB more), so the
+    # 8B step's two blocks an SM land evenly (mcore/ops/flash_decode.py, ROPE_STAGES)
+    sm, reserved = 228 * 1024, 1024
+    for name, k in out["split"].items():
+        if "rope=1" in name:
+            assert 2 * (k["shared"] + reserved) <= sm < 3 * (k["shared"] + reserved), (name, k["shared"])

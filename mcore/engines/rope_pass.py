@@ -1,5 +1,5 @@
 """The decode step's q/k norms, rotary embedding and cache writes into its attention's kernel
-(MCORE_ATTN_ROPE=1; mcore/ops/rope_attention.py has the op and its numerics).
+(on by default, MCORE_ATTN_ROPE=0 turns it off; mcore/ops/rope_attention.py has the op and its numerics).
 
 Between the fused q/k/v product and `mcore.decode_attention` the decoder (mcore/families/decoder.py)
 slices the product into q, k and v heads, normalises q and k per head (where the family has q/k
