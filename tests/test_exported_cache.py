@@ -40,3 +40,34 @@ def test_a_program_of_another_graph_is_not_used(bundle):
     b.write_bytes(a_bytes)
     assert DecoderPipeline(str(path), device="cpu").generate("abc", 6, stop_at_eos=False).tokens == first
     assert a.read_bytes() == a_bytes and b.read_bytes() == b_bytes  # recaptured and put back
+
+
+def test_a_process_deserializes_a_saved_program_once_and_each_caller_gets_its_own(bundle, monkeypatch):
+    """The workbench loads the same role graphs for its native, kernel-bound and reference pipelines:
+    a saved program is deserialized once a process, and each load hands out its own copy (the engines
+    rewrite graphs in place), equal to the saved one."""
+    import torch
+
+    from mcore.graph.capture import capture_cached, program_sha256, resolve
+
+    path, folder = bundle
+    first = DecoderPipeline(str(path), device="cpu").generate("abc", 6, stop_at_eos=False).tokens  # saves both
+    real, loads = torch.export.load, []
+    monkeypatch.setattr(torch.export, "load", lambda f, *a, **k: loads.append(f) or real(f, *a, **k))
+    pipes = [DecoderPipeline(str(path), device="cpu") for _ in range(2)]
+    assert all(p.generate("abc", 6, stop_at_eos=False).tokens == first for p in pipes)
+    assert sorted(loads) == sorted(map(str, folder.glob("*.pt2")))  # prefill and decode, once each
+
+    args = BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=64)
+    expected = pipes[0].snapshots["decode"].fingerprint
+    a = capture_cached(args, "decode", expected, resolve(args))
+    b = capture_cached(args, "decode", expected, resolve(args))
+    assert a.exported is not b.exported and a.exported.graph_module is not b.exported.graph_module
+    saved = program_sha256(a.exported)
+    assert program_sha256(b.exported) == saved
+    node = next(n for n in a.exported.graph.nodes if n.op == "call_function")
+    with a.exported.graph.inserting_after(node):  # one caller's rewrite
+        a.exported.graph.call_function(torch.ops.aten.clone.default, (node,))
+    assert program_sha256(a.exported) != saved
+    c = capture_cached(args, "decode", expected, resolve(args))
+    assert program_sha256(c.exported) == saved and len(loads) == 2  # not seen by the next, not loaded again

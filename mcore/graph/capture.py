@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import threading
+import warnings
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,7 +195,7 @@ def _load_cached(
         return None
     source, family, gargs = resolved
     try:
-        ep = torch.export.load(str(path))
+        ep = _load_program(path, record)
         if program_sha256(ep) != record.get("program_sha256"):
             why = "its graph differs from its record"
         else:
@@ -203,3 +207,33 @@ def _load_cached(
         why = f"it does not load: {type(e).__name__}"
     cache.stale(f"{role} graph", path, why, "capturing")
     return None
+
+
+# Programs this process has loaded, by file and recorded sha256 (the last few): a process that loads
+# the same role graph again (the workbench's native, kernel-bound and reference pipelines, a gate's
+# pair) deserializes it once, about 2 s for the demo's decode graph on a CPU, and takes a copy each
+# time (the engines rewrite graphs in place). Captured on the meta device, a program holds no weights:
+# a copy takes milliseconds.
+_LOADED: OrderedDict[tuple[str, str], torch.export.ExportedProgram] = OrderedDict()
+_LOADED_MAX = 8
+_LOADED_LOCK = threading.Lock()
+
+
+def _load_program(path: Any, record: dict) -> torch.export.ExportedProgram:
+    """torch.export.load of a cache entry that read_entry accepted, deserialized once a process."""
+    key = (str(path), str(record["files"]["program"]["sha256"]))
+    with _LOADED_LOCK:
+        ep = _LOADED.get(key)
+        if ep is not None:
+            _LOADED.move_to_end(key)
+    if ep is None:
+        ep = torch.export.load(str(path))
+        if any(t.device.type != "meta" for t in ep.state_dict.values()):
+            return ep  # a program with weights in it is not copied
+        with _LOADED_LOCK:
+            _LOADED[key] = ep
+            while len(_LOADED) > _LOADED_MAX:
+                _LOADED.popitem(last=False)
+    with warnings.catch_warnings():  # torch 2.13's pytree warns while an ExportedProgram is copied
+        warnings.simplefilter("ignore", FutureWarning)
+        return copy.deepcopy(ep)
