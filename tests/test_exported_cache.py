@@ -71,3 +71,49 @@ def test_a_process_deserializes_a_saved_program_once_and_each_caller_gets_its_ow
     assert program_sha256(a.exported) != saved
     c = capture_cached(args, "decode", expected, resolve(args))
     assert program_sha256(c.exported) == saved and len(loads) == 2  # not seen by the next, not loaded again
+
+
+def test_a_program_this_torch_cannot_copy_is_loaded_each_time(bundle, monkeypatch, capfd):
+    """Where copying a loaded program fails (another torch's ExportedProgram), each load deserializes
+    the file again: the same tokens, nothing captured afresh, no note."""
+    import types
+
+    import torch
+
+    from mcore.graph import capture
+
+    path, folder = bundle
+    first = DecoderPipeline(str(path), device="cpu").generate("abc", 6, stop_at_eos=False).tokens
+    capfd.readouterr()
+
+    def refuse(_: object) -> object:
+        raise TypeError("cannot copy this program")
+
+    monkeypatch.setattr(capture, "copy", types.SimpleNamespace(deepcopy=refuse))
+    real, loads = torch.export.load, []
+    monkeypatch.setattr(torch.export, "load", lambda f, *a, **k: loads.append(f) or real(f, *a, **k))
+    stamps = sorted(p.stat().st_mtime_ns for p in folder.glob("*.pt2"))
+    for _ in range(2):
+        assert DecoderPipeline(str(path), device="cpu").generate("abc", 6, stop_at_eos=False).tokens == first
+    assert len(loads) == 4 and sorted(p.stat().st_mtime_ns for p in folder.glob("*.pt2")) == stamps
+    out, err = capfd.readouterr()
+    assert "capturing" not in out + err
+
+
+def test_a_process_exports_a_role_graph_once_and_another_model_afresh(monkeypatch):
+    """capture() of a graph this process exported before copies it (the workbench captures a graph to
+    browse, then builds a bundle from it); other build arguments are exported afresh."""
+    import torch
+
+    from mcore.graph.capture import capture, program_sha256
+
+    args = BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=72)
+    first = capture(args, "decode")
+    real, exports = torch.export.export, []
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: exports.append(a) or real(*a, **k))
+    again = capture(args, "decode")
+    assert not exports and again.exported is not first.exported
+    assert again.snapshot.fingerprint == first.snapshot.fingerprint
+    assert program_sha256(again.exported) == program_sha256(first.exported)
+    other = capture(BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=80), "decode")
+    assert len(exports) == 1 and other.snapshot.fingerprint != first.snapshot.fingerprint

@@ -447,6 +447,15 @@ async def test_capture_pressed_while_the_model_is_checked_is_queued(tmp_path, mo
         return real(args)
 
     monkeypatch.setattr(capture_mod, "resolve", slow_resolve)
+    # the capture itself waits until the test has seen it running (a process that captured this graph
+    # before copies it in milliseconds)
+    real_captured_from, seen_running = capture_mod.captured_from, threading.Event()
+
+    def slow_captured_from(*a, **k):
+        seen_running.wait(30)
+        return real_captured_from(*a, **k)
+
+    monkeypatch.setattr(capture_mod, "captured_from", slow_captured_from)
     app = WorkbenchApp(workdir=str(tmp_path))
     async with app.run_test(size=SIZE) as pilot:
         try:
@@ -464,6 +473,7 @@ async def test_capture_pressed_while_the_model_is_checked_is_queued(tmp_path, mo
         await pilot.press("f2")  # while it runs, the Graph screen says so instead of "No graph yet"
         await pilot.pause(0.05)
         assert "Capturing the graph" in text_of(app, "#graph-empty")
+        seen_running.set()
         await idle(app, pilot)
         assert app.state.snapshot is not None and app.screen.SCREEN_NAME == "graph"
 

@@ -113,13 +113,19 @@ def capture(
     """Export the role's module on the meta device and turn it into a snapshot."""
     source, family, gargs = resolved or resolve(args)
     check_role(family, role)
-    progress.report(f"building {family.name} {role} graph module", 0.05)
-    core = build_core(family, source.config, gargs, "meta")
-    module = family.role_module(core, role)
-    example, dynamic = family.example_inputs(source.config, gargs, role, "meta")
-    progress.report(f"exporting {role} with torch.export", 0.2)
-    with torch.no_grad():
-        ep = torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
+    # what the graph is made from: the same in a process, the same graph (the family's code is this
+    # process's); a second capture (a bundle built after the graph was browsed) copies the first
+    key = ("capture", json.dumps(graph_metadata(source, family, gargs, role), sort_keys=True, default=str))
+    ep = _kept_copy(key)
+    if ep is None:
+        progress.report(f"building {family.name} {role} graph module", 0.05)
+        core = build_core(family, source.config, gargs, "meta")
+        module = family.role_module(core, role)
+        example, dynamic = family.example_inputs(source.config, gargs, role, "meta")
+        progress.report(f"exporting {role} with torch.export", 0.2)
+        with torch.no_grad():
+            ep = torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
+        _keep(key, ep, copied=False)
     progress.report("writing snapshot", 0.8)
     cap = captured_from(ep, source, family, gargs, role)
     progress.report("captured", 1.0)
@@ -209,31 +215,58 @@ def _load_cached(
     return None
 
 
-# Programs this process has loaded, by file and recorded sha256 (the last few): a process that loads
-# the same role graph again (the workbench's native, kernel-bound and reference pipelines, a gate's
-# pair) deserializes it once, about 2 s for the demo's decode graph on a CPU, and takes a copy each
-# time (the engines rewrite graphs in place). Captured on the meta device, a program holds no weights:
-# a copy takes milliseconds.
-_LOADED: OrderedDict[tuple[str, str], torch.export.ExportedProgram] = OrderedDict()
-_LOADED_MAX = 8
-_LOADED_LOCK = threading.Lock()
+# Programs this process has captured or loaded (the last few), by what they were made from: a process
+# that needs the same role graph again (the workbench's capture, build, native, kernel-bound and
+# reference pipelines; a gate's pair) exports or deserializes it once (about 1 and 2 s for the demo's
+# decode graph on a CPU) and takes a copy each time, since the engines rewrite graphs in place.
+# Captured on the meta device, a program holds no weights: a copy takes milliseconds.
+_KEPT: OrderedDict[tuple[str, ...], torch.export.ExportedProgram] = OrderedDict()
+_KEPT_MAX = 16
+_KEPT_LOCK = threading.Lock()
+
+
+def _copy(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    with warnings.catch_warnings():  # torch 2.13's pytree warns while an ExportedProgram is copied
+        warnings.simplefilter("ignore", FutureWarning)
+        return copy.deepcopy(ep)
+
+
+def _kept_copy(key: tuple[str, ...]) -> torch.export.ExportedProgram | None:
+    """A copy of the program kept under `key`, or None."""
+    with _KEPT_LOCK:
+        ep = _KEPT.get(key)
+        if ep is not None:
+            _KEPT.move_to_end(key)
+    if ep is None:
+        return None
+    try:
+        return _copy(ep)
+    except Exception:  # noqa: BLE001 - a program this torch cannot copy is made afresh each time
+        with _KEPT_LOCK:
+            _KEPT.pop(key, None)
+        return None
+
+
+def _keep(key: tuple[str, ...], ep: torch.export.ExportedProgram, copied: bool) -> None:
+    """Keep a pristine copy of `ep` (`copied`: `ep` itself, which nobody else holds). Not a program
+    with weights in it, nor one this torch cannot copy."""
+    if any(t.device.type != "meta" for t in ep.state_dict.values()):
+        return
+    try:
+        kept = ep if copied else _copy(ep)
+    except Exception:  # noqa: BLE001
+        return
+    with _KEPT_LOCK:
+        _KEPT[key] = kept
+        while len(_KEPT) > _KEPT_MAX:
+            _KEPT.popitem(last=False)
 
 
 def _load_program(path: Any, record: dict) -> torch.export.ExportedProgram:
     """torch.export.load of a cache entry that read_entry accepted, deserialized once a process."""
-    key = (str(path), str(record["files"]["program"]["sha256"]))
-    with _LOADED_LOCK:
-        ep = _LOADED.get(key)
-        if ep is not None:
-            _LOADED.move_to_end(key)
+    key = ("file", str(path), str(record["files"]["program"]["sha256"]))
+    ep = _kept_copy(key)
     if ep is None:
         ep = torch.export.load(str(path))
-        if any(t.device.type != "meta" for t in ep.state_dict.values()):
-            return ep  # a program with weights in it is not copied
-        with _LOADED_LOCK:
-            _LOADED[key] = ep
-            while len(_LOADED) > _LOADED_MAX:
-                _LOADED.popitem(last=False)
-    with warnings.catch_warnings():  # torch 2.13's pytree warns while an ExportedProgram is copied
-        warnings.simplefilter("ignore", FutureWarning)
-        return copy.deepcopy(ep)
+        _keep(key, ep, copied=False)
+    return ep
