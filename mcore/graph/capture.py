@@ -125,7 +125,7 @@ def capture(
         progress.report(f"exporting {role} with torch.export", 0.2)
         with torch.no_grad():
             ep = torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
-        _keep(key, ep, copied=False)
+        _keep(key, ep)
     progress.report("writing snapshot", 0.8)
     cap = captured_from(ep, source, family, gargs, role)
     progress.report("captured", 1.0)
@@ -247,13 +247,13 @@ def _kept_copy(key: tuple[str, ...]) -> torch.export.ExportedProgram | None:
         return None
 
 
-def _keep(key: tuple[str, ...], ep: torch.export.ExportedProgram, copied: bool) -> None:
-    """Keep a pristine copy of `ep` (`copied`: `ep` itself, which nobody else holds). Not a program
-    with weights in it, nor one this torch cannot copy."""
+def _keep(key: tuple[str, ...], ep: torch.export.ExportedProgram) -> None:
+    """Keep a pristine copy of `ep` (its caller goes on with `ep`). Not a program with weights in
+    it, nor one this torch cannot copy."""
     if any(t.device.type != "meta" for t in ep.state_dict.values()):
         return
     try:
-        kept = ep if copied else _copy(ep)
+        kept = _copy(ep)
     except Exception:  # noqa: BLE001
         return
     with _KEPT_LOCK:
@@ -268,5 +268,5 @@ def _load_program(path: Any, record: dict) -> torch.export.ExportedProgram:
     ep = _kept_copy(key)
     if ep is None:
         ep = torch.export.load(str(path))
-        _keep(key, ep, copied=False)
+        _keep(key, ep)
     return ep

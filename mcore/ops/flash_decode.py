@@ -37,11 +37,11 @@ NSPLIT_PER_SM = 2  # programs per SM, summed over KV heads
 NUM_WARPS = 4
 NUM_STAGES = 3
 # The rotary prologue's split kernel follows the q/k/v product directly, and with programmatic
-# dependent launch its blocks are placed while that product's blocks still hold SMs: at 3 stages
-# (70 KB of shared memory) three fit an SM and the 264 blocks of the 8B step landed unevenly,
-# 16% slower a key at 32k. At 4 stages (102 KB) at most two fit: 5.41 against 5.55 ms a step at
-# 32k on the H200, 4.30 at 1k either way (the plain split, after a small kernel, is better at 3;
-# twenty-seventh session, docs/gpu-results.md).
+# dependent launch its blocks are placed while that product's blocks still hold SMs. At 3 stages
+# (70 KB of shared memory) three fit an SM, and on the H200 at 32k a call took 44.5 us against the
+# plain split's 37.5 (38.8 without PDL). At 4 stages (102 KB) at most two fit: the 8B step 5.41
+# against 5.55 ms at 32k, 4.30 at 1k either way; the plain split, after a small kernel, is better at
+# 3 (twenty-seventh session, docs/gpu-results.md).
 ROPE_STAGES = 4
 
 
