@@ -8,6 +8,8 @@ the Qwen3-8B shapes against the unfused path and float64, run to run and inside 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -45,9 +47,11 @@ for h, kv, d, cap, cached, s, dt, ns, norm in json.loads(sys.argv[1]):
     length = torch.tensor([cached], dtype=torch.int32)
     scale = d ** -0.5
     ref, k64, v64 = exact_reference(qkv, qn, kn, 1e-6, cos_t, sin_t, kc, vc, cached, scale)
-    caches = [(kc.clone(), vc.clone()) for _ in range(3)]
+    caches = [(kc.clone(), vc.clone()) for _ in range(4)]
     a = fd.decode_attention_from_qkv(qkv, qn, kn, 1e-6, cos_t, sin_t, *caches[0], length, scale, nsplit=ns)
     b = fd.decode_attention_from_qkv(qkv, qn, kn, 1e-6, cos_t, sin_t, *caches[1], length, scale, nsplit=ns)
+    qi = fd.decode_inputs_from_qkv(qkv, qn, kn, 1e-6, cos_t, sin_t, *caches[3], length, scale)  # the prologue alone
+    ai = fd.decode_attention(qi, *caches[3], length + s, nsplit=ns)
     u = rope_decode_attention(qkv, qn, kn, 1e-6, cos_t, sin_t, *caches[2], length, scale)  # CPU: the unfused path
     new = slice(cached, cached + s)
     rel = lambda t, r: ((t.double() - r).norm() / r.norm()).item()
@@ -55,6 +59,7 @@ for h, kv, d, cap, cached, s, dt, ns, norm in json.loads(sys.argv[1]):
     out.append({
         "rel": rel(a, ref), "unfused_rel": rel(u, ref), "floor": rel(ref.to(dtype), ref),
         "same": bool(torch.equal(a, b) and torch.equal(caches[0][0], caches[1][0])),
+        "inputs_same": bool(torch.equal(ai, a) and all(torch.equal(x, y) for x, y in zip(caches[3], caches[0]))),
         "k_rel": rel(caches[0][0][:, :, new], k64[:, :, new]), "k_floor": rel(k64[:, :, new].to(dtype), k64[:, :, new]),
         "v_new": bool(torch.equal(caches[0][1][:, :, new], v64[:, :, new].to(dtype))),
         "rest_kept": all(bool(torch.equal(c[:, :, old], o[:, :, old])) for c, o in ((caches[0][0], kc), (caches[0][1], vc))),
@@ -96,9 +101,10 @@ def test_the_kernel_matches_float64_under_the_triton_interpreter():
     """The split kernel with the rotary prologue: the context close to float64 (no further from it than
     the unfused computation, which rounds after every op), the new keys within a rounding of the exact
     rotated keys, the new values the product's bits, every other cache row untouched, the same bits
-    call after call."""
+    call after call; and the prologue as a kernel of its own (mcore::rope_decode_inputs, for a bound
+    slot) writes the same caches and a query the plain split kernel attends to the same bits."""
     for case, res in zip(CASES, run_under_triton_interpreter(_INTERP, CASES), strict=True):
-        assert res["same"] and res["v_new"] and res["rest_kept"], (case, res)
+        assert res["same"] and res["v_new"] and res["rest_kept"] and res["inputs_same"], (case, res)
         if case[6] == "bfloat16":  # the interpreter's bf16 casts truncate (the cos rows, the norm, the stores)
             assert res["rel"] < 2.5e-2 and res["k_rel"] < 8 * res["k_floor"], (case, res)
             continue
@@ -206,6 +212,61 @@ def test_a_cache_read_elsewhere_keeps_the_chain_apart(bundles, monkeypatch):
     assert [n.target for n in gm.graph.nodes].count(torch.ops.aten.cat.default) == 2  # layer 0's q and k rotations
 
 
+def test_a_bound_attention_gets_its_inputs_from_one_op_and_keeps_its_slot(bundles, tmp_path, monkeypatch):
+    """Tutorial step 5's slots (the attention of every layer bound to a kernel) with MCORE_GEMV=1: the
+    chain before each slot becomes one mcore::rope_decode_inputs from the q/k/v product, which writes
+    the caches the slot then reads and hands it the scaled query; the slot node and its key stay. The kernel is called every step of every layer with its own cache and the
+    length so far; the tokens are those of MCORE_ATTN_ROPE=0 (the chain as Inductor compiles it) and
+    of the op-by-op native engine, the logits as close to the latter as the unfused chain's."""
+    from mcore.cli.main import main
+    from mcore.runtime import bindings
+
+    from .test_attention_slots import RECIPE, AttentionStandIn, bind_manifest
+
+    args = ["demo:qwen3-tiny", "--precision", "bf16", "--max-cache-length", "128"]
+    slot = tmp_path / "attn.bundle"
+    assert main(["build", *args, "--recipe", RECIPE, "all-instances", "-o", str(slot)]) == 0
+    abi = json.loads(next(tmp_path.glob("attn.selection.*.json")).read_text())["abi_sha256"]
+    manifest = str(bind_manifest(tmp_path, abi))
+    kernel = AttentionStandIn()
+    monkeypatch.setattr(bindings, "_load_function", lambda library, function, bid: (None, kernel))
+    monkeypatch.setenv("MCORE_GEMV", "1")
+    monkeypatch.setenv("MCORE_ATTN_ROPE", "0")
+    apart = DecoderPipeline(str(slot), kernel_bindings=manifest, device="cpu", engine="compiled")
+    monkeypatch.delenv("MCORE_ATTN_ROPE")  # on by default
+    pipe = DecoderPipeline(str(slot), kernel_bindings=manifest, device="cpu", engine="compiled")
+    layers = int(pipe.config["num_hidden_layers"])
+    nodes = _decode_nodes(pipe)
+    slots = [n for n in nodes if n.target is torch.ops.mcore.slot.default]
+    inputs = [n for n in nodes if n.target is torch.ops.mcore.rope_decode_inputs.default]
+    assert len(slots) == len(inputs) == layers
+    assert [n.args[0][0] for n in slots] == inputs  # each slot's query is its layer's op
+    assert [n.args[0][1].name for n in slots] == [f"key_cache_{i}" for i in range(layers)]  # written by the op
+    assert [n.args[0][2].name for n in slots] == [f"value_cache_{i}" for i in range(layers)]
+    assert [n.args[6] for n in inputs] == [n.args[0][1] for n in slots]
+    targets = [n.target for n in nodes]
+    for gone in (
+        torch.ops.aten.index_copy_.default,
+        torch.ops.aten.cat.default,
+        torch.ops.mcore.rope_decode_attention.default,
+    ):
+        assert gone not in targets, gone
+    assert all(n.args[0].target is torch.ops.mcore.gemv.default for n in inputs)  # straight from the product
+    prompt = "the quick brown fox"
+    kernel.calls.clear()
+    r = pipe.generate(prompt, 8, stop_at_eos=False)
+    assert len(kernel.calls) == 7 * layers and len({ptr for ptr, _ in kernel.calls}) == layers
+    lengths = [n for _, n in kernel.calls][::layers]
+    assert lengths == list(range(lengths[0], lengths[0] + 7))
+    assert r.tokens == apart.generate(prompt, 8, stop_at_eos=False).tokens
+    native = DecoderPipeline(str(bundles["qwen3-tiny"]), device="cpu", engine="torch")
+    assert r.tokens == native.generate(prompt, 8, stop_at_eos=False).tokens
+    steps = (r.prompt_tokens, r.tokens[:-1])
+    ref = native.step_logits(*steps)
+    dist = lambda logits: max(((x - y).norm() / y.norm()).item() for x, y in zip(logits, ref, strict=True))  # noqa: E731
+    assert dist(pipe.step_logits(*steps)) < 1.25 * dist(apart.step_logits(*steps)) + 2e-3
+
+
 # ------------------------------------------------------------------------------------------- GPU
 
 gpu = pytest.mark.gpu
@@ -220,7 +281,8 @@ def test_gpu_kernel_at_the_8b_shapes(s):
     the q/k/v row, at lengths across the splits: as close to float64 as the unfused path (the same ops
     one by one, rounding after each), the new keys within the norm's and the store's roundings, the new
     values the product's bits, the rest of the caches untouched, the same bits call after call and
-    replayed in a CUDA graph."""
+    replayed in a CUDA graph; the prologue alone (mcore::rope_decode_inputs) the same caches and a query
+    the plain split kernel attends to the same bits."""
     from mcore.ops import flash_decode as fd
     from mcore.ops.rope_attention import _unfused
 
@@ -245,6 +307,11 @@ def test_gpu_kernel_at_the_8b_shapes(s):
         new = slice(cached, cached + s)
         assert rel(k1[:, :, new], k64[:, :, new]) <= 2 * rel(k64[:, :, new].bfloat16(), k64[:, :, new]), cached
         assert torch.equal(v1, v2) and torch.equal(k1[:, :, :cached], kc[:, :, :cached]), cached
+        # the prologue alone (a bound slot's inputs): the same caches, a query attended to the same bits
+        k3, v3 = kc.clone(), vc.clone()
+        qi = fd.decode_inputs_from_qkv(qkv, qn, kn, 1e-6, cos_t, sin_t, k3, v3, length, d**-0.5)
+        assert torch.equal(fd.decode_attention(qi, k3, v3, length + s), got), cached
+        assert torch.equal(k3, k1) and torch.equal(v3, v1), cached
         for _ in range(10):
             again = fd.decode_attention_from_qkv(qkv, qn, kn, 1e-6, cos_t, sin_t, k1, v1, length, d**-0.5)
             assert torch.equal(again, got), cached

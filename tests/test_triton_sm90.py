@@ -63,6 +63,16 @@ for pdl in (False, True):
     k = triton.compile(ASTSource(fn=fd._merge_kernel, signature=merge_sig, constexprs=const), target=target,
                        options={"num_warps": 4})
     out["merge"] += bool(k.asm["cubin"])
+# the prologue alone (mcore::rope_decode_inputs, before a bound slot), with and without the q/k norms and PDL
+inputs_sig = {"QKV": "*bf16", "Q": "*bf16", "K": "*bf16", "V": "*bf16", "LEN": "*i32", "QNW": "*bf16", "KNW": "*bf16",
+              "COS": "*fp32", "SIN": "*fp32", "eps": "fp32", "scale": "fp32", "C": "i32",
+              **{c: "constexpr" for c in ("S", "ROWS", "D", "BLOCK_M", "KVH", "S_P2", "QKNORM", "PDL")}}
+out["inputs"] = {}
+for pdl, qknorm in [(True, True), (True, False), (False, True)]:
+    const = {"S": 1, "ROWS": 4, "D": 128, "BLOCK_M": 16, "KVH": 8, "S_P2": 1, "QKNORM": qknorm, "PDL": pdl}
+    k = triton.compile(ASTSource(fn=fd._inputs_kernel, signature=inputs_sig, constexprs=const), target=target,
+                       options={"num_warps": fd.NUM_WARPS})
+    out["inputs"][f"pdl={pdl} qknorm={qknorm}"] = sum("griddepcontrol" in l for l in k.asm["ptx"].splitlines())
 print(json.dumps(out))
 """
 
@@ -78,6 +88,7 @@ def test_kernels_compile_for_sm90_in_every_launch_the_engine_makes(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(out["gemv"]) == 16 and all(out["gemv"]) and out["merge"] == 2 and len(out["split"]) == 5
+    assert out["inputs"] == {"pdl=True qknorm=True": 2, "pdl=True qknorm=False": 2, "pdl=False qknorm=True": 0}
     for name, k in out["split"].items():
         assert k["cubin"] and k["atoms"] == 0, (name, k)  # no cross-program traffic: the merge is its own kernel
         # PDL: the wait for the previous kernel and the early launch of the next (mcore/ops/pdl.py)

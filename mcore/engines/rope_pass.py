@@ -5,12 +5,16 @@ Between the fused q/k/v product and `mcore.decode_attention` the decoder (mcore/
 slices the product into q, k and v heads, normalises q and k per head (where the family has q/k
 norms), rotates them, writes k and v into the caches with index_copy_ and scales q. This pass finds
 exactly that chain, each intermediate read only inside it, and puts one `mcore.rope_decode_attention`
-in its place. A slot anywhere in the chain (the attention bound to a kernel, say) leaves it alone:
-its node is not one of the ops matched here.
+in its place. Where a slot is bound in the attention's place (tutorial step 5) the chain becomes one
+`mcore.rope_decode_inputs` that writes the caches and hands the slot its scaled query: the slot keeps
+its boundary, and its step runs one small kernel a layer here instead of the two or three Inductor
+makes of the chain (the native step runs none, which put a bound step 5.5% behind on the demo). A slot
+anywhere inside the chain leaves it alone: its node is not one of the ops matched here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -138,19 +142,18 @@ def _table_rows(rows: object, positions: object, dtype: object, state: dict[Any,
     return sel.args[0] if table is not None and table.dim() == 2 and table.dtype == torch.float32 else None
 
 
-def _match(attn: fx.Node, state: dict[Any, torch.Tensor]) -> tuple[tuple, list[Any]] | None:
-    """(the fused op's arguments, the nodes it replaces) for one `mcore.decode_attention` node."""
-    if len(attn.args) != 4 or attn.kwargs:
-        return None
-    q_in, k_write, v_write, lengths = attn.args
+def _match(reader: fx.Node, inputs: Sequence[Any], state: dict[Any, torch.Tensor]) -> tuple[tuple, list[Any]] | None:
+    """(the fused op's arguments, the chain's nodes it replaces) where `reader` (a decode attention or
+    a slot) reads its query, caches and length (`inputs`) from the chain alone."""
+    q_in, k_write, v_write, lengths = inputs
     contig: Any = call(q_in, aten.contiguous.default)
     scaled: Any = call(contig.args[0], aten.mul.Tensor) if contig is not None else None
-    if scaled is None or not isinstance(scaled.args[1], float) or not only_user(contig, attn):
+    if scaled is None or not isinstance(scaled.args[1], float) or not only_user(contig, reader):
         return None
     if not only_user(scaled, contig) or not only_user(scaled.args[0], scaled):
         return None
     writes: list[Any] = [call(w, aten.index_copy_.default) for w in (k_write, v_write)]
-    if any(w is None or not only_user(w, attn) or len(w.args) != 4 or w.args[1] != 2 for w in writes):
+    if any(w is None or not only_user(w, reader) or len(w.args) != 4 or w.args[1] != 2 for w in writes):
         return None
     kw, vw = writes
     cached = _positions(kw.args[2], lengths) if kw.args[2] is vw.args[2] else None
@@ -167,7 +170,10 @@ def _match(attn: fx.Node, state: dict[Any, torch.Tensor]) -> tuple[tuple, list[A
     q, k, v = _heads(q_rope[0], state), _heads(k_rope[0], state), _heads(vw.args[3], state)
     if q is None or k is None or v is None or not q[0] is k[0] is v[0] or not only_user(vw.args[3], vw):
         return None
-    qkv, d, kv_heads = q[0], attn.meta["val"].shape[-1], kw.args[0].meta["val"].shape[1]
+    query = contig.meta.get("val")  # [1, H, s, D] in the model's dtype
+    if query is None or query.dim() != 4 or "val" not in kw.args[0].meta:
+        return None
+    qkv, d, kv_heads = q[0], query.shape[-1], kw.args[0].meta["val"].shape[1]
     if (q[1], k[1], v[1]) != (0, q[2] * d, (q[2] + kv_heads) * d) or not k[2] == v[2] == kv_heads:
         return None
     if _columns(qkv, state) != (q[2] + 2 * kv_heads) * d or len(qkv.users) != 3:
@@ -175,8 +181,7 @@ def _match(attn: fx.Node, state: dict[Any, torch.Tensor]) -> tuple[tuple, list[A
     qn, kn = q[3], k[3]
     if (qn is None) != (kn is None) or (qn is not None and qn[2] != kn[2]):
         return None
-    dtype = attn.meta["val"].dtype if "val" in attn.meta else None
-    cos, sin = (_table_rows(t, kw.args[2], dtype, state) for t in q_rope[1:3])
+    cos, sin = (_table_rows(t, kw.args[2], query.dtype, state) for t in q_rope[1:3])
     if cos is None or sin is None or state[cos].shape[1] != d:
         return None
     args = (qkv, qn[1] if qn else None, kn[1] if kn else None, qn[2] if qn else 0.0, cos, sin) + (
@@ -185,32 +190,56 @@ def _match(attn: fx.Node, state: dict[Any, torch.Tensor]) -> tuple[tuple, list[A
         cached,
         float(scaled.args[1]),
     )
-    dead = [attn, contig, scaled, kw, vw, *q_rope[3], *k_rope[3], *q[4], *k[4], *v[4]]
+    dead = [contig, scaled, kw, vw, *q_rope[3], *k_rope[3], *q[4], *k[4], *v[4]]
     return args, dead
+
+
+def _replace(gm: fx.GraphModule, reader: fx.Node, target: Any, args: tuple, chain: list[Any]) -> fx.Node:
+    """One `target(*args)` node before `reader`, charged with the chain's nodes (the profile's names)."""
+    with gm.graph.inserting_before(reader):
+        fused = gm.graph.call_function(target, args)
+    fused.meta["mcore_fused_nodes"] = sorted(n.name for n in chain)
+    return fused
+
+
+def _erase(gm: fx.GraphModule, nodes: list[Any], order: dict[Any, int]) -> None:
+    for n in sorted(set(nodes), key=lambda n: order[n], reverse=True):  # readers before what they read
+        gm.graph.erase_node(n)
 
 
 def fuse_rope_attention(gm: fx.GraphModule, state: dict[fx.Node, torch.Tensor]) -> int:
     """Each decode attention whose query, keys and values come from one q/k/v product through the
-    decoder's norms, rotation and cache writes becomes `mcore.rope_decode_attention`. Returns how many."""
-    from ..ops import rope_attention  # noqa: F401  (registers mcore::rope_decode_attention)
+    decoder's norms, rotation and cache writes becomes `mcore.rope_decode_attention`; a slot bound in
+    its place (tutorial step 5's region, whose first four inputs are the attention's) gets them from
+    one `mcore.rope_decode_inputs` instead, the slot itself untouched. Returns how many."""
+    from ..ops import rope_attention  # noqa: F401  (registers the two ops)
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     done = 0
-    for attn in list(gm.graph.nodes):
-        if attn.op != "call_function" or attn.target is not torch.ops.mcore.decode_attention.default:
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.kwargs:
             continue
-        found = _match(attn, state)
-        if found is None:
-            continue
-        args, dead = found
-        with gm.graph.inserting_before(attn):
-            fused = gm.graph.call_function(torch.ops.mcore.rope_decode_attention.default, args)
-        fused.meta.update({k: v for k, v in attn.meta.items() if k != "mcore_fused_nodes"})
-        fused.meta["mcore_fused_nodes"] = sorted({n.name for n in dead})
-        attn.replace_all_uses_with(fused)
-        for n in sorted(set(dead), key=lambda n: order[n], reverse=True):  # readers before what they read
-            gm.graph.erase_node(n)
-        done += 1
+        if node.target is torch.ops.mcore.decode_attention.default and len(node.args) == 4:
+            found = _match(node, node.args, state)
+            if found is None:
+                continue
+            args, chain = found
+            fused = _replace(gm, node, torch.ops.mcore.rope_decode_attention.default, args, [node, *chain])
+            fused.meta.update({k: v for k, v in node.meta.items() if k != "mcore_fused_nodes"})
+            node.replace_all_uses_with(fused)
+            _erase(gm, [node, *chain], order)
+            done += 1
+        elif node.target is torch.ops.mcore.slot.default and len(node.args[0]) >= 4:
+            inputs = list(node.args[0])
+            found = _match(node, inputs[:4], state)
+            if found is None:
+                continue
+            args, chain = found
+            query = _replace(gm, node, torch.ops.mcore.rope_decode_inputs.default, args, chain)
+            query.meta["val"] = inputs[0].meta["val"]
+            node.args = ([query, args[6], args[7], *inputs[3:]], *node.args[1:])  # the caches, written
+            _erase(gm, chain, order)
+            done += 1
     return done
 
 

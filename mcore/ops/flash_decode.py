@@ -247,6 +247,29 @@ def _merge_kernel(
     _merge_rows(PACC, PML, OUT, kvh, row, ROWS, D, NSPLIT, NSPLIT_P2)
 
 
+@triton.jit
+def _inputs_kernel(
+    QKV, Q, K, V, LEN, QNW, KNW, COS, SIN, eps, scale, C,
+    S: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, KVH: tl.constexpr,
+    S_P2: tl.constexpr, QKNORM: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The rotary prologue alone (mcore::rope_decode_inputs): one program a KV head writes its new keys
+    and values into the caches and its query heads, scaled, into Q [1, H, S, D], for an attention
+    kernel that is not this module's (a bound slot's)."""
+    kvh = tl.program_id(0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    length = tl.load(LEN) + S
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, D)
+    row_ok = rows < ROWS
+    base = kvh.to(tl.int64) * C * D
+    q = _rope_prologue(QKV, K, V, QNW, KNW, COS, SIN, eps, scale, kvh, length, 0, length, base, rows, row_ok, cols,
+                       S, ROWS, D, KVH, S_P2, QKNORM)  # fmt: skip
+    tl.store(Q + (kvh * ROWS + rows)[:, None] * D + cols[None, :], q, mask=row_ok[:, None])
+
+
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -278,6 +301,38 @@ def decode_attention(
     return _launch(q.contiguous(), h, s, k_cache, v_cache, kv_lengths, nsplit, None)
 
 
+def _rope_args(
+    qkv: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    scale: float,
+) -> tuple[int, int, tuple]:
+    """(query heads H, new tokens s, the prologue's arguments: norm weights or None, eps, the tables,
+    scale) for a q/k/v row and caches the prologue can take; ValueError naming what does not fit."""
+    from .rope_attention import split_heads
+
+    kvh, cap, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    h, s = split_heads(qkv, kvh, d)
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("rope_decode_attention: the caches are written in place and must be contiguous")
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("rope_decode_attention: give both q/k norm weights or neither")
+    for name, table in (("cos", cos_table), ("sin", sin_table)):
+        if table.dim() != 2 or table.shape[0] < cap or table.shape[1] != d or table.dtype != torch.float32:
+            raise ValueError(
+                f"rope_decode_attention: the {name} table {tuple(table.shape)} is not FP32 [>= {cap}, {d}]"
+            )
+    norms = None
+    if q_norm_weight is not None and k_norm_weight is not None:
+        norms = (q_norm_weight.contiguous(), k_norm_weight.contiguous())
+    return h, s, (norms, float(eps), cos_table.contiguous(), sin_table.contiguous(), float(scale))
+
+
 def decode_attention_from_qkv(
     qkv: torch.Tensor,
     q_norm_weight: torch.Tensor | None,
@@ -295,24 +350,57 @@ def decode_attention_from_qkv(
     [1, s, (H + 2 KV) D], the q/k norm weights [D] (or None), the FP32 rope tables [C, D], the count
     already cached (INT32 [1]); writes the s new keys and values into k_cache and v_cache (which must be
     contiguous) -> [1, H, s, D]."""
-    from .rope_attention import split_heads
-
-    kvh, cap, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    h, s = split_heads(qkv, kvh, d)
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("rope_decode_attention: the caches are written in place and must be contiguous")
-    if (q_norm_weight is None) != (k_norm_weight is None):
-        raise ValueError("rope_decode_attention: give both q/k norm weights or neither")
-    for name, table in (("cos", cos_table), ("sin", sin_table)):
-        if table.dim() != 2 or table.shape[0] < cap or table.shape[1] != d or table.dtype != torch.float32:
-            raise ValueError(
-                f"rope_decode_attention: the {name} table {tuple(table.shape)} is not FP32 [>= {cap}, {d}]"
-            )
-    norms = None
-    if q_norm_weight is not None and k_norm_weight is not None:
-        norms = (q_norm_weight.contiguous(), k_norm_weight.contiguous())
-    rope = (norms, float(eps), cos_table.contiguous(), sin_table.contiguous(), float(scale))
+    h, s, rope = _rope_args(qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, scale)
     return _launch(qkv.contiguous(), h, s, k_cache, v_cache, cache_length, nsplit, rope)
+
+
+def decode_inputs_from_qkv(
+    qkv: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_length: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """mcore::rope_decode_inputs: the prologue of `decode_attention_from_qkv` as a kernel of its own (one
+    program a KV head), for an attention that is a bound slot -> the scaled query [1, H, s, D], the
+    same bits the prologue attends with; the caches written as it writes them."""
+    h, s, (norms, eps, cos, sin, scale) = _rope_args(
+        qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, scale
+    )
+    kvh, cap, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    rows = (h // kvh) * s
+    q = torch.empty((1, h, s, d), dtype=k_cache.dtype, device=qkv.device)
+    pdl = launch_options(qkv.device)
+    _inputs_kernel[(kvh,)](
+        qkv.contiguous(),
+        q,
+        k_cache,
+        v_cache,
+        cache_length,
+        norms[0] if norms else qkv,  # unread without the q/k norms
+        norms[1] if norms else qkv,
+        cos,
+        sin,
+        eps,
+        scale,
+        cap,
+        S=s,
+        ROWS=rows,
+        D=d,
+        BLOCK_M=max(16, triton.next_power_of_2(rows)),
+        KVH=kvh,
+        S_P2=triton.next_power_of_2(s),
+        QKNORM=norms is not None,
+        PDL=bool(pdl),
+        num_warps=NUM_WARPS,
+        **pdl,
+    )
+    return q
 
 
 def _launch(

@@ -34,7 +34,7 @@ import torch
 from .attention import decode_attention
 from .gemv import rms_norm
 
-__all__ = ["rotate", "enabled", "rope_decode_attention", "split_heads"]
+__all__ = ["rotate", "enabled", "rope_decode_attention", "rope_decode_inputs", "split_heads"]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -69,6 +69,16 @@ def split_heads(qkv: torch.Tensor, kv_heads: int, head_dim: int) -> tuple[int, i
 
 def _unfused(qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale):
     """The decoder's computation, op by op (CPU, or where the kernel does not apply)."""
+    q = _unfused_inputs(
+        qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
+    )
+    return decode_attention(q, k_cache, v_cache, (cache_length.reshape(1) + q.shape[2]).to(torch.int32))
+
+
+def _unfused_inputs(
+    qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
+):
+    """The decoder's computation up to the attention, op by op: the caches written, the scaled query."""
     kvh, d = k_cache.shape[1], k_cache.shape[3]
     h, s = split_heads(qkv, kvh, d)
     q, k, v = qkv.split([h * d, kvh * d, kvh * d], -1)
@@ -80,8 +90,7 @@ def _unfused(qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cac
     q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
     k_cache.index_copy_(2, positions, k)
     v_cache.index_copy_(2, positions, v.transpose(1, 2))
-    kv_lengths = (cache_length.reshape(1) + s).to(torch.int32)
-    return decode_attention((q * scale).contiguous(), k_cache, v_cache, kv_lengths)
+    return (q * scale).contiguous()
 
 
 @torch.library.custom_op("mcore::rope_decode_attention", mutates_args=("k_cache", "v_cache"))
@@ -111,6 +120,43 @@ def rope_decode_attention(
 
 @rope_decode_attention.register_fake
 def _rope_decode_attention_fake(
+    qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
+):
+    kvh, d = k_cache.shape[1], k_cache.shape[3]
+    h, s = split_heads(qkv, kvh, d)
+    return qkv.new_empty((1, h, s, d))
+
+
+@torch.library.custom_op("mcore::rope_decode_inputs", mutates_args=("k_cache", "v_cache"))
+def rope_decode_inputs(
+    qkv: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_length: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The same steps up to the attention, for an attention this engine does not run (a bound slot):
+    the caches written, the scaled query [1, H, s, D] returned. On CUDA one kernel (the split kernel's
+    prologue alone), where the compiled step otherwise runs two or three small ones."""
+    if qkv.is_cuda and qkv.dtype in (torch.bfloat16, torch.float16):
+        from . import flash_decode
+
+        if flash_decode.supported(qkv, k_cache):
+            return flash_decode.decode_inputs_from_qkv(
+                qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
+            )
+    return _unfused_inputs(
+        qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
+    )
+
+
+@rope_decode_inputs.register_fake
+def _rope_decode_inputs_fake(
     qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
 ):
     kvh, d = k_cache.shape[1], k_cache.shape[3]
