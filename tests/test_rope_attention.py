@@ -50,8 +50,8 @@ for h, kv, d, cap, cached, s, dt, ns, norm in json.loads(sys.argv[1]):
     caches = [(kc.clone(), vc.clone()) for _ in range(4)]
     a = fd.decode_attention_from_qkv(qkv, qn, kn, 1e-6, cos_t, sin_t, *caches[0], length, scale, nsplit=ns)
     b = fd.decode_attention_from_qkv(qkv, qn, kn, 1e-6, cos_t, sin_t, *caches[1], length, scale, nsplit=ns)
-    qi = fd.decode_inputs_from_qkv(qkv, qn, kn, 1e-6, cos_t, sin_t, *caches[3], length, scale)  # the prologue alone
-    ai = fd.decode_attention(qi, *caches[3], length + s, nsplit=ns)
+    qi, li = fd.decode_inputs_from_qkv(qkv, qn, kn, 1e-6, cos_t, sin_t, *caches[3], length, scale)  # the prologue alone
+    ai = fd.decode_attention(qi, *caches[3], li, nsplit=ns)
     u = rope_decode_attention(qkv, qn, kn, 1e-6, cos_t, sin_t, *caches[2], length, scale)  # CPU: the unfused path
     new = slice(cached, cached + s)
     rel = lambda t, r: ((t.double() - r).norm() / r.norm()).item()
@@ -59,7 +59,8 @@ for h, kv, d, cap, cached, s, dt, ns, norm in json.loads(sys.argv[1]):
     out.append({
         "rel": rel(a, ref), "unfused_rel": rel(u, ref), "floor": rel(ref.to(dtype), ref),
         "same": bool(torch.equal(a, b) and torch.equal(caches[0][0], caches[1][0])),
-        "inputs_same": bool(torch.equal(ai, a) and all(torch.equal(x, y) for x, y in zip(caches[3], caches[0]))),
+        "inputs_same": bool(torch.equal(ai, a) and all(torch.equal(x, y) for x, y in zip(caches[3], caches[0]))
+                            and li.dtype == torch.int32 and li.tolist() == [cached + s]),
         "k_rel": rel(caches[0][0][:, :, new], k64[:, :, new]), "k_floor": rel(k64[:, :, new].to(dtype), k64[:, :, new]),
         "v_new": bool(torch.equal(caches[0][1][:, :, new], v64[:, :, new].to(dtype))),
         "rest_kept": all(bool(torch.equal(c[:, :, old], o[:, :, old])) for c, o in ((caches[0][0], kc), (caches[0][1], vc))),
@@ -215,7 +216,8 @@ def test_a_cache_read_elsewhere_keeps_the_chain_apart(bundles, monkeypatch):
 def test_a_bound_attention_gets_its_inputs_from_one_op_and_keeps_its_slot(bundles, tmp_path, monkeypatch):
     """Tutorial step 5's slots (the attention of every layer bound to a kernel) with MCORE_GEMV=1: the
     chain before each slot becomes one mcore::rope_decode_inputs from the q/k/v product, which writes
-    the caches the slot then reads and hands it the scaled query; the slot node and its key stay. The kernel is called every step of every layer with its own cache and the
+    the caches the slot then reads and hands it the scaled query and the length; the slot node and its
+    key stay. The kernel is called every step of every layer with its own cache and the
     length so far; the tokens are those of MCORE_ATTN_ROPE=0 (the chain as Inductor compiles it) and
     of the op-by-op native engine, the logits as close to the latter as the unfused chain's."""
     from mcore.cli.main import main
@@ -240,7 +242,10 @@ def test_a_bound_attention_gets_its_inputs_from_one_op_and_keeps_its_slot(bundle
     slots = [n for n in nodes if n.target is torch.ops.mcore.slot.default]
     inputs = [n for n in nodes if n.target is torch.ops.mcore.rope_decode_inputs.default]
     assert len(slots) == len(inputs) == layers
-    assert [n.args[0][0] for n in slots] == inputs  # each slot's query is its layer's op
+    # each slot's query and length are its layer's op's two outputs (the length no kernel of its own)
+    assert [[(a.args[0], a.args[1]) for a in (n.args[0][0], n.args[0][3])] for n in slots] == [
+        [(op, 0), (op, 1)] for op in inputs
+    ]
     assert [n.args[0][1].name for n in slots] == [f"key_cache_{i}" for i in range(layers)]  # written by the op
     assert [n.args[0][2].name for n in slots] == [f"value_cache_{i}" for i in range(layers)]
     assert [n.args[6] for n in inputs] == [n.args[0][1] for n in slots]
@@ -309,8 +314,9 @@ def test_gpu_kernel_at_the_8b_shapes(s):
         assert torch.equal(v1, v2) and torch.equal(k1[:, :, :cached], kc[:, :, :cached]), cached
         # the prologue alone (a bound slot's inputs): the same caches, a query attended to the same bits
         k3, v3 = kc.clone(), vc.clone()
-        qi = fd.decode_inputs_from_qkv(qkv, qn, kn, 1e-6, cos_t, sin_t, k3, v3, length, d**-0.5)
-        assert torch.equal(fd.decode_attention(qi, k3, v3, length + s), got), cached
+        qi, li = fd.decode_inputs_from_qkv(qkv, qn, kn, 1e-6, cos_t, sin_t, k3, v3, length, d**-0.5)
+        assert li.dtype == torch.int32 and li.tolist() == [cached + s], cached
+        assert torch.equal(fd.decode_attention(qi, k3, v3, li), got), cached
         assert torch.equal(k3, k1) and torch.equal(v3, v1), cached
         for _ in range(10):
             again = fd.decode_attention_from_qkv(qkv, qn, kn, 1e-6, cos_t, sin_t, k1, v1, length, d**-0.5)

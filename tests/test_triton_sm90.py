@@ -64,7 +64,7 @@ for pdl in (False, True):
                        options={"num_warps": 4})
     out["merge"] += bool(k.asm["cubin"])
 # the prologue alone (mcore::rope_decode_inputs, before a bound slot), with and without the q/k norms and PDL
-inputs_sig = {"QKV": "*bf16", "Q": "*bf16", "K": "*bf16", "V": "*bf16", "LEN": "*i32", "QNW": "*bf16", "KNW": "*bf16",
+inputs_sig = {"QKV": "*bf16", "Q": "*bf16", "K": "*bf16", "V": "*bf16", "LEN": "*i32", "LOUT": "*i32", "QNW": "*bf16", "KNW": "*bf16",
               "COS": "*fp32", "SIN": "*fp32", "eps": "fp32", "scale": "fp32", "C": "i32",
               **{c: "constexpr" for c in ("S", "ROWS", "D", "BLOCK_M", "KVH", "S_P2", "QKNORM", "PDL")}}
 out["inputs"] = {}

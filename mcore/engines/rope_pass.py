@@ -14,6 +14,7 @@ anywhere inside the chain leaves it alone: its node is not one of the ops matche
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -235,9 +236,13 @@ def fuse_rope_attention(gm: fx.GraphModule, state: dict[fx.Node, torch.Tensor]) 
             if found is None:
                 continue
             args, chain = found
-            query = _replace(gm, node, torch.ops.mcore.rope_decode_inputs.default, args, chain)
-            query.meta["val"] = inputs[0].meta["val"]
-            node.args = ([query, args[6], args[7], *inputs[3:]], *node.args[1:])  # the caches, written
+            fused = _replace(gm, node, torch.ops.mcore.rope_decode_inputs.default, args, chain)
+            with gm.graph.inserting_before(node):
+                query, length = (gm.graph.call_function(operator.getitem, (fused, i)) for i in (0, 1))
+            query.meta["val"], length.meta["val"] = inputs[0].meta["val"], inputs[3].meta.get("val")
+            fused.meta["val"] = (query.meta["val"], length.meta["val"])
+            # the caches it wrote, and the length it wrote (no kernel of its own for the slot's length)
+            node.args = ([query, args[6], args[7], length, *inputs[4:]], *node.args[1:])
             _erase(gm, chain, order)
             done += 1
     return done

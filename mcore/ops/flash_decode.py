@@ -249,13 +249,13 @@ def _merge_kernel(
 
 @triton.jit
 def _inputs_kernel(
-    QKV, Q, K, V, LEN, QNW, KNW, COS, SIN, eps, scale, C,
+    QKV, Q, K, V, LEN, LOUT, QNW, KNW, COS, SIN, eps, scale, C,
     S: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, KVH: tl.constexpr,
     S_P2: tl.constexpr, QKNORM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """The rotary prologue alone (mcore::rope_decode_inputs): one program a KV head writes its new keys
     and values into the caches and its query heads, scaled, into Q [1, H, S, D], for an attention
-    kernel that is not this module's (a bound slot's)."""
+    kernel that is not this module's (a bound slot's); the first also the length it reads, LOUT."""
     kvh = tl.program_id(0)
     if PDL:
         tl.extra.cuda.gdc_wait()
@@ -268,6 +268,8 @@ def _inputs_kernel(
     q = _rope_prologue(QKV, K, V, QNW, KNW, COS, SIN, eps, scale, kvh, length, 0, length, base, rows, row_ok, cols,
                        S, ROWS, D, KVH, S_P2, QKNORM)  # fmt: skip
     tl.store(Q + (kvh * ROWS + rows)[:, None] * D + cols[None, :], q, mask=row_ok[:, None])
+    if kvh == 0:
+        tl.store(LOUT, length)
 
 
 @functools.cache
@@ -365,16 +367,18 @@ def decode_inputs_from_qkv(
     v_cache: torch.Tensor,
     cache_length: torch.Tensor,
     scale: float,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """mcore::rope_decode_inputs: the prologue of `decode_attention_from_qkv` as a kernel of its own (one
-    program a KV head), for an attention that is a bound slot -> the scaled query [1, H, s, D], the
-    same bits the prologue attends with; the caches written as it writes them."""
+    program a KV head), for an attention that is a bound slot -> (the scaled query [1, H, s, D], the
+    same bits the prologue attends with; the INT32 [1] length cache_length + s); the caches written as
+    it writes them."""
     h, s, (norms, eps, cos, sin, scale) = _rope_args(
         qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, scale
     )
     kvh, cap, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     rows = (h // kvh) * s
     q = torch.empty((1, h, s, d), dtype=k_cache.dtype, device=qkv.device)
+    lengths = torch.empty(1, dtype=torch.int32, device=qkv.device)
     pdl = launch_options(qkv.device)
     _inputs_kernel[(kvh,)](
         qkv.contiguous(),
@@ -382,6 +386,7 @@ def decode_inputs_from_qkv(
         k_cache,
         v_cache,
         cache_length,
+        lengths,
         norms[0] if norms else qkv,  # unread without the q/k norms
         norms[1] if norms else qkv,
         cos,
@@ -400,7 +405,7 @@ def decode_inputs_from_qkv(
         num_warps=NUM_WARPS,
         **pdl,
     )
-    return q
+    return q, lengths
 
 
 def _launch(

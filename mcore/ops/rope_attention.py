@@ -139,10 +139,11 @@ def rope_decode_inputs(
     v_cache: torch.Tensor,
     cache_length: torch.Tensor,
     scale: float,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The same steps up to the attention, for an attention this engine does not run (a bound slot):
-    the caches written, the scaled query [1, H, s, D] returned. On CUDA one kernel (the split kernel's
-    prologue alone), where the compiled step otherwise runs two or three small ones."""
+    the caches written; returns the scaled query [1, H, s, D] and the INT32 [1] length the attention
+    reads (cache_length + s). On CUDA one kernel (the split kernel's prologue alone), where the
+    compiled step otherwise runs two or three small ones and another for the length."""
     if qkv.is_cuda and qkv.dtype in (torch.bfloat16, torch.float16):
         from . import flash_decode
 
@@ -150,9 +151,10 @@ def rope_decode_inputs(
             return flash_decode.decode_inputs_from_qkv(
                 qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
             )
-    return _unfused_inputs(
+    q = _unfused_inputs(
         qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
     )
+    return q, (cache_length.reshape(1) + q.shape[2]).to(torch.int32)
 
 
 @rope_decode_inputs.register_fake
@@ -161,4 +163,4 @@ def _rope_decode_inputs_fake(
 ):
     kvh, d = k_cache.shape[1], k_cache.shape[3]
     h, s = split_heads(qkv, kvh, d)
-    return qkv.new_empty((1, h, s, d))
+    return qkv.new_empty((1, h, s, d)), cache_length.new_empty((1,), dtype=torch.int32)
