@@ -87,6 +87,40 @@ def test_cpu_compiled_matches_the_reference_engine(cpu_bundles):
     assert any("decode: compiled (Inductor)" in line for line in lines), lines
 
 
+def test_pipelines_of_one_structure_share_the_compiled_code_and_keep_their_own_weights(tmp_path):
+    """Two checkpoints of one config (seeded random weights: a fine-tune's situation) in one process:
+    the second pipeline's roles call the function the first one compiled (no second trace) with its own
+    weights, so each gives the tokens and logits of its own op-by-op engine; a third pipeline under
+    another MCORE_CACHE_DIR compiles afresh."""
+    from mcore.engines import compiled
+
+    paths = [
+        build_bundle(
+            BuildArgs(model="demo:qwen3-tiny", precision="fp32", max_cache_length=64, weights="random", seed=seed),
+            tmp_path / f"seed{seed}.bundle",
+            device="cpu",
+        ).bundle_path
+        for seed in (1, 2)
+    ]
+    a, b = (DecoderPipeline(str(p), device="cpu", engine="compiled") for p in paths)
+    assert all(b.runners[r].fn is a.runners[r].fn for r in ("prefill", "decode"))
+    outputs = []
+    for pipe, path in zip((a, b), paths, strict=True):
+        ref = DecoderPipeline(str(path), device="cpu", engine="torch")
+        r = pipe.generate(PROMPT, 6, stop_at_eos=False)
+        assert r.tokens == ref.generate(PROMPT, 6, stop_at_eos=False).tokens
+        mine = pipe.step_logits(r.prompt_tokens, r.tokens[:-1])
+        for x, y in zip(mine, ref.step_logits(r.prompt_tokens, r.tokens[:-1]), strict=True):
+            torch.testing.assert_close(x, y, atol=2e-5, rtol=2e-5)
+        outputs.append(mine[0])
+    assert not torch.allclose(outputs[0], outputs[1])  # two models, not one twice
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MCORE_CACHE_DIR", str(tmp_path / "other-cache"))
+        c = DecoderPipeline(str(paths[0]), device="cpu", engine="compiled")
+    assert c.runners["decode"].fn is not a.runners["decode"].fn
+    assert len(compiled._DYNAMO) <= compiled._DYNAMO_MAX
+
+
 @pytest.mark.parametrize("model", ["demo:llama-tiny", "demo:qwen2-tiny"])
 def test_cpu_compiled_runs_the_other_families(tmp_path, model):
     """Llama (GQA 4, tied) and Qwen2 (q/k/v biases: their projections stay unfused) compiled: the

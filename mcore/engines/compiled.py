@@ -23,7 +23,9 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -178,6 +180,39 @@ def rewrite(p: PreparedGraph, inputs: Sequence[torch.Tensor], device: torch.devi
         rewrite_prefill(p)
 
 
+# Roles compiled through Dynamo in this process, by everything their code depends on: the compiled
+# function takes the weights and caches as arguments, so a second pipeline of the same structure
+# (a reload, a gate's other side, most tests) calls the first one's instead of tracing its graph
+# again (about 1 s a role for the demo on a CPU, where Inductor's cache then hits anyway).
+_DYNAMO: OrderedDict[tuple, Any] = OrderedDict()
+_DYNAMO_MAX = 16
+_DYNAMO_LOCK = threading.Lock()
+
+
+def _dynamo_compiled(gm: torch.fx.GraphModule, key: str, slot_keys: Sequence[str], options: dict[str, Any]) -> Any:
+    """torch.compile(gm), or the function compiled in this process for the same graph. Only graphs that
+    hold no tensors of their own are shared (a get_attr would be the first pipeline's tensor); the
+    graph's code is part of the key, so a rewrite that came out otherwise compiles afresh."""
+    if any(n.op == "get_attr" for n in gm.graph.nodes):
+        return torch.compile(gm, fullgraph=True, options=options or None)
+    # under this cache: a process that moved MCORE_CACHE_DIR compiles (and caches) there afresh
+    share = (
+        key,
+        tuple(slot_keys),
+        graph_sha256(gm),
+        json.dumps(options, sort_keys=True),
+        os.environ.get("MCORE_CACHE_DIR"),
+    )
+    with _DYNAMO_LOCK:
+        fn = _DYNAMO.get(share)
+        if fn is None:
+            fn = _DYNAMO[share] = torch.compile(gm, fullgraph=True, options=options or None)
+            while len(_DYNAMO) > _DYNAMO_MAX:
+                _DYNAMO.popitem(last=False)
+        _DYNAMO.move_to_end(share)
+    return fn
+
+
 class CompiledRoleRunner:
     """`prepared` is the role's graph (a PreparedGraph), or for a precompiled role loaded from its
     artifact the RoleProgram alone with `fn` already set. `snapshot`: the role's graph snapshot, kept
@@ -288,7 +323,7 @@ class CompiledRoleRunner:
                 for i, dims in self.prepared.dynamic_dims.items():
                     for d in dims:
                         torch._dynamo.mark_dynamic(inputs[i], d)
-            self.fn = torch.compile(gm, fullgraph=True, options=options or None)
+            self.fn = _dynamo_compiled(gm, self.key, self.prepared.slot_keys, options)
 
     def _compile_and_warm(
         self, inputs: Sequence[torch.Tensor], artifact: Path | None, options: dict[str, Any], progress: Progress
