@@ -28,6 +28,7 @@ Elsewhere the op runs the decoder's own modules' computation (the functions belo
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -93,6 +94,16 @@ def _unfused_inputs(
     return (q * scale).contiguous()
 
 
+def _kernels(qkv: torch.Tensor, k_cache: torch.Tensor) -> Any:
+    """mcore/ops/flash_decode.py where its Triton kernels take these tensors (16-bit, CUDA), else None."""
+    if qkv.is_cuda and qkv.dtype in (torch.bfloat16, torch.float16):
+        from . import flash_decode
+
+        if flash_decode.supported(qkv, k_cache):
+            return flash_decode
+    return None
+
+
 @torch.library.custom_op("mcore::rope_decode_attention", mutates_args=("k_cache", "v_cache"))
 def rope_decode_attention(
     qkv: torch.Tensor,
@@ -108,14 +119,11 @@ def rope_decode_attention(
 ) -> torch.Tensor:
     """See the module's docstring: the q/k norms, rotary embedding, cache writes and decode attention
     of one decode step, from the fused q/k/v product's row."""
-    if qkv.is_cuda and qkv.dtype in (torch.bfloat16, torch.float16):
-        from . import flash_decode
-
-        if flash_decode.supported(qkv, k_cache):
-            return flash_decode.decode_attention_from_qkv(
-                qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
-            )
-    return _unfused(qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale)
+    args = (qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale)
+    kernels = _kernels(qkv, k_cache)
+    if kernels is not None:
+        return kernels.decode_attention_from_qkv(*args)
+    return _unfused(*args)
 
 
 @rope_decode_attention.register_fake
@@ -144,16 +152,11 @@ def rope_decode_inputs(
     the caches written; returns the scaled query [1, H, s, D] and the INT32 [1] length the attention
     reads (cache_length + s). On CUDA one kernel (the split kernel's prologue alone), where the
     compiled step otherwise runs two or three small ones and another for the length."""
-    if qkv.is_cuda and qkv.dtype in (torch.bfloat16, torch.float16):
-        from . import flash_decode
-
-        if flash_decode.supported(qkv, k_cache):
-            return flash_decode.decode_inputs_from_qkv(
-                qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
-            )
-    q = _unfused_inputs(
-        qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
-    )
+    args = (qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale)
+    kernels = _kernels(qkv, k_cache)
+    if kernels is not None:
+        return kernels.decode_inputs_from_qkv(*args)
+    q = _unfused_inputs(*args)
     return q, (cache_length.reshape(1) + q.shape[2]).to(torch.int32)
 
 
