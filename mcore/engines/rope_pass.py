@@ -199,7 +199,7 @@ def _replace(gm: fx.GraphModule, reader: fx.Node, target: Any, args: tuple, chai
     """One `target(*args)` node before `reader`, charged with the chain's nodes (the profile's names)."""
     with gm.graph.inserting_before(reader):
         fused = gm.graph.call_function(target, args)
-    fused.meta["mcore_fused_nodes"] = sorted(n.name for n in chain)
+    fused.meta["mcore_fused_nodes"] = sorted({n.name for n in chain})
     return fused
 
 
