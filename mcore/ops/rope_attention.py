@@ -70,16 +70,17 @@ def split_heads(qkv: torch.Tensor, kv_heads: int, head_dim: int) -> tuple[int, i
 
 def _unfused(qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale):
     """The decoder's computation, op by op (CPU, or where the kernel does not apply)."""
-    q = _unfused_inputs(
+    q, kv_lengths = _unfused_inputs(
         qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
     )
-    return decode_attention(q, k_cache, v_cache, (cache_length.reshape(1) + q.shape[2]).to(torch.int32))
+    return decode_attention(q, k_cache, v_cache, kv_lengths)
 
 
 def _unfused_inputs(
     qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
 ):
-    """The decoder's computation up to the attention, op by op: the caches written, the scaled query."""
+    """The decoder's computation up to the attention, op by op: the caches written; (the scaled query,
+    the INT32 [1] length the attention reads)."""
     kvh, d = k_cache.shape[1], k_cache.shape[3]
     h, s = split_heads(qkv, kvh, d)
     q, k, v = qkv.split([h * d, kvh * d, kvh * d], -1)
@@ -91,7 +92,7 @@ def _unfused_inputs(
     q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
     k_cache.index_copy_(2, positions, k)
     v_cache.index_copy_(2, positions, v.transpose(1, 2))
-    return (q * scale).contiguous()
+    return (q * scale).contiguous(), (cache_length.reshape(1) + s).to(torch.int32)
 
 
 def _kernels(qkv: torch.Tensor, k_cache: torch.Tensor) -> Any:
@@ -130,9 +131,7 @@ def rope_decode_attention(
 def _rope_decode_attention_fake(
     qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
 ):
-    kvh, d = k_cache.shape[1], k_cache.shape[3]
-    h, s = split_heads(qkv, kvh, d)
-    return qkv.new_empty((1, h, s, d))
+    return _query_like(qkv, k_cache)
 
 
 @torch.library.custom_op("mcore::rope_decode_inputs", mutates_args=("k_cache", "v_cache"))
@@ -156,14 +155,18 @@ def rope_decode_inputs(
     kernels = _kernels(qkv, k_cache)
     if kernels is not None:
         return kernels.decode_inputs_from_qkv(*args)
-    q = _unfused_inputs(*args)
-    return q, (cache_length.reshape(1) + q.shape[2]).to(torch.int32)
+    return _unfused_inputs(*args)
 
 
 @rope_decode_inputs.register_fake
 def _rope_decode_inputs_fake(
     qkv, q_norm_weight, k_norm_weight, eps, cos_table, sin_table, k_cache, v_cache, cache_length, scale
 ):
+    return _query_like(qkv, k_cache), cache_length.new_empty((1,), dtype=torch.int32)
+
+
+def _query_like(qkv: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
+    """An empty [1, H, s, D] query (or context) for a q/k/v row and its cache: the ops' fake result."""
     kvh, d = k_cache.shape[1], k_cache.shape[3]
     h, s = split_heads(qkv, kvh, d)
-    return qkv.new_empty((1, h, s, d)), cache_length.new_empty((1,), dtype=torch.int32)
+    return qkv.new_empty((1, h, s, d))
