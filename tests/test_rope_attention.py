@@ -114,9 +114,14 @@ def test_the_kernel_matches_float64_under_the_triton_interpreter():
         assert res["k_rel"] < 2 * res["k_floor"] + 1e-6, (case, res)
 
 
-def test_bad_inputs_are_refused():
-    from mcore.ops import flash_decode as fd
+@pytest.mark.parametrize("launch", ["decode_attention_from_qkv", "decode_inputs_from_qkv"])
+def test_bad_inputs_are_refused(launch):
+    """Both launchers (the attention with its prologue, and the prologue alone before a bound slot)
+    refuse the same inputs with the same messages, before any launch."""
+    from mcore.ops import flash_decode
     from mcore.ops.rope_attention import split_heads
+
+    fn = getattr(flash_decode, launch)
 
     with pytest.raises(ValueError, match="not \\(H \\+ 2"):
         split_heads(torch.zeros(1, 1, 100), 2, 16)
@@ -126,12 +131,12 @@ def test_bad_inputs_are_refused():
     table = torch.zeros(64, 16)
     length = torch.zeros(1, dtype=torch.int32)
     with pytest.raises(ValueError, match="both q/k norm weights or neither"):
-        fd.decode_attention_from_qkv(qkv, torch.ones(16), None, 1e-6, table, table, kc, kc.clone(), length, 0.25)
+        fn(qkv, torch.ones(16), None, 1e-6, table, table, kc, kc.clone(), length, 0.25)
     with pytest.raises(ValueError, match="cos table"):
-        fd.decode_attention_from_qkv(qkv, None, None, 1e-6, table[:8], table, kc, kc.clone(), length, 0.25)
+        fn(qkv, None, None, 1e-6, table[:8], table, kc, kc.clone(), length, 0.25)
     with pytest.raises(ValueError, match="must be contiguous"):
         strided = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16).transpose(2, 3)  # the cache's shape, not its layout
-        fd.decode_attention_from_qkv(qkv, None, None, 1e-6, table, table, strided, kc, length, 0.25)
+        fn(qkv, None, None, 1e-6, table, table, strided, kc, length, 0.25)
 
 
 @pytest.fixture(scope="module")
