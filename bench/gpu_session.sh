@@ -47,9 +47,12 @@ keep() {  # STAGE: the stage's logs (no bundles, no DSOs) as one file in OUT
 suite() {  # NAME PYTEST_ARGS...: one share of the suite, its log in OUT
   # -v straight into the file (no filter in between): a run cut short by a time limit still names
   # every test that finished, FAILED ones included (a filtered pipe lost a whole run's log once)
-  local name=$1
+  local name=$1 report=()
   shift
-  python3 -m pytest -v -o addopts="" -p no:cacheprovider -p no:logging -rfE --tb=short --durations=10 "$@" > "$OUT/$name.log" 2>&1
+  # a failed TUI snapshot is read from its report (expected beside actual), which only comes back from OUT
+  python3 -c "import pytest_textual_snapshot" 2>/dev/null && report=(--snapshot-report "$OUT/$name-snapshots.html")
+  python3 -m pytest -v -o addopts="" -p no:cacheprovider -p no:logging -rfE --tb=short --durations=10 "${report[@]}" "$@" \
+    > "$OUT/$name.log" 2>&1
   echo "== $name"; grep -E ' (FAILED|ERROR) |^(FAILED|ERROR)|[0-9]+ passed|[0-9]+ failed' "$OUT/$name.log" | tail -n 25
 }
 # the whole suite in one stage (about 15 min on the H200 with the defaults of 2026-12-01: more than
