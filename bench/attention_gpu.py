@@ -139,22 +139,81 @@ def uses_workspace(name: str) -> bool:
     return "(no workspace" not in name and name.startswith("CuTe split")
 
 
+# --export-only writes this index beside the DSOs: {index: {name, abi_sha256, library_sha256}}
+PREBUILT = "prebuilt.json"
+
+
+def abi_of(receipt: Path) -> str:
+    return json.loads(receipt.read_text())["abi_sha256"]
+
+
+def why_not_prebuilt(entry: dict | None, src: Path, name: str, receipt: Path) -> str:
+    """Why folder's DSO `src` is not this variant's for `receipt` ("" when it is)."""
+    import hashlib
+
+    if entry is None or not src.is_file():
+        return "none in the folder"
+    if entry["name"] != name:
+        return "another variant's"
+    if entry["abi_sha256"] != abi_of(receipt):
+        return f"exported for ABI {entry['abi_sha256'][:12]}, this receipt's is {abi_of(receipt)[:12]}"
+    if hashlib.sha256(src.read_bytes()).hexdigest() != entry["library_sha256"]:
+        return "its bytes changed since the export"
+    return ""
+
+
+def use_prebuilt(entry: dict | None, folder: Path, name: str, receipt: Path, dso: Path) -> bool:
+    """Copy folder's DSO for this variant to `dso` if it was exported as `name` for `receipt`'s ABI;
+    else say why not (the caller exports it)."""
+    import shutil
+
+    src = folder / f"{dso.stem}.so"
+    why = why_not_prebuilt(entry, src, name, receipt)
+    if why:
+        print(f"[build] {name}: prebuilt DSO not used ({why}); exporting", flush=True)
+        return False
+    shutil.copyfile(src, dso)
+    print(f"[build] {name}: prebuilt {src} (ABI {entry['abi_sha256'][:12]})", flush=True)  # type: ignore[index]
+    return True
+
+
+def export_only(out: Path, capacity: int, only: set[int] | None) -> None:
+    """The slot bundles built and VARIANTS exported on this machine (no GPU needed: the exporter
+    targets sm_90a), with PREBUILT naming each DSO's receipt ABI, for a GPU call's --prebuilt."""
+    import hashlib
+
+    _, slots, dsos = build(out, capacity, native=False, only=only)
+    index = {}
+    for i, name in enumerate(VARIANTS):
+        if name in dsos:
+            abi = slots["workspace" if uses_workspace(name) else "plain"][1]
+            sha = hashlib.sha256(dsos[name].read_bytes()).hexdigest()
+            index[str(i)] = {"name": name, "abi_sha256": abi, "library_sha256": sha}
+    (out / PREBUILT).write_text(json.dumps(index, indent=1))
+    print(f"[export-only] {len(index)} of {len(only or VARIANTS)} variants exported to {out} ({PREBUILT})", flush=True)
+
+
 def export_variants(
-    out: Path, receipt: Path, ws_receipt: Path, only: set[int] | None = None
+    out: Path, receipt: Path, ws_receipt: Path, only: set[int] | None = None, prebuilt: Path | None = None
 ) -> tuple[dict[str, Path], dict[str, float]]:
     """Each of VARIANTS exported from `receipt` (`ws_receipt`: those with a workspace) as
     out/attn-<index>.so, side by side (each export is a single-threaded CPU-bound compile; the H200
     box has 16 cores; `only`: those indices): {name: DSO} in VARIANTS order for those that exported,
-    {name: seconds}."""
+    {name: seconds}. `prebuilt`: a folder from --export-only, whose DSOs are used where they were
+    exported for the same receipt ABI (a GPU call then needs no CuTe DSL for them)."""
     dsos: dict[str, Path] = {}
     export_s: dict[str, float] = {}
     script = shipped_exporter("cutedsl-decode-attention")
+    ready = json.loads((prebuilt / PREBUILT).read_text()) if prebuilt else {}
 
     def export(item: tuple[int, tuple[str, dict[str, str]]]) -> None:
         i, (name, env) = item
         t = time.perf_counter()
         dso = out / f"attn-{i}.so"
         sel = ws_receipt if uses_workspace(name) else receipt
+        if prebuilt and use_prebuilt(ready.get(str(i)), prebuilt, name, sel, dso):
+            dsos[name], export_s[name] = dso, 0.0
+            return
         cmd = [sys.executable, str(script), "--selection", str(sel), "--output", str(dso)]
         r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
         export_s[name] = time.perf_counter() - t
@@ -169,11 +228,16 @@ def export_variants(
 
 
 def build(
-    out: Path, capacity: int, native: bool, only: set[int] | None = None, given_native: Path | None = None
+    out: Path,
+    capacity: int,
+    native: bool,
+    only: set[int] | None = None,
+    given_native: Path | None = None,
+    prebuilt: Path | None = None,
 ) -> tuple[Path, dict[str, tuple[Path, str]], dict[str, Path]]:
     """The native bundle (`given_native` when another run built it, e.g. bench/engine_gpu.py's, whose
     compiled code its cache holds), {"plain" | "workspace": (slot bundle, its ABI hash)}, the exported
-    DSOs (`only`: of those VARIANTS indices)."""
+    DSOs (`only`: of those VARIANTS indices; `prebuilt`: see export_variants)."""
     cfg = write_model_folder(out / f"{MODEL}-config", MODEL)
     args = BuildArgs(model=str(cfg), weights="random", precision="bf16", max_cache_length=capacity)
     t = time.perf_counter()
@@ -190,7 +254,7 @@ def build(
         overwrite=True,
     )
     build_s = time.perf_counter() - t
-    dsos, export_s = export_variants(out, slot.receipt_paths[0], ws.receipt_paths[0], only)
+    dsos, export_s = export_variants(out, slot.receipt_paths[0], ws.receipt_paths[0], only, prebuilt)
     emit(out, "build", {"slots": len(slot.receipts), "build_s": build_s, "export_s": export_s})
     slots = {
         "plain": (out / "attn.bundle", slot.receipts[0].abi_sha256),
@@ -730,6 +794,16 @@ def parse() -> argparse.Namespace:
         default=None,
         help="which of VARIANTS the kernel and timeline parts export and time (indices, comma-separated; default: all)",
     )
+    ap.add_argument(
+        "--export-only",
+        action="store_true",
+        help="build the slot bundles on the CPU and export the variants into OUT_DIR (no GPU needed), then exit",
+    )
+    ap.add_argument(
+        "--prebuilt",
+        default=None,
+        help="a folder from --export-only: its DSOs are used where exported for this run's receipt ABI",
+    )
     ap.add_argument("--flashinfer-warm", action="store_true", help="only JIT-build FlashInfer's modules, then exit")
     ap.add_argument("--no-flashinfer", action="store_true", help="no FlashInfer rows")
     ap.add_argument(
@@ -756,7 +830,7 @@ def parse() -> argparse.Namespace:
 
 
 def main() -> None:
-    global TENSOR_CORES, CAPACITY
+    global TENSOR_CORES, CAPACITY, DEV
     a = parse()
     CAPACITY = a.capacity
     use_model(a.model)
@@ -771,8 +845,15 @@ def main() -> None:
         return
     parts = a.parts.split(",")
     only = a.variants if "kernel" in parts or not a.indices else set(a.indices)  # pipelines alone: the bound ones
+    if a.export_only:
+        DEV = "cpu"  # the receipts' ABI does not depend on the device (the GPU run checks it)
+        export_only(out, a.capacity, a.variants)
+        return
     given = Path(a.native) if a.native else None
-    native, slots, dsos = build(out, a.capacity, "pipelines" in parts, only, given)
+    prebuilt = Path(a.prebuilt) if a.prebuilt else None
+    if prebuilt and not (prebuilt / PREBUILT).is_file():
+        sys.exit(f"attention_gpu.py: --prebuilt {prebuilt}: no {PREBUILT} there; make one with --export-only")
+    native, slots, dsos = build(out, a.capacity, "pipelines" in parts, only, given, prebuilt)
     bound = {"variants": a.indices or [BIND]}
 
     def kernel_part() -> None:

@@ -15,7 +15,9 @@
 #   (MCORE="python3 -m mcore"; PAIRS=auto|N; MAX_PAIRS=4; TOKENS=128; RUNS=30; METRIC=device|min-step|throughput;
 #    MODEL=tiny|8b; CONTEXT="N ...": a prompt of about N tokens, so decode runs at that context, each
 #    gate run at every context named (one cache capacity for all, the largest's: one build, one compile);
-#    DEVICE=cpu: a smoke run of this script)
+#    DEVICE=cpu: a smoke run of this script; EXPORT_ONLY=1: stop after the bundles and DSOs, which
+#    PREBUILT=that OUT on another machine uses where its receipts have the same ABI: the CuTe DSL
+#    exports for sm_90a without a GPU, so a GPU call then needs no DSL)
 set -euo pipefail
 OUT=${1:-artifacts/perf-gate-gpu}
 MCORE=${MCORE:-python3 -m mcore}
@@ -107,14 +109,26 @@ for spec in $GATES; do  # kernels and bindings before any gate is timed
       [ -e "$OUT/attn.bundle" ] || $MCORE build "${ARGS[@]}" --device "$DEVICE" --recipe "$ATTN" all-instances \
         --workspace-bytes "$WS" -o "$OUT/attn.bundle" >> "$OUT/build.log" 2>&1
       RECEIPT="$OUT/attn.selection.decoder.layers.0.decode_attention.json"
+      AABI=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["abi_sha256"])' "$RECEIPT")
+      if [ ! -f "$OUT/$g/kernel.so" ] && [ -n "${PREBUILT:-}" ]; then  # exported elsewhere for this receipt's ABI
+        if [ "$(cat "$PREBUILT/$g/abi" 2>/dev/null)" = "$AABI" ]; then
+          cp "$PREBUILT/$g/kernel.so" "$OUT/$g/kernel.so" && echo "$g: the DSO from $PREBUILT (ABI ${AABI:0:12})"
+        else
+          echo "$g: $PREBUILT/$g has no DSO for ABI ${AABI:0:12}; exporting here" >&2
+        fi
+      fi
       [ -f "$OUT/$g/kernel.so" ] || $MCORE kernel export cutedsl-decode-attention --selection "$RECEIPT" \
         -o "$OUT/$g/kernel.so" > "$OUT/$g/kernel.log" 2>&1
-      AABI=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["abi_sha256"])' "$RECEIPT")
+      echo "$AABI" > "$OUT/$g/abi"  # what PREBUILT=$OUT checks on another machine
       printf '{"schema_version": 1, "bindings": [{"id": "%s", "abi_sha256": "%s", "library": "./kernel.so", "function": "run"}]}\n' \
         "$ATTN" "$AABI" > "$OUT/$g/bindings.json"
       EXT[$g]="$MCORE run $OUT/attn.bundle --kernel-bindings $OUT/$g/bindings.json" ;;
   esac
 done
+if [ -n "${EXPORT_ONLY:-}" ]; then  # bundles and DSOs only, e.g. on a machine without a GPU for one with
+  echo "built and exported in $OUT; on the GPU: PREBUILT=$OUT (the same MODEL, CONTEXT and TOKENS)"
+  exit 0
+fi
 NGPU=${NGPU:-$([ "$DEVICE" = cpu ] && echo 1 || nvidia-smi -L | wc -l)}
 t0=$SECONDS
 k=0  # one warm run per arm, side by side where there are GPUs for them (each compiles its bundle once;

@@ -70,3 +70,42 @@ def test_the_variants_to_time_are_named_by_index(monkeypatch):
     with pytest.raises(SystemExit) as e:
         attention_gpu.parse()
     assert e.value.code == 2
+
+
+def test_variants_exported_here_are_used_on_the_gpu_only_for_their_own_receipt(tmp_path, monkeypatch, capsys):
+    """--export-only exports the variants without a GPU (sm_90a) and indexes them by their receipt's
+    ABI; --prebuilt uses such a DSO only for a receipt of that ABI and only unchanged, else exports."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.setattr(sys, "argv", ["attention_gpu.py"])
+    import attention_gpu as bench
+
+    for name in ("MODEL", "CONFIG", "RECIPE", "WORKSPACE", "DEV"):
+        monkeypatch.setattr(bench, name, getattr(bench, name))
+    monkeypatch.setattr(bench, "RESULTS", {})
+    bench.use_model("qwen3-tiny-hd64")
+    bench.DEV = "cpu"
+    split = list(bench.VARIANTS).index(bench.SHIPPED_SPLIT)
+    pre = tmp_path / "pre"
+    pre.mkdir()
+    bench.export_only(pre, 256, {split})
+    index = json.loads((pre / bench.PREBUILT).read_text())
+    assert list(index) == [str(split)] and index[str(split)]["name"] == bench.SHIPPED_SPLIT
+    receipt = pre / "attn-ws.selection.decoder.layers.0.decode_attention.json"
+    assert index[str(split)]["abi_sha256"] == bench.abi_of(receipt)
+
+    run = tmp_path / "run"
+    run.mkdir()
+    capsys.readouterr()
+    _, slots, dsos = bench.build(run, 256, native=False, only={split}, prebuilt=pre)
+    assert "prebuilt" in capsys.readouterr().out
+    assert dsos[bench.SHIPPED_SPLIT].read_bytes() == (pre / f"attn-{split}.so").read_bytes()
+    assert json.loads((run / "attention.json").read_text())["build"]["export_s"][bench.SHIPPED_SPLIT] == 0.0
+
+    entry, src = index[str(split)], pre / f"attn-{split}.so"
+    assert bench.why_not_prebuilt(entry, src, bench.SHIPPED_SPLIT, receipt) == ""
+    assert bench.why_not_prebuilt(None, src, bench.SHIPPED_SPLIT, receipt) == "none in the folder"
+    assert bench.why_not_prebuilt(entry, src, "CuTe split 64 x 4 warps", receipt) == "another variant's"
+    other = dict(entry, abi_sha256="0" * 64)
+    assert bench.why_not_prebuilt(other, src, bench.SHIPPED_SPLIT, receipt).startswith("exported for ABI 000000000000")
+    src.write_bytes(src.read_bytes() + b"\0")
+    assert bench.why_not_prebuilt(entry, src, bench.SHIPPED_SPLIT, receipt) == "its bytes changed since the export"
