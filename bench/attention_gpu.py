@@ -117,6 +117,10 @@ VARIANTS = {
     # more blocks in flight for its faster memory (each needs the workspace for its splits, below)
     "CuTe split 48 x 4 warps": {"CUTEDSL_ATTENTION_SPLITS": "48"},
     "CuTe split 64 x 4 warps": {"CUTEDSL_ATTENTION_SPLITS": "64"},
+    # thirtieth session, for the H200 likewise: each warp's next keys in flight while it works on these
+    # (slower on the H100 at 32 splits), and twice the warps a block
+    "CuTe split 64 x 4, loads ahead": {"CUTEDSL_ATTENTION_SPLITS": "64", "CUTEDSL_ATTENTION_PREFETCH": "1"},
+    "CuTe split 32 x 8 warps": {"CUTEDSL_ATTENTION_WARPS": "8"},
 }
 SHIPPED_SPLIT = "CuTe split 32 x 4 warps (workspace, default)"  # what --bind binds unless told
 BIND = list(VARIANTS).index(SHIPPED_SPLIT)  # --bind: the variant the slot pipeline binds
