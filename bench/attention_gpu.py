@@ -421,10 +421,24 @@ def flashinfer_rows(s: Setup, fi: Any, capacity: int, rows: dict[str, dict], sav
         attempt("FlashInfer paged decode, tensor cores (fa2, host plan per context)", lambda: paged(True))
 
 
-def kernel_times(out: Path, dsos: dict[str, Path], contexts: list[int], capacity: int, rounds: int = 1) -> list[dict]:
+def load_runs(dsos: dict[str, Path]) -> dict[str, Any]:
+    """{name: the DSO's run function} for those that load; one that does not (a DSO exported on
+    another machine may miss a library here) is named with the loader's reason and left out."""
     import tvm_ffi
 
-    runs = {name: tvm_ffi.load_module(str(p))["run"] for name, p in dsos.items() if p.exists()}
+    runs = {}
+    for name, p in dsos.items():
+        if not p.exists():
+            continue
+        try:
+            runs[name] = tvm_ffi.load_module(str(p))["run"]
+        except Exception as e:  # noqa: BLE001 - the other variants' numbers still count
+            print(f"[load] {name}: {p} did not load: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    return runs
+
+
+def kernel_times(out: Path, dsos: dict[str, Path], contexts: list[int], capacity: int, rounds: int = 1) -> list[dict]:
+    runs = load_runs(dsos)
     s = Setup(capacity)
     rows = []
     for n in contexts:
@@ -459,9 +473,7 @@ def kernel_times(out: Path, dsos: dict[str, Path], contexts: list[int], capacity
 def timelines(out: Path, dsos: dict[str, Path], contexts: list[int], capacity: int) -> None:
     """--parts timeline: native's and each CuTe DSO's graph of a call a layer replayed under the profiler at
     each context, kernel by kernel (bench/kernel_timeline.py)."""
-    import tvm_ffi
-
-    runs = {name: tvm_ffi.load_module(str(p))["run"] for name, p in dsos.items() if p.exists()}
+    runs = load_runs(dsos)
     s = Setup(capacity)
     for n in contexts:
         s.at(n)
