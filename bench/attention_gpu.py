@@ -36,9 +36,11 @@ FlashInfer) last; writes OUT_DIR/attention.json.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -151,17 +153,20 @@ def abi_of(receipt: Path) -> str:
     return json.loads(receipt.read_text())["abi_sha256"]
 
 
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def why_not_prebuilt(entry: dict | None, src: Path, name: str, receipt: Path) -> str:
     """Why folder's DSO `src` is not this variant's for `receipt` ("" when it is)."""
-    import hashlib
-
     if entry is None or not src.is_file():
         return "none in the folder"
     if entry["name"] != name:
         return "another variant's"
-    if entry["abi_sha256"] != abi_of(receipt):
-        return f"exported for ABI {entry['abi_sha256'][:12]}, this receipt's is {abi_of(receipt)[:12]}"
-    if hashlib.sha256(src.read_bytes()).hexdigest() != entry["library_sha256"]:
+    abi = abi_of(receipt)
+    if entry["abi_sha256"] != abi:
+        return f"exported for ABI {entry['abi_sha256'][:12]}, this receipt's is {abi[:12]}"
+    if sha256_of(src) != entry["library_sha256"]:
         return "its bytes changed since the export"
     return ""
 
@@ -169,30 +174,25 @@ def why_not_prebuilt(entry: dict | None, src: Path, name: str, receipt: Path) ->
 def use_prebuilt(entry: dict | None, folder: Path, name: str, receipt: Path, dso: Path) -> bool:
     """Copy folder's DSO for this variant to `dso` if it was exported as `name` for `receipt`'s ABI;
     else say why not (the caller exports it)."""
-    import shutil
-
     src = folder / f"{dso.stem}.so"
     why = why_not_prebuilt(entry, src, name, receipt)
     if why:
         print(f"[build] {name}: prebuilt DSO not used ({why}); exporting", flush=True)
         return False
     shutil.copyfile(src, dso)
-    print(f"[build] {name}: prebuilt {src} (ABI {entry['abi_sha256'][:12]})", flush=True)  # type: ignore[index]
+    print(f"[build] {name}: prebuilt {src} (ABI {abi_of(receipt)[:12]})", flush=True)
     return True
 
 
 def export_only(out: Path, capacity: int, only: set[int] | None) -> None:
     """The slot bundles built and VARIANTS exported on this machine (no GPU needed: the exporter
     targets sm_90a), with PREBUILT naming each DSO's receipt ABI, for a GPU call's --prebuilt."""
-    import hashlib
-
     _, slots, dsos = build(out, capacity, native=False, only=only)
     index = {}
     for i, name in enumerate(VARIANTS):
         if name in dsos:
             abi = slots["workspace" if uses_workspace(name) else "plain"][1]
-            sha = hashlib.sha256(dsos[name].read_bytes()).hexdigest()
-            index[str(i)] = {"name": name, "abi_sha256": abi, "library_sha256": sha}
+            index[str(i)] = {"name": name, "abi_sha256": abi, "library_sha256": sha256_of(dsos[name])}
     (out / PREBUILT).write_text(json.dumps(index, indent=1))
     print(f"[export-only] {len(index)} of {len(only or VARIANTS)} variants exported to {out} ({PREBUILT})", flush=True)
 

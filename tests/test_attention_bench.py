@@ -96,7 +96,7 @@ def test_variants_exported_here_are_used_on_the_gpu_only_for_their_own_receipt(t
     run = tmp_path / "run"
     run.mkdir()
     capsys.readouterr()
-    _, slots, dsos = bench.build(run, 256, native=False, only={split}, prebuilt=pre)
+    _, _, dsos = bench.build(run, 256, native=False, only={split}, prebuilt=pre)
     assert "prebuilt" in capsys.readouterr().out
     assert dsos[bench.SHIPPED_SPLIT].read_bytes() == (pre / f"attn-{split}.so").read_bytes()
     assert json.loads((run / "attention.json").read_text())["build"]["export_s"][bench.SHIPPED_SPLIT] == 0.0
