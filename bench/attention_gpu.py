@@ -123,6 +123,10 @@ VARIANTS = {
     # (slower on the H100 at 32 splits), and twice the warps a block
     "CuTe split 64 x 4, loads ahead": {"CUTEDSL_ATTENTION_SPLITS": "64", "CUTEDSL_ATTENTION_PREFETCH": "1"},
     "CuTe split 32 x 8 warps": {"CUTEDSL_ATTENTION_WARPS": "8"},
+    # thirty-second session: on an H100 the 64-split variants above lost at every length (10.6 / 20.7 /
+    # 55.9 us): loads ahead with the shipped split count and with 48, for the H200's first run
+    "CuTe split 32 x 4, loads ahead": {"CUTEDSL_ATTENTION_PREFETCH": "1"},
+    "CuTe split 48 x 4, loads ahead": {"CUTEDSL_ATTENTION_SPLITS": "48", "CUTEDSL_ATTENTION_PREFETCH": "1"},
 }
 SHIPPED_SPLIT = "CuTe split 32 x 4 warps (workspace, default)"  # what --bind binds unless told
 BIND = list(VARIANTS).index(SHIPPED_SPLIT)  # --bind: the variant the slot pipeline binds
