@@ -124,7 +124,8 @@ VARIANTS = {
     "CuTe split 64 x 4, loads ahead": {"CUTEDSL_ATTENTION_SPLITS": "64", "CUTEDSL_ATTENTION_PREFETCH": "1"},
     "CuTe split 32 x 8 warps": {"CUTEDSL_ATTENTION_WARPS": "8"},
     # thirty-second session: on an H100 the 64-split variants above lost at every length (10.6 / 20.7 /
-    # 55.9 us): loads ahead with the shipped split count and with 48, for the H200's first run
+    # 55.9 us): loads ahead with the shipped split count and with 48, for the H200's first run (on an
+    # H100: 6.8 / 16.3 / 48.2 us with 32, the shipped one's to 0.1 us; 8.8 / 17.7 / 49.5 with 48)
     "CuTe split 32 x 4, loads ahead": {"CUTEDSL_ATTENTION_PREFETCH": "1"},
     "CuTe split 48 x 4, loads ahead": {"CUTEDSL_ATTENTION_SPLITS": "48", "CUTEDSL_ATTENTION_PREFETCH": "1"},
 }
