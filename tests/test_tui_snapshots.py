@@ -109,11 +109,22 @@ def recorded(tmp_path_factory) -> tuple[Path, list[tuple[str, dict, dict]]]:
 
 
 async def settle(pilot, until: Callable[[], bool] | None = None, timeout: float = 60) -> None:
+    """Wait for `until`, then for the screen to stop changing: `until` can read state that is already
+    true while the work it stands for still redraws (after `loaded`'s refresh the screen changed
+    later than the fixed 0.2 s pause in 25 of 106 calls here), and on a loaded machine the lag grows:
+    the thirtieth session's GPU suite (16 workers) saw one snapshot differ that passed alone."""
     waited = 0.0
     while until is not None and not until() and waited < timeout:
         await pilot.pause(0.1)
         waited += 0.1
     await pilot.pause(0.2)
+    shot = pilot.app.export_screenshot()
+    for _ in range(100):  # 10 s at most; a screen still changing then is the snapshot's to show
+        await pilot.pause(0.1)
+        again = pilot.app.export_screenshot()
+        if again == shot:
+            return
+        shot = again
 
 
 def model_checked(app) -> bool:
