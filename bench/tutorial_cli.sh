@@ -110,7 +110,8 @@ step "7. DistilBERT residual add, selected by hand"
 # that one rounding is 0.03125 at these magnitudes, past the tutorial's 0.02 (fp16: 8x finer)
 CUTE_BUILD_ARGS=(demo:distilbert-tiny --precision "$([ "$PRECISION" = fp32 ] && echo fp32 || echo fp16)")
 CUTE_BINDING_ID=distilbert.layer0.attention_residual_add.cutedsl@1
-$MCORE graph inspect --engine-role encoder --snapshot "$WORK/encoder.graph.json" "${CUTE_BUILD_ARGS[@]}"
+# the tutorial's role name; DistilBERT's one role is `encoder`, which the snapshot records
+$MCORE graph inspect --engine-role decode --snapshot "$WORK/encoder.graph.json" "${CUTE_BUILD_ARGS[@]}"
 $MCORE graph list "$WORK/encoder.graph.json" --match '*ElementWiseOperation.SUM*' | tee "$WORK/elementwise-sum.nodes.txt"
 NODE=$(grep -m1 'encoder.layers.0.attention_residual' "$WORK/elementwise-sum.nodes.txt" | awk '{print $1}')
 $MCORE graph select "$WORK/encoder.graph.json" --nodes "$NODE" --binding-id "$CUTE_BINDING_ID" --workspace-bytes 0 \

@@ -339,8 +339,11 @@ def cute_work(tmp_path_factory):
 def test_step7_distilbert_residual_add(mcore, cute_work):
     w = cute_work
     binding = "distilbert.layer0.attention_residual_add.cutedsl@1"
-    r = mcore("graph", "inspect", "--engine-role", "encoder", "--snapshot", w / "decode.graph.json", *DISTIL_ARGS)
+    # the tutorial's own role name: DistilBERT's one role is `encoder`, which the snapshot records
+    r = mcore("graph", "inspect", "--engine-role", "decode", "--snapshot", w / "decode.graph.json", *DISTIL_ARGS)
     assert r.code == 0, r
+    assert "engine_role=encoder " in r.out and "captured it for 'decode'" in r.err
+    assert json.loads((w / "decode.graph.json").read_text())["metadata"]["engine_role"] == "encoder"
     r = mcore("graph", "list", w / "decode.graph.json", "--match", "*ElementWiseOperation.SUM*")
     first = next(l for l in r.out.splitlines() if "encoder.layers.0.attention_residual" in l)
     node = first.split()[0]

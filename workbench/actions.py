@@ -271,7 +271,7 @@ def capture_graph(
     cap = capture(args, _str(engine_role, "engine_role"), ctx.progress)
     snap = cap.snapshot
     write_json(out, snap.to_dict())
-    ctx.say(f"captured {engine_role}: {len(snap.nodes)} nodes, fingerprint {snap.fingerprint[:12]}…")
+    ctx.say(f"captured {cap.role}: {len(snap.nodes)} nodes, fingerprint {snap.fingerprint[:12]}…")
     ops: dict[str, int] = {}
     for n in snap.nodes:
         ops[n.op] = ops.get(n.op, 0) + 1

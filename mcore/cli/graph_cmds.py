@@ -36,8 +36,13 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
     if not ns.force and _holds_another_graph(ns.snapshot, snap.fingerprint):
         check_overwrite(ns.snapshot, False)
     write_json(ns.snapshot, snap.to_dict())
+    if cap.role != ns.engine_role:  # the tutorial's `decode` for a one-role (encoder) family
+        print(
+            f"note: {cap.family.name} has one engine role, {cap.role!r}; captured it for {ns.engine_role!r}",
+            file=sys.stderr,
+        )
     say(
-        f"engine_role={ns.engine_role} nodes={len(snap.nodes)} tensors={len(snap.tensors)} "
+        f"engine_role={cap.role} nodes={len(snap.nodes)} tensors={len(snap.tensors)} "
         f"recipes={len(snap.recipe_rows)} fingerprint={snap.fingerprint}"
     )
     say(versions_line(snap.metadata.get("tool_versions", {})))

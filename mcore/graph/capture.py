@@ -43,6 +43,16 @@ class Captured:
     snapshot: Snapshot
 
 
+def resolve_role(family: Family, role: str) -> str:
+    """The family's role for `role`. The tutorial captures DistilBERT with `--engine-role decode`: a
+    family with one engine role takes `decode` as that role, so the tutorial's command works as
+    printed and the snapshot records the real name. Any other unknown role is refused."""
+    if role == "decode" and role not in family.roles and len(family.roles) == 1:
+        return family.roles[0]
+    check_role(family, role)
+    return role
+
+
 def check_role(family: Family, role: str) -> None:
     if role not in family.roles:
         raise UserError(
@@ -112,7 +122,7 @@ def capture(
 ) -> Captured:
     """Export the role's module on the meta device and turn it into a snapshot."""
     source, family, gargs = resolved or resolve(args)
-    check_role(family, role)
+    role = resolve_role(family, role)
     # what the graph is made from: the same in a process, the same graph (the family's code is this
     # process's); a second capture (a bundle built after the graph was browsed) copies the first
     key = ("capture", json.dumps(graph_metadata(source, family, gargs, role), sort_keys=True, default=str))
