@@ -15,6 +15,8 @@ from mcore.bundle.container import BUNDLE_KIND, BUNDLE_SCHEMA_VERSION, open_bund
 from mcore.common.errors import Cancelled, UserError
 from mcore.common.progress import CancelToken, Progress
 
+from .conftest import assert_user_error
+
 
 def manifest(**extra):
     m = {
@@ -271,7 +273,7 @@ def test_truncated(tmp_path, small_bundle, cut):
     data = small_bundle.read_bytes()
     n = len(data) // 2 if cut == "half" else (cut if cut >= 0 else len(data) + cut)
     small_bundle.write_bytes(data[:n])
-    with pytest.raises(UserError, match="bundle is damaged"):
+    with pytest.raises(UserError, match=r"bundle is damaged" if n else r"not a bundle \(empty\)"):
         open_bundle(small_bundle)
 
 
@@ -282,14 +284,31 @@ def test_appended_bytes(small_bundle):
         open_bundle(small_bundle)
 
 
-@pytest.mark.parametrize(
-    "content", [b"", b"hello, not a bundle\n", b"\0" * 4096, json.dumps({"kind": "mcore.bundle"}).encode()]
-)
-def test_not_a_bundle(tmp_path, content):
+@pytest.mark.parametrize("content", [b"hello, not a bundle\n", b"\0" * 4096])
+def test_not_a_tar_is_damaged(tmp_path, content):
     p = tmp_path / "x.bundle"
     p.write_bytes(content)
     with pytest.raises(UserError, match="bundle is damaged"):
         open_bundle(p)
+
+
+@pytest.mark.parametrize(
+    "content,what",
+    [
+        (b"", "empty"),
+        (json.dumps({"kind": "mcore.bundle"}).encode(), "a JSON file"),
+        (b"\n  [1, 2]", "a JSON file"),
+        (b"\x7fELF\x02\x01\x01" + b"\0" * 600, "an ELF file: a DSO goes in --kernel-bindings"),
+    ],
+)
+def test_another_kind_of_file_is_named_not_called_damaged(tmp_path, mcore, content, what):
+    # a receipt, snapshot or DSO given by mistake: no advice to rebuild a bundle that never was
+    p = tmp_path / "x.bundle"
+    p.write_bytes(content)
+    with pytest.raises(UserError) as e:
+        open_bundle(p)
+    assert str(e.value) == f"{p}: not a bundle ({what}); give a bundle written by `mcore build`"
+    assert_user_error(mcore("inspect", p), f"not a bundle ({what})")
 
 
 def test_plain_tar_is_not_a_bundle(tmp_path):

@@ -456,6 +456,8 @@ def open_bundle(path: str | os.PathLike, progress: Progress | None = None) -> Bu
     try:
         file_size = path.stat().st_size
         with open(path, "rb") as f:
+            _check_tar_header(f.read(BLOCK), path)
+            f.seek(0)
             infos, record = _read_integrity(f, path, file_size)
             hasher = _PrefixHasher(f, path, record["prefix_bytes"], prog)
             computed, manifest_raw = hasher.hash_members(infos[:-1])
@@ -465,6 +467,25 @@ def open_bundle(path: str | os.PathLike, progress: Progress | None = None) -> Bu
     manifest = _parse_manifest(path, computed, manifest_raw)
     prog.report("verifying bundle", 1.0)
     return Bundle(path, manifest, computed)
+
+
+BLOCK = 512  # one tar header block
+
+
+def _check_tar_header(head: bytes, path: Path) -> None:
+    """A file that is plainly something else (a receipt or snapshot given by mistake, a DSO, nothing) is
+    named so, not called damaged with advice to rebuild. Any other bad start is left to the tar parse:
+    a bundle with a damaged first block is still a damaged bundle."""
+    stripped = head.lstrip()
+    if not head:
+        what = "empty"
+    elif stripped[:1] in (b"{", b"["):
+        what = "a JSON file"
+    elif head[:4] == b"\x7fELF":
+        what = "an ELF file: a DSO goes in --kernel-bindings"
+    else:
+        return
+    raise UserError(f"{path}: not a bundle ({what}); give a bundle written by `mcore build`")
 
 
 def _read_integrity(f: BinaryIO, path: Path, file_size: int) -> tuple[list[tarfile.TarInfo], dict]:

@@ -21,9 +21,15 @@ def field_error(where: str, name: str, problem: str, todo: str = RECAPTURE) -> U
 
 
 def check_kind(data: Mapping[str, Any], where: str, kind: str, version: int, what: str, source: str, todo: str) -> None:
-    """The file says what it is (kind) and which schema it follows, before any field is read."""
+    """The file says what it is (kind) and which schema it follows, before any field is read. Called
+    before the fields are checked too: a file of another kind (a receipt given for a snapshot) is named
+    as such, not as a list of the fields it lacks; a missing kind or version is left to check_fields."""
+    if not isinstance(data, Mapping) or "kind" not in data:
+        return
     if data["kind"] != kind:
         raise UserError(f"{where}: kind is {data['kind']!r}, not {what}; pass {source}")
+    if "schema_version" not in data:
+        return
     if not is_int(data["schema_version"]) or data["schema_version"] != version:  # true == 1 in Python
         raise UserError(
             f"{where}: schema_version {data['schema_version']!r} is not supported (expected {version})"

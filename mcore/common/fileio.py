@@ -172,6 +172,10 @@ def check_output_path(path: str | os.PathLike) -> Path:
     """Fail fast (before long work) when an output cannot be written where asked: the one rule for
     every output. Only a regular file (or nothing) may be replaced; a symlink, FIFO, socket or
     device node at the path is refused, since replacing or writing through it is never intended."""
+    raw = os.fspath(path)
+    # Path() drops a trailing slash: "out/" would become a file named out, where the user meant a folder
+    if isinstance(raw, str) and raw.endswith(os.sep) and raw.strip(os.sep):
+        raise UserError(f"{raw}: ends in {os.sep!r}, which names a folder; give a file path for the output")
     path = Path(path)
     try:
         st = os.lstat(path)
@@ -274,7 +278,9 @@ def read_input_text(path: str | os.PathLike, what: str, hint: str = "check the p
         raise UserError(f"{path}: is not a regular file (a pipe or device?); give the {what} as a file")
     try:
         return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError:  # a bundle, a DSO or another binary given where a JSON file belongs
+        raise UserError(f"{path}: is not a text file, so not a {what}; give the {what} file") from None
+    except OSError as e:
         raise UserError(f"{path}: cannot read {what}: {e}") from None
 
 

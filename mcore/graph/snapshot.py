@@ -269,12 +269,6 @@ class Snapshot:
     @classmethod
     def from_dict(cls, data: Any, where: str) -> Snapshot:
         """Check every field, type and ID reference, then the fingerprint; errors name `where`."""
-        check_fields(
-            data,
-            where,
-            {"schema_version", "kind", "metadata", "nodes", "tensors", "inputs", "outputs", "fingerprint"},
-            {"recipes"},
-        )
         check_kind(
             data,
             where,
@@ -283,6 +277,12 @@ class Snapshot:
             f"a graph snapshot ({KIND})",
             "the file written by `mcore graph inspect --snapshot`",
             "recapture with this mcore",
+        )
+        check_fields(
+            data,
+            where,
+            {"schema_version", "kind", "metadata", "nodes", "tensors", "inputs", "outputs", "fingerprint"},
+            {"recipes"},
         )
         meta = need_dict(data, "metadata", where, RECAPTURE)
         need_str(meta, "engine_role", where, RECAPTURE, path="metadata.")

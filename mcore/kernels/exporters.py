@@ -104,6 +104,25 @@ def exporter_script(exporter: PathArg) -> Path:
     return p
 
 
+def check_snapshot_given(exporter: PathArg, snapshot: PathArg | None) -> None:
+    """A stub (`mcore kernel stub` wrote it: its FixedContract checks the graph) needs the snapshot:
+    refused here in one line, not by the exporter's argparse usage after it started."""
+    if snapshot is not None or shipped_exporter(str(exporter)) is not None:
+        return
+    script = exporter_script(exporter)
+    try:
+        text = script.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return  # unreadable: running it says why
+    # the kit's exporters require --snapshot unless they say otherwise; any other script decides alone
+    stub = "kit.FixedContract(" in text and "snapshot_required=False" not in text
+    if stub:
+        raise UserError(
+            f"exporter {script.name} is a stub: it checks the graph snapshot too; "
+            "pass --snapshot SNAPSHOT (the snapshot the receipt was made from)"
+        )
+
+
 def run_exporter(
     exporter: PathArg,
     selection: PathArg,
@@ -123,10 +142,19 @@ def run_exporter(
         raise UserError(
             f"{sel}: selection receipt not found; make one with `mcore graph select` or `mcore build --recipe`"
         )
+    check_snapshot_given(script, snapshot)
     check_overwrite(out, overwrite)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.export{out.suffix}")
+
+    def relay(line: str) -> None:
+        # the exporter names the temp file it wrote; the user gets `out`: say that path (as it was written)
+        if line.startswith("dso=") and Path(line[4:]).name == tmp.name:
+            line = f"dso={Path(line[4:]).with_name(out.name)}"
+        if log is not None:
+            log(line)
+
     try:
-        res = _export(script, sel, tmp, snapshot, progress, log, cwd)
+        res = _export(script, sel, tmp, snapshot, progress, relay, cwd)
         if res.library.resolve() == tmp.resolve():
             install_file(out, tmp, overwrite)
             res.library = out

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..common.errors import UserError
-from ..common.fileio import check_overwrite, install_file
+from ..common.fileio import check_output_path, check_overwrite, install_file
 from ..common.progress import Progress
 
 KERNEL_FUNCTION = "run"
@@ -366,7 +366,7 @@ def build_kernel(
     `overwrite`), `cuda="on"` without a toolkit, or a failed compile (with the log's path).
     """
     spec = get_kernel(name)
-    output = Path(output)
+    output = check_output_path(output)  # on the text as given: Path() would drop a trailing slash
     src_dir = _check_build_request(spec, cuda, output, overwrite)
     prog = _as_progress(progress)
 

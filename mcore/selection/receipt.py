@@ -442,7 +442,6 @@ class Receipt(SlotRecord):
     @classmethod
     def from_dict(cls, data: Any, where: str, todo: str = RESELECT) -> Receipt:
         """Check a receipt's fields, their types and ranges, and that its ABI hash matches its ABI."""
-        check_fields(data, where, set(_RECEIPT_KEYS))
         check_kind(
             data,
             where,
@@ -452,6 +451,7 @@ class Receipt(SlotRecord):
             "a file from `mcore graph select` or `mcore build --recipe`",
             "",
         )
+        check_fields(data, where, set(_RECEIPT_KEYS))
         graph = need_dict(data, "graph", where, todo)
         return cls(**cls._parse(data, where, todo), graph=copy.deepcopy(graph))
 
