@@ -6,6 +6,7 @@ the first round's library and a pipeline bound to it are untouched by later roun
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import threading
 import time
@@ -19,27 +20,19 @@ from mcore.verify.watch import WatchConfig, benchmark_command, watch_kernel
 from workbench.results import BundleBuilt
 from workbench.state import Applied, LastPrompt
 
+from . import scaled_copy
 from .conftest import assert_user_error
 
 RID = "qwen.decode_logits_copy@1"
 PROMPT = "hello world"
 
-# A copy kernel whose output is its input times SCALE: 1.0f is exact (the region copies), 2.0f is wrong.
+# An exporter of tests/scaled_copy.py's kernel: scale 1.0f is exact (the region copies), 2.0f is wrong.
 EXPORTER = r'''
 import argparse, pathlib, shutil, tempfile
 import tvm_ffi.cpp
 
 SCALE = "@SCALE@"
-SOURCE = """
-#include <tvm/ffi/container/tensor.h>
-#include <tvm/ffi/function.h>
-void Run(tvm::ffi::TensorView in, tvm::ffi::TensorView out) {
-  const float* a = reinterpret_cast<const float*>(static_cast<char*>(in.data_ptr()) + in.byte_offset());
-  float* b = reinterpret_cast<float*>(static_cast<char*>(out.data_ptr()) + out.byte_offset());
-  for (int64_t i = 0; i < in.numel(); ++i) b[i] = a[i] * SCALE_VALUE;
-}
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, Run);
-"""
+SOURCE = """@SOURCE@"""
 p = argparse.ArgumentParser()
 p.add_argument("--selection"); p.add_argument("--output"); p.add_argument("--snapshot")
 ns = p.parse_args()
@@ -52,7 +45,7 @@ print("dso=" + ns.output)
 
 
 def write_exporter(path: Path, scale: str) -> Path:
-    path.write_text(EXPORTER.replace("@SCALE@", scale))
+    path.write_text(EXPORTER.replace("@SOURCE@", scaled_copy.SOURCE).replace("@SCALE@", scale))
     return path
 
 
@@ -186,6 +179,28 @@ def test_bad_input_is_one_line_before_anything_runs(bundles, tmp_path, mcore):
     missing = ["kernel", "watch", tmp_path / "nope.py", "--selection", receipt, "--native", native, "--bundle", slot]
     assert_user_error(mcore(*missing), "nope.py: no such file")
     assert (tmp_path / "used" / "x").read_text() == "keep" and not (tmp_path / "o1").exists()
+
+
+def test_swapped_bundles_and_a_stub_without_snapshot_are_refused_before_round_one(bundles, tmp_path, mcore):
+    # each used to export round 1 (writing its DSO) and only then fail, with advice watch cannot take
+    from mcore.kernels.stubgen import write_exporter as write_stub
+    from mcore.selection.region import select_region
+
+    from .graphs import dag_snapshot
+
+    _, native, slot, receipt = bundles
+    exporter = write_exporter(tmp_path / "export_scaled.py", "1.0f")
+    out = tmp_path / "rounds"
+    swapped = ["kernel", "watch", exporter, "--selection", receipt, "--native", slot, "--bundle", slot]
+    r = mcore(*swapped, "--out-dir", out, "--rounds", "1")
+    assert_user_error(r, f"{slot} has kernel slots (1: ", "the native bundle must be one without slots")
+    snap = dag_snapshot(4, [(0, 2), (1, 2), (2, 3)])
+    (tmp_path / "g.json").write_text(json.dumps(snap))
+    (tmp_path / "s.json").write_text(json.dumps(select_region(snap, ["node:2"], "k@1").to_dict()))
+    write_stub(tmp_path / "s.json", tmp_path / "g.json", tmp_path / "my_add.py")
+    stub = ["kernel", "watch", tmp_path / "my_add.py", "--selection", receipt, "--native", native, "--bundle", slot]
+    assert_user_error(mcore(*stub, "--out-dir", out, "--rounds", "1"), "my_add.py is a stub", "pass --snapshot")
+    assert not out.exists() or not any(out.iterdir())
 
 
 # ------------------------------------------------------------------ the loop in the workbench

@@ -74,11 +74,23 @@ def test_tokens_shorter_sequence(tmp_path):
     assert not r.passed and "position 2: native=3 external=<end>" in r.line
 
 
-def test_tokens_record_count(tmp_path):
+def test_tokens_of_other_runs_are_a_usage_error_not_a_fail(tmp_path, capsys):
+    # unequal record counts or prompts are two different runs, never a kernel's doing: exit 2, one line
     a = write_jsonl(tmp_path / "a.jsonl", [rec([1])])
     b = write_jsonl(tmp_path / "b.jsonl", [rec([1]), rec([2])])
-    r = compare_tokens(a, b)
-    assert not r.passed and "native has 1 records but external has 2" in r.line
+    c = write_jsonl(tmp_path / "c.jsonl", [rec([1], "another prompt")])
+    with pytest.raises(UserError, match=f"native {a} has 1 records but external {b} has 2; run both with the same"):
+        compare_tokens(a, b)
+    with pytest.raises(UserError, match="record 1 has different prompts in native .* and external .*'another prompt'"):
+        compare_tokens(a, c)
+    for other in (b, c):
+        assert main(["verify", "tokens", str(a), str(other)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("mcore: error: ") and err.count("\n") == 1
+    # records given from Python without prompts are compared by their tokens alone
+    assert compare_tokens([{"tokens": [1]}], [rec([1], "any")]).passed
+    with pytest.raises(UserError, match="native has 1 records but external has 0"):
+        compare_tokens([{"tokens": [1]}], [])
 
 
 def test_tokens_in_memory_records():

@@ -123,7 +123,7 @@ def register(sub: Sub) -> None:
 def _tokens_parser(vs: Sub) -> None:
     p = vs.add_parser("tokens", help="compare `mcore run --output` JSONL files token by token")
     p.add_argument("native", help="native.jsonl")
-    p.add_argument("external", help="external.jsonl")
+    p.add_argument("external", help="external.jsonl (the same prompts, in the same order)")
     p.set_defaults(func=cmd_tokens)
 
 
@@ -255,8 +255,8 @@ def _logits_parser(vs: Sub) -> None:
     p = vs.add_parser(
         "logits", help="a native and a slot bundle in lockstep: per-step logit max_abs and the first greedy divergence"
     )
-    p.add_argument("native", help="the native bundle")
-    p.add_argument("external", help="its slot twin (same model and KV capacity)")
+    p.add_argument("native", help="the native bundle (no kernel slots)")
+    p.add_argument("external", help="its slot twin (the same model and BUILD_ARGS)")
     p.add_argument("--kernel-bindings", default=None, help="the manifest binding the external bundle's slots")
     p.add_argument("--prompt", required=True)
     p.add_argument(

@@ -5,7 +5,8 @@ share these.
 Every gate returns a `GateResult` (mcore/verify/verdicts.py): `verdict` (PASS/FAIL; the perf gate says
 PROMOTE/REJECT/INCONCLUSIVE), `passed`, `line` (the final verdict line), `details` (numbers, typed: details.py), and
 `info` (lines to show before the verdict, e.g. per-pair measurements).
-Bad input (missing file, malformed JSON, missing fields) raises `UserError` (exit 2).
+Bad input (missing file, malformed JSON, missing fields; token records of other prompts) raises
+`UserError` (exit 2). Embeddings empty or of unequal lengths FAIL (exit 1), as the tutorial's own gate does.
 """
 
 from __future__ import annotations
@@ -67,44 +68,58 @@ def _records(src: Any) -> list[dict]:
     return out
 
 
+def _named(label: str, src: Any) -> str:
+    """`native` or, for a file, `native FILE`: what a usage error names."""
+    return f"{label} {src}" if isinstance(src, (str, os.PathLike)) else label
+
+
+def _check_same_prompts(ra: list[dict], rb: list[dict], a: Any, b: Any, labels: Sequence[str]) -> None:
+    """Unequal counts or prompts are two different runs, not a kernel defect: a usage error (exit 2).
+    Prompts are compared only where both records carry one (records passed from Python may not)."""
+    la, lb = _named(labels[0], a), _named(labels[1], b)
+    if len(ra) != len(rb):
+        raise UserError(f"{la} has {len(ra)} records but {lb} has {len(rb)}; run both with the same prompts")
+    for i, (x, y) in enumerate(zip(ra, rb, strict=True)):
+        pa, pb = x.get("prompt"), y.get("prompt")
+        if pa is not None and pb is not None and pa != pb:
+            raise UserError(
+                f"record {i + 1} has different prompts in {la} ({_clip(pa)}) and {lb} ({_clip(pb)}); "
+                "run both with the same prompts"
+            )
+
+
+def _clip(prompt: Any) -> str:
+    text = str(prompt)
+    return f"{text[:40]!r}{'...' if len(text) > 40 else ''}"
+
+
 def compare_tokens(a: Any, b: Any, labels: Sequence[str] = ("native", "external")) -> GateResult[TokensDetails]:
-    """PASS when every record's tokens are identical. `a`/`b`: JSONL paths or lists of records."""
+    """PASS when every record's tokens are identical. `a`/`b`: JSONL paths or lists of records.
+    Different record counts or prompts raise UserError: the gate compares two runs of the same prompts."""
     ra, rb = _records(a), _records(b)
+    _check_same_prompts(ra, rb, a, b, labels)
     la, lb = labels
     names = (la, lb)
     total = 0
-    for i, (x, y) in enumerate(zip(ra, rb, strict=False)):  # unequal counts: reported after the first difference
+    for i, (x, y) in enumerate(zip(ra, rb, strict=True)):
         ta, tb = x["tokens"], y["tokens"]
         if ta != tb:
             pos = next((k for k, (p, q) in enumerate(zip(ta, tb, strict=False)) if p != q), min(len(ta), len(tb)))
             va = ta[pos] if pos < len(ta) else "<end>"
             vb = tb[pos] if pos < len(tb) else "<end>"
             prompt = x.get("prompt")
-            about = f" (prompt {prompt[:40]!r}{'...' if len(prompt) > 40 else ''})" if isinstance(prompt, str) else ""
+            about = f" (prompt {_clip(prompt)})" if isinstance(prompt, str) else ""
             line = (
                 f"FAIL: record {i + 1}{about} differs at token position {pos}: {la}={va} {lb}={vb} "
                 f"({la} {len(ta)} tokens, {lb} {len(tb)} tokens)"
             )
-            details = TokensDetails(
-                min(len(ra), len(rb)), first_record=i + 1, first_position=pos, differing=(va, vb), labels=names
-            )
+            details = TokensDetails(len(ra), first_record=i + 1, first_position=pos, differing=(va, vb), labels=names)
             return GateResult(False, line, details)
         total += len(ta)
-    if len(ra) != len(rb):
-        return GateResult(
-            False,
-            f"FAIL: {la} has {len(ra)} records but {lb} has {len(rb)}; run both with the same prompts",
-            TokensDetails(min(len(ra), len(rb)), counts=(len(ra), len(rb)), labels=names),
-        )
-    info = []
-    for i, (x, y) in enumerate(zip(ra, rb, strict=True)):
-        if x.get("prompt") != y.get("prompt"):
-            info.append(f"warning: record {i + 1} has different prompts in the two files")
     return GateResult(
         True,
         f"PASS: tokens identical ({len(ra)} records, {total} tokens)",
         TokensDetails(len(ra), tokens=total, labels=names),
-        info,
     )
 
 
@@ -149,7 +164,8 @@ def compare_embeddings(
 
     `a`/`b`: JSON paths, `{"embedding": [...]}` dicts or lists of numbers. The stats line
     `values=N max_abs=X cosine=Y` is in `info`; `line` is `PASS: numerical gate` or
-    `FAIL: numerical gate` (or `FAIL: embedding lengths differ ...`).
+    `FAIL: numerical gate` (or `FAIL: embedding lengths differ ...`, where the tutorial's snippet
+    exits with `FAIL: embedding lengths differ`: the two agree on every input).
     """
     check_limits(min_cosine, max_abs)
     la, lb = labels

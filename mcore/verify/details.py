@@ -27,8 +27,8 @@ def _pair(d: Json, a: str, b: str) -> tuple[Any, Any] | None:
 @dataclass(frozen=True)
 class TokensDetails:
     """compare_tokens: the records compared, and then the tokens (PASS), where the first difference is
-    (`first_record`, `first_position` and each side's token there, an int or "<end>"), or each side's
-    record count (the files have different counts)."""
+    (`first_record`, `first_position` and each side's token there, an int or "<end>"). `counts` (each
+    side's record count) is read from sessions recorded before unequal counts became a usage error."""
 
     records: int
     tokens: int | None = None

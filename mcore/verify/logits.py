@@ -9,11 +9,15 @@ for a slot whose kernel computes exactly what the region did (an identity copy, 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ..common.errors import UserError
 from ..common.progress import NO_PROGRESS, Progress
 from .compare import GateResult, check_threshold
 from .details import LogitsDetails, LogitsStep
+
+if TYPE_CHECKING:
+    from ..bundle.manifest import BundleManifest
 
 
 def lockstep_logits(
@@ -60,17 +64,52 @@ def lockstep_logits(
 
 
 def _open_twins(native_bundle: str, external_bundle: str):
-    """Both bundles, refused before any DSO loads unless they share the model and the KV capacity."""
+    """Both bundles, refused before any DSO loads unless the first has no slots and they share the
+    model, the KV capacity and the rest of the build (check_same_build)."""
     from ..bundle.container import open_bundle
 
     nb, eb = open_bundle(native_bundle), open_bundle(external_bundle)
     nm, em = nb.runnable(), eb.runnable()
+    check_native(nm, native_bundle, "the first bundle must be the native one (no slots), the second its slot twin")
     if em.model != nm.model or em.graph_args.get("max_cache_length") != nm.graph_args.get("max_cache_length"):
         raise UserError(
             f"{external_bundle} is not built from the same model and KV capacity as {native_bundle}; "
             "compare a slot bundle with its native twin"
         )
+    check_same_build(nm, em, native_bundle, external_bundle)
     return nb, eb
+
+
+def check_native(nm: BundleManifest, path: object, usage: str) -> None:
+    """The native side of a gate is loaded without bindings: a slot bundle there (swapped arguments) would
+    fail only once it runs, naming a slot, or in `kernel watch` after each round's export. Refused first."""
+    if nm.kernel_slots:
+        names = sorted({s.label for s in nm.kernel_slots})
+        shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
+        raise UserError(f"{path} has kernel slots ({len(nm.kernel_slots)}: {shown}); {usage}")
+
+
+def check_same_build(nm: BundleManifest, em: BundleManifest, native_bundle: object, external_bundle: object) -> None:
+    """Twins differ only by their slots: the graph args (precision, capacity, layout, sequence length) and
+    the weights (checkpoint, or random with the same seed) must match, or a gate FAIL would blame a
+    kernel for two different builds."""
+    keys = sorted(set(nm.graph_args) | set(em.graph_args))
+    recorded = [(k, nm.graph_args.get(k), em.graph_args.get(k)) for k in keys]
+    nw, ew = nm.build_args.get("weights"), em.build_args.get("weights")
+    recorded.append(("weights", nw, ew))
+    if nw == ew == "random":
+        recorded.append(("seed", nm.build_args.get("seed"), em.build_args.get("seed")))
+    for key, a, b in recorded:
+        if a != b:
+            flag = "--" + key.replace("_", "-")
+            raise UserError(
+                f"{external_bundle} is built with {flag} {_shown(b)} but {native_bundle} with {flag} {_shown(a)}; "
+                "build the native bundle and its slot twin with the same BUILD_ARGS"
+            )
+
+
+def _shown(value: object) -> str:
+    return "(not recorded)" if value is None else str(value)
 
 
 def _compare_steps(a, b) -> tuple[list[dict], int | None]:

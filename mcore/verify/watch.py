@@ -157,14 +157,17 @@ def check_watch(cfg: WatchConfig) -> tuple[str, Any]:
     folder (new or empty). Returns (family kind, receipt)."""
     from ..bundle.container import open_bundle
     from ..families import bundle_kind
-    from ..kernels.exporters import exporter_script
+    from ..kernels.exporters import check_snapshot_given, exporter_script
     from ..selection.region import load_receipt
     from .compare import check_threshold
+    from .logits import check_native, check_same_build
     from .perf import check_plan
 
     exporter_script(cfg.exporter)
+    check_snapshot_given(cfg.exporter, cfg.snapshot)
     receipt = load_receipt(cfg.selection)
     nm, sm = open_bundle(cfg.native_bundle).runnable(), open_bundle(cfg.slot_bundle).runnable()
+    check_native(nm, cfg.native_bundle, "the native bundle must be one without slots, the slot bundle its twin")
     if not any(s.binding_id == receipt.binding_id and s.abi_sha256 == receipt.abi_sha256 for s in sm.kernel_slots):
         raise UserError(
             f"{cfg.slot_bundle}: no kernel slot of binding {receipt.binding_id} with abi_sha256 "
@@ -173,6 +176,7 @@ def check_watch(cfg: WatchConfig) -> tuple[str, Any]:
     kind = bundle_kind(nm)
     if bundle_kind(sm) != kind or sm.model != nm.model:
         raise UserError(f"{cfg.slot_bundle} is not the slot twin of {cfg.native_bundle} (another model or kind)")
+    check_same_build(nm, sm, cfg.native_bundle, cfg.slot_bundle)  # another precision would FAIL every round
     if not cfg.prompt.strip():
         raise UserError("--prompt is empty; give the text both pipelines run")
     if cfg.max_new_tokens < 1 or cfg.bench_runs < 1 or cfg.bench_warmup < 0:
