@@ -181,8 +181,16 @@ def test_missing_file_and_bad_usage(tmp_path, workbench):
     assert_user_error(workbench("tutorial", "no-such-tutorial"), "no-such-tutorial", "qwen-recipe")
     res = workbench("replay")
     assert res.code == 2 and len(res.err.strip().splitlines()) == 1
+    assert res.err.startswith("workbench replay: error: the following arguments are required: file")
     res = workbench("frobnicate")
     assert res.code == 2 and len(res.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["replay", "tutorial"])
+def test_subcommand_help_names_the_subcommand_alone(workbench, command):
+    # not the top-level usage (three alternatives) glued in front of the subcommand's
+    res = workbench(command, "--help")
+    assert res.code == 0 and res.out.startswith(f"usage: workbench {command} [-h]"), res.out
 
 
 def test_nonempty_workdir_is_refused(tmp_path, workbench):

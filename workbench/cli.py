@@ -67,13 +67,15 @@ def make_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
-    t = sub.add_parser("tutorial", help="open a guided tutorial in the TUI (default qwen-recipe)")
+    t = sub.add_parser(
+        "tutorial", prog=f"{PROG} tutorial", help="open a guided tutorial in the TUI (default qwen-recipe)"
+    )
     t.add_argument("name", nargs="?", default=None, help="tutorial name (see --list)")
     t.add_argument("--list", action="store_true", help="print the tutorial names and titles")
     t.add_argument("--workdir", default=None, help="folder for the tutorial's artifacts (default: a fresh one)")
     t.set_defaults(func=cmd_tutorial)
 
-    r = sub.add_parser("replay", help="re-run a saved session and compare its recorded results")
+    r = sub.add_parser("replay", prog=f"{PROG} replay", help="re-run a saved session and compare its recorded results")
     r.add_argument("file", help="session JSON file")
     r.add_argument(
         "--headless",
