@@ -57,7 +57,6 @@ SCENARIOS = {
     "tok_pass": lambda: compare_tokens([_rec([1, 2, 3])], [_rec([1, 2, 3])]),
     "tok_diff": lambda: compare_tokens([_rec([1, 2, 3])], [_rec([1, 2])]),
     "tok_diff2": lambda: compare_tokens([_rec([1, 2, 3])], [_rec([1, 5, 3])], labels=("a", "b")),
-    "tok_count": lambda: compare_tokens([_rec([1]), _rec([2])], [_rec([1])], labels=("a", "b")),
     "emb_pass": lambda: compare_embeddings([1.0, 2.0], [1.0, 2.001]),
     "emb_fail": lambda: compare_embeddings([1.0, 2.0], [1.0, 2.5], labels=("x", "y")),
     "emb_len": lambda: compare_embeddings([1.0, 2.0], [1.0], labels=("x", "y")),
@@ -73,7 +72,7 @@ SCENARIOS = {
     ),
     "ref_enc": lambda: _reference([S(0, 0.01, 0.9999, None, None, 0.001)], False, (0.999, 0.1, 0.05), 3),
 }
-LABELS = {"tok_diff2": ("a", "b"), "tok_count": ("a", "b"), "emb_fail": ("x", "y"), "emb_len": ("x", "y")}
+LABELS = {"tok_diff2": ("a", "b"), "emb_fail": ("x", "y"), "emb_len": ("x", "y")}
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
@@ -88,6 +87,18 @@ def test_details_read_back_equal(name):
     kw = {"labels": LABELS[name]} if name in LABELS else {}
     back = type(d).from_dict(data, **kw)
     assert back == d and json.dumps(back.to_dict()) == EXPECTED[name]
+
+
+def test_a_recorded_token_count_fail_still_reads_back():
+    """Unequal record counts were a FAIL with each side's count until they became a usage error: a
+    session that recorded one still reads back, and the gate now refuses the same input (exit 2)."""
+    from mcore.common.errors import UserError
+
+    back = D.TokensDetails.from_dict(json.loads(EXPECTED["tok_count"]), labels=("a", "b"))
+    assert back == D.TokensDetails(1, counts=(2, 1), labels=("a", "b"))
+    assert json.dumps(back.to_dict()) == EXPECTED["tok_count"]
+    with pytest.raises(UserError, match="a has 2 records but b has 1"):
+        compare_tokens([_rec([1]), _rec([2])], [_rec([1])], labels=("a", "b"))
 
 
 def test_reference_cases_that_stop_before_any_step():
