@@ -44,6 +44,22 @@ def test_list_tail_and_match(mcore, snaps):
     assert sorted(p.name for p in snaps.iterdir()) == before
 
 
+def test_a_match_of_nothing_says_so_on_stderr(mcore, snaps):
+    # stdout stays the (empty) list, as pipes to tee expect; stderr says it matched nothing and, for a bare
+    # word, how to match part of a field
+    n = len(json.loads((snaps / "encoder.graph.json").read_text())["nodes"])
+    r = mcore("graph", "list", snaps / "encoder.graph.json", "--match", "SUM")
+    assert r.code == 0 and r.out == ""
+    assert r.err == (
+        f"note: no node of {n} matches 'SUM' (a glob matched whole against each node's ID, op, layer, name and "
+        "module path; for a part of one, try '*SUM*')\n"
+    )
+    r = mcore("graph", "list", snaps / "encoder.graph.json", "--match", "*no-such-op*")
+    assert r.code == 0 and r.out == "" and "matches '*no-such-op*'" in r.err and "try" not in r.err
+    r = mcore("graph", "list", snaps / "encoder.graph.json", "--match", "*SUM*")
+    assert r.out and r.err == ""
+
+
 def test_tree_and_recipes(mcore, snaps):
     r = mcore("graph", "tree", snaps / "decode.graph.json")
     assert r.code == 0 and "decode (demo:qwen3-tiny)" in r.out and "[decoder.layers.0.self_attn]" in r.out

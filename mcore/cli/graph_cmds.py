@@ -52,8 +52,16 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
 
 def cmd_list(ns: argparse.Namespace) -> int:
     snap = load_snapshot(ns.snapshot)
-    for line in list_lines(snap, ns.match):
+    lines = list_lines(snap, ns.match)
+    for line in lines:
         say(line)
+    if ns.match and not lines:  # an empty list alone reads like an empty graph; `SUM` for `*SUM*` is the usual slip
+        hint = "" if any(c in ns.match for c in "*?[") else f"; for a part of one, try '*{ns.match}*'"
+        print(
+            f"note: no node of {len(snap.nodes)} matches {ns.match!r} (a glob matched whole against each node's "
+            f"ID, op, layer, name and module path{hint})",
+            file=sys.stderr,
+        )
     return 0
 
 
