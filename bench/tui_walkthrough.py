@@ -29,16 +29,7 @@ import argparse, pathlib, shutil, tempfile
 import tvm_ffi.cpp
 
 SCALE = "1.0f"
-SOURCE = """
-#include <tvm/ffi/container/tensor.h>
-#include <tvm/ffi/function.h>
-void Run(tvm::ffi::TensorView in, tvm::ffi::TensorView out) {
-  const float* a = reinterpret_cast<const float*>(static_cast<char*>(in.data_ptr()) + in.byte_offset());
-  float* b = reinterpret_cast<float*>(static_cast<char*>(out.data_ptr()) + out.byte_offset());
-  for (int64_t i = 0; i < in.numel(); ++i) b[i] = a[i] * SCALE_VALUE;
-}
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, Run);
-"""
+SOURCE = """@SOURCE@"""
 p = argparse.ArgumentParser()
 p.add_argument("--selection"); p.add_argument("--output"); p.add_argument("--snapshot")
 ns = p.parse_args()
@@ -48,7 +39,7 @@ lib = tvm_ffi.cpp.build("scaled_copy", cpp_files=[str(d / "k.cc")], build_direct
 shutil.copyfile(lib, ns.output)
 print("compiled scaled_copy with SCALE=" + SCALE)
 print("dso=" + ns.output)
-'''
+'''.replace("@SOURCE@", (REPO / "kernels" / "scaled_copy.cc").read_text(encoding="utf-8"))
 
 
 def screen_text(app) -> str:
@@ -71,6 +62,8 @@ def build(work: Path) -> tuple[Path, Path, Path]:
 async def tui_captures(work: Path, native: Path, slot: Path, receipt: Path) -> list[tuple[str, str]]:
     from mcore import load_receipt
     from workbench.app import WorkbenchApp, WorkbenchState
+    from workbench.results import BundleBuilt
+    from workbench.state import Applied
 
     exporter = work / "export_scaled_copy.py"
     exporter.write_text(EXPORTER)
@@ -82,7 +75,11 @@ async def tui_captures(work: Path, native: Path, slot: Path, receipt: Path) -> l
     editor.chmod(0o755)
     os.environ["EDITOR"] = str(editor)
     st = WorkbenchState(workdir=work, device="cpu")
-    st.bundles = {"native": {"bundle": native.name}, "slot": {"bundle": slot.name}}
+
+    def built(bundle: Path) -> Applied[BundleBuilt]:  # what the Build screen leaves in the state
+        return Applied("build_bundle", {}, BundleBuilt(bundle=bundle.name, fingerprints={}, kernel_slots=()))
+
+    st.bundles = {"native": built(native), "slot": built(slot)}
     st.receipt, st.receipt_path = load_receipt(receipt), receipt.name
     st.stub_path, st.stub_text = exporter.name, exporter.read_text()
     st.library, st.manifest = None, None
@@ -93,8 +90,11 @@ async def tui_captures(work: Path, native: Path, slot: Path, receipt: Path) -> l
     async def until(pilot, cond, timeout: float = 900) -> None:
         deadline = time.monotonic() + timeout
         while not cond():
+            screen = screen_text(app)
+            if "✗" in screen:  # an error toast: the walkthrough cannot go on, say what the screen says
+                raise SystemExit(f"the workbench reported an error:\n{screen}")
             if time.monotonic() > deadline:
-                raise SystemExit("timed out")
+                raise SystemExit(f"timed out; the screen:\n{screen}")
             await pilot.pause(0.2)
         await pilot.pause(0.3)
 

@@ -1,21 +1,13 @@
-"""A CPU copy kernel whose output is its input times a scale: 1.0f computes exactly what a copy region
-does, any other scale is ABI-compatible but wrong by a known amount (out - in = (scale - 1) * in)."""
+"""kernels/scaled_copy.cc for the tests: a CPU copy kernel whose output is its input times a scale: 1.0f
+computes exactly what a copy region does, any other scale is ABI-compatible but wrong by a known amount
+(out - in = (scale - 1) * in)."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-SOURCE = """
-#include <tvm/ffi/container/tensor.h>
-#include <tvm/ffi/function.h>
-void Run(tvm::ffi::TensorView in, tvm::ffi::TensorView out) {
-  const float* a = reinterpret_cast<const float*>(static_cast<char*>(in.data_ptr()) + in.byte_offset());
-  float* b = reinterpret_cast<float*>(static_cast<char*>(out.data_ptr()) + out.byte_offset());
-  for (int64_t i = 0; i < in.numel(); ++i) b[i] = a[i] * SCALE_VALUE;
-}
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, Run);
-"""
+SOURCE = (Path(__file__).resolve().parents[1] / "kernels" / "scaled_copy.cc").read_text(encoding="utf-8")
 
 
 def source(scale: str) -> str:
