@@ -41,6 +41,8 @@ def bindings(out: Path, name: str, binding_id: str, abi: str, dso: Path) -> Path
 
 
 def main() -> None:
+    if len(sys.argv) != 3 or sys.argv[1].startswith("-"):
+        raise SystemExit(f"usage: python bench/cute_evidence_gpu.py EVIDENCE_DIR OUT_DIR\n{__doc__}")
     ev, out = Path(sys.argv[1]), Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
     # DistilBERT-base residual add
