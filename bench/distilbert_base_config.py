@@ -35,4 +35,8 @@ def write_config_folder(folder: Path) -> Path:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+        raise SystemExit(
+            "usage: python bench/distilbert_base_config.py FOLDER  (writes config.json and tokenizer.json)"
+        )
     print(write_config_folder(Path(sys.argv[1])))
