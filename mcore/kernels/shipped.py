@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..common.errors import UserError
-from ..common.fileio import check_output_path, check_overwrite, install_file
+from ..common.fileio import check_overwrite, install_file
 from ..common.progress import Progress
 
 KERNEL_FUNCTION = "run"
@@ -226,14 +226,13 @@ def _as_progress(progress: ProgressArg) -> Progress:
     return Progress(callback=progress)
 
 
-def _check_output(output: Path, overwrite: bool) -> Path:
-    if output.exists() and output.is_dir():
-        raise UserError(f"{output}: is a directory; give a file path for the DSO, e.g. {output / 'kernel.so'}")
-    parent = output.parent if str(output.parent) else Path(".")
-    if not parent.is_dir():
-        raise UserError(f"{output}: folder {parent} does not exist; create it first")
-    check_overwrite(output, overwrite)
-    return parent
+def _check_output(output: str | os.PathLike, overwrite: bool) -> Path:
+    """The one output rule (check_overwrite: on the text as given, whose trailing '/' Path() drops),
+    with a DSO's name suggested for an existing folder named without one."""
+    path = Path(output)
+    if path.is_dir() and not os.fspath(output).endswith(os.sep):
+        raise UserError(f"{path}: is a directory; give a file path for the DSO, e.g. {path / 'kernel.so'}")
+    return check_overwrite(output, overwrite)
 
 
 @dataclass(frozen=True)
@@ -250,7 +249,7 @@ class _CompilePlan:
     include_paths: list[str]
 
 
-def _check_build_request(spec: KernelSpec, cuda: str, output: Path, overwrite: bool) -> Path:
+def _check_build_request(spec: KernelSpec, cuda: str, output: str | os.PathLike, overwrite: bool) -> Path:
     """Refuse a bad request before anything compiles; returns the kernel sources folder."""
     if cuda not in CUDA_MODES:
         raise UserError(f"--cuda {cuda!r} is not one of {', '.join(CUDA_MODES)}")
@@ -366,8 +365,8 @@ def build_kernel(
     `overwrite`), `cuda="on"` without a toolkit, or a failed compile (with the log's path).
     """
     spec = get_kernel(name)
-    output = check_output_path(output)  # on the text as given: Path() would drop a trailing slash
     src_dir = _check_build_request(spec, cuda, output, overwrite)
+    output = Path(output)
     prog = _as_progress(progress)
 
     prog.report(f"{name}: looking for a CUDA toolkit", 0.02)
