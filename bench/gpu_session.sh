@@ -53,7 +53,8 @@ suite() {  # NAME PYTEST_ARGS...: one share of the suite, its log in OUT
   python3 -c "import pytest_textual_snapshot" 2>/dev/null && report=(--snapshot-report "$OUT/$name-snapshots.html")
   python3 -m pytest -v -o addopts="" -p no:cacheprovider -p no:logging -rfE --tb=short --durations=10 "${report[@]}" "$@" \
     > "$OUT/$name.log" 2>&1
-  echo "== $name"; grep -E ' (FAILED|ERROR) |^(FAILED|ERROR)|[0-9]+ passed|[0-9]+ failed' "$OUT/$name.log" | tail -n 25
+  # failures as -v and -rfE name them, and pytest's closing line (test ids may read "1/1 passed" too)
+  echo "== $name"; grep -E '\] (FAILED|ERROR) tests/|^(FAILED|ERROR) |^=+ .*[0-9]+ (passed|failed|error)' "$OUT/$name.log" | tail -n 25
 }
 # the whole suite in one stage (about 15 min on the H200 with the defaults of 2026-12-01: more than
 # one call), or in two shares that each fit a call: suite-gpu (the GPU-marked tests and the shipped

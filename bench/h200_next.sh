@@ -10,12 +10,14 @@
 #   2. issue 31, deliverable 2: the 8B gate a user runs at 32k, the kernel bound in all 36 layers
 #      (bench/perf_gate_gpu.sh MODEL=8b GATES=cute-attention CONTEXT=32768, 3 pairs at most)
 #   3. issue 32, deliverable 3: decode tokens/s and the roofline at 1k and 32k (bench/engine_gpu.py)
+# PARTS (default attn,gate,engine) picks which run, in that order, when less device time is left: the
+# parts named share TOTAL_S as above, a part alone gets all of it.
 # Any other card: says which and stops (its numbers are in docs/gpu-results.md), so a call that landed on an
 # H100 costs seconds, not minutes.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
-VARIANTS=1,6,8,10,11
+VARIANTS=${VARIANTS:-1,6,8,10,11}  # a subset of those prepared also runs
 GATE_ENV=(MODEL=8b GATES=cute-attention CONTEXT=32768 TOKENS=64)
 
 if [ "${1:-}" = --prepare ]; then
@@ -45,19 +47,33 @@ t0=$SECONDS
 left() { echo $((TOTAL_S - (SECONDS - t0))); }
 export PYTHONUNBUFFERED=1 MCORE_CACHE_DIR=${MCORE_CACHE_DIR:-/tmp/mcore-cache} PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
 W=/tmp/h200-next
+PARTS=${PARTS:-attn,gate,engine}
+has() { [[ ",$PARTS," == *",$1,"* ]]; }
+# each part's share of what is left when it starts: the last part named takes all of it
+share() {  # PART PERCENT
+  local later=0 p
+  for p in attn gate engine; do [ "$p" = "$1" ] && later=1 && continue; [ $later = 1 ] && has "$p" && { echo "$2"; return; }; done
+  echo 100
+}
 
 # 1. the kernel table (about 2 minutes with the DSOs carried)
-timeout $(( $(left) * 40 / 100 )) python3 bench/attention_gpu.py "$W/attn" --parts kernel --variants "$VARIANTS" \
+if has attn; then
+timeout $(( $(left) * $(share attn 40) / 100 )) python3 bench/attention_gpu.py "$W/attn" --parts kernel --variants "$VARIANTS" \
   --no-flashinfer --rounds 5 --prebuilt .gpu/pre-attn > "$OUT/attn.log" 2>&1
 echo "== attention (rc $?)"; grep -E '^\|' "$OUT/attn.log" | tail -n 12
+fi
 
 # 2. the 8B gate at 32k (a fresh process a run: about 26 s each on the H200)
-env "${GATE_ENV[@]}" RUNS=5 MAX_PAIRS=3 PREBUILT=.gpu/pre-gate timeout $(( $(left) * 60 / 100 )) \
+if has gate; then
+env "${GATE_ENV[@]}" RUNS=5 MAX_PAIRS=3 PREBUILT=.gpu/pre-gate timeout $(( $(left) * $(share gate 60) / 100 )) \
   bash bench/perf_gate_gpu.sh "$W/gate" > "$OUT/gate.log" 2>&1
 echo "== gate (rc $?)"; grep -E 'PROMOTE|REJECT|INCONCLUSIVE|FAIL' "$OUT/gate.log" | tail -n 4
+fi
 
 # 3. the decode rates, with what time is left
+if has engine; then
 timeout $(( $(left) - 10 )) python3 bench/engine_gpu.py "$W/engine" --parts roofline,compiled --contexts 1024,32768 \
   --steps 20 --no-reload > "$OUT/engine.log" 2>&1
 echo "== engine (rc $?)"; grep -E 'tok/s|roofline|kernels' "$OUT/engine.log" | tail -n 8
+fi
 echo "took $((SECONDS - t0)) s of TOTAL_S=$TOTAL_S"
