@@ -229,6 +229,22 @@ def test_progress_reaches_one(tmp_path, weights):
     assert seen[-1] == 1.0
 
 
+def test_cli_build_progress_climbs_once_through_the_weights(tmp_path, mcore, monkeypatch):
+    """`mcore build` prints its progress as a user reads it: the percentages never go back (the writer's
+    0..1 is the build's last stretch, not a second 0%) and no line repeats, however many chunks the
+    weights stream in (8 MiB each: an 8B model's 16 GB printed some two thousand identical lines)."""
+    monkeypatch.setattr(bundle_mod, "CHUNK", 4096)  # the demo's weights in hundreds of chunks
+    res = mcore("build", "demo:qwen3-tiny", "--precision", "fp32", "-o", tmp_path / "n.bundle")
+    assert res.code == 0, res.err
+    lines = [l for l in res.err.splitlines() if l.startswith("[")]
+    pcts = [int(l[1:4]) for l in lines]
+    assert pcts == sorted(pcts), lines
+    assert all(a != b for a, b in zip(lines[:-1], lines[1:], strict=True)), lines
+    weights = [l for l in lines if l.endswith("writing weights.safetensors")]
+    assert 2 <= len(weights) <= 21, weights  # whole percents within 80..99
+    assert lines[-1] == "[100%] bundle written"
+
+
 def test_file_mode_not_private(tmp_path):
     out = write_bundle(tmp_path / "x.bundle", manifest(), {})
     assert out.stat().st_mode & 0o044  # readable by group/others under the usual umask

@@ -118,7 +118,8 @@ def build_bundle(
     progress.check()
     manifest = _manifest(args, output, device, (source, family, gargs), caps, receipts, weights, embedding_default)
     progress.report("writing bundle", 0.8)
-    path = write_bundle(output, manifest.to_dict(), members, progress=progress)
+    # the writer reports 0..1 over its members; here that is the build's last stretch, not a restart at 0%
+    path = write_bundle(output, manifest.to_dict(), members, progress=progress.part(0.8, 0.99))
     receipt_paths: list[Path] = []
     if recipe:  # a --graph-patch build's receipt is already on disk
         for r in receipts:

@@ -13,7 +13,7 @@ from ..common.fileio import atomic_write, check_overwrite
 from ..graph.display import abi_lines, versions_line
 from ..model.buildargs import add_build_args, build_args_from_namespace
 from ..model.tokenization import check_prompt
-from .graph_cmds import stderr_progress
+from .progress_lines import stderr_progress
 
 
 def log(msg: str) -> None:

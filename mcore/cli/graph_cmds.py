@@ -9,16 +9,12 @@ from pathlib import Path
 
 from ..common.errors import UserError, printable
 from ..common.fileio import check_output_path, check_overwrite, read_json, write_json
-from ..common.progress import Progress
 from ..graph.display import abi_lines, list_lines, tensor_desc, tree_lines, versions_line
 from ..graph.snapshot import load_snapshot
 from ..model.buildargs import add_build_args, build_args_from_namespace
 from ..selection.recipes import recipe_rows, select_recipe
 from ..selection.region import select_region
-
-
-def stderr_progress() -> Progress:
-    return Progress(lambda step, frac: print(f"[{frac * 100:3.0f}%] {step}", file=sys.stderr, flush=True))
+from .progress_lines import stderr_progress
 
 
 def say(line: str) -> None:

@@ -12,6 +12,7 @@ from ..kernels.shipped import CUDA_MODES, KERNELS, build_kernel
 from ..kernels.stubgen import write_exporter
 from ..verify.perf import METRICS, PERF_DEFAULTS
 from ..verify.verdicts import EXIT_CODES
+from .progress_lines import ProgressLines
 
 TRUST_NOTE = "note: a DSO runs native code when it is loaded; bind only libraries you trust."
 
@@ -141,10 +142,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    def progress(step: str, fraction: float) -> None:
-        print(f"[{fraction * 100:3.0f}%] {step}", file=sys.stderr)
-
-    built = build_kernel(args.name, args.output, cuda=args.cuda, progress=progress, overwrite=args.force)
+    built = build_kernel(args.name, args.output, cuda=args.cuda, progress=ProgressLines(), overwrite=args.force)
     print(f"built {built.kernel}: {built.resolve()}")
     print(f"variant: {built.describe()}")
     print(f"function: {built.function}  (ABI: {KERNELS[built.kernel].abi})")

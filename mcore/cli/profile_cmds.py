@@ -7,7 +7,7 @@ import sys
 
 from ..common.errors import UserError
 from ..common.fileio import check_overwrite, write_json
-from .graph_cmds import stderr_progress
+from .progress_lines import stderr_progress
 
 
 def cmd_profile(ns: argparse.Namespace) -> int:

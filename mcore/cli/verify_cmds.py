@@ -37,7 +37,7 @@ def _report(result: GateResult, printed_info: bool = False) -> int:
 
 
 def _progress_hooks() -> GateHooks:
-    from .graph_cmds import stderr_progress
+    from .progress_lines import stderr_progress
 
     return GateHooks(progress=stderr_progress())
 
