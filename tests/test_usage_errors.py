@@ -142,3 +142,13 @@ def test_other_unknown_roles_are_still_refused(tmp_path, mcore, args, role, name
     r = mcore("graph", "inspect", "--engine-role", role, "--snapshot", tmp_path / "x.graph.json", *args)
     assert_user_error(r, f"engine role {role!r} does not exist", names)
     assert not (tmp_path / "x.graph.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("names", "shown"),
+    [([], ""), (["a"], "a"), (["a", "b", "c"], "a, b, c"), (["a", "b", "c", "d"], "a, b, c, …")],
+)
+def test_a_message_names_the_first_three_and_says_when_there_are_more(names, shown):
+    from mcore.common.errors import first_few
+
+    assert first_few(names) == shown

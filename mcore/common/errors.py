@@ -5,6 +5,11 @@ _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)]}
 _CONTROL.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
 
 
+def first_few(names: list[str], n: int = 3) -> str:
+    """The first `n` names for a one-line message, "…" where there are more."""
+    return ", ".join(names[:n]) + (", …" if len(names) > n else "")
+
+
 def printable(text: str) -> str:
     """`text` with control characters shown escaped (\\xNN): a name from someone else's file must
     not move the cursor, recolour or retitle the terminal, or break a one-line message. Lone

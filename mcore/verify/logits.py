@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..common.errors import UserError
+from ..common.errors import UserError, first_few
 from ..common.progress import NO_PROGRESS, Progress
 from .compare import GateResult, check_threshold
 from .details import LogitsDetails, LogitsStep
@@ -85,8 +85,7 @@ def check_native(nm: BundleManifest, path: object, usage: str) -> None:
     fail only once it runs, naming a slot, or in `kernel watch` after each round's export. Refused first."""
     if nm.kernel_slots:
         names = sorted({s.label for s in nm.kernel_slots})
-        shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
-        raise UserError(f"{path} has kernel slots ({len(nm.kernel_slots)}: {shown}); {usage}")
+        raise UserError(f"{path} has kernel slots ({len(nm.kernel_slots)}: {first_few(names)}); {usage}")
 
 
 def check_same_build(nm: BundleManifest, em: BundleManifest, native_bundle: object, external_bundle: object) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..bundle.manifest import BundleManifest
-from ..common.errors import UserError
+from ..common.errors import UserError, first_few
 from ..common.progress import NO_PROGRESS, Progress
 from ..families.graph_args import GraphArgs
 from .compare import GateResult, check_limits, check_threshold
@@ -116,8 +116,7 @@ def weights_differences(bundle: Any, manifest: BundleManifest, source: Any) -> l
 
 
 def _names(differ: list[str], total: int) -> str:
-    shown = ", ".join(differ[:3]) + (", ..." if len(differ) > 3 else "")
-    return f"{len(differ)} of {total} tensor(s) differ ({shown})"
+    return f"{len(differ)} of {total} tensor(s) differ ({first_few(differ)})"
 
 
 def _transformers_call(what: str, fn: Any, *args: Any, **kw: Any) -> Any:
