@@ -282,6 +282,38 @@ async def test_too_small_terminal_says_so(tmp_path):
 
 
 @pytest.mark.asyncio
+async def test_keys_behind_the_too_small_notice_reach_no_hidden_widget(tmp_path):
+    """Below 80x24 the content is hidden behind the notice but keeps the focus: letters went into the
+    hidden model field and PageDown on the kernel list (no lines laid out) logged a KeyError as a bug.
+    Now only the notice's keys act (q quits, x cancels); at 80x24 again everything works as before."""
+    from textual.widgets import Input
+
+    app = WorkbenchApp(workdir=str(tmp_path))
+    async with app.run_test(size=(60, 20)) as pilot:
+        await pilot.pause(0.1)
+        field = app.screen.query_one("#model-spec", Input)
+        before = field.value
+        assert app.focused is field  # the model field has the focus at launch
+        await pilot.press("z", "z", "enter", "pagedown", "f4", "pagedown", "pageup", "enter", "n")
+        await pilot.pause(0.1)
+        assert field.value == before and app.screen.SCREEN_NAME == "model" and app.busy is None
+        assert not (tmp_path / "workbench-errors.log").exists()
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.1)
+        await pilot.press("f4")
+        await pilot.pause(0.1)
+        assert app.screen.SCREEN_NAME == "kernel"
+        app.screen.query_one("#kernel-list").focus()
+        await pilot.press("pagedown", "pageup")
+        await pilot.resize_terminal(60, 20)
+        await pilot.pause(0.1)
+        await pilot.press("pagedown", "q")
+        await pilot.pause(0.1)
+    assert app.return_code == 0  # q quit from behind the notice (no unsaved steps)
+    assert not (tmp_path / "workbench-errors.log").exists()
+
+
+@pytest.mark.asyncio
 async def test_footer_keeps_help_visible_at_80_columns(captured, tmp_path):
     from textual.widgets._footer import FooterKey
 

@@ -232,6 +232,17 @@ class WorkbenchApp(App):
 
     async def on_event(self, event: events.Event) -> None:
         """Follow the typing streak (see `typing_in`) before the key goes anywhere."""
+        if isinstance(event, events.Key) and self._too_small():
+            # the screen's widgets are hidden behind the notice but keep the focus: a key would type into
+            # a field no one sees, start an action or page a list that has no lines (a KeyError in
+            # Textual's OptionList). The notice's keys only: q quits, x cancels what runs.
+            event.stop()
+            event.prevent_default()
+            if event.key in ("q", "ctrl+q"):
+                self.action_request_quit()
+            elif event.key == "x":
+                self.action_cancel()
+            return
         if isinstance(event, events.Key):
             focused = self.focused
             if (
@@ -245,6 +256,11 @@ class WorkbenchApp(App):
         elif isinstance(event, events.MouseDown):
             self.typing_in = None
         await super().on_event(event)
+
+    def _too_small(self) -> bool:
+        """A workbench screen shows the "terminal too small" notice in place of its content (a dialog
+        over it still takes its own keys)."""
+        return isinstance(self.screen, WorkbenchScreen) and self.screen.has_class("too-small")
 
     # ------------------------------------------------------------------ navigation
     @property

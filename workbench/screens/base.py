@@ -242,7 +242,7 @@ class WorkbenchScreen(Screen):
             yield GuidePanel(id="guide")
         yield Static(
             Text(
-                f"terminal too small: the workbench needs {MIN_SIZE[0]}x{MIN_SIZE[1]}; enlarge the window (q quits)",
+                f"terminal too small: the workbench needs {MIN_SIZE[0]}x{MIN_SIZE[1]}; enlarge the window (q quits, x cancels what runs)",
                 style="bold yellow",
             ),
             id="too-small",
