@@ -260,7 +260,8 @@ class WorkbenchApp(App):
     def _too_small(self) -> bool:
         """A workbench screen shows the "terminal too small" notice in place of its content (a dialog
         over it still takes its own keys)."""
-        return isinstance(self.screen, WorkbenchScreen) and self.screen.has_class("too-small")
+        scr = self.current
+        return scr is not None and scr.has_class("too-small")
 
     # ------------------------------------------------------------------ navigation
     @property
