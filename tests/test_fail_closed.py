@@ -95,6 +95,20 @@ def test_run_values_that_would_crash_are_refused_before_loading(extra, fragment,
     assert_user_error(mcore("run", tmp_path / "missing.bundle", "--prompt", "hi", *extra), fragment)
 
 
+@pytest.mark.parametrize("verb", ["run", "embed"])
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        (["--benchmark", "0"], "--benchmark N needs N >= 1, got 0"),
+        (["--benchmark", "-2"], "--benchmark N needs N >= 1, got -2"),
+        (["--benchmark", "3", "--warmup", "-1"], "--warmup must be >= 0, got -1"),
+    ],
+)
+def test_benchmark_counts_are_refused_before_loading(verb, extra, fragment, tmp_path, mcore):
+    # `embed --benchmark 0` printed an embedding and no benchmark line, as if the flag were not given
+    assert_user_error(mcore(verb, tmp_path / "missing.bundle", "--prompt", "hi", *extra), fragment)
+
+
 def test_non_utf8_prompt_for_embed(tmp_path, mcore):
     assert_user_error(mcore("embed", tmp_path / "missing.bundle", "--prompt", "\udcff"), "not valid UTF-8")
 

@@ -95,10 +95,20 @@ def test_encoder_profile_and_diff(mcore, tmp_path, bundles):
 
 
 def test_bad_profile_inputs(mcore, tmp_path, bundles):
-    qwen, _ = bundles
-    assert_user_error(mcore("profile", qwen.bundle_path, "--context", "999"), "--context 999")
-    assert_user_error(mcore("profile", qwen.bundle_path, "--steps", "0"), "--steps 0")
-    assert_user_error(mcore("profile", qwen.bundle_path, "--role", "encoder"), "role 'encoder'")
+    qwen, enc = bundles
+    for argv, fragment in [
+        ((qwen.bundle_path, "--context", "999"), "--context 999 must lie in 1..255"),
+        ((qwen.bundle_path, "--context", "-1"), "--context -1 must lie in 1..255"),
+        ((qwen.bundle_path, "--steps", "0"), "--steps 0"),
+        ((qwen.bundle_path, "--role", "encoder"), "role 'encoder' is not in this bundle; use one of prefill, decode"),
+        ((enc.bundle_path, "--role", "decode"), "role 'decode' is not in this bundle; use one of encoder"),
+    ]:
+        r = mcore("profile", *argv)
+        assert_user_error(r, fragment)
+        assert "capturing" not in r.err, "checked from the bundle's manifest before any graph is captured"
+    # an encoder's --context is its prompt's length: not checked against a KV cache it does not have
+    r = mcore("profile", enc.bundle_path, "--context", "999999", "--steps", "1", "--top", "1")
+    assert r.code == 0, r.err
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"kind": "other"}))
     assert_user_error(mcore("profile", "diff", bad, bad), "not an mcore profile")

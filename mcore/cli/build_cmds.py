@@ -101,6 +101,14 @@ def check_sampling(ns: argparse.Namespace) -> None:
         raise UserError(f"--seed must be in 0..{2**63 - 1}, got {ns.seed}")
 
 
+def check_benchmark(ns: argparse.Namespace) -> None:
+    """--benchmark and --warmup of `run` and `embed`: a 0 would silently skip the benchmark."""
+    if ns.benchmark is not None and ns.benchmark < 1:
+        raise UserError(f"--benchmark N needs N >= 1, got {ns.benchmark}")
+    if ns.warmup < 0:
+        raise UserError(f"--warmup must be >= 0, got {ns.warmup}")
+
+
 def _device_field(seconds: float | None) -> str:
     """On CUDA, the benchmark line's device time per step (`verify perf --metric device` reads it);
     named so that the tutorial's `tokens_per_sec=` pattern still finds the wall-clock throughput."""
@@ -110,10 +118,7 @@ def _device_field(seconds: float | None) -> str:
 def cmd_run(ns: argparse.Namespace) -> int:
     from ..runtime.pipeline import percentile
 
-    if ns.benchmark is not None and ns.benchmark < 1:
-        raise UserError("--benchmark N needs N >= 1")
-    if ns.warmup < 0:
-        raise UserError("--warmup must be >= 0")
+    check_benchmark(ns)
     check_sampling(ns)
     for prompt in ns.prompt:
         check_prompt(prompt)
@@ -163,6 +168,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 def cmd_embed(ns: argparse.Namespace) -> int:
     from ..runtime.pipeline import percentile, sync
 
+    check_benchmark(ns)
     check_prompt(ns.prompt)
     pipe = _pipeline(ns, "encoder")
     if ns.benchmark:

@@ -28,14 +28,16 @@ def cmd_profile(ns: argparse.Namespace) -> int:
         check_overwrite(ns.output, ns.force)  # before the profile runs
     from ..bundle.container import open_bundle
     from ..families import bundle_kind
-    from ..profile.profiler import ENGINES, profile_pipeline, top_lines
+    from ..families.graph_args import GraphArgs
+    from ..profile.profiler import check_request, profile_pipeline, top_lines
     from ..runtime.pipeline import DecoderPipeline, EncoderPipeline
 
-    if ns.engine not in ENGINES:
-        raise UserError(f"--engine {ns.engine!r} is not one of {', '.join(ENGINES)}")
     bundle = open_bundle(ns.bundle)
-    cls = EncoderPipeline if bundle_kind(bundle.runnable()) == "encoder" else DecoderPipeline
+    m = bundle.runnable()
+    cls = EncoderPipeline if bundle_kind(m) == "encoder" else DecoderPipeline
     role = ns.role or ("encoder" if cls is EncoderPipeline else "decode")
+    capacity = GraphArgs.from_dict(m.graph_args).cache_length if cls is DecoderPipeline else None
+    check_request(list(m.roles), capacity, role, ns.context, ns.steps, ns.engine)  # before any graph loads
     pipe = cls(  # op by op: the profiler needs the graph, and compiles the profiled role itself
         ns.bundle,
         kernel_bindings=ns.kernel_bindings,

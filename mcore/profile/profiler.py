@@ -135,6 +135,21 @@ def profiled_seconds(interp: _TimedInterpreter, run: Callable[[], Any], device_t
 # ------------------------------------------------------------------ the entry point
 
 
+def check_request(
+    roles: list[str], capacity: int | None, role: str, context: int, steps: int, engine: str = "auto"
+) -> None:
+    """What a profile asks for, against the bundle's roles and (a decoder's) KV cache capacity: the
+    CLI checks it from the manifest before any graph is captured, and profile_pipeline again."""
+    if engine not in ENGINES:
+        raise UserError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    if role not in roles:
+        raise UserError(f"role {role!r} is not in this bundle; use one of {', '.join(roles)}")
+    if steps < 1:
+        raise UserError(f"--steps {steps} must be at least 1")
+    if capacity is not None and not 1 <= context < capacity:
+        raise UserError(f"--context {context} must lie in 1..{capacity - 1} (the bundle's KV cache holds {capacity})")
+
+
 def profile_pipeline(
     pipe: Any,
     role: str,
@@ -162,12 +177,7 @@ def profile_pipeline(
 
     if pipe.engine_name != "torch":
         raise UserError("profiling needs the role graph: build the pipeline with engine='torch'")
-    if engine not in ENGINES:
-        raise UserError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
-    if role not in pipe.runners:
-        raise UserError(f"role {role!r} is not in this bundle; use one of {', '.join(pipe.runners)}")
-    if steps < 1:
-        raise UserError(f"--steps {steps} must be at least 1")
+    check_request(list(pipe.runners), pipe.capacity if pipe.kind == "decoder" else None, role, context, steps, engine)
     inputs = _role_inputs(pipe, role, context, prompt)
     engine = resolve_engine_name(engine, pipe.device)
     shown = context if pipe.kind == "decoder" else None  # an encoder's length is its prompt's
@@ -534,10 +544,6 @@ def _role_inputs(pipe: Any, role: str, context: int, prompt: str | None) -> tupl
     if pipe.kind == "encoder":
         ids, mask, _ = pipe.inputs(prompt or "the quick brown fox")
         return ids, mask
-    if not 1 <= context < pipe.capacity:
-        raise UserError(
-            f"--context {context} must lie in 1..{pipe.capacity - 1} (the bundle's KV cache holds {pipe.capacity})"
-        )
     caches = [pipe.caches[n] for n in pipe.cache_names]
     for c in caches:  # never time on zeros
         c.normal_(generator=g)
