@@ -58,9 +58,12 @@ def test_cli_outputs_need_force_to_replace_a_file(tmp_path, mcore, snapshot):
         ("build", *TINY, "-o", taken),
         ("graph", "select", snapshot, "--recipe", *RECIPE, "-o", taken),
         ("profile", "no.bundle", "-o", taken),
+        ("graph", "inspect", "--engine-role", "decode", "--snapshot", taken, *TINY),  # no snapshot: before capture
     ]
     for args in cases:
-        assert_user_error(mcore(*args), f"{taken} already exists", "--force")
+        r = mcore(*args)
+        assert_user_error(r, f"{taken} already exists", "--force")
+        assert "[" not in r.err, args  # refused before any work: no progress line (a graph captured, then refused)
         assert taken.read_text() == "keep", args
     r = mcore("graph", "select", snapshot, "--recipe", *RECIPE, "-o", taken, "--force")
     assert r.code == 0 and json.loads(taken.read_text())["binding_id"] == RECIPE[0]

@@ -100,6 +100,25 @@ def test_bad_values_are_one_line_errors(bundles, mcore, extra, fragment):
     )
 
 
+def test_what_fails_after_the_native_pipeline_is_refused_before_it_loads(bundles, mcore, tmp_path):
+    # both used to surface only once the native pipeline had loaded (on an 8B model, compiled: a minute)
+    d, native, slot, _, _ = bundles
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema_version": 1, "bindings": [')
+    for extra, fragment in [
+        (("--kernel-bindings", bad), "malformed JSON in kernel bindings manifest"),
+        ((), "is not bound; pass --kernel-bindings with an entry for it"),
+        (
+            ("--kernel-bindings", d / "kb.json", "--max-new-tokens", "99"),
+            "need 100 cache slots but the KV cache holds 64",
+        ),
+        (("--kernel-bindings", d / "kb.json", "--chat"), "this checkpoint has no chat template"),
+    ]:
+        r = mcore("verify", "logits", native.bundle_path, slot.bundle_path, "--prompt", "hi", "--device", "cpu", *extra)
+        assert_user_error(r, fragment)
+        assert "loading the native pipeline" not in r.err
+
+
 def test_bundles_that_are_not_twins_are_refused(bundles, mcore):
     _, native, _, _, small = bundles
     assert_user_error(

@@ -56,23 +56,11 @@ def cmd_build(ns: argparse.Namespace) -> int:
 
 def _pipeline(ns: argparse.Namespace, kind: str, prompts: tuple[str, ...] = ()):
     from ..bundle.container import open_bundle
-    from ..bundle.contents import read_json_member
-    from ..families import bundle_kind
-    from ..runtime.pipeline import DecoderPipeline, EncoderPipeline, bundle_tokenizer, check_fits, encode_prompt
+    from ..runtime.pipeline import DecoderPipeline, EncoderPipeline, check_prompts_fit
 
     bundle = open_bundle(ns.bundle)
-    chat = getattr(ns, "chat", False)
-    m = bundle.runnable()
-    if kind == "decoder" and bundle_kind(m) != "decoder":
-        prompts = ()  # the wrong verb: the pipeline says which one to use
-    if chat or prompts:  # no chat template, a prompt too long: the clear error before any DSO or weight loads
-        tok = bundle_tokenizer(bundle, read_json_member(bundle, "config.json"), ns.bundle)
-        if chat:
-            tok.render_chat("")
-        capacity = m.graph_args.get("max_cache_length")
-        if isinstance(capacity, int):
-            for p in prompts:
-                check_fits(len(encode_prompt(tok, p, chat)), ns.max_new_tokens, capacity)
+    if kind == "decoder":
+        check_prompts_fit(bundle, prompts, ns.max_new_tokens, ns.chat)
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
     pipe = cls(
         ns.bundle,

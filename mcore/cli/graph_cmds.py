@@ -10,6 +10,7 @@ from pathlib import Path
 from ..common.errors import UserError, printable
 from ..common.fileio import check_output_path, check_overwrite, read_json, write_json
 from ..graph.display import abi_lines, list_lines, tensor_desc, tree_lines, versions_line
+from ..graph.snapshot import KIND as SNAPSHOT_KIND
 from ..graph.snapshot import load_snapshot
 from ..model.buildargs import add_build_args, build_args_from_namespace
 from ..selection.recipes import recipe_rows, select_recipe
@@ -27,9 +28,12 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
 
     check_output_path(ns.snapshot)
     args = build_args_from_namespace(ns)
+    existing = None if ns.force else _snapshot_fingerprint(ns.snapshot)
+    if existing == "":  # a file that is no snapshot: refused before the capture, not after it
+        check_overwrite(ns.snapshot, False)
     cap = capture(args, ns.engine_role, stderr_progress())
     snap = cap.snapshot
-    if not ns.force and _holds_another_graph(ns.snapshot, snap.fingerprint):
+    if existing is not None and existing != snap.fingerprint:
         check_overwrite(ns.snapshot, False)
     write_json(ns.snapshot, snap.to_dict())
     if cap.role != ns.engine_role:  # the tutorial's `decode` for a one-role (encoder) family
@@ -89,14 +93,18 @@ def parse_extra_arg(text: str) -> object:
         ) from None
 
 
-def _holds_another_graph(path: str, fingerprint: str) -> bool:
-    """Whether `path` exists and is not a snapshot of this very graph. Rewriting a snapshot with the same
-    graph loses nothing (the tutorial captures decode.graph.json twice); anything else falls under the
-    overwrite rule."""
+def _snapshot_fingerprint(path: str) -> str | None:
+    """The graph fingerprint of the snapshot at `path`: None when there is no file, "" when the file is
+    not a snapshot. Rewriting a snapshot with the same graph loses nothing (the tutorial captures
+    decode.graph.json twice); anything else falls under the overwrite rule."""
+    if not Path(path).exists():
+        return None
     try:
-        return read_json(path, "graph snapshot").get("fingerprint") != fingerprint
-    except (UserError, AttributeError):
-        return Path(path).exists()
+        data = read_json(path, "graph snapshot")
+    except UserError:
+        return ""
+    fp = data.get("fingerprint") if isinstance(data, dict) and data.get("kind") == SNAPSHOT_KIND else None
+    return fp if isinstance(fp, str) and fp else ""
 
 
 def cmd_select(ns: argparse.Namespace) -> int:

@@ -272,18 +272,9 @@ def bind_slots(
     abi_sha256, engine_role). Everything is checked before any DSO is loaded; then each named
     library is announced once per process through `announce` and loaded. Fails closed naming the slot.
     """
-    keys = [_slot_key(s, i) for i, s in enumerate(slots)]
-    # One entry binds every slot sharing its binding ID and ABI hash (e.g. all layers' attention).
-    groups = slot_groups(keys)
-    by_id = {bid: group[0] for bid, group in groups.items()}
-    if manifest_path is None:
-        if by_id:
-            sid = next(iter(by_id))
-            raise _not_bound(groups[sid])
-        return {}
-    entries = _matched_entries(manifest_path, groups)
+    groups, entries = _checked(manifest_path, slots)
     bound: dict[str, BoundKernel] = {}
-    for sid in by_id:
+    for sid in groups:
         b = entries[sid]
         _announce_once(b.library_path, sid, announce)
         if b.library_sha256 is not None:  # before dlopen: only the bytes the manifest names may run
@@ -291,6 +282,26 @@ def bind_slots(
         module, func = _load_function(b.library_path, b.function, sid)
         bound[sid] = BoundKernel(sid, b.abi_sha256, b.library_path, b.function, func, module)
     return bound
+
+
+def check_bindings(manifest_path: str | os.PathLike | None, slots: Sequence[SlotRecord | Mapping[str, Any]]) -> None:
+    """Every check bind_slots makes before it loads a DSO, loading nothing: for a verb that loads
+    something long first (`verify logits` its native pipeline) to fail in a second, not after it."""
+    _checked(manifest_path, slots)
+
+
+def _checked(
+    manifest_path: str | os.PathLike | None, slots: Sequence[SlotRecord | Mapping[str, Any]]
+) -> tuple[dict[str, list[SlotKey]], dict[str, Binding]]:
+    """The slots grouped by binding ID and the manifest entry for each, every check made."""
+    keys = [_slot_key(s, i) for i, s in enumerate(slots)]
+    # One entry binds every slot sharing its binding ID and ABI hash (e.g. all layers' attention).
+    groups = slot_groups(keys)
+    if manifest_path is None:
+        if groups:
+            raise _not_bound(next(iter(groups.values())))
+        return groups, {}
+    return groups, _matched_entries(manifest_path, groups)
 
 
 def _not_bound(group: Sequence[SlotKey]) -> UserError:

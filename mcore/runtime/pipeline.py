@@ -346,6 +346,21 @@ def check_fits(prompt_tokens: int, max_new_tokens: int, capacity: int) -> None:
         )
 
 
+def check_prompts_fit(bundle: Any, prompts: Sequence[str], max_new_tokens: int, chat: bool) -> None:
+    """From a decoder bundle's tokenizer and recorded KV capacity, before any DSO or weight loads: the
+    chat template exists (with `chat`), and each prompt with the tokens to generate fits the cache.
+    Any other bundle passes: the pipeline names the verb it needs."""
+    if not (chat or prompts) or bundle_kind(bundle.runnable()) != "decoder":
+        return
+    tok = bundle_tokenizer(bundle, read_json_member(bundle, "config.json"), str(bundle.path))
+    if chat:
+        tok.render_chat("")
+    capacity = bundle.runnable().graph_args.get("max_cache_length")
+    if isinstance(capacity, int):
+        for p in prompts:
+            check_fits(len(encode_prompt(tok, p, chat)), max_new_tokens, capacity)
+
+
 class DecoderBuffers:
     """A decoder pipeline's own buffers (the KV caches, one step's token and position) and the
     example inputs its roles compile on; `state_inputs` are a role's (name, tensor) graph inputs.

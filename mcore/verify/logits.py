@@ -34,17 +34,20 @@ def lockstep_logits(
     announce=None,
 ) -> GateResult[LogitsDetails]:
     """PASS when every step's max |native - external| over the vocabulary is at most `max_abs`."""
-    from ..runtime.pipeline import DecoderPipeline, check_fits
+    from ..runtime.bindings import check_bindings
+    from ..runtime.pipeline import DecoderPipeline, check_prompts_fit
 
     max_abs = check_threshold("--max-abs", max_abs, 0.0)
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {max_new_tokens} must be at least 1")
     nb, eb = _open_twins(native_bundle, external_bundle)
+    # what would fail once the native pipeline is loaded (an 8B model: a minute), said before it loads
+    check_prompts_fit(nb, [prompt], max_new_tokens, chat)
+    check_bindings(kernel_bindings, eb.runnable().kernel_slots)
     progress.report("loading the native pipeline", 0.0)
     native = DecoderPipeline(native_bundle, device=device, engine=engine, progress=progress.part(0.0, 0.4), bundle=nb)
     native.chat = chat
     ids = native.encode(prompt)
-    check_fits(len(ids), max_new_tokens, native.capacity)
     progress.report("loading the external pipeline", 0.4)
     external = DecoderPipeline(
         external_bundle,
