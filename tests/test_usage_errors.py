@@ -152,3 +152,50 @@ def test_a_message_names_the_first_three_and_says_when_there_are_more(names, sho
     from mcore.common.errors import first_few
 
     assert first_few(names) == shown
+
+
+# ---------------------------------------------------------------- an empty path (an unset shell variable)
+
+
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (("build", *QWEN_ARGS, "--graph-patch", "", "-o", "out.bundle"), "--graph-patch"),
+        (("run", "work/none.bundle", "--prompt", "hi", "--output", ""), "--output"),
+        (("run", "work/none.bundle", "--prompt", "hi", "--kernel-bindings", ""), "--kernel-bindings"),
+        (("inspect", ""), "bundle"),
+        (("verify", "tokens", "work/a.jsonl", ""), "external"),
+        (("graph", "select", "work/g.graph.json", "--nodes", "node:2", "--binding-id", "k@1", "-o", ""), "-o/--output"),
+        (
+            ("kernel", "export", "x.py", "--selection", "work/add.selection.json", "--snapshot", "", "-o", "k.so"),
+            "--snapshot",
+        ),
+    ],
+    ids=[
+        "build-graph-patch",
+        "run-output",
+        "run-bindings",
+        "inspect",
+        "verify-tokens",
+        "graph-select",
+        "kernel-export",
+    ],
+)
+def test_an_empty_path_is_refused_not_read_as_the_folder_or_a_flag_not_given(work, mcore, argv, flag):
+    # `--graph-patch ""` built a native bundle as if no patch were asked for; `--output ""` printed the
+    # text instead of writing records; an empty input read as "." ("is a directory")
+    before = sorted(p.name for p in work.parent.iterdir())
+    assert_user_error(mcore(*argv), f"argument {flag}: the path is empty")
+    assert sorted(p.name for p in work.parent.iterdir()) == before
+
+
+def test_an_empty_path_given_to_the_readers_names_what_is_missing():
+    # the workbench's fields and Python callers reach these without argparse in front
+    from mcore import UserError
+    from mcore.bundle.container import open_bundle
+    from mcore.common.fileio import read_json
+
+    with pytest.raises(UserError, match=r"^the kernel bindings manifest path is empty; name the kernel bindings"):
+        read_json("", "kernel bindings manifest")
+    with pytest.raises(UserError, match=r"^the bundle path is empty"):
+        open_bundle("")

@@ -447,6 +447,8 @@ def open_bundle(path: str | os.PathLike, progress: Progress | None = None) -> Bu
     The file is read once, front to back: every member's bytes are hashed as they stream by, and
     the manifest (the first member) is kept from that same pass but parsed only after every hash
     matched the integrity record."""
+    if not str(path):  # Path("") is "."
+        raise UserError("the bundle path is empty; give a bundle written by `mcore build`")
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: bundle not found; check the path")

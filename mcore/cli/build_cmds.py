@@ -13,6 +13,7 @@ from ..common.fileio import atomic_write, check_overwrite
 from ..graph.display import abi_lines, versions_line
 from ..model.buildargs import add_build_args, build_args_from_namespace
 from ..model.tokenization import check_prompt
+from .args import path_arg
 from .progress_lines import stderr_progress
 
 
@@ -225,8 +226,8 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
 
 
 def _runtime_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle")
-    p.add_argument("--kernel-bindings", default=None, help="bindings manifest binding every kernel slot")
+    p.add_argument("bundle", type=path_arg)
+    p.add_argument("--kernel-bindings", type=path_arg, default=None, help="bindings manifest binding every kernel slot")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the bundle's, else auto)")
     p.add_argument(
         "--engine",
@@ -262,9 +263,9 @@ def _register_build(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="with --recipe: the scratch bytes each slot's kernel gets (replaces the recipe's; in the ABI hash)",
     )
-    p.add_argument("--graph-patch", default=None, metavar="SELECTION_JSON")
+    p.add_argument("--graph-patch", type=path_arg, default=None, metavar="SELECTION_JSON")
     p.add_argument("--device", default=None, help="default device recorded for the bundle (cpu | cuda)")
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("-o", "--output", type=path_arg, required=True)
     p.add_argument("--force", action="store_true", help="replace an existing bundle (and its selection receipts)")
     p.set_defaults(func=cmd_build)
 
@@ -279,7 +280,7 @@ def _register_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
-    p.add_argument("--output", default=None, help="write JSONL records {prompt, tokens, text}")
+    p.add_argument("--output", type=path_arg, default=None, help="write JSONL records {prompt, tokens, text}")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.add_argument(
         "--chat",
@@ -310,6 +311,6 @@ def _register_embed(sub: argparse._SubParsersAction) -> None:
 
 def _register_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="show what a bundle holds (checks integrity)")
-    p.add_argument("bundle")
+    p.add_argument("bundle", type=path_arg)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_inspect)

@@ -15,6 +15,7 @@ from ..graph.snapshot import load_snapshot
 from ..model.buildargs import add_build_args, build_args_from_namespace
 from ..selection.recipes import recipe_rows, select_recipe
 from ..selection.region import select_region
+from .args import path_arg
 from .progress_lines import stderr_progress
 
 
@@ -169,7 +170,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         required=True,
         help="prefill | decode (decoders: qwen3, llama, mistral, qwen2), encoder (distilbert, bert)",
     )
-    p.add_argument("--snapshot", required=True, help="where to write the graph snapshot JSON")
+    p.add_argument("--snapshot", type=path_arg, required=True, help="where to write the graph snapshot JSON")
     p.add_argument(
         "--force",
         action="store_true",
@@ -179,20 +180,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_inspect)
 
     p = gs.add_parser("list", help="list nodes (ID, op, layer, tensors); --match filters the display only")
-    p.add_argument("snapshot")
+    p.add_argument("snapshot", type=path_arg)
     p.add_argument("--match", default=None, metavar="GLOB", help="filter by node ID, op, layer, name or module path")
     p.set_defaults(func=cmd_list)
 
     p = gs.add_parser("tree", help="the module tree with node counts")
-    p.add_argument("snapshot")
+    p.add_argument("snapshot", type=path_arg)
     p.set_defaults(func=cmd_tree)
 
     p = gs.add_parser("recipes", help="recipe instances published by the family for this graph")
-    p.add_argument("snapshot")
+    p.add_argument("snapshot", type=path_arg)
     p.set_defaults(func=cmd_recipes)
 
     p = gs.add_parser("select", help="validate a region and write its selection receipt")
-    p.add_argument("snapshot")
+    p.add_argument("snapshot", type=path_arg)
     p.add_argument("--nodes", nargs="+", default=[], metavar="NODE")
     p.add_argument("--recipe", nargs=2, metavar=("RECIPE", "INSTANCE"), default=None)
     p.add_argument("--binding-id", default=None)
@@ -201,11 +202,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--extra-arg", action="append", default=[], metavar="JSON")
     p.add_argument("--output-shape-like-input", type=int, default=None, metavar="INPUT_INDEX")
-    p.add_argument("-o", "--output", required=True, help="receipt path (JSON)")
+    p.add_argument("-o", "--output", type=path_arg, required=True, help="receipt path (JSON)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.set_defaults(func=cmd_select)
 
     p = gs.add_parser("show", help="details of nodes or tensors: dtypes, shapes, producer, consumers")
-    p.add_argument("snapshot")
+    p.add_argument("snapshot", type=path_arg)
     p.add_argument("ids", nargs="+", metavar="ID")
     p.set_defaults(func=cmd_show)

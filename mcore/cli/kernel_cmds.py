@@ -12,6 +12,7 @@ from ..kernels.shipped import CUDA_MODES, KERNELS, build_kernel
 from ..kernels.stubgen import write_exporter
 from ..verify.perf import METRICS, PERF_DEFAULTS
 from ..verify.verdicts import EXIT_CODES
+from .args import path_arg
 from .progress_lines import ProgressLines
 
 TRUST_NOTE = "note: a DSO runs native code when it is loaded; bind only libraries you trust."
@@ -39,7 +40,9 @@ def register(subparsers) -> None:
         description="Build a shipped kernel (see `mcore kernel list`) into a TVM-FFI DSO.",
     )
     b.add_argument("name", metavar="NAME", help=f"kernel name: {', '.join(sorted(KERNELS))}")
-    b.add_argument("-o", "--output", required=True, metavar="PATH", help="DSO to write, e.g. work/kernel.so")
+    b.add_argument(
+        "-o", "--output", type=path_arg, required=True, metavar="PATH", help="DSO to write, e.g. work/kernel.so"
+    )
     b.add_argument(
         "--cuda",
         choices=CUDA_MODES,
@@ -54,9 +57,22 @@ def register(subparsers) -> None:
         help="generate a CuTe DSL exporter for a selection receipt",
         description="Generate a self-contained CuTe DSL exporter (Python) for a selection receipt.",
     )
-    s.add_argument("selection", metavar="RECEIPT", help="selection receipt (.selection.json)")
-    s.add_argument("--snapshot", required=True, metavar="SNAPSHOT", help="the graph snapshot the receipt was made from")
-    s.add_argument("-o", "--output", required=True, metavar="PATH", help="exporter to write, e.g. kernels/my_kernel.py")
+    s.add_argument("selection", type=path_arg, metavar="RECEIPT", help="selection receipt (.selection.json)")
+    s.add_argument(
+        "--snapshot",
+        type=path_arg,
+        required=True,
+        metavar="SNAPSHOT",
+        help="the graph snapshot the receipt was made from",
+    )
+    s.add_argument(
+        "-o",
+        "--output",
+        type=path_arg,
+        required=True,
+        metavar="PATH",
+        help="exporter to write, e.g. kernels/my_kernel.py",
+    )
     s.add_argument("--force", action="store_true", help="replace an existing output")
     s.set_defaults(func=cmd_stub)
 
@@ -68,10 +84,14 @@ def register(subparsers) -> None:
         f"({', '.join(SHIPPED_EXPORTERS)}) or an exporter script such as "
         "`mcore kernel stub` writes.",
     )
-    e.add_argument("exporter", metavar="EXPORTER", help="shipped exporter name or exporter script (.py)")
-    e.add_argument("--selection", required=True, metavar="RECEIPT", help="selection receipt (.selection.json)")
-    e.add_argument("--snapshot", metavar="SNAPSHOT", help="graph snapshot the receipt was made from (also checked)")
-    e.add_argument("-o", "--output", required=True, metavar="PATH", help="DSO to write")
+    e.add_argument("exporter", type=path_arg, metavar="EXPORTER", help="shipped exporter name or exporter script (.py)")
+    e.add_argument(
+        "--selection", type=path_arg, required=True, metavar="RECEIPT", help="selection receipt (.selection.json)"
+    )
+    e.add_argument(
+        "--snapshot", type=path_arg, metavar="SNAPSHOT", help="graph snapshot the receipt was made from (also checked)"
+    )
+    e.add_argument("-o", "--output", type=path_arg, required=True, metavar="PATH", help="DSO to write")
     e.add_argument("--force", action="store_true", help="replace an existing output (once the export succeeded)")
     e.set_defaults(func=cmd_export)
     _register_watch(sub)
@@ -87,11 +107,21 @@ def _register_watch(sub) -> None:
         "line per round. Ctrl-C stops. Exit 0 when the last round promoted (or passed, with --no-perf), 3 when "
         "it was INCONCLUSIVE, else 1.",
     )
-    w.add_argument("exporter", metavar="EXPORTER", help="exporter script (.py, the file watched) or shipped name")
-    w.add_argument("--selection", required=True, metavar="RECEIPT", help="the receipt the slot bundle was built from")
-    w.add_argument("--bundle", required=True, metavar="SLOT_BUNDLE", help="the slot-ready bundle")
-    w.add_argument("--native", required=True, metavar="NATIVE_BUNDLE", help="its native twin")
-    w.add_argument("--snapshot", metavar="SNAPSHOT", help="graph snapshot the receipt was made from (for stubs)")
+    w.add_argument(
+        "exporter", type=path_arg, metavar="EXPORTER", help="exporter script (.py, the file watched) or shipped name"
+    )
+    w.add_argument(
+        "--selection",
+        type=path_arg,
+        required=True,
+        metavar="RECEIPT",
+        help="the receipt the slot bundle was built from",
+    )
+    w.add_argument("--bundle", type=path_arg, required=True, metavar="SLOT_BUNDLE", help="the slot-ready bundle")
+    w.add_argument("--native", type=path_arg, required=True, metavar="NATIVE_BUNDLE", help="its native twin")
+    w.add_argument(
+        "--snapshot", type=path_arg, metavar="SNAPSHOT", help="graph snapshot the receipt was made from (for stubs)"
+    )
     w.add_argument("--prompt", default=WATCH_PROMPT, help=f"the text both pipelines run (default {WATCH_PROMPT!r})")
     w.add_argument("--max-new-tokens", type=int, default=8, help="decoder steps compared and generated (default 8)")
     w.add_argument(

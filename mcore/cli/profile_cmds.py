@@ -7,6 +7,7 @@ import sys
 
 from ..common.errors import UserError
 from ..common.fileio import check_overwrite, write_json
+from .args import path_arg
 from .progress_lines import stderr_progress
 
 
@@ -63,9 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="attribute the time of the engine that runs to nodes, modules, recipe instances and slots; "
         "rank the regions worth a kernel (`mcore profile diff A B` compares two)",
     )
-    p.add_argument("bundle", help="a bundle, or `diff` followed by two profile files")
+    p.add_argument("bundle", type=path_arg, help="a bundle, or `diff` followed by two profile files")
     p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
-    p.add_argument("--kernel-bindings", default=None)
+    p.add_argument("--kernel-bindings", type=path_arg, default=None)
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the bundle's, else auto)")
     p.add_argument(
         "--engine",
@@ -84,6 +85,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="op by op: also compile the graph once more and report what the compiled engine fuses, and which "
         "fused kernels a slot over each candidate region would split (a compiled profile always has them)",
     )
-    p.add_argument("-o", "--output", default=None, help="write the profile JSON here")
+    p.add_argument("-o", "--output", type=path_arg, default=None, help="write the profile JSON here")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.set_defaults(func=cmd_profile)

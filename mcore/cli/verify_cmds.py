@@ -22,6 +22,7 @@ from ..verify.gates import (
     TokensGate,
 )
 from ..verify.verdicts import GateResult
+from .args import path_arg
 
 Sub = argparse._SubParsersAction
 CHAT_HELP = "wrap the prompt in the checkpoint's chat template"
@@ -122,16 +123,16 @@ def register(sub: Sub) -> None:
 
 def _tokens_parser(vs: Sub) -> None:
     p = vs.add_parser("tokens", help="compare `mcore run --output` JSONL files token by token")
-    p.add_argument("native", help="native.jsonl")
-    p.add_argument("external", help="external.jsonl (the same prompts, in the same order)")
+    p.add_argument("native", type=path_arg, help="native.jsonl")
+    p.add_argument("external", type=path_arg, help="external.jsonl (the same prompts, in the same order)")
     p.set_defaults(func=cmd_tokens)
 
 
 def _embeddings_parser(vs: Sub) -> None:
     d = EmbeddingsGate
     p = vs.add_parser("embeddings", help="the numerical gate on `mcore embed` outputs (max abs diff, cosine)")
-    p.add_argument("native", help="native.json")
-    p.add_argument("byok", help="byok.json")
+    p.add_argument("native", type=path_arg, help="native.json")
+    p.add_argument("byok", type=path_arg, help="byok.json")
     p.add_argument(
         "--max-abs", type=float, default=d.max_abs, help=f"largest allowed absolute difference (default {d.max_abs})"
     )
@@ -220,8 +221,13 @@ def _perf_run_args(p: argparse.ArgumentParser) -> None:
 def _reference_parser(vs: Sub) -> None:
     d = ReferenceGate
     p = vs.add_parser("reference", help="the engine against transformers on the same checkpoint and prompt")
-    p.add_argument("bundle", help="a bundle built from --checkpoint")
-    p.add_argument("--checkpoint", required=True, help="the checkpoint folder (or demo:NAME) the bundle was built from")
+    p.add_argument("bundle", type=path_arg, help="a bundle built from --checkpoint")
+    p.add_argument(
+        "--checkpoint",
+        type=path_arg,
+        required=True,
+        help="the checkpoint folder (or demo:NAME) the bundle was built from",
+    )
     p.add_argument("--prompt", required=True)
     p.add_argument(
         "--max-new-tokens",
@@ -230,7 +236,9 @@ def _reference_parser(vs: Sub) -> None:
         help=f"decoder steps compared (default {d.max_new_tokens})",
     )
     p.add_argument("--chat", action="store_true", help=CHAT_HELP)
-    p.add_argument("--kernel-bindings", default=None, help="bind the bundle's kernel slots (checks the kernel too)")
+    p.add_argument(
+        "--kernel-bindings", type=path_arg, default=None, help="bind the bundle's kernel slots (checks the kernel too)"
+    )
     p.add_argument("--device", default=None, help=DEVICE_HELP)
     p.add_argument(
         "--min-cosine",
@@ -255,9 +263,11 @@ def _logits_parser(vs: Sub) -> None:
     p = vs.add_parser(
         "logits", help="a native and a slot bundle in lockstep: per-step logit max_abs and the first greedy divergence"
     )
-    p.add_argument("native", help="the native bundle (no kernel slots)")
-    p.add_argument("external", help="its slot twin (the same model and BUILD_ARGS)")
-    p.add_argument("--kernel-bindings", default=None, help="the manifest binding the external bundle's slots")
+    p.add_argument("native", type=path_arg, help="the native bundle (no kernel slots)")
+    p.add_argument("external", type=path_arg, help="its slot twin (the same model and BUILD_ARGS)")
+    p.add_argument(
+        "--kernel-bindings", type=path_arg, default=None, help="the manifest binding the external bundle's slots"
+    )
     p.add_argument("--prompt", required=True)
     p.add_argument(
         "--max-new-tokens", type=int, default=d.max_new_tokens, help=f"steps compared (default {d.max_new_tokens})"

@@ -269,6 +269,8 @@ def canonical_json(data: Any) -> str:
 def read_input_text(path: str | os.PathLike, what: str, hint: str = "check the path") -> str:
     """The one rule for opening an input file: it must exist and be a regular file (a FIFO or a
     device would block or never end), read as UTF-8; else a one-line UserError naming it."""
+    if not str(path):  # Path("") is ".": it would read as "is a directory"
+        raise UserError(f"the {what} path is empty; name the {what} file")
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: {what} not found; {hint}")

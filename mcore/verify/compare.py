@@ -31,7 +31,6 @@ TOKEN_RECORD_FIELDS = frozenset({"prompt", "text"})  # beside the required token
 
 def load_token_records(path: str | os.PathLike) -> list[dict]:
     """Records written by `mcore run --output` (JSONL; each with a `tokens` list of ints)."""
-    path = Path(path)
     text = read_input_text(path, "token records", "write them with `mcore run --output`")
     records = []
     for n, line in enumerate(text.splitlines(), 1):
