@@ -196,3 +196,11 @@ def test_max_rel_must_be_a_finite_number(built, mcore):
     assert_user_error(
         mcore("verify", "reference", bundle, "--checkpoint", ckpt, "--prompt", "hi", "--max-rel", "nan"), "--max-rel"
     )
+
+
+def test_a_prompt_past_the_kv_cache_is_refused_before_anything_loads(built, mcore):
+    # it was said once the pipeline had loaded (on an 8B model a minute or more of compiling)
+    ckpt, bundle = built["q"]
+    r = mcore("verify", "reference", bundle, "--checkpoint", ckpt, "--prompt", "hi", "--max-new-tokens", "999")
+    assert_user_error(r, "+ --max-new-tokens 999 need", "but the KV cache holds 64")
+    assert "pipeline ready" not in r.err and "transformers" not in r.err

@@ -197,11 +197,12 @@ def _compare(
 ) -> GateResult[ReferenceDetails]:
     """The engine against transformers on `prompt`: token IDs, then per step values and tokens."""
     from ..families import bundle_kind
-    from ..runtime.pipeline import DecoderPipeline, EncoderPipeline
+    from ..runtime.pipeline import DecoderPipeline, EncoderPipeline, check_prompts_fit
 
     decoder = bundle_kind(manifest) == "decoder"
     if chat and not decoder:
         raise UserError("--chat applies to decoders only; this bundle is an encoder")
+    check_prompts_fit(bundle, [prompt], n, chat)  # before the pipeline and transformers load
     progress = load["progress"]
     cls = DecoderPipeline if decoder else EncoderPipeline
     kw = {"announce": load["announce"]} if load["announce"] else {}
@@ -280,13 +281,8 @@ def _verdict(
 
 
 def _decoder_steps(pipe: Any, model: Any, ids: list[int], n: int, progress: Progress) -> list[StepStats]:
-    """Prefill then n-1 decode steps on both sides, each fed the reference's greedy token."""
-    need = len(ids) + n - 1
-    if need > pipe.capacity:
-        raise UserError(
-            f"prompt ({len(ids)} tokens) + --max-new-tokens {n} need {need} cache slots but the "
-            f"bundle's KV cache holds {pipe.capacity}; ask for fewer tokens"
-        )
+    """Prefill then n-1 decode steps on both sides, each fed the reference's greedy token (the KV
+    cache holds them: check_prompts_fit said so before anything loaded)."""
     import inspect
 
     # transformers renamed past_key_values to cache (5.x); use whichever this version takes.
