@@ -29,7 +29,8 @@ The groups:
   ReferenceDetails, LogitsDetails, PerfDetails)
 - the edit-export-verify loop: watch_kernel, WatchConfig, WatchRound (a round's outcome), benchmark_command
   (a perf gate arm's command)
-- profile: profile_pipeline, load_profile, CANDIDATE_BINDING; what they return, typed (mcore/profile/report.py):
+- profile: profile_pipeline (check_bundle_request: its values checked before a pipeline loads), load_profile,
+  CANDIDATE_BINDING; what they return, typed (mcore/profile/report.py):
   ProfileReport (to_dict() is the profile file), its ranked ProfileCandidate rows, and PartialProfile (the live
   view `on_partial` receives); device facts: device_facts, describe_device
 - files: atomic_write, check_fields, check_overwrite (the one overwrite rule), check_path_text, read_json,
@@ -133,6 +134,7 @@ _EXPORTS: dict[str, str] = {
     "benchmark_command": "verify.watch",
     # profile
     "profile_pipeline": "profile.profiler",
+    "check_bundle_request": "profile.profiler",
     "load_profile": "profile.profiler",
     "CANDIDATE_BINDING": "profile.profiler",
     "ProfileReport": "profile.report",
@@ -225,6 +227,7 @@ __all__ = [
     "open_pipeline",
     "perf_gate",
     "profile_pipeline",
+    "check_bundle_request",
     "load_profile",
     "ProfileReport",
     "ProfileCandidate",
@@ -294,7 +297,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .kernels.stubgen import write_exporter
     from .model.buildargs import LAYOUTS, PRECISIONS, WEIGHTS, BuildArgs
     from .profile.device import describe_device, device_facts
-    from .profile.profiler import CANDIDATE_BINDING, load_profile, profile_pipeline
+    from .profile.profiler import CANDIDATE_BINDING, check_bundle_request, load_profile, profile_pipeline
     from .profile.report import PartialProfile, ProfileCandidate, ProfileReport
     from .runtime.api import open_pipeline
     from .runtime.bindings import BINDINGS_SCHEMA_VERSION, Binding, BindingsManifest, load_bindings_manifest

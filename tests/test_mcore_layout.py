@@ -80,6 +80,8 @@ PUBLIC_NAMES += ["WatchRound"]
 PUBLIC_NAMES += ["GateResult", "TokensDetails", "EmbeddingsDetails", "ReferenceDetails", "LogitsDetails", "PerfDetails"]
 # what profile_pipeline and load_profile return, typed (mcore/profile/report.py)
 PUBLIC_NAMES += ["ProfileReport", "ProfileCandidate", "PartialProfile"]
+# a profile's values checked against an opened bundle before its pipeline loads (the CLI and the workbench)
+PUBLIC_NAMES += ["check_bundle_request"]
 
 
 def _module_name(path: Path) -> str:

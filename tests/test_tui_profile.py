@@ -220,6 +220,23 @@ def test_profile_results_replay_by_which_candidates_exist(built, tmp_path):
     assert err is not None and "role 'nope' is not in this bundle" in err
 
 
+def test_a_profile_the_bundle_cannot_serve_is_refused_before_its_pipeline_loads(built, tmp_path):
+    from mcore import Progress
+
+    _, steps = built
+    bundle = steps[1][2]["bundle"]
+    seen: list[str] = []
+    ctx = ActionContext(workdir=tmp_path, progress=Progress(lambda step, f: seen.append(step)))
+    for params, fragment in [
+        ({"role": "nope"}, "role 'nope' is not in this bundle"),
+        ({"context": 100000}, "--context 100000 must lie in 1.."),
+    ]:
+        _, err = run_action(ctx, "profile", {"bundle": bundle, "output": "c.json", "steps": 1, **params})
+        assert err is not None and fragment in err, err
+    assert not any("capturing" in s or "ready" in s for s in seen), seen  # no graph was captured
+    assert not (tmp_path / "c.json").exists()
+
+
 def test_palette_lists_the_profile_screen():
     entries = {e[0]: e for e in palette_entries()}
     assert entries["Go to Profile"][1:] == ("p on Graph", "", "show('profile')")

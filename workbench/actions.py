@@ -237,14 +237,24 @@ def _receipt_results(ctx: ActionContext, receipt: Receipt, path: Path) -> R.Sele
     )
 
 
-def _pipeline(ctx: ActionContext, kind: str | None, bundle: str, kernel_bindings: str | None, engine: str = "auto"):
+def _pipeline(
+    ctx: ActionContext,
+    kind: str | None,
+    bundle: str,
+    kernel_bindings: str | None,
+    engine: str = "auto",
+    check: Callable[[Any], object] | None = None,
+):
     """The pipeline over `bundle`: the class for `kind` (the verb's: a wrong bundle is refused with
-    the verb to use), or with kind None the class the bundle's family kind calls for."""
+    the verb to use), or with kind None the class the bundle's family kind calls for. `check` sees the
+    opened bundle before the pipeline loads (what would fail after it, refused first)."""
     from mcore import DecoderPipeline, EncoderPipeline, open_bundle, open_pipeline
 
     bpath = str(ctx.path(bundle, "bundle"))
     ctx.check_native(kernel_bindings)
     b = open_bundle(bpath)
+    if check is not None:
+        check(b)
     manifest = _opt_path(ctx, kernel_bindings, "kernel_bindings")
     dev, prog, say = ctx.device, ctx.progress, ctx.announce
     if kind is None:
@@ -815,24 +825,28 @@ def profile(
     (`auto`: compiled on CUDA, op by op on the CPU) per node, module, recipe instance and slot, the
     time between kernels of a compiled step, and the ranked candidate regions (with the fused kernels
     a slot over each would split). Timings are measured: replay compares only which candidates exist."""
-    from mcore import profile_pipeline, write_json
+    from mcore import check_bundle_request, profile_pipeline, write_json
 
     out = _output(ctx, output, "output", overwrite)
     role = _str(role, "role") if role is not None else None
+    context, steps, engine = _int(context, "context", 1), _int(steps, "steps", 1), _str(engine, "engine")
+    asked: dict[str, str] = {}
+
+    def check(b: Any) -> None:  # the role, context and steps against the bundle, before its graph loads
+        asked["role"] = check_bundle_request(b, role, context, steps, engine)
+
     # op by op: the profiler needs the graph, and compiles the profiled role itself for `compiled`
-    pipe = _pipeline(ctx, None, bundle, kernel_bindings, engine="torch")  # the bundle's family kind decides
-    if role is None:
-        role = "decode" if pipe.KIND == "decoder" else "encoder"
+    pipe = _pipeline(ctx, None, bundle, kernel_bindings, engine="torch", check=check)  # the family kind decides
     report = profile_pipeline(
         pipe,
-        role,
-        _int(context, "context", 1),
-        _int(steps, "steps", 1),
+        asked["role"],
+        context,
+        steps,
         prompt,
         progress=ctx.progress,
         on_partial=ctx.on_partial,
         fusion=_bool(fusion, "fusion"),
-        engine=_str(engine, "engine"),
+        engine=engine,
     )
     write_json(out, report.to_dict())
     ctx.say(

@@ -29,16 +29,12 @@ def cmd_profile(ns: argparse.Namespace) -> int:
         check_overwrite(ns.output, ns.force)  # before the profile runs
     from ..bundle.container import open_bundle
     from ..families import bundle_kind
-    from ..families.graph_args import GraphArgs
-    from ..profile.profiler import check_request, profile_pipeline, top_lines
+    from ..profile.profiler import check_bundle_request, profile_pipeline, top_lines
     from ..runtime.pipeline import DecoderPipeline, EncoderPipeline
 
     bundle = open_bundle(ns.bundle)
-    m = bundle.runnable()
-    cls = EncoderPipeline if bundle_kind(m) == "encoder" else DecoderPipeline
-    role = ns.role or ("encoder" if cls is EncoderPipeline else "decode")
-    capacity = GraphArgs.from_dict(m.graph_args).cache_length if cls is DecoderPipeline else None
-    check_request(list(m.roles), capacity, role, ns.context, ns.steps, ns.engine)  # before any graph loads
+    role = check_bundle_request(bundle, ns.role, ns.context, ns.steps, ns.engine)  # before any graph loads
+    cls = EncoderPipeline if bundle_kind(bundle.runnable()) == "encoder" else DecoderPipeline
     pipe = cls(  # op by op: the profiler needs the graph, and compiles the profiled role itself
         ns.bundle,
         kernel_bindings=ns.kernel_bindings,

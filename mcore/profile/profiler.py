@@ -135,6 +135,20 @@ def profiled_seconds(interp: _TimedInterpreter, run: Callable[[], Any], device_t
 # ------------------------------------------------------------------ the entry point
 
 
+def check_bundle_request(bundle: Any, role: str | None, context: int, steps: int, engine: str = "auto") -> str:
+    """The role a profile of an opened bundle times (None: decode, or an encoder's one role), with
+    every value checked from the bundle's manifest: before any graph is captured or compiled."""
+    from ..families import bundle_kind
+    from ..families.graph_args import GraphArgs
+
+    m = bundle.runnable()
+    decoder = bundle_kind(m) == "decoder"
+    role = role or ("decode" if decoder else "encoder")
+    capacity = GraphArgs.from_dict(m.graph_args).cache_length if decoder else None
+    check_request(list(m.roles), capacity, role, context, steps, engine)
+    return role
+
+
 def check_request(
     roles: list[str], capacity: int | None, role: str, context: int, steps: int, engine: str = "auto"
 ) -> None:
