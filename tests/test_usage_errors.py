@@ -199,3 +199,17 @@ def test_an_empty_path_given_to_the_readers_names_what_is_missing():
         read_json("", "kernel bindings manifest")
     with pytest.raises(UserError, match=r"^the bundle path is empty"):
         open_bundle("")
+
+
+def test_a_recipe_the_family_does_not_publish_is_refused_before_any_capture(work, mcore):
+    # the family's recipes are known from config.json: no role needs capturing to say so
+    r = mcore("build", *QWEN_ARGS, "--recipe", "qwen.nope@1", "x", "-o", "out.bundle")
+    assert_user_error(
+        r, "recipe 'qwen.nope@1' is not published for this model (recipes: qwen.decode_attention_region@2"
+    )
+    assert "[" not in r.err  # no progress line: nothing captured
+    r = mcore(
+        "build", *DISTIL_ARGS, "--recipe", "qwen.decode_logits_copy@1", "decoder.logits_zero_bias", "-o", "o.bundle"
+    )
+    assert_user_error(r, "(recipes: distilbert.attention_residual_add@1)")
+    assert not (work.parent / "out.bundle").exists() and not (work.parent / "o.bundle").exists()

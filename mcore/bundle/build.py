@@ -106,6 +106,10 @@ def build_bundle(
     if recipe and len(recipe) == 2 and recipe[1] != ALL_INSTANCES:
         check_overwrite(receipt_path_for(output, None), overwrite)
     source, family, gargs = resolve(args)
+    if recipe:  # the family's recipes are known before any role is captured
+        known = {r.id for r in family.recipes(source.config, gargs)}
+        if recipe[0] not in known:
+            raise _unpublished(recipe[0], known)
     receipt_file = _read_graph_patch(graph_patch, family) if graph_patch else None
     caps = _capture_roles(args, (source, family, gargs), progress)
     receipts: list[Receipt] = []
@@ -264,8 +268,11 @@ def _recipe_role(caps: dict[str, Captured], recipe_id: str) -> str:
     for role, cap in caps.items():
         if any(r.id == recipe_id for r in cap.snapshot.recipe_rows):
             return role
-    known = sorted({r.id for c in caps.values() for r in c.snapshot.recipe_rows})
-    raise UserError(
-        f"recipe {recipe_id!r} is not published for this model (recipes: {', '.join(known) or 'none'}); "
+    raise _unpublished(recipe_id, {r.id for c in caps.values() for r in c.snapshot.recipe_rows})
+
+
+def _unpublished(recipe_id: str, known: set[str]) -> UserError:
+    return UserError(
+        f"recipe {recipe_id!r} is not published for this model (recipes: {', '.join(sorted(known)) or 'none'}); "
         "list them with `mcore graph recipes SNAPSHOT`"
     )
