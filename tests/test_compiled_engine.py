@@ -24,6 +24,7 @@ from mcore.model.buildargs import BuildArgs
 from mcore.runtime.pipeline import DecoderPipeline, EncoderPipeline
 
 from .conftest import assert_user_error
+from .pipelines import graph_targets, prefill_outputs
 
 PROMPT = "the quick brown fox"
 RECIPE = ("qwen.decode_logits_copy@1", "decoder.logits_zero_bias")
@@ -122,9 +123,11 @@ def test_pipelines_of_one_structure_share_the_compiled_code_and_keep_their_own_w
 
 
 @pytest.mark.parametrize("model", ["demo:llama-tiny", "demo:qwen2-tiny"])
-def test_cpu_compiled_runs_the_other_families(tmp_path, model):
-    """Llama (GQA 4, tied) and Qwen2 (q/k/v biases: their projections stay unfused) compiled: the
-    reference engine's tokens, close logits, and a logits-copy slot kept as one opaque node."""
+def test_cpu_compiled_runs_the_other_families(tmp_path, model, monkeypatch):
+    """Llama (GQA 4, tied, no q/k norms) and Qwen2 (q/k/v biases: their projections stay unfused)
+    compiled: the reference engine's tokens, close logits, a logits-copy slot kept as one opaque node,
+    and the prefill rewrite of mcore/engines/prefill_pass.py in every layer (each context reaches
+    o_proj through mcore::prefill_attention_rows) with the bits of the prefill compiled without it."""
     family = model.removeprefix("demo:").split("-")[0]
     native, slot, manifest = _bundles(
         tmp_path, "fp32", "cpu", model, (f"{family}.decode_logits_copy@1", "decoder.logits_zero_bias")
@@ -140,6 +143,12 @@ def test_cpu_compiled_runs_the_other_families(tmp_path, model):
     gm = comp.runners["decode"].prepared.gm
     slots = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.mcore.slot.default]
     assert [n.meta["mcore_binding_id"] for n in slots] == [f"{family}.decode_logits_copy@1"]
+    rows = torch.ops.mcore.prefill_attention_rows.default
+    assert graph_targets(comp, "prefill").count(rows) == int(comp.config["num_hidden_layers"])
+    monkeypatch.setenv("MCORE_PREFILL_ROWS", "0")
+    plain = DecoderPipeline(str(slot), kernel_bindings=str(manifest), device="cpu", engine="compiled")
+    assert rows not in graph_targets(plain, "prefill")
+    assert torch.equal(prefill_outputs(comp, a.prompt_tokens), prefill_outputs(plain, a.prompt_tokens))
 
 
 def test_cpu_slot_stays_one_opaque_node_and_runs(cpu_bundles):

@@ -2,6 +2,8 @@
 to o_proj without its copies (on by default, MCORE_PREFILL_ROWS=0 off).
 
 CPU: on a demo pipeline against the unrewritten prefill bit for bit; the op against prefill_attention.
+The other decoder families (Llama, Qwen2) are checked where they are compiled, in
+tests/test_compiled_engine.py::test_cpu_compiled_runs_the_other_families.
 GPU (pytest -m gpu): the same on CUDA, where the attention kernels write the context tokens-major."""
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from mcore.model.buildargs import BuildArgs
 from mcore.ops.attention import prefill_attention, prefill_attention_rows
 from mcore.runtime.pipeline import DecoderPipeline
 
+from .pipelines import graph_targets, prefill_outputs
+
 PROMPT = "the quick brown fox jumps over the lazy dog"
 
 
@@ -21,17 +25,6 @@ PROMPT = "the quick brown fox jumps over the lazy dog"
 def tiny_bf16(tmp_path_factory):
     args = BuildArgs(model="demo:qwen3-tiny", precision="bf16", max_cache_length=128)
     return build_bundle(args, tmp_path_factory.mktemp("prefill") / "n.bundle", device="cpu").bundle_path
-
-
-def _targets(pipe: DecoderPipeline, role: str) -> list:
-    return [n.target for n in pipe.runners[role].prepared.gm.graph.nodes]
-
-
-def _prefill_logits(pipe: DecoderPipeline, ids: list[int]) -> torch.Tensor:
-    for c in pipe.cache_list:
-        c.zero_()
-    (logits,) = pipe.runners["prefill"](torch.tensor([ids], dtype=torch.int32), *pipe.cache_list)
-    return torch.cat([logits.reshape(-1).float(), *(c.reshape(-1).float() for c in pipe.cache_list)])
 
 
 def test_the_prefill_context_reaches_o_proj_without_copies(tiny_bf16, monkeypatch):
@@ -44,12 +37,12 @@ def test_the_prefill_context_reaches_o_proj_without_copies(tiny_bf16, monkeypatc
     plain = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
     layers = int(pipe.config["num_hidden_layers"])
     rows, att = torch.ops.mcore.prefill_attention_rows.default, torch.ops.mcore.prefill_attention.default
-    assert _targets(pipe, "prefill").count(rows) == layers and att not in _targets(pipe, "prefill")
-    assert _targets(plain, "prefill").count(att) == layers and rows not in _targets(plain, "prefill")
-    assert _targets(pipe, "decode") == _targets(plain, "decode")
+    assert graph_targets(pipe, "prefill").count(rows) == layers and att not in graph_targets(pipe, "prefill")
+    assert graph_targets(plain, "prefill").count(att) == layers and rows not in graph_targets(plain, "prefill")
+    assert graph_targets(pipe, "decode") == graph_targets(plain, "decode")
     assert pipe.runners["prefill"].key != plain.runners["prefill"].key
     ids = pipe.encode(PROMPT)
-    assert torch.equal(_prefill_logits(pipe, ids), _prefill_logits(plain, ids))
+    assert torch.equal(prefill_outputs(pipe, ids), prefill_outputs(plain, ids))
     assert pipe.generate(PROMPT, 6, stop_at_eos=False).tokens == plain.generate(PROMPT, 6, stop_at_eos=False).tokens
 
 
@@ -60,30 +53,14 @@ def test_precompiled_regions_carry_the_rows_and_reload_them(tiny_bf16, monkeypat
     monkeypatch.setenv("MCORE_PRECOMPILED", "1")
     monkeypatch.setenv("MCORE_CACHE_DIR", str(tmp_path / "cache"))
     pipe = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
-    assert torch.ops.mcore.prefill_attention_rows.default in _targets(pipe, "prefill")
+    assert torch.ops.mcore.prefill_attention_rows.default in graph_targets(pipe, "prefill")
     reload = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
     assert reload.runners["prefill"].artifact is not None and reload.runners["prefill"].cached
     monkeypatch.setenv("MCORE_PREFILL_ROWS", "0")
     plain = DecoderPipeline(str(tiny_bf16), device="cpu", engine="compiled")
     ids = pipe.encode(PROMPT)
-    a = _prefill_logits(pipe, ids)
-    assert torch.equal(a, _prefill_logits(reload, ids)) and torch.equal(a, _prefill_logits(plain, ids))
-
-
-@pytest.mark.parametrize("demo", ["llama-tiny", "qwen2-tiny"])
-def test_every_decoder_family_gets_the_rows(demo, tmp_path, monkeypatch):
-    """The families without q/k norms (Llama) and with q/k/v biases (Qwen2) write the same
-    attention: each layer's context reaches o_proj through the rows op, with the captured graph's bits."""
-    args = BuildArgs(model=f"demo:{demo}", precision="bf16", max_cache_length=128)
-    bundle = str(build_bundle(args, tmp_path / "n.bundle", device="cpu").bundle_path)
-    pipe = DecoderPipeline(bundle, device="cpu", engine="compiled")
-    layers = int(pipe.config["num_hidden_layers"])
-    assert _targets(pipe, "prefill").count(torch.ops.mcore.prefill_attention_rows.default) == layers
-    ids = pipe.encode(PROMPT)
-    a = _prefill_logits(pipe, ids)
-    monkeypatch.setenv("MCORE_PREFILL_ROWS", "0")
-    plain = DecoderPipeline(bundle, device="cpu", engine="compiled")
-    assert torch.equal(a, _prefill_logits(plain, ids))
+    a = prefill_outputs(pipe, ids)
+    assert torch.equal(a, prefill_outputs(reload, ids)) and torch.equal(a, prefill_outputs(plain, ids))
 
 
 @pytest.mark.parametrize("tokens_major", [True, False])
@@ -137,7 +114,7 @@ def test_gpu_prefill_keeps_its_bits_without_the_copies(tmp_path, monkeypatch):
     pipe = DecoderPipeline(str(bundle), device="cuda", engine="compiled")
     monkeypatch.setenv("MCORE_PREFILL_ROWS", "0")
     plain = DecoderPipeline(str(bundle), device="cuda", engine="compiled")
-    assert torch.ops.mcore.prefill_attention_rows.default in _targets(pipe, "prefill")
+    assert torch.ops.mcore.prefill_attention_rows.default in graph_targets(pipe, "prefill")
     ids = torch.randint(0, int(pipe.config["vocab_size"]), (1, 200), device="cuda", dtype=torch.int32)
 
     def out(p):
