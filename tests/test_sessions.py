@@ -148,7 +148,39 @@ BAD = {
     ),
     "steps not a list": (lambda d: d.update(steps={}), ["steps"]),
     "guided not bool": (lambda d: d["header"].update(guided="yes"), ["header.guided"]),
+    # a step recorded ok holds params the tool parsed: other types or build args mean an edited file, named
+    # when the file is read rather than after the steps before it ran
+    "param of another type": (
+        lambda d: d["steps"][0]["params"].update(engine_role=True),
+        ["step 1 (capture_graph): params: field engine_role must be a string, got True"],
+    ),
+    "build_args not an object": (
+        lambda d: d["steps"][0]["params"].update(build_args=None),
+        ["step 1", "field build_args must be a JSON object, got None"],
+    ),
+    "build_args without a model": (
+        lambda d: d["steps"][0]["params"].update(build_args={"precision": "bf16"}),
+        ["step 1", "build_args must name a model"],
+    ),
+    "build_args that mcore build refuses": (
+        lambda d: d["steps"][0]["params"]["build_args"].update(seed=True),
+        ["step 1", "seed must be an integer, got True"],
+    ),
 }
+
+
+def test_a_step_recorded_as_an_error_keeps_the_params_it_failed_on(tmp_path):
+    """What a user typed wrong is recorded with the error it gave; the file loads and replays it."""
+    s = Session.new("typed wrong", device="cpu")
+    bad = {"build_args": {"model": "demo:qwen3-tiny", "weights": "x"}, "engine_role": "decode", "snapshot": "d.json"}
+    s.record("capture_graph", bad, error=UserError("--weights 'x' is not supported; use one of checkpoint, random"))
+    s.record("generate", {"bundle": "n.bundle", "prompt": "hi", "max_new_tokens": "4"}, error=UserError("boom"))
+    path = s.save(tmp_path / "s.json")
+    assert [st.params for st in Session.load(path).steps] == [bad, s.steps[1].params]
+    with pytest.raises(UserError, match="field max_new_tokens must be an integer, got True"):
+        s.record(
+            "generate", {"bundle": "n.bundle", "prompt": "hi", "max_new_tokens": True}, {"tokens": [1], "text": "a"}
+        )
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

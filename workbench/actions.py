@@ -172,11 +172,14 @@ def confine(root: Path, p: str, where: str) -> Path:
     return q
 
 
-def _build_args(d: Any):
+def parse_build_args(d: Any):
+    """A step's build_args as `mcore build` parses its flags (mcore.BuildArgs, validated)."""
     from mcore import BuildArgs
 
     if not isinstance(d, dict):
         raise UserError(f"build_args must be an object like {{\"model\": \"demo:qwen3-tiny\"}}, got {type(d).__name__}")
+    if "model" not in d:
+        raise UserError('build_args must name a model, like {"model": "demo:qwen3-tiny"}')
     try:
         return BuildArgs.from_dict(d)
     except TypeError as e:
@@ -276,7 +279,7 @@ def capture_graph(
     """`mcore graph inspect`: capture one engine role's graph and write its snapshot."""
     from mcore import capture, write_json
 
-    args = _build_args(build_args)
+    args = parse_build_args(build_args)
     out = _output(ctx, snapshot, "snapshot", overwrite)
     cap = capture(args, _str(engine_role, "engine_role"), ctx.progress)
     snap = cap.snapshot
@@ -510,7 +513,7 @@ def build_bundle(
     `workspace_bytes` with a recipe as `--workspace-bytes N`."""
     from mcore import build_bundle as _build
 
-    args = _build_args(build_args)
+    args = parse_build_args(build_args)
     if recipe is not None and (
         not isinstance(recipe, (list, tuple)) or len(recipe) < 2 or not all(isinstance(x, str) for x in recipe)
     ):

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import inspect
 import os
+import typing
 from pathlib import Path
 from typing import Any
 
 from mcore import UserError
 
-from .actions import ActionContext, confine
+from .actions import ActionContext, confine, parse_build_args
 from .registry import REGISTRY
 from .results import Record, result_json
 
@@ -72,6 +73,43 @@ def check_params(action: str, params: Any, where: str) -> None:
 
     req, opt = action_params(action)
     check_fields(params, where, set(req), set(opt))
+
+
+_JSON_TYPES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    dict: "a JSON object",
+    list: "a JSON list",
+    type(None): "null",
+}
+
+
+def _accepts(t: Any, v: Any) -> bool:
+    """Whether a JSON value fits a param's annotation (bool is not an integer here; an integer is a number)."""
+    if typing.get_args(t):  # X | Y
+        return any(_accepts(a, v) for a in typing.get_args(t))
+    if t in (int, float) and isinstance(v, bool):
+        return False
+    return isinstance(v, (int, float)) if t is float else isinstance(v, t)
+
+
+def check_param_values(action: str, params: dict[str, Any], where: str) -> None:
+    """Each param's JSON type against the action's own annotation, and build_args as `mcore build`
+    parses them: a session edited into something the tool never recorded fails when it is read,
+    before any step runs (what exists, such as a recipe or a kernel name, is the step's to say)."""
+    hints = typing.get_type_hints(REGISTRY[action].fn)
+    for name, v in params.items():
+        t = hints.get(name)
+        if t is not None and not _accepts(t, v):
+            kinds = " or ".join(_JSON_TYPES[a] for a in (typing.get_args(t) or (t,)))
+            raise UserError(f"{where}: field {name} must be {kinds}, got {v!r}")
+    if "build_args" in params:
+        try:
+            parse_build_args(params["build_args"])
+        except UserError as e:
+            raise UserError(f"{where}: {e}") from None
 
 
 def perform_action(ctx: ActionContext, action: str, params: dict[str, Any]) -> tuple[Record | None, str | None]:

@@ -142,7 +142,7 @@ def check_guide(guide: Any, where: str) -> dict[str, str] | None:
 
 def check_step(d: Any, where: str) -> Step:
     """Validate one step dict (where = 'FILE: step N') and return it as a Step."""
-    from .dispatch import check_params
+    from .dispatch import check_param_values, check_params
     from .registry import REGISTRY, VERDICTS
 
     check_fields(d, where, _STEP_REQUIRED, _STEP_OPTIONAL)
@@ -176,6 +176,8 @@ def check_step(d: Any, where: str) -> Step:
             f"{where}: status not_run is for a step that requires what the recording machine lacked; "
             "it has empty results and says why in error"
         )
+    if status != "error":  # a step that failed may hold what a user typed wrong; it replays as that error
+        check_param_values(action, d["params"], f"{where}: params")
     guide = check_guide(d.get("guide"), where)
     return Step(action, dict(d["params"]), dict(d["results"]), status, err, guide, requires)
 
