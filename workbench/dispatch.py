@@ -103,7 +103,9 @@ def check_param_values(action: str, params: dict[str, Any], where: str) -> None:
     for name, v in params.items():
         t = hints.get(name)
         if t is not None and not _accepts(t, v):
-            kinds = " or ".join(_JSON_TYPES[a] for a in (typing.get_args(t) or (t,)))
+            kinds = " or ".join(
+                _JSON_TYPES.get(a, getattr(a, "__name__", str(a))) for a in (typing.get_args(t) or (t,))
+            )
             raise UserError(f"{where}: field {name} must be {kinds}, got {v!r}")
     if "build_args" in params:
         try:
