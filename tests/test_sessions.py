@@ -177,6 +177,9 @@ def test_a_step_recorded_as_an_error_keeps_the_params_it_failed_on(tmp_path):
     s.record("generate", {"bundle": "n.bundle", "prompt": "hi", "max_new_tokens": "4"}, error=UserError("boom"))
     path = s.save(tmp_path / "s.json")
     assert [st.params for st in Session.load(path).steps] == [bad, s.steps[1].params]
+    recipe = {"build_args": {"model": "demo:qwen3-tiny"}, "output": "s.bundle", "recipe": ["qwen.x@1", 3]}
+    with pytest.raises(UserError, match=r"field recipe must be a JSON list of strings or null, got \['qwen.x@1', 3\]"):
+        s.record("build_bundle", recipe, {"bundle": "s.bundle"})
     with pytest.raises(UserError, match="field max_new_tokens must be an integer, got True"):
         s.record(
             "generate", {"bundle": "n.bundle", "prompt": "hi", "max_new_tokens": True}, {"tokens": [1], "text": "a"}

@@ -353,7 +353,7 @@ def select_recipe(
 def select_nodes(
     ctx: ActionContext,
     snapshot: str,
-    node_ids: list,
+    node_ids: list[str],
     binding_id: str,
     receipt: str,
     workspace_bytes: int = 0,
@@ -503,7 +503,7 @@ def build_bundle(
     ctx: ActionContext,
     build_args: dict,
     output: str,
-    recipe: list | None = None,
+    recipe: list[str] | None = None,
     graph_patch: str | None = None,
     device: str | None = None,
     workspace_bytes: int | None = None,

@@ -87,12 +87,21 @@ _JSON_TYPES = {
 
 
 def _accepts(t: Any, v: Any) -> bool:
-    """Whether a JSON value fits a param's annotation (bool is not an integer here; an integer is a number)."""
+    """Whether a JSON value fits a param's annotation (bool is not an integer here; an integer is a number;
+    list[X]: a list of X)."""
+    if typing.get_origin(t) is list:
+        return isinstance(v, list) and all(_accepts(typing.get_args(t)[0], x) for x in v)
     if typing.get_args(t):  # X | Y
         return any(_accepts(a, v) for a in typing.get_args(t))
     if t in (int, float) and isinstance(v, bool):
         return False
     return isinstance(v, (int, float)) if t is float else isinstance(v, t)
+
+
+def _describe(t: Any) -> str:
+    if typing.get_origin(t) is list:
+        return f"a JSON list of {_describe(typing.get_args(t)[0]).split(' ', 1)[-1]}s"
+    return _JSON_TYPES.get(t, getattr(t, "__name__", str(t)))
 
 
 def check_param_values(action: str, params: dict[str, Any], where: str) -> None:
@@ -104,7 +113,7 @@ def check_param_values(action: str, params: dict[str, Any], where: str) -> None:
         t = hints.get(name)
         if t is not None and not _accepts(t, v):
             kinds = " or ".join(
-                _JSON_TYPES.get(a, getattr(a, "__name__", str(a))) for a in (typing.get_args(t) or (t,))
+                _describe(a) for a in (() if typing.get_origin(t) is list else typing.get_args(t)) or (t,)
             )
             raise UserError(f"{where}: field {name} must be {kinds}, got {v!r}")
     if "build_args" in params:
