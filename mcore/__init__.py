@@ -103,6 +103,7 @@ _EXPORTS: dict[str, str] = {
     "SHIPPED_EXPORTERS": "kernels.exporters",
     "kernel_catalog": "kernels.exporters",
     "load_bindings_manifest": "runtime.bindings",
+    "open_bound_bundle": "runtime.bindings",
     "BindingsManifest": "runtime.bindings",
     "Binding": "runtime.bindings",
     "BINDINGS_SCHEMA_VERSION": "runtime.bindings",
@@ -223,6 +224,7 @@ __all__ = [
     "module_tree",
     "node_matches",
     "node_row",
+    "open_bound_bundle",
     "open_bundle",
     "open_pipeline",
     "perf_gate",
@@ -300,7 +302,13 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them; never run
     from .profile.profiler import CANDIDATE_BINDING, check_bundle_request, load_profile, profile_pipeline
     from .profile.report import PartialProfile, ProfileCandidate, ProfileReport
     from .runtime.api import open_pipeline
-    from .runtime.bindings import BINDINGS_SCHEMA_VERSION, Binding, BindingsManifest, load_bindings_manifest
+    from .runtime.bindings import (
+        BINDINGS_SCHEMA_VERSION,
+        Binding,
+        BindingsManifest,
+        load_bindings_manifest,
+        open_bound_bundle,
+    )
     from .runtime.pipeline import DecoderPipeline, EncoderPipeline
     from .selection.receipt import Receipt, SlotRecord
     from .selection.recipes import find_recipe, recipe_rows, select_recipe

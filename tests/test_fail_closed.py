@@ -151,6 +151,26 @@ def test_run_on_an_encoder_says_embed_before_binding(encoder_bundle, tmp_path, m
     assert bound == []
 
 
+@pytest.mark.parametrize("verb", ["run", "embed", "profile"])
+def test_a_bad_bindings_file_is_named_before_the_bundle_is_hashed(verb, encoder_bundle, tmp_path, mcore, monkeypatch):
+    """The manifest's own faults (JSON, fields, a library outside its folder) need no bundle: said before
+    the bundle's integrity hash, which takes seconds on an 8B-sized bundle."""
+    import mcore.bundle.container as container
+
+    opened = []
+    real = container.open_bundle
+    monkeypatch.setattr(container, "open_bundle", lambda p: opened.append(p) or real(p))
+    bad = {"schema_version": 1, "bindings": [{"id": "k@1", "abi_sha256": HEX, "library": "../k.so", "function": "run"}]}
+    (tmp_path / "kb.json").write_text(json.dumps(bad))
+    res = mcore(verb, encoder_bundle, "--prompt", "hi", "--kernel-bindings", tmp_path / "kb.json")
+    assert_user_error(res, "kb.json", "library '../k.so' leaves the manifest's folder")
+    (tmp_path / "kb.json").write_text("{not json")
+    assert_user_error(
+        mcore(verb, encoder_bundle, "--prompt", "hi", "--kernel-bindings", tmp_path / "kb.json"), "kb.json"
+    )
+    assert opened == []
+
+
 def test_a_prompt_too_long_is_refused_before_binding(tmp_path, mcore, monkeypatch):
     import mcore.runtime.bindings as bindings
     from mcore.cli.main import main

@@ -73,6 +73,8 @@ PUBLIC_NAMES = [
 # added on purpose beside the move (issue 29): the one gate implementation (verify/gates.py) and the exporter
 # kit that generated stubs import (kernels/exporter_kit.py)
 PUBLIC_NAMES += ["BenchArms", "EmbeddingsGate", "GateHooks", "LogitsGate", "PerfGate", "PerfOptions"]
+# added with the check that a bindings manifest's own faults come before a bundle's hash (thirty-seventh session)
+PUBLIC_NAMES += ["open_bound_bundle"]
 PUBLIC_NAMES += ["ReferenceGate", "TokensGate", "exporter_kit"]
 # what the kernel watch hands its caller each round (the workbench keeps them typed)
 PUBLIC_NAMES += ["WatchRound"]

@@ -251,14 +251,14 @@ def _pipeline(
     """The pipeline over `bundle`: the class for `kind` (the verb's: a wrong bundle is refused with
     the verb to use), or with kind None the class the bundle's family kind calls for. `check` sees the
     opened bundle before the pipeline loads (what would fail after it, refused first)."""
-    from mcore import DecoderPipeline, EncoderPipeline, open_bundle, open_pipeline
+    from mcore import DecoderPipeline, EncoderPipeline, open_bound_bundle, open_pipeline
 
     bpath = str(ctx.path(bundle, "bundle"))
     ctx.check_native(kernel_bindings)
-    b = open_bundle(bpath)
+    manifest = _opt_path(ctx, kernel_bindings, "kernel_bindings")
+    b = open_bound_bundle(bpath, manifest)
     if check is not None:
         check(b)
-    manifest = _opt_path(ctx, kernel_bindings, "kernel_bindings")
     dev, prog, say = ctx.device, ctx.progress, ctx.announce
     if kind is None:
         pipe = open_pipeline(b, manifest, device=dev, engine=engine, progress=prog, announce=say)

@@ -56,10 +56,10 @@ def cmd_build(ns: argparse.Namespace) -> int:
 
 
 def _pipeline(ns: argparse.Namespace, kind: str, prompts: tuple[str, ...] = ()):
-    from ..bundle.container import open_bundle
+    from ..runtime.bindings import open_bound_bundle
     from ..runtime.pipeline import DecoderPipeline, EncoderPipeline, check_prompts_fit
 
-    bundle = open_bundle(ns.bundle)
+    bundle = open_bound_bundle(ns.bundle, ns.kernel_bindings)
     if kind == "decoder":
         check_prompts_fit(bundle, prompts, ns.max_new_tokens, ns.chat)
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline

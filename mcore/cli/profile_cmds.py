@@ -27,12 +27,12 @@ def cmd_profile(ns: argparse.Namespace) -> int:
         raise UserError(f"--top {ns.top} must be at least 1")
     if ns.output:
         check_overwrite(ns.output, ns.force)  # before the profile runs
-    from ..bundle.container import open_bundle
     from ..families import bundle_kind
     from ..profile.profiler import check_bundle_request, profile_pipeline, top_lines
+    from ..runtime.bindings import open_bound_bundle
     from ..runtime.pipeline import DecoderPipeline, EncoderPipeline
 
-    bundle = open_bundle(ns.bundle)
+    bundle = open_bound_bundle(ns.bundle, ns.kernel_bindings)
     role = check_bundle_request(bundle, ns.role, ns.context, ns.steps, ns.engine)  # before any graph loads
     cls = EncoderPipeline if bundle_kind(bundle.runnable()) == "encoder" else DecoderPipeline
     pipe = cls(  # op by op: the profiler needs the graph, and compiles the profiled role itself

@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ..bundle.container import Bundle, open_bundle
+from ..bundle.container import Bundle
 from ..common.progress import NO_PROGRESS, Progress
 from ..families import bundle_kind
+from .bindings import open_bound_bundle
 from .pipeline import DecoderPipeline, EncoderPipeline, Pipeline
 
 
@@ -30,7 +31,7 @@ def open_pipeline(
     if isinstance(bundle, Bundle):
         b, path = bundle, str(bundle.path)
     else:
-        b, path = open_bundle(bundle), os.fspath(bundle)
+        b, path = open_bound_bundle(bundle, kernel_bindings), os.fspath(bundle)
     kind = bundle_kind(b.runnable())
     cls = DecoderPipeline if kind == "decoder" else EncoderPipeline
     return cls(

@@ -184,6 +184,17 @@ def load_bindings_manifest(path: str | os.PathLike) -> BindingsManifest:
     return BindingsManifest.load(path)
 
 
+def open_bound_bundle(bundle_path: str | os.PathLike, kernel_bindings: str | os.PathLike | None) -> Any:
+    """open_bundle for a pipeline that `kernel_bindings` will bind: the manifest's own faults (its JSON, fields,
+    library paths) need no bundle, so they are said before the bundle's integrity hash (seconds on an
+    8B-sized bundle); which slots it binds is checked once the bundle is open."""
+    from ..bundle.container import open_bundle
+
+    if kernel_bindings is not None:
+        load_bindings_manifest(kernel_bindings)
+    return open_bundle(bundle_path)
+
+
 # ---------------------------------------------------------------- binding
 
 

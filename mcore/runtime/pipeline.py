@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from ..bundle.container import open_bundle
 from ..bundle.contents import (
     check_family,
     check_graph_args,
@@ -36,7 +35,7 @@ from ..families.graph_args import GraphArgs
 from ..graph.capture import build_core, capture_cached, graph_metadata
 from ..graph.from_export import TORCH_DTYPES
 from ..graph.snapshot import Snapshot, Tensor
-from .bindings import bind_slots
+from .bindings import bind_slots, open_bound_bundle
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -146,7 +145,7 @@ class Pipeline:
         bundle: Any = None,
     ):
         progress.report("checking bundle integrity", 0.0)
-        m = self._open(bundle_path, bundle)
+        m = self._open(bundle_path, bundle, kernel_bindings)
         self.device = resolve_device(device or m.device)
         self.engine_name = resolve_engine_name(engine, self.device)
         progress.report("binding kernel slots", 0.05)
@@ -169,9 +168,9 @@ class Pipeline:
         self.kind = self.family.kind
         self._progress = progress
 
-    def _open(self, bundle_path: str, bundle: Any) -> Any:
+    def _open(self, bundle_path: str, bundle: Any, kernel_bindings: str | None) -> Any:
         """The bundle (opened here unless given) and its runnable manifest, refused for the wrong verb."""
-        self.bundle = bundle if bundle is not None else open_bundle(bundle_path)
+        self.bundle = bundle if bundle is not None else open_bound_bundle(bundle_path, kernel_bindings)
         m = self.bundle.runnable()
         self.manifest = m
         # the wrong verb is an input error: say so before any DSO is bound or weights load
