@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -75,24 +76,27 @@ def check_params(action: str, params: Any, where: str) -> None:
     check_fields(params, where, set(req), set(opt))
 
 
+# what a param's annotation asks of its JSON value, in a message: (one, several)
 _JSON_TYPES = {
-    str: "a string",
-    int: "an integer",
-    float: "a number",
-    bool: "true or false",
-    dict: "a JSON object",
-    list: "a JSON list",
-    type(None): "null",
+    str: ("a string", "strings"),
+    int: ("an integer", "integers"),
+    float: ("a number", "numbers"),
+    bool: ("true or false", "true or false values"),
+    dict: ("a JSON object", "JSON objects"),
+    list: ("a JSON list", "JSON lists"),
+    type(None): ("null", "nulls"),
 }
 
 
-def _accepts(t: Any, v: Any) -> bool:
-    """Whether a JSON value fits a param's annotation (bool is not an integer here; an integer is a number;
-    list[X]: a list of X)."""
+def _choices(t: Any) -> tuple[Any, ...]:
+    """X | Y -> (X, Y); any other annotation, list[X] included, stands alone."""
+    return typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
+
+
+def _fits(t: Any, v: Any) -> bool:
+    """A JSON value against one choice: bool is not an integer here, an integer is a number, list[X] a list of X."""
     if typing.get_origin(t) is list:
-        return isinstance(v, list) and all(_accepts(typing.get_args(t)[0], x) for x in v)
-    if typing.get_args(t):  # X | Y
-        return any(_accepts(a, v) for a in typing.get_args(t))
+        return isinstance(v, list) and all(_fits(typing.get_args(t)[0], x) for x in v)
     if t in (int, float) and isinstance(v, bool):
         return False
     return isinstance(v, (int, float)) if t is float else isinstance(v, t)
@@ -100,8 +104,9 @@ def _accepts(t: Any, v: Any) -> bool:
 
 def _describe(t: Any) -> str:
     if typing.get_origin(t) is list:
-        return f"a JSON list of {_describe(typing.get_args(t)[0]).split(' ', 1)[-1]}s"
-    return _JSON_TYPES.get(t, getattr(t, "__name__", str(t)))
+        item = typing.get_args(t)[0]
+        return f"a JSON list of {_JSON_TYPES.get(item, (None, getattr(item, '__name__', str(item))))[1]}"
+    return _JSON_TYPES.get(t, (getattr(t, "__name__", str(t)),))[0]
 
 
 def check_param_values(action: str, params: dict[str, Any], where: str) -> None:
@@ -111,10 +116,8 @@ def check_param_values(action: str, params: dict[str, Any], where: str) -> None:
     hints = typing.get_type_hints(REGISTRY[action].fn)
     for name, v in params.items():
         t = hints.get(name)
-        if t is not None and not _accepts(t, v):
-            kinds = " or ".join(
-                _describe(a) for a in (() if typing.get_origin(t) is list else typing.get_args(t)) or (t,)
-            )
+        if t is not None and not any(_fits(c, v) for c in _choices(t)):
+            kinds = " or ".join(_describe(c) for c in _choices(t))
             raise UserError(f"{where}: field {name} must be {kinds}, got {v!r}")
     if "build_args" in params:
         try:
