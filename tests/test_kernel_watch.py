@@ -300,3 +300,30 @@ async def test_kernel_screen_says_what_the_watch_and_the_editor_need(tmp_path, m
         await pilot.press("escape", "o")
         await pilot.pause(0.1)
         assert "set $EDITOR (or $VISUAL)" in text_of(app, "#error")
+
+
+def test_a_gpu_kernel_watched_on_the_cpu_is_exported_and_left_unjudged(tmp_path, mcore):
+    """The shipped CuTe DSL exporter on a CPU run: each round compiles the kernel (its own checks
+    run) and says EXPORTED with why the gates cannot run, instead of an ERROR from the kernel's first
+    call on CPU tensors; the exit code is `verify`'s cannot-tell 3."""
+    from mcore.bundle.build import build_bundle
+    from mcore.model.buildargs import BuildArgs
+
+    args = BuildArgs(model="demo:qwen3-tiny-hd64", precision="bf16", max_cache_length=64)
+    native = build_bundle(args, tmp_path / "native.bundle").bundle_path
+    slot = build_bundle(
+        args, tmp_path / "slot.bundle", recipe=("qwen.decode_attention_region@2", "decoder.layers.0.decode_attention")
+    )
+    out = tmp_path / "rounds"
+    r = mcore(
+        "kernel", "watch", "cutedsl-decode-attention", "--selection", slot.receipt_path, "--bundle",
+        slot.bundle_path, "--native", native, "--device", "cpu", "--out-dir", out, "--rounds", "1",
+    )  # fmt: skip
+    line = r.out.strip()
+    assert re.match(r"round 1 \S+ max_abs=- ratio=- verdict=EXPORTED ", line), r
+    # sm_90a on a machine without a GPU, "the visible GPU" on one (where the advice is --device cuda)
+    assert re.search(
+        r"exported for (sm_90a|the visible GPU); its gates need a CUDA device and this watch runs on cpu", line
+    )
+    assert (out / "round-1.so").is_file() and (out / "round-1.bindings.json").is_file()
+    assert r.code == 3 and "arch=" in r.err

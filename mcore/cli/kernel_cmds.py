@@ -11,7 +11,7 @@ from ..kernels.exporters import SHIPPED_EXPORTERS, kernel_catalog, run_exporter
 from ..kernels.shipped import CUDA_MODES, KERNELS, build_kernel
 from ..kernels.stubgen import write_exporter
 from ..verify.perf import METRICS, PERF_DEFAULTS
-from ..verify.verdicts import EXIT_CODES
+from ..verify.verdicts import EXIT_CODES, EXIT_INCONCLUSIVE
 from .args import path_arg
 from .progress_lines import ProgressLines
 
@@ -208,7 +208,7 @@ WATCH_PROMPT = "Explain grouped-query attention in one sentence."
 def cmd_watch(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..verify.watch import WatchConfig, default_out_dir, watch_kernel
+    from ..verify.watch import EXPORTED, WatchConfig, default_out_dir, watch_kernel
 
     if args.rounds is not None and args.rounds < 1:
         raise UserError(f"--rounds {args.rounds} must be at least 1")
@@ -255,8 +255,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
         poll_s=args.poll,
         on_start=start,
     )
-    # the last round's verdict, with `verify`'s exit codes (0 PROMOTE/PASS, 1 REJECT, 3 INCONCLUSIVE); ERROR 1
-    return EXIT_CODES.get(history[-1].verdict, 1) if history else 1
+    # the last round's verdict, with `verify`'s exit codes (0 PROMOTE/PASS, 1 REJECT, 3 INCONCLUSIVE);
+    # 3 also for EXPORTED (no gate could judge it here), ERROR 1
+    last = history[-1].verdict if history else "ERROR"
+    return EXIT_INCONCLUSIVE if last == EXPORTED else EXIT_CODES.get(last, 1)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

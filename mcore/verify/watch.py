@@ -7,7 +7,9 @@ is never touched): the correctness gate in lockstep (`mcore verify logits` for d
 verify embeddings` on both pipelines' embeddings for encoders), then, when it passes, the perf gate
 (`mcore verify perf` on fresh-process benchmark commands). The first round runs at once; each later
 one when the watched file's content changes. Everything is cancellable through `progress`; a
-failing export or gate ends its round, never the watch.
+failing export or gate ends its round, never the watch. A GPU kernel (its exporter reports `arch=`)
+watched on a CPU run is exported and checked by its exporter each round, and the round says EXPORTED:
+its gates cannot run there, and no verdict is guessed.
 
 Round files go to a folder that is new or empty when the watch starts (`round-N.so`,
 `round-N.bindings.json`): nothing is replaced, and each round's library has its own path.
@@ -31,6 +33,8 @@ from .perf import PERF_DEFAULTS
 from .verdicts import GateResult
 
 LineFn = Callable[[str], None]
+# A round whose GPU kernel exported but whose gates could not run on this device: no verdict on it.
+EXPORTED = "EXPORTED"
 
 
 @dataclass
@@ -65,7 +69,7 @@ class WatchRound:
 
     index: int
     started: float  # time.time()
-    verdict: str = "ERROR"  # PROMOTE | REJECT | INCONCLUSIVE | PASS (perf off) | ERROR
+    verdict: str = "ERROR"  # PROMOTE | REJECT | INCONCLUSIVE | PASS (perf off) | EXPORTED (no GPU) | ERROR
     note: str = ""  # the line that decided it, or the error
     max_abs: float | None = None
     ratio: float | None = None
@@ -282,7 +286,11 @@ def run_round(
     t0 = time.monotonic()
     try:
         progress.report(f"round {index}: exporting", 0.0)
-        r.library, r.manifest = _export_and_bind(cfg, receipt, index, progress.part(0.0, 0.3), log)
+        r.library, r.manifest, arch = _export_and_bind(cfg, receipt, index, progress.part(0.0, 0.3), log)
+        off_gpu = _no_gpu_for(arch, cfg.device)
+        if off_gpu:  # a GPU kernel on a CPU run: the export's checks ran; the gates cannot judge it here
+            r.verdict, r.note = EXPORTED, off_gpu
+            return r
         correct = _correctness(cfg, kind, r.manifest, progress.part(0.3, 0.6), announce)
         r.correctness, r.max_abs = gate_verdict(correct), correct.details.max_abs
         r.details["correctness"] = correct.line
@@ -302,14 +310,31 @@ def run_round(
         raise
     except Exception as e:  # noqa: BLE001 - the kernel under edit failed inside a pipeline: say so, go on
         r.verdict, r.note = "ERROR", f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
-    r.seconds = time.monotonic() - t0
+    finally:
+        r.seconds = time.monotonic() - t0
     return r
+
+
+def _no_gpu_for(arch: str | None, device: str | None) -> str | None:
+    """Why this round's gates cannot run, when the exporter built a GPU kernel (it reported `arch=`;
+    a kernel with a CPU path reports none) and the watch's pipelines run on the CPU; else None."""
+    if not arch:
+        return None
+    from ..runtime.pipeline import resolve_device
+
+    if resolve_device(device).type == "cuda":
+        return None
+    import torch
+
+    where = "; give --device cuda" if torch.cuda.is_available() else " (no CUDA GPU here): watch it on a GPU machine"
+    return f"exported for {arch}; its gates need a CUDA device and this watch runs on cpu{where}"
 
 
 def _export_and_bind(
     cfg: WatchConfig, receipt: Any, index: int, progress: Progress, log: LineFn | None
-) -> tuple[Path, Path]:
-    """round-N.so from the exporter, and round-N.bindings.json binding the receipt's slot to it."""
+) -> tuple[Path, Path, str | None]:
+    """round-N.so from the exporter, and round-N.bindings.json binding the receipt's slot to it;
+    the GPU architecture the exporter reported (None: none)."""
     from ..common.fileio import check_overwrite, write_json
     from ..kernels.exporters import run_exporter
     from ..runtime.bindings import BINDINGS_SCHEMA_VERSION, BindingsManifest
@@ -329,7 +354,7 @@ def _export_and_bind(
         entry["library_sha256"] = res.library_sha256
     data = {"schema_version": BINDINGS_SCHEMA_VERSION, "bindings": [entry]}
     write_json(manifest, BindingsManifest.from_dict(data, manifest).to_dict())
-    return res.library, manifest
+    return res.library, manifest, res.arch
 
 
 def _correctness(

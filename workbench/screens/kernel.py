@@ -377,5 +377,5 @@ class KernelScreen(WorkbenchScreen):
     def round_done(self, r: WatchRound) -> None:
         self.state.watch_rounds.append(r)
         self.reload_stub()
-        style = {"PROMOTE": "green", "PASS": "green"}.get(r.verdict, "red")
+        style = {"PROMOTE": "green", "PASS": "green", "EXPORTED": "yellow"}.get(r.verdict, "red")
         self.wb.say(f"round {r.index}: {r.verdict}; save the exporter for the next (x stops)", style)

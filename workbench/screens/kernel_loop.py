@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..app import WorkbenchApp
     from ..state import WorkbenchState
 
-VERDICT_STYLES = {"PROMOTE": "bold green", "PASS": "green", "REJECT": "bold red", "ERROR": "red"}
+VERDICT_STYLES = {"PROMOTE": "bold green", "PASS": "green", "REJECT": "bold red", "ERROR": "red", "EXPORTED": "yellow"}
 WATCH_PROMPT = "Explain grouped-query attention in one sentence."
 ENCODER_PROMPT = "The quick brown fox jumps over the lazy dog."
 
