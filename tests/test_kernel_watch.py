@@ -176,9 +176,13 @@ def test_bad_input_is_one_line_before_anything_runs(bundles, tmp_path, mcore):
     assert_user_error(mcore(*base, "--bundle", native, "--out-dir", tmp_path / "o1"), "no kernel slot of binding")
     assert_user_error(mcore(*base, "--bundle", slot, "--rounds", "0"), "--rounds 0 must be at least 1")
     assert_user_error(mcore(*base, "--bundle", slot, "--min-ratio", "nan", "--out-dir", tmp_path / "o2"), "--min-ratio")
+    # a device this machine lacks (no GPU, or not that many) used to export and fail in every round
+    for device, says in (("tpu", "--device 'tpu' is not a device"), ("cuda:99", "--device cuda:99: ")):
+        assert_user_error(mcore(*base, "--bundle", slot, "--device", device, "--out-dir", tmp_path / "o3"), says)
     missing = ["kernel", "watch", tmp_path / "nope.py", "--selection", receipt, "--native", native, "--bundle", slot]
     assert_user_error(mcore(*missing), "nope.py: no such file")
-    assert (tmp_path / "used" / "x").read_text() == "keep" and not (tmp_path / "o1").exists()
+    assert (tmp_path / "used" / "x").read_text() == "keep"
+    assert not any((tmp_path / o).exists() for o in ("o1", "o2", "o3"))
 
 
 def test_swapped_bundles_and_a_stub_without_snapshot_are_refused_before_round_one(bundles, tmp_path, mcore):

@@ -157,11 +157,12 @@ def benchmark_command(
 
 def check_watch(cfg: WatchConfig) -> tuple[str, Any]:
     """Everything a round needs, checked once before the first (one-line errors): the exporter, the
-    receipt and its slot in the slot bundle, the two bundles' kind, the gate settings and the round
-    folder (new or empty). Returns (family kind, receipt)."""
+    receipt and its slot in the slot bundle, the two bundles' kind, the gate settings, the device and
+    the round folder (new or empty). Returns (family kind, receipt)."""
     from ..bundle.container import open_bundle
     from ..families import bundle_kind
     from ..kernels.exporters import check_snapshot_given, exporter_script
+    from ..runtime.pipeline import resolve_device
     from ..selection.region import load_receipt
     from .compare import check_threshold
     from .logits import check_native, check_same_build
@@ -187,6 +188,7 @@ def check_watch(cfg: WatchConfig) -> tuple[str, Any]:
         raise UserError("--max-new-tokens and --bench-runs must be >= 1; --bench-warmup >= 0")
     if cfg.max_abs is not None:
         check_threshold("--max-abs", cfg.max_abs, 0.0)
+    resolve_device(cfg.device)  # a device this machine lacks would end every round as ERROR
     # the perf gate's own checks of its settings (pairs, warmup, min ratio, metric), before round 1
     check_plan(
         "native", "external", cfg.pairs, cfg.min_ratio, cfg.warmup, cfg.metric, None, None, PERF_DEFAULTS.confidence
