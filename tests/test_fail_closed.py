@@ -129,6 +129,25 @@ def test_device_must_be_cpu_or_cuda(device, fragment):
         resolve_device(device)
 
 
+@pytest.mark.parametrize("device,fragment", [("tpu", "is not a device"), ("mps", "the engines run on cpu or cuda")])
+def test_build_refuses_a_device_no_run_could_use(device, fragment, tmp_path, mcore):
+    # `mcore build --device tpu` wrote a bundle whose every run then failed on a --device it was not given
+    out = tmp_path / "b.bundle"
+    assert_user_error(
+        mcore("build", "demo:qwen3-tiny", "--device", device, "-o", out), f"--device {device!r}", fragment
+    )
+    assert not out.exists()
+
+
+def test_build_records_a_gpu_device_without_asking_this_machine_for_one(tmp_path, mcore):
+    # built here, run on the GPU box: whether the device exists is the run's to check
+    r = mcore("build", "demo:qwen3-tiny", "--device", "cuda", "-o", tmp_path / "b.bundle")
+    assert r.code == 0, r
+    from mcore import open_bundle
+
+    assert open_bundle(tmp_path / "b.bundle").runnable().device == "cuda"
+
+
 # ---------------------------------------------------------------- checks before native code (item 9)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..common.devices import parse_device
 from ..common.errors import UserError
 from ..common.fileio import check_overwrite, read_json, write_json
 from ..common.progress import NO_PROGRESS, Progress
@@ -102,6 +103,7 @@ def build_bundle(
     The bundle and its receipts replace existing files only with `overwrite` (checked before the
     captures for the bundle and a single receipt, once the instances are known for several)."""
     _check_options(recipe, graph_patch, workspace_bytes)
+    parse_device(device)  # recorded for the bundle's runs: a name no run could use fails here, not there
     output = check_overwrite(output, overwrite)
     if recipe and len(recipe) == 2 and recipe[1] != ALL_INSTANCES:
         check_overwrite(receipt_path_for(output, None), overwrite)

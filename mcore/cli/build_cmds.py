@@ -264,7 +264,7 @@ def _register_build(sub: argparse._SubParsersAction) -> None:
         help="with --recipe: the scratch bytes each slot's kernel gets (replaces the recipe's; in the ABI hash)",
     )
     p.add_argument("--graph-patch", type=path_arg, default=None, metavar="SELECTION_JSON")
-    p.add_argument("--device", default=None, help="default device recorded for the bundle (cpu | cuda)")
+    p.add_argument("--device", default=None, help="default device recorded for the bundle's runs (cpu | cuda | cuda:N)")
     p.add_argument("-o", "--output", type=path_arg, required=True)
     p.add_argument("--force", action="store_true", help="replace an existing bundle (and its selection receipts)")
     p.set_defaults(func=cmd_build)

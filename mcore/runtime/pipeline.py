@@ -23,6 +23,7 @@ from ..bundle.contents import (
     read_text_member,
     weights_header,
 )
+from ..common.devices import parse_device
 from ..common.errors import UserError
 from ..common.progress import NO_PROGRESS, Progress
 from ..engines import get_engine, resolve_engine_name
@@ -39,16 +40,11 @@ from .bindings import bind_slots, open_bound_bundle
 
 
 def resolve_device(name: str | None) -> torch.device:
-    if name in (None, "auto"):
+    """The device a pipeline runs on: `name`'s (parse_device's rule) if this machine has it; auto
+    (None) picks CUDA when there is a GPU."""
+    dev = parse_device(name)
+    if dev is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if not isinstance(name, str):
-        raise UserError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N")
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise UserError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
-    if dev.type not in ("cpu", "cuda"):  # meta, mps, xpu...: the engines run on CPU and CUDA only
-        raise UserError(f"--device {name!r}: the engines run on cpu or cuda; use cpu, cuda or cuda:N")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise UserError(f"--device {name}: no CUDA GPU is available here; use --device cpu")
