@@ -139,6 +139,19 @@ def test_build_refuses_a_device_no_run_could_use(device, fragment, tmp_path, mco
     assert not out.exists()
 
 
+@pytest.mark.parametrize("verb", ["build", "graph inspect"])
+def test_a_seed_beside_checkpoint_weights_is_refused(verb, tmp_path, mcore):
+    # `--seed 3` without `--weights random` built the checkpoint's weights as if no seed were given
+    out = (
+        ["-o", tmp_path / "b.bundle"]
+        if verb == "build"
+        else ["--engine-role", "decode", "--snapshot", tmp_path / "g.json"]
+    )
+    r = mcore(*verb.split(), "demo:qwen3-tiny", "--seed", "3", *out)
+    assert_user_error(r, "--seed 3 applies to --weights random only")
+    assert not (tmp_path / "b.bundle").exists() and not (tmp_path / "g.json").exists()
+
+
 def test_build_records_a_gpu_device_without_asking_this_machine_for_one(tmp_path, mcore):
     # built here, run on the GPU box: whether the device exists is the run's to check
     r = mcore("build", "demo:qwen3-tiny", "--device", "cuda", "-o", tmp_path / "b.bundle")

@@ -93,10 +93,14 @@ def add_build_args(p: argparse.ArgumentParser, model_required: bool = True) -> N
     p.add_argument(
         "--weights", default="checkpoint", help="checkpoint | random (seeded random weights from the config)"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed for --weights random")
+    p.add_argument("--seed", type=int, default=None, help="seed for --weights random (default 0)")
 
 
 def build_args_from_namespace(ns: argparse.Namespace) -> BuildArgs:
+    # a seed typed beside checkpoint weights would change nothing (build args read back from bundles
+    # and sessions keep whatever seed they recorded, so the check is on the flags only)
+    if ns.seed is not None and ns.weights != "random":
+        raise UserError(f"--seed {ns.seed} applies to --weights random only; add --weights random or drop --seed")
     return BuildArgs(
         model=ns.model,
         model_revision=ns.model_revision,
@@ -105,5 +109,5 @@ def build_args_from_namespace(ns: argparse.Namespace) -> BuildArgs:
         decoder_engine_layout=ns.decoder_engine_layout,
         max_seq_length=ns.max_seq_length,
         weights=ns.weights,
-        seed=ns.seed,
+        seed=0 if ns.seed is None else ns.seed,
     ).validate()
