@@ -27,7 +27,7 @@ printf '{"schema_version": 1, "bindings": [{"id": "%s", "abi_sha256": "%s", "lib
 echo "builds: $(( $(date +%s) - t0 )) s"
 P='Explain grouped-query attention, KV caching, and decode latency.'
 $MCORE run "$OUT/native.bundle" --device cuda --prompt "$P" --max-new-tokens "$TOKENS" --greedy --ignore-eos \
-  --output "$OUT/native.jsonl" --warmup 1 > "$OUT/run-native.log" 2>&1
+  --output "$OUT/native.jsonl" > "$OUT/run-native.log" 2>&1
 $MCORE run "$OUT/slot.bundle" --device cuda --kernel-bindings "$OUT/kernel-bindings.json" --prompt "$P" \
   --max-new-tokens "$TOKENS" --greedy --ignore-eos --output "$OUT/external.jsonl" > "$OUT/run-slot.log" 2>&1
 $MCORE verify tokens "$OUT/native.jsonl" "$OUT/external.jsonl" | tee "$OUT/tokens-gate.txt" || true

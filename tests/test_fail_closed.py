@@ -86,6 +86,9 @@ def test_session_gate_thresholds_are_checked(tmp_path):
         (["--seed", str(2**70)], "--seed must be in 0.."),
         (["--seed", "-1"], "--seed must be in 0.."),
         (["--top-k", "-3"], "--top-k must be >= 0"),
+        # flags that would change nothing: said, not ignored
+        (["--greedy", "--temperature", "0.5"], "--temperature shape sampling, and --greedy does not sample"),
+        (["--greedy", "--top-k", "5", "--seed", "2"], "--top-k, --seed shape sampling, and --greedy does not sample"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
         (["--prompt", "caf\udce9"], "--prompt is not valid UTF-8"),
     ],
@@ -102,6 +105,7 @@ def test_run_values_that_would_crash_are_refused_before_loading(extra, fragment,
         (["--benchmark", "0"], "--benchmark N needs N >= 1, got 0"),
         (["--benchmark", "-2"], "--benchmark N needs N >= 1, got -2"),
         (["--benchmark", "3", "--warmup", "-1"], "--warmup must be >= 0, got -1"),
+        (["--warmup", "3"], "--warmup 3 applies to --benchmark N"),  # untimed runs before no timed ones
     ],
 )
 def test_benchmark_counts_are_refused_before_loading(verb, extra, fragment, tmp_path, mcore):

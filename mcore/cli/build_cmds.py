@@ -80,6 +80,16 @@ def check_sampling(ns: argparse.Namespace) -> None:
     """Values that would crash deep inside sampling: refused up front with the flag's name."""
     import math
 
+    given = [
+        flag
+        for flag, v in (("--temperature", ns.temperature), ("--top-k", ns.top_k), ("--seed", ns.seed))
+        if v is not None
+    ]
+    if ns.greedy and given:  # greedy takes the most likely token: these would change nothing
+        raise UserError(f"{', '.join(given)} shape sampling, and --greedy does not sample; drop one or the other")
+    ns.temperature = 1.0 if ns.temperature is None else ns.temperature
+    ns.top_k = 0 if ns.top_k is None else ns.top_k
+    ns.seed = 0 if ns.seed is None else ns.seed
     if ns.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {ns.max_new_tokens}")
     if not math.isfinite(ns.temperature) or ns.temperature <= 0:
@@ -94,6 +104,11 @@ def check_benchmark(ns: argparse.Namespace) -> None:
     """--benchmark and --warmup of `run` and `embed`: a 0 would silently skip the benchmark."""
     if ns.benchmark is not None and ns.benchmark < 1:
         raise UserError(f"--benchmark N needs N >= 1, got {ns.benchmark}")
+    if ns.warmup is not None and ns.benchmark is None:  # the untimed runs before the timed ones: no timed ones
+        raise UserError(
+            f"--warmup {ns.warmup} applies to --benchmark N (untimed runs before the timed ones); add --benchmark N or drop --warmup"
+        )
+    ns.warmup = 0 if ns.warmup is None else ns.warmup
     if ns.warmup < 0:
         raise UserError(f"--warmup must be >= 0, got {ns.warmup}")
 
@@ -234,7 +249,7 @@ def _runtime_flags(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto (compiled on CUDA, torch on CPU) | compiled (Inductor + CUDA graphs) | torch (op by op)",
     )
-    p.add_argument("--warmup", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=None, help="with --benchmark: untimed runs first (default 0)")
     p.add_argument("--benchmark", type=int, default=None, metavar="N")
 
 
@@ -276,9 +291,9 @@ def _register_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for several)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--greedy", action="store_true", help="greedy decoding (else sampling)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens (default 0: all)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default 0)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     p.add_argument("--output", type=path_arg, default=None, help="write JSONL records {prompt, tokens, text}")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
