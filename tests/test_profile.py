@@ -106,9 +106,12 @@ def test_bad_profile_inputs(mcore, tmp_path, bundles):
         r = mcore("profile", *argv)
         assert_user_error(r, fragment)
         assert "capturing" not in r.err, "checked from the bundle's manifest before any graph is captured"
-    # an encoder's --context is its prompt's length: not checked against a KV cache it does not have
+    # each kind reads one of --context and --prompt: the other would change nothing, and is said so
     r = mcore("profile", enc.bundle_path, "--context", "999999", "--steps", "1", "--top", "1")
-    assert r.code == 0, r.err
+    assert_user_error(r, "--context 999999 sizes a decoder's cache; an encoder's profile runs --prompt's tokens")
+    r = mcore("profile", qwen.bundle_path, "--prompt", "hello", "--steps", "1")
+    assert_user_error(r, "--prompt is an encoder's text; a decoder's profile times random tokens at --context N")
+    assert "capturing" not in r.err
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"kind": "other"}))
     assert_user_error(mcore("profile", "diff", bad, bad), "not an mcore profile")

@@ -33,8 +33,15 @@ def cmd_profile(ns: argparse.Namespace) -> int:
     from ..runtime.pipeline import DecoderPipeline, EncoderPipeline
 
     bundle = open_bound_bundle(ns.bundle, ns.kernel_bindings)
+    encoder = bundle_kind(bundle.runnable()) == "encoder"
+    # each kind reads one of the two: the other, given, would change nothing
+    if encoder and ns.context is not None:
+        raise UserError(f"--context {ns.context} sizes a decoder's cache; an encoder's profile runs --prompt's tokens")
+    if not encoder and ns.prompt is not None:
+        raise UserError("--prompt is an encoder's text; a decoder's profile times random tokens at --context N")
+    ns.context = 128 if ns.context is None else ns.context
     role = check_bundle_request(bundle, ns.role, ns.context, ns.steps, ns.engine)  # before any graph loads
-    cls = EncoderPipeline if bundle_kind(bundle.runnable()) == "encoder" else DecoderPipeline
+    cls = EncoderPipeline if encoder else DecoderPipeline
     pipe = cls(  # op by op: the profiler needs the graph, and compiles the profiled role itself
         ns.bundle,
         kernel_bindings=ns.kernel_bindings,
@@ -72,7 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--role", default=None, help="decode | prefill | encoder (default: decode, or encoder)")
     p.add_argument("--prompt", default=None, help="encoder text (decoders profile random tokens)")
-    p.add_argument("--context", type=int, default=128, help="cached tokens for decode; prompt length for prefill")
+    p.add_argument(
+        "--context", type=int, default=None, help="decoders: cached tokens for decode, prompt length for prefill (128)"
+    )
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=10)
     p.add_argument(
