@@ -176,6 +176,9 @@ def test_bad_input_is_one_line_before_anything_runs(bundles, tmp_path, mcore):
     assert_user_error(mcore(*base, "--bundle", native, "--out-dir", tmp_path / "o1"), "no kernel slot of binding")
     assert_user_error(mcore(*base, "--bundle", slot, "--rounds", "0"), "--rounds 0 must be at least 1")
     assert_user_error(mcore(*base, "--bundle", slot, "--min-ratio", "nan", "--out-dir", tmp_path / "o2"), "--min-ratio")
+    # the perf gate's flags beside --no-perf would change nothing
+    r = mcore(*base, "--bundle", slot, "--no-perf", "--pairs", "5", "--min-ratio", "1.1", "--out-dir", tmp_path / "o3")
+    assert_user_error(r, "--pairs, --min-ratio tune the perf gate, and --no-perf turns it off")
     # a device this machine lacks (no GPU, or not that many) used to export and fail in every round
     for device, says in (("tpu", "--device 'tpu' is not a device"), ("cuda:99", "--device cuda:99: ")):
         assert_user_error(mcore(*base, "--bundle", slot, "--device", device, "--out-dir", tmp_path / "o3"), says)

@@ -128,20 +128,20 @@ def _register_watch(sub) -> None:
         "--max-abs", type=float, default=None, help="largest allowed abs difference (default 0; encoders 0.02)"
     )
     w.add_argument("--no-perf", dest="perf", action="store_false", help="correctness only (no perf gate)")
-    w.add_argument("--pairs", type=int, default=3, help="perf gate pairs, at least 2 (default 3)")
+    w.add_argument("--pairs", type=int, default=None, help="perf gate pairs, at least 2 (default 3)")
     w.add_argument(
         "--min-ratio",
         type=float,
-        default=PERF_DEFAULTS.min_ratio,
+        default=None,
         help=f"perf gate: lowest allowed ratio (default {PERF_DEFAULTS.min_ratio:g})",
     )
-    w.add_argument("--warmup", type=int, default=1, help="perf gate warm-up runs of each arm (default 1)")
-    w.add_argument("--bench-warmup", type=int, default=2, help="each benchmark run's own warm-up (default 2)")
-    w.add_argument("--bench-runs", type=int, default=5, help="each benchmark run's measured runs (default 5)")
+    w.add_argument("--warmup", type=int, default=None, help="perf gate warm-up runs of each arm (default 1)")
+    w.add_argument("--bench-warmup", type=int, default=None, help="each benchmark run's own warm-up (default 2)")
+    w.add_argument("--bench-runs", type=int, default=None, help="each benchmark run's measured runs (default 5)")
     w.add_argument(
         "--metric",
         choices=METRICS,
-        default=PERF_DEFAULTS.metric,
+        default=None,
         help=f"as `verify perf` (default {PERF_DEFAULTS.metric})",
     )
     w.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the bundle's, else auto)")
@@ -214,6 +214,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
         raise UserError(f"--rounds {args.rounds} must be at least 1")
     if not (0 < args.poll <= 60):
         raise UserError(f"--poll {args.poll} must be a number of seconds in (0, 60]")
+    # the perf gate's flags, where given (WatchConfig holds their defaults); with --no-perf they would do nothing
+    perf_flags = ("pairs", "min_ratio", "warmup", "bench_warmup", "bench_runs", "metric")
+    tuned = {k: getattr(args, k) for k in perf_flags if getattr(args, k) is not None}
+    if tuned and not args.perf:
+        named = ", ".join("--" + k.replace("_", "-") for k in tuned)
+        raise UserError(f"{named} tune the perf gate, and --no-perf turns it off; drop one or the other")
     selection = Path(args.selection)
     out = Path(args.out_dir) if args.out_dir else default_out_dir(args.exporter, selection)
     cfg = WatchConfig(
@@ -227,14 +233,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         max_abs=args.max_abs,
         perf=args.perf,
-        pairs=args.pairs,
-        min_ratio=args.min_ratio,
-        warmup=args.warmup,
-        bench_warmup=args.bench_warmup,
-        bench_runs=args.bench_runs,
-        metric=args.metric,
         device=args.device,
         engine=args.engine,
+        **tuned,
     )
 
     def err(line: str) -> None:
