@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
 
+if TYPE_CHECKING:
+    import torch
 
-def parse_device(name: Any, flag: str = "--device") -> Any:
+
+def parse_device(name: Any) -> torch.device | None:
     """The torch.device that `name` names (None for auto), by its form only: whether this machine has
     it is the run's to check (a bundle may be built on a machine without the GPU it runs on)."""
     import torch
@@ -16,11 +19,11 @@ def parse_device(name: Any, flag: str = "--device") -> Any:
     if name in (None, "auto"):
         return None
     if not isinstance(name, str):
-        raise UserError(f"{flag} {name!r} is not a device; use cpu, cuda or cuda:N")
+        raise UserError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N")
     try:
         dev = torch.device(name)
     except (RuntimeError, ValueError):
-        raise UserError(f"{flag} {name!r} is not a device; use cpu, cuda or cuda:N") from None
+        raise UserError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
     if dev.type not in ("cpu", "cuda"):  # meta, mps, xpu...: the engines run on CPU and CUDA only
-        raise UserError(f"{flag} {name!r}: the engines run on cpu or cuda; use cpu, cuda or cuda:N")
+        raise UserError(f"--device {name!r}: the engines run on cpu or cuda; use cpu, cuda or cuda:N")
     return dev
