@@ -328,7 +328,12 @@ def _no_gpu_for(arch: str | None, device: str | None) -> str | None:
         return None
     import torch
 
-    where = "; give --device cuda" if torch.cuda.is_available() else " (no CUDA GPU here): watch it on a GPU machine"
+    # worded for the CLI (--device) and the TUI (the Model screen's device) alike
+    where = (
+        ", though this machine has one: watch it on device cuda"
+        if torch.cuda.is_available()
+        else " (no CUDA GPU here): watch it on a GPU machine"
+    )
     return f"exported for {arch}; its gates need a CUDA device and this watch runs on cpu{where}"
 
 
