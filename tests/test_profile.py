@@ -99,7 +99,8 @@ def test_bad_profile_inputs(mcore, tmp_path, bundles):
     for argv, fragment in [
         ((qwen.bundle_path, "--context", "999"), "--context 999 must lie in 1..255"),
         ((qwen.bundle_path, "--context", "-1"), "--context -1 must lie in 1..255"),
-        ((qwen.bundle_path, "--steps", "0"), "--steps 0"),
+        ((qwen.bundle_path, "--steps", "0"), "--steps 0 must lie in 1..1000"),
+        ((qwen.bundle_path, "--steps", "1001"), "--steps 1001 must lie in 1..1000"),
         ((qwen.bundle_path, "--role", "encoder"), "role 'encoder' is not in this bundle; use one of prefill, decode"),
         ((enc.bundle_path, "--role", "decode"), "role 'decode' is not in this bundle; use one of encoder"),
     ]:

@@ -82,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--context", type=int, default=None, help="decoders: cached tokens for decode, prompt length for prefill (128)"
     )
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=5, help="steps timed, 1..1000 (the median is reported)")
     p.add_argument("--top", type=int, default=10)
     p.add_argument(
         "--fusion",

@@ -135,6 +135,9 @@ def profiled_seconds(interp: _TimedInterpreter, run: Callable[[], Any], device_t
 # ------------------------------------------------------------------ the entry point
 
 
+MAX_STEPS = 1000  # medians settle within tens of steps; a trace of thousands of 8B steps holds millions of events
+
+
 def check_bundle_request(bundle: Any, role: str | None, context: int, steps: int, engine: str = "auto") -> str:
     """The role a profile of an opened bundle times (None: decode, or an encoder's one role), with
     every value checked from the bundle's manifest: before any graph is captured or compiled."""
@@ -158,8 +161,8 @@ def check_request(
         raise UserError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
     if role not in roles:
         raise UserError(f"role {role!r} is not in this bundle; use one of {', '.join(roles)}")
-    if steps < 1:
-        raise UserError(f"--steps {steps} must be at least 1")
+    if not 1 <= steps <= MAX_STEPS:  # a compiled profile keeps every step's kernels in one trace, in memory
+        raise UserError(f"--steps {steps} must lie in 1..{MAX_STEPS}")
     if capacity is not None and not 1 <= context < capacity:
         raise UserError(f"--context {context} must lie in 1..{capacity - 1} (the bundle's KV cache holds {capacity})")
 
