@@ -13,6 +13,7 @@ import pytest
 from textual.widgets import DataTable
 
 from mcore import ProfileReport
+from mcore.profile.profiler import MAX_STEPS
 from mcore.selection.region import select_region
 from workbench.actions import ActionContext
 from workbench.app import DEFAULT_BUILD_ARGS, WorkbenchApp
@@ -187,7 +188,8 @@ async def test_profile_cancels_with_x_and_writes_nothing(built, tmp_path):
         await pilot.pause(0.1)
         bundle = app.state.bundles["native"].result.bundle
         # the op-by-op profile reports each step (on CUDA the `auto` engine is the compiled one)
-        app.perform("profile", {"bundle": bundle, "output": "long.json", "steps": 100000, "engine": "torch"})
+        long = {"bundle": bundle, "output": "long.json", "steps": MAX_STEPS, "engine": "torch"}  # seconds or more
+        app.perform("profile", long)
         await wait(pilot, lambda: app.progress_step.startswith("profiling decode: step"))
         assert "x cancels" in text_of(app, "#profile-empty")
         await pilot.press("x")
