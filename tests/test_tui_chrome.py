@@ -35,6 +35,37 @@ def test_plain_workbench_takes_workdir_and_its_help_says_so(tmp_path, workbench,
     assert twice.code == 2 and "--workdir is given twice" in twice.err
 
 
+def test_without_a_terminal_the_tui_says_so_and_writes_nothing(tmp_path):
+    """Run from a script, a pipe or CI, the TUI wrote escape codes into the file and waited forever for
+    keys: each way in refuses on one line instead, before any folder is made."""
+    import subprocess
+    import sys
+
+    from .conftest import repo_env
+
+    session = Session.new("t", guided=False).save(tmp_path / "s.json")
+    for args, stdin in [
+        (["--workdir", "w"], subprocess.DEVNULL),
+        (["tutorial", "qwen-manual", "--workdir", "w"], subprocess.DEVNULL),
+        (["replay", str(session), "--workdir", "w"], subprocess.DEVNULL),
+        (["--workdir", "w"], None),  # stdin as pytest leaves it, stdout a pipe
+    ]:
+        r = subprocess.run(
+            [sys.executable, "-m", "workbench", *args],
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=repo_env(),
+            timeout=120,
+        )
+        assert r.returncode == 2 and r.stdout == "", (args, r)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("workbench: error: the workbench TUI needs a terminal, and ")
+        assert "`workbench replay FILE --headless`" in lines[0]
+        assert not (tmp_path / "w").exists()
+
+
 @pytest.mark.asyncio
 async def test_free_mode_shows_its_work_folder(tmp_path):
     app = WorkbenchApp(workdir=str(tmp_path / "mine"))

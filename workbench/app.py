@@ -970,8 +970,23 @@ def check_replay_workdir(wd: Path) -> None:
     require_empty_workdir(wd)
 
 
+def check_terminal() -> None:
+    """The TUI reads keys from stdin and draws on stdout: without a terminal on both it would write
+    escape codes into a file or pipe and wait forever for keys that never come."""
+    import sys
+
+    missing = [name for name, f in (("stdin", sys.stdin), ("stdout", sys.stdout)) if f is None or not f.isatty()]
+    if missing:
+        which = f"{missing[0]} is not one" if len(missing) == 1 else "neither stdin nor stdout is one"
+        raise UserError(
+            f"the workbench TUI needs a terminal, and {which}; in a script or CI use "
+            "`workbench replay FILE --headless` or the `mcore` CLI"
+        )
+
+
 def run_app(tutorial: str | None = None, replay: str | None = None, workdir: str | None = None) -> int:
     """Entry point used by workbench/cli.py."""
+    check_terminal()
     app = WorkbenchApp(tutorial=tutorial, replay=replay, workdir=workdir)
     app.run()
     return 0 if app.return_code in (None, 0) else int(app.return_code)
