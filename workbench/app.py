@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Mapping
@@ -973,8 +974,6 @@ def check_replay_workdir(wd: Path) -> None:
 def check_terminal() -> None:
     """The TUI reads keys from stdin and draws on stdout: without a terminal on both it would write
     escape codes into a file or pipe and wait forever for keys that never come."""
-    import sys
-
     missing = [name for name, f in (("stdin", sys.stdin), ("stdout", sys.stdout)) if f is None or not f.isatty()]
     if missing:
         which = f"{missing[0]} is not one" if len(missing) == 1 else "neither stdin nor stdout is one"
