@@ -87,17 +87,21 @@ def check_sampling(ns: argparse.Namespace) -> None:
     ]
     if ns.greedy and given:  # greedy takes the most likely token: these would change nothing
         raise UserError(f"{', '.join(given)} shape sampling, and --greedy does not sample; drop one or the other")
-    ns.temperature = 1.0 if ns.temperature is None else ns.temperature
-    ns.top_k = 0 if ns.top_k is None else ns.top_k
-    ns.seed = 0 if ns.seed is None else ns.seed
     if ns.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {ns.max_new_tokens}")
-    if not math.isfinite(ns.temperature) or ns.temperature <= 0:
+    # a flag not given keeps Pipeline.generate's default (sampling_kwargs passes given ones only)
+    if ns.temperature is not None and (not math.isfinite(ns.temperature) or ns.temperature <= 0):
         raise UserError(f"--temperature must be a finite number > 0, got {ns.temperature}")
-    if ns.top_k < 0:
+    if ns.top_k is not None and ns.top_k < 0:
         raise UserError(f"--top-k must be >= 0 (0: no top-k), got {ns.top_k}")
-    if not 0 <= ns.seed < 2**63:
+    if ns.seed is not None and not 0 <= ns.seed < 2**63:
         raise UserError(f"--seed must be in 0..{2**63 - 1}, got {ns.seed}")
+
+
+def sampling_kwargs(ns: argparse.Namespace) -> dict:
+    """`run`'s decoding flags as Pipeline.generate's keywords: the sampling ones only where given."""
+    kw = {"temperature": ns.temperature, "top_k": ns.top_k, "seed": ns.seed}
+    return {"greedy": ns.greedy, "stop_at_eos": not ns.ignore_eos, **{k: v for k, v in kw.items() if v is not None}}
 
 
 def check_benchmark(ns: argparse.Namespace) -> None:
@@ -131,7 +135,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     pipe = _pipeline(ns, "decoder", tuple(ns.prompt))
     pipe.chat = ns.chat
     prompts = ns.prompt
-    kw = dict(greedy=ns.greedy, stop_at_eos=not ns.ignore_eos, temperature=ns.temperature, top_k=ns.top_k, seed=ns.seed)
+    kw = sampling_kwargs(ns)
     if ns.benchmark:
         for _ in range(ns.warmup):
             pipe.generate(prompts[0], ns.max_new_tokens, timed=True, **kw)
